@@ -1,0 +1,152 @@
+// vemesh/comm/communicator.h
+//
+// A Communicator is one group of ranks that can talk: the world, or the group
+// of one mesh dimension. It is a small interface with two backends, MPI
+// (vemesh/comm/mpi/) and NCCL (vemesh/comm/nccl/).
+//
+//   std::shared_ptr<Communicator> tp = ...;     // from a DeviceMesh
+//   std::vector<float> grad(1024, 1.0f);
+//   absl::Status s = tp->all_reduce(absl::MakeSpan(grad), ReduceOp::kSum);
+//   std::vector<int64_t> who(tp->size());
+//   int64_t me = tp->global_rank();
+//   s = tp->all_gather(absl::MakeConstSpan(&me, 1), absl::MakeSpan(who));
+//
+// Every operation is blocking and collective over the group unless it says
+// otherwise (send/recv are point to point). Buffers are host memory for the
+// MPI backend and device memory for NCCL. Errors come back as absl::Status,
+// never as an abort: a wrong buffer length is InvalidArgument, a failing
+// library call is Internal with the library's own message.
+//
+// Ownership: communicators are shared (std::shared_ptr). A mesh, its
+// sub-meshes and any caller may hold the same one; it is freed when the last
+// holder lets go.
+
+#ifndef VEMESH_COMM_COMMUNICATOR_H_
+#define VEMESH_COMM_COMMUNICATOR_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include "absl/strings/string_view.h"
+#include <type_traits>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+
+namespace vemesh {
+
+enum class DataType { kFloat32, kFloat64, kInt32, kInt64 };
+enum class ReduceOp { kSum, kMax, kMin };
+
+size_t SizeOf(DataType type);
+absl::string_view DataTypeName(DataType type);
+absl::string_view ReduceOpName(ReduceOp op);
+
+// The DataType of a C++ element type, at compile time.
+template <typename T>
+constexpr DataType DataTypeOf() {
+  if constexpr (std::is_same_v<T, float>) return DataType::kFloat32;
+  if constexpr (std::is_same_v<T, double>) return DataType::kFloat64;
+  if constexpr (std::is_same_v<T, int32_t>) return DataType::kInt32;
+  if constexpr (std::is_same_v<T, int64_t>) return DataType::kInt64;
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> ||
+                    std::is_same_v<T, int32_t> || std::is_same_v<T, int64_t>,
+                "vemesh communicators carry float, double, int32_t, int64_t");
+}
+
+// The library object behind a communicator, for code that calls MPI or NCCL
+// directly: `MPI_Comm` or `ncclComm_t`, cast from `handle`.
+struct NativeHandle {
+  absl::string_view backend;  // "mpi" or "nccl"
+  void* handle = nullptr;    // points at the MPI_Comm / is the ncclComm_t
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  // This process's rank in the group, and the group's size.
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // The members' global (world) ranks, indexed by group rank.
+  virtual absl::Span<const int> ranks() const = 0;
+  int global_rank() const { return ranks()[rank()]; }
+  virtual absl::string_view backend() const = 0;
+
+  // -- Untyped operations (counts are elements, not bytes) -------------------
+  virtual absl::Status barrier() = 0;
+  virtual absl::Status broadcast(void* data, size_t count, DataType type,
+                                 int root) = 0;
+  // In place when send == recv.
+  virtual absl::Status all_reduce(const void* send, void* recv, size_t count,
+                                  DataType type, ReduceOp op) = 0;
+  // `recv` holds size() * count elements, rank i's block at i * count.
+  virtual absl::Status all_gather(const void* send, void* recv, size_t count,
+                                  DataType type) = 0;
+  // `send` holds size() * count elements; rank i receives the reduction of
+  // every rank's block i.
+  virtual absl::Status reduce_scatter(const void* send, void* recv,
+                                      size_t count, DataType type,
+                                      ReduceOp op) = 0;
+  virtual absl::Status send(const void* data, size_t count, DataType type,
+                            int peer) = 0;
+  virtual absl::Status recv(void* data, size_t count, DataType type,
+                            int peer) = 0;
+
+  // Collective: splits this group as MPI_Comm_split does. Ranks with the same
+  // `color` (>= 0) form a new group, ordered by `key` then by rank. A
+  // negative color takes part without joining; it gets nullptr.
+  virtual absl::StatusOr<std::shared_ptr<Communicator>> split(int color,
+                                                              int key) = 0;
+
+  virtual NativeHandle native_handle() const = 0;
+
+  // -- Typed operations: the element type and the lengths are checked --------
+  template <typename T>
+  absl::Status broadcast(absl::Span<T> data, int root) {
+    return broadcast(data.data(), data.size(), DataTypeOf<T>(), root);
+  }
+  template <typename T>
+  absl::Status all_reduce(absl::Span<T> data, ReduceOp op) {
+    return all_reduce(data.data(), data.data(), data.size(), DataTypeOf<T>(),
+                      op);
+  }
+  template <typename T>
+  absl::Status all_gather(absl::Span<const T> send, absl::Span<T> recv) {
+    if (recv.size() != send.size() * static_cast<size_t>(size())) {
+      return LengthError("all_gather", recv.size(), send.size() * size());
+    }
+    return all_gather(send.data(), recv.data(), send.size(), DataTypeOf<T>());
+  }
+  template <typename T>
+  absl::Status reduce_scatter(absl::Span<const T> send, absl::Span<T> recv,
+                              ReduceOp op) {
+    if (send.size() != recv.size() * static_cast<size_t>(size())) {
+      return LengthError("reduce_scatter", send.size(), recv.size() * size());
+    }
+    return reduce_scatter(send.data(), recv.data(), recv.size(),
+                          DataTypeOf<T>(), op);
+  }
+  template <typename T>
+  absl::Status send(absl::Span<const T> data, int peer) {
+    return send(data.data(), data.size(), DataTypeOf<T>(), peer);
+  }
+  template <typename T>
+  absl::Status recv(absl::Span<T> data, int peer) {
+    return recv(data.data(), data.size(), DataTypeOf<T>(), peer);
+  }
+
+ protected:
+  static absl::Status LengthError(absl::string_view op, size_t got,
+                                  size_t expected) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, " buffer has ", got, " elements: expected ", expected));
+  }
+};
+
+}  // namespace vemesh
+
+#endif  // VEMESH_COMM_COMMUNICATOR_H_

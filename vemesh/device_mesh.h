@@ -1,0 +1,130 @@
+// vemesh/device_mesh.h
+//
+// A DeviceMesh is a MeshLayout bound to this process: its global rank, its
+// device type and one communicator per mesh dimension.
+//
+//   absl::StatusOr<DeviceMesh> mesh =
+//       init_device_mesh("cpu", {2, 2, 2}, {"PP", "DP", "TP"});
+//   mesh->get_coordinate();            // e.g. [1, 0, 1] on rank 5
+//   mesh->get_local_rank("TP");        // 1: this rank's index along TP
+//   mesh->get_group("TP");             // communicator of ranks [4, 5]
+//   (*mesh)["TP"];                     // 1-D child mesh, same communicators
+//   mesh->slice({"DP", "TP"});         // 2-D child mesh
+//   mesh->flatten({"DP", "TP"}, "DPTP");  // collective; cached
+//
+// Creation is collective over the world: every rank calls it with the same
+// arguments, and every rank checks that they all did (a mismatch is an error
+// on every rank, not a hang). The communicators of all dimensions are made at
+// construction by splitting the world, one split per dimension, in the same
+// order on every rank; nothing is created lazily except `flatten`, which is
+// an explicit collective call.
+//
+// A mesh smaller than the world is allowed: the ranks outside it take part in
+// the splits, get no group, and `get_coordinate()` answers NotFound.
+//
+// DeviceMesh is a cheap handle (copies share state). A child mesh from
+// `operator[]` or `slice` shares its parent's communicators: it creates none.
+// The communicators are freed with the last mesh (or caller) holding them.
+
+#ifndef VEMESH_DEVICE_MESH_H_
+#define VEMESH_DEVICE_MESH_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "vemesh/comm/communicator.h"
+#include "vemesh/device_type.h"
+#include "vemesh/mesh_layout.h"
+
+namespace vemesh {
+
+struct MeshOptions {
+  // Explicit row-major rank list (PyTorch's `mesh` tensor); empty = arange.
+  std::vector<int64_t> ranks;
+  // How long creation waits for every rank to arrive before it fails with
+  // DeadlineExceeded instead of hanging.
+  absl::Duration timeout = absl::Seconds(60);
+  // The group the mesh is built over; must be an MPI communicator. Null means
+  // MPI_COMM_WORLD (MPI is initialised on first use if nobody did).
+  std::shared_ptr<Communicator> world;
+};
+
+class DeviceMesh {
+ public:
+  // Collective over the world. See the file comment.
+  static absl::StatusOr<DeviceMesh> Create(DeviceType device_type,
+                                           MeshLayout layout,
+                                           const MeshOptions& options = {});
+  // A mesh with a layout and a rank but no communicators (device "meta"):
+  // every query works, `get_group` answers FailedPrecondition. Local only.
+  static DeviceMesh Meta(MeshLayout layout, int64_t global_rank);
+
+  DeviceType device_type() const;
+  const MeshLayout& layout() const;
+  int64_t global_rank() const;
+  // Whether this process is a member of the mesh.
+  bool has_self() const;
+
+  int64_t size() const;
+  int64_t ndim() const;
+  std::vector<int64_t> shape() const;
+  std::vector<std::string> mesh_dim_names() const;
+  absl::StatusOr<int64_t> size(absl::string_view dim) const;
+  // The member global ranks, row-major.
+  std::vector<int64_t> mesh() const;
+
+  // This rank's coordinate; NotFound outside the mesh.
+  absl::StatusOr<Coordinate> get_coordinate() const;
+  // This rank's index along one dimension.
+  absl::StatusOr<int64_t> get_local_rank(absl::string_view dim) const;
+  absl::StatusOr<int64_t> get_local_rank(int64_t dim) const;
+  // The communicator of one dimension (for a child made by flatten, the
+  // flattened group).
+  absl::StatusOr<std::shared_ptr<Communicator>> get_group(
+      absl::string_view dim) const;
+  absl::StatusOr<std::shared_ptr<Communicator>> get_group(int64_t dim) const;
+
+  // Child meshes that contain this rank, sharing this mesh's communicators.
+  absl::StatusOr<DeviceMesh> operator[](absl::string_view dim) const;
+  absl::StatusOr<DeviceMesh> slice(absl::Span<const std::string> dims) const;
+
+  // Collective over the world (every rank, members or not, must call it with
+  // the same arguments): the communicator of `dims` flattened into one
+  // dimension. Cached: the same dims return the same communicator. `name`
+  // defaults to the dims joined by '_'.
+  absl::StatusOr<std::shared_ptr<Communicator>> flatten(
+      absl::Span<const std::string> dims, absl::string_view name = "") const;
+
+  // This process's device index on its host and the number of ranks there,
+  // from an MPI shared-memory split cross-checked with the launcher's
+  // variables. 0 and 1 for a meta mesh.
+  int host_local_rank() const;
+  int host_size() const;
+
+  // "DeviceMesh(cpu, PP=2, DP=2, TP=2, rank=5)".
+  std::string ToString() const;
+
+ private:
+  struct Shared;  // communicators of the root mesh, flatten cache
+  DeviceMesh(std::shared_ptr<Shared> shared, MeshLayout layout);
+
+  std::shared_ptr<Shared> shared_;
+  MeshLayout layout_;
+};
+
+// The PyTorch / veScale spelling. `device_type` is "cpu", "cuda" (or "cuda:N")
+// or "meta"; `names` empty means the default names.
+absl::StatusOr<DeviceMesh> init_device_mesh(
+    absl::string_view device_type, absl::Span<const int64_t> mesh_shape,
+    absl::Span<const std::string> mesh_dim_names = {},
+    const MeshOptions& options = {});
+
+}  // namespace vemesh
+
+#endif  // VEMESH_DEVICE_MESH_H_
