@@ -11,6 +11,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   libeigen3-dev
   librsvg2-bin
+  nlohmann-json3-dev
   libclang-rt-14-dev
 )
 
