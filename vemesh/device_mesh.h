@@ -93,6 +93,14 @@ class DeviceMesh {
   // Child meshes that contain this rank, sharing this mesh's communicators.
   absl::StatusOr<DeviceMesh> operator[](absl::string_view dim) const;
   absl::StatusOr<DeviceMesh> slice(absl::Span<const std::string> dims) const;
+  // The child along `dims` that contains `global_rank`, any member of this
+  // mesh: it shares this mesh's communicators when this process is in it,
+  // and has none otherwise (get_group is then FailedPrecondition). Local.
+  absl::StatusOr<DeviceMesh> submesh_at(absl::Span<const std::string> dims,
+                                        int64_t global_rank) const;
+  // Whether both meshes come from the same creation (one root mesh and its
+  // children), and so share communicators.
+  bool same_root(const DeviceMesh& other) const;
 
   // Collective over the world (every rank, members or not, must call it with
   // the same arguments): the communicator of `dims` flattened into one
