@@ -19,7 +19,12 @@
 //
 // Ownership: communicators are shared (std::shared_ptr). A mesh, its
 // sub-meshes and any caller may hold the same one; it is freed when the last
-// holder lets go.
+// holder lets go. `LiveCommunicatorCount()` says how many exist right now in
+// this process (every backend), so tests can prove that nothing leaks.
+//
+// Threads: one communicator may be used by one thread at a time (as an MPI
+// communicator or an NCCL communicator); different communicators may be used
+// from different threads when MPI granted MPI_THREAD_MULTIPLE.
 
 #ifndef VEMESH_COMM_COMMUNICATOR_H_
 #define VEMESH_COMM_COMMUNICATOR_H_
@@ -45,6 +50,9 @@ size_t SizeOf(DataType type);
 absl::string_view DataTypeName(DataType type);
 absl::string_view ReduceOpName(ReduceOp op);
 
+// How many Communicator objects (of any backend) are alive in this process.
+int64_t LiveCommunicatorCount();
+
 // The DataType of a C++ element type, at compile time.
 template <typename T>
 constexpr DataType DataTypeOf() {
@@ -66,7 +74,10 @@ struct NativeHandle {
 
 class Communicator {
  public:
-  virtual ~Communicator() = default;
+  Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+  virtual ~Communicator();
 
   // This process's rank in the group, and the group's size.
   virtual int rank() const = 0;
@@ -95,6 +106,12 @@ class Communicator {
                             int peer) = 0;
   virtual absl::Status recv(void* data, size_t count, DataType type,
                             int peer) = 0;
+  // Sends to `dest` and receives from `source` as one operation, so that a
+  // ring shift or an exchange with oneself cannot deadlock (MPI_Sendrecv;
+  // a grouped ncclSend/ncclRecv). The default answers Unimplemented.
+  virtual absl::Status send_recv(const void* send_data, size_t send_count,
+                                 int dest, void* recv_data, size_t recv_count,
+                                 int source, DataType type);
 
   // Collective: splits this group as MPI_Comm_split does. Ranks with the same
   // `color` (>= 0) form a new group, ordered by `key` then by rank. A
@@ -137,6 +154,12 @@ class Communicator {
   template <typename T>
   absl::Status recv(absl::Span<T> data, int peer) {
     return recv(data.data(), data.size(), DataTypeOf<T>(), peer);
+  }
+  template <typename T>
+  absl::Status send_recv(absl::Span<const T> send, int dest,
+                         absl::Span<T> recv, int source) {
+    return send_recv(send.data(), send.size(), dest, recv.data(), recv.size(),
+                     source, DataTypeOf<T>());
   }
 
  protected:

@@ -1,0 +1,63 @@
+// main() for GoogleTest binaries that run under mpiexec.
+//
+// MPI is started by a vemesh::MpiSession (and finalised when main ends).
+// Rank 0 prints the usual gtest report; the other ranks print only their
+// failures, prefixed with their rank. The exit code is the worst over all
+// ranks, so a failure on any rank fails the ctest entry even if the
+// launcher only looked at rank 0.
+//
+// Link it by listing this file in a test's SOURCES (see CMakeLists.txt):
+// its main() then takes precedence over gtest_main's.
+
+#include <mpi.h>
+
+#include <cstdio>
+
+#include "gtest/gtest.h"
+#include "vemesh/comm/mpi/mpi_environment.h"
+
+namespace {
+
+class RankFailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit RankFailurePrinter(int rank) : rank_(rank) {}
+
+  void OnTestPartResult(const ::testing::TestPartResult& result) override {
+    if (!result.failed()) return;
+    std::fprintf(stderr, "[rank %d] %s:%d: Failure\n%s\n", rank_,
+                 result.file_name() ? result.file_name() : "?",
+                 result.line_number(), result.message());
+  }
+  void OnTestEnd(const ::testing::TestInfo& info) override {
+    if (info.result()->Failed()) {
+      std::fprintf(stderr, "[rank %d] FAILED %s.%s\n", rank_,
+                   info.test_suite_name(), info.name());
+    }
+  }
+
+ private:
+  int rank_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  vemesh::MpiSession mpi(&argc, &argv);
+  if (!mpi.status().ok()) {
+    std::fprintf(stderr, "MPI did not start: %s\n",
+                 mpi.status().ToString().c_str());
+    return 1;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new RankFailurePrinter(rank));
+  }
+  int result = RUN_ALL_TESTS();
+  int worst = result;
+  MPI_Allreduce(&result, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  return worst;
+}

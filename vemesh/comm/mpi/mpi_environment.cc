@@ -1,0 +1,99 @@
+#include "vemesh/comm/mpi/mpi_environment.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "absl/base/attributes.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+
+namespace vemesh {
+namespace {
+
+ABSL_CONST_INIT absl::Mutex env_mu(absl::kConstInit);
+bool owns_mpi ABSL_GUARDED_BY(env_mu) = false;
+bool atexit_registered ABSL_GUARDED_BY(env_mu) = false;
+int thread_level ABSL_GUARDED_BY(env_mu) = -1;
+
+bool Initialized() {
+  int flag = 0;
+  MPI_Initialized(&flag);
+  return flag != 0;
+}
+
+bool Finalized() {
+  int flag = 0;
+  MPI_Finalized(&flag);
+  return flag != 0;
+}
+
+// Finalises MPI if vemesh started it and nobody finalised it yet.
+void FinalizeIfOwned() {
+  absl::MutexLock lock(&env_mu);
+  if (!owns_mpi || Finalized()) return;
+  MPI_Finalize();
+}
+
+absl::Status InitLocked(int* argc, char*** argv)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(env_mu) {
+  if (Finalized()) {
+    return absl::FailedPreconditionError(
+        "MPI was already finalised; it cannot be initialised again");
+  }
+  if (Initialized()) {
+    if (thread_level < 0) MPI_Query_thread(&thread_level);
+    return absl::OkStatus();
+  }
+  int provided = MPI_THREAD_SINGLE;
+  int code = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+  if (code != MPI_SUCCESS) return MpiStatus(code, "MPI_Init_thread");
+  owns_mpi = true;
+  thread_level = provided;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status MpiStatus(int code, absl::string_view call) {
+  if (code == MPI_SUCCESS) return absl::OkStatus();
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int length = 0;
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) length = 0;
+  return absl::InternalError(absl::StrCat(
+      call, " failed with MPI error ", code, ": ",
+      absl::string_view(text, static_cast<size_t>(length))));
+}
+
+absl::Status EnsureMpiInitialized() {
+  absl::MutexLock lock(&env_mu);
+  absl::Status status = InitLocked(nullptr, nullptr);
+  // A lazy start still ends cleanly: finalise at exit unless a session or
+  // the program does it first.
+  if (status.ok() && owns_mpi && !atexit_registered) {
+    atexit_registered = true;
+    std::atexit(FinalizeIfOwned);
+  }
+  return status;
+}
+
+bool MpiIsUsable() { return Initialized() && !Finalized(); }
+
+bool VemeshOwnsMpi() {
+  absl::MutexLock lock(&env_mu);
+  return owns_mpi;
+}
+
+int MpiThreadLevel() {
+  absl::MutexLock lock(&env_mu);
+  if (thread_level < 0 && MpiIsUsable()) MPI_Query_thread(&thread_level);
+  return thread_level;
+}
+
+MpiSession::MpiSession(int* argc, char*** argv) {
+  absl::MutexLock lock(&env_mu);
+  status_ = InitLocked(argc, argv);
+}
+
+MpiSession::~MpiSession() { FinalizeIfOwned(); }
+
+}  // namespace vemesh

@@ -1,0 +1,74 @@
+// vemesh/comm/mpi/mpi_environment.h
+//
+// Who starts and stops MPI. vemesh works both ways:
+//
+//   * The program owns MPI (it called MPI_Init or MPI_Init_thread itself):
+//     vemesh adopts it and never finalises it.
+//   * Nobody initialised MPI: vemesh does, on first use, asking for
+//     MPI_THREAD_MULTIPLE, and finalises it when the program ends.
+//
+// The clean way to say "vemesh owns MPI for this program" is a session in
+// main, which finalises at the end of its scope, after the program's meshes
+// and communicators are gone:
+//
+//   int main(int argc, char** argv) {
+//     vemesh::MpiSession mpi(&argc, &argv);
+//     if (!mpi.status().ok()) return 1;
+//     ... init_device_mesh("cpu", {2, 2, 2}) ...
+//   }   // MPI_Finalize here, because vemesh initialised it
+//
+// Without a session, vemesh registers an atexit handler when it initialises
+// MPI lazily. Communicators that outlive MPI_Finalize (a global registry, for
+// instance) see that MPI is finalised and free nothing.
+//
+// Thread safety: every function here may be called from any thread.
+
+#ifndef VEMESH_COMM_MPI_MPI_ENVIRONMENT_H_
+#define VEMESH_COMM_MPI_MPI_ENVIRONMENT_H_
+
+#include <mpi.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace vemesh {
+
+// Initialises MPI when nobody did (MPI_Init_thread, MPI_THREAD_MULTIPLE
+// asked); adopts an initialised MPI. FailedPrecondition once MPI was
+// finalised (it cannot be restarted), Internal if initialisation fails.
+absl::Status EnsureMpiInitialized();
+
+// MPI is initialised and not yet finalised: MPI calls are allowed.
+bool MpiIsUsable();
+
+// Whether vemesh itself initialised MPI (and so will finalise it).
+bool VemeshOwnsMpi();
+
+// The thread level MPI granted (MPI_THREAD_SINGLE .. MPI_THREAD_MULTIPLE);
+// -1 before MPI is initialised.
+int MpiThreadLevel();
+
+// Turns an MPI return code into a Status: OK for MPI_SUCCESS, otherwise
+// Internal naming the call and MPI's own message.
+absl::Status MpiStatus(int code, absl::string_view call);
+
+// Scope guard for main(): initialises MPI (or adopts it) on construction;
+// on destruction finalises MPI if and only if vemesh initialised it.
+class MpiSession {
+ public:
+  MpiSession() : MpiSession(nullptr, nullptr) {}
+  MpiSession(int* argc, char*** argv);
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+  ~MpiSession();
+
+  // Whether MPI could be initialised.
+  const absl::Status& status() const { return status_; }
+
+ private:
+  absl::Status status_;
+};
+
+}  // namespace vemesh
+
+#endif  // VEMESH_COMM_MPI_MPI_ENVIRONMENT_H_

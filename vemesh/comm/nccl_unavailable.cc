@@ -1,0 +1,22 @@
+// The NCCL entry points of a build without CUDA/NCCL: they answer
+// Unimplemented, so callers (DeviceMesh for "cuda") fail with a clear
+// reason instead of failing to link.
+#include "vemesh/comm/nccl/nccl_communicator.h"
+
+#ifndef VEMESH_HAVE_NCCL
+
+namespace vemesh {
+
+absl::StatusOr<int> CudaDeviceCount() {
+  return absl::UnimplementedError(
+      "vemesh was built without CUDA/NCCL (VEMESH_WITH_NCCL=OFF or not found)");
+}
+
+absl::StatusOr<std::shared_ptr<Communicator>> CreateNcclCommunicator(
+    std::shared_ptr<MpiCommunicator>, int) {
+  return CudaDeviceCount().status();
+}
+
+}  // namespace vemesh
+
+#endif  // VEMESH_HAVE_NCCL
