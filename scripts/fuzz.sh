@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (preset 'fuzz') and runs each one for
+# VEMESH_FUZZ_SECONDS (default 60) from its seed corpus in fuzz/corpus/.
+# New inputs go to a scratch directory, never into the repository; a crash
+# leaves its input under build/fuzz/artifacts/ and fails the script.
+# Prints one line per target: executions, coverage, corpus size.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${VEMESH_FUZZ_SECONDS:-60}
+targets="mesh_spec_fuzzer mesh_layout_fuzzer"
+
+cmake --preset fuzz >/dev/null
+# Only the fuzz targets: the rest of the preset (MPI library, CLI) is not
+# fuzzed and would cost build time.
+cmake --build --preset fuzz --target $targets
+
+artifacts=build/fuzz/artifacts
+mkdir -p "$artifacts"
+status=0
+for t in $targets; do
+  work=$(mktemp -d)
+  log=build/fuzz/$t.log
+  echo "=== vemesh: fuzz $t for ${seconds}s"
+  # Scratch corpus first (libFuzzer writes there), the seeds second.
+  if ! build/fuzz/fuzz/$t -max_total_time="$seconds" -print_final_stats=1 \
+      -artifact_prefix="$artifacts/$t-" -rss_limit_mb=2048 -timeout=10 \
+      "$work" "fuzz/corpus/$t" >"$log" 2>&1; then
+    echo "vemesh: fuzz $t FAILED; last lines of $log:"
+    tail -40 "$log"
+    status=1
+  fi
+  execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | grep -o '[0-9]*$' || echo "?")
+  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | grep -o '[0-9]*$' || echo "?")
+  echo "vemesh: fuzz $t: $execs executions in ${seconds}s, $cov coverage edges," \
+       "$(ls "$work" | wc -l) new corpus inputs, status $([ $status = 0 ] && echo clean || echo FAILED)"
+  rm -rf "$work"
+done
+exit $status
