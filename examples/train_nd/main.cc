@@ -1,0 +1,260 @@
+// train_nd: trains a small MLP with pipeline, data and tensor parallelism at
+// once, on any mesh, and checks the loss curve against a serial run.
+//
+//   mpirun -n 8 train_nd --mesh PP=2,DP=2,TP=2
+//
+// Every rank: parse and validate the flags (no communication, so a bad
+// value fails on every rank, before any collective), initialise
+// VESCALE_DEVICE_MESH, build its part of the model, and train. Per step:
+// the pipeline runs the micro-batches (activations and gradients between
+// stages, TP collectives inside each layer), the gradients are averaged
+// over DP, SGD updates every shard, and the last stage's loss is averaged
+// over DP and broadcast along PP so every rank knows it. Global rank 0
+// prints the steps; at the end every rank trains the serial reference
+// in-process and compares the curves, so all ranks exit alike.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "parallel_mlp_stage.h"
+#include "serial_mlp.h"
+#include "synthetic_data.h"
+#include "train_options.h"
+#include "vemesh/api/ve_device_mesh.h"
+#include "vemesh/comm/mpi/mpi_environment.h"
+#include "vemesh/strategies/data_parallel.h"
+#include "vemesh/strategies/pipeline_runner.h"
+#include "vemesh/strategies/role_group.h"
+
+namespace {
+const train_nd::TrainOptions kDefaults;
+}  // namespace
+
+ABSL_FLAG(std::string, mesh, kDefaults.mesh,
+          "the device mesh, NAME=SIZE for PP, DP and TP (absent roles are 1)");
+ABSL_FLAG(int, layers, kDefaults.layers, "linear layers in the MLP");
+ABSL_FLAG(int64_t, hidden, kDefaults.hidden, "hidden width");
+ABSL_FLAG(int64_t, input_dim, kDefaults.input_dim, "input features");
+ABSL_FLAG(int64_t, output_dim, kDefaults.output_dim, "regression outputs");
+ABSL_FLAG(int64_t, batch, kDefaults.batch, "global batch size per step");
+ABSL_FLAG(int, micro_batches, kDefaults.micro_batches,
+          "micro-batches per step and DP replica");
+ABSL_FLAG(int, steps, kDefaults.steps, "SGD steps");
+ABSL_FLAG(double, lr, kDefaults.lr, "SGD learning rate");
+ABSL_FLAG(uint64_t, seed, kDefaults.seed, "seed of data and weights");
+ABSL_FLAG(std::string, schedule, kDefaults.schedule,
+          "pipeline schedule: gpipe or 1f1b");
+ABSL_FLAG(int64_t, bucket_elements, kDefaults.bucket_elements,
+          "doubles per DP gradient all_reduce bucket");
+ABSL_FLAG(double, tolerance, kDefaults.tolerance,
+          "largest relative loss difference from the serial run");
+
+namespace train_nd {
+namespace {
+
+using vemesh::strategies::DataParallel;
+using vemesh::strategies::Parameter;
+using vemesh::strategies::PipelineOptions;
+using vemesh::strategies::RoleGroup;
+using vemesh::strategies::RoleGroupFrom;
+using vemesh::strategies::RunPipeline;
+
+TrainOptions OptionsFromFlags() {
+  TrainOptions o;
+  o.mesh = absl::GetFlag(FLAGS_mesh);
+  o.layers = absl::GetFlag(FLAGS_layers);
+  o.hidden = absl::GetFlag(FLAGS_hidden);
+  o.input_dim = absl::GetFlag(FLAGS_input_dim);
+  o.output_dim = absl::GetFlag(FLAGS_output_dim);
+  o.batch = absl::GetFlag(FLAGS_batch);
+  o.micro_batches = absl::GetFlag(FLAGS_micro_batches);
+  o.steps = absl::GetFlag(FLAGS_steps);
+  o.lr = absl::GetFlag(FLAGS_lr);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.schedule = absl::GetFlag(FLAGS_schedule);
+  o.bucket_elements = absl::GetFlag(FLAGS_bucket_elements);
+  o.tolerance = absl::GetFlag(FLAGS_tolerance);
+  return o;
+}
+
+// The step's loss, on every rank: the last stage's squared error, averaged
+// over its DP group, then broadcast from the last stage along PP.
+absl::StatusOr<double> GlobalLoss(const TrainPlan& plan, double squared_error) {
+  absl::StatusOr<bool> last = VESCALE_DEVICE_MESH.is_last_stage();
+  if (!last.ok()) return last.status();
+  double loss = 0;
+  if (*last) {
+    absl::StatusOr<RoleGroup> dp = RoleGroupFrom(
+        VESCALE_DEVICE_MESH.get_data_parallel_dim_groups(), "DP");
+    if (!dp.ok()) return dp.status();
+    if (dp->size > 1) {
+      absl::Status s = dp->comm->all_reduce(absl::MakeSpan(&squared_error, 1),
+                                            vemesh::ReduceOp::kSum);
+      if (!s.ok()) return s;
+    }
+    loss = squared_error /
+           static_cast<double>(plan.options.batch * plan.shape.output_dim);
+  }
+  absl::StatusOr<RoleGroup> pp = RoleGroupFrom(
+      VESCALE_DEVICE_MESH.get_pipeline_parallel_dim_groups(), "PP");
+  if (!pp.ok()) return pp.status();
+  if (pp->size > 1) {
+    // RoleGroupFrom checked that group rank == PP rank: the last stage is
+    // group rank size - 1.
+    absl::Status s = pp->comm->broadcast(absl::MakeSpan(&loss, 1), pp->size - 1);
+    if (!s.ok()) return s;
+  }
+  return loss;
+}
+
+// Trains on the current registry mesh; returns the loss per step.
+absl::StatusOr<std::vector<double>> Train(const TrainPlan& plan, bool print) {
+  absl::StatusOr<std::unique_ptr<ParallelMlpStage>> stage =
+      ParallelMlpStage::Create(plan);
+  if (!stage.ok()) return stage.status();
+  std::vector<Parameter*> params = (*stage)->parameters();
+  const DataParallel dp(
+      {.bucket_elements = static_cast<size_t>(plan.options.bucket_elements)});
+  // Replicas were initialised differently on purpose; this makes them equal.
+  absl::StatusOr<vemesh::strategies::BucketStats> bcast =
+      dp.BroadcastParameters(params);
+  if (!bcast.ok()) return bcast.status();
+
+  const PipelineOptions pipeline{plan.schedule, plan.options.micro_batches};
+  std::vector<double> losses;
+  for (int step = 0; step < plan.options.steps; ++step) {
+    const absl::Time start = absl::Now();
+    for (Parameter* p : params) p->ZeroGrad();
+    (*stage)->SetBatch(
+        MakeBatch(plan.options.seed, step, plan.shape, plan.options.batch));
+    absl::StatusOr<vemesh::strategies::PipelineStats> ran =
+        RunPipeline(**stage, pipeline);
+    if (!ran.ok()) return ran.status();
+    absl::StatusOr<vemesh::strategies::BucketStats> avg =
+        dp.AverageGradients(params);
+    if (!avg.ok()) return avg.status();
+    for (Parameter* p : params) p->SgdStep(plan.options.lr);
+    absl::StatusOr<double> loss = GlobalLoss(plan, (*stage)->TakeSquaredError());
+    if (!loss.ok()) return loss.status();
+    losses.push_back(*loss);
+    if (print) {
+      std::printf("step %3d/%d  loss %.12f  time %7.2f ms\n", step + 1,
+                  plan.options.steps, *loss,
+                  absl::ToDoubleMilliseconds(absl::Now() - start));
+      std::fflush(stdout);
+    }
+  }
+  return losses;
+}
+
+std::vector<double> SerialLosses(const TrainPlan& plan) {
+  SerialMlp mlp(plan.shape, plan.options.seed);
+  std::vector<double> losses;
+  for (int step = 0; step < plan.options.steps; ++step) {
+    losses.push_back(mlp.TrainStep(
+        MakeBatch(plan.options.seed, step, plan.shape, plan.options.batch),
+        plan.options.lr));
+  }
+  return losses;
+}
+
+int Fail(int rank, absl::string_view what, const absl::Status& status,
+         int code) {
+  std::fprintf(stderr, "[rank %d] train_nd: %s: %s\n", rank,
+               std::string(what).c_str(), std::string(status.message()).c_str());
+  return code;
+}
+
+int Run() {
+  int world_rank = 0;
+  int world_size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+
+  // Pure validation: every rank reaches the same verdict alone.
+  absl::StatusOr<TrainPlan> plan = PlanTraining(OptionsFromFlags(), world_size);
+  if (!plan.ok()) return Fail(world_rank, "error", plan.status(), 2);
+
+  absl::StatusOr<vemesh::DeviceMesh> mesh = VESCALE_DEVICE_MESH.init_device_mesh(
+      "cpu", plan->mesh.shape, plan->mesh.names);
+  if (!mesh.ok()) return Fail(world_rank, "init_device_mesh", mesh.status(), 1);
+  const bool print = world_rank == 0;
+  if (print) {
+    const MlpShape& s = plan->shape;
+    std::printf(
+        "train_nd: mesh %s on %d ranks (PP=%d DP=%d TP=%d), MLP %lld-%lldx%d-"
+        "%lld, batch %lld in %d micro-batches per replica, %s schedule, %d "
+        "steps\n",
+        vemesh::FormatMeshSpec(plan->mesh).c_str(), world_size, plan->pp,
+        plan->dp, plan->tp, static_cast<long long>(s.input_dim),
+        static_cast<long long>(s.hidden), s.layers,
+        static_cast<long long>(s.output_dim),
+        static_cast<long long>(plan->options.batch), plan->options.micro_batches,
+        std::string(vemesh::strategies::PipelineScheduleName(plan->schedule))
+            .c_str(),
+        plan->options.steps);
+    std::fflush(stdout);
+  }
+
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::vector<double>> losses = Train(*plan, print);
+  if (!losses.ok()) return Fail(world_rank, "training", losses.status(), 1);
+  const double train_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+
+  const std::vector<double> serial = SerialLosses(*plan);
+  double worst = 0;
+  int worst_step = 0;
+  for (size_t i = 0; i < serial.size(); ++i) {
+    const double rel = std::abs((*losses)[i] - serial[i]) /
+                       std::max(std::abs(serial[i]), 1e-300);
+    if (!(rel <= worst)) {  // also catches NaN
+      worst = rel;
+      worst_step = static_cast<int>(i) + 1;
+    }
+  }
+  const bool pass = worst < plan->options.tolerance;
+  if (print) {
+    std::printf(
+        "%s: loss curve vs serial reference over %d steps: max relative "
+        "difference %.3g (step %d) %s %.0e; training took %.1f ms\n",
+        pass ? "PASS" : "FAIL", plan->options.steps, worst, worst_step,
+        pass ? "<" : ">=", plan->options.tolerance, train_ms);
+    if (!pass) {
+      std::printf("  step %d: distributed %.15g, serial %.15g\n", worst_step,
+                  (*losses)[worst_step - 1], serial[worst_step - 1]);
+    }
+    std::fflush(stdout);
+  }
+  VESCALE_DEVICE_MESH.reset();
+  return pass ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace train_nd
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "N-D parallel (PP x DP x TP) MLP training, checked against a serial "
+      "run.\n  mpirun -n 8 train_nd --mesh PP=2,DP=2,TP=2");
+  // Unknown flags and unparsable values stop here, on every rank, before
+  // MPI starts.
+  absl::ParseCommandLine(argc, argv);
+  vemesh::MpiSession mpi(&argc, &argv);
+  if (!mpi.status().ok()) {
+    std::fprintf(stderr, "train_nd: MPI failed to start: %s\n",
+                 std::string(mpi.status().message()).c_str());
+    return 1;
+  }
+  return train_nd::Run();
+}

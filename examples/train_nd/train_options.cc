@@ -1,0 +1,122 @@
+#include "train_options.h"
+
+#include <cmath>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace train_nd {
+namespace {
+
+absl::Status AtLeast(absl::string_view flag, int64_t value, int64_t min) {
+  if (value >= min) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("--", flag, "=", value, ": expected an integer >= ", min));
+}
+
+absl::Status Positive(absl::string_view flag, double value) {
+  if (std::isfinite(value) && value > 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("--", flag, "=", value, ": expected a finite number > 0"));
+}
+
+}  // namespace
+
+absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
+                                       int64_t world_size) {
+  for (absl::Status s :
+       {AtLeast("layers", o.layers, 1), AtLeast("hidden", o.hidden, 1),
+        AtLeast("input_dim", o.input_dim, 1),
+        AtLeast("output_dim", o.output_dim, 1), AtLeast("batch", o.batch, 1),
+        AtLeast("micro_batches", o.micro_batches, 1),
+        AtLeast("steps", o.steps, 1),
+        AtLeast("bucket_elements", o.bucket_elements, 1),
+        Positive("lr", o.lr), Positive("tolerance", o.tolerance)}) {
+    if (!s.ok()) return s;
+  }
+  TrainPlan plan;
+  plan.options = o;
+
+  absl::StatusOr<vemesh::strategies::PipelineSchedule> schedule =
+      vemesh::strategies::ParsePipelineSchedule(o.schedule);
+  if (!schedule.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--schedule: ", schedule.status().message()));
+  }
+  plan.schedule = *schedule;
+
+  absl::StatusOr<vemesh::MeshSpec> mesh = vemesh::ParseMeshSpec(o.mesh);
+  if (!mesh.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--mesh: ", mesh.status().message()));
+  }
+  plan.mesh = *mesh;
+  int64_t product = 1;
+  for (size_t i = 0; i < mesh->names.size(); ++i) {
+    const std::string& name = mesh->names[i];
+    const int64_t size = mesh->shape[i];
+    int* role = name == "PP" ? &plan.pp
+                : name == "DP" ? &plan.dp
+                : name == "TP" ? &plan.tp
+                               : nullptr;
+    if (role == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--mesh=", o.mesh, ": dimension '", name,
+                       "' is not a role this example trains with: expected "
+                       "PP, DP or TP"));
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (mesh->names[j] == name) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--mesh=", o.mesh, ": dimension '", name, "' appears twice"));
+      }
+    }
+    if (size > world_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--mesh=", o.mesh, ": ", name, "=", size,
+                       " is larger than the job's ", world_size, " ranks"));
+    }
+    *role = static_cast<int>(size);
+    product *= size;
+  }
+  if (product != world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--mesh=", o.mesh, " has ", product, " ranks but the job has ",
+        world_size, ": launch with mpirun -n ", product,
+        " or change the mesh"));
+  }
+
+  plan.shape = MlpShape{o.input_dim, o.hidden, o.output_dim, o.layers};
+  if (plan.pp > o.layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--mesh=", o.mesh, " has PP=", plan.pp, " pipeline stages but --layers=",
+        o.layers, ": every stage needs at least one layer"));
+  }
+  if (o.batch % (int64_t{plan.dp} * o.micro_batches) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--batch=", o.batch, " is not divisible by DP x --micro_batches = ",
+        plan.dp, " x ", o.micro_batches, " = ",
+        int64_t{plan.dp} * o.micro_batches,
+        ": every micro-batch of every replica must have the same rows"));
+  }
+  for (int l = 0; l < o.layers; ++l) {
+    const int64_t split = plan.shape.split_features(l);
+    if (split % plan.tp != 0) {
+      const bool column = MlpShape::column_parallel(l);
+      const bool is_output = column && l + 1 == o.layers;
+      const char* flag = l == 0 && !column ? "input_dim"
+                         : is_output        ? "output_dim"
+                                            : "hidden";
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--", flag, "=", split, " is not divisible by TP=", plan.tp,
+          ": layer ", l, " (", column ? "column" : "row",
+          "-parallel) splits its ", split, column ? " output" : " input",
+          " features across TP"));
+    }
+  }
+  plan.rows_per_replica = o.batch / plan.dp;
+  plan.rows_per_micro_batch = plan.rows_per_replica / o.micro_batches;
+  return plan;
+}
+
+}  // namespace train_nd

@@ -1,0 +1,61 @@
+// examples/train_nd/train_options.h
+//
+// The example's settings, and their validation into a plan.
+//
+//   TrainOptions o;                       // filled from the command line
+//   absl::StatusOr<TrainPlan> plan = PlanTraining(o, world_size);
+//   if (!plan.ok()) { /* print plan.status() on every rank, exit 2 */ }
+//
+// PlanTraining is pure: it needs only the options and the world size, so
+// every rank reaches the same verdict without talking to the others, and a
+// bad setting fails everywhere before the first collective (no hang). Each
+// error names the flag, its value and what was expected.
+
+#ifndef EXAMPLES_TRAIN_ND_TRAIN_OPTIONS_H_
+#define EXAMPLES_TRAIN_ND_TRAIN_OPTIONS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "mlp_shape.h"
+#include "vemesh/mesh_spec.h"
+#include "vemesh/strategies/pipeline_schedule.h"
+
+namespace train_nd {
+
+struct TrainOptions {
+  std::string mesh = "PP=2,DP=2,TP=2";
+  int layers = 4;
+  int64_t hidden = 64;
+  int64_t input_dim = 16;
+  int64_t output_dim = 8;
+  int64_t batch = 32;
+  int micro_batches = 4;
+  int steps = 10;
+  double lr = 0.1;
+  uint64_t seed = 2024;
+  std::string schedule = "1f1b";
+  int64_t bucket_elements = 4096;
+  double tolerance = 1e-5;
+};
+
+struct TrainPlan {
+  TrainOptions options;
+  vemesh::MeshSpec mesh;  // as given: roles are found by name
+  int pp = 1;
+  int dp = 1;
+  int tp = 1;
+  MlpShape shape;
+  vemesh::strategies::PipelineSchedule schedule =
+      vemesh::strategies::PipelineSchedule::k1F1B;
+  int64_t rows_per_replica = 0;     // batch / DP
+  int64_t rows_per_micro_batch = 0; // batch / (DP * micro_batches)
+};
+
+absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& options,
+                                       int64_t world_size);
+
+}  // namespace train_nd
+
+#endif  // EXAMPLES_TRAIN_ND_TRAIN_OPTIONS_H_
