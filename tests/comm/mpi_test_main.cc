@@ -59,5 +59,9 @@ int main(int argc, char** argv) {
   int result = RUN_ALL_TESTS();
   int worst = result;
   MPI_Allreduce(&result, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (rank == 0 && worst != result) {
+    std::fprintf(stderr,
+                 "FAILED on another rank: see the [rank N] lines above\n");
+  }
   return worst;
 }

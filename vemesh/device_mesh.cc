@@ -1,0 +1,407 @@
+#include "vemesh/device_mesh.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "vemesh/comm/mpi/mpi_agreement.h"
+#include "vemesh/comm/mpi/mpi_communicator.h"
+#include "vemesh/comm/mpi/mpi_environment.h"
+#include "vemesh/comm/nccl/nccl_communicator.h"
+
+namespace vemesh {
+
+// What a mesh and all its children share: the layout the mesh was created
+// with (the "root"), this process's place in the world, and the
+// communicators. Dimension communicators are indexed by root dimension;
+// flattened ones are keyed by the root dimensions they span, in order.
+struct DeviceMesh::Shared {
+  Shared(DeviceType type, MeshLayout layout, int64_t rank)
+      : device_type(type), root(std::move(layout)), global_rank(rank) {}
+
+  const DeviceType device_type;
+  const MeshLayout root;
+  const int64_t global_rank;
+  int host_local_rank = 0;
+  int host_size = 1;
+  absl::Duration timeout = absl::Seconds(60);
+  // Null for a meta mesh.
+  std::shared_ptr<MpiCommunicator> world;
+  // The world on the mesh's backend (NCCL for cuda, `world` for cpu).
+  std::shared_ptr<Communicator> device_world;
+  // One per root dimension; null on ranks outside the mesh.
+  std::vector<std::shared_ptr<Communicator>> dims;
+
+  absl::Mutex mu;
+  // Null values are cached too: ranks outside the mesh took part in the
+  // split, and must not take part again.
+  absl::flat_hash_map<std::vector<int64_t>, std::shared_ptr<Communicator>>
+      flattened ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<std::string, std::vector<int64_t>> flat_names
+      ABSL_GUARDED_BY(mu);
+};
+
+namespace {
+
+std::string ShapeText(absl::Span<const int64_t> shape) {
+  return absl::StrCat("(", absl::StrJoin(shape, ", "), ")");
+}
+
+// The host-local rank from the launcher, when it says.
+std::optional<int> LauncherLocalRank() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK"}) {
+    const char* value = std::getenv(name);
+    int rank = 0;
+    if (value != nullptr && absl::SimpleAtoi(value, &rank)) return rank;
+  }
+  return std::nullopt;
+}
+
+// Host-local rank and host size from a shared-memory split of `comm`.
+absl::Status HostPlacement(MPI_Comm comm, int rank, int* local_rank,
+                           int* local_size) {
+  MPI_Comm host = MPI_COMM_NULL;
+  absl::Status status = MpiStatus(
+      MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL,
+                          &host),
+      "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)");
+  if (!status.ok()) return status;
+  status = MpiStatus(MPI_Comm_rank(host, local_rank), "MPI_Comm_rank");
+  if (status.ok()) {
+    status = MpiStatus(MPI_Comm_size(host, local_size), "MPI_Comm_size");
+  }
+  MPI_Comm_free(&host);
+  return status;
+}
+
+absl::Status NotMember(const MeshLayout& layout, int64_t rank,
+                       absl::string_view what) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("rank ", rank, " is not a member of ", layout.ToString(),
+                   ": it has no ", what));
+}
+
+}  // namespace
+
+DeviceMesh::DeviceMesh(std::shared_ptr<Shared> shared, MeshLayout layout)
+    : shared_(std::move(shared)), layout_(std::move(layout)) {}
+
+DeviceMesh DeviceMesh::Meta(MeshLayout layout, int64_t global_rank) {
+  auto shared =
+      std::make_shared<Shared>(DeviceType::kMeta, layout, global_rank);
+  return DeviceMesh(std::move(shared), std::move(layout));
+}
+
+absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
+                                              MeshLayout layout,
+                                              const MeshOptions& options) {
+  if (device_type == DeviceType::kMeta) {
+    int rank = 0;
+    if (MpiIsUsable()) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    return Meta(std::move(layout), rank);
+  }
+  const absl::Time deadline = absl::Now() + options.timeout;
+
+  // The group to build over: the caller's MPI communicator, or the world.
+  MPI_Comm base = MPI_COMM_WORLD;
+  if (options.world != nullptr) {
+    auto* mpi = dynamic_cast<MpiCommunicator*>(options.world.get());
+    if (mpi == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "MeshOptions.world must be an MPI communicator; got backend '",
+          options.world->backend(), "'"));
+    }
+    base = mpi->comm();
+  } else {
+    absl::Status status = EnsureMpiInitialized();
+    if (!status.ok()) return status;
+  }
+  int world_rank = 0;
+  int world_size = 0;
+  absl::Status status = MpiStatus(MPI_Comm_rank(base, &world_rank),
+                                  "MPI_Comm_rank");
+  if (status.ok()) {
+    status = MpiStatus(MPI_Comm_size(base, &world_size), "MPI_Comm_size");
+  }
+  if (!status.ok()) return status;
+
+  // (1) Every rank passed the same mesh, before any blocking collective.
+  const std::vector<int64_t> members = layout.ranks();
+  std::string rank_text = "arange";
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (members[i] != static_cast<int64_t>(i)) {
+      rank_text = absl::StrCat("[", absl::StrJoin(members, ", "), "]");
+      break;
+    }
+  }
+  const std::vector<AgreementField> fields = {
+      {"device type", std::string(DeviceTypeName(device_type))},
+      {"shape", ShapeText(layout.shape())},
+      {"dim names", absl::StrCat("[", absl::StrJoin(layout.dim_names(), ", "),
+                                 "]")},
+      {"ranks", rank_text},
+  };
+  status = CheckAgreement(base, "DeviceMesh::Create", fields, deadline);
+  if (!status.ok()) return status;
+
+  // (2) The mesh fits the world (the same answer on every rank now).
+  if (layout.size() > world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "mesh ", layout.ToString(), " has ", layout.size(),
+        " ranks but the world has only ", world_size));
+  }
+  for (int64_t r : members) {
+    if (r >= world_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("mesh ", layout.ToString(), " holds rank ", r,
+                       " but the world has ranks 0..", world_size - 1));
+    }
+  }
+
+  auto shared = std::make_shared<Shared>(device_type, layout, world_rank);
+  shared->timeout = options.timeout;
+  auto world = MpiCommunicator::Dup(base);
+  if (!world.ok()) return world.status();
+  shared->world = *std::move(world);
+
+  // (4) Where this rank sits on its host (the GPU it binds for cuda).
+  status = HostPlacement(shared->world->comm(), world_rank,
+                         &shared->host_local_rank, &shared->host_size);
+  if (!status.ok()) return status;
+  if (base == MPI_COMM_WORLD) {
+    std::optional<int> launcher = LauncherLocalRank();
+    if (launcher.has_value() && *launcher != shared->host_local_rank) {
+      std::fprintf(stderr,
+                   "vemesh: warning: rank %d: the launcher says local rank "
+                   "%d but the MPI shared-memory split says %d; using %d\n",
+                   world_rank, *launcher, shared->host_local_rank,
+                   shared->host_local_rank);
+    }
+  }
+
+  if (device_type == DeviceType::kCuda) {
+    auto nccl = CreateNcclCommunicator(shared->world, shared->host_local_rank);
+    if (!nccl.ok()) return nccl.status();
+    shared->device_world = *std::move(nccl);
+  } else {
+    shared->device_world = shared->world;
+  }
+
+  // (3) One split per dimension, in dimension order on every rank.
+  const bool member = layout.contains(world_rank);
+  for (int64_t d = 0; d < layout.ndim(); ++d) {
+    int color = -1;
+    int key = 0;
+    if (member) {
+      auto pos = layout.group_position({layout.dim_name(d)}, world_rank);
+      if (!pos.ok()) return pos.status();
+      color = static_cast<int>(pos->group);
+      key = static_cast<int>(pos->index);
+    }
+    auto group = shared->device_world->split(color, key);
+    if (!group.ok()) return group.status();
+    shared->dims.push_back(*std::move(group));
+  }
+  return DeviceMesh(std::move(shared), std::move(layout));
+}
+
+DeviceType DeviceMesh::device_type() const { return shared_->device_type; }
+const MeshLayout& DeviceMesh::layout() const { return layout_; }
+int64_t DeviceMesh::global_rank() const { return shared_->global_rank; }
+bool DeviceMesh::has_self() const {
+  return layout_.contains(shared_->global_rank);
+}
+
+int64_t DeviceMesh::size() const { return layout_.size(); }
+int64_t DeviceMesh::ndim() const { return layout_.ndim(); }
+std::vector<int64_t> DeviceMesh::shape() const { return layout_.shape(); }
+std::vector<std::string> DeviceMesh::mesh_dim_names() const {
+  return layout_.dim_names();
+}
+absl::StatusOr<int64_t> DeviceMesh::size(absl::string_view dim) const {
+  return layout_.dim_size(dim);
+}
+std::vector<int64_t> DeviceMesh::mesh() const { return layout_.ranks(); }
+
+absl::StatusOr<Coordinate> DeviceMesh::get_coordinate() const {
+  if (!has_self()) {
+    return absl::NotFoundError(
+        absl::StrCat("rank ", shared_->global_rank, " is not a member of ",
+                     layout_.ToString()));
+  }
+  return layout_.coordinate_of(shared_->global_rank);
+}
+
+absl::StatusOr<int64_t> DeviceMesh::get_local_rank(
+    absl::string_view dim) const {
+  auto index = layout_.dim_index(dim);
+  if (!index.ok()) return index.status();
+  return get_local_rank(*index);
+}
+
+absl::StatusOr<int64_t> DeviceMesh::get_local_rank(int64_t dim) const {
+  if (dim < 0 || dim >= ndim()) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "dimension ", dim, " is outside a ", ndim(), "-D mesh"));
+  }
+  auto coord = get_coordinate();
+  if (!coord.ok()) return coord.status();
+  return (*coord)[dim];
+}
+
+absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::get_group(
+    absl::string_view dim) const {
+  if (shared_->device_type == DeviceType::kMeta) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a meta mesh has no communicators (asked for the group of '", dim,
+        "'); create the mesh with device type 'cpu' or 'cuda'"));
+  }
+  if (layout_.find_dim(dim).has_value()) {
+    if (!has_self()) {
+      return NotMember(layout_, shared_->global_rank,
+                       absl::StrCat("group along '", dim, "'"));
+    }
+    auto root_dim = shared_->root.dim_index(dim);
+    if (!root_dim.ok()) return root_dim.status();
+    return shared_->dims[*root_dim];
+  }
+  // A name given to `flatten` finds its group, when this mesh holds all of
+  // the flattened dimensions.
+  absl::MutexLock lock(&shared_->mu);
+  auto named = shared_->flat_names.find(dim);
+  if (named != shared_->flat_names.end()) {
+    bool held = true;
+    for (int64_t r : named->second) {
+      held = held && layout_.find_dim(shared_->root.dim_name(r)).has_value();
+    }
+    if (held) {
+      if (!has_self()) {
+        return NotMember(layout_, shared_->global_rank,
+                         absl::StrCat("group along '", dim, "'"));
+      }
+      return shared_->flattened.at(named->second);
+    }
+  }
+  return layout_.dim_index(dim).status();  // NotFound, listing the names
+}
+
+absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::get_group(
+    int64_t dim) const {
+  if (dim < 0 || dim >= ndim()) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "dimension ", dim, " is outside a ", ndim(), "-D mesh"));
+  }
+  return get_group(layout_.dim_name(dim));
+}
+
+absl::StatusOr<DeviceMesh> DeviceMesh::operator[](
+    absl::string_view dim) const {
+  const std::string name(dim);
+  return slice(absl::MakeConstSpan(&name, 1));
+}
+
+absl::StatusOr<DeviceMesh> DeviceMesh::slice(
+    absl::Span<const std::string> dims) const {
+  if (!has_self()) {
+    return NotMember(layout_, shared_->global_rank, "sub-mesh to slice");
+  }
+  auto sub = layout_.submesh(dims, shared_->global_rank);
+  if (!sub.ok()) return sub.status();
+  return DeviceMesh(shared_, *std::move(sub));
+}
+
+absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::flatten(
+    absl::Span<const std::string> dims, absl::string_view name) const {
+  const std::string flat_name =
+      name.empty() ? absl::StrJoin(dims, "_") : std::string(name);
+  // Validates the names (known, distinct, non-empty) the layout's way.
+  auto flat = layout_.flatten(dims, flat_name);
+  if (!flat.ok()) return flat.status();
+  if (shared_->device_type == DeviceType::kMeta) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a meta mesh has no communicators: cannot flatten [",
+        absl::StrJoin(dims, ", "), "]"));
+  }
+  std::vector<int64_t> key;
+  for (const std::string& d : dims) {
+    auto r = shared_->root.dim_index(d);
+    if (!r.ok()) return r.status();
+    key.push_back(*r);
+  }
+  if (key.size() == 1) return get_group(dims[0]);
+
+  absl::MutexLock lock(&shared_->mu);
+  auto bound = shared_->flat_names.find(flat_name);
+  if ((bound != shared_->flat_names.end() && bound->second != key) ||
+      shared_->root.find_dim(flat_name).has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "flatten name '", flat_name,
+        "' already names another dimension or flattened group of ",
+        shared_->root.ToString()));
+  }
+  auto cached = shared_->flattened.find(key);
+  if (cached == shared_->flattened.end()) {
+    // Collective over the world: check, then one split.
+    const std::vector<AgreementField> fields = {
+        {"dims", absl::StrCat("[", absl::StrJoin(dims, ", "), "]")},
+        {"name", flat_name}};
+    absl::Status status =
+        CheckAgreement(shared_->world->comm(), "DeviceMesh::flatten", fields,
+                       absl::Now() + shared_->timeout);
+    if (!status.ok()) return status;
+    int color = -1;
+    int split_key = 0;
+    if (shared_->root.contains(shared_->global_rank)) {
+      auto pos = shared_->root.group_position(dims, shared_->global_rank);
+      if (!pos.ok()) return pos.status();
+      color = static_cast<int>(pos->group);
+      split_key = static_cast<int>(pos->index);
+    }
+    auto group = shared_->device_world->split(color, split_key);
+    if (!group.ok()) return group.status();
+    cached = shared_->flattened.emplace(key, *std::move(group)).first;
+    shared_->flat_names.emplace(flat_name, key);
+  }
+  if (cached->second == nullptr) {
+    return NotMember(layout_, shared_->global_rank,
+                     absl::StrCat("flattened group '", flat_name,
+                                  "' (it took part in the split)"));
+  }
+  return cached->second;
+}
+
+int DeviceMesh::host_local_rank() const { return shared_->host_local_rank; }
+int DeviceMesh::host_size() const { return shared_->host_size; }
+
+std::string DeviceMesh::ToString() const {
+  std::string out = absl::StrCat("DeviceMesh(", DeviceTypeName(device_type()));
+  for (int64_t d = 0; d < ndim(); ++d) {
+    auto size = layout_.dim_size(d);
+    absl::StrAppend(&out, ", ", layout_.dim_name(d), "=", size.value_or(0));
+  }
+  absl::StrAppend(&out, ", rank=", global_rank(),
+                  has_self() ? ")" : " (not a member))");
+  return out;
+}
+
+absl::StatusOr<DeviceMesh> init_device_mesh(
+    absl::string_view device_type, absl::Span<const int64_t> mesh_shape,
+    absl::Span<const std::string> mesh_dim_names, const MeshOptions& options) {
+  auto parsed = ParseDeviceType(device_type);
+  if (!parsed.ok()) return parsed.status();
+  if (!parsed->warning.empty()) {
+    std::fprintf(stderr, "vemesh: warning: %s\n", parsed->warning.c_str());
+  }
+  auto layout = MeshLayout::Create(mesh_shape, mesh_dim_names, options.ranks);
+  if (!layout.ok()) return layout.status();
+  return DeviceMesh::Create(parsed->type, *std::move(layout), options);
+}
+
+}  // namespace vemesh
