@@ -25,6 +25,31 @@
 // DeviceMesh is a cheap handle (copies share state). A child mesh from
 // `operator[]` or `slice` shares its parent's communicators: it creates none.
 // The communicators are freed with the last mesh (or caller) holding them.
+//
+// What `Create` does, in this order, on every rank of the world:
+//   1. Agreement: a fingerprint of (device type, shape, names, rank list) is
+//      compared over the world with a non-blocking collective polled against
+//      `MeshOptions::timeout`. A mismatch is InvalidArgument on every rank,
+//      naming the first rank that differs from rank 0 and what each passed.
+//      A rank that never arrives gives DeadlineExceeded; a collective is
+//      then left pending and MPI cannot be used any more: end the job.
+//   2. The mesh must fit: size <= world size, every rank < world size.
+//   3. A private copy of the world (MPI_Comm_dup), the host placement
+//      (MPI_Comm_split_type(SHARED), cross-checked with
+//      OMPI_COMM_WORLD_LOCAL_RANK / LOCAL_RANK: a mismatch warns on stderr),
+//      and for "cuda" an NCCL world on device `host_local_rank()`.
+//   4. One split per dimension, in dimension order. Ranks outside the mesh
+//      take part with no color.
+// A "meta" mesh skips all of it: no communication, global rank = the MPI
+// world rank when MPI is initialised, else 0.
+//
+// MPI: Create initialises MPI if nobody did (see
+// vemesh/comm/mpi/mpi_environment.h for who finalises it). With
+// `MeshOptions::world` set, that communicator is the world: the layout's
+// ranks, `global_rank()` and the groups' `ranks()` are ranks in it.
+//
+// Threads: queries are safe from any thread; the collective calls
+// (Create, flatten) must be made in the same order on every rank.
 
 #ifndef VEMESH_DEVICE_MESH_H_
 #define VEMESH_DEVICE_MESH_H_
@@ -84,8 +109,10 @@ class DeviceMesh {
   // This rank's index along one dimension.
   absl::StatusOr<int64_t> get_local_rank(absl::string_view dim) const;
   absl::StatusOr<int64_t> get_local_rank(int64_t dim) const;
-  // The communicator of one dimension (for a child made by flatten, the
-  // flattened group).
+  // The communicator of one dimension; a name given to `flatten` also finds
+  // its group (when this mesh holds all the flattened dimensions).
+  // FailedPrecondition for a meta mesh or a rank outside the mesh; NotFound
+  // for an unknown name.
   absl::StatusOr<std::shared_ptr<Communicator>> get_group(
       absl::string_view dim) const;
   absl::StatusOr<std::shared_ptr<Communicator>> get_group(int64_t dim) const;
@@ -104,8 +131,13 @@ class DeviceMesh {
 
   // Collective over the world (every rank, members or not, must call it with
   // the same arguments): the communicator of `dims` flattened into one
-  // dimension. Cached: the same dims return the same communicator. `name`
-  // defaults to the dims joined by '_'.
+  // dimension, ordered row-major over `dims` in the order given. Cached in
+  // the shared state by the root dimensions spanned: the same dims (from
+  // this mesh or any child) return the same communicator without
+  // communicating. `name` defaults to the dims joined by '_'; it must not
+  // be a dimension's name or another flattening's. One dimension is that
+  // dimension's group. Ranks outside the mesh take part in the split, then
+  // get FailedPrecondition.
   absl::StatusOr<std::shared_ptr<Communicator>> flatten(
       absl::Span<const std::string> dims, absl::string_view name = "") const;
 
