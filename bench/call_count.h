@@ -1,0 +1,44 @@
+// bench/call_count.h
+//
+// Counts this process's calls to MPI's collective operations, by the MPI
+// profiling interface: the program defines MPI_Comm_split & co., which count
+// and forward to PMPI_Comm_split & co. Whoever calls them, vemesh or the
+// baselines, is counted, so "collective calls per rank" in bench/RESULTS.md
+// is measured, not assumed. Only calls made through the MPI API are seen (a
+// call MPI makes inside itself, e.g. MPI_Cart_sub's own split, is not).
+//
+//   CallCounts before = CollectiveCalls();
+//   ... make the communicators ...
+//   CallCounts used = CollectiveCalls() - before;
+//   used.total();          // 5
+//   used.ToString();       // "3 Comm_split + 1 Comm_dup + 1 Comm_split_type"
+
+#ifndef VEMESH_BENCH_CALL_COUNT_H_
+#define VEMESH_BENCH_CALL_COUNT_H_
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+namespace vemesh::bench {
+
+enum class Call {
+  kCommSplit, kCommSplitType, kCommDup, kCommCreate, kCommCreateGroup,
+  kCartCreate, kCartSub, kAllreduce, kIallreduce, kAllgather, kBcast,
+  kIbcast, kBarrier, kIbarrier,
+  kCount  // number of kinds
+};
+
+struct CallCounts {
+  std::array<int64_t, static_cast<size_t>(Call::kCount)> n{};
+  int64_t total() const;
+  // "3 Comm_split + 1 Comm_dup", kinds in enum order; "0" when none.
+  std::string ToString() const;
+  friend CallCounts operator-(const CallCounts& a, const CallCounts& b);
+};
+
+CallCounts CollectiveCalls();
+
+}  // namespace vemesh::bench
+
+#endif  // VEMESH_BENCH_CALL_COUNT_H_

@@ -1,0 +1,307 @@
+// bench/init.cc
+//
+// Time to have every per-dimension communicator of a mesh ready, four ways,
+// alternated in one mpirun job:
+//
+//   vemesh      VESCALE_DEVICE_MESH.init_device_mesh("cpu", shape, names)
+//   split       the floor: one MPI_Comm_split per dimension, by hand
+//   cart        MPI's topology route: MPI_Cart_create, MPI_Cart_sub per dim
+//   every-group the pattern of PyTorch new_group, Megatron and veScale: every
+//               rank takes part in creating every sub-group of every
+//               dimension (MPI_Comm_create once per sub-group)
+//
+//   mpirun --oversubscribe -n 16 build/bench/init --reps=21
+//   mpirun ... -n 8 build/bench/init --shapes=2x4,2x2x2 --reps=21
+//
+// Repetition r runs the four methods in an order rotated by r, so that none
+// always goes first (or last) after the barrier. A sample is the slowest
+// rank's time; the table gives medians over the repetitions, the ratio of
+// each median to the floor's, and the collective MPI calls one rank made
+// (counted through the MPI profiling interface, bench/call_count.h). The
+// communicators are freed after each sample, outside the timing.
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "bench/call_count.h"
+#include "bench/mpi_bench.h"
+#include "vemesh/api/ve_device_mesh.h"
+
+ABSL_FLAG(int, reps, 21, "timed repetitions of every method (alternated)");
+ABSL_FLAG(int, warmup, 2, "untimed repetitions first (connections, caches)");
+ABSL_FLAG(std::vector<std::string>, shapes, {},
+          "mesh shapes, e.g. 2x4,2x2x2; default: a 2-D and a 3-D mesh of "
+          "the world");
+ABSL_FLAG(bool, smoke, false,
+          "one repetition, no warm-up: proves the program works (ctest)");
+
+namespace vemesh::bench {
+namespace {
+
+// What a method made, to be freed once the sample is taken.
+struct Made {
+  std::vector<MPI_Comm> comms;
+  bool registry = false;
+  // World ranks of this rank's group along each dimension (checks).
+  std::vector<std::vector<int>> members;
+};
+
+struct Method {
+  const char* name;
+  std::function<Made(const HandMesh&)> make;
+};
+
+int WorldRank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+Made ByVemesh(const HandMesh& hand) {
+  auto mesh = VESCALE_DEVICE_MESH.init_device_mesh(
+      "cpu", hand.shape, RoleNames(hand.shape.size()));
+  if (!mesh.ok()) Die(absl::StrCat("init_device_mesh: ", mesh.status().ToString()));
+  Made made;
+  made.registry = true;
+  return made;
+}
+
+Made BySplit(const HandMesh& hand) {
+  const int rank = WorldRank();
+  Made made;
+  for (size_t d = 0; d < hand.shape.size(); ++d) {
+    MPI_Comm comm;
+    MPI_Comm_split(MPI_COMM_WORLD, hand.color(rank, d), hand.key(rank, d),
+                   &comm);
+    made.comms.push_back(comm);
+  }
+  return made;
+}
+
+Made ByCart(const HandMesh& hand) {
+  const int ndim = static_cast<int>(hand.shape.size());
+  std::vector<int> dims(hand.shape.begin(), hand.shape.end());
+  std::vector<int> periods(ndim, 0);
+  Made made;
+  MPI_Comm cart;
+  MPI_Cart_create(MPI_COMM_WORLD, ndim, dims.data(), periods.data(),
+                  /*reorder=*/0, &cart);
+  for (int d = 0; d < ndim; ++d) {
+    std::vector<int> remain(ndim, 0);
+    remain[d] = 1;
+    MPI_Comm sub;
+    MPI_Cart_sub(cart, remain.data(), &sub);
+    made.comms.push_back(sub);
+  }
+  made.comms.push_back(cart);  // freed too, after the sub-communicators
+  return made;
+}
+
+// Not a baseline: the MPI calls vemesh's init makes (a private copy of the
+// world, the host split for the local rank, the arguments' agreement check
+// as one reduction, a split per dimension), made by hand and waited on
+// plainly. vemesh minus this is vemesh's own cost (bookkeeping, and polling
+// the agreement check with sleeps instead of blocking).
+Made BySameCalls(const HandMesh& hand) {
+  const int rank = WorldRank();
+  Made made;
+  MPI_Comm world;
+  MPI_Comm_dup(MPI_COMM_WORLD, &world);
+  MPI_Comm host;
+  MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL,
+                      &host);
+  MPI_Comm_free(&host);
+  uint64_t fingerprint[2] = {1, 2}, reduced[2];
+  MPI_Request request;
+  MPI_Iallreduce(fingerprint, reduced, 2, MPI_UINT64_T, MPI_BXOR, world,
+                 &request);
+  MPI_Wait(&request, MPI_STATUS_IGNORE);
+  for (size_t d = 0; d < hand.shape.size(); ++d) {
+    MPI_Comm comm;
+    MPI_Comm_split(world, hand.color(rank, d), hand.key(rank, d), &comm);
+    made.comms.push_back(comm);
+  }
+  made.comms.push_back(world);
+  return made;
+}
+
+// The frameworks' loop: for each dimension, for each of its groups, every
+// rank builds the group's rank list and calls a creation that is collective
+// over the whole world; a rank keeps the one group it belongs to.
+Made ByEveryGroup(const HandMesh& hand) {
+  MPI_Group world;
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  Made made;
+  for (size_t d = 0; d < hand.shape.size(); ++d) {
+    MPI_Comm mine = MPI_COMM_NULL;
+    for (const std::vector<int>& ranks : hand.groups(d)) {
+      MPI_Group group;
+      MPI_Group_incl(world, static_cast<int>(ranks.size()), ranks.data(),
+                     &group);
+      MPI_Comm comm;
+      MPI_Comm_create(MPI_COMM_WORLD, group, &comm);
+      MPI_Group_free(&group);
+      if (comm != MPI_COMM_NULL) mine = comm;
+    }
+    made.comms.push_back(mine);
+  }
+  MPI_Group_free(&world);
+  return made;
+}
+
+void Release(Made& made) {
+  if (made.registry) VESCALE_DEVICE_MESH.reset();
+  for (MPI_Comm& c : made.comms) {
+    if (c != MPI_COMM_NULL) MPI_Comm_free(&c);
+  }
+}
+
+// Every method must give each rank the same groups: check once, untimed.
+void CheckSameGroups(const std::vector<Method>& methods, const HandMesh& hand) {
+  std::vector<std::vector<int>> expected;
+  for (size_t m = 0; m < methods.size(); ++m) {
+    Made made = methods[m].make(hand);
+    std::vector<std::vector<int>> got;
+    if (made.registry) {
+      auto mesh = VESCALE_DEVICE_MESH.get();
+      if (!mesh.ok()) Die(absl::StrCat("registry: ", mesh.status().ToString()));
+      for (size_t d = 0; d < hand.shape.size(); ++d) {
+        auto group = mesh->get_group(static_cast<int64_t>(d));
+        if (!group.ok()) Die(absl::StrCat("get_group: ", group.status().ToString()));
+        auto ranks = (*group)->ranks();
+        got.emplace_back(ranks.begin(), ranks.end());
+      }
+    } else {
+      for (size_t d = 0; d < hand.shape.size(); ++d) {
+        got.push_back(WorldRanksOf(made.comms[d]));
+      }
+    }
+    Release(made);
+    if (m == 0) {
+      expected = got;
+    } else if (got != expected) {
+      Die(absl::StrCat(methods[m].name, " made other groups than ",
+                       methods[0].name, " for mesh ", ShapeText(hand.shape)));
+    }
+  }
+}
+
+struct Result {
+  std::vector<double> seconds;
+  CallCounts calls;  // one repetition's, on this rank
+};
+
+// Collective calls one rank makes to create every per-dimension group of a
+// mesh, as a formula of the shape (what the table projects to big worlds).
+int64_t EveryGroupCalls(const std::vector<int64_t>& shape) {
+  int64_t world = 1;
+  for (int64_t n : shape) world *= n;
+  int64_t calls = 0;
+  for (int64_t n : shape) calls += world / n;  // one creation per group
+  return calls;
+}
+
+void RunShape(const std::vector<int64_t>& shape, int reps, int warmup) {
+  const HandMesh hand(shape);
+  int world = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (hand.size() != world) {
+    Die(absl::StrCat("mesh ", ShapeText(shape), " has ", hand.size(),
+                     " ranks but the world has ", world));
+  }
+  const std::vector<Method> methods = {{"split (floor)", BySplit},
+                                       {"vemesh", ByVemesh},
+                                       {"cart", ByCart},
+                                       {"every-group", ByEveryGroup},
+                                       {"vemesh's MPI calls by hand",
+                                        BySameCalls}};
+  CheckSameGroups(methods, hand);
+
+  std::vector<Result> results(methods.size());
+  for (int r = 0; r < warmup + reps; ++r) {
+    for (size_t i = 0; i < methods.size(); ++i) {
+      const size_t m = (i + static_cast<size_t>(r)) % methods.size();
+      MPI_Barrier(MPI_COMM_WORLD);
+      const CallCounts before = CollectiveCalls();
+      const double start = MPI_Wtime();
+      Made made = methods[m].make(hand);
+      const double took = MPI_Wtime() - start;
+      const CallCounts used = CollectiveCalls() - before;
+      Release(made);
+      const double slowest = MaxOverRanks(took);
+      if (r >= warmup) {
+        results[m].seconds.push_back(slowest);
+        results[m].calls = used;
+      }
+    }
+  }
+
+  if (WorldRank() != 0) return;
+  const double floor = Median(results[0].seconds);
+  std::printf("\nworld %d, mesh %s (%s), %d repetitions\n\n", world,
+              ShapeText(shape).c_str(),
+              absl::StrJoin(RoleNames(shape.size()), ",").c_str(), reps);
+  std::printf("| method | median ms | min ms | / floor | collective calls per rank |\n");
+  std::printf("|---|---:|---:|---:|---|\n");
+  for (size_t m = 0; m < methods.size(); ++m) {
+    const double median = Median(results[m].seconds);
+    std::printf("| %s | %.3f | %.3f | %.2f | %s |\n", methods[m].name,
+                median * 1e3, Min(results[m].seconds) * 1e3,
+                floor > 0 ? median / floor : 0,
+                absl::StrCat(results[m].calls.total(), " (",
+                             results[m].calls.ToString(), ")")
+                    .c_str());
+  }
+  const double vemesh = Median(results[1].seconds);
+  const double every = Median(results[3].seconds);
+  std::printf("\nevery-group / vemesh: %.2fx; every-group makes %lld "
+              "world-collective creations per rank for this mesh\n",
+              vemesh > 0 ? every / vemesh : 0,
+              static_cast<long long>(EveryGroupCalls(shape)));
+}
+
+std::vector<std::vector<int64_t>> DefaultShapes(int world) {
+  switch (world) {
+    case 4: return {{2, 2}, {1, 2, 2}};
+    case 8: return {{2, 4}, {2, 2, 2}};
+    case 16: return {{4, 4}, {2, 4, 2}};
+    default:
+      if (world % 2 == 0) return {{world / 2, 2}, {1, world / 2, 2}};
+      return {{world, 1}, {1, world, 1}};
+  }
+}
+
+}  // namespace
+}  // namespace vemesh::bench
+
+int main(int argc, char** argv) {
+  using namespace vemesh::bench;
+  // This program owns MPI; vemesh adopts it.
+  MPI_Init(&argc, &argv);
+  absl::ParseCommandLine(argc, argv);
+  const bool smoke = absl::GetFlag(FLAGS_smoke);
+  const int reps = smoke ? 1 : absl::GetFlag(FLAGS_reps);
+  const int warmup = smoke ? 0 : absl::GetFlag(FLAGS_warmup);
+  int world = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+
+  std::vector<std::vector<int64_t>> shapes;
+  for (const std::string& text : absl::GetFlag(FLAGS_shapes)) {
+    auto shape = ParseShape(text);
+    if (!shape.ok()) Die(std::string(shape.status().message()));
+    shapes.push_back(*shape);
+  }
+  if (shapes.empty()) shapes = DefaultShapes(world);
+  for (const auto& shape : shapes) RunShape(shape, reps, warmup);
+  MPI_Finalize();
+  return 0;
+}
