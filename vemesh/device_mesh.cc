@@ -317,6 +317,19 @@ absl::StatusOr<DeviceMesh> DeviceMesh::slice(
   return DeviceMesh(shared_, *std::move(sub));
 }
 
+absl::StatusOr<DeviceMesh> DeviceMesh::submesh_at(
+    absl::Span<const std::string> dims, int64_t global_rank) const {
+  // Local: the child is a view of the layout. Its communicators are found
+  // through `shared_` when this process is a member, and refused otherwise.
+  auto sub = layout_.submesh(dims, global_rank);
+  if (!sub.ok()) return sub.status();
+  return DeviceMesh(shared_, *std::move(sub));
+}
+
+bool DeviceMesh::same_root(const DeviceMesh& other) const {
+  return shared_ == other.shared_;
+}
+
 absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::flatten(
     absl::Span<const std::string> dims, absl::string_view name) const {
   const std::string flat_name =
