@@ -1,0 +1,76 @@
+// tools/plan/host_locality.h
+//
+// Which groups of a mesh dimension stay inside one host. Hosts are filled in
+// rank order: host = rank / ranks_per_host, as launchers place ranks by default.
+//
+//   HostMap hosts{/*ranks_per_host=*/4, /*world_size=*/8};
+//   hosts.host_of(5);                 // 1
+//   DimLocality tp = AnalyzeDimLocality(layout, layout.dim_index("TP"), hosts);
+//   tp.locality;                      // Locality::kIntraHost
+//   tp.crossing_groups;               // 0
+//
+// Cost. For a default (row-major arange) layout the count is arithmetic:
+// O(min(outer groups, ranks_per_host)), so a million-rank world takes
+// microseconds. Other layouts (a rank table, a slice, a flattened mesh) are
+// scanned: O(world).
+
+#ifndef VEMESH_TOOLS_PLAN_HOST_LOCALITY_H_
+#define VEMESH_TOOLS_PLAN_HOST_LOCALITY_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "vemesh/mesh_layout.h"
+
+namespace vemesh::plan {
+
+struct HostMap {
+  int64_t ranks_per_host = 1;
+  int64_t world_size = 1;
+
+  int64_t host_of(int64_t rank) const { return rank / ranks_per_host; }
+  // The slot of a rank on its host (its local rank).
+  int64_t local_of(int64_t rank) const { return rank % ranks_per_host; }
+  // Hosts needed for ranks 0 .. world_size-1; the last may be partly used.
+  int64_t host_count() const {
+    return (world_size + ranks_per_host - 1) / ranks_per_host;
+  }
+};
+
+enum class Locality {
+  kIntraHost,  // every group lies inside one host
+  kMixed,      // some groups cross a host boundary, some do not
+  kCrossHost,  // every group spans more than one host
+};
+// "intra-host", "mixed", "cross-host": the spelling of the JSON schema.
+absl::string_view LocalityName(Locality locality);
+
+struct DimLocality {
+  int64_t group_count = 0;
+  int64_t group_size = 0;
+  int64_t crossing_groups = 0;  // groups that touch more than one host
+  Locality locality = Locality::kIntraHost;
+};
+
+// True when `layout` is the default row-major arange of its shape, the case
+// that the arithmetic below (and member strides) rely on. O(sum of sizes).
+bool IsDefaultLayout(const MeshLayout& layout);
+
+// Row-major strides of the layout's shape: the rank distance between two
+// neighbours along each dimension of a default layout.
+std::vector<int64_t> RowMajorStrides(const MeshLayout& layout);
+
+// Host locality of the groups along dimension `dim` (an index into the
+// layout's dimensions, assumed valid).
+DimLocality AnalyzeDimLocality(const MeshLayout& layout, int64_t dim,
+                               const HostMap& hosts);
+
+// The same count by visiting every group: the reference the fast path is
+// tested against, and the path for layouts with a rank table.
+DimLocality AnalyzeDimLocalityByScan(const MeshLayout& layout, int64_t dim,
+                                     const HostMap& hosts);
+
+}  // namespace vemesh::plan
+
+#endif  // VEMESH_TOOLS_PLAN_HOST_LOCALITY_H_

@@ -1,0 +1,101 @@
+// tools/plan/plan.h
+//
+// Plan: everything `vemesh plan` shows, computed once from a layout and the
+// host size, then handed to a renderer (table, JSON, SVG). Building a plan
+// does no communication and never lists a big world: for more than
+// kListLimit ranks, only the first and last few ranks and groups are kept.
+//
+//   absl::StatusOr<MeshLayout> layout = MeshLayout::Create({2, 2, 2});
+//   absl::StatusOr<Plan> plan =
+//       BuildPlan(*layout, {.ranks_per_host = 4, .rank = 5});
+//   plan->dims[2].locality.locality;   // TP: Locality::kIntraHost
+//   plan->rank_view->host;             // 1
+//   plan->warnings;                    // empty: TP stays inside hosts
+//
+// BuildPlanFromOptions does the same from the command line's options,
+// parsing --mesh first.
+
+#ifndef VEMESH_TOOLS_PLAN_PLAN_H_
+#define VEMESH_TOOLS_PLAN_PLAN_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tools/plan/dim_order.h"
+#include "tools/plan/host_locality.h"
+#include "tools/plan/plan_options.h"
+#include "tools/plan/group_summary.h"
+#include "tools/plan/rank_view.h"
+#include "vemesh/mesh_layout.h"
+
+namespace vemesh::plan {
+
+// Worlds larger than this are summarised in every format.
+inline constexpr int64_t kListLimit = 256;
+// In a summary: ranks shown at each end, groups shown at each end.
+inline constexpr int64_t kSummaryRanks = 8;
+inline constexpr int64_t kSummaryGroups = 3;
+
+// The dimension whose groups must stay inside a host: tensor parallelism.
+inline constexpr char kTensorParallelDim[] = "TP";
+
+struct RankRow {
+  int64_t rank = 0;
+  Coordinate coordinate;
+  int64_t host = 0;
+  int64_t local = 0;  // slot on the host
+};
+
+struct DimPlan {
+  std::string name;
+  int64_t size = 0;
+  // Rank distance between neighbours along this dimension; 0 when the
+  // layout has an explicit rank table (no constant stride).
+  int64_t stride = 0;
+  DimLocality locality;
+  std::vector<GroupSummary> groups;  // all, or the first and last few
+};
+
+struct PlanWarning {
+  std::string code;  // "tp-crosses-hosts"
+  std::string dim;
+  std::string message;
+  OrderSuggestion suggestion;
+};
+
+struct PlanSettings {
+  int64_t ranks_per_host = kDefaultRanksPerHost;
+  std::optional<int64_t> rank;
+  // Dimension whose groups the SVG colours; empty: TP, else the last one.
+  std::string color_by;
+};
+
+struct Plan {
+  explicit Plan(MeshLayout l) : layout(std::move(l)) {}
+
+  MeshLayout layout;
+  std::string mesh_spec;  // "PP=2,DP=2,TP=2"
+  HostMap hosts;
+  bool summarized = false;
+  int64_t color_dim = 0;
+  std::vector<RankRow> ranks;  // all, or the first and last few
+  std::vector<DimPlan> dims;
+  std::vector<PlanWarning> warnings;
+  std::optional<RankView> rank_view;
+};
+
+// Errors (InvalidArgument / OutOfRange / NotFound, naming the value):
+// ranks_per_host < 1, a rank outside the mesh, an unknown color_by.
+absl::StatusOr<Plan> BuildPlan(const MeshLayout& layout,
+                               const PlanSettings& settings);
+
+// Parses options.mesh (errors name the text) and builds its plan.
+absl::StatusOr<Plan> BuildPlanFromOptions(const PlanOptions& options);
+
+}  // namespace vemesh::plan
+
+#endif  // VEMESH_TOOLS_PLAN_PLAN_H_

@@ -1,0 +1,32 @@
+// tools/plan/plan_command.h
+//
+// `vemesh plan` as a function: arguments in, text out, an exit code back.
+// The executable's main only dispatches to it, so tests run the whole command
+// without a process:
+//
+//   std::ostringstream out, err;
+//   int code = RunPlanCommand({"--mesh", "PP=2,TP=4"}, out, err);
+//
+// Exit codes: 0 success; 2 bad input (the message on `err` names the bad
+// value and what was expected); 1 the output file could not be written.
+
+#ifndef VEMESH_TOOLS_PLAN_PLAN_COMMAND_H_
+#define VEMESH_TOOLS_PLAN_PLAN_COMMAND_H_
+
+#include <ostream>
+#include <string>
+
+#include "absl/types/span.h"
+
+namespace vemesh::plan {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitIoError = 1;
+inline constexpr int kExitUsage = 2;
+
+int RunPlanCommand(absl::Span<const std::string> args, std::ostream& out,
+                   std::ostream& err);
+
+}  // namespace vemesh::plan
+
+#endif  // VEMESH_TOOLS_PLAN_PLAN_COMMAND_H_

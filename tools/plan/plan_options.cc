@@ -1,0 +1,157 @@
+#include "tools/plan/plan_options.h"
+
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace vemesh::plan {
+namespace {
+
+absl::StatusOr<int64_t> ParseInt(absl::string_view flag,
+                                 absl::string_view value,
+                                 absl::string_view expected) {
+  int64_t n = 0;
+  if (!absl::SimpleAtoi(value, &n)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, " expects ", expected, ", got '", value, "'"));
+  }
+  return n;
+}
+
+}  // namespace
+
+absl::StatusOr<OutputFormat> ParseOutputFormat(absl::string_view text) {
+  if (text == "table") return OutputFormat::kTable;
+  if (text == "json") return OutputFormat::kJson;
+  if (text == "svg") return OutputFormat::kSvg;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--format expects one of table, json, svg, got '", text, "'"));
+}
+
+absl::string_view OutputFormatName(OutputFormat format) {
+  switch (format) {
+    case OutputFormat::kTable: return "table";
+    case OutputFormat::kJson: return "json";
+    case OutputFormat::kSvg: return "svg";
+  }
+  return "table";
+}
+
+absl::StatusOr<PlanOptions> ParsePlanArgs(absl::Span<const std::string> args) {
+  PlanOptions opts;
+  bool have_mesh = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    absl::string_view arg = args[i];
+    if (arg == "--help" || arg == "-h") {
+      opts.help = true;
+      continue;
+    }
+    if (!absl::StartsWith(arg, "--")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unexpected argument '", arg, "'; `vemesh plan` takes only flags "
+          "(see `vemesh plan --help`)"));
+    }
+    // Split "--flag=value"; otherwise the value is the next argument.
+    absl::string_view flag = arg;
+    std::optional<absl::string_view> value;
+    if (size_t eq = arg.find('='); eq != absl::string_view::npos) {
+      flag = arg.substr(0, eq);
+      value = arg.substr(eq + 1);
+    }
+    static constexpr absl::string_view kFlags[] = {
+        "--mesh", "--rank", "--ranks-per-host", "--format", "--color-by",
+        "--output"};
+    bool known = false;
+    for (absl::string_view f : kFlags) known = known || f == flag;
+    if (!known) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown flag '", flag, "'; expected one of ",
+          absl::StrJoin(kFlags, ", "), " (see `vemesh plan --help`)"));
+    }
+    if (!value.has_value()) {
+      if (i + 1 >= args.size()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(flag, " needs a value"));
+      }
+      value = args[++i];
+    }
+    if (flag == "--mesh") {
+      opts.mesh = std::string(*value);
+      have_mesh = true;
+    } else if (flag == "--rank") {
+      absl::StatusOr<int64_t> r =
+          ParseInt(flag, *value, "a global rank (an integer >= 0)");
+      if (!r.ok()) return r.status();
+      if (*r < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--rank ", *r, " is out of range: ranks are >= 0"));
+      }
+      opts.rank = *r;
+    } else if (flag == "--ranks-per-host") {
+      absl::StatusOr<int64_t> n =
+          ParseInt(flag, *value, "an integer >= 1");
+      if (!n.ok()) return n.status();
+      if (*n < 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--ranks-per-host expects an integer >= 1, got ", *n));
+      }
+      opts.ranks_per_host = *n;
+    } else if (flag == "--format") {
+      absl::StatusOr<OutputFormat> f = ParseOutputFormat(*value);
+      if (!f.ok()) return f.status();
+      opts.format = *f;
+    } else if (flag == "--color-by") {
+      if (value->empty()) {
+        return absl::InvalidArgumentError(
+            "--color-by expects a dimension name, got ''");
+      }
+      opts.color_by = std::string(*value);
+    } else if (flag == "--output") {
+      if (value->empty()) {
+        return absl::InvalidArgumentError(
+            "--output expects a file name, got ''");
+      }
+      opts.output = std::string(*value);
+    }
+  }
+  if (!have_mesh && !opts.help) {
+    return absl::InvalidArgumentError(
+        "--mesh is required, e.g. --mesh PP=2,DP=2,TP=2");
+  }
+  return opts;
+}
+
+std::string PlanUsage() {
+  return absl::StrCat(
+      "Usage: vemesh plan --mesh NAME=SIZE,... [flags]\n"
+      "\n"
+      "Plans a device mesh without any communication: where each rank lands,\n"
+      "the groups of every dimension, and which of them cross hosts.\n"
+      "\n"
+      "Flags:\n"
+      "  --mesh SPEC            the mesh, outermost dimension first, e.g.\n"
+      "                         PP=2,DP=2,TP=2 (required)\n"
+      "  --rank R               show the view of global rank R: coordinate,\n"
+      "                         host, groups, peers, pipeline neighbours\n"
+      "  --ranks-per-host N     ranks on one host; host = rank / N (default ",
+      kDefaultRanksPerHost, ")\n"
+      "  --format FMT           table (default), json or svg\n"
+      "  --color-by DIM         svg: colour the groups of DIM (default TP, or\n"
+      "                         the last dimension when there is no TP)\n"
+      "  --output FILE          write to FILE instead of stdout\n"
+      "  --help                 show this text\n"
+      "\n"
+      "Worlds of more than 256 ranks are summarised in every format.\n"
+      "\n"
+      "Examples:\n"
+      "  vemesh plan --mesh PP=4,DP=2,TP=8 --ranks-per-host 8\n"
+      "  vemesh plan --mesh PP=2,DP=2,TP=2 --rank 5\n"
+      "  vemesh plan --mesh PP=2,DP=2,TP=2 --ranks-per-host 4 --format svg "
+      "--output plan.svg\n");
+}
+
+}  // namespace vemesh::plan

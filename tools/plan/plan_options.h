@@ -1,0 +1,57 @@
+// tools/plan/plan_options.h
+//
+// The command line of `vemesh plan`, parsed into a value. Parsing is pure (no
+// globals, no exit), so tests can feed it argument lists directly:
+//
+//   std::vector<std::string> args = {"--mesh", "PP=2,DP=2,TP=2", "--rank=5"};
+//   absl::StatusOr<PlanOptions> opts = ParsePlanArgs(args);
+//   opts->mesh;    // "PP=2,DP=2,TP=2"
+//   opts->rank;    // 5
+//
+// Both `--flag value` and `--flag=value` are accepted. Errors are
+// InvalidArgument and name the flag, the bad value and what was expected.
+// Checks that need the mesh (rank in range, --color-by a known dimension)
+// happen later, in BuildPlan.
+
+#ifndef VEMESH_TOOLS_PLAN_PLAN_OPTIONS_H_
+#define VEMESH_TOOLS_PLAN_PLAN_OPTIONS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+
+namespace vemesh::plan {
+
+enum class OutputFormat { kTable, kJson, kSvg };
+
+// "table", "json" or "svg"; InvalidArgument naming the value otherwise.
+absl::StatusOr<OutputFormat> ParseOutputFormat(absl::string_view text);
+absl::string_view OutputFormatName(OutputFormat format);
+
+// Hosts of 8 devices are the common GPU node; the default follows it.
+inline constexpr int64_t kDefaultRanksPerHost = 8;
+
+struct PlanOptions {
+  std::string mesh;                    // --mesh, e.g. "PP=2,DP=2,TP=2"
+  std::optional<int64_t> rank;         // --rank: show this rank's view
+  int64_t ranks_per_host = kDefaultRanksPerHost;  // --ranks-per-host
+  OutputFormat format = OutputFormat::kTable;     // --format
+  std::optional<std::string> color_by;  // --color-by (default: TP, else last)
+  std::optional<std::string> output;    // --output FILE (default: stdout)
+  bool help = false;                    // --help / -h
+};
+
+// Parses the arguments that follow `plan`. --mesh is required unless --help
+// is given.
+absl::StatusOr<PlanOptions> ParsePlanArgs(absl::Span<const std::string> args);
+
+// The text that `vemesh plan --help` prints.
+std::string PlanUsage();
+
+}  // namespace vemesh::plan
+
+#endif  // VEMESH_TOOLS_PLAN_PLAN_OPTIONS_H_

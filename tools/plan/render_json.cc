@@ -1,0 +1,149 @@
+#include "tools/plan/render_json.h"
+
+#include <nlohmann/json.hpp>
+
+namespace vemesh::plan {
+namespace {
+
+// ordered_json keeps keys in insertion order: the schema's documented order.
+using Json = nlohmann::ordered_json;
+
+Json OptionalRank(const std::optional<int64_t>& rank) {
+  return rank.has_value() ? Json(*rank) : Json(nullptr);
+}
+
+Json GroupJson(const GroupSummary& g) {
+  Json j;
+  j["index"] = g.index;
+  j["size"] = g.size;
+  j["complete"] = g.complete();
+  j["ranks"] = g.ranks;
+  if (!g.complete()) j["ranks_tail"] = g.tail;
+  j["host_count"] = g.host_count;
+  if (g.complete()) j["hosts"] = g.hosts;
+  j["crosses_hosts"] = g.host_count > 1;
+  return j;
+}
+
+Json RankViewJson(const RankView& v) {
+  Json j;
+  j["rank"] = v.rank;
+  j["coordinate"] = std::vector<int64_t>(v.coordinate.begin(),
+                                         v.coordinate.end());
+  j["host"] = v.host;
+  j["local_rank"] = v.local;
+  Json dims = Json::array();
+  for (const RankView::DimView& d : v.dims) {
+    Json dj;
+    dj["name"] = d.name;
+    dj["index_in_group"] = d.index_in_group;
+    dj["group"] = GroupJson(d.group);
+    std::vector<int64_t> peers;
+    for (int64_t r : d.group.ranks) {
+      if (r != v.rank) peers.push_back(r);
+    }
+    for (int64_t r : d.group.tail) {
+      if (r != v.rank) peers.push_back(r);
+    }
+    dj["peers"] = peers;
+    dj["prev"] = OptionalRank(d.prev);
+    dj["next"] = OptionalRank(d.next);
+    dims.push_back(std::move(dj));
+  }
+  j["dims"] = std::move(dims);
+  if (v.pipeline.has_value()) {
+    Json p;
+    p["dim"] = v.pipeline->dim;
+    p["stage"] = v.pipeline->stage;
+    p["stages"] = v.pipeline->stages;
+    p["first_stage"] = v.pipeline->stage == 0;
+    p["last_stage"] = v.pipeline->stage == v.pipeline->stages - 1;
+    p["prev"] = OptionalRank(v.pipeline->prev);
+    p["next"] = OptionalRank(v.pipeline->next);
+    j["pipeline"] = std::move(p);
+  } else {
+    j["pipeline"] = nullptr;
+  }
+  return j;
+}
+
+}  // namespace
+
+std::string RenderJson(const Plan& plan) {
+  Json j;
+  j["schema"] = kJsonSchema;
+
+  Json mesh;
+  mesh["spec"] = plan.mesh_spec;
+  mesh["world_size"] = plan.layout.size();
+  mesh["shape"] = plan.layout.shape();
+  mesh["dim_names"] = plan.layout.dim_names();
+  j["mesh"] = std::move(mesh);
+
+  Json hosts;
+  hosts["ranks_per_host"] = plan.hosts.ranks_per_host;
+  hosts["count"] = plan.hosts.host_count();
+  j["hosts"] = std::move(hosts);
+
+  j["summarized"] = plan.summarized;
+
+  Json ranks;
+  ranks["total"] = plan.layout.size();
+  ranks["listed"] = plan.ranks.size();
+  Json items = Json::array();
+  for (const RankRow& r : plan.ranks) {
+    Json rj;
+    rj["rank"] = r.rank;
+    rj["coordinate"] =
+        std::vector<int64_t>(r.coordinate.begin(), r.coordinate.end());
+    rj["host"] = r.host;
+    rj["local_rank"] = r.local;
+    items.push_back(std::move(rj));
+  }
+  ranks["items"] = std::move(items);
+  j["ranks"] = std::move(ranks);
+
+  Json dims = Json::array();
+  for (const DimPlan& d : plan.dims) {
+    Json dj;
+    dj["name"] = d.name;
+    dj["size"] = d.size;
+    dj["stride"] = d.stride;
+    dj["group_count"] = d.locality.group_count;
+    dj["group_size"] = d.locality.group_size;
+    dj["locality"] = LocalityName(d.locality.locality);
+    dj["crossing_groups"] = d.locality.crossing_groups;
+    Json groups;
+    groups["total"] = d.locality.group_count;
+    groups["listed"] = d.groups.size();
+    Json gitems = Json::array();
+    for (const GroupSummary& g : d.groups) gitems.push_back(GroupJson(g));
+    groups["items"] = std::move(gitems);
+    dj["groups"] = std::move(groups);
+    dims.push_back(std::move(dj));
+  }
+  j["dims"] = std::move(dims);
+
+  Json warnings = Json::array();
+  for (const PlanWarning& w : plan.warnings) {
+    Json wj;
+    wj["code"] = w.code;
+    wj["dim"] = w.dim;
+    wj["message"] = w.message;
+    if (w.suggestion.found) {
+      wj["suggested_order"] = w.suggestion.order;
+      wj["suggested_mesh"] = w.suggestion.mesh_spec;
+    } else {
+      wj["suggested_order"] = nullptr;
+      wj["suggested_mesh"] = nullptr;
+    }
+    warnings.push_back(std::move(wj));
+  }
+  j["warnings"] = std::move(warnings);
+
+  j["rank_view"] =
+      plan.rank_view.has_value() ? RankViewJson(*plan.rank_view) : Json(nullptr);
+  return j.dump(2) + "\n";
+}
+
+}  // namespace vemesh::plan

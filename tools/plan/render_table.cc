@@ -1,0 +1,186 @@
+#include "tools/plan/render_table.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace vemesh::plan {
+namespace {
+
+// Left-aligned columns, two spaces apart.
+class TextTable {
+ public:
+  void Row(std::vector<std::string> cells) { rows_.push_back(std::move(cells)); }
+  // A line printed as is, not aligned (the "..." of a summary).
+  void Note(std::string line) { rows_.push_back({"\x01" + line}); }
+
+  std::string Render(absl::string_view indent) const {
+    std::vector<size_t> width;
+    for (const auto& row : rows_) {
+      if (IsNote(row)) continue;
+      width.resize(std::max(width.size(), row.size()), 0);
+      for (size_t i = 0; i < row.size(); ++i) {
+        width[i] = std::max(width[i], row[i].size());
+      }
+    }
+    std::string out;
+    for (const auto& row : rows_) {
+      std::string line(indent);
+      if (IsNote(row)) {
+        absl::StrAppend(&line, row[0].substr(1));
+      } else {
+        for (size_t i = 0; i < row.size(); ++i) {
+          absl::StrAppend(&line, row[i]);
+          if (i + 1 < row.size()) {
+            line.append(width[i] - row[i].size() + 2, ' ');
+          }
+        }
+      }
+      absl::StrAppend(&out, line, "\n");
+    }
+    return out;
+  }
+
+ private:
+  static bool IsNote(const std::vector<std::string>& row) {
+    return row.size() == 1 && !row[0].empty() && row[0][0] == '\x01';
+  }
+  std::vector<std::vector<std::string>> rows_;
+};
+
+std::string Coord(const Coordinate& c) {
+  return absl::StrCat("[", absl::StrJoin(c, ","), "]");
+}
+
+std::string Members(const GroupSummary& g) {
+  if (g.complete()) return absl::StrCat("[", absl::StrJoin(g.ranks, ", "), "]");
+  return absl::StrCat("[", absl::StrJoin(g.ranks, ", "), ", ... ",
+                      g.size - g.ranks.size() - g.tail.size(), " more ..., ",
+                      absl::StrJoin(g.tail, ", "), "]");
+}
+
+std::string Hosts(const GroupSummary& g) {
+  if (!g.hosts.empty()) {
+    return absl::StrCat(g.hosts.size() == 1 ? "host " : "hosts ",
+                        absl::StrJoin(g.hosts, ","));
+  }
+  return absl::StrCat(g.host_count, " hosts");
+}
+
+std::string OrNone(const std::optional<int64_t>& r) {
+  return r.has_value() ? absl::StrCat(*r) : "none";
+}
+
+void AppendHeader(const Plan& plan, std::string& out) {
+  absl::StrAppend(&out, "mesh ", plan.mesh_spec, ": ", plan.layout.size(),
+                  plan.layout.size() == 1 ? " rank" : " ranks", " on ",
+                  plan.hosts.host_count(),
+                  plan.hosts.host_count() == 1 ? " host" : " hosts", " of ",
+                  plan.hosts.ranks_per_host, " ranks\n");
+  if (plan.summarized) {
+    absl::StrAppend(&out, "(more than ", kListLimit,
+                    " ranks: ranks and groups are summarised)\n");
+  }
+  absl::StrAppend(&out, "\n");
+  TextTable t;
+  t.Row({"dim", "size", "stride", "groups", "locality", "crossing"});
+  for (const DimPlan& d : plan.dims) {
+    t.Row({d.name, absl::StrCat(d.size),
+           d.stride > 0 ? absl::StrCat(d.stride) : "-",
+           absl::StrCat(d.locality.group_count),
+           std::string(LocalityName(d.locality.locality)),
+           absl::StrCat(d.locality.crossing_groups, "/",
+                        d.locality.group_count)});
+  }
+  absl::StrAppend(&out, t.Render(""));
+}
+
+void AppendRanks(const Plan& plan, std::string& out) {
+  absl::StrAppend(&out, "\nranks (coordinate is [",
+                  absl::StrJoin(plan.layout.dim_names(), ","), "])\n");
+  TextTable t;
+  t.Row({"rank", "coordinate", "host", "local"});
+  for (size_t i = 0; i < plan.ranks.size(); ++i) {
+    const RankRow& r = plan.ranks[i];
+    if (i > 0 && r.rank != plan.ranks[i - 1].rank + 1 && plan.summarized) {
+      t.Note(absl::StrCat("... ", plan.layout.size() - plan.ranks.size(),
+                          " ranks not shown ..."));
+    }
+    t.Row({absl::StrCat(r.rank), Coord(r.coordinate), absl::StrCat(r.host),
+           absl::StrCat(r.local)});
+  }
+  absl::StrAppend(&out, t.Render("  "));
+}
+
+void AppendGroups(const Plan& plan, std::string& out) {
+  for (const DimPlan& d : plan.dims) {
+    absl::StrAppend(&out, "\n", d.name, " groups: ", d.locality.group_count,
+                    " of ", d.size, " ranks, ",
+                    LocalityName(d.locality.locality), "\n");
+    TextTable t;
+    for (size_t i = 0; i < d.groups.size(); ++i) {
+      const GroupSummary& g = d.groups[i];
+      if (i > 0 && g.index != d.groups[i - 1].index + 1) {
+        t.Note(absl::StrCat("... ",
+                            d.locality.group_count - d.groups.size(),
+                            " groups not shown ..."));
+      }
+      t.Row({absl::StrCat("#", g.index), Hosts(g), Members(g)});
+    }
+    absl::StrAppend(&out, t.Render("  "));
+  }
+}
+
+void AppendRankView(const Plan& plan, const RankView& v, std::string& out) {
+  absl::StrAppend(&out, "\nrank ", v.rank, ": coordinate ", Coord(v.coordinate),
+                  " (", absl::StrJoin(plan.layout.dim_names(), ","),
+                  "), host ", v.host, ", local rank ", v.local, "\n");
+  TextTable t;
+  t.Row({"dim", "index", "group", "hosts", "prev", "next", "members",
+         "peers"});
+  for (const RankView::DimView& d : v.dims) {
+    // Peers: the group without this rank, elided like the group.
+    GroupSummary peers = d.group;
+    std::erase(peers.ranks, v.rank);
+    std::erase(peers.tail, v.rank);
+    peers.size = d.group.size - 1;
+    const std::string peer_text = Members(peers);
+    t.Row({d.name, absl::StrCat(d.index_in_group, "/", d.group.size),
+           absl::StrCat("#", d.group.index), Hosts(d.group), OrNone(d.prev),
+           OrNone(d.next), Members(d.group), peer_text});
+  }
+  absl::StrAppend(&out, t.Render("  "));
+  if (v.pipeline.has_value()) {
+    const RankView::Pipeline& p = *v.pipeline;
+    absl::StrAppend(&out, "pipeline (", p.dim, "): stage ", p.stage, " of ",
+                    p.stages, ", prev stage rank ", OrNone(p.prev),
+                    ", next stage rank ", OrNone(p.next));
+    if (p.stage == 0) absl::StrAppend(&out, " (first stage)");
+    if (p.stage == p.stages - 1) absl::StrAppend(&out, " (last stage)");
+    absl::StrAppend(&out, "\n");
+  } else {
+    absl::StrAppend(&out, "pipeline: the mesh has no ", kPipelineDim,
+                    " dimension\n");
+  }
+}
+
+}  // namespace
+
+std::string RenderTable(const Plan& plan) {
+  std::string out;
+  AppendHeader(plan, out);
+  if (plan.rank_view.has_value()) {
+    AppendRankView(plan, *plan.rank_view, out);
+  } else {
+    AppendRanks(plan, out);
+    AppendGroups(plan, out);
+  }
+  for (const PlanWarning& w : plan.warnings) {
+    absl::StrAppend(&out, "\nWARNING: ", w.message, "\n");
+  }
+  return out;
+}
+
+}  // namespace vemesh::plan
