@@ -30,25 +30,28 @@ else
   q_reps=10; s_reps=3; i_reps=21; c_reps=31
 fi
 
-run() {  # prints the command, then runs it
+run() {  # prints the command, then runs it (to stdout, or to file $to)
   echo
-  echo "\$ $*"
-  "$@"
+  echo "\$ $*${to:+ > $to}"
+  if [[ -n ${to:-} ]]; then "$@" > "$to"; else "$@"; fi
 }
 
-echo "# vemesh benchmark tables ($(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, $(git -C "$here" rev-parse --short HEAD))"
+commit=$(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo "no git")
+echo "# vemesh benchmark tables ($(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, commit $commit)"
 
 echo; echo "## 1. Queries"
-run "$bin/queries" --benchmark_enable_random_interleaving=true \
+to=$out/queries.txt run "$bin/queries" --benchmark_enable_random_interleaving=true \
   --benchmark_repetitions=$q_reps --benchmark_min_time=0.05 \
   --benchmark_report_aggregates_only=true \
-  --benchmark_out_format=json --benchmark_out="$out/queries.json" > "$out/queries.txt"
+  --benchmark_out_format=json --benchmark_out="$out/queries.json"
+echo "\$ bench/report.py queries $out/queries.json"
 python3 "$here/report.py" queries "$out/queries.json"
 
 echo; echo "## 2. Memory and planning at scale"
-run "$bin/scale" --benchmark_repetitions=$s_reps \
+to=$out/scale.txt run "$bin/scale" --benchmark_repetitions=$s_reps \
   --benchmark_report_aggregates_only=true \
-  --benchmark_out_format=json --benchmark_out="$out/scale.json" > "$out/scale.txt"
+  --benchmark_out_format=json --benchmark_out="$out/scale.json"
+echo "\$ bench/report.py scale $out/scale.json"
 python3 "$here/report.py" scale "$out/scale.json"
 
 echo; echo "## 3. Communicator set-up"
