@@ -32,8 +32,8 @@ struct TrainOptions {
   int64_t output_dim = 8;
   int64_t batch = 32;
   int micro_batches = 4;
-  int steps = 10;
-  double lr = 0.1;
+  int steps = 50;
+  double lr = 0.5;
   uint64_t seed = 2024;
   std::string schedule = "1f1b";
   int64_t bucket_elements = 4096;

@@ -2,6 +2,7 @@
 # job exits non-zero within the time limit (a hang fails) and PATTERN
 # appears at least NP times in its output: every rank explains the error
 # itself.
+cmake_minimum_required(VERSION 3.25)
 execute_process(
   COMMAND ${LAUNCH} ${FLAGS} -n ${NP} ${PROGRAM} ${ARGS}
   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err
