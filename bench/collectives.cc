@@ -7,10 +7,12 @@
 //
 //   mpirun --oversubscribe -n 8 build/bench/collectives --shape=2x2x2 --reps=31
 //
-// Repetition r times vemesh first when r is even and MPI first when it is
-// odd. A sample is the slowest rank's mean time per all_reduce over a batch
-// of calls; the table gives both medians, their ratio, and the median of the
-// ratios of paired samples (the figure least moved by machine noise).
+// Each repetition takes a vemesh sample and two MPI samples, in an order
+// rotated by the repetition. A sample is the slowest rank's mean time per
+// all_reduce over a batch of calls; the table gives both medians, their
+// ratio, the median of the ratios of paired samples (the figure least moved
+// by machine noise), and the same paired ratio of the two MPI samples, a
+// control that shows how far noise alone moves a ratio.
 
 #include <mpi.h>
 
@@ -103,8 +105,9 @@ void Run(const std::vector<int64_t>& shape, int reps, bool smoke) {
                 static_cast<long long>(hand.size()), ShapeText(shape).c_str(),
                 absl::StrJoin(names, ",").c_str(), reps);
     std::printf("| group | size | buffer | vemesh median us | MPI median us "
-                "| ratio of medians | median paired ratio |\n");
-    std::printf("|---|---:|---|---:|---:|---:|---:|\n");
+                "| ratio of medians | median paired ratio | control: MPI/MPI "
+                "paired |\n");
+    std::printf("|---|---:|---|---:|---:|---:|---:|---:|\n");
   }
   for (Group& g : groups) {
     for (const Size& size : kSizes) {
@@ -137,25 +140,27 @@ void Run(const std::vector<int64_t>& shape, int reps, bool smoke) {
       };
       Sample(batch, by_vemesh);  // warm-up, untimed
       Sample(batch, by_mpi);
-      std::vector<double> vemesh, mpi, paired;
+      // Each repetition takes three samples in a rotated order: vemesh,
+      // MPI, and MPI again. The MPI/MPI ratio is the control: how far from 1
+      // noise alone moves a ratio on this machine.
+      std::vector<double> vemesh, mpi, paired, control;
       for (int r = 0; r < reps; ++r) {
-        double v, m;
-        if (r % 2 == 0) {
-          v = Sample(batch, by_vemesh);
-          m = Sample(batch, by_mpi);
-        } else {
-          m = Sample(batch, by_mpi);
-          v = Sample(batch, by_vemesh);
+        double t[3];
+        for (int i = 0; i < 3; ++i) {
+          const int which = (i + r) % 3;
+          t[which] = which == 0 ? Sample(batch, by_vemesh)
+                                : Sample(batch, by_mpi);
         }
-        vemesh.push_back(v);
-        mpi.push_back(m);
-        paired.push_back(v / m);
+        vemesh.push_back(t[0]);
+        mpi.push_back(t[1]);
+        paired.push_back(t[0] / t[1]);
+        control.push_back(t[2] / t[1]);
       }
       if (rank == 0) {
         const double v = Median(vemesh), m = Median(mpi);
-        std::printf("| %s | %d | %s | %.1f | %.1f | %.3f | %.3f |\n",
+        std::printf("| %s | %d | %s | %.1f | %.1f | %.3f | %.3f | %.3f |\n",
                     g.role.c_str(), g.mesh->size(), size.label, v * 1e6,
-                    m * 1e6, v / m, Median(paired));
+                    m * 1e6, v / m, Median(paired), Median(control));
       }
     }
   }
