@@ -1,0 +1,187 @@
+// The bad-input catalogue, command-line half: `vemesh plan` and the training
+// example's flags, each run as a real process. Every entry asserts the exit
+// code and that stderr names the bad value. A process that runs past its
+// time limit is killed and fails the entry (a hang is a failure).
+//
+// The programs' paths come from CMake (VEMESH_CLI, VEMESH_TRAIN_ND,
+// VEMESH_MPIEXEC); an entry whose program was not built is skipped.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_join.h"
+#include "gtest/gtest.h"
+
+namespace {
+
+struct ProcessResult {
+  int exit_code = -1;  // -1: killed (timeout or signal)
+  std::string out;
+  std::string err;
+  bool timed_out = false;
+};
+
+// Runs argv[0] with argv, capturing stdout and stderr, within `limit`.
+ProcessResult RunProgram(const std::vector<std::string>& argv,
+               std::chrono::seconds limit) {
+  ProcessResult run;
+  int out_pipe[2];
+  int err_pipe[2];
+  if (pipe(out_pipe) != 0 || pipe(err_pipe) != 0) return run;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    // Own process group, so a timeout kills mpiexec and its children too.
+    setpgid(0, 0);
+    dup2(out_pipe[1], 1);
+    dup2(err_pipe[1], 2);
+    close(out_pipe[0]);
+    close(err_pipe[0]);
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
+  std::string* sinks[2] = {&run.out, &run.err};
+  int open_fds = 2;
+  while (open_fds > 0) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      run.timed_out = true;
+      kill(-pid, SIGKILL);
+      break;
+    }
+    if (poll(fds, 2, static_cast<int>(left.count())) < 0) break;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP))) continue;
+      char buf[4096];
+      const ssize_t n = read(fds[i].fd, buf, sizeof buf);
+      if (n > 0) {
+        sinks[i]->append(buf, n);
+      } else {
+        close(fds[i].fd);
+        fds[i].fd = -1;
+        --open_fds;
+      }
+    }
+  }
+  for (pollfd& f : fds) {
+    if (f.fd >= 0) close(f.fd);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (!run.timed_out && WIFEXITED(status)) run.exit_code = WEXITSTATUS(status);
+  return run;
+}
+
+struct Entry {
+  std::string name;
+  std::string program;  // "cli" or "train_nd"
+  std::vector<std::string> args;
+  int exit_code;
+  std::vector<std::string> mentions;  // substrings stderr must hold
+};
+
+std::vector<Entry> Catalogue() {
+  return {
+      // -- vemesh plan (exit 2: bad input, 1: output not writable) --------
+      {"cli_no_command", "cli", {}, 2, {"Usage: vemesh"}},
+      {"cli_unknown_command", "cli", {"frob"}, 2, {"'frob'"}},
+      {"plan_missing_mesh", "cli", {"plan"}, 2, {"--mesh is required"}},
+      {"plan_mesh_without_value", "cli", {"plan", "--mesh"}, 2,
+       {"--mesh needs a value"}},
+      {"plan_zero_size", "cli", {"plan", "--mesh", "PP=0"}, 2, {"'0'"}},
+      {"plan_bad_spec", "cli", {"plan", "--mesh", "PP2"}, 2, {"'PP2'"}},
+      {"plan_duplicate_dim", "cli", {"plan", "--mesh", "TP=2,TP=2"}, 2,
+       {"'TP'"}},
+      {"plan_overflow", "cli",
+       {"plan", "--mesh", "A=4294967296,B=4294967296"}, 2, {"4294967296"}},
+      {"plan_rank_out_of_range", "cli",
+       {"plan", "--mesh", "PP=2,TP=2", "--rank", "9"}, 2, {"--rank 9"}},
+      {"plan_rank_not_a_number", "cli",
+       {"plan", "--mesh", "PP=2", "--rank", "abc"}, 2, {"--rank", "'abc'"}},
+      {"plan_bad_format", "cli", {"plan", "--mesh", "PP=2", "--format", "xml"},
+       2, {"--format", "'xml'"}},
+      {"plan_zero_ranks_per_host", "cli",
+       {"plan", "--mesh", "PP=2", "--ranks-per-host", "0"}, 2,
+       {"--ranks-per-host", "got 0"}},
+      {"plan_color_by_unknown_dim", "cli",
+       {"plan", "--mesh", "PP=2,TP=2", "--color-by", "EP"}, 2,
+       {"--color-by 'EP'"}},
+      {"plan_unknown_flag", "cli", {"plan", "--mesh", "PP=2", "--bogus"}, 2,
+       {"'--bogus'"}},
+      {"plan_output_unwritable", "cli",
+       {"plan", "--mesh", "PP=2", "--output", "/nonexistent-dir/plan.svg"}, 1,
+       {"/nonexistent-dir/plan.svg"}},
+      // -- train_nd flags (exit 2 from its validation; absl flags exit 1) --
+      {"train_mesh_bigger_than_job", "train_nd", {"--mesh", "PP=2,DP=2,TP=2"},
+       2, {"PP=2,DP=2,TP=2"}},
+      {"train_mesh_unparsable", "train_nd", {"--mesh", "PP=2,TP"}, 2,
+       {"--mesh", "'TP'"}},
+      {"train_unknown_role", "train_nd", {"--mesh", "XP=1"}, 2, {"'XP'"}},
+      {"train_bad_schedule", "train_nd", {"--mesh", "TP=1", "--schedule",
+       "zigzag"}, 2, {"zigzag"}},
+      {"train_zero_steps", "train_nd", {"--mesh", "TP=1", "--steps", "0"}, 2,
+       {"--steps=0"}},
+      {"train_negative_lr", "train_nd", {"--mesh", "TP=1", "--lr", "-1"}, 2,
+       {"--lr=-1"}},
+      {"train_flag_not_a_number", "train_nd", {"--mesh", "TP=1", "--layers",
+       "many"}, 1, {"many"}},
+  };
+}
+
+// gtest prints a parameter by its name, not as bytes.
+void PrintTo(const Entry& e, std::ostream* os) { *os << e.name; }
+
+class CliCatalogue : public ::testing::TestWithParam<Entry> {};
+
+TEST_P(CliCatalogue, ExitsWithCodeNamingTheValue) {
+  const Entry& e = GetParam();
+  std::vector<std::string> argv;
+  if (e.program == "cli") {
+#ifndef VEMESH_CLI
+    GTEST_SKIP() << "vemesh CLI not built";
+#else
+    argv = {VEMESH_CLI};
+#endif
+  } else {
+#ifndef VEMESH_TRAIN_ND
+    GTEST_SKIP() << "train_nd not built";
+#else
+    // One rank: flag validation happens on every rank before any
+    // collective, so one rank shows it.
+    argv = {VEMESH_MPIEXEC, "-n", "1", "--oversubscribe", "--bind-to", "none",
+            VEMESH_TRAIN_ND};
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+#endif
+  }
+  argv.insert(argv.end(), e.args.begin(), e.args.end());
+  const ProcessResult run = RunProgram(argv, std::chrono::seconds(60));
+  const std::string cmd = absl::StrJoin(argv, " ");
+  ASSERT_FALSE(run.timed_out) << cmd << " hung";
+  EXPECT_EQ(run.exit_code, e.exit_code) << cmd << "\nstderr: " << run.err;
+  for (const std::string& m : e.mentions) {
+    EXPECT_NE(run.err.find(m), std::string::npos)
+        << cmd << ": stderr does not mention \"" << m << "\": " << run.err;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Catalogue, CliCatalogue, ::testing::ValuesIn(Catalogue()),
+    [](const ::testing::TestParamInfo<Entry>& info) { return info.param.name; });
+
+}  // namespace
