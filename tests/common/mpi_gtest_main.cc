@@ -1,9 +1,16 @@
-// main() for GoogleTest binaries that run under mpiexec, one process a rank.
+// main() for GoogleTest binaries that run under mpiexec.
 //
-// Every rank runs every test. Rank 0 prints the usual GoogleTest report; the
-// other ranks print only their failures, each line tagged with the rank, so
-// that 8 ranks stay readable. The exit code is non-zero on any rank that saw
-// a failure, which makes mpiexec (and ctest) fail.
+// MPI is started by a vemesh::MpiSession (and finalised when main ends).
+// Rank 0 prints the usual gtest report; the other ranks print only their
+// failures, prefixed with their rank. The exit code is the worst over all
+// ranks, so a failure on any rank fails the ctest entry even if the
+// launcher only looked at rank 0.
+//
+// Link it by listing this file in a test's SOURCES (see CMakeLists.txt):
+// its main() then takes precedence over gtest_main's.
+
+#include <mpi.h>
+
 #include <cstdio>
 
 #include "gtest/gtest.h"
@@ -11,15 +18,15 @@
 
 namespace {
 
-// Prints failed assertions only, tagged "[rank N]".
-class FailurePrinter : public ::testing::EmptyTestEventListener {
+class RankFailurePrinter : public ::testing::EmptyTestEventListener {
  public:
-  explicit FailurePrinter(int rank) : rank_(rank) {}
+  explicit RankFailurePrinter(int rank) : rank_(rank) {}
+
   void OnTestPartResult(const ::testing::TestPartResult& result) override {
     if (!result.failed()) return;
     std::fprintf(stderr, "[rank %d] %s:%d: Failure\n%s\n", rank_,
                  result.file_name() ? result.file_name() : "?",
-                 result.line_number(), result.summary());
+                 result.line_number(), result.message());
   }
   void OnTestEnd(const ::testing::TestInfo& info) override {
     if (info.result()->Failed()) {
@@ -37,8 +44,8 @@ class FailurePrinter : public ::testing::EmptyTestEventListener {
 int main(int argc, char** argv) {
   vemesh::MpiSession mpi(&argc, &argv);
   if (!mpi.status().ok()) {
-    std::fprintf(stderr, "MPI failed to start: %s\n",
-                 std::string(mpi.status().message()).c_str());
+    std::fprintf(stderr, "MPI did not start: %s\n",
+                 mpi.status().ToString().c_str());
     return 1;
   }
   ::testing::InitGoogleTest(&argc, argv);
@@ -47,7 +54,14 @@ int main(int argc, char** argv) {
   if (rank != 0) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new FailurePrinter(rank));
+    listeners.Append(new RankFailurePrinter(rank));
   }
-  return RUN_ALL_TESTS();
+  int result = RUN_ALL_TESTS();
+  int worst = result;
+  MPI_Allreduce(&result, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (rank == 0 && worst != result) {
+    std::fprintf(stderr,
+                 "FAILED on another rank: see the [rank N] lines above\n");
+  }
+  return worst;
 }
