@@ -6,8 +6,8 @@
 // ranks, so a failure on any rank fails the ctest entry even if the
 // launcher only looked at rank 0.
 //
-// Link it by listing this file in a test's SOURCES (see CMakeLists.txt):
-// its main() then takes precedence over gtest_main's.
+// vemesh_test(... NP ...) links it (tests/CMakeLists.txt); a test source
+// that defines its own main() takes precedence.
 
 #include <mpi.h>
 
