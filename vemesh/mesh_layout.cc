@@ -472,15 +472,22 @@ size_t MeshLayout::memory_bytes() const {
 
 bool operator==(const MeshLayout& a, const MeshLayout& b) {
   if (a.size_ != b.size_ || a.dims_.size() != b.dims_.size()) return false;
+  bool same_description = a.root_shape_ == b.root_shape_ &&
+                          a.table_ == b.table_ && a.spanned_ == b.spanned_;
   for (size_t i = 0; i < a.dims_.size(); ++i) {
     if (a.dims_[i].name != b.dims_[i].name ||
         a.dims_[i].size != b.dims_[i].size) {
       return false;
     }
+    same_description = same_description && a.dims_[i].roots == b.dims_[i].roots;
   }
-  // Same names and shape: equal when they hold the same ranks in the same
-  // places, however each was derived.
-  return a.ranks() == b.ranks();
+  for (size_t r = 0; same_description && r < a.anchor_.size(); ++r) {
+    const bool pinned = !(a.spanned_ & (uint64_t{1} << r));
+    same_description = !pinned || a.anchor_[r] == b.anchor_[r];
+  }
+  // The same description is the same mesh, in O(ndim). Otherwise compare
+  // what they hold: the same ranks in the same places, however derived.
+  return same_description || a.ranks() == b.ranks();
 }
 
 }  // namespace vemesh

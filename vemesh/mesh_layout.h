@@ -142,6 +142,8 @@ class MeshLayout {
   // Heap bytes this layout holds (the rank table counted once per holder).
   size_t memory_bytes() const;
 
+  // Same names, shape and ranks in the same places. O(ndim) for layouts
+  // derived the same way from one root; O(size) otherwise.
   friend bool operator==(const MeshLayout& a, const MeshLayout& b);
 
  private:

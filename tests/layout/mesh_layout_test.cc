@@ -103,3 +103,22 @@ TEST(MeshLayoutTest, MillionRankWorldBothWays) {
 
 }  // namespace
 }  // namespace vemesh
+
+namespace vemesh {
+namespace {
+
+TEST(MeshLayoutEqualityTest, SameMeshHoweverDerived) {
+  MeshLayout l = Make({2, 2, 2});
+  EXPECT_EQ(*l.submesh({"TP"}, 5), *l.submesh({"TP"}, 4));
+  EXPECT_FALSE(*l.submesh({"TP"}, 5) == *l.submesh({"TP"}, 3));
+  // A flattened 1-D view equals a fresh layout with the same ranks.
+  MeshLayout flat = *l.flatten({"PP", "DP", "TP"}, "TP");
+  EXPECT_EQ(flat, Make({8}));
+  EXPECT_FALSE(Make({8}) == Make({8}, {"DP"}));
+  EXPECT_FALSE(Make({2}, {"TP"}, {1, 0}) == Make({2}, {"TP"}));
+  // Huge default layouts compare without listing their ranks.
+  EXPECT_EQ(Make({1024, 1024, 1024}), Make({1024, 1024, 1024}));
+}
+
+}  // namespace
+}  // namespace vemesh
