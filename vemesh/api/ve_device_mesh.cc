@@ -1,6 +1,5 @@
 #include "vemesh/api/ve_device_mesh.h"
 
-#include <cstdio>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -123,18 +122,12 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::init_device_mesh(
         "the device mesh is already initialised and check_uniqueness is set: "
         "call reset() first, or init without check_uniqueness to replace it");
   }
-  auto parsed = ParseDeviceType(device_type);
-  if (!parsed.ok()) return parsed.status();
-  if (!parsed->warning.empty()) {
-    std::fprintf(stderr, "vemesh: warning: %s\n", parsed->warning.c_str());
-  }
-  auto layout = MeshLayout::Create(mesh_shape, mesh_dim_names, options.ranks);
-  if (!layout.ok()) return layout.status();
   MeshOptions mesh_options;
   mesh_options.ranks = std::move(options.ranks);
   mesh_options.timeout = options.timeout;
   mesh_options.world = std::move(options.world);
-  auto mesh = DeviceMesh::Create(parsed->type, *std::move(layout), mesh_options);
+  auto mesh = vemesh::init_device_mesh(device_type, mesh_shape, mesh_dim_names,
+                                       mesh_options);
   if (!mesh.ok()) return mesh.status();
 
   auto state = std::make_shared<State>(State{
