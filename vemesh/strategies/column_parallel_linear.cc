@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "vemesh/strategies/linear.h"
 
 namespace vemesh::strategies {
 
@@ -18,11 +19,9 @@ ColumnParallelLinear::ColumnParallelLinear(TensorParallelShard shard,
 absl::StatusOr<ColumnParallelLinear> ColumnParallelLinear::Create(
     const std::string& name, const Matrix& full_weight, const Matrix& full_bias,
     ColumnParallelOptions options) {
-  if (full_bias.rows() != 1 || full_bias.cols() != full_weight.cols()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        name, ": bias is ", full_bias.rows(), " x ", full_bias.cols(),
-        ", expected 1 x ", full_weight.cols(), " for a ", full_weight.rows(),
-        " x ", full_weight.cols(), " weight"));
+  if (absl::Status s = CheckLinearShapes(name, full_weight, full_bias);
+      !s.ok()) {
+    return s;
   }
   absl::StatusOr<TensorParallelShard> shard = TensorParallelShard::Create(
       absl::StrCat(name, " output features"), full_weight.cols());

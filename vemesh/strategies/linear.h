@@ -17,10 +17,17 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "vemesh/strategies/dense.h"
 #include "vemesh/strategies/parameter.h"
 
 namespace vemesh::strategies {
+
+// OK when `bias` is 1 x out for an in x out `weight`; otherwise
+// InvalidArgument naming the layer and both shapes. Every linear layer,
+// serial or split, checks its full parameters with it.
+absl::Status CheckLinearShapes(const std::string& name, const Matrix& weight,
+                               const Matrix& bias);
 
 class Linear {
  public:
