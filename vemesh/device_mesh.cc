@@ -90,8 +90,17 @@ absl::Status NotMember(const MeshLayout& layout, int64_t rank,
 
 }  // namespace
 
-DeviceMesh::DeviceMesh(std::shared_ptr<Shared> shared, MeshLayout layout)
-    : shared_(std::move(shared)), layout_(std::move(layout)) {}
+struct DeviceMesh::View {
+  std::shared_ptr<Shared> shared;
+  MeshLayout layout;
+  bool has_self;
+};
+
+DeviceMesh::DeviceMesh(std::shared_ptr<Shared> shared, MeshLayout layout) {
+  const bool has_self = layout.contains(shared->global_rank);
+  view_ = std::make_shared<const View>(
+      View{std::move(shared), std::move(layout), has_self});
+}
 
 DeviceMesh DeviceMesh::Meta(MeshLayout layout, int64_t global_rank) {
   auto shared =
@@ -212,36 +221,34 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
   return DeviceMesh(std::move(shared), std::move(layout));
 }
 
-DeviceType DeviceMesh::device_type() const { return shared_->device_type; }
-const MeshLayout& DeviceMesh::layout() const { return layout_; }
-int64_t DeviceMesh::global_rank() const { return shared_->global_rank; }
-bool DeviceMesh::has_self() const {
-  return layout_.contains(shared_->global_rank);
-}
+DeviceType DeviceMesh::device_type() const { return view_->shared->device_type; }
+const MeshLayout& DeviceMesh::layout() const { return view_->layout; }
+int64_t DeviceMesh::global_rank() const { return view_->shared->global_rank; }
+bool DeviceMesh::has_self() const { return view_->has_self; }
 
-int64_t DeviceMesh::size() const { return layout_.size(); }
-int64_t DeviceMesh::ndim() const { return layout_.ndim(); }
-std::vector<int64_t> DeviceMesh::shape() const { return layout_.shape(); }
+int64_t DeviceMesh::size() const { return view_->layout.size(); }
+int64_t DeviceMesh::ndim() const { return view_->layout.ndim(); }
+std::vector<int64_t> DeviceMesh::shape() const { return view_->layout.shape(); }
 std::vector<std::string> DeviceMesh::mesh_dim_names() const {
-  return layout_.dim_names();
+  return view_->layout.dim_names();
 }
 absl::StatusOr<int64_t> DeviceMesh::size(absl::string_view dim) const {
-  return layout_.dim_size(dim);
+  return view_->layout.dim_size(dim);
 }
-std::vector<int64_t> DeviceMesh::mesh() const { return layout_.ranks(); }
+std::vector<int64_t> DeviceMesh::mesh() const { return view_->layout.ranks(); }
 
 absl::StatusOr<Coordinate> DeviceMesh::get_coordinate() const {
   if (!has_self()) {
     return absl::NotFoundError(
-        absl::StrCat("rank ", shared_->global_rank, " is not a member of ",
-                     layout_.ToString()));
+        absl::StrCat("rank ", view_->shared->global_rank, " is not a member of ",
+                     view_->layout.ToString()));
   }
-  return layout_.coordinate_of(shared_->global_rank);
+  return view_->layout.coordinate_of(view_->shared->global_rank);
 }
 
 absl::StatusOr<int64_t> DeviceMesh::get_local_rank(
     absl::string_view dim) const {
-  auto index = layout_.dim_index(dim);
+  auto index = view_->layout.dim_index(dim);
   if (!index.ok()) return index.status();
   return get_local_rank(*index);
 }
@@ -258,38 +265,38 @@ absl::StatusOr<int64_t> DeviceMesh::get_local_rank(int64_t dim) const {
 
 absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::get_group(
     absl::string_view dim) const {
-  if (shared_->device_type == DeviceType::kMeta) {
+  if (view_->shared->device_type == DeviceType::kMeta) {
     return absl::FailedPreconditionError(absl::StrCat(
         "a meta mesh has no communicators (asked for the group of '", dim,
         "'); create the mesh with device type 'cpu' or 'cuda'"));
   }
-  if (layout_.find_dim(dim).has_value()) {
+  if (view_->layout.find_dim(dim).has_value()) {
     if (!has_self()) {
-      return NotMember(layout_, shared_->global_rank,
+      return NotMember(view_->layout, view_->shared->global_rank,
                        absl::StrCat("group along '", dim, "'"));
     }
-    auto root_dim = shared_->root.dim_index(dim);
+    auto root_dim = view_->shared->root.dim_index(dim);
     if (!root_dim.ok()) return root_dim.status();
-    return shared_->dims[*root_dim];
+    return view_->shared->dims[*root_dim];
   }
   // A name given to `flatten` finds its group, when this mesh holds all of
   // the flattened dimensions.
-  absl::MutexLock lock(&shared_->mu);
-  auto named = shared_->flat_names.find(dim);
-  if (named != shared_->flat_names.end()) {
+  absl::MutexLock lock(&view_->shared->mu);
+  auto named = view_->shared->flat_names.find(dim);
+  if (named != view_->shared->flat_names.end()) {
     bool held = true;
     for (int64_t r : named->second) {
-      held = held && layout_.find_dim(shared_->root.dim_name(r)).has_value();
+      held = held && view_->layout.find_dim(view_->shared->root.dim_name(r)).has_value();
     }
     if (held) {
       if (!has_self()) {
-        return NotMember(layout_, shared_->global_rank,
+        return NotMember(view_->layout, view_->shared->global_rank,
                          absl::StrCat("group along '", dim, "'"));
       }
-      return shared_->flattened.at(named->second);
+      return view_->shared->flattened.at(named->second);
     }
   }
-  return layout_.dim_index(dim).status();  // NotFound, listing the names
+  return view_->layout.dim_index(dim).status();  // NotFound, listing the names
 }
 
 absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::get_group(
@@ -298,7 +305,7 @@ absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::get_group(
     return absl::OutOfRangeError(absl::StrCat(
         "dimension ", dim, " is outside a ", ndim(), "-D mesh"));
   }
-  return get_group(layout_.dim_name(dim));
+  return get_group(view_->layout.dim_name(dim));
 }
 
 absl::StatusOr<DeviceMesh> DeviceMesh::operator[](
@@ -310,24 +317,24 @@ absl::StatusOr<DeviceMesh> DeviceMesh::operator[](
 absl::StatusOr<DeviceMesh> DeviceMesh::slice(
     absl::Span<const std::string> dims) const {
   if (!has_self()) {
-    return NotMember(layout_, shared_->global_rank, "sub-mesh to slice");
+    return NotMember(view_->layout, view_->shared->global_rank, "sub-mesh to slice");
   }
-  auto sub = layout_.submesh(dims, shared_->global_rank);
+  auto sub = view_->layout.submesh(dims, view_->shared->global_rank);
   if (!sub.ok()) return sub.status();
-  return DeviceMesh(shared_, *std::move(sub));
+  return DeviceMesh(view_->shared, *std::move(sub));
 }
 
 absl::StatusOr<DeviceMesh> DeviceMesh::submesh_at(
     absl::Span<const std::string> dims, int64_t global_rank) const {
   // Local: the child is a view of the layout. Its communicators are found
   // through `shared_` when this process is a member, and refused otherwise.
-  auto sub = layout_.submesh(dims, global_rank);
+  auto sub = view_->layout.submesh(dims, global_rank);
   if (!sub.ok()) return sub.status();
-  return DeviceMesh(shared_, *std::move(sub));
+  return DeviceMesh(view_->shared, *std::move(sub));
 }
 
 bool DeviceMesh::same_root(const DeviceMesh& other) const {
-  return shared_ == other.shared_;
+  return view_->shared == other.view_->shared;
 }
 
 absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::flatten(
@@ -335,69 +342,69 @@ absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::flatten(
   const std::string flat_name =
       name.empty() ? absl::StrJoin(dims, "_") : std::string(name);
   // Validates the names (known, distinct, non-empty) the layout's way.
-  auto flat = layout_.flatten(dims, flat_name);
+  auto flat = view_->layout.flatten(dims, flat_name);
   if (!flat.ok()) return flat.status();
-  if (shared_->device_type == DeviceType::kMeta) {
+  if (view_->shared->device_type == DeviceType::kMeta) {
     return absl::FailedPreconditionError(absl::StrCat(
         "a meta mesh has no communicators: cannot flatten [",
         absl::StrJoin(dims, ", "), "]"));
   }
   std::vector<int64_t> key;
   for (const std::string& d : dims) {
-    auto r = shared_->root.dim_index(d);
+    auto r = view_->shared->root.dim_index(d);
     if (!r.ok()) return r.status();
     key.push_back(*r);
   }
   if (key.size() == 1) return get_group(dims[0]);
 
-  absl::MutexLock lock(&shared_->mu);
-  auto bound = shared_->flat_names.find(flat_name);
-  if ((bound != shared_->flat_names.end() && bound->second != key) ||
-      shared_->root.find_dim(flat_name).has_value()) {
+  absl::MutexLock lock(&view_->shared->mu);
+  auto bound = view_->shared->flat_names.find(flat_name);
+  if ((bound != view_->shared->flat_names.end() && bound->second != key) ||
+      view_->shared->root.find_dim(flat_name).has_value()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "flatten name '", flat_name,
         "' already names another dimension or flattened group of ",
-        shared_->root.ToString()));
+        view_->shared->root.ToString()));
   }
-  auto cached = shared_->flattened.find(key);
-  if (cached == shared_->flattened.end()) {
+  auto cached = view_->shared->flattened.find(key);
+  if (cached == view_->shared->flattened.end()) {
     // Collective over the world: check, then one split.
     const std::vector<AgreementField> fields = {
         {"dims", absl::StrCat("[", absl::StrJoin(dims, ", "), "]")},
         {"name", flat_name}};
     absl::Status status =
-        CheckAgreement(shared_->world->comm(), "DeviceMesh::flatten", fields,
-                       absl::Now() + shared_->timeout);
+        CheckAgreement(view_->shared->world->comm(), "DeviceMesh::flatten", fields,
+                       absl::Now() + view_->shared->timeout);
     if (!status.ok()) return status;
     int color = -1;
     int split_key = 0;
-    if (shared_->root.contains(shared_->global_rank)) {
-      auto pos = shared_->root.group_position(dims, shared_->global_rank);
+    if (view_->shared->root.contains(view_->shared->global_rank)) {
+      auto pos = view_->shared->root.group_position(dims, view_->shared->global_rank);
       if (!pos.ok()) return pos.status();
       color = static_cast<int>(pos->group);
       split_key = static_cast<int>(pos->index);
     }
-    auto group = shared_->device_world->split(color, split_key);
+    auto group = view_->shared->device_world->split(color, split_key);
     if (!group.ok()) return group.status();
-    cached = shared_->flattened.emplace(key, *std::move(group)).first;
-    shared_->flat_names.emplace(flat_name, key);
+    cached = view_->shared->flattened.emplace(key, *std::move(group)).first;
+    view_->shared->flat_names.emplace(flat_name, key);
   }
   if (cached->second == nullptr) {
-    return NotMember(layout_, shared_->global_rank,
+    return NotMember(view_->layout, view_->shared->global_rank,
                      absl::StrCat("flattened group '", flat_name,
                                   "' (it took part in the split)"));
   }
   return cached->second;
 }
 
-int DeviceMesh::host_local_rank() const { return shared_->host_local_rank; }
-int DeviceMesh::host_size() const { return shared_->host_size; }
+int DeviceMesh::host_local_rank() const { return view_->shared->host_local_rank; }
+int DeviceMesh::host_size() const { return view_->shared->host_size; }
 
 std::string DeviceMesh::ToString() const {
   std::string out = absl::StrCat("DeviceMesh(", DeviceTypeName(device_type()));
   for (int64_t d = 0; d < ndim(); ++d) {
-    auto size = layout_.dim_size(d);
-    absl::StrAppend(&out, ", ", layout_.dim_name(d), "=", size.value_or(0));
+    auto size = view_->layout.dim_size(d);
+    absl::StrAppend(&out, ", ", view_->layout.dim_name(d), "=", size.value_or(0));
   }
   absl::StrAppend(&out, ", rank=", global_rank(),
                   has_self() ? ")" : " (not a member))");

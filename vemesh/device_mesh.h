@@ -152,10 +152,12 @@ class DeviceMesh {
 
  private:
   struct Shared;  // communicators of the root mesh, flatten cache
+  // A mesh is one pointer, so that handing one out (the registry does on
+  // every sub-mesh query) is one reference-count increment.
+  struct View;
   DeviceMesh(std::shared_ptr<Shared> shared, MeshLayout layout);
 
-  std::shared_ptr<Shared> shared_;
-  MeshLayout layout_;
+  std::shared_ptr<const View> view_;
 };
 
 // The PyTorch / veScale spelling. `device_type` is "cpu", "cuda" (or "cuda:N")

@@ -93,6 +93,10 @@ absl::StatusOr<MeshLayout> MeshLayout::Create(
   layout.root_size_ = product;
   layout.size_ = product;
   layout.anchor_.assign(shape.size(), 0);
+  layout.identity_ = true;
+  if (static_cast<uint64_t>(product) < FastDivider::kMaxOperand) {
+    for (int64_t n : shape) layout.dividers_.emplace_back(n);
+  }
   layout.spanned_ = (shape.size() == 64) ? ~uint64_t{0}
                                          : (uint64_t{1} << shape.size()) - 1;
   layout.dims_.reserve(shape.size());
@@ -175,6 +179,15 @@ absl::StatusOr<int64_t> MeshLayout::dim_size(absl::string_view name) const {
 
 Coordinate MeshLayout::root_coordinate(int64_t root_index) const {
   Coordinate rc(root_shape_.size());
+  if (!dividers_.empty()) {
+    uint64_t rest = static_cast<uint64_t>(root_index);
+    for (size_t r = root_shape_.size(); r-- > 0;) {
+      const uint64_t q = dividers_[r].quotient(rest);
+      rc[r] = static_cast<int64_t>(rest - q * dividers_[r].divisor());
+      rest = q;
+    }
+    return rc;
+  }
   for (size_t r = root_shape_.size(); r-- > 0;) {
     rc[r] = root_index % root_shape_[r];
     root_index /= root_shape_[r];
@@ -232,6 +245,7 @@ bool MeshLayout::contains(int64_t global_rank) const {
 absl::StatusOr<Coordinate> MeshLayout::coordinate_of(int64_t global_rank) const {
   auto index = root_index_of(global_rank);
   if (!index.ok()) return index.status();
+  if (identity_) return root_coordinate(*index);
   const Coordinate rc = root_coordinate(*index);
   // A sub-layout holds only the ranks that agree with its anchor on every
   // root dimension it does not span.
@@ -257,7 +271,6 @@ absl::StatusOr<int64_t> MeshLayout::rank_at(
         coordinate.size(), " entries: expected ", dims_.size(), " for ",
         ToString()));
   }
-  Coordinate rc = anchor_;
   for (size_t i = 0; i < dims_.size(); ++i) {
     if (coordinate[i] < 0 || coordinate[i] >= dims_[i].size) {
       return absl::OutOfRangeError(absl::StrCat(
@@ -265,8 +278,10 @@ absl::StatusOr<int64_t> MeshLayout::rank_at(
           coordinate[i], " along '", dims_[i].name, "': expected 0 to ",
           dims_[i].size - 1));
     }
-    scatter(dims_[i], coordinate[i], rc);
   }
+  if (identity_) return global_rank_of(root_index(coordinate));
+  Coordinate rc = anchor_;
+  for (size_t i = 0; i < dims_.size(); ++i) scatter(dims_[i], coordinate[i], rc);
   return global_rank_of(root_index(rc));
 }
 
@@ -321,6 +336,7 @@ absl::StatusOr<MeshLayout> MeshLayout::submesh(
   out.dims_.clear();
   out.size_ = 1;
   out.spanned_ = 0;
+  out.identity_ = false;
   for (int64_t i : *picked) {
     out.dims_.push_back(dims_[i]);
     out.size_ *= dims_[i].size;
@@ -412,6 +428,7 @@ absl::StatusOr<MeshLayout> MeshLayout::flatten(
   }
   const int64_t first = *std::min_element(picked->begin(), picked->end());
   MeshLayout out = *this;
+  out.identity_ = false;
   out.dims_.clear();
   for (int64_t i = 0; i < ndim(); ++i) {
     if (i == first) {
@@ -463,6 +480,7 @@ size_t MeshLayout::memory_bytes() const {
     bytes += d.roots.size() > 2 ? d.roots.capacity() * sizeof(int) : 0;
   }
   if (anchor_.size() > 6) bytes += anchor_.capacity() * sizeof(int64_t);
+  if (dividers_.size() > 6) bytes += dividers_.capacity() * sizeof(FastDivider);
   if (table_ != nullptr) {
     bytes += sizeof(RankTable) + table_->ranks.capacity() * sizeof(int64_t) +
              table_->index_of.capacity() * (sizeof(int64_t) * 2 + 1);

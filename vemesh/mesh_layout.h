@@ -44,6 +44,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "vemesh/fast_divider.h"
 
 namespace vemesh {
 
@@ -177,6 +178,12 @@ class MeshLayout {
   Coordinate anchor_;
   // Bit r set when some dimension spans root dimension r.
   uint64_t spanned_ = 0;
+  // Dimension i is root dimension i, and every root dimension is present:
+  // coordinates are root coordinates (a layout as created).
+  bool identity_ = false;
+  // One per root dimension, when the root grid has fewer than 2^32 ranks
+  // (empty otherwise): rank -> coordinate without hardware division.
+  absl::InlinedVector<FastDivider, 6> dividers_;
   int64_t size_ = 1;
   std::shared_ptr<const RankTable> table_;
 };

@@ -19,6 +19,10 @@ struct VeDeviceMesh::State {
   std::vector<DeviceMesh> dim_meshes;
   // Index of the PP dimension, or -1 (a one-stage pipeline).
   int64_t pp_dim = -1;
+  std::vector<int64_t> shape;
+  // This rank's previous / next stage peer, [next][wrap]: the hot lookups of
+  // a pipeline schedule, answered without arithmetic.
+  std::optional<int64_t> peers[2][2];
 
   const MeshLayout& layout() const { return mesh.layout(); }
 };
@@ -67,6 +71,9 @@ int64_t RoleDim(const MeshLayout& layout, absl::string_view role) {
 
 absl::StatusOr<DeviceMesh> StageMesh(const DeviceMesh& mesh, int64_t pp_dim,
                                      int64_t rank);
+absl::StatusOr<std::optional<int64_t>> StagePeer(const DeviceMesh& mesh,
+                                                 int64_t pp_dim, int64_t shift,
+                                                 bool wrap);
 
 absl::Status MissingRole(const MeshLayout& layout, absl::string_view role) {
   return absl::NotFoundError(absl::StrCat(
@@ -95,9 +102,9 @@ VeDeviceMesh::VeDeviceMesh() = default;
 
 VeDeviceMesh::~VeDeviceMesh() { reset(); }
 
-absl::StatusOr<const VeDeviceMesh::State*> VeDeviceMesh::state() const {
+const VeDeviceMesh::State* VeDeviceMesh::current() const {
   const uint64_t generation = generation_.load(std::memory_order_acquire);
-  if (generation == 0) return NotInitialized();
+  if (generation == 0) return nullptr;
   if (t_cache.owner == this && t_cache.generation == generation) {
     return static_cast<const State*>(t_cache.state.get());
   }
@@ -106,7 +113,7 @@ absl::StatusOr<const VeDeviceMesh::State*> VeDeviceMesh::state() const {
     absl::MutexLock lock(&mu_);
     current = current_;
   }
-  if (current == nullptr) return NotInitialized();
+  if (current == nullptr) return nullptr;
   t_cache.owner = this;
   t_cache.generation = current->generation;
   t_cache.state = current;
@@ -132,7 +139,7 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::init_device_mesh(
 
   auto state = std::make_shared<State>(State{
       g_next_generation.fetch_add(1, std::memory_order_relaxed), *mesh,
-      std::nullopt, {}, -1});
+      std::nullopt, {}, -1, mesh->shape(), {}});
   state->pp_dim = state->layout().find_dim("PP").value_or(-1);
   if (mesh->has_self()) {
     auto coordinate = mesh->get_coordinate();
@@ -142,6 +149,13 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::init_device_mesh(
       auto child = (*mesh)[name];
       if (!child.ok()) return child.status();
       state->dim_meshes.push_back(*std::move(child));
+    }
+    for (int next = 0; next < 2; ++next) {
+      for (int wrap = 0; wrap < 2; ++wrap) {
+        auto peer = StagePeer(*mesh, state->pp_dim, next ? 1 : -1, wrap);
+        if (!peer.ok()) return peer.status();
+        state->peers[next][wrap] = *peer;
+      }
     }
   }
   {
@@ -169,8 +183,8 @@ bool VeDeviceMesh::is_initialized() const {
 }
 
 bool VeDeviceMesh::is_current(const DeviceMesh& mesh) const {
-  auto s = state();
-  return s.ok() && (*s)->mesh.same_root(mesh);
+  const State* s = current();
+  return s != nullptr && s->mesh.same_root(mesh);
 }
 
 absl::Status VeDeviceMesh::check_current(const DeviceMesh& mesh) const {
@@ -185,93 +199,94 @@ absl::Status VeDeviceMesh::check_current(const DeviceMesh& mesh) const {
 // -- The mesh and its sub-meshes ---------------------------------------------
 
 absl::StatusOr<DeviceMesh> VeDeviceMesh::get() const {
-  auto s = state();
-  if (!s.ok()) return s.status();
-  return (*s)->mesh;
+  const State* s = current();
+  if (s == nullptr) return NotInitialized();
+  return s->mesh;
 }
 
 absl::StatusOr<DeviceMesh> VeDeviceMesh::operator[](
     absl::string_view dim) const {
-  auto s = state();
-  if (!s.ok()) return s.status();
-  const State& st = **s;
-  auto d = st.layout().dim_index(dim);
-  if (!d.ok()) return d.status();
+  const State* s = current();
+  if (s == nullptr) return NotInitialized();
+  const State& st = *s;
+  auto d = st.layout().find_dim(dim);
+  if (!d) return st.layout().dim_index(dim).status();
   if (!st.coordinate) return NotMember(st.mesh);
   return st.dim_meshes[*d];
 }
 
 absl::StatusOr<DeviceMesh> VeDeviceMesh::get_submesh(
     absl::Span<const std::string> dims) const {
-  auto s = state();
-  if (!s.ok()) return s.status();
-  return (*s)->mesh.slice(dims);
+  const State* s = current();
+  if (s == nullptr) return NotInitialized();
+  return s->mesh.slice(dims);
 }
 
 // -- Shape and coordinates ---------------------------------------------------
 
 absl::StatusOr<int64_t> VeDeviceMesh::get_strategy_size(
     absl::string_view dim) const {
-  auto s = state();
-  if (!s.ok()) return s.status();
-  return (*s)->layout().dim_size(dim);
+  const State* s = current();
+  if (s == nullptr) return NotInitialized();
+  if (auto d = s->layout().find_dim(dim)) return s->shape[*d];
+  return s->layout().dim_index(dim).status();
 }
 
 absl::StatusOr<int64_t> VeDeviceMesh::get_strategy_size(int64_t dim) const {
-  auto s = state();
-  if (!s.ok()) return s.status();
-  return (*s)->layout().dim_size(dim);
+  const State* s = current();
+  if (s == nullptr) return NotInitialized();
+  return s->layout().dim_size(dim);
 }
 
 absl::StatusOr<Coordinate> VeDeviceMesh::get_strategy_coordinate() const {
-  auto s = state();
-  if (!s.ok()) return s.status();
-  if (!(*s)->coordinate) return NotMember((*s)->mesh);
-  return *(*s)->coordinate;
+  const State* s = current();
+  if (s == nullptr) return NotInitialized();
+  if (!s->coordinate) return NotMember(s->mesh);
+  return *s->coordinate;
 }
 
 absl::StatusOr<Coordinate> VeDeviceMesh::get_strategy_coordinate(
     int64_t global_rank) const {
-  auto s = state();
-  if (!s.ok()) return s.status();
-  return (*s)->layout().coordinate_of(global_rank);
+  const State* s = current();
+  if (s == nullptr) return NotInitialized();
+  return s->layout().coordinate_of(global_rank);
 }
 
 absl::StatusOr<int64_t> VeDeviceMesh::lookup_rank(absl::string_view dim) const {
-  auto s = state();
-  if (!s.ok()) return s.status();
-  auto d = (*s)->layout().dim_index(dim);
-  if (!d.ok()) return d.status();
-  if (!(*s)->coordinate) return NotMember((*s)->mesh);
-  return (*(*s)->coordinate)[*d];
+  const State* s = current();
+  if (s == nullptr) return NotInitialized();
+  auto d = s->layout().find_dim(dim);
+  if (!d) return s->layout().dim_index(dim).status();
+  if (!s->coordinate) return NotMember(s->mesh);
+  return (*s->coordinate)[*d];
 }
 
 absl::StatusOr<int64_t> VeDeviceMesh::lookup_rank(int64_t dim) const {
-  auto s = state();
-  if (!s.ok()) return s.status();
-  auto size = (*s)->layout().dim_size(dim);
+  const State* s = current();
+  if (s == nullptr) return NotInitialized();
+  auto size = s->layout().dim_size(dim);
   if (!size.ok()) return size.status();
-  if (!(*s)->coordinate) return NotMember((*s)->mesh);
-  return (*(*s)->coordinate)[dim];
+  if (!s->coordinate) return NotMember(s->mesh);
+  return (*s->coordinate)[dim];
 }
 
 absl::StatusOr<int64_t> VeDeviceMesh::get_global_rank(
     absl::Span<const int64_t> coordinate) const {
-  auto s = state();
-  if (!s.ok()) return s.status();
-  return (*s)->layout().rank_at(coordinate);
+  const State* s = current();
+  if (s == nullptr) return NotInitialized();
+  return s->layout().rank_at(coordinate);
 }
 
 absl::StatusOr<int64_t> VeDeviceMesh::get_rank() const {
-  auto s = state();
-  if (!s.ok()) return s.status();
-  return (*s)->mesh.global_rank();
+  const State* s = current();
+  if (s == nullptr) return NotInitialized();
+  return s->mesh.global_rank();
 }
 
 absl::StatusOr<int64_t> VeDeviceMesh::get_local_rank() const {
-  auto s = state();
-  if (!s.ok()) return s.status();
-  return (*s)->mesh.host_local_rank();
+  const State* s = current();
+  if (s == nullptr) return NotInitialized();
+  return s->mesh.host_local_rank();
 }
 
 absl::StatusOr<Coordinate> VeDeviceMesh::get_coordinate() const {
@@ -279,9 +294,9 @@ absl::StatusOr<Coordinate> VeDeviceMesh::get_coordinate() const {
 }
 
 absl::StatusOr<int64_t> VeDeviceMesh::size() const {
-  auto s = state();
-  if (!s.ok()) return s.status();
-  return (*s)->layout().size();
+  const State* s = current();
+  if (s == nullptr) return NotInitialized();
+  return s->layout().size();
 }
 
 absl::StatusOr<int64_t> VeDeviceMesh::size(absl::string_view dim) const {
@@ -289,72 +304,72 @@ absl::StatusOr<int64_t> VeDeviceMesh::size(absl::string_view dim) const {
 }
 
 absl::StatusOr<int64_t> VeDeviceMesh::ndim() const {
-  auto s = state();
-  if (!s.ok()) return s.status();
-  return (*s)->layout().ndim();
+  const State* s = current();
+  if (s == nullptr) return NotInitialized();
+  return s->layout().ndim();
 }
 
 absl::StatusOr<std::vector<int64_t>> VeDeviceMesh::shape() const {
-  auto s = state();
-  if (!s.ok()) return s.status();
-  return (*s)->layout().shape();
+  const State* s = current();
+  if (s == nullptr) return NotInitialized();
+  return s->layout().shape();
 }
 
 absl::StatusOr<std::vector<std::string>> VeDeviceMesh::mesh_dim_names() const {
-  auto s = state();
-  if (!s.ok()) return s.status();
-  return (*s)->layout().dim_names();
+  const State* s = current();
+  if (s == nullptr) return NotInitialized();
+  return s->layout().dim_names();
 }
 
 absl::StatusOr<DeviceType> VeDeviceMesh::device_type() const {
-  auto s = state();
-  if (!s.ok()) return s.status();
-  return (*s)->mesh.device_type();
+  const State* s = current();
+  if (s == nullptr) return NotInitialized();
+  return s->mesh.device_type();
 }
 
 // -- Roles ---------------------------------------------------------------------
 
 absl::StatusOr<int64_t> VeDeviceMesh::get_role_size(
     absl::string_view role) const {
-  auto s = state();
-  if (!s.ok()) return s.status();
-  const int64_t d = RoleDim((*s)->layout(), role);
-  return d < 0 ? 1 : (*s)->layout().dim_size(d);
+  const State* s = current();
+  if (s == nullptr) return NotInitialized();
+  const int64_t d = RoleDim(s->layout(), role);
+  return d < 0 ? 1 : s->layout().dim_size(d);
 }
 
 absl::StatusOr<int64_t> VeDeviceMesh::get_role_rank(
     absl::string_view role) const {
-  auto s = state();
-  if (!s.ok()) return s.status();
-  if (!(*s)->coordinate) return NotMember((*s)->mesh);
-  const int64_t d = RoleDim((*s)->layout(), role);
-  return d < 0 ? 0 : (*(*s)->coordinate)[d];
+  const State* s = current();
+  if (s == nullptr) return NotInitialized();
+  if (!s->coordinate) return NotMember(s->mesh);
+  const int64_t d = RoleDim(s->layout(), role);
+  return d < 0 ? 0 : (*s->coordinate)[d];
 }
 
 absl::StatusOr<DeviceMesh> VeDeviceMesh::get_role_mesh(
     absl::string_view role) const {
-  auto s = state();
-  if (!s.ok()) return s.status();
-  const int64_t d = RoleDim((*s)->layout(), role);
-  if (d < 0) return MissingRole((*s)->layout(), role);
-  if (!(*s)->coordinate) return NotMember((*s)->mesh);
-  return (*s)->dim_meshes[d];
+  const State* s = current();
+  if (s == nullptr) return NotInitialized();
+  const int64_t d = RoleDim(s->layout(), role);
+  if (d < 0) return MissingRole(s->layout(), role);
+  if (!s->coordinate) return NotMember(s->mesh);
+  return s->dim_meshes[d];
 }
 
 absl::StatusOr<std::shared_ptr<Communicator>> VeDeviceMesh::get_role_dim_groups(
     absl::string_view role) const {
-  auto s = state();
-  if (!s.ok()) return s.status();
-  const int64_t d = RoleDim((*s)->layout(), role);
-  if (d < 0) return MissingRole((*s)->layout(), role);
-  return (*s)->mesh.get_group(d);
+  const State* s = current();
+  if (s == nullptr) return NotInitialized();
+  const int64_t d = RoleDim(s->layout(), role);
+  if (d < 0) return MissingRole(s->layout(), role);
+  return s->mesh.get_group(d);
 }
 
 absl::StatusOr<std::vector<DeviceMesh>> VeDeviceMesh::get_global_role_meshes(
     absl::string_view role) const {
-  auto s = state();
-  if (!s.ok()) return s.status();
-  const MeshLayout& layout = (*s)->layout();
+  const State* s = current();
+  if (s == nullptr) return NotInitialized();
+  const MeshLayout& layout = s->layout();
   const int64_t d = RoleDim(layout, role);
   if (d < 0) return MissingRole(layout, role);
   const std::vector<std::string> dims = {layout.dim_name(d)};
@@ -363,7 +378,7 @@ absl::StatusOr<std::vector<DeviceMesh>> VeDeviceMesh::get_global_role_meshes(
   std::vector<DeviceMesh> out;
   out.reserve(groups->size());
   for (const std::vector<int64_t>& group : *groups) {
-    auto mesh = (*s)->mesh.submesh_at(dims, group.front());
+    auto mesh = s->mesh.submesh_at(dims, group.front());
     if (!mesh.ok()) return mesh.status();
     out.push_back(*std::move(mesh));
   }
@@ -407,9 +422,9 @@ VeDeviceMesh::get_global_tensor_parallel_meshes() const {
 
 absl::StatusOr<std::vector<DeviceMesh>>
 VeDeviceMesh::get_global_pipeline_parallel_meshes() const {
-  auto s = state();
-  if (!s.ok()) return s.status();
-  const State& st = **s;
+  const State* s = current();
+  if (s == nullptr) return NotInitialized();
+  const State& st = *s;
   if (st.pp_dim < 0) return std::vector<DeviceMesh>{st.mesh};
   const int64_t stages = st.layout().shape()[st.pp_dim];
   std::vector<DeviceMesh> out;
@@ -477,18 +492,18 @@ absl::StatusOr<DeviceMesh> StageMesh(const DeviceMesh& mesh, int64_t pp_dim,
 
 absl::StatusOr<std::optional<int64_t>> VeDeviceMesh::stage_peer(
     int64_t shift, bool wrap) const {
-  auto s = state();
-  if (!s.ok()) return s.status();
-  const State& st = **s;
+  const State* s = current();
+  if (s == nullptr) return NotInitialized();
+  const State& st = *s;
   if (!st.coordinate) return NotMember(st.mesh);
-  return StagePeer(st.mesh, st.pp_dim, shift, wrap);
+  return st.peers[shift > 0][wrap];
 }
 
 absl::StatusOr<std::optional<StageNeighbor>> VeDeviceMesh::stage_neighbor(
     int64_t shift, bool wrap) const {
-  auto s = state();
-  if (!s.ok()) return s.status();
-  const State& st = **s;
+  const State* s = current();
+  if (s == nullptr) return NotInitialized();
+  const State& st = *s;
   if (!st.coordinate) return NotMember(st.mesh);
   auto peer = StagePeer(st.mesh, st.pp_dim, shift, wrap);
   if (!peer.ok()) return peer.status();

@@ -197,10 +197,11 @@ class VeDeviceMesh {
 
  private:
   struct State;
-  // The current state, or FailedPrecondition. Wait-free on the fast path: a
+  // The current state, or null before init. Wait-free on the fast path: a
   // thread keeps the state it last saw and revalidates it with one atomic
-  // load of the generation.
-  absl::StatusOr<const State*> state() const;
+  // load of the generation. The pointer stays valid until this thread's
+  // next call.
+  const State* current() const;
   absl::StatusOr<std::optional<StageNeighbor>> stage_neighbor(
       int64_t shift, bool wrap) const;
   absl::StatusOr<std::optional<int64_t>> stage_peer(int64_t shift,

@@ -85,12 +85,15 @@ class Waiter {
   Waiter(MPI_Comm comm, absl::string_view operation, absl::Time deadline)
       : comm_(comm), operation_(operation), deadline_(deadline) {}
 
-  // Polls `request` until it completes or the deadline passes. Sleeps a
-  // little between polls: ranks that arrive early should not steal the CPU
-  // from the late ones (tests oversubscribe cores).
+  // Polls `request` until it completes or the deadline passes. For the
+  // first few milliseconds it only yields between polls (ranks usually
+  // arrive together, and a sleep would add its whole length to start-up);
+  // then it sleeps a little longer each time, so that ranks that arrived
+  // early do not steal the CPU from late ones on oversubscribed cores.
   absl::Status Wait(int code, MPI_Request* request, absl::string_view call) {
     absl::Status status = MpiStatus(code, call);
     if (!status.ok()) return status;
+    const absl::Time spin_until = absl::Now() + absl::Milliseconds(5);
     auto pause = std::chrono::microseconds(20);
     while (true) {
       int done = 0;
@@ -109,8 +112,12 @@ class Waiter {
             "collective is left pending, so MPI is unusable now: end the "
             "job."));
       }
+      if (absl::Now() < spin_until) {
+        std::this_thread::yield();
+        continue;
+      }
       std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(2000));
+      pause = std::min(pause * 2, std::chrono::microseconds(1000));
     }
   }
 
