@@ -64,6 +64,7 @@ int main(int argc, char** argv) {
   if (rank == 0 && unit.test_to_run_count() > 0 &&
       unit.skipped_test_count() == unit.test_to_run_count()) {
     std::printf("vemesh: every test skipped\n");
+    std::fflush(stdout);  // before MPI_Finalize closes the forwarding
   }
   int worst = result;
   MPI_Allreduce(&result, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
