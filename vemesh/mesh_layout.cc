@@ -101,8 +101,9 @@ absl::StatusOr<MeshLayout> MeshLayout::Create(
                                          : (uint64_t{1} << shape.size()) - 1;
   layout.dims_.reserve(shape.size());
   for (size_t i = 0; i < shape.size(); ++i) {
+    const uint64_t key = NameKey(dim_names[i]);
     layout.dims_.push_back(
-        Dim{std::move(dim_names[i]), shape[i], {static_cast<int>(i)}});
+        Dim{std::move(dim_names[i]), key, shape[i], {static_cast<int>(i)}});
   }
 
   if (!ranks.empty()) {
@@ -146,13 +147,6 @@ std::vector<std::string> MeshLayout::dim_names() const {
   out.reserve(dims_.size());
   for (const Dim& d : dims_) out.push_back(d.name);
   return out;
-}
-
-std::optional<int64_t> MeshLayout::find_dim(absl::string_view name) const {
-  for (size_t i = 0; i < dims_.size(); ++i) {
-    if (dims_[i].name == name) return static_cast<int64_t>(i);
-  }
-  return std::nullopt;
 }
 
 absl::StatusOr<int64_t> MeshLayout::dim_index(absl::string_view name) const {
@@ -243,6 +237,11 @@ bool MeshLayout::contains(int64_t global_rank) const {
 }
 
 absl::StatusOr<Coordinate> MeshLayout::coordinate_of(int64_t global_rank) const {
+  // The common case, a default layout as created, without a StatusOr hop.
+  if (identity_ && table_ == nullptr && global_rank >= 0 &&
+      global_rank < root_size_) {
+    return root_coordinate(global_rank);
+  }
   auto index = root_index_of(global_rank);
   if (!index.ok()) return index.status();
   if (identity_) return root_coordinate(*index);
@@ -420,7 +419,7 @@ absl::StatusOr<MeshLayout> MeshLayout::flatten(
         "', which another dimension of ", ToString(),
         " already has: expected a new name"));
   }
-  Dim merged{std::string(name), 1, {}};
+  Dim merged{std::string(name), NameKey(name), 1, {}};
   for (int64_t i : *picked) {
     merged.size *= dims_[i].size;
     merged.roots.insert(merged.roots.end(), dims_[i].roots.begin(),

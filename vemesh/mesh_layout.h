@@ -82,7 +82,15 @@ class MeshLayout {
   absl::StatusOr<int64_t> dim_size(absl::string_view name) const;
   // Index of a dimension by name: NotFound naming the name and the known ones.
   absl::StatusOr<int64_t> dim_index(absl::string_view name) const;
-  std::optional<int64_t> find_dim(absl::string_view name) const;
+  std::optional<int64_t> find_dim(absl::string_view name) const {
+    const uint64_t key = NameKey(name);
+    for (size_t i = 0; i < dims_.size(); ++i) {
+      if (key != 0 ? dims_[i].key == key : dims_[i].name == name) {
+        return static_cast<int64_t>(i);
+      }
+    }
+    return std::nullopt;
+  }
   const std::string& dim_name(int64_t dim) const { return dims_[dim].name; }
 
   // True when the layout carries an explicit rank list.
@@ -148,8 +156,22 @@ class MeshLayout {
   friend bool operator==(const MeshLayout& a, const MeshLayout& b);
 
  private:
+  // Up to 7 bytes of a name and its length in one word; 0 for longer names.
+  static uint64_t NameKey(absl::string_view name) {
+    if (name.size() > 7) return 0;
+    uint64_t key = static_cast<uint64_t>(name.size()) << 56;
+    for (size_t i = 0; i < name.size(); ++i) {
+      key |= static_cast<uint64_t>(static_cast<unsigned char>(name[i]))
+             << (8 * i);
+    }
+    return key;
+  }
+
   struct Dim {
     std::string name;
+    // `name` packed into one word when it is at most 7 bytes (0 otherwise):
+    // looking a dimension up by name is then an integer compare.
+    uint64_t key = 0;
     int64_t size = 1;
     // Root dimensions this dimension spans, outermost first; its index is
     // row-major over them.

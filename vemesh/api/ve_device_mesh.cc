@@ -23,8 +23,10 @@ struct VeDeviceMesh::State {
   // This rank's previous / next stage peer, [next][wrap]: the hot lookups of
   // a pipeline schedule, answered without arithmetic.
   std::optional<int64_t> peers[2][2];
+  // A copy of the mesh's layout, read without a call into DeviceMesh.
+  MeshLayout layout_copy = mesh.layout();
 
-  const MeshLayout& layout() const { return mesh.layout(); }
+  const MeshLayout& layout() const { return layout_copy; }
 };
 
 namespace {
@@ -39,7 +41,9 @@ struct ThreadCache {
   uint64_t generation = 0;
   std::shared_ptr<const void> state;
 };
-thread_local ThreadCache t_cache;
+// initial-exec: a direct %fs-relative load, not a __tls_get_addr call, on
+// the hot path of every query.
+__attribute__((tls_model("initial-exec"))) thread_local ThreadCache t_cache;
 
 absl::Status NotInitialized() {
   return absl::FailedPreconditionError(
