@@ -266,7 +266,9 @@ void OpNeighbor(FuzzedDataProvider& in, const MeshLayout& cur) {
   }
   FUZZ_CHECK(got.ok());
   if (periodic) {
-    target = ((target % n) + n) % n;
+    // Not ((t % n) + n) % n: that overflows for a dimension near 2^63.
+    target %= n;
+    if (target < 0) target += n;
   } else if (target < 0 || target >= n) {
     FUZZ_CHECK(!got->has_value());
     return;
