@@ -14,13 +14,28 @@ export OMPI_MCA_rmaps_base_oversubscribe=1
 
 presets=${VEMESH_TEST_PRESETS:-release asan tsan}
 timings=()
+passed=0 failed=0 skipped=0
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
 for preset in $presets; do
   echo "=== vemesh: build and test, preset '$preset'"
   start=$SECONDS
   cmake --preset "$preset" >/dev/null
   cmake --build --preset "$preset"
   built=$SECONDS
-  ctest --preset "$preset" --no-tests=error
+  rc=0
+  ctest --preset "$preset" --no-tests=error 2>&1 | tee "$log" || rc=$?
+  # ctest counts skipped entries among the passed ones; count them apart.
+  total=$(sed -n 's/.* tests failed out of \([0-9]*\).*/\1/p' "$log" | tail -1)
+  fails=$(sed -n 's/.*, \([0-9]*\) tests failed out of.*/\1/p' "$log" | tail -1)
+  skips=$(grep -c '(Skipped)$' "$log" || true)
+  passed=$((passed + ${total:-0} - ${fails:-0} - skips))
+  failed=$((failed + ${fails:-0}))
+  skipped=$((skipped + skips))
+  if ((rc != 0)); then
+    echo "total: $passed passed, $failed failed, $skipped skipped"
+    exit "$rc"
+  fi
   timings+=("preset $preset: build $((built - start))s, test $((SECONDS - built))s")
   echo "=== vemesh: ${timings[-1]}"
 done
@@ -33,3 +48,4 @@ if [ "${VEMESH_FUZZ:-1}" != 0 ]; then
   timings+=("fuzz: $((SECONDS - start))s")
 fi
 printf '=== vemesh: %s\n' "${timings[@]}"
+echo "total: $passed passed, $failed failed, $skipped skipped"

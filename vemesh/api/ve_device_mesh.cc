@@ -193,7 +193,12 @@ bool VeDeviceMesh::is_current(const DeviceMesh& mesh) const {
 
 absl::Status VeDeviceMesh::check_current(const DeviceMesh& mesh) const {
   if (is_current(mesh)) return absl::OkStatus();
-  if (!is_initialized()) return NotInitialized();
+  if (!is_initialized()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        mesh.ToString(),
+        " is stale: the device mesh was reset and none is initialised; call "
+        "VESCALE_DEVICE_MESH.init_device_mesh first"));
+  }
   return absl::FailedPreconditionError(absl::StrCat(
       mesh.ToString(),
       " is stale: it comes from a device mesh that init_device_mesh or reset "
