@@ -23,21 +23,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "fuzz_check.h"
 #include "vemesh/mesh_layout.h"
 
 namespace {
 
 using vemesh::Coordinate;
 using vemesh::MeshLayout;
-
-#define FUZZ_CHECK(cond)                                                    \
-  do {                                                                      \
-    if (!(cond)) {                                                          \
-      std::fprintf(stderr, "%s:%d: invariant failed: %s\n", __FILE__,       \
-                   __LINE__, #cond);                                        \
-      std::abort();                                                         \
-    }                                                                       \
-  } while (0)
 
 // Full O(size) scans (ranks(), groups()) only for layouts this small, so
 // that each input stays fast; bigger worlds get sampled per-rank checks.

@@ -16,31 +16,21 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/string_view.h"
+#include "fuzz_check.h"
 #include "vemesh/mesh_layout.h"
 #include "vemesh/mesh_spec.h"
 
 namespace {
 
-// Not assert(): the fuzz build may define NDEBUG.
-#define FUZZ_CHECK(cond)                                                    \
-  do {                                                                      \
-    if (!(cond)) {                                                          \
-      std::fprintf(stderr, "%s:%d: invariant failed: %s\n", __FILE__,       \
-                   __LINE__, #cond);                                        \
-      std::abort();                                                         \
-    }                                                                       \
-  } while (0)
-
+// The parser's rule for names, restated independently as the oracle:
+// a letter, then letters, digits or '_'.
 bool IsName(absl::string_view s) {
-  if (s.empty() || !absl::ascii_isalpha(static_cast<unsigned char>(s[0]))) {
-    return false;
-  }
-  for (char c : s) {
-    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_') {
-      return false;
-    }
-  }
-  return true;
+  static constexpr absl::string_view kLetters =
+      "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+  static constexpr absl::string_view kRest =
+      "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_";
+  return !s.empty() && kLetters.find(s[0]) != absl::string_view::npos &&
+         s.find_first_not_of(kRest) == absl::string_view::npos;
 }
 
 }  // namespace
