@@ -1,5 +1,6 @@
 #include "vemesh/device_mesh.h"
 
+#include <mutex>
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -10,7 +11,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/synchronization/mutex.h"
 #include "vemesh/comm/mpi/mpi_agreement.h"
 #include "vemesh/comm/mpi/mpi_communicator.h"
 #include "vemesh/comm/mpi/mpi_environment.h"
@@ -39,13 +39,13 @@ struct DeviceMesh::Shared {
   // One per root dimension; null on ranks outside the mesh.
   std::vector<std::shared_ptr<Communicator>> dims;
 
-  absl::Mutex mu;
+  std::mutex mu;
   // Null values are cached too: ranks outside the mesh took part in the
   // split, and must not take part again.
   absl::flat_hash_map<std::vector<int64_t>, std::shared_ptr<Communicator>>
-      flattened ABSL_GUARDED_BY(mu);
+      flattened;
   absl::flat_hash_map<std::string, std::vector<int64_t>> flat_names
-      ABSL_GUARDED_BY(mu);
+     ;
 };
 
 namespace {
@@ -281,7 +281,7 @@ absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::get_group(
   }
   // A name given to `flatten` finds its group, when this mesh holds all of
   // the flattened dimensions.
-  absl::MutexLock lock(&view_->shared->mu);
+  std::lock_guard<std::mutex> lock(view_->shared->mu);
   auto named = view_->shared->flat_names.find(dim);
   if (named != view_->shared->flat_names.end()) {
     bool held = true;
@@ -357,7 +357,7 @@ absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::flatten(
   }
   if (key.size() == 1) return get_group(dims[0]);
 
-  absl::MutexLock lock(&view_->shared->mu);
+  std::lock_guard<std::mutex> lock(view_->shared->mu);
   auto bound = view_->shared->flat_names.find(flat_name);
   if ((bound != view_->shared->flat_names.end() && bound->second != key) ||
       view_->shared->root.find_dim(flat_name).has_value()) {

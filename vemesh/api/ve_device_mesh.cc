@@ -1,5 +1,6 @@
 #include "vemesh/api/ve_device_mesh.h"
 
+#include <mutex>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -114,7 +115,7 @@ const VeDeviceMesh::State* VeDeviceMesh::current() const {
   }
   std::shared_ptr<const State> current;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     current = current_;
   }
   if (current == nullptr) return nullptr;
@@ -127,7 +128,7 @@ const VeDeviceMesh::State* VeDeviceMesh::current() const {
 absl::StatusOr<DeviceMesh> VeDeviceMesh::init_device_mesh(
     absl::string_view device_type, std::vector<int64_t> mesh_shape,
     std::vector<std::string> mesh_dim_names, InitOptions options) {
-  absl::MutexLock init_lock(&init_mu_);
+  std::lock_guard<std::mutex> init_lock(init_mu_);
   if (options.check_uniqueness && is_initialized()) {
     return absl::AlreadyExistsError(
         "the device mesh is already initialised and check_uniqueness is set: "
@@ -163,7 +164,7 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::init_device_mesh(
     }
   }
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     current_ = state;
     generation_.store(state->generation, std::memory_order_release);
   }
@@ -171,9 +172,9 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::init_device_mesh(
 }
 
 void VeDeviceMesh::reset() {
-  absl::MutexLock init_lock(&init_mu_);
+  std::lock_guard<std::mutex> init_lock(init_mu_);
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     current_.reset();
     generation_.store(0, std::memory_order_release);
   }

@@ -44,6 +44,7 @@
 #ifndef VEMESH_API_VE_DEVICE_MESH_H_
 #define VEMESH_API_VE_DEVICE_MESH_H_
 
+#include <mutex>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -51,11 +52,9 @@
 #include <string>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "vemesh/comm/communicator.h"
@@ -207,11 +206,13 @@ class VeDeviceMesh {
   absl::StatusOr<std::optional<int64_t>> stage_peer(int64_t shift,
                                                     bool wrap) const;
 
+  // std::mutex rather than absl::Mutex: Debian's Abseil is not built with
+  // TSan, which would then not see the locking and report false races.
   // Serialises init and reset (long, collective) without blocking queries.
-  absl::Mutex init_mu_;
-  // Guards `current_` for the slow path of state().
-  mutable absl::Mutex mu_;
-  std::shared_ptr<const State> current_ ABSL_GUARDED_BY(mu_);
+  std::mutex init_mu_;
+  // Guards `current_` for the slow path of current().
+  mutable std::mutex mu_;
+  std::shared_ptr<const State> current_;
   // Generation of `current_`; unique across registries of the process, and
   // 0 while none is current.
   std::atomic<uint64_t> generation_{0};

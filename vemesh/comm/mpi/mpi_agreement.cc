@@ -1,5 +1,6 @@
 #include "vemesh/comm/mpi/mpi_agreement.h"
 
+#include <mutex>
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -10,7 +11,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "vemesh/comm/mpi/mpi_environment.h"
 
 namespace vemesh {
@@ -74,9 +74,9 @@ struct Exchange {
 // Keeps abandoned exchanges reachable for the life of the process: MPI may
 // still write into them, and a leak checker should not call that a leak.
 void Abandon(std::unique_ptr<Exchange> exchange) {
-  static absl::Mutex mu(absl::kConstInit);
+  static std::mutex mu;
   static auto* abandoned = new std::vector<std::unique_ptr<Exchange>>();
-  absl::MutexLock lock(&mu);
+  std::lock_guard<std::mutex> lock(mu);
   abandoned->push_back(std::move(exchange));
 }
 

@@ -1,19 +1,21 @@
 #include "vemesh/comm/mpi/mpi_environment.h"
 
+#include <mutex>
 #include <cstdio>
 #include <cstdlib>
 
 #include "absl/base/attributes.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 
 namespace vemesh {
 namespace {
 
-ABSL_CONST_INIT absl::Mutex env_mu(absl::kConstInit);
-bool owns_mpi ABSL_GUARDED_BY(env_mu) = false;
-bool atexit_registered ABSL_GUARDED_BY(env_mu) = false;
-int thread_level ABSL_GUARDED_BY(env_mu) = -1;
+// std::mutex, not absl::Mutex: TSan sees pthread locking, not the locking
+// inside Debian's uninstrumented Abseil. constexpr-constructed.
+std::mutex env_mu;
+bool owns_mpi = false;
+bool atexit_registered = false;
+int thread_level = -1;
 
 bool Initialized() {
   int flag = 0;
@@ -29,7 +31,7 @@ bool Finalized() {
 
 // Finalises MPI if vemesh started it and nobody finalised it yet.
 void FinalizeIfOwned() {
-  absl::MutexLock lock(&env_mu);
+  std::lock_guard<std::mutex> lock(env_mu);
   if (!owns_mpi || Finalized()) return;
   MPI_Finalize();
 }
@@ -65,7 +67,7 @@ absl::Status MpiStatus(int code, absl::string_view call) {
 }
 
 absl::Status EnsureMpiInitialized() {
-  absl::MutexLock lock(&env_mu);
+  std::lock_guard<std::mutex> lock(env_mu);
   absl::Status status = InitLocked(nullptr, nullptr);
   // A lazy start still ends cleanly: finalise at exit unless a session or
   // the program does it first.
@@ -79,18 +81,18 @@ absl::Status EnsureMpiInitialized() {
 bool MpiIsUsable() { return Initialized() && !Finalized(); }
 
 bool VemeshOwnsMpi() {
-  absl::MutexLock lock(&env_mu);
+  std::lock_guard<std::mutex> lock(env_mu);
   return owns_mpi;
 }
 
 int MpiThreadLevel() {
-  absl::MutexLock lock(&env_mu);
+  std::lock_guard<std::mutex> lock(env_mu);
   if (thread_level < 0 && MpiIsUsable()) MPI_Query_thread(&thread_level);
   return thread_level;
 }
 
 MpiSession::MpiSession(int* argc, char*** argv) {
-  absl::MutexLock lock(&env_mu);
+  std::lock_guard<std::mutex> lock(env_mu);
   status_ = InitLocked(argc, argv);
 }
 
