@@ -173,7 +173,7 @@ TEST_P(CliCatalogue, ExitsWithCodeNamingTheValue) {
         lsan != nullptr && std::string(lsan).find("fast_unwind") ==
                                std::string::npos) {
       setenv("LSAN_OPTIONS",
-             (std::string(lsan) + ":fast_unwind_on_malloc=0").c_str(), 1);
+             (std::string(lsan) + ":fast_unwind_on_malloc=0:use_tls=0").c_str(), 1);
     }
 #endif
   }
