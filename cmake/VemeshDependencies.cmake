@@ -4,6 +4,8 @@ find_package(absl REQUIRED)
 set(MPI_CXX_SKIP_MPICXX ON)
 find_package(MPI REQUIRED COMPONENTS CXX)
 find_package(Threads REQUIRED)
+# Gloo (Debian libgloo-dev, TCP transport): the CPU backend of env:// jobs.
+find_package(Gloo REQUIRED)
 
 set(VEMESH_HAVE_NCCL OFF)
 if(NOT VEMESH_WITH_NCCL STREQUAL "OFF")

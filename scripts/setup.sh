@@ -9,6 +9,8 @@ packages=(
   cmake g++ clang make pkg-config
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
   libopenmpi-dev openmpi-bin
+  libgloo-dev
+  python3-torch
   libeigen3-dev
   librsvg2-bin
   nlohmann-json3-dev

@@ -1,0 +1,127 @@
+#include "vemesh/rendezvous/memory_store.h"
+
+#include <chrono>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace vemesh {
+
+std::string MissingKeysText(
+    absl::Span<const std::string> keys,
+    const absl::flat_hash_map<std::string, std::string>& values) {
+  std::vector<std::string> missing;
+  for (const std::string& key : keys) {
+    if (!values.contains(key)) missing.push_back(key);
+    if (missing.size() == 8) {
+      missing.push_back("...");
+      break;
+    }
+  }
+  return absl::StrJoin(missing, ", ");
+}
+
+absl::StatusOr<int64_t> ParseCounter(absl::string_view key,
+                                     absl::string_view text) {
+  int64_t value = 0;
+  if (!text.empty() && !absl::SimpleAtoi(text, &value)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("store key '", key, "' holds '", text.substr(0, 32),
+                     "', not a counter: expected a decimal int64"));
+  }
+  return value;
+}
+
+absl::Status MemoryStore::set(absl::string_view key, absl::string_view value) {
+  absl::Status status = CheckStoreValue(key, value);
+  if (!status.ok()) return status;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    values_[key] = std::string(value);
+  }
+  changed_.notify_all();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> MemoryStore::get(absl::string_view key) {
+  absl::Status status = CheckStoreKey(key);
+  if (!status.ok()) return status;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = values_.find(key);
+  if (it == values_.end()) {
+    return absl::NotFoundError(absl::StrCat("store has no key '", key, "'"));
+  }
+  return it->second;
+}
+
+absl::Status MemoryStore::wait(absl::Span<const std::string> keys,
+                               absl::Time deadline) {
+  absl::Status status = CheckStoreKeys(keys);
+  if (!status.ok()) return status;
+  std::unique_lock<std::mutex> lock(mu_);
+  auto all_present = [&] {
+    for (const std::string& key : keys) {
+      if (!values_.contains(key)) return false;
+    }
+    return true;
+  };
+  while (!all_present()) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "store keys never set before the deadline: ",
+          MissingKeysText(keys, values_)));
+    }
+    changed_.wait_for(lock, absl::ToChronoMilliseconds(left) +
+                                std::chrono::milliseconds(1));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> MemoryStore::add(absl::string_view key,
+                                         int64_t delta) {
+  absl::Status status = CheckStoreKey(key);
+  if (!status.ok()) return status;
+  int64_t value = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::string& slot = values_[key];
+    absl::StatusOr<int64_t> current = ParseCounter(key, slot);
+    if (!current.ok()) return current.status();
+    // Wraps like a two's-complement counter rather than overflowing.
+    value = static_cast<int64_t>(static_cast<uint64_t>(*current) +
+                                 static_cast<uint64_t>(delta));
+    slot = absl::StrCat(value);
+  }
+  changed_.notify_all();
+  return value;
+}
+
+absl::StatusOr<std::string> MemoryStore::compare_set(
+    absl::string_view key, absl::string_view expected,
+    absl::string_view desired) {
+  absl::Status status = CheckStoreValue(key, desired);
+  if (!status.ok()) return status;
+  std::string result;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = values_.find(key);
+    const absl::string_view current =
+        it == values_.end() ? absl::string_view() : absl::string_view(it->second);
+    if (current != expected) return std::string(current);
+    values_[key] = std::string(desired);
+    result = std::string(desired);
+  }
+  changed_.notify_all();
+  return result;
+}
+
+absl::StatusOr<bool> MemoryStore::remove(absl::string_view key) {
+  absl::Status status = CheckStoreKey(key);
+  if (!status.ok()) return status;
+  std::lock_guard<std::mutex> lock(mu_);
+  return values_.erase(key) > 0;
+}
+
+}  // namespace vemesh

@@ -1,0 +1,51 @@
+#include "vemesh/rendezvous/prefix_store.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace vemesh {
+
+PrefixStore::PrefixStore(std::shared_ptr<Store> base, absl::string_view prefix)
+    : base_(std::move(base)), prefix_(prefix) {}
+
+std::string PrefixStore::Key(absl::string_view key) const {
+  return absl::StrCat(prefix_, "/", key);
+}
+
+std::vector<std::string> PrefixStore::Keys(
+    absl::Span<const std::string> keys) const {
+  std::vector<std::string> out;
+  out.reserve(keys.size());
+  for (const std::string& key : keys) out.push_back(Key(key));
+  return out;
+}
+
+absl::Status PrefixStore::set(absl::string_view key, absl::string_view value) {
+  return base_->set(Key(key), value);
+}
+absl::StatusOr<std::string> PrefixStore::get(absl::string_view key) {
+  return base_->get(Key(key));
+}
+absl::Status PrefixStore::wait(absl::Span<const std::string> keys,
+                               absl::Time deadline) {
+  return base_->wait(Keys(keys), deadline);
+}
+absl::StatusOr<int64_t> PrefixStore::add(absl::string_view key,
+                                         int64_t delta) {
+  return base_->add(Key(key), delta);
+}
+absl::StatusOr<std::string> PrefixStore::compare_set(
+    absl::string_view key, absl::string_view expected,
+    absl::string_view desired) {
+  return base_->compare_set(Key(key), expected, desired);
+}
+absl::StatusOr<bool> PrefixStore::remove(absl::string_view key) {
+  return base_->remove(Key(key));
+}
+absl::StatusOr<std::vector<std::string>> PrefixStore::wait_get(
+    absl::Span<const std::string> keys, absl::Time deadline) {
+  return base_->wait_get(Keys(keys), deadline);
+}
+
+}  // namespace vemesh
