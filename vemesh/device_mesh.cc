@@ -11,10 +11,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "vemesh/comm/mpi/mpi_agreement.h"
-#include "vemesh/comm/mpi/mpi_communicator.h"
-#include "vemesh/comm/mpi/mpi_environment.h"
+#include "vemesh/bootstrap/agreement.h"
+#include "vemesh/bootstrap/launch.h"
 #include "vemesh/comm/nccl/nccl_communicator.h"
+#include "vemesh/mesh_backends.h"
 
 namespace vemesh {
 
@@ -32,9 +32,12 @@ struct DeviceMesh::Shared {
   int host_local_rank = 0;
   int host_size = 1;
   absl::Duration timeout = absl::Seconds(60);
-  // Null for a meta mesh.
-  std::shared_ptr<MpiCommunicator> world;
-  // The world on the mesh's backend (NCCL for cuda, `world` for cpu).
+  // How the ranks found each other; null for a meta mesh. Flatten's
+  // agreement check goes through it.
+  std::shared_ptr<Bootstrap> bootstrap;
+  // The backends' worlds, and each root dimension's backend.
+  std::unique_ptr<MeshBackends> backends;
+  // The world on the mesh's default backend (flatten splits it).
   std::shared_ptr<Communicator> device_world;
   // One per root dimension; null on ranks outside the mesh.
   std::vector<std::shared_ptr<Communicator>> dims;
@@ -54,31 +57,9 @@ std::string ShapeText(absl::Span<const int64_t> shape) {
   return absl::StrCat("(", absl::StrJoin(shape, ", "), ")");
 }
 
-// The host-local rank from the launcher, when it says.
-std::optional<int> LauncherLocalRank() {
-  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK"}) {
-    const char* value = std::getenv(name);
-    int rank = 0;
-    if (value != nullptr && absl::SimpleAtoi(value, &rank)) return rank;
-  }
-  return std::nullopt;
-}
-
-// Host-local rank and host size from a shared-memory split of `comm`.
-absl::Status HostPlacement(MPI_Comm comm, int rank, int* local_rank,
-                           int* local_size) {
-  MPI_Comm host = MPI_COMM_NULL;
-  absl::Status status = MpiStatus(
-      MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL,
-                          &host),
-      "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)");
-  if (!status.ok()) return status;
-  status = MpiStatus(MPI_Comm_rank(host, local_rank), "MPI_Comm_rank");
-  if (status.ok()) {
-    status = MpiStatus(MPI_Comm_size(host, local_size), "MPI_Comm_size");
-  }
-  MPI_Comm_free(&host);
-  return status;
+std::string RankListText(const MeshLayout& layout) {
+  if (!layout.has_rank_table()) return "arange";
+  return absl::StrCat("[", absl::StrJoin(layout.ranks(), ", "), "]");
 }
 
 absl::Status NotMember(const MeshLayout& layout, int64_t rank,
@@ -112,98 +93,93 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
                                               MeshLayout layout,
                                               const MeshOptions& options) {
   if (device_type == DeviceType::kMeta) {
-    int rank = 0;
-    if (MpiIsUsable()) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    return Meta(std::move(layout), rank);
+    return Meta(std::move(layout), LauncherRank());
+  }
+  if (options.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MeshOptions.timeout is ", absl::FormatDuration(options.timeout),
+        ": expected a positive duration"));
   }
   const absl::Time deadline = absl::Now() + options.timeout;
 
-  // The group to build over: the caller's MPI communicator, or the world.
-  MPI_Comm base = MPI_COMM_WORLD;
-  if (options.world != nullptr) {
-    auto* mpi = dynamic_cast<MpiCommunicator*>(options.world.get());
-    if (mpi == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "MeshOptions.world must be an MPI communicator; got backend '",
-          options.world->backend(), "'"));
-    }
-    base = mpi->comm();
-  } else {
-    absl::Status status = EnsureMpiInitialized();
-    if (!status.ok()) return status;
+  // (1) The bootstrap.
+  std::shared_ptr<Bootstrap> bootstrap = options.bootstrap;
+  if (bootstrap == nullptr && options.world != nullptr) {
+    auto made = options.world->make_bootstrap(deadline);
+    if (!made.ok()) return made.status();
+    bootstrap = *std::move(made);
   }
-  int world_rank = 0;
-  int world_size = 0;
-  absl::Status status = MpiStatus(MPI_Comm_rank(base, &world_rank),
-                                  "MPI_Comm_rank");
-  if (status.ok()) {
-    status = MpiStatus(MPI_Comm_size(base, &world_size), "MPI_Comm_size");
+  if (bootstrap == nullptr) {
+    auto launched = LaunchBootstrap(deadline);
+    if (!launched.ok()) return launched.status();
+    bootstrap = *std::move(launched);
   }
-  if (!status.ok()) return status;
+  const int world_rank = bootstrap->rank();
+  const int world_size = bootstrap->size();
 
-  // (1) Every rank passed the same mesh, before any blocking collective.
-  const std::vector<int64_t> members = layout.ranks();
-  std::string rank_text = "arange";
-  for (size_t i = 0; i < members.size(); ++i) {
-    if (members[i] != static_cast<int64_t>(i)) {
-      rank_text = absl::StrCat("[", absl::StrJoin(members, ", "), "]");
-      break;
-    }
-  }
+  // Each dimension's backend, decided locally and checked in the agreement.
+  auto plan = PlanBackends(device_type, layout, *bootstrap, options);
+  if (!plan.ok()) return plan.status();
+
+  // (2) Agreement and host identities in one step.
   const std::vector<AgreementField> fields = {
       {"device type", std::string(DeviceTypeName(device_type))},
       {"shape", ShapeText(layout.shape())},
       {"dim names", absl::StrCat("[", absl::StrJoin(layout.dim_names(), ", "),
                                  "]")},
-      {"ranks", rank_text},
+      {"ranks", RankListText(layout)},
+      {"backends", absl::StrJoin(plan->dims, ", ")},
   };
-  status = CheckAgreement(base, "DeviceMesh::Create", fields, deadline);
-  if (!status.ok()) return status;
+  auto hosts = AgreeAndGather(*bootstrap, "DeviceMesh::Create", fields,
+                              HostIdentity(), deadline);
+  if (!hosts.ok()) return hosts.status();
 
-  // (2) The mesh fits the world (the same answer on every rank now).
+  // (3) The mesh fits the world (the same answer on every rank now).
   if (layout.size() > world_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "mesh ", layout.ToString(), " has ", layout.size(),
         " ranks but the world has only ", world_size));
   }
-  for (int64_t r : members) {
-    if (r >= world_size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("mesh ", layout.ToString(), " holds rank ", r,
-                       " but the world has ranks 0..", world_size - 1));
+  if (layout.has_rank_table()) {
+    for (int64_t r : layout.ranks()) {
+      if (r >= world_size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("mesh ", layout.ToString(), " holds rank ", r,
+                         " but the world has ranks 0..", world_size - 1));
+      }
     }
   }
 
   auto shared = std::make_shared<Shared>(device_type, layout, world_rank);
   shared->timeout = options.timeout;
-  auto world = MpiCommunicator::Dup(base);
-  if (!world.ok()) return world.status();
-  shared->world = *std::move(world);
+  shared->bootstrap = bootstrap;
 
   // (4) Where this rank sits on its host (the GPU it binds for cuda).
-  status = HostPlacement(shared->world->comm(), world_rank,
-                         &shared->host_local_rank, &shared->host_size);
-  if (!status.ok()) return status;
-  if (base == MPI_COMM_WORLD) {
-    std::optional<int> launcher = LauncherLocalRank();
-    if (launcher.has_value() && *launcher != shared->host_local_rank) {
-      std::fprintf(stderr,
-                   "vemesh: warning: rank %d: the launcher says local rank "
-                   "%d but the MPI shared-memory split says %d; using %d\n",
-                   world_rank, *launcher, shared->host_local_rank,
-                   shared->host_local_rank);
-    }
+  const std::string& mine = (*hosts)[world_rank];
+  for (int r = 0; r < world_size; ++r) {
+    if ((*hosts)[r] != mine) continue;
+    if (r < world_rank) ++shared->host_local_rank;
+  }
+  shared->host_size = static_cast<int>(
+      std::count(hosts->begin(), hosts->end(), mine));
+  const int launcher = LauncherLocalRank();
+  if (options.world == nullptr && launcher >= 0 &&
+      launcher != shared->host_local_rank) {
+    std::fprintf(stderr,
+                 "vemesh: warning: rank %d: the launcher says local rank %d "
+                 "but the host identities say %d; using %d\n",
+                 world_rank, launcher, shared->host_local_rank,
+                 shared->host_local_rank);
   }
 
-  if (device_type == DeviceType::kCuda) {
-    auto nccl = CreateNcclCommunicator(shared->world, shared->host_local_rank);
-    if (!nccl.ok()) return nccl.status();
-    shared->device_world = *std::move(nccl);
-  } else {
-    shared->device_world = shared->world;
-  }
+  // (5) The backends' worlds.
+  auto backends = MeshBackends::Create(*bootstrap, *std::move(plan),
+                                       shared->host_local_rank, deadline);
+  if (!backends.ok()) return backends.status();
+  shared->backends = *std::move(backends);
+  shared->device_world = shared->backends->default_world();
 
-  // (3) One split per dimension, in dimension order on every rank.
+  // (6) One split per dimension, in dimension order on every rank.
   const bool member = layout.contains(world_rank);
   for (int64_t d = 0; d < layout.ndim(); ++d) {
     int color = -1;
@@ -214,7 +190,7 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
       color = static_cast<int>(pos->group);
       key = static_cast<int>(pos->index);
     }
-    auto group = shared->device_world->split(color, key);
+    auto group = shared->backends->world_of_dim(d)->split(color, key);
     if (!group.ok()) return group.status();
     shared->dims.push_back(*std::move(group));
   }
@@ -373,8 +349,8 @@ absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::flatten(
         {"dims", absl::StrCat("[", absl::StrJoin(dims, ", "), "]")},
         {"name", flat_name}};
     absl::Status status =
-        CheckAgreement(view_->shared->world->comm(), "DeviceMesh::flatten", fields,
-                       absl::Now() + view_->shared->timeout);
+        CheckAgreement(*view_->shared->bootstrap, "DeviceMesh::flatten",
+                       fields, absl::Now() + view_->shared->timeout);
     if (!status.ok()) return status;
     int color = -1;
     int split_key = 0;
@@ -397,6 +373,13 @@ absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::flatten(
   return cached->second;
 }
 
+absl::StatusOr<std::string> DeviceMesh::backend(absl::string_view dim) const {
+  auto root_dim = view_->shared->root.dim_index(dim);
+  if (!root_dim.ok()) return root_dim.status();
+  if (view_->shared->backends == nullptr) return std::string();
+  return view_->shared->backends->dim_backend(*root_dim);
+}
+
 int DeviceMesh::host_local_rank() const { return view_->shared->host_local_rank; }
 int DeviceMesh::host_size() const { return view_->shared->host_size; }
 
@@ -406,8 +389,11 @@ std::string DeviceMesh::ToString() const {
     auto size = view_->layout.dim_size(d);
     absl::StrAppend(&out, ", ", view_->layout.dim_name(d), "=", size.value_or(0));
   }
-  absl::StrAppend(&out, ", rank=", global_rank(),
-                  has_self() ? ")" : " (not a member))");
+  absl::StrAppend(&out, ", rank=", global_rank());
+  if (view_->shared->backends != nullptr) {
+    absl::StrAppend(&out, ", ", view_->shared->backends->ToString());
+  }
+  absl::StrAppend(&out, has_self() ? ")" : " (not a member))");
   return out;
 }
 

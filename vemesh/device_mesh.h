@@ -26,27 +26,35 @@
 // `operator[]` or `slice` shares its parent's communicators: it creates none.
 // The communicators are freed with the last mesh (or caller) holding them.
 //
-// What `Create` does, in this order, on every rank of the world:
-//   1. Agreement: a fingerprint of (device type, shape, names, rank list) is
-//      compared over the world with a non-blocking collective polled against
-//      `MeshOptions::timeout`. A mismatch is InvalidArgument on every rank,
-//      naming the first rank that differs from rank 0 and what each passed.
-//      A rank that never arrives gives DeadlineExceeded; a collective is
-//      then left pending and MPI cannot be used any more: end the job.
-//   2. The mesh must fit: size <= world size, every rank < world size.
-//   3. A private copy of the world (MPI_Comm_dup), the host placement
-//      (MPI_Comm_split_type(SHARED), cross-checked with
-//      OMPI_COMM_WORLD_LOCAL_RANK / LOCAL_RANK: a mismatch warns on stderr),
-//      and for "cuda" an NCCL world on device `host_local_rank()`.
-//   4. One split per dimension, in dimension order. Ranks outside the mesh
-//      take part with no color.
-// A "meta" mesh skips all of it: no communication, global rank = the MPI
-// world rank when MPI is initialised, else 0.
+// What `Create` does, in this order, on every rank of the world, all of it
+// through the bootstrap seam (vemesh/bootstrap/) and Communicator:
+//   1. The bootstrap: MeshOptions::bootstrap, or one made from
+//      MeshOptions::world, or the process's own from the launcher
+//      (vemesh/bootstrap/launch.h: MPI under mpirun/srun, a TCP store hosted
+//      by rank 0 under torchrun / env://).
+//   2. Agreement and placement in one all-gather: a fingerprint of (device
+//      type, shape, names, rank list, backends) and this rank's host
+//      identity. A mismatch is InvalidArgument on every rank, naming the
+//      first rank that differs from rank 0 and what each passed. A rank that
+//      never arrives gives DeadlineExceeded on every rank.
+//   3. The mesh must fit: size <= world size, every rank < world size.
+//   4. Host placement from the gathered host identities (cross-checked with
+//      OMPI_COMM_WORLD_LOCAL_RANK / LOCAL_RANK: a mismatch warns on stderr).
+//   5. A host world per backend used (a private MPI duplicate, or a Gloo
+//      world through the store), and for "cuda" an NCCL world on device
+//      `host_local_rank()` whose unique id travels over the host world.
+//   6. One split per dimension, in dimension order, on that dimension's
+//      backend. Ranks outside the mesh take part with no color.
+// A "meta" mesh skips all of it: no communication, global rank = the
+// launcher's rank (RANK, OMPI_COMM_WORLD_RANK, ...), else 0.
 //
-// MPI: Create initialises MPI if nobody did (see
-// vemesh/comm/mpi/mpi_environment.h for who finalises it). With
-// `MeshOptions::world` set, that communicator is the world: the layout's
-// ranks, `global_rank()` and the groups' `ranks()` are ranks in it.
+// Backend is not device type: "cpu" uses MPI when an MPI launcher started
+// the job and Gloo when env:// did; "cuda" uses NCCL. MeshOptions::backend
+// picks one for every dimension, backend_override for some ("gloo" for DP
+// under mpirun, say). ToString() names the backends and why.
+//
+// With `MeshOptions::world` set, that communicator is the world: the
+// layout's ranks, `global_rank()` and the groups' `ranks()` are ranks in it.
 //
 // Threads: queries are safe from any thread; the collective calls
 // (Create, flatten) must be made in the same order on every rank.
@@ -55,6 +63,7 @@
 #define VEMESH_DEVICE_MESH_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include "absl/strings/string_view.h"
@@ -63,6 +72,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "vemesh/bootstrap/bootstrap.h"
 #include "vemesh/comm/communicator.h"
 #include "vemesh/device_type.h"
 #include "vemesh/mesh_layout.h"
@@ -75,9 +85,18 @@ struct MeshOptions {
   // How long creation waits for every rank to arrive before it fails with
   // DeadlineExceeded instead of hanging.
   absl::Duration timeout = absl::Seconds(60);
-  // The group the mesh is built over; must be an MPI communicator. Null means
-  // MPI_COMM_WORLD (MPI is initialised on first use if nobody did).
+  // The group the mesh is built over; must be a communicator that can
+  // bootstrap a mesh (MPI). Null means the launcher's world.
   std::shared_ptr<Communicator> world;
+  // How the ranks find each other; null means from `world`, else the
+  // launcher's (LaunchBootstrap).
+  std::shared_ptr<Bootstrap> bootstrap;
+  // "mpi", "gloo" or "nccl" for every dimension; empty picks by device type
+  // and launcher (cpu: mpi under an MPI launcher, gloo under env://; cuda:
+  // nccl).
+  std::string backend;
+  // Per-dimension backends, by dimension name (PyTorch's backend_override).
+  std::map<std::string, std::string> backend_override;
 };
 
 class DeviceMesh {
@@ -142,12 +161,16 @@ class DeviceMesh {
       absl::Span<const std::string> dims, absl::string_view name = "") const;
 
   // This process's device index on its host and the number of ranks there,
-  // from an MPI shared-memory split cross-checked with the launcher's
-  // variables. 0 and 1 for a meta mesh.
+  // from the host identities gathered at creation, cross-checked with the
+  // launcher's variables. 0 and 1 for a meta mesh.
   int host_local_rank() const;
   int host_size() const;
 
-  // "DeviceMesh(cpu, PP=2, DP=2, TP=2, rank=5)".
+  // The backend of one dimension ("mpi", "gloo", "nccl"); empty for meta.
+  absl::StatusOr<std::string> backend(absl::string_view dim) const;
+
+  // "DeviceMesh(cpu, PP=2, DP=2, TP=2, rank=5, backend=gloo (RANK/WORLD_SIZE
+  // are set (torchrun or env://)))".
   std::string ToString() const;
 
  private:

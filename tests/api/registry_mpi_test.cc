@@ -1,5 +1,5 @@
-// VESCALE_DEVICE_MESH on real MPI communicators, under mpiexec with 4 or 8
-// ranks. Every answer is compared with arithmetic done here
+// VESCALE_DEVICE_MESH on real communicators with 4 or 8 ranks: MPI under
+// mpiexec, Gloo under torchrun and the env:// spawner (tests/launch/). Every answer is compared with arithmetic done here
 // (registry_expectations.h) and, for communicators, with real traffic.
 #include <mpi.h>
 
@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "job_world.h"
 #include "registry_expectations.h"
 #include "vemesh/api/ve_device_mesh.h"
 
@@ -20,16 +21,8 @@ using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 using vemesh::testing::RowMajor;
 
-int WorldRank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int WorldSize() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
+int WorldRank() { return vemesh::testing::JobRank(); }
+int WorldSize() { return vemesh::testing::JobSize(); }
 
 std::vector<int64_t> V(const Coordinate& c) { return {c.begin(), c.end()}; }
 std::vector<int64_t> V(absl::Span<const int> ranks) {

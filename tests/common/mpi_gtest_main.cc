@@ -1,6 +1,10 @@
-// main() for GoogleTest binaries that run under mpiexec.
+// main() for GoogleTest binaries that run as several ranks: under mpiexec,
+// or under torchrun / the env:// spawner (tests/launch/).
 //
-// MPI is started by a vemesh::MpiSession (and finalised when main ends).
+// Under MPI, MPI is started by a vemesh::MpiSession (and finalised when main
+// ends) and the ranks' results are merged. Under env:// no MPI is started:
+// each rank exits with its own result, and the launcher fails the job when
+// any rank fails.
 // Rank 0 prints the usual gtest report; the other ranks print only their
 // failures, prefixed with their rank. The exit code is the worst over all
 // ranks, so a failure on any rank fails the ctest entry even if the
@@ -13,8 +17,10 @@
 #include <mpi.h>
 
 #include <cstdio>
+#include <optional>
 
 #include "gtest/gtest.h"
+#include "job_world.h"
 #include "vemesh/comm/mpi/mpi_environment.h"
 
 namespace {
@@ -43,15 +49,18 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 }  // namespace
 
 int main(int argc, char** argv) {
-  vemesh::MpiSession mpi(&argc, &argv);
-  if (!mpi.status().ok()) {
-    std::fprintf(stderr, "MPI did not start: %s\n",
-                 mpi.status().ToString().c_str());
-    return 1;
+  const bool env_launch = vemesh::testing::LaunchedByEnv();
+  std::optional<vemesh::MpiSession> mpi;
+  if (!env_launch) {
+    mpi.emplace(&argc, &argv);
+    if (!mpi->status().ok()) {
+      std::fprintf(stderr, "MPI did not start: %s\n",
+                   mpi->status().ToString().c_str());
+      return 1;
+    }
   }
   ::testing::InitGoogleTest(&argc, argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const int rank = vemesh::testing::JobRank();
   if (rank != 0) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
@@ -66,6 +75,7 @@ int main(int argc, char** argv) {
     std::printf("vemesh: every test skipped\n");
     std::fflush(stdout);  // before MPI_Finalize closes the forwarding
   }
+  if (env_launch) return result;
   int worst = result;
   MPI_Allreduce(&result, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   if (rank == 0 && worst != result) {

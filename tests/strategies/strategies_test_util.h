@@ -11,21 +11,14 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "job_world.h"
 #include "vemesh/api/ve_device_mesh.h"
 #include "vemesh/strategies/dense.h"
 
 namespace vemesh::strategies::testing {
 
-inline int WorldSize() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-inline int WorldRank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
+inline int WorldSize() { return vemesh::testing::JobSize(); }
+inline int WorldRank() { return vemesh::testing::JobRank(); }
 
 // (Re-)initialises VESCALE_DEVICE_MESH; every rank calls it alike.
 inline ::testing::AssertionResult InitMesh(std::vector<int64_t> shape,

@@ -138,6 +138,8 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::init_device_mesh(
   mesh_options.ranks = std::move(options.ranks);
   mesh_options.timeout = options.timeout;
   mesh_options.world = std::move(options.world);
+  mesh_options.backend = std::move(options.backend);
+  mesh_options.backend_override = std::move(options.backend_override);
   auto mesh = vemesh::init_device_mesh(device_type, mesh_shape, mesh_dim_names,
                                        mesh_options);
   if (!mesh.ok()) return mesh.status();

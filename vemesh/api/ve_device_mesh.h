@@ -47,6 +47,7 @@
 #include <mutex>
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -71,8 +72,14 @@ struct InitOptions {
   std::vector<int64_t> ranks;
   // How long init waits for every rank before failing (DeadlineExceeded).
   absl::Duration timeout = absl::Seconds(60);
-  // The group to build over (an MPI communicator); null = MPI_COMM_WORLD.
+  // The group to build over (an MPI communicator); null = the launcher's
+  // world (mpirun, srun, torchrun / env://).
   std::shared_ptr<Communicator> world;
+  // Backend choice (see MeshOptions in vemesh/device_mesh.h): "mpi", "gloo"
+  // or "nccl" for every dimension, or empty to pick by device type and
+  // launcher; per-dimension overrides by name.
+  std::string backend;
+  std::map<std::string, std::string> backend_override;
 };
 
 // A neighbouring pipeline stage: its sub-mesh (every dimension but PP), its

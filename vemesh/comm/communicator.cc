@@ -29,6 +29,13 @@ absl::Status Communicator::send_recv(const void*, size_t, int, void*, size_t,
                    "' communicator"));
 }
 
+absl::StatusOr<std::shared_ptr<Bootstrap>> Communicator::make_bootstrap(
+    absl::Time) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "MeshOptions.world must be an MPI communicator (one that can bootstrap "
+      "a mesh); got backend '", backend(), "'"));
+}
+
 size_t SizeOf(DataType type) {
   switch (type) {
     case DataType::kFloat32:

@@ -39,9 +39,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 
 namespace vemesh {
+
+class Bootstrap;
 
 enum class DataType { kFloat32, kFloat64, kInt32, kInt64 };
 enum class ReduceOp { kSum, kMax, kMin };
@@ -120,6 +123,12 @@ class Communicator {
                                                               int key) = 0;
 
   virtual NativeHandle native_handle() const = 0;
+
+  // Collective: a Bootstrap over this group, so that a mesh can be built on
+  // it (MeshOptions::world). The default answers InvalidArgument naming the
+  // backend: only backends whose collectives honour a deadline offer one.
+  virtual absl::StatusOr<std::shared_ptr<Bootstrap>> make_bootstrap(
+      absl::Time deadline);
 
   // -- Typed operations: the element type and the lengths are checked --------
   template <typename T>

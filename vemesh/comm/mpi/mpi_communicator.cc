@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "vemesh/comm/mpi/mpi_environment.h"
+#include "vemesh/bootstrap/mpi/mpi_bootstrap.h"
 
 namespace vemesh {
 namespace {
@@ -298,6 +299,14 @@ absl::StatusOr<std::shared_ptr<Communicator>> MpiCommunicator::split(
 
 NativeHandle MpiCommunicator::native_handle() const {
   return NativeHandle{"mpi", const_cast<MPI_Comm*>(&comm_)};
+}
+
+absl::StatusOr<std::shared_ptr<Bootstrap>> MpiCommunicator::make_bootstrap(
+    absl::Time deadline) {
+  auto boot = MpiBootstrap::Create(comm_, "MeshOptions.world (an MPI communicator)",
+                                   deadline);
+  if (!boot.ok()) return boot.status();
+  return std::shared_ptr<Bootstrap>(*std::move(boot));
 }
 
 }  // namespace vemesh

@@ -126,21 +126,21 @@ absl::StatusOr<int> CudaDeviceCount() {
 }
 
 absl::StatusOr<std::shared_ptr<Communicator>> CreateNcclCommunicator(
-    std::shared_ptr<MpiCommunicator> twin, int device) {
+    std::shared_ptr<Communicator> twin, int device) {
   auto comm = NcclCommunicator::Create(std::move(twin), device);
   if (!comm.ok()) return comm.status();
   return std::shared_ptr<Communicator>(*std::move(comm));
 }
 
-NcclCommunicator::NcclCommunicator(std::shared_ptr<MpiCommunicator> twin,
+NcclCommunicator::NcclCommunicator(std::shared_ptr<Communicator> twin,
                                    int device, ncclComm* comm,
                                    CUstream_st* stream)
     : twin_(std::move(twin)), device_(device), comm_(comm), stream_(stream) {}
 
 absl::StatusOr<std::shared_ptr<NcclCommunicator>> NcclCommunicator::Create(
-    std::shared_ptr<MpiCommunicator> twin, int device) {
+    std::shared_ptr<Communicator> twin, int device) {
   if (twin == nullptr) {
-    return absl::InvalidArgumentError("NcclCommunicator needs an MPI twin");
+    return absl::InvalidArgumentError("NcclCommunicator needs a host communicator as its twin (got null)");
   }
   // Everything that can fail locally happens before the first NCCL
   // collective, and the ranks agree on it: one rank failing must not leave
@@ -340,7 +340,7 @@ absl::Status NcclCommunicator::send_recv(const void* send_data,
 
 absl::StatusOr<std::shared_ptr<Communicator>> NcclCommunicator::split(
     int color, int key) {
-  auto child_twin = twin_->split_mpi(color, key);
+  auto child_twin = twin_->split(color, key);
   if (!child_twin.ok()) return child_twin.status();
   absl::Status status = CudaStatus(cudaSetDevice(device_), "cudaSetDevice");
   ncclComm_t child = nullptr;

@@ -1,21 +1,22 @@
 // vemesh/comm/nccl/nccl_communicator.h
 //
-// The NCCL backend of Communicator: device buffers, bootstrapped over MPI.
-// Built when CUDA and NCCL are found (VEMESH_HAVE_NCCL); otherwise only the
-// two functions below exist, and they answer Unimplemented.
+// The NCCL backend of Communicator: device buffers, bootstrapped over a host
+// communicator (MPI under mpirun, Gloo under torchrun / env://). Built when
+// CUDA and NCCL are found (VEMESH_HAVE_NCCL); otherwise nccl_stub.cc beside
+// this file gives the two functions below, and they answer Unimplemented.
 //
 //   absl::StatusOr<int> gpus = CudaDeviceCount();   // error when no GPU
-//   auto world = MpiCommunicator::World();
-//   auto nccl = CreateNcclCommunicator(*world, /*device=*/local_rank);
+//   std::shared_ptr<Communicator> host_world = ...;  // MPI or Gloo
+//   auto nccl = CreateNcclCommunicator(host_world, /*device=*/local_rank);
 //   float* grad = ...;                              // device memory
 //   (*nccl)->all_reduce(grad, grad, n, DataType::kFloat32, ReduceOp::kSum);
 //
-// Every NCCL communicator is paired with an MPI *twin* holding the same
-// members in the same order. The twin answers ranks() and carries the
-// bootstrap: rank 0 makes the unique id and broadcasts it over the twin.
-// `split` splits the twin (MPI_Comm_split) and the NCCL communicator
-// (ncclCommSplit) with the same color and key: two collectives per split,
-// whatever the number of groups.
+// Every NCCL communicator is paired with a host-memory *twin* (any CPU
+// backend) holding the same members in the same order. The twin answers
+// ranks() and carries the bootstrap: rank 0 makes the unique id and
+// broadcasts it over the twin, so no MPI is needed. `split` splits the twin
+// and the NCCL communicator (ncclCommSplit) with the same color and key: two
+// collectives per split, whatever the number of groups.
 //
 // Operations run on a private CUDA stream of the communicator's device and
 // are synchronised before they return, so they are blocking like the MPI
@@ -30,7 +31,6 @@
 
 #include "absl/status/statusor.h"
 #include "vemesh/comm/communicator.h"
-#include "vemesh/comm/mpi/mpi_communicator.h"
 
 namespace vemesh {
 
@@ -42,7 +42,7 @@ absl::StatusOr<int> CudaDeviceCount();
 // Collective over `twin`: an NCCL communicator with the same members, on
 // CUDA device `device` of this process. The twin is kept (shared).
 absl::StatusOr<std::shared_ptr<Communicator>> CreateNcclCommunicator(
-    std::shared_ptr<MpiCommunicator> twin, int device);
+    std::shared_ptr<Communicator> twin, int device);
 
 }  // namespace vemesh
 
@@ -59,7 +59,7 @@ class NcclCommunicator final : public Communicator {
  public:
   // See CreateNcclCommunicator.
   static absl::StatusOr<std::shared_ptr<NcclCommunicator>> Create(
-      std::shared_ptr<MpiCommunicator> twin, int device);
+      std::shared_ptr<Communicator> twin, int device);
   ~NcclCommunicator() override;
 
   int rank() const override { return twin_->rank(); }
@@ -97,17 +97,17 @@ class NcclCommunicator final : public Communicator {
   NativeHandle native_handle() const override;
 
   int device() const { return device_; }
-  const std::shared_ptr<MpiCommunicator>& twin() const { return twin_; }
+  const std::shared_ptr<Communicator>& twin() const { return twin_; }
 
  private:
-  NcclCommunicator(std::shared_ptr<MpiCommunicator> twin, int device,
+  NcclCommunicator(std::shared_ptr<Communicator> twin, int device,
                    ncclComm* comm, CUstream_st* stream);
   // Selects the device, runs `enqueue`, then waits for the stream.
   template <typename Enqueue>
   absl::Status Run(absl::string_view op, Enqueue enqueue);
   absl::Status CheckPeer(absl::string_view op, int peer) const;
 
-  std::shared_ptr<MpiCommunicator> twin_;
+  std::shared_ptr<Communicator> twin_;
   int device_;
   ncclComm* comm_;
   CUstream_st* stream_;

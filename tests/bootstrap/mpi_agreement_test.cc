@@ -1,7 +1,9 @@
-// CheckAgreement: agreeing ranks pass; a disagreement names the rank and the
-// values on every rank; a missing rank gives DeadlineExceeded in time.
+// CheckAgreement over the MPI bootstrap: agreeing ranks pass; a
+// disagreement names the rank and the values on every rank; a missing rank
+// gives DeadlineExceeded in time, and the bootstrap refuses later calls.
 
-#include "vemesh/comm/mpi/mpi_agreement.h"
+#include "vemesh/bootstrap/agreement.h"
+#include "vemesh/bootstrap/mpi/mpi_bootstrap.h"
 
 #include <mpi.h>
 
@@ -18,27 +20,39 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// A private communicator per test, so a left-over request cannot match
-// another test's.
+// A private bootstrap per test (its own MPI duplicate), so a left-over
+// request cannot match another test's.
 class Agreement : public ::testing::Test {
  protected:
   void SetUp() override {
-    MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
-    MPI_Comm_rank(comm_, &rank_);
-    MPI_Comm_size(comm_, &size_);
+    auto boot = MpiBootstrap::Create(MPI_COMM_WORLD, "test",
+                                     absl::Now() + absl::Seconds(20));
+    ASSERT_TRUE(boot.ok()) << boot.status();
+    boot_ = *std::move(boot);
+    rank_ = boot_->rank();
+    size_ = boot_->size();
   }
-  void TearDown() override { MPI_Comm_free(&comm_); }
 
-  MPI_Comm comm_ = MPI_COMM_NULL;
+  std::shared_ptr<MpiBootstrap> boot_;
   int rank_ = 0;
   int size_ = 0;
 };
+
+TEST_F(Agreement, AllGatherCarriesEveryRanksBytesInRankOrder) {
+  auto all = boot_->all_gather(std::string(static_cast<size_t>(rank_), 'x'),
+                               absl::Now() + absl::Seconds(20));
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r) {
+    EXPECT_EQ((*all)[r], std::string(static_cast<size_t>(r), 'x'));
+  }
+}
 
 TEST_F(Agreement, SameArgumentsPass) {
   std::vector<AgreementField> fields = {{"shape", "(2, 2)"},
                                         {"names", "[DP, TP]"}};
   absl::Status s =
-      CheckAgreement(comm_, "test", fields, absl::Now() + absl::Seconds(20));
+      CheckAgreement(*boot_, "test", fields, absl::Now() + absl::Seconds(20));
   EXPECT_TRUE(s.ok()) << s;
 }
 
@@ -49,7 +63,7 @@ TEST_F(Agreement, TheFirstDifferingRankIsNamedEverywhere) {
       {"shape", rank_ == size_ - 1 ? "(4)" : "(2, 2)"},
       {"names", rank_ == 0 ? "[DP, TP]" : "[TP, DP]"}};
   absl::Status s =
-      CheckAgreement(comm_, "test", fields, absl::Now() + absl::Seconds(20));
+      CheckAgreement(*boot_, "test", fields, absl::Now() + absl::Seconds(20));
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
   EXPECT_THAT(std::string(s.message()),
               HasSubstr("rank 1 passed names [TP, DP] but rank 0 passed "
@@ -66,7 +80,7 @@ TEST_F(Agreement, LongValuesAreShortened) {
   std::string long_value(1000, rank_ == 0 ? 'a' : 'b');
   std::vector<AgreementField> fields = {{"ranks", long_value}};
   absl::Status s =
-      CheckAgreement(comm_, "test", fields, absl::Now() + absl::Seconds(20));
+      CheckAgreement(*boot_, "test", fields, absl::Now() + absl::Seconds(20));
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("(1000 characters)"));
   EXPECT_LT(s.message().size(), 600u);
@@ -77,17 +91,21 @@ TEST_F(Agreement, AMissingRankIsDeadlineExceeded) {
   std::vector<AgreementField> fields = {{"shape", "(2)"}};
   if (rank_ != 0) {
     const absl::Time start = absl::Now();
-    absl::Status s = CheckAgreement(comm_, "DeviceMesh::Create", fields,
+    absl::Status s = CheckAgreement(*boot_, "DeviceMesh::Create", fields,
                                     start + absl::Milliseconds(300));
     EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
     EXPECT_THAT(std::string(s.message()), HasSubstr("unusable"));
     EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+    // The bootstrap refuses to enter MPI again.
+    absl::Status again = CheckAgreement(*boot_, "again", fields,
+                                        absl::Now() + absl::Seconds(1));
+    EXPECT_TRUE(absl::IsFailedPrecondition(again)) << again;
   }
   // Rank 0 arrives late, which completes the others' abandoned request so
   // that this test leaves MPI clean (a real job would end instead).
   MPI_Barrier(MPI_COMM_WORLD);
   if (rank_ == 0) {
-    EXPECT_TRUE(CheckAgreement(comm_, "late", fields,
+    EXPECT_TRUE(CheckAgreement(*boot_, "late", fields,
                                absl::Now() + absl::Seconds(20))
                     .ok());
   }

@@ -1,0 +1,134 @@
+#include "vemesh/bootstrap/agreement.h"
+
+#include <cstdint>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace vemesh {
+namespace {
+
+// FNV-1a: the same on every process (absl::Hash is seeded per process).
+uint64_t Fingerprint(absl::string_view bytes) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// Length-prefixed fields, so that no value can fake a separator.
+std::string Serialize(absl::Span<const AgreementField> fields) {
+  std::string out;
+  for (const AgreementField& f : fields) {
+    absl::StrAppend(&out, f.name.size(), ":", f.name, f.value.size(), ":",
+                    f.value);
+  }
+  return out;
+}
+
+std::vector<AgreementField> Parse(absl::string_view text) {
+  std::vector<AgreementField> fields;
+  auto next = [&text](std::string* out) {
+    size_t colon = text.find(':');
+    if (colon == absl::string_view::npos || colon > 19) return false;
+    size_t length = 0;
+    for (char c : text.substr(0, colon)) {
+      if (c < '0' || c > '9') return false;
+      length = length * 10 + static_cast<size_t>(c - '0');
+    }
+    if (length > text.size() - colon - 1) return false;
+    *out = std::string(text.substr(colon + 1, length));
+    text.remove_prefix(colon + 1 + length);
+    return true;
+  };
+  AgreementField f;
+  while (!text.empty() && next(&f.name) && next(&f.value)) fields.push_back(f);
+  return fields;
+}
+
+std::string Shorten(absl::string_view value) {
+  constexpr size_t kMax = 160;
+  if (value.size() <= kMax) return std::string(value);
+  return absl::StrCat(value.substr(0, kMax), "... (", value.size(),
+                      " characters)");
+}
+
+constexpr size_t kFingerprintBytes = sizeof(uint64_t);
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> AgreeAndGather(
+    Bootstrap& bootstrap, absl::string_view operation,
+    absl::Span<const AgreementField> fields, absl::string_view payload,
+    absl::Time deadline) {
+  const std::string mine = Serialize(fields);
+  const uint64_t h = Fingerprint(mine);
+  std::string message(kFingerprintBytes, '\0');
+  std::memcpy(message.data(), &h, kFingerprintBytes);
+  message.append(payload.data(), payload.size());
+
+  auto gathered = bootstrap.all_gather(message, deadline);
+  if (!gathered.ok()) {
+    return absl::Status(gathered.status().code(),
+                        absl::StrCat(operation, ": ", gathered.status().message()));
+  }
+  std::vector<std::string> payloads;
+  payloads.reserve(gathered->size());
+  bool agree = true;
+  for (const std::string& m : *gathered) {
+    if (m.size() < kFingerprintBytes) {
+      return absl::InternalError(absl::StrCat(
+          operation, ": a rank sent ", m.size(),
+          " bytes to the agreement check: expected at least 8"));
+    }
+    agree = agree && std::memcmp(m.data(), message.data(), kFingerprintBytes) == 0;
+    payloads.push_back(m.substr(kFingerprintBytes));
+  }
+  if (agree) return payloads;
+
+  // They disagree (every rank knows it): one more step fetches everyone's
+  // arguments, so that the message names the first rank that differs from
+  // rank 0 and what each passed.
+  auto texts = bootstrap.all_gather(mine, deadline);
+  if (!texts.ok()) return texts.status();
+  int other = -1;
+  for (size_t r = 1; r < texts->size(); ++r) {
+    if ((*texts)[r] != (*texts)[0]) {
+      other = static_cast<int>(r);
+      break;
+    }
+  }
+  if (other < 0) {
+    return absl::InternalError(absl::StrCat(
+        operation, ": ranks' fingerprints differ but their arguments match"));
+  }
+  std::vector<AgreementField> zero_fields = Parse((*texts)[0]);
+  std::vector<AgreementField> other_fields = Parse((*texts)[other]);
+  std::string detail;
+  for (size_t i = 0; i < zero_fields.size() && i < other_fields.size(); ++i) {
+    if (zero_fields[i].value == other_fields[i].value) continue;
+    absl::StrAppend(&detail, detail.empty() ? "" : "; ", "rank ", other,
+                    " passed ", other_fields[i].name, " ",
+                    Shorten(other_fields[i].value), " but rank 0 passed ",
+                    Shorten(zero_fields[i].value));
+  }
+  if (detail.empty()) {
+    detail = absl::StrCat("rank ", other,
+                          " passed different arguments from rank 0");
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      operation,
+      ": the ranks disagree on their arguments (every rank must pass the "
+      "same): ",
+      detail));
+}
+
+absl::Status CheckAgreement(Bootstrap& bootstrap, absl::string_view operation,
+                            absl::Span<const AgreementField> fields,
+                            absl::Time deadline) {
+  return AgreeAndGather(bootstrap, operation, fields, "", deadline).status();
+}
+
+}  // namespace vemesh

@@ -1,0 +1,52 @@
+// vemesh/bootstrap/agreement.h
+//
+// Checks that every rank is about to make the same collective call with the
+// same arguments, before that call can hang or build a wrong mesh, and
+// carries a small per-rank payload in the same step:
+//
+//   auto hosts = AgreeAndGather(boot, "init_device_mesh",
+//       {{"device type", "cpu"}, {"shape", "(2, 2, 2)"}},
+//       /*payload=*/HostIdentity(), deadline);
+//   // OK: (*hosts)[r] is rank r's payload.
+//
+// Every rank gets the same answer, because it is computed from the same
+// gathered bytes: OK, InvalidArgument naming the first rank that disagrees
+// with rank 0 and both values of each differing field, or the bootstrap's
+// own error (DeadlineExceeded naming the ranks that never arrived).
+//
+// Cost: one all_gather of a 64-bit fingerprint plus the payload when the
+// ranks agree; one more all_gather of the full arguments only when they do
+// not.
+
+#ifndef VEMESH_BOOTSTRAP_AGREEMENT_H_
+#define VEMESH_BOOTSTRAP_AGREEMENT_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "vemesh/bootstrap/bootstrap.h"
+
+namespace vemesh {
+
+struct AgreementField {
+  std::string name;   // "shape"
+  std::string value;  // "(2, 2, 2)": compared in full, shown shortened
+};
+
+absl::StatusOr<std::vector<std::string>> AgreeAndGather(
+    Bootstrap& bootstrap, absl::string_view operation,
+    absl::Span<const AgreementField> fields, absl::string_view payload,
+    absl::Time deadline);
+
+// The same check with no payload.
+absl::Status CheckAgreement(Bootstrap& bootstrap, absl::string_view operation,
+                            absl::Span<const AgreementField> fields,
+                            absl::Time deadline);
+
+}  // namespace vemesh
+
+#endif  // VEMESH_BOOTSTRAP_AGREEMENT_H_

@@ -1,0 +1,274 @@
+#include "vemesh/bootstrap/launch.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "vemesh/bootstrap/mpi/mpi_bootstrap.h"
+#include "vemesh/bootstrap/store_bootstrap.h"
+#include "vemesh/comm/mpi/mpi_environment.h"
+#include "vemesh/rendezvous/tcp/tcp_store.h"
+#include "vemesh/rendezvous/tcp/tcp_store_server.h"
+
+namespace vemesh {
+namespace {
+
+const char* Env(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0' ? value : nullptr;
+}
+
+// An integer variable in [min, max]; InvalidArgument naming it otherwise.
+absl::StatusOr<int> IntVar(const char* name, int min, int max) {
+  const char* value = Env(name);
+  if (value == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("env:// launch: ", name, " is not set: expected an "
+                     "integer in [", min, ", ", max, "]"));
+  }
+  int parsed = 0;
+  if (!absl::SimpleAtoi(value, &parsed) || parsed < min || parsed > max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("env:// launch: ", name, "='", value,
+                     "': expected an integer in [", min, ", ", max, "]"));
+  }
+  return parsed;
+}
+
+bool HasMpiMarker(std::string* which) {
+  for (const char* name : {"PMIX_RANK", "PMI_RANK"}) {
+    if (Env(name) != nullptr) {
+      *which = name;
+      return true;
+    }
+  }
+  return false;
+}
+
+absl::Status ReadEnvLaunch(LaunchInfo* info) {
+  if (const char* agent = Env("TORCHELASTIC_USE_AGENT_STORE")) {
+    if (absl::AsciiStrToLower(agent) == "true" || std::string(agent) == "1") {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "env:// launch: TORCHELASTIC_USE_AGENT_STORE=", agent,
+          " says the launcher's agent hosts the store at MASTER_ADDR:"
+          "MASTER_PORT, but vemesh hosts its own store on rank 0 and cannot "
+          "speak to the agent's: launch with TORCHELASTIC_USE_AGENT_STORE="
+          "False (Debian's torchrun 1.13 does), or set VEMESH_BOOTSTRAP=mpi "
+          "under an MPI launcher"));
+    }
+  }
+  auto size = IntVar("WORLD_SIZE", 1, 1 << 24);
+  if (!size.ok()) return size.status();
+  auto rank = IntVar("RANK", 0, *size - 1);
+  if (!rank.ok()) return rank.status();
+  auto port = IntVar("MASTER_PORT", 1, 65535);
+  if (!port.ok()) return port.status();
+  const char* addr = Env("MASTER_ADDR");
+  if (addr == nullptr) {
+    return absl::InvalidArgumentError(
+        "env:// launch: MASTER_ADDR is not set: expected the host name or "
+        "address of rank 0, which hosts the store");
+  }
+  info->world_size = *size;
+  info->rank = *rank;
+  info->master_port = *port;
+  info->master_addr = addr;
+  if (Env("LOCAL_WORLD_SIZE") != nullptr) {
+    auto local_size = IntVar("LOCAL_WORLD_SIZE", 1, *size);
+    if (!local_size.ok()) return local_size.status();
+    info->local_world_size = *local_size;
+    auto local_rank = IntVar("LOCAL_RANK", 0, *local_size - 1);
+    if (!local_rank.ok()) return local_rank.status();
+    info->local_rank = *local_rank;
+  }
+  if (const char* run = Env("TORCHELASTIC_RUN_ID")) info->run_id = run;
+  return absl::OkStatus();
+}
+
+// What the env:// bootstrap needs to keep alive: rank 0's server.
+struct EnvLaunch {
+  std::unique_ptr<TcpStoreServer> server;
+  std::shared_ptr<Bootstrap> bootstrap;
+};
+
+absl::StatusOr<std::shared_ptr<Bootstrap>> MakeEnvBootstrap(
+    const LaunchInfo& info, absl::Time deadline, EnvLaunch* keep) {
+  if (info.rank == 0) {
+    auto server = TcpStoreServer::Start(info.master_addr, info.master_port);
+    if (!server.ok()) {
+      return absl::Status(
+          server.status().code(),
+          absl::StrCat("env:// launch: rank 0 could not host the store at "
+                       "MASTER_ADDR:MASTER_PORT = ", info.master_addr, ":",
+                       info.master_port, ": ", server.status().message()));
+    }
+    keep->server = *std::move(server);
+  }
+  auto store = TcpStore::Connect(info.master_addr, info.master_port, deadline);
+  if (!store.ok()) {
+    return absl::Status(
+        store.status().code(),
+        absl::StrCat("env:// launch: rank ", info.rank,
+                     " could not reach the store of rank 0 at MASTER_ADDR:"
+                     "MASTER_PORT = ", info.master_addr, ":", info.master_port,
+                     ": ", store.status().message()));
+  }
+  std::string gloo_host = "127.0.0.1";
+  if (const char* host = Env("VEMESH_GLOO_HOST")) {
+    gloo_host = host;
+  } else {
+    auto local = LocalAddressTowards(info.master_addr);
+    if (!local.ok()) return local.status();
+    gloo_host = *local;
+  }
+  std::string prefix = "vemesh";
+  if (!info.run_id.empty()) {
+    absl::StrAppend(&prefix, "/", info.run_id);
+    if (const char* restart = Env("TORCHELASTIC_RESTART_COUNT")) {
+      absl::StrAppend(&prefix, "/restart", restart);
+    }
+  }
+  auto bootstrap = std::make_shared<StoreBootstrap>(
+      std::shared_ptr<Store>(*std::move(store)), info.rank, info.world_size,
+      prefix, info.reason, gloo_host);
+  // Every rank reached the store and agrees on WORLD_SIZE before any mesh
+  // is made: a rank with another WORLD_SIZE is named here.
+  auto sizes = bootstrap->all_gather(absl::StrCat(info.world_size), deadline);
+  if (!sizes.ok()) {
+    return absl::Status(sizes.status().code(),
+                        absl::StrCat("env:// launch: ", sizes.status().message()));
+  }
+  for (size_t r = 0; r < sizes->size(); ++r) {
+    if ((*sizes)[r] != (*sizes)[0]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "env:// launch: rank ", r, " has WORLD_SIZE=", (*sizes)[r],
+          " but rank 0 has WORLD_SIZE=", (*sizes)[0],
+          ": every rank must be started with the same WORLD_SIZE"));
+    }
+  }
+  return std::shared_ptr<Bootstrap>(std::move(bootstrap));
+}
+
+}  // namespace
+
+absl::StatusOr<LaunchInfo> DetectLaunch() {
+  LaunchInfo info;
+  std::string forced;
+  if (const char* choice = Env("VEMESH_BOOTSTRAP")) {
+    forced = absl::AsciiStrToLower(choice);
+    if (forced != "mpi" && forced != "env") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "VEMESH_BOOTSTRAP='", choice, "': expected 'mpi' or 'env'"));
+    }
+  }
+  std::string marker;
+  const bool env_vars = Env("RANK") != nullptr || Env("WORLD_SIZE") != nullptr;
+  if (forced == "mpi" || (forced.empty() && Env("OMPI_COMM_WORLD_SIZE"))) {
+    info.kind = LaunchKind::kMpi;
+    info.reason = forced == "mpi" ? "VEMESH_BOOTSTRAP=mpi"
+                                  : "OMPI_COMM_WORLD_SIZE is set (mpirun)";
+    return info;
+  }
+  if (forced == "env" || env_vars) {
+    info.kind = LaunchKind::kEnv;
+    info.reason = forced == "env"
+                      ? "VEMESH_BOOTSTRAP=env"
+                      : "RANK/WORLD_SIZE are set (torchrun or env://)";
+    absl::Status status = ReadEnvLaunch(&info);
+    if (!status.ok()) return status;
+    return info;
+  }
+  if (HasMpiMarker(&marker)) {
+    info.kind = LaunchKind::kMpi;
+    info.reason = absl::StrCat(marker, " is set (an MPI/PMI launcher)");
+    return info;
+  }
+  info.kind = LaunchKind::kNone;
+  info.reason = "no launcher variables: one process (MPI singleton)";
+  return info;
+}
+
+absl::StatusOr<std::shared_ptr<Bootstrap>> LaunchBootstrap(
+    absl::Time deadline) {
+  static std::mutex mu;
+  static EnvLaunch* kept = nullptr;  // lives until exit: rank 0's store
+  std::lock_guard<std::mutex> lock(mu);
+  if (kept != nullptr) return kept->bootstrap;
+  auto info = DetectLaunch();
+  if (!info.ok()) return info.status();
+  auto holder = std::make_unique<EnvLaunch>();
+  if (info->kind == LaunchKind::kEnv) {
+    auto boot = MakeEnvBootstrap(*info, deadline, holder.get());
+    if (!boot.ok()) return boot.status();
+    holder->bootstrap = *std::move(boot);
+  } else {
+    auto boot = MpiBootstrap::Create(MPI_COMM_WORLD, info->reason, deadline);
+    if (!boot.ok()) return boot.status();
+    holder->bootstrap = *std::move(boot);
+  }
+  kept = holder.release();
+  return kept->bootstrap;
+}
+
+int LauncherRank() {
+  for (const char* name :
+       {"OMPI_COMM_WORLD_RANK", "RANK", "PMIX_RANK", "PMI_RANK"}) {
+    int rank = 0;
+    if (const char* v = Env(name); v != nullptr && absl::SimpleAtoi(v, &rank)) {
+      return rank;
+    }
+  }
+  if (MpiIsUsable()) {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    return rank;
+  }
+  return 0;
+}
+
+int LauncherLocalRank() {
+  for (const char* name :
+       {"OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK", "SLURM_LOCALID"}) {
+    int rank = 0;
+    if (const char* v = Env(name); v != nullptr && absl::SimpleAtoi(v, &rank)) {
+      return rank;
+    }
+  }
+  return -1;
+}
+
+absl::StatusOr<std::string> LocalAddressTowards(const std::string& host) {
+  addrinfo hints = {};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (int rc = getaddrinfo(host.c_str(), "9", &hints, &found); rc != 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot resolve '", host, "' (MASTER_ADDR): ", gai_strerror(rc)));
+  }
+  std::string out = "127.0.0.1";
+  const int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  // A datagram socket's connect() only picks the route: nothing is sent.
+  if (fd >= 0 && connect(fd, found->ai_addr, found->ai_addrlen) == 0) {
+    sockaddr_in local = {};
+    socklen_t length = sizeof(local);
+    char text[INET_ADDRSTRLEN] = {};
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0 &&
+        inet_ntop(AF_INET, &local.sin_addr, text, sizeof(text)) != nullptr) {
+      out = text;
+    }
+  }
+  if (fd >= 0) close(fd);
+  freeaddrinfo(found);
+  return out;
+}
+
+}  // namespace vemesh

@@ -1,0 +1,77 @@
+// vemesh/bootstrap/launch.h
+//
+// How this process was started, read from the launcher's environment, and
+// the one Bootstrap of this process that follows from it.
+//
+//   mpirun / srun --mpi=pmix  OMPI_COMM_WORLD_SIZE, PMIX_RANK or PMI_RANK
+//                             -> MpiBootstrap over MPI_COMM_WORLD
+//   torchrun / env://         RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+//                             (LOCAL_RANK, LOCAL_WORLD_SIZE when given)
+//                             -> rank 0 hosts a TcpStore at
+//                                MASTER_ADDR:MASTER_PORT; StoreBootstrap
+//   nothing                   -> one process: MpiBootstrap (an MPI singleton)
+//
+// VEMESH_BOOTSTRAP=mpi|env forces a choice. When both kinds of variable are
+// set, OMPI_COMM_WORLD_SIZE wins over RANK/WORLD_SIZE, which win over
+// PMIX_RANK/PMI_RANK (a torchrun inside an srun step sees both).
+//
+//   absl::StatusOr<std::shared_ptr<Bootstrap>> boot =
+//       LaunchBootstrap(absl::Now() + absl::Seconds(60));
+//
+// Bad variables are InvalidArgument naming the variable, its value and what
+// was expected; a launcher whose agent hosts the store
+// (TORCHELASTIC_USE_AGENT_STORE=True) is FailedPrecondition saying so.
+
+#ifndef VEMESH_BOOTSTRAP_LAUNCH_H_
+#define VEMESH_BOOTSTRAP_LAUNCH_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "vemesh/bootstrap/bootstrap.h"
+
+namespace vemesh {
+
+enum class LaunchKind { kMpi, kEnv, kNone };
+
+struct LaunchInfo {
+  LaunchKind kind = LaunchKind::kNone;
+  std::string reason;  // "OMPI_COMM_WORLD_SIZE is set (an MPI launcher)"
+  // env:// only (-1 / empty otherwise).
+  int rank = -1;
+  int world_size = -1;
+  int local_rank = -1;
+  int local_world_size = -1;
+  std::string master_addr;
+  int master_port = -1;
+  std::string run_id;  // TORCHELASTIC_RUN_ID, namespaces the store's keys
+};
+
+// Reads the environment; no communication.
+absl::StatusOr<LaunchInfo> DetectLaunch();
+
+// The process-wide bootstrap, made on first call (collective: every rank of
+// the job calls it) and kept for the life of the process, since under
+// env:// rank 0's store must outlive every mesh. A failed attempt is not
+// kept: the next call tries again.
+absl::StatusOr<std::shared_ptr<Bootstrap>> LaunchBootstrap(
+    absl::Time deadline);
+
+// The global rank the launcher gave this process, without communicating
+// (for meta meshes): RANK, OMPI_COMM_WORLD_RANK, PMIX_RANK or PMI_RANK; 0
+// when none is set.
+int LauncherRank();
+
+// The host-local rank the launcher gave this process, when it says
+// (OMPI_COMM_WORLD_LOCAL_RANK, LOCAL_RANK, SLURM_LOCALID); -1 otherwise.
+int LauncherLocalRank();
+
+// The address of this machine's interface that reaches `host` (no packet is
+// sent): what Gloo peers connect to. "127.0.0.1" for loopback targets.
+absl::StatusOr<std::string> LocalAddressTowards(const std::string& host);
+
+}  // namespace vemesh
+
+#endif  // VEMESH_BOOTSTRAP_LAUNCH_H_

@@ -1,0 +1,202 @@
+#include "vemesh/bootstrap/mpi/mpi_bootstrap.h"
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstring>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "vemesh/comm/mpi/mpi_communicator.h"
+#include "vemesh/comm/mpi/mpi_environment.h"
+
+namespace vemesh {
+namespace {
+
+// The buffers of one all-gather. On a timeout they are kept for the life of
+// the process: MPI may still write into them when a late rank arrives, and a
+// leak checker should not call that a leak.
+struct Exchange {
+  // One fixed-size block per rank: the length, then the bytes when they fit
+  // (so the usual small exchange is one collective).
+  std::string block;
+  std::string blocks;
+  std::string send;
+  std::string recv;
+  std::vector<int> counts;
+  std::vector<int> displacements;
+};
+
+constexpr int kBlockBytes = 256;
+constexpr size_t kInlineBytes = kBlockBytes - sizeof(uint64_t);
+
+void Abandon(std::unique_ptr<Exchange> exchange) {
+  static std::mutex mu;
+  static auto* abandoned = new std::vector<std::unique_ptr<Exchange>>();
+  std::lock_guard<std::mutex> lock(mu);
+  abandoned->push_back(std::move(exchange));
+}
+
+}  // namespace
+
+absl::Status WaitForMpiRequest(MPI_Request* request, absl::Time deadline,
+                               absl::string_view call) {
+  const absl::Time spin_until = absl::Now() + absl::Milliseconds(5);
+  auto pause = std::chrono::microseconds(20);
+  while (true) {
+    int done = 0;
+    absl::Status status =
+        MpiStatus(MPI_Test(request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    if (!status.ok() || done) return status;
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "waited past the deadline for the other ranks to arrive (", call,
+          " did not complete). Some rank never made this call; a collective "
+          "is left pending, so MPI is unusable now: end the job (exit "
+          "without MPI_Finalize, e.g. std::_Exit)."));
+    }
+    if (absl::Now() < spin_until) {
+      std::this_thread::yield();
+      continue;
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+  }
+}
+
+absl::StatusOr<std::shared_ptr<MpiBootstrap>> MpiBootstrap::Create(
+    MPI_Comm base, std::string reason, absl::Time deadline) {
+  if (base == MPI_COMM_WORLD) {
+    absl::Status status = EnsureMpiInitialized();
+    if (!status.ok()) return status;
+  } else if (!MpiIsUsable()) {
+    return absl::FailedPreconditionError(
+        "MpiBootstrap: MPI is not initialised (or already finalised)");
+  }
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Request request = MPI_REQUEST_NULL;
+  absl::Status status =
+      MpiStatus(MPI_Comm_idup(base, &comm, &request), "MPI_Comm_idup");
+  if (status.ok()) status = WaitForMpiRequest(&request, deadline, "MPI_Comm_idup");
+  if (!status.ok()) return status;
+  int rank = 0;
+  int size = 0;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  return std::shared_ptr<MpiBootstrap>(
+      new MpiBootstrap(base, comm, rank, size, std::move(reason)));
+}
+
+MpiBootstrap::MpiBootstrap(MPI_Comm base, MPI_Comm comm, int rank, int size,
+                           std::string reason)
+    : base_(base), comm_(comm), rank_(rank), size_(size),
+      reason_(std::move(reason)) {}
+
+MpiBootstrap::~MpiBootstrap() {
+  // A communicator with an abandoned request must not be freed (MPI would
+  // wait for it); after MPI_Finalize there is nothing to free.
+  if (!broken_ && MpiIsUsable()) MPI_Comm_free(&comm_);
+}
+
+absl::Status MpiBootstrap::CheckUsable() const {
+  if (broken_) {
+    return absl::FailedPreconditionError(
+        "the MPI bootstrap abandoned a collective at an earlier deadline: MPI "
+        "is unusable in this process; end the job");
+  }
+  if (!MpiIsUsable()) {
+    return absl::FailedPreconditionError(
+        "MPI was finalised: the MPI bootstrap cannot be used any more");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> MpiBootstrap::all_gather(
+    absl::string_view data, absl::Time deadline) {
+  absl::Status status = CheckUsable();
+  if (!status.ok()) return status;
+  auto exchange = std::make_unique<Exchange>();
+  Exchange& x = *exchange;
+  x.send = std::string(data);
+  const uint64_t length = data.size();
+  x.block.assign(kBlockBytes, '\0');
+  std::memcpy(x.block.data(), &length, sizeof(length));
+  std::memcpy(x.block.data() + sizeof(length), data.data(),
+              std::min<size_t>(data.size(), kInlineBytes));
+  x.blocks.resize(kBlockBytes * static_cast<size_t>(size_));
+  MPI_Request request = MPI_REQUEST_NULL;
+  auto step = [&](int code, absl::string_view call) {
+    absl::Status s = MpiStatus(code, call);
+    if (s.ok()) s = WaitForMpiRequest(&request, deadline, call);
+    if (absl::IsDeadlineExceeded(s)) {
+      broken_ = true;
+      Abandon(std::move(exchange));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "rank ", rank_, " of ", size_, " ", s.message()));
+    }
+    return s;
+  };
+  status = step(MPI_Iallgather(x.block.data(), kBlockBytes, MPI_CHAR,
+                               x.blocks.data(), kBlockBytes, MPI_CHAR, comm_,
+                               &request),
+                "MPI_Iallgather");
+  if (!status.ok()) return status;
+  std::vector<uint64_t> lengths(static_cast<size_t>(size_));
+  bool inline_only = true;
+  for (int r = 0; r < size_; ++r) {
+    std::memcpy(&lengths[r], x.blocks.data() + kBlockBytes * r, sizeof(uint64_t));
+    inline_only = inline_only && lengths[r] <= kInlineBytes;
+  }
+  if (inline_only) {
+    std::vector<std::string> out;
+    out.reserve(static_cast<size_t>(size_));
+    for (int r = 0; r < size_; ++r) {
+      out.push_back(x.blocks.substr(kBlockBytes * r + sizeof(uint64_t), lengths[r]));
+    }
+    return out;
+  }
+  uint64_t total = 0;
+  x.counts.resize(static_cast<size_t>(size_));
+  x.displacements.resize(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r) {
+    x.displacements[r] = static_cast<int>(total);
+    x.counts[r] = static_cast<int>(lengths[r]);
+    total += lengths[r];
+    if (lengths[r] > INT_MAX || total > INT_MAX) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "MPI bootstrap all_gather: ", total,
+          " bytes in all is more than MPI's int counts allow (", INT_MAX, ")"));
+    }
+  }
+  x.recv.resize(total);
+  status = step(MPI_Iallgatherv(x.send.data(), static_cast<int>(length),
+                                MPI_CHAR, x.recv.data(), x.counts.data(),
+                                x.displacements.data(), MPI_CHAR, comm_,
+                                &request),
+                "MPI_Iallgatherv");
+  if (!status.ok()) return status;
+  std::vector<std::string> out;
+  out.reserve(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r) {
+    out.push_back(x.recv.substr(x.displacements[r], x.counts[r]));
+  }
+  return out;
+}
+
+absl::StatusOr<std::shared_ptr<Communicator>> MpiBootstrap::world(
+    absl::Time) {
+  absl::Status status = CheckUsable();
+  if (!status.ok()) return status;
+  // The ranks all passed the bootstrap's last collective, so this blocking
+  // duplicate completes.
+  auto world = MpiCommunicator::Dup(base_);
+  if (!world.ok()) return world.status();
+  return std::shared_ptr<Communicator>(*std::move(world));
+}
+
+}  // namespace vemesh

@@ -1,0 +1,73 @@
+// vemesh/bootstrap/mpi/mpi_bootstrap.h
+//
+// The Bootstrap of jobs started by an MPI launcher (mpirun, srun --mpi=pmix):
+// rank and size of an MPI communicator (MPI_COMM_WORLD unless the program
+// gives its own), an all-gather made of non-blocking MPI collectives polled
+// against the deadline, and host-memory worlds that are private copies of
+// that communicator.
+//
+//   auto boot = MpiBootstrap::Create(MPI_COMM_WORLD, "mpirun",
+//                                    absl::Now() + absl::Seconds(60));
+//   auto all = (*boot)->all_gather("x", absl::Now() + absl::Seconds(5));
+//
+// MPI collectives cannot be abandoned: after a DeadlineExceeded a request is
+// left pending (its buffers are deliberately kept alive so a late rank cannot
+// write into freed memory), every later call of this bootstrap answers
+// FailedPrecondition, and MPI cannot be trusted: end the job.
+
+#ifndef VEMESH_BOOTSTRAP_MPI_MPI_BOOTSTRAP_H_
+#define VEMESH_BOOTSTRAP_MPI_MPI_BOOTSTRAP_H_
+
+#include <mpi.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "vemesh/bootstrap/bootstrap.h"
+
+namespace vemesh {
+
+class MpiBootstrap final : public Bootstrap {
+ public:
+  // Collective over `base`: makes a private copy of it (MPI_Comm_idup, polled
+  // against `deadline`), so that bootstrap traffic never matches the
+  // program's. Initialises MPI when `base` is MPI_COMM_WORLD and nobody did.
+  static absl::StatusOr<std::shared_ptr<MpiBootstrap>> Create(
+      MPI_Comm base, std::string reason, absl::Time deadline);
+  ~MpiBootstrap() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  absl::string_view kind() const override { return "mpi"; }
+  std::string reason() const override { return reason_; }
+
+  absl::StatusOr<std::vector<std::string>> all_gather(
+      absl::string_view data, absl::Time deadline) override;
+  absl::StatusOr<std::shared_ptr<Communicator>> world(
+      absl::Time deadline) override;
+
+ private:
+  MpiBootstrap(MPI_Comm base, MPI_Comm comm, int rank, int size,
+               std::string reason);
+  absl::Status CheckUsable() const;
+
+  MPI_Comm base_;
+  MPI_Comm comm_;
+  int rank_;
+  int size_;
+  std::string reason_;
+  std::atomic<bool> broken_{false};
+};
+
+// Polls `request` until it completes or `deadline` passes. For the first few
+// milliseconds it only yields (ranks usually arrive together, and a sleep
+// would add its whole length to start-up); then it sleeps a little longer
+// each time, so that early ranks do not steal the CPU from late ones on
+// oversubscribed cores. DeadlineExceeded names `operation` and `call`.
+absl::Status WaitForMpiRequest(MPI_Request* request, absl::Time deadline,
+                               absl::string_view call);
+
+}  // namespace vemesh
+
+#endif  // VEMESH_BOOTSTRAP_MPI_MPI_BOOTSTRAP_H_

@@ -1,0 +1,73 @@
+// vemesh/bootstrap/store_bootstrap.h
+//
+// The Bootstrap of jobs started the PyTorch way (torchrun, env://,
+// Kubernetes' PyTorchJob, hand-written Slurm scripts): every rank knows its
+// RANK and WORLD_SIZE and reaches one Store (a TcpStore hosted by rank 0 at
+// MASTER_ADDR:MASTER_PORT, or any other Store). Host-memory worlds are Gloo
+// communicators that rendezvous through the same store.
+//
+//   auto store = ...;                                  // every rank: the same
+//   auto boot = std::make_shared<StoreBootstrap>(store, rank, size, "job");
+//   auto all = boot->all_gather("x", absl::Now() + absl::Seconds(5));
+//
+// all_gather, round n: every rank sets `<prefix>/ag/<n>/<rank>`; rank 0
+// waits for all of them and proposes the combined list as the round's
+// verdict; a rank whose deadline passes first proposes a failure instead.
+// The verdict key is written once, by compare-and-set, so exactly one
+// proposal wins and every rank - a late one too - reads the same outcome:
+// all get the list, or all get DeadlineExceeded naming the ranks that never
+// arrived. Ranks other than 0 wait a grace period past their deadline for
+// rank 0's proposal before proposing failure themselves, so that a slow
+// store round trip does not turn a complete round into a failed one.
+
+#ifndef VEMESH_BOOTSTRAP_STORE_BOOTSTRAP_H_
+#define VEMESH_BOOTSTRAP_STORE_BOOTSTRAP_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "vemesh/bootstrap/bootstrap.h"
+#include "vemesh/rendezvous/store.h"
+
+namespace vemesh {
+
+class StoreBootstrap final : public Bootstrap {
+ public:
+  // `prefix` namespaces every key this bootstrap writes; `gloo_host` is the
+  // address peers reach this rank's Gloo connections at.
+  StoreBootstrap(std::shared_ptr<Store> store, int rank, int size,
+                 std::string prefix, std::string reason = "a Store",
+                 std::string gloo_host = "127.0.0.1");
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  absl::string_view kind() const override { return "store"; }
+  std::string reason() const override { return reason_; }
+
+  absl::StatusOr<std::vector<std::string>> all_gather(
+      absl::string_view data, absl::Time deadline) override;
+  std::shared_ptr<Store> store() const override { return store_; }
+  absl::StatusOr<std::shared_ptr<Communicator>> world(
+      absl::Time deadline) override;
+
+  // How long ranks other than 0 wait past their deadline for rank 0's
+  // verdict (tests shorten it).
+  void set_grace(absl::Duration grace) { grace_ = grace; }
+
+ private:
+  std::shared_ptr<Store> store_;
+  int rank_;
+  int size_;
+  std::string prefix_;
+  std::string reason_;
+  std::string gloo_host_;
+  absl::Duration grace_ = absl::Seconds(2);
+  int64_t round_ = 0;
+  int64_t worlds_ = 0;
+  std::atomic<bool> broken_{false};
+};
+
+}  // namespace vemesh
+
+#endif  // VEMESH_BOOTSTRAP_STORE_BOOTSTRAP_H_
