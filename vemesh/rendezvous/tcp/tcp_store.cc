@@ -1,0 +1,377 @@
+#include "vemesh/rendezvous/tcp/tcp_store.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+
+namespace vemesh {
+namespace {
+
+constexpr size_t kRecvChunkBytes = 64 << 10;
+
+// One connection attempt to each address in turn, bounded by `deadline`.
+absl::StatusOr<UniqueFd> ConnectOnce(const std::vector<SocketAddress>& addresses,
+                                     absl::Time deadline) {
+  std::string error = "no address";
+  for (const SocketAddress& address : addresses) {
+    UniqueFd fd(::socket(address.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    if (!fd.valid()) {
+      error = absl::StrCat("socket: ", ErrnoText(errno));
+      continue;
+    }
+    int rc = ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&address.addr),
+                       address.len);
+    if (rc != 0 && errno == EINPROGRESS) {
+      pollfd pfd{fd.get(), POLLOUT, 0};
+      do {
+        rc = ::poll(&pfd, 1, PollMillis(deadline));
+      } while (rc < 0 && errno == EINTR);
+      if (rc == 0) {
+        error = "connection timed out";
+        continue;
+      }
+      int so_error = 0;
+      socklen_t len = sizeof(so_error);
+      if (rc < 0 ||
+          ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &so_error, &len) != 0) {
+        so_error = errno;
+      }
+      if (so_error != 0) {
+        error = ErrnoText(so_error);
+        continue;
+      }
+    } else if (rc != 0) {
+      error = ErrnoText(errno);
+      continue;
+    }
+    SetNoDelay(fd.get());
+    return fd;
+  }
+  return absl::UnavailableError(error);
+}
+
+// The keys, for an error text.
+std::string KeysText(absl::Span<const std::string> keys) {
+  if (keys.size() <= 8) return absl::StrJoin(keys, ", ");
+  return absl::StrCat(absl::StrJoin(keys.subspan(0, 8), ", "), ", ... (",
+                      keys.size(), " keys)");
+}
+
+StoreRequest KeyRequest(StoreOp op, absl::string_view key) {
+  StoreRequest r;
+  r.op = op;
+  r.keys.emplace_back(key);
+  return r;
+}
+
+StoreRequest KeysRequest(StoreOp op, absl::Span<const std::string> keys,
+                         absl::Time deadline) {
+  StoreRequest r;
+  r.op = op;
+  r.keys.assign(keys.begin(), keys.end());
+  if (op == StoreOp::kWait) {
+    const absl::Duration left =
+        std::max(deadline - absl::Now(), absl::ZeroDuration());
+    r.timeout_ms = absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1)));
+  }
+  return r;
+}
+
+}  // namespace
+
+TcpStore::TcpStore(std::string host, int port, TcpStoreOptions options,
+                   UniqueFd fd)
+    : host_(std::move(host)), port_(port), options_(options), fd_(std::move(fd)) {}
+
+absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(
+    absl::string_view host, int port, absl::Time deadline,
+    TcpStoreOptions options) {
+  if (port < 1 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "store server port ", port, " for host '", host, "': expected 1..65535"));
+  }
+  // The server may not be up yet: back off from 10 ms to 500 ms between
+  // attempts, the last one cut to the deadline.
+  absl::Duration backoff = absl::Milliseconds(10);
+  std::string last_error;
+  int attempts = 0;
+  for (;;) {
+    ++attempts;
+    absl::StatusOr<std::vector<SocketAddress>> addresses =
+        ResolveTcp(host, port, /*passive=*/false);
+    if (addresses.ok()) {
+      absl::StatusOr<UniqueFd> fd = ConnectOnce(*addresses, deadline);
+      if (fd.ok()) {
+        return std::unique_ptr<TcpStore>(new TcpStore(
+            std::string(host), port, options, *std::move(fd)));
+      }
+      last_error = std::string(fd.status().message());
+    } else {
+      last_error = std::string(addresses.status().message());
+    }
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) break;
+    absl::SleepFor(std::min(backoff, left));
+    backoff = std::min(backoff * 2, absl::Milliseconds(500));
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "cannot reach the store server at ", HostPortText(host, port),
+      " before the deadline (", attempts, " attempts): ", last_error,
+      ": expected rank 0's server listening there (MASTER_ADDR:MASTER_PORT)"));
+}
+
+void TcpStore::Drop() {
+  fd_.reset();
+  rx_.clear();
+}
+
+absl::Status TcpStore::Send(absl::string_view bytes, absl::Time deadline) {
+  while (!bytes.empty()) {
+    // MSG_NOSIGNAL: a server that went away is an error, not a SIGPIPE.
+    const ssize_t n = ::send(fd_.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    if (n >= 0) {
+      bytes.remove_prefix(static_cast<size_t>(n));
+      continue;
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      const int err = errno;
+      Drop();
+      return absl::UnavailableError(absl::StrCat(
+          "store server ", Where(), " is gone: send: ", ErrnoText(err)));
+    }
+    pollfd pfd{fd_.get(), POLLOUT, 0};
+    const int rc = ::poll(&pfd, 1, PollMillis(deadline));
+    if (rc == 0) {
+      Drop();
+      return absl::DeadlineExceededError(absl::StrCat(
+          "store server ", Where(), " took no request bytes before the deadline"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StoreReply> TcpStore::Receive(absl::Time deadline) {
+  char buffer[kRecvChunkBytes];
+  for (;;) {
+    ParsedReply p = ParseReply(rx_);
+    if (p.outcome == ParsedReply::kComplete) {
+      rx_.erase(0, p.consumed);
+      return std::move(p.message);
+    }
+    if (p.outcome == ParsedReply::kMalformed) {
+      Drop();
+      return absl::UnavailableError(absl::StrCat(
+          "store server ", Where(), " sent a malformed reply (", p.error,
+          "): expected a vemesh TcpStoreServer on that port"));
+    }
+    pollfd pfd{fd_.get(), POLLIN, 0};
+    const int rc = ::poll(&pfd, 1, PollMillis(deadline));
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc == 0) {
+      Drop();
+      return absl::DeadlineExceededError(absl::StrCat(
+          "store server ", Where(), " did not reply before the deadline"));
+    }
+    const ssize_t n = ::recv(fd_.get(), buffer, sizeof(buffer), 0);
+    if (n > 0) {
+      rx_.append(buffer, static_cast<size_t>(n));
+    } else if (n == 0) {
+      Drop();
+      return absl::UnavailableError(absl::StrCat(
+          "store server ", Where(), " closed the connection (stopped or crashed)"));
+    } else if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
+      const int err = errno;
+      Drop();
+      return absl::UnavailableError(absl::StrCat(
+          "store server ", Where(), " is gone: recv: ", ErrnoText(err)));
+    }
+  }
+}
+
+absl::StatusOr<std::vector<StoreReply>> TcpStore::Call(
+    absl::Span<const StoreRequest> requests, absl::Time deadline) {
+  std::string frames;
+  for (const StoreRequest& request : requests) {
+    absl::StatusOr<std::string> frame = EncodeRequest(request);
+    if (!frame.ok()) return frame.status();  // nothing sent
+    frames += *frame;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!fd_.valid()) {
+    // The connection was lost: one attempt, no retries, so that calls to a
+    // dead server fail fast.
+    absl::StatusOr<std::vector<SocketAddress>> addresses =
+        ResolveTcp(host_, port_, /*passive=*/false);
+    absl::StatusOr<UniqueFd> fd = addresses.ok()
+                                      ? ConnectOnce(*addresses, deadline)
+                                      : absl::StatusOr<UniqueFd>(addresses.status());
+    if (!fd.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          "store server ", Where(), " is unreachable after a lost connection: ",
+          fd.status().message()));
+    }
+    fd_ = *std::move(fd);
+  }
+  absl::Status sent = Send(frames, deadline);
+  if (!sent.ok()) return sent;
+  std::vector<StoreReply> replies;
+  replies.reserve(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    absl::StatusOr<StoreReply> reply = Receive(deadline);
+    if (!reply.ok()) return reply.status();
+    replies.push_back(*std::move(reply));
+  }
+  return replies;
+}
+
+absl::StatusOr<StoreReply> TcpStore::CallOne(StoreRequest request,
+                                             size_t values,
+                                             absl::Time deadline) {
+  absl::StatusOr<std::vector<StoreReply>> replies =
+      Call(absl::MakeConstSpan(&request, 1), deadline);
+  if (!replies.ok()) {
+    if (replies.status().code() == absl::StatusCode::kDeadlineExceeded &&
+        request.op != StoreOp::kWait) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(replies.status().message(), " (", StoreOpName(request.op),
+                       ", timeout ", absl::FormatDuration(options_.timeout), ")"));
+    }
+    return replies.status();
+  }
+  StoreReply& reply = (*replies)[0];
+  absl::Status status = ReplyStatus(reply);
+  if (!status.ok()) return status;
+  if (reply.values.size() != values) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Drop();
+    return absl::UnavailableError(absl::StrCat(
+        "store server ", Where(), " answered ", StoreOpName(request.op), " with ",
+        reply.values.size(), " values: expected ", values));
+  }
+  return std::move(reply);
+}
+
+absl::Status TcpStore::set(absl::string_view key, absl::string_view value) {
+  absl::Status status = CheckStoreValue(key, value);
+  if (!status.ok()) return status;
+  StoreRequest r = KeyRequest(StoreOp::kSet, key);
+  r.value = std::string(value);
+  return CallOne(std::move(r), 0, CallDeadline()).status();
+}
+
+absl::StatusOr<std::string> TcpStore::get(absl::string_view key) {
+  absl::Status status = CheckStoreKey(key);
+  if (!status.ok()) return status;
+  absl::StatusOr<StoreReply> reply =
+      CallOne(KeyRequest(StoreOp::kGet, key), 1, CallDeadline());
+  if (!reply.ok()) return reply.status();
+  return std::move(reply->values[0]);
+}
+
+absl::Status TcpStore::wait(absl::Span<const std::string> keys,
+                            absl::Time deadline) {
+  absl::Status status = CheckStoreKeys(keys);
+  if (!status.ok()) return status;
+  const StoreRequest request = KeysRequest(StoreOp::kWait, keys, deadline);
+  // The server answers at the deadline, naming the missing keys; the grace
+  // covers the trip back.
+  absl::StatusOr<std::vector<StoreReply>> replies =
+      Call(absl::MakeConstSpan(&request, 1), deadline + options_.wait_grace);
+  if (!replies.ok()) {
+    if (replies.status().code() == absl::StatusCode::kDeadlineExceeded) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "store keys not all set before the deadline (",
+          replies.status().message(), "): ", KeysText(keys)));
+    }
+    return replies.status();
+  }
+  return ReplyStatus((*replies)[0]);
+}
+
+absl::StatusOr<std::vector<std::string>> TcpStore::wait_get(
+    absl::Span<const std::string> keys, absl::Time deadline) {
+  absl::Status status = CheckStoreKeys(keys);
+  if (!status.ok()) return status;
+  const StoreRequest requests[2] = {KeysRequest(StoreOp::kWait, keys, deadline),
+                                    KeysRequest(StoreOp::kGet, keys, deadline)};
+  absl::StatusOr<std::vector<StoreReply>> replies =
+      Call(requests, deadline + options_.wait_grace);
+  if (!replies.ok()) {
+    if (replies.status().code() == absl::StatusCode::kDeadlineExceeded) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "store keys not all set before the deadline (",
+          replies.status().message(), "): ", KeysText(keys)));
+    }
+    return replies.status();
+  }
+  status = ReplyStatus((*replies)[0]);
+  if (status.ok()) status = ReplyStatus((*replies)[1]);
+  if (!status.ok()) return status;
+  std::vector<std::string>& values = (*replies)[1].values;
+  if (values.size() != keys.size()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Drop();
+    return absl::UnavailableError(absl::StrCat(
+        "store server ", Where(), " answered GET of ", keys.size(), " keys with ",
+        values.size(), " values"));
+  }
+  return std::move(values);
+}
+
+absl::StatusOr<int64_t> TcpStore::add(absl::string_view key, int64_t delta) {
+  absl::Status status = CheckStoreKey(key);
+  if (!status.ok()) return status;
+  StoreRequest r = KeyRequest(StoreOp::kAdd, key);
+  r.delta = delta;
+  absl::StatusOr<StoreReply> reply = CallOne(std::move(r), 1, CallDeadline());
+  if (!reply.ok()) return reply.status();
+  int64_t value = 0;
+  if (!absl::SimpleAtoi(reply->values[0], &value)) {
+    return absl::UnavailableError(absl::StrCat(
+        "store server ", Where(), " answered ADD '", key, "' with '",
+        reply->values[0].substr(0, 32), "': expected a decimal int64"));
+  }
+  return value;
+}
+
+absl::StatusOr<std::string> TcpStore::compare_set(absl::string_view key,
+                                                  absl::string_view expected,
+                                                  absl::string_view desired) {
+  absl::Status status = CheckStoreValue(key, desired);
+  if (status.ok()) status = CheckStoreValue(key, expected);
+  if (!status.ok()) return status;
+  StoreRequest r = KeyRequest(StoreOp::kCompareSet, key);
+  r.expected = std::string(expected);
+  r.value = std::string(desired);
+  absl::StatusOr<StoreReply> reply = CallOne(std::move(r), 1, CallDeadline());
+  if (!reply.ok()) return reply.status();
+  return std::move(reply->values[0]);
+}
+
+absl::StatusOr<bool> TcpStore::remove(absl::string_view key) {
+  absl::Status status = CheckStoreKey(key);
+  if (!status.ok()) return status;
+  absl::StatusOr<StoreReply> reply =
+      CallOne(KeyRequest(StoreOp::kRemove, key), 1, CallDeadline());
+  if (!reply.ok()) return reply.status();
+  return reply->values[0] == "1";
+}
+
+absl::Status TcpStore::ping() {
+  StoreRequest r;
+  r.op = StoreOp::kPing;
+  return CallOne(std::move(r), 0, CallDeadline()).status();
+}
+
+}  // namespace vemesh

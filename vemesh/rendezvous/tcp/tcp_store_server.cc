@@ -1,0 +1,601 @@
+#include "vemesh/rendezvous/tcp/tcp_store_server.h"
+
+#include <netinet/in.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "vemesh/rendezvous/memory_store.h"
+#include "vemesh/rendezvous/tcp/socket.h"
+#include "vemesh/rendezvous/tcp/wire.h"
+
+namespace vemesh {
+namespace {
+
+// epoll user data of the two descriptors that are not connections.
+constexpr uint64_t kListenId = 0;
+constexpr uint64_t kWakeId = 1;
+constexpr uint64_t kFirstConnectionId = 2;
+
+// A connection holds at most one whole largest frame of unparsed input.
+constexpr size_t kMaxInputBytes = kStoreFrameHeaderBytes + kMaxStoreFrameBytes;
+constexpr size_t kReadChunkBytes = 64 << 10;
+// After accept() ran out of descriptors, try again this often.
+constexpr absl::Duration kAcceptRetry = absl::Milliseconds(100);
+
+// A WAIT whose keys are not all set yet. It is parked on one missing key,
+// keys[next]; a write to that key moves it on to the next missing one.
+struct Waiter {
+  std::vector<std::string> keys;
+  size_t next = 0;
+  absl::Time deadline;
+};
+
+struct Connection {
+  uint64_t id = 0;
+  UniqueFd fd;
+  std::string in;  // bytes received, parsed from in_off on
+  size_t in_off = 0;
+  std::string out;  // reply bytes, sent up to out_off
+  size_t out_off = 0;
+  uint32_t interest = 0;  // the epoll events registered now
+  bool dead = false;      // closed at the end of this loop turn
+  bool queued = false;    // in the ready list
+  std::optional<Waiter> waiter;  // a parked WAIT: no request is read meanwhile
+};
+
+}  // namespace
+
+// Everything the serving thread owns. Only RequestStop() and connections()
+// are called from other threads.
+class TcpStoreServer::Loop {
+ public:
+  Loop(UniqueFd listen_fd, UniqueFd epoll_fd, UniqueFd wake_fd,
+       TcpStoreServerOptions options)
+      : listen_fd_(std::move(listen_fd)),
+        epoll_fd_(std::move(epoll_fd)),
+        wake_fd_(std::move(wake_fd)),
+        options_(options) {}
+
+  void Run();
+  void RequestStop() {
+    stop_.store(true);
+    const uint64_t one = 1;
+    // An eventfd write only fails when the counter would overflow, which
+    // means a wake-up is already pending.
+    (void)!::write(wake_fd_.get(), &one, sizeof(one));
+  }
+  size_t connections() const { return open_.load(); }
+
+ private:
+  void Accept();
+  void SetInterest(Connection& c, uint32_t events);
+  void OnEvent(uint64_t id, uint32_t events);
+  // Reads what the socket has; false at end of stream or on an error.
+  bool Read(Connection& c);
+  // Answers the complete requests buffered, then sends what it can.
+  void Process(Connection& c);
+  void Flush(Connection& c);
+  void Handle(Connection& c, StoreRequest request);
+  void Reply(Connection& c, StoreReply reply);
+  void ReplyStatus(Connection& c, absl::Status status);
+  // A write set `key`: the WAITs parked on it move on or are answered.
+  void Notify(const std::string& key);
+  size_t FirstMissing(const std::vector<std::string>& keys, size_t from) const;
+  void Park(Connection& c, size_t missing);
+  void Unpark(Connection& c);
+  void ExpireWaits();
+  void MakeReady(Connection& c);
+  void RunReady();
+  void Kill(Connection& c);
+  void CloseDead();
+  Connection* Find(uint64_t id);
+  int EpollTimeoutMillis() const;
+
+  UniqueFd listen_fd_;
+  UniqueFd epoll_fd_;
+  UniqueFd wake_fd_;
+  const TcpStoreServerOptions options_;
+  std::atomic<bool> stop_{false};
+  std::atomic<size_t> open_{0};
+
+  absl::flat_hash_map<std::string, std::string> table_;
+  absl::flat_hash_map<uint64_t, std::unique_ptr<Connection>> conns_;
+  uint64_t next_id_ = kFirstConnectionId;
+  // Connection ids of the WAITs parked on each key.
+  absl::flat_hash_map<std::string, std::vector<uint64_t>> parked_;
+  std::set<std::pair<absl::Time, uint64_t>> deadlines_;
+  std::vector<uint64_t> ready_;
+  std::vector<uint64_t> dead_;
+  std::optional<absl::Time> accept_paused_since_;
+  char read_buffer_[kReadChunkBytes];
+};
+
+Connection* TcpStoreServer::Loop::Find(uint64_t id) {
+  auto it = conns_.find(id);
+  if (it == conns_.end() || it->second->dead) return nullptr;
+  return it->second.get();
+}
+
+int TcpStoreServer::Loop::EpollTimeoutMillis() const {
+  std::optional<absl::Time> wake;
+  if (!deadlines_.empty()) wake = deadlines_.begin()->first;
+  if (accept_paused_since_) {
+    const absl::Time retry = *accept_paused_since_ + kAcceptRetry;
+    if (!wake || retry < *wake) wake = retry;
+  }
+  if (!wake) return -1;
+  return PollMillis(*wake);
+}
+
+void TcpStoreServer::Loop::Run() {
+  std::vector<epoll_event> events(256);
+  while (!stop_.load()) {
+    const int n = ::epoll_wait(epoll_fd_.get(), events.data(),
+                               static_cast<int>(events.size()),
+                               EpollTimeoutMillis());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      break;  // the epoll descriptor itself is broken: nothing to serve with
+    }
+    for (int i = 0; i < n; ++i) {
+      const uint64_t id = events[i].data.u64;
+      if (id == kWakeId) {
+        uint64_t count = 0;
+        (void)!::read(wake_fd_.get(), &count, sizeof(count));
+      } else if (id == kListenId) {
+        Accept();
+      } else {
+        OnEvent(id, events[i].events);
+      }
+    }
+    if (accept_paused_since_ &&
+        absl::Now() - *accept_paused_since_ >= kAcceptRetry) {
+      accept_paused_since_.reset();
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.u64 = kListenId;
+      ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_MOD, listen_fd_.get(), &ev);
+    }
+    ExpireWaits();
+    RunReady();
+    CloseDead();
+  }
+  // Stopping: every client sees its connection close, and a client that
+  // connects later is refused rather than left unanswered in the backlog.
+  conns_.clear();
+  open_.store(0);
+  listen_fd_.reset();
+}
+
+void TcpStoreServer::Loop::Accept() {
+  for (;;) {
+    const int fd = ::accept4(listen_fd_.get(), nullptr, nullptr,
+                             SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
+          errno == ENOMEM) {
+        // Out of descriptors: the pending connection would make the
+        // level-triggered listen socket fire forever. Stop listening for a
+        // moment; closing connections frees descriptors meanwhile.
+        epoll_event ev{};
+        ev.data.u64 = kListenId;
+        ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_MOD, listen_fd_.get(), &ev);
+        accept_paused_since_ = absl::Now();
+      }
+      return;  // EAGAIN: none left; anything else: try on the next event
+    }
+    UniqueFd owned(fd);
+    if (conns_.size() >= options_.max_connections) continue;  // closes it
+    SetNoDelay(fd);
+    auto c = std::make_unique<Connection>();
+    c->id = next_id_++;
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP;
+    ev.data.u64 = c->id;
+    if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) continue;
+    c->interest = ev.events;
+    c->fd = std::move(owned);
+    conns_.emplace(c->id, std::move(c));
+    open_.store(conns_.size());
+  }
+}
+
+void TcpStoreServer::Loop::SetInterest(Connection& c, uint32_t events) {
+  if (c.dead || c.interest == events) return;
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.u64 = c.id;
+  if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_MOD, c.fd.get(), &ev) != 0) {
+    Kill(c);
+    return;
+  }
+  c.interest = events;
+}
+
+void TcpStoreServer::Loop::OnEvent(uint64_t id, uint32_t events) {
+  Connection* c = Find(id);
+  if (c == nullptr) return;
+  bool open = true;
+  if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) open = Read(*c);
+  // Requests that arrived whole before the end of the stream are still
+  // served (a client may set a key and hang up).
+  Process(*c);
+  // EPOLLHUP/EPOLLERR with reading switched off would fire forever.
+  if (!open || (events & (EPOLLHUP | EPOLLERR))) Kill(*c);
+}
+
+bool TcpStoreServer::Loop::Read(Connection& c) {
+  while (c.in.size() - c.in_off < kMaxInputBytes) {
+    const size_t want =
+        std::min(kReadChunkBytes, kMaxInputBytes - (c.in.size() - c.in_off));
+    const ssize_t n = ::recv(c.fd.get(), read_buffer_, want, 0);
+    if (n > 0) {
+      c.in.append(read_buffer_, static_cast<size_t>(n));
+      if (static_cast<size_t>(n) < want) return true;  // drained for now
+      continue;
+    }
+    if (n == 0) return false;
+    if (errno == EINTR) continue;
+    return errno == EAGAIN || errno == EWOULDBLOCK;
+  }
+  return true;  // full: reading resumes once requests are consumed
+}
+
+void TcpStoreServer::Loop::Process(Connection& c) {
+  while (!c.dead && !c.waiter &&
+         c.out.size() - c.out_off < options_.max_pending_reply_bytes) {
+    ParsedRequest p =
+        ParseRequest(absl::string_view(c.in).substr(c.in_off));
+    if (p.outcome == ParsedRequest::kIncomplete) break;
+    if (p.outcome == ParsedRequest::kMalformed) {
+      // Nothing after a malformed frame can be framed: drop the client.
+      Kill(c);
+      return;
+    }
+    c.in_off += p.consumed;
+    Handle(c, std::move(p.message));
+  }
+  // Consumed input is dropped once it is at least half the buffer, so each
+  // byte is moved a bounded number of times.
+  if (c.in_off == c.in.size()) {
+    c.in.clear();
+    c.in_off = 0;
+    if (c.in.capacity() > kReadChunkBytes * 4) std::string().swap(c.in);
+  } else if (c.in_off > c.in.size() / 2) {
+    c.in.erase(0, c.in_off);
+    c.in_off = 0;
+  }
+  Flush(c);
+  if (c.dead) return;
+  uint32_t interest = 0;
+  if (c.in.size() - c.in_off < kMaxInputBytes) interest |= EPOLLIN | EPOLLRDHUP;
+  if (c.out_off < c.out.size()) interest |= EPOLLOUT;
+  SetInterest(c, interest);
+}
+
+void TcpStoreServer::Loop::Flush(Connection& c) {
+  while (!c.dead && c.out_off < c.out.size()) {
+    const ssize_t n = ::send(c.fd.get(), c.out.data() + c.out_off,
+                             c.out.size() - c.out_off, MSG_NOSIGNAL);
+    if (n >= 0) {
+      c.out_off += static_cast<size_t>(n);
+    } else if (errno == EINTR) {
+      continue;
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      return;
+    } else {
+      Kill(c);  // the client is gone
+      return;
+    }
+  }
+  c.out.clear();
+  c.out_off = 0;
+  if (c.out.capacity() > options_.max_pending_reply_bytes) std::string().swap(c.out);
+}
+
+void TcpStoreServer::Loop::Reply(Connection& c, StoreReply reply) {
+  c.out += EncodeReply(reply);
+}
+
+void TcpStoreServer::Loop::ReplyStatus(Connection& c, absl::Status status) {
+  StoreReply reply;
+  reply.code = status.code();
+  reply.message = std::string(status.message());
+  Reply(c, std::move(reply));
+}
+
+void TcpStoreServer::Loop::Handle(Connection& c, StoreRequest r) {
+  StoreReply reply;
+  switch (r.op) {
+    case StoreOp::kSet:
+      table_[r.keys[0]] = std::move(r.value);
+      Reply(c, std::move(reply));
+      Notify(r.keys[0]);
+      return;
+    case StoreOp::kGet:
+      reply.values.reserve(r.keys.size());
+      for (const std::string& key : r.keys) {
+        auto it = table_.find(key);
+        if (it == table_.end()) {
+          ReplyStatus(c, absl::NotFoundError(
+                             absl::StrCat("store has no key '", key, "'")));
+          return;
+        }
+        reply.values.push_back(it->second);
+      }
+      Reply(c, std::move(reply));
+      return;
+    case StoreOp::kWait: {
+      const size_t missing = FirstMissing(r.keys, 0);
+      if (missing == r.keys.size()) {
+        Reply(c, std::move(reply));
+      } else if (r.timeout_ms == 0) {
+        ReplyStatus(c, absl::DeadlineExceededError(
+                           absl::StrCat("store keys never set before the deadline: ",
+                                        MissingKeysText(r.keys, table_))));
+      } else {
+        c.waiter = Waiter{std::move(r.keys), missing,
+                          absl::Now() + absl::Milliseconds(r.timeout_ms)};
+        Park(c, missing);
+        deadlines_.emplace(c.waiter->deadline, c.id);
+      }
+      return;
+    }
+    case StoreOp::kAdd: {
+      const std::string& key = r.keys[0];
+      auto it = table_.find(key);
+      absl::StatusOr<int64_t> current =
+          ParseCounter(key, it == table_.end() ? absl::string_view() : it->second);
+      if (!current.ok()) {
+        ReplyStatus(c, current.status());
+        return;
+      }
+      // Wraps like a two's-complement counter, as MemoryStore does.
+      const int64_t value = static_cast<int64_t>(
+          static_cast<uint64_t>(*current) + static_cast<uint64_t>(r.delta));
+      reply.values.push_back(absl::StrCat(value));
+      table_[key] = reply.values.back();
+      Reply(c, std::move(reply));
+      Notify(key);
+      return;
+    }
+    case StoreOp::kCompareSet: {
+      const std::string& key = r.keys[0];
+      auto it = table_.find(key);
+      const absl::string_view current =
+          it == table_.end() ? absl::string_view() : absl::string_view(it->second);
+      if (current != r.expected) {
+        reply.values.emplace_back(current);
+        Reply(c, std::move(reply));
+        return;
+      }
+      reply.values.push_back(r.value);
+      table_[key] = std::move(r.value);
+      Reply(c, std::move(reply));
+      Notify(key);
+      return;
+    }
+    case StoreOp::kRemove:
+      reply.values.push_back(table_.erase(r.keys[0]) > 0 ? "1" : "0");
+      Reply(c, std::move(reply));
+      return;
+    case StoreOp::kPing:
+      Reply(c, std::move(reply));
+      return;
+  }
+}
+
+size_t TcpStoreServer::Loop::FirstMissing(const std::vector<std::string>& keys,
+                                         size_t from) const {
+  for (size_t i = from; i < keys.size(); ++i) {
+    if (!table_.contains(keys[i])) return i;
+  }
+  return keys.size();
+}
+
+void TcpStoreServer::Loop::Park(Connection& c, size_t missing) {
+  c.waiter->next = missing;
+  parked_[c.waiter->keys[missing]].push_back(c.id);
+}
+
+void TcpStoreServer::Loop::Unpark(Connection& c) {
+  if (!c.waiter) return;
+  auto it = parked_.find(c.waiter->keys[c.waiter->next]);
+  if (it != parked_.end()) {
+    std::vector<uint64_t>& ids = it->second;
+    auto pos = std::find(ids.begin(), ids.end(), c.id);
+    if (pos != ids.end()) {
+      *pos = ids.back();
+      ids.pop_back();
+    }
+    if (ids.empty()) parked_.erase(it);
+  }
+  deadlines_.erase({c.waiter->deadline, c.id});
+  c.waiter.reset();
+}
+
+void TcpStoreServer::Loop::Notify(const std::string& key) {
+  auto it = parked_.find(key);
+  if (it == parked_.end()) return;
+  const std::vector<uint64_t> ids = std::move(it->second);
+  parked_.erase(it);
+  for (uint64_t id : ids) {
+    Connection* c = Find(id);
+    if (c == nullptr || !c->waiter) continue;
+    Waiter& w = *c->waiter;
+    size_t missing = FirstMissing(w.keys, w.next);
+    // A REMOVE may have taken back a key passed earlier.
+    if (missing == w.keys.size()) missing = FirstMissing(w.keys, 0);
+    if (missing < w.keys.size()) {
+      Park(*c, missing);
+      continue;
+    }
+    deadlines_.erase({w.deadline, id});
+    c->waiter.reset();
+    Reply(*c, StoreReply());
+    MakeReady(*c);  // it may have more requests buffered; flushes the reply
+  }
+}
+
+void TcpStoreServer::Loop::ExpireWaits() {
+  const absl::Time now = absl::Now();
+  while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
+    Connection* c = Find(deadlines_.begin()->second);
+    if (c == nullptr || !c->waiter) {
+      deadlines_.erase(deadlines_.begin());
+      continue;
+    }
+    const std::string missing = MissingKeysText(c->waiter->keys, table_);
+    Unpark(*c);
+    ReplyStatus(*c, absl::DeadlineExceededError(absl::StrCat(
+                        "store keys never set before the deadline: ", missing)));
+    MakeReady(*c);
+  }
+}
+
+void TcpStoreServer::Loop::MakeReady(Connection& c) {
+  if (c.queued) return;
+  c.queued = true;
+  ready_.push_back(c.id);
+}
+
+void TcpStoreServer::Loop::RunReady() {
+  // Processing one connection can release WAITs of others: until none left.
+  while (!ready_.empty()) {
+    const uint64_t id = ready_.back();
+    ready_.pop_back();
+    Connection* c = Find(id);
+    if (c == nullptr) continue;
+    c->queued = false;
+    Process(*c);
+  }
+}
+
+void TcpStoreServer::Loop::Kill(Connection& c) {
+  if (c.dead) return;
+  Unpark(c);
+  c.dead = true;
+  dead_.push_back(c.id);
+}
+
+void TcpStoreServer::Loop::CloseDead() {
+  for (uint64_t id : dead_) {
+    auto it = conns_.find(id);
+    if (it == conns_.end()) continue;
+    // Closing the descriptor also removes it from the epoll set.
+    conns_.erase(it);
+  }
+  dead_.clear();
+  open_.store(conns_.size());
+}
+
+TcpStoreServer::TcpStoreServer(std::string host, int port,
+                               std::unique_ptr<Loop> loop)
+    : host_(std::move(host)), port_(port), loop_(std::move(loop)) {}
+
+absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
+    absl::string_view host, int port, TcpStoreServerOptions options) {
+  absl::StatusOr<std::vector<SocketAddress>> addresses =
+      ResolveTcp(host, port, /*passive=*/true);
+  if (!addresses.ok()) return addresses.status();
+  const std::string where = HostPortText(host, port);
+  UniqueFd listen_fd;
+  std::string last_error = "no address to bind";
+  for (const SocketAddress& address : *addresses) {
+    UniqueFd fd(::socket(address.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    if (!fd.valid()) {
+      last_error = absl::StrCat("socket: ", ErrnoText(errno));
+      continue;
+    }
+    // A restarted job can rebind while the old sockets sit in TIME_WAIT.
+    const int one = 1;
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&address.addr),
+               address.len) != 0) {
+      if (errno == EADDRINUSE) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "store server cannot listen on ", where,
+            ": address already in use: expected a free port (another job or "
+            "store server holds this one), or port 0 for any free port"));
+      }
+      last_error = absl::StrCat("bind: ", ErrnoText(errno));
+      continue;
+    }
+    if (::listen(fd.get(), 65535) != 0) {  // the kernel caps it at somaxconn
+      last_error = absl::StrCat("listen: ", ErrnoText(errno));
+      continue;
+    }
+    listen_fd = std::move(fd);
+    break;
+  }
+  if (!listen_fd.valid()) {
+    return absl::UnavailableError(absl::StrCat(
+        "store server cannot listen on ", where, ": ", last_error));
+  }
+  sockaddr_storage bound{};
+  socklen_t bound_len = sizeof(bound);
+  if (::getsockname(listen_fd.get(), reinterpret_cast<sockaddr*>(&bound),
+                    &bound_len) != 0) {
+    return absl::InternalError(absl::StrCat(
+        "store server on ", where, ": getsockname: ", ErrnoText(errno)));
+  }
+  const int bound_port =
+      bound.ss_family == AF_INET6
+          ? ntohs(reinterpret_cast<const sockaddr_in6*>(&bound)->sin6_port)
+          : ntohs(reinterpret_cast<const sockaddr_in*>(&bound)->sin_port);
+
+  UniqueFd epoll_fd(::epoll_create1(EPOLL_CLOEXEC));
+  UniqueFd wake_fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!epoll_fd.valid() || !wake_fd.valid()) {
+    return absl::InternalError(absl::StrCat(
+        "store server on ", where, ": epoll/eventfd: ", ErrnoText(errno)));
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kListenId;
+  const bool listen_added =
+      ::epoll_ctl(epoll_fd.get(), EPOLL_CTL_ADD, listen_fd.get(), &ev) == 0;
+  ev.data.u64 = kWakeId;
+  if (!listen_added ||
+      ::epoll_ctl(epoll_fd.get(), EPOLL_CTL_ADD, wake_fd.get(), &ev) != 0) {
+    return absl::InternalError(absl::StrCat(
+        "store server on ", where, ": epoll_ctl: ", ErrnoText(errno)));
+  }
+  auto loop = std::make_unique<Loop>(std::move(listen_fd), std::move(epoll_fd),
+                                     std::move(wake_fd), options);
+  std::unique_ptr<TcpStoreServer> server(
+      new TcpStoreServer(std::string(host), bound_port, std::move(loop)));
+  Loop* raw = server->loop_.get();
+  server->thread_ = std::thread([raw] { raw->Run(); });
+  return server;
+}
+
+TcpStoreServer::~TcpStoreServer() { Stop(); }
+
+size_t TcpStoreServer::connections() const {
+  return loop_ == nullptr ? 0 : loop_->connections();
+}
+
+void TcpStoreServer::Stop() {
+  if (!thread_.joinable()) return;
+  loop_->RequestStop();
+  thread_.join();
+}
+
+}  // namespace vemesh

@@ -1,0 +1,85 @@
+// vemesh/rendezvous/tcp/tcp_store_server.h
+//
+// The server behind TcpStore: rank 0 of an env:// job hosts it at
+// MASTER_ADDR:MASTER_PORT and every rank (rank 0 included) connects to it.
+//
+//   absl::StatusOr<std::unique_ptr<TcpStoreServer>> server =
+//       TcpStoreServer::Start("0.0.0.0", 29500);   // port 0: any free port
+//   if (!server.ok()) return server.status();     // port taken: AlreadyExists
+//   int port = (*server)->port();                  // the port actually bound
+//   ...                                            // clients: TcpStore::Connect
+//   (*server)->Stop();                             // or let it go out of scope
+//
+// One thread serves every client: non-blocking sockets under epoll, a read
+// and a write buffer per connection, no thread per client, so thousands of
+// ranks cost thousands of buffers and not thousands of stacks. A WAIT whose
+// keys are not all set is parked on the first missing key and answered when
+// a write sets it, or with DeadlineExceeded when its timeout passes (the
+// loop sleeps until the earliest parked deadline).
+//
+// The server trusts no client: a connection that sends a malformed frame
+// (unknown op, a length over the bounds, a key too long) is closed and the
+// others are not disturbed. Connections beyond max_connections are closed
+// as they are accepted; a connection buffers at most one largest frame of
+// input, and stops being read while its replies are not being read.
+//
+// Stopping closes every connection: clients then see Unavailable. The table
+// lives and dies with the server.
+
+#ifndef VEMESH_RENDEZVOUS_TCP_TCP_STORE_SERVER_H_
+#define VEMESH_RENDEZVOUS_TCP_TCP_STORE_SERVER_H_
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace vemesh {
+
+struct TcpStoreServerOptions {
+  // Open client connections at most; more are closed as they arrive.
+  size_t max_connections = 65536;
+  // Stop answering a connection's requests while this many reply bytes are
+  // waiting for it to read them.
+  size_t max_pending_reply_bytes = size_t{1} << 20;
+};
+
+class TcpStoreServer {
+ public:
+  // Binds host:port (port 0: an ephemeral port; host "" or "0.0.0.0": every
+  // IPv4 address) and starts the serving thread. AlreadyExists naming
+  // host:port when the port is taken; InvalidArgument for a port outside
+  // 0..65535; Unavailable when the host does not resolve to a local address.
+  static absl::StatusOr<std::unique_ptr<TcpStoreServer>> Start(
+      absl::string_view host, int port, TcpStoreServerOptions options = {});
+
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+  // Stops.
+  ~TcpStoreServer();
+
+  const std::string& host() const { return host_; }
+  // The bound port (the ephemeral one when Start was given 0).
+  int port() const { return port_; }
+  // Client connections open now (for tests and monitoring).
+  size_t connections() const;
+
+  // Closes every connection and joins the thread. Idempotent.
+  void Stop();
+
+ private:
+  class Loop;
+  TcpStoreServer(std::string host, int port, std::unique_ptr<Loop> loop);
+
+  std::string host_;
+  int port_ = 0;
+  std::unique_ptr<Loop> loop_;
+  std::thread thread_;
+};
+
+}  // namespace vemesh
+
+#endif  // VEMESH_RENDEZVOUS_TCP_TCP_STORE_SERVER_H_
