@@ -1,5 +1,6 @@
 #include "vemesh/mesh_backends.h"
 
+#include <algorithm>
 #include <set>
 #include <utility>
 
@@ -65,7 +66,9 @@ absl::StatusOr<std::shared_ptr<Bootstrap>> GlooBootstrapOverMpi(
         absl::StrCat("rank 0 sent a malformed store address '", zero, "'"));
   }
   const std::string host = zero.substr(0, space);
-  auto store = TcpStore::Connect(host, port, deadline);
+  TcpStoreOptions store_options;
+  store_options.timeout = std::max(deadline - absl::Now(), absl::Seconds(1));
+  auto store = TcpStore::Connect(host, port, deadline, store_options);
   if (!store.ok()) return store.status();
   auto local = LocalAddressTowards(host);
   if (!local.ok()) return local.status();

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,7 @@
 #include "synthetic_data.h"
 #include "train_options.h"
 #include "vemesh/api/ve_device_mesh.h"
+#include "vemesh/bootstrap/launch.h"
 #include "vemesh/comm/mpi/mpi_environment.h"
 #include "vemesh/strategies/data_parallel.h"
 #include "vemesh/strategies/pipeline_runner.h"
@@ -177,10 +179,11 @@ int Fail(int rank, absl::string_view what, const absl::Status& status,
 }
 
 int Run() {
-  int world_rank = 0;
-  int world_size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  // The job as the launcher started it: mpirun, srun or torchrun.
+  auto boot = vemesh::LaunchBootstrap(absl::Now() + absl::Seconds(60));
+  if (!boot.ok()) return Fail(-1, "launch", boot.status(), 1);
+  const int world_rank = (*boot)->rank();
+  const int world_size = (*boot)->size();
 
   // Pure validation: every rank reaches the same verdict alone.
   absl::StatusOr<TrainPlan> plan = PlanTraining(OptionsFromFlags(), world_size);
@@ -191,6 +194,7 @@ int Run() {
   if (!mesh.ok()) return Fail(world_rank, "init_device_mesh", mesh.status(), 1);
   const bool print = world_rank == 0;
   if (print) {
+    std::printf("train_nd: %s\n", mesh->ToString().c_str());
     const MlpShape& s = plan->shape;
     std::printf(
         "train_nd: mesh %s on %d ranks (PP=%d DP=%d TP=%d), MLP %lld-%lldx%d-"
@@ -246,15 +250,28 @@ int Run() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "N-D parallel (PP x DP x TP) MLP training, checked against a serial "
-      "run.\n  mpirun -n 8 train_nd --mesh PP=2,DP=2,TP=2");
+      "run.\n  mpirun -n 8 train_nd --mesh PP=2,DP=2,TP=2\n"
+      "  torchrun --no_python --standalone --nproc_per_node=8 train_nd --mesh "
+      "PP=2,DP=2,TP=2");
   // Unknown flags and unparsable values stop here, on every rank, before
   // MPI starts.
   absl::ParseCommandLine(argc, argv);
-  vemesh::MpiSession mpi(&argc, &argv);
-  if (!mpi.status().ok()) {
-    std::fprintf(stderr, "train_nd: MPI failed to start: %s\n",
-                 std::string(mpi.status().message()).c_str());
-    return 1;
+  // MPI only when an MPI launcher started the job; torchrun / env:// jobs
+  // run on Gloo and never start MPI.
+  auto launch = vemesh::DetectLaunch();
+  if (!launch.ok()) {
+    std::fprintf(stderr, "train_nd: %s\n",
+                 std::string(launch.status().message()).c_str());
+    return 2;
+  }
+  std::optional<vemesh::MpiSession> mpi;
+  if (launch->kind != vemesh::LaunchKind::kEnv) {
+    mpi.emplace(&argc, &argv);
+    if (!mpi->status().ok()) {
+      std::fprintf(stderr, "train_nd: MPI failed to start: %s\n",
+                   std::string(mpi->status().message()).c_str());
+      return 1;
+    }
   }
   return train_nd::Run();
 }

@@ -63,7 +63,11 @@ absl::StatusOr<std::vector<std::string>> AgreeAndGather(
     Bootstrap& bootstrap, absl::string_view operation,
     absl::Span<const AgreementField> fields, absl::string_view payload,
     absl::Time deadline) {
-  const std::string mine = Serialize(fields);
+  // The operation is a field too: ranks in different collective calls of
+  // the same bootstrap are told so, instead of waiting for the deadline.
+  std::vector<AgreementField> all = {{"operation", std::string(operation)}};
+  all.insert(all.end(), fields.begin(), fields.end());
+  const std::string mine = Serialize(all);
   const uint64_t h = Fingerprint(mine);
   std::string message(kFingerprintBytes, '\0');
   std::memcpy(message.data(), &h, kFingerprintBytes);

@@ -1,5 +1,6 @@
 #include "vemesh/bootstrap/launch.h"
 
+#include <algorithm>
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <sys/socket.h>
@@ -112,7 +113,13 @@ absl::StatusOr<std::shared_ptr<Bootstrap>> MakeEnvBootstrap(
     }
     keep->server = *std::move(server);
   }
-  auto store = TcpStore::Connect(info.master_addr, info.master_port, deadline);
+  // Each store call is bounded by the launch's own timeout, so that a port
+  // answered by something that is not rank 0's store cannot stall a rank.
+  TcpStoreOptions store_options;
+  store_options.timeout =
+      std::max(deadline - absl::Now(), absl::Seconds(1));
+  auto store = TcpStore::Connect(info.master_addr, info.master_port, deadline,
+                                 store_options);
   if (!store.ok()) {
     return absl::Status(
         store.status().code(),

@@ -13,10 +13,12 @@
 namespace vemesh {
 namespace {
 
-// A verdict is 'O' + the ranks' values (each u64 length + bytes), or
-// 'E' + the failure text.
+// A verdict is 'O' + the number of ranks (u64) + their values (each u64
+// length + bytes), or 'E' + the failure text.
 std::string Combine(const std::vector<std::string>& values) {
   std::string out = "O";
+  const uint64_t count = values.size();
+  out.append(reinterpret_cast<const char*>(&count), sizeof(count));
   for (const std::string& v : values) {
     const uint64_t n = v.size();
     out.append(reinterpret_cast<const char*>(&n), sizeof(n));
@@ -35,6 +37,17 @@ absl::StatusOr<std::vector<std::string>> Split(absl::string_view verdict,
   }
   std::vector<std::string> out;
   verdict.remove_prefix(1);
+  uint64_t count = 0;
+  if (verdict.size() < sizeof(count)) {
+    return absl::InternalError("bootstrap verdict is truncated");
+  }
+  std::memcpy(&count, verdict.data(), sizeof(count));
+  verdict.remove_prefix(sizeof(count));
+  if (count != static_cast<uint64_t>(size)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank 0 collected ", count, " ranks but this rank was told the job "
+        "has ", size, " (WORLD_SIZE differs between ranks?)"));
+  }
   for (int r = 0; r < size; ++r) {
     uint64_t n = 0;
     if (verdict.size() < sizeof(n)) break;
@@ -69,57 +82,73 @@ absl::StatusOr<std::vector<std::string>> StoreBootstrap::all_gather(
         "new bootstrap");
   }
   const std::string round = absl::StrCat(prefix_, "/ag/", round_++);
-  const std::string verdict_key = absl::StrCat(round, "/verdict");
-  auto fail = [&](absl::Status status) {
-    broken_ = true;
-    return status;
-  };
-  absl::Status status = store_->set(absl::StrCat(round, "/", rank_), data);
-  if (!status.ok()) return fail(status);
+  auto result = Round(round, data, deadline);
+  if (!result.ok()) broken_ = true;
+  return result;
+}
 
-  std::string proposal;
-  if (rank_ == 0) {
-    std::vector<std::string> keys;
-    keys.reserve(static_cast<size_t>(size_));
-    for (int r = 0; r < size_; ++r) keys.push_back(absl::StrCat(round, "/", r));
-    auto values = store_->wait_get(keys, deadline);
-    if (values.ok()) {
-      proposal = Combine(*values);
-    } else if (absl::IsDeadlineExceeded(values.status())) {
-      // Name the ranks whose keys are missing.
-      std::vector<int> missing;
-      for (int r = 0; r < size_; ++r) {
-        if (!store_->get(keys[r]).ok()) missing.push_back(r);
-      }
-      proposal = absl::StrCat(
-          "E", "rank(s) ", absl::StrJoin(missing, ", "), " of ", size_,
-          " never arrived before the deadline (rank 0 gave up waiting); "
-          "every rank gets this error");
-    } else {
-      return fail(values.status());
-    }
-  } else {
+absl::StatusOr<std::vector<std::string>> StoreBootstrap::Round(
+    const std::string& round, absl::string_view data, absl::Time deadline) {
+  const std::string verdict_key = absl::StrCat(round, "/verdict");
+  auto ack_key = [&](int r) { return absl::StrCat(round, "/ack/", r); };
+  absl::Status status = store_->set(absl::StrCat(round, "/", rank_), data);
+  if (!status.ok()) return status;
+
+  if (rank_ != 0) {
     // Rank 0 decides; wait for its verdict a little past our own deadline.
+    std::string proposal;
     status = store_->wait({verdict_key}, deadline + grace_);
-    if (status.ok()) {
-      auto verdict = store_->get(verdict_key);
-      if (!verdict.ok()) return fail(verdict.status());
-      auto values = Split(*verdict, size_);
-      if (!values.ok()) return fail(values.status());
-      return values;
+    if (!status.ok() && !absl::IsDeadlineExceeded(status)) return status;
+    if (absl::IsDeadlineExceeded(status)) {
+      proposal = absl::StrCat(
+          "E", "rank 0 (which collects the ranks) gave no verdict before the "
+          "deadline: rank 0 never arrived, or some rank did not; rank ",
+          rank_, " gave up and every rank gets this error");
     }
-    if (!absl::IsDeadlineExceeded(status)) return fail(status);
-    proposal = absl::StrCat(
-        "E", "rank 0 (which collects the ranks) gave no verdict before the "
-        "deadline: rank 0 never arrived, or some rank did not; rank ",
-        rank_, " gave up and every rank gets this error");
+    // One proposal wins (an empty one only reads); everybody reads the
+    // winner, then tells rank 0, whose store must stay up until then.
+    auto winner = proposal.empty() ? store_->get(verdict_key)
+                                   : store_->compare_set(verdict_key, "",
+                                                         proposal);
+    if (!winner.ok()) return winner.status();
+    (void)store_->set(ack_key(rank_), "");
+    return Split(*winner, size_);
   }
-  // One proposal wins; everybody reads the winner.
+
+  std::vector<std::string> keys;
+  keys.reserve(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r) keys.push_back(absl::StrCat(round, "/", r));
+  std::vector<int> arrived;
+  std::string proposal;
+  auto values = store_->wait_get(keys, deadline);
+  if (values.ok()) {
+    proposal = Combine(*values);
+    for (int r = 1; r < size_; ++r) arrived.push_back(r);
+  } else if (absl::IsDeadlineExceeded(values.status())) {
+    std::vector<int> missing;
+    for (int r = 0; r < size_; ++r) {
+      (store_->get(keys[r]).ok() ? arrived : missing).push_back(r);
+    }
+    if (!arrived.empty() && arrived.front() == 0) arrived.erase(arrived.begin());
+    proposal = absl::StrCat(
+        "E", "rank(s) ", absl::StrJoin(missing, ", "), " of ", size_,
+        " never arrived before the deadline (rank 0 gave up waiting); every "
+        "rank gets this error");
+  } else {
+    return values.status();
+  }
   auto winner = store_->compare_set(verdict_key, "", proposal);
-  if (!winner.ok()) return fail(winner.status());
-  auto values = Split(*winner, size_);
-  if (!values.ok()) return fail(values.status());
-  return values;
+  if (!winner.ok()) return winner.status();
+  auto result = Split(*winner, size_);
+  // Keep the store up until the ranks that came have read the verdict: a
+  // program that fails (or ends) right after this round must not take the
+  // store away from them. Bounded: a rank that died is not waited for long.
+  std::vector<std::string> acks;
+  for (int r : arrived) acks.push_back(ack_key(r));
+  const absl::Time ack_by =
+      result.ok() ? deadline + grace_ : absl::Now() + grace_;
+  (void)store_->wait(acks, ack_by);
+  return result;
 }
 
 absl::StatusOr<std::shared_ptr<Communicator>> StoreBootstrap::world(

@@ -19,6 +19,10 @@
 // arrived. Ranks other than 0 wait a grace period past their deadline for
 // rank 0's proposal before proposing failure themselves, so that a slow
 // store round trip does not turn a complete round into a failed one.
+// Each rank acknowledges the verdict once read, and rank 0 - whose process
+// hosts the store under env:// - returns only after the ranks that arrived
+// did (bounded), so that a job failing right after a round does not take
+// the store away from ranks still reading its outcome.
 
 #ifndef VEMESH_BOOTSTRAP_STORE_BOOTSTRAP_H_
 #define VEMESH_BOOTSTRAP_STORE_BOOTSTRAP_H_
@@ -52,10 +56,15 @@ class StoreBootstrap final : public Bootstrap {
       absl::Time deadline) override;
 
   // How long ranks other than 0 wait past their deadline for rank 0's
-  // verdict (tests shorten it).
+  // verdict, and rank 0 for the others to read a failed one (tests shorten
+  // it).
   void set_grace(absl::Duration grace) { grace_ = grace; }
 
  private:
+  absl::StatusOr<std::vector<std::string>> Round(const std::string& round,
+                                                 absl::string_view data,
+                                                 absl::Time deadline);
+
   std::shared_ptr<Store> store_;
   int rank_;
   int size_;
