@@ -9,6 +9,8 @@ namespace vemesh {
 PrefixStore::PrefixStore(std::shared_ptr<Store> base, absl::string_view prefix)
     : base_(std::move(base)), prefix_(prefix) {}
 
+// Each method checks the key it was given before prefixing it: "" is no key
+// even though "prefix/" would be one.
 std::string PrefixStore::Key(absl::string_view key) const {
   return absl::StrCat(prefix_, "/", key);
 }
@@ -22,29 +24,36 @@ std::vector<std::string> PrefixStore::Keys(
 }
 
 absl::Status PrefixStore::set(absl::string_view key, absl::string_view value) {
+  if (absl::Status s = CheckStoreKey(key); !s.ok()) return s;
   return base_->set(Key(key), value);
 }
 absl::StatusOr<std::string> PrefixStore::get(absl::string_view key) {
+  if (absl::Status s = CheckStoreKey(key); !s.ok()) return s;
   return base_->get(Key(key));
 }
 absl::Status PrefixStore::wait(absl::Span<const std::string> keys,
                                absl::Time deadline) {
+  if (absl::Status s = CheckStoreKeys(keys); !s.ok()) return s;
   return base_->wait(Keys(keys), deadline);
 }
 absl::StatusOr<int64_t> PrefixStore::add(absl::string_view key,
                                          int64_t delta) {
+  if (absl::Status s = CheckStoreKey(key); !s.ok()) return s;
   return base_->add(Key(key), delta);
 }
 absl::StatusOr<std::string> PrefixStore::compare_set(
     absl::string_view key, absl::string_view expected,
     absl::string_view desired) {
+  if (absl::Status s = CheckStoreKey(key); !s.ok()) return s;
   return base_->compare_set(Key(key), expected, desired);
 }
 absl::StatusOr<bool> PrefixStore::remove(absl::string_view key) {
+  if (absl::Status s = CheckStoreKey(key); !s.ok()) return s;
   return base_->remove(Key(key));
 }
 absl::StatusOr<std::vector<std::string>> PrefixStore::wait_get(
     absl::Span<const std::string> keys, absl::Time deadline) {
+  if (absl::Status s = CheckStoreKeys(keys); !s.ok()) return s;
   return base_->wait_get(Keys(keys), deadline);
 }
 

@@ -49,8 +49,9 @@ struct TcpStoreServerOptions {
 
 class TcpStoreServer {
  public:
-  // Binds host:port (port 0: an ephemeral port; host "" or "0.0.0.0": every
-  // IPv4 address) and starts the serving thread. AlreadyExists naming
+  // Binds host:port (port 0: an ephemeral port; host "0.0.0.0": every IPv4
+  // address; "": the first wildcard address the resolver gives) and starts
+  // the serving thread. AlreadyExists naming
   // host:port when the port is taken; InvalidArgument for a port outside
   // 0..65535; Unavailable when the host does not resolve to a local address.
   static absl::StatusOr<std::unique_ptr<TcpStoreServer>> Start(

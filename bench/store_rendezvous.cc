@@ -1,0 +1,262 @@
+// bench/store_rendezvous.cc
+//
+// The env:// control plane under load: one TcpStoreServer on 127.0.0.1 and
+// --clients client threads, each with its own TcpStore connection (as each
+// rank of a job has), against the same patterns on a MemoryStore shared by
+// the same threads, the in-process floor, in the same process:
+//
+//   all-gather       every client sets its key, then wait_get of all keys
+//                    (the N^2 pattern: each reply carries N values)
+//   rank 0 combines  every client sets its key; client 0 wait_gets them all
+//                    and sets one combined value; the others wait_get that
+//                    (the O(N) pattern)
+//
+// then one client's round trips (set, get, add in a loop), TcpStore vs
+// MemoryStore, each op's time and the ratio.
+//
+//   build/bench/store_rendezvous                       # 1024 clients
+//   build/bench/store_rendezvous --clients=16 --round_trips=200 --reps=1
+//
+// Repetitions use fresh keys; the table gives medians. Each client holds one
+// socket and the server one per client, so the soft RLIMIT_NOFILE is raised
+// to the hard one first.
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <barrier>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "vemesh/rendezvous/memory_store.h"
+#include "vemesh/rendezvous/store.h"
+#include "vemesh/rendezvous/tcp/tcp_store.h"
+#include "vemesh/rendezvous/tcp/tcp_store_server.h"
+
+ABSL_FLAG(int, clients, 1024, "client threads, one TcpStore connection each");
+ABSL_FLAG(int, reps, 5, "repetitions of each rendezvous pattern (median)");
+ABSL_FLAG(int, round_trips, 20000, "iterations of each op in the round-trip loop");
+ABSL_FLAG(int, value_bytes, 64, "bytes each client sets in a rendezvous");
+
+namespace vemesh::bench {
+namespace {
+
+constexpr absl::Duration kDeadline = absl::Minutes(2);
+
+[[noreturn]] void Die(const std::string& what) {
+  std::fprintf(stderr, "store_rendezvous: %s\n", what.c_str());
+  std::exit(1);
+}
+
+void Check(const absl::Status& status, absl::string_view what) {
+  if (!status.ok()) Die(absl::StrCat(what, ": ", status.ToString()));
+}
+
+// Each client needs a descriptor and the server another.
+void RaiseFdLimit(int clients) {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  limit.rlim_cur = limit.rlim_max;
+  ::setrlimit(RLIMIT_NOFILE, &limit);
+  ::getrlimit(RLIMIT_NOFILE, &limit);
+  const rlim_t needed = 2 * static_cast<rlim_t>(clients) + 64;
+  if (limit.rlim_cur < needed) {
+    Die(absl::StrCat(clients, " clients need about ", needed,
+                     " descriptors; RLIMIT_NOFILE allows ", limit.rlim_cur,
+                     ": raise it (ulimit -n) or pass fewer --clients"));
+  }
+}
+
+std::vector<std::string> Keys(absl::string_view prefix, int n) {
+  std::vector<std::string> keys;
+  keys.reserve(n);
+  for (int i = 0; i < n; ++i) keys.push_back(absl::StrCat(prefix, i));
+  return keys;
+}
+
+// One repetition of both patterns by client `rank`, timed by the caller's
+// barriers.
+void AllGather(Store& store, int rank, int n, absl::string_view tag,
+               const std::string& value) {
+  const std::vector<std::string> keys = Keys(absl::StrCat(tag, "/ag/"), n);
+  Check(store.set(keys[rank], value), "set");
+  absl::StatusOr<std::vector<std::string>> all =
+      store.wait_get(keys, absl::Now() + kDeadline);
+  Check(all.status(), "all-gather wait_get");
+  if (all->size() != static_cast<size_t>(n)) Die("all-gather: wrong count");
+}
+
+void RankZeroCombines(Store& store, int rank, int n, absl::string_view tag,
+                      const std::string& value) {
+  const std::vector<std::string> keys = Keys(absl::StrCat(tag, "/c/"), n);
+  const std::string combined_key = absl::StrCat(tag, "/combined");
+  Check(store.set(keys[rank], value), "set");
+  if (rank == 0) {
+    absl::StatusOr<std::vector<std::string>> all =
+        store.wait_get(keys, absl::Now() + kDeadline);
+    Check(all.status(), "rank 0 wait_get");
+    std::string combined;
+    for (const std::string& v : *all) combined += v;
+    Check(store.set(combined_key, combined), "set combined");
+  } else {
+    absl::StatusOr<std::vector<std::string>> got =
+        store.wait_get({combined_key}, absl::Now() + kDeadline);
+    Check(got.status(), "wait_get combined");
+  }
+}
+
+struct PatternTimes {
+  std::vector<double> all_gather_ms;
+  std::vector<double> combine_ms;
+};
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Runs both patterns `reps` times with `n` threads; client(rank) gives the
+// store each thread uses. Returns the times of each repetition.
+template <typename ClientFn>
+PatternTimes RunPatterns(int n, int reps, const std::string& value,
+                         ClientFn client, double* connect_ms) {
+  PatternTimes times;
+  absl::Time mark = absl::Now();
+  const absl::Time start = mark;
+  int phase = 0;  // 0: connecting; then alternating patterns
+  auto on_barrier = [&]() noexcept {
+    const absl::Time now = absl::Now();
+    const double ms = absl::ToDoubleMilliseconds(now - mark);
+    if (phase == 0) {
+      if (connect_ms != nullptr) *connect_ms = absl::ToDoubleMilliseconds(now - start);
+    } else if (phase % 2 == 1) {
+      times.all_gather_ms.push_back(ms);
+    } else {
+      times.combine_ms.push_back(ms);
+    }
+    ++phase;
+    mark = absl::Now();
+  };
+  std::barrier sync(n, on_barrier);
+  std::vector<std::thread> threads;
+  threads.reserve(n);
+  for (int rank = 0; rank < n; ++rank) {
+    threads.emplace_back([&, rank] {
+      std::shared_ptr<Store> store = client(rank);
+      sync.arrive_and_wait();
+      for (int r = 0; r < reps; ++r) {
+        const std::string tag = absl::StrCat("rep", r);
+        AllGather(*store, rank, n, tag, value);
+        sync.arrive_and_wait();
+        RankZeroCombines(*store, rank, n, tag, value);
+        sync.arrive_and_wait();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return times;
+}
+
+struct OpTimes {
+  double set_us = 0, get_us = 0, add_us = 0;
+};
+
+OpTimes RoundTrips(Store& store, int iterations) {
+  const std::string value(16, 'v');
+  OpTimes t;
+  absl::Time start = absl::Now();
+  for (int i = 0; i < iterations; ++i) Check(store.set("rt/key", value), "set");
+  t.set_us = absl::ToDoubleMicroseconds(absl::Now() - start) / iterations;
+  start = absl::Now();
+  for (int i = 0; i < iterations; ++i) Check(store.get("rt/key").status(), "get");
+  t.get_us = absl::ToDoubleMicroseconds(absl::Now() - start) / iterations;
+  start = absl::Now();
+  for (int i = 0; i < iterations; ++i) Check(store.add("rt/n", 1).status(), "add");
+  t.add_us = absl::ToDoubleMicroseconds(absl::Now() - start) / iterations;
+  return t;
+}
+
+int Main() {
+  const int n = std::max(1, absl::GetFlag(FLAGS_clients));
+  const int reps = std::max(1, absl::GetFlag(FLAGS_reps));
+  const int iterations = std::max(1, absl::GetFlag(FLAGS_round_trips));
+  const std::string value(std::max(0, absl::GetFlag(FLAGS_value_bytes)), 'x');
+  RaiseFdLimit(n);
+
+  absl::StatusOr<std::unique_ptr<TcpStoreServer>> server =
+      TcpStoreServer::Start("127.0.0.1", 0);
+  Check(server.status(), "start server");
+  const int port = (*server)->port();
+
+  double connect_ms = 0;
+  const PatternTimes tcp = RunPatterns(
+      n, reps, value,
+      [port](int) -> std::shared_ptr<Store> {
+        auto store = TcpStore::Connect("127.0.0.1", port, absl::Now() + kDeadline);
+        Check(store.status(), "connect");
+        return std::shared_ptr<Store>(*std::move(store));
+      },
+      &connect_ms);
+  auto memory = std::make_shared<MemoryStore>();
+  const PatternTimes mem = RunPatterns(
+      n, reps, value, [&](int) -> std::shared_ptr<Store> { return memory; }, nullptr);
+
+  absl::StatusOr<std::unique_ptr<TcpStore>> one =
+      TcpStore::Connect("127.0.0.1", port, absl::Now() + kDeadline);
+  Check(one.status(), "connect");
+  MemoryStore floor_store;
+  // Alternate, so that neither always runs on a colder machine.
+  OpTimes tcp_ops = RoundTrips(**one, iterations);
+  OpTimes mem_ops = RoundTrips(floor_store, iterations);
+  const OpTimes tcp_ops2 = RoundTrips(**one, iterations);
+  const OpTimes mem_ops2 = RoundTrips(floor_store, iterations);
+  tcp_ops = {std::min(tcp_ops.set_us, tcp_ops2.set_us),
+             std::min(tcp_ops.get_us, tcp_ops2.get_us),
+             std::min(tcp_ops.add_us, tcp_ops2.add_us)};
+  mem_ops = {std::min(mem_ops.set_us, mem_ops2.set_us),
+             std::min(mem_ops.get_us, mem_ops2.get_us),
+             std::min(mem_ops.add_us, mem_ops2.add_us)};
+
+  std::printf("store rendezvous: %d clients (threads), one TcpStoreServer thread, "
+              "127.0.0.1, %d-byte values, median of %d\n",
+              n, static_cast<int>(value.size()), reps);
+  std::printf("  %-34s %12s %14s %8s\n", "pattern", "TcpStore ms", "MemoryStore ms",
+              "ratio");
+  std::printf("  %-34s %12.2f %14s %8s\n", "connect all clients", connect_ms, "-", "-");
+  const double tag = Median(tcp.all_gather_ms), mag = Median(mem.all_gather_ms);
+  const double tc = Median(tcp.combine_ms), mc = Median(mem.combine_ms);
+  std::printf("  %-34s %12.2f %14.2f %8.1f\n", "all-gather (set + wait_get all)", tag,
+              mag, mag > 0 ? tag / mag : 0.0);
+  std::printf("  %-34s %12.2f %14.2f %8.1f\n", "rank 0 combines", tc, mc,
+              mc > 0 ? tc / mc : 0.0);
+  std::printf("\nround trips: one client, %d of each op, best of 2\n", iterations);
+  std::printf("  %-6s %12s %12s %14s %8s\n", "op", "TcpStore us", "ops/s",
+              "MemoryStore us", "ratio");
+  auto row = [](const char* op, double tcp_us, double mem_us) {
+    std::printf("  %-6s %12.2f %12.0f %14.3f %8.0f\n", op, tcp_us,
+                tcp_us > 0 ? 1e6 / tcp_us : 0.0, mem_us,
+                mem_us > 0 ? tcp_us / mem_us : 0.0);
+  };
+  row("set", tcp_ops.set_us, mem_ops.set_us);
+  row("get", tcp_ops.get_us, mem_ops.get_us);
+  row("add", tcp_ops.add_us, mem_ops.add_us);
+  return 0;
+}
+
+}  // namespace
+}  // namespace vemesh::bench
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return vemesh::bench::Main();
+}
