@@ -105,7 +105,7 @@ TEST_F(Agreement, AMissingRankIsDeadlineExceeded) {
   // that this test leaves MPI clean (a real job would end instead).
   MPI_Barrier(MPI_COMM_WORLD);
   if (rank_ == 0) {
-    EXPECT_TRUE(CheckAgreement(*boot_, "late", fields,
+    EXPECT_TRUE(CheckAgreement(*boot_, "DeviceMesh::Create", fields,
                                absl::Now() + absl::Seconds(20))
                     .ok());
   }
