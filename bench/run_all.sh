@@ -22,6 +22,7 @@ mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl=self,vader,tcp
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
+export OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
 mpirun=(mpirun --oversubscribe --bind-to none)
 
 if [[ -n ${QUICK:-} ]]; then

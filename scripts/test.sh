@@ -11,6 +11,8 @@ bash scripts/setup.sh
 # on 2 cores.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
+# One host: Open MPI's TCP traffic stays on loopback.
+export OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
 
 presets=${VEMESH_TEST_PRESETS:-release asan tsan}
 timings=()
