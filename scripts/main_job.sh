@@ -9,6 +9,9 @@
 #
 # The first argument replaces the mesh (the rank count is its product); the
 # rest go to train_nd (see `train_nd --help`).
+#
+#   VEMESH_LAUNCHER=torchrun bash scripts/main_job.sh   # the same job under
+#       torchrun --no_python --standalone (env://, Gloo; no MPI at all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -28,6 +31,13 @@ for part in ${mesh//,/ }; do
   # A malformed mesh is left for train_nd to explain.
   [[ $part =~ ^[^=]+=[0-9]+$ ]] && np=$((np * ${part#*=}))
 done
+if [[ "${VEMESH_LAUNCHER:-mpirun}" == torchrun ]]; then
+  echo "+ torchrun --no_python --standalone --nproc_per_node=$np train_nd --mesh $mesh $*"
+  # --redirects/--tee 1: torch 1.13 on Python 3.11 cannot parse their
+  # default (see tests/launch/run_torchrun.sh).
+  exec torchrun --no_python --standalone --nproc_per_node="$np" --redirects 1 --tee 1 \
+    ./build/release/examples/train_nd/train_nd --mesh "$mesh" "$@"
+fi
 echo "+ mpirun -n $np train_nd --mesh $mesh $*"
 exec mpirun --oversubscribe --bind-to none -n "$np" \
   ./build/release/examples/train_nd/train_nd --mesh "$mesh" "$@"
