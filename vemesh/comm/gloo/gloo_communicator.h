@@ -155,7 +155,7 @@ class GlooCommunicator final : public Communicator {
   // Declared before the context so that the context is destroyed first.
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
-  uint32_t next_tag_ = 0;
+  uint32_t next_tag_ = 1;  // 0 is the rendezvous barrier's
   int64_t next_split_ = 0;
   absl::Status broken_;
   // Messages sent to oneself, oldest first.
