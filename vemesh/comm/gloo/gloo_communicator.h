@@ -19,6 +19,8 @@
 // device bound to `hostname`), exchanging addresses under `prefix/` in the
 // store. A prefix must be fresh: reusing one would read the addresses of an
 // earlier group. split() derives fresh ones (`prefix/split/<n>/<color>`).
+// Create returns once every rank is connected (it ends with a barrier), so
+// a rank may drop the group at once without breaking a peer's connect.
 //
 // Deadlines: `timeout` bounds the rendezvous and every later wait inside an
 // operation (Gloo's context timeout). A rank that never arrives or stops
