@@ -1,8 +1,9 @@
 // vemesh/comm/communicator.h
 //
 // A Communicator is one group of ranks that can talk: the world, or the group
-// of one mesh dimension. It is a small interface with two backends, MPI
-// (vemesh/comm/mpi/) and NCCL (vemesh/comm/nccl/).
+// of one mesh dimension. It is a small interface with three backends, MPI
+// (vemesh/comm/mpi/), NCCL (vemesh/comm/nccl/) and Gloo (vemesh/comm/gloo/,
+// TCP between ranks that meet through a Store).
 //
 //   std::shared_ptr<Communicator> tp = ...;     // from a DeviceMesh
 //   std::vector<float> grad(1024, 1.0f);
@@ -13,7 +14,7 @@
 //
 // Every operation is blocking and collective over the group unless it says
 // otherwise (send/recv are point to point). Buffers are host memory for the
-// MPI backend and device memory for NCCL. Errors come back as absl::Status,
+// MPI and Gloo backends and device memory for NCCL. Errors come back as absl::Status,
 // never as an abort: a wrong buffer length is InvalidArgument, a failing
 // library call is Internal with the library's own message.
 //
@@ -68,11 +69,13 @@ constexpr DataType DataTypeOf() {
                 "vemesh communicators carry float, double, int32_t, int64_t");
 }
 
-// The library object behind a communicator, for code that calls MPI or NCCL
-// directly: `MPI_Comm` or `ncclComm_t`, cast from `handle`.
+// The library object behind a communicator, for code that calls MPI, NCCL
+// or Gloo directly: `MPI_Comm`, `ncclComm_t` or `gloo::Context`, cast from
+// `handle`.
 struct NativeHandle {
-  absl::string_view backend;  // "mpi" or "nccl"
-  void* handle = nullptr;    // points at the MPI_Comm / is the ncclComm_t
+  absl::string_view backend;  // "mpi", "nccl" or "gloo"
+  // Points at the MPI_Comm / is the ncclComm_t / is the gloo::Context*.
+  void* handle = nullptr;
 };
 
 class Communicator {

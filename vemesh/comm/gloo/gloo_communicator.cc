@@ -228,6 +228,14 @@ absl::StatusOr<std::shared_ptr<GlooCommunicator>> GlooCommunicator::Connect(
         context = std::make_shared<gloo::rendezvous::Context>(rank, size);
         context->setTimeout(absl::ToChronoMilliseconds(timeout));
         context->connectFullMesh(rendezvous, device);
+        // connectFullMesh can return before the peers have finished: a TCP
+        // connect completes in the kernel before the listener accepts it.
+        // A rank that returned and at once dropped the group would close a
+        // socket its peer is still accepting. The barrier holds every rank
+        // until all are connected. It uses tag 0; collectives start at 1.
+        gloo::BarrierOptions barrier(context);
+        barrier.setTag(0);
+        gloo::barrier(barrier);
       });
   if (!status.ok()) {
     // The store's own code (DeadlineExceeded: a rank never came) says more

@@ -19,6 +19,8 @@
 // device bound to `hostname`), exchanging addresses under `prefix/` in the
 // store. A prefix must be fresh: reusing one would read the addresses of an
 // earlier group. split() derives fresh ones (`prefix/split/<n>/<color>`).
+// Create returns once every rank is connected (it ends with a barrier), so
+// a rank may drop the group at once without breaking a peer's connect.
 //
 // Deadlines: `timeout` bounds the rendezvous and every later wait inside an
 // operation (Gloo's context timeout). A rank that never arrives or stops
@@ -155,7 +157,7 @@ class GlooCommunicator final : public Communicator {
   // Declared before the context so that the context is destroyed first.
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
-  uint32_t next_tag_ = 0;
+  uint32_t next_tag_ = 1;  // 0 is the rendezvous barrier's
   int64_t next_split_ = 0;
   absl::Status broken_;
   // Messages sent to oneself, oldest first.
