@@ -64,3 +64,11 @@ echo; echo "## 4. Collective overhead"
 for np in 4 8; do
   run "${mpirun[@]}" -n $np "$bin/collectives" --reps=$c_reps
 done
+
+echo; echo "## 5. Backends: Gloo vs MPI on the same job"
+for np in 4 8; do
+  run "${mpirun[@]}" -n $np "$bin/backends" --reps=$((c_reps / 3 + 1))
+done
+
+echo; echo "## 6. The TCP store: 1,024-client rendezvous and round trips"
+run "$bin/store_rendezvous" --reps=$s_reps
