@@ -90,7 +90,9 @@ absl::StatusOr<BackendPlan> PlanBackends(DeviceType device_type,
     plan.reason = "MeshOptions.backend";
   } else if (device_type == DeviceType::kCuda) {
     plan.default_backend = "nccl";
-    plan.reason = "device type cuda";
+    plan.reason = absl::StrCat("device type cuda; unique id over the ",
+                               bootstrap.kind(), " bootstrap: ",
+                               bootstrap.reason());
   } else {
     plan.default_backend = NaturalHostBackend(bootstrap);
     plan.reason = bootstrap.reason();

@@ -5,13 +5,16 @@
 #include "vemesh/comm/nccl/nccl_communicator.h"
 
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "vemesh/comm/gloo/gloo_communicator.h"
 #include "vemesh/comm/mpi/mpi_communicator.h"
 #include "vemesh/device_mesh.h"
+#include "vemesh/rendezvous/memory_store.h"
 
 #ifdef VEMESH_HAVE_NCCL
 #include <cuda_runtime.h>
@@ -137,6 +140,63 @@ TEST(NcclCommunicator, CudaDeviceMeshOnOneRank) {
   auto flat = mesh->flatten({"DP", "TP"});
   ASSERT_TRUE(flat.ok()) << flat.status();
   EXPECT_EQ((*flat)->size(), 1);
+  EXPECT_THAT(mesh->ToString(), ::testing::HasSubstr("backend=nccl (device type cuda; unique id over the "));
+  std::printf("vemesh: %s\n", mesh->ToString().c_str());
+}
+
+// NCCL without MPI: the twin is a one-rank Gloo world over an in-process
+// store, as under torchrun. Every collective and dtype on device memory.
+TEST(NcclCommunicator, GlooTwinEveryOpAndDtype) {
+  SKIP_WITHOUT_GPU();
+  auto store = std::make_shared<MemoryStore>();
+  auto twin = GlooCommunicator::Create(store, "nccl-twin", 0, 1, {0},
+                                       absl::Seconds(30));
+  ASSERT_TRUE(twin.ok()) << twin.status();
+  auto nccl = CreateNcclCommunicator(*twin, 0);
+  ASSERT_TRUE(nccl.ok()) << nccl.status();
+  Communicator& comm = **nccl;
+  EXPECT_EQ(comm.backend(), "nccl");
+  auto check = [&](auto zero) {
+    using T = decltype(zero);
+    const DataType type = DataTypeOf<T>();
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin}) {
+      DeviceBuffer<T> x({T(3), T(1), T(2)});
+      ASSERT_TRUE(comm.all_reduce(x.data(), x.data(), 3, type, op).ok());
+      EXPECT_EQ(x.Read(), (std::vector<T>{T(3), T(1), T(2)}));
+      DeviceBuffer<T> in({T(4), T(5)});
+      DeviceBuffer<T> out({T(0), T(0)});
+      ASSERT_TRUE(comm.reduce_scatter(in.data(), out.data(), 2, type, op).ok());
+      EXPECT_EQ(out.Read(), (std::vector<T>{T(4), T(5)}));
+    }
+    DeviceBuffer<T> b({T(9), T(8)});
+    ASSERT_TRUE(comm.broadcast(b.data(), 2, type, 0).ok());
+    EXPECT_EQ(b.Read(), (std::vector<T>{T(9), T(8)}));
+    DeviceBuffer<T> mine({T(6)});
+    DeviceBuffer<T> all({T(0)});
+    ASSERT_TRUE(comm.all_gather(mine.data(), all.data(), 1, type).ok());
+    EXPECT_EQ(all.Read(), (std::vector<T>{T(6)}));
+  };
+  check(float{});
+  check(double{});
+  check(int32_t{});
+  check(int64_t{});
+  EXPECT_TRUE(comm.barrier().ok());
+}
+
+TEST(NcclCommunicator, CudaMeshOfThreeDimensionsWithAGlooDimension) {
+  SKIP_WITHOUT_GPU();
+  MeshOptions options;
+  options.backend_override = {{"DP", "gloo"}};
+  auto mesh = init_device_mesh("cuda", {1, 1, 1}, {"PP", "DP", "TP"}, options);
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  EXPECT_THAT(mesh->ToString(), ::testing::HasSubstr("backend=nccl [dim 1:gloo]"));
+  EXPECT_EQ((*mesh->get_group("TP"))->backend(), "nccl");
+  EXPECT_EQ((*mesh->get_group("PP"))->backend(), "nccl");
+  EXPECT_EQ((*mesh->get_group("DP"))->backend(), "gloo");
+  std::vector<float> host = {1.5f};
+  ASSERT_TRUE((*mesh->get_group("DP"))->all_reduce(absl::MakeSpan(host),
+                                                   ReduceOp::kSum).ok());
+  EXPECT_EQ(host[0], 1.5f);
 }
 
 #endif  // VEMESH_HAVE_NCCL

@@ -1,0 +1,99 @@
+// bench/nccl_init.cc
+//
+// One-rank timings of the NCCL path on a GPU machine, each beside a
+// baseline in the same process:
+//   * creating a "cuda" mesh (1, 1, 1): NCCL world + 3 ncclCommSplit
+//     against creating the same "cpu" mesh (host communicators only);
+//   * all_reduce of 64 MiB float32 on device memory through vemesh against
+//     the same all_reduce through the raw ncclComm_t (native_handle()).
+//
+//   build/release/bench/nccl_init --reps=10
+//
+// Without a GPU it says so and exits 0 (nothing to time).
+
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/time/clock.h"
+#include "vemesh/bootstrap/launch.h"
+#include "vemesh/comm/mpi/mpi_environment.h"
+#include "vemesh/comm/nccl/nccl_communicator.h"
+#include "vemesh/device_mesh.h"
+
+#ifdef VEMESH_HAVE_NCCL
+#include <cuda_runtime.h>
+#include <nccl.h>
+#endif
+
+ABSL_FLAG(int, reps, 10, "repetitions of each measurement (median)");
+
+namespace {
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  auto gpus = vemesh::CudaDeviceCount();
+  if (!gpus.ok()) {
+    std::printf("nccl_init: no GPU, nothing to time: %s\n",
+                gpus.status().ToString().c_str());
+    return 0;
+  }
+  const int reps = std::max(1, absl::GetFlag(FLAGS_reps));
+  std::vector<double> cuda_ms, cpu_ms;
+  for (int i = 0; i < reps; ++i) {
+    for (const char* device : {"cuda", "cpu"}) {
+      const absl::Time start = absl::Now();
+      auto mesh = vemesh::init_device_mesh(device, {1, 1, 1}, {"PP", "DP", "TP"});
+      const double ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+      if (!mesh.ok()) {
+        std::printf("nccl_init: %s mesh failed: %s\n", device,
+                    mesh.status().ToString().c_str());
+        return 1;
+      }
+      if (i == 0 && device[1] == 'u') std::printf("%s\n", mesh->ToString().c_str());
+      (device[1] == 'u' ? cuda_ms : cpu_ms).push_back(ms);
+    }
+  }
+  std::printf("| what | median | baseline | ratio |\n|---|---:|---:|---:|\n");
+  std::printf("| create (1,1,1) cuda vs cpu mesh | %.2f ms | %.2f ms | %.1f |\n",
+              Median(cuda_ms), Median(cpu_ms), Median(cuda_ms) / Median(cpu_ms));
+#ifdef VEMESH_HAVE_NCCL
+  auto mesh = vemesh::init_device_mesh("cuda", {1}, {"DP"});
+  if (!mesh.ok()) return 1;
+  auto dp = *mesh->get_group("DP");
+  const size_t n = size_t{16} << 20;  // 64 MiB of float32
+  float* x = nullptr;
+  if (cudaMalloc(&x, n * sizeof(float)) != cudaSuccess) return 1;
+  cudaStream_t stream = nullptr;
+  cudaStreamCreate(&stream);
+  auto raw = static_cast<ncclComm_t>(dp->native_handle().handle);
+  std::vector<double> ours, theirs;
+  for (int i = 0; i < reps + 1; ++i) {
+    absl::Time start = absl::Now();
+    if (!dp->all_reduce(x, x, n, vemesh::DataType::kFloat32, vemesh::ReduceOp::kSum).ok()) return 1;
+    const double a = absl::ToDoubleMicroseconds(absl::Now() - start);
+    start = absl::Now();
+    ncclAllReduce(x, x, n, ncclFloat32, ncclSum, raw, stream);
+    cudaStreamSynchronize(stream);
+    const double b = absl::ToDoubleMicroseconds(absl::Now() - start);
+    if (i > 0) {  // the first is warm-up
+      ours.push_back(a);
+      theirs.push_back(b);
+    }
+  }
+  std::printf("| all_reduce 64 MiB f32, vemesh vs raw NCCL | %.1f us | %.1f us | %.2f |\n",
+              Median(ours), Median(theirs), Median(ours) / Median(theirs));
+  cudaFree(x);
+  cudaStreamDestroy(stream);
+#endif
+  return 0;
+}

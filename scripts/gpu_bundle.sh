@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Packs what the lent GPU machine needs to run vemesh's NCCL path into .gpu/
+# (ignored by git; name it in the device tool's `carry`), then run there:
+#
+#   bash scripts/gpu_bundle.sh            # here, after a release build with NCCL
+#   device run: bash .gpu/run.sh          # there (scripts/gpu_run.sh, copied in)
+#
+# The GPU image has CUDA and NCCL but none of our Debian packages: the test
+# and benchmark binaries travel with the shared libraries they load (Abseil,
+# Open MPI and its plugins, hwloc, libevent, PMIx, Gloo), and Open MPI's tree
+# is unpacked where Debian puts it, so its plugins are found.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+b=build/release
+grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || { mkdir -p .git/info; echo '/.gpu/' >> .git/info/exclude; }
+rm -rf .gpu && mkdir -p .gpu/bin .gpu/lib
+cp "$b/tests/comm/nccl_communicator_test" "$b/bench/nccl_init" .gpu/bin/
+cp tests/launch/spawn_env.sh .gpu/
+cp scripts/gpu_run.sh .gpu/run.sh
+skip='/libc.so|/libm.so|libstdc|libgcc_s|ld-linux|libcuda|libnccl|libcudart|libpthread|libdl.so|librt.so'
+{ for f in .gpu/bin/* /usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3/*.so; do ldd "$f"; done; } 2>/dev/null |
+  awk '/=>/{print $3}' | sort -u | grep -v -E "$skip" | while read -r lib; do cp -Ln "$lib" .gpu/lib/; done
+tar czf .gpu/ompi.tgz /usr/lib/x86_64-linux-gnu/openmpi /usr/lib/x86_64-linux-gnu/pmix2 \
+  /usr/share/openmpi /usr/share/pmix /etc/openmpi /usr/bin/orted 2>/dev/null
+du -sh .gpu

@@ -1,0 +1,18 @@
+#!/bin/bash
+# Runs on the lent GPU machine (scripts/gpu_bundle.sh packs it as .gpu/run.sh):
+# the NCCL tests (MPI singleton, then env:// with one rank) and the timings.
+cd "$(dirname "$0")"
+tar xzf ompi.tgz -C / 2>/dev/null
+export LD_LIBRARY_PATH=$PWD/lib
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_ess_singleton_isolated=1
+export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
+nvidia-smi -L
+ldconfig -p | grep -E "libnccl|libcudart" | head -3
+echo "=== nccl_communicator_test, MPI singleton"
+timeout 300 bin/nccl_communicator_test 2>&1 | tee $OUT/nccl_test_mpi.log; echo "rc=${PIPESTATUS[0]}"
+echo "=== nccl_communicator_test, env:// one rank (store + Gloo twin, no MPI launcher)"
+timeout 300 bash spawn_env.sh --limit 200 --port 29517 1 bin/nccl_communicator_test 2>&1 | tee $OUT/nccl_test_env.log; echo "rc=${PIPESTATUS[0]}"
+echo "=== nccl_init timings (MPI singleton)"
+timeout 300 bin/nccl_init --reps=10 2>&1 | tee $OUT/nccl_init.log
+echo "=== nccl_init timings (env://)"
+timeout 300 bash spawn_env.sh --limit 200 --port 29518 1 bin/nccl_init --reps=10 2>&1 | tee $OUT/nccl_init_env.log
