@@ -86,31 +86,9 @@ TEST_F(Agreement, LongValuesAreShortened) {
   EXPECT_LT(s.message().size(), 600u);
 }
 
-TEST_F(Agreement, AMissingRankIsDeadlineExceeded) {
-  if (size_ < 2) GTEST_SKIP() << "needs 2 ranks";
-  std::vector<AgreementField> fields = {{"shape", "(2)"}};
-  if (rank_ != 0) {
-    const absl::Time start = absl::Now();
-    absl::Status s = CheckAgreement(*boot_, "DeviceMesh::Create", fields,
-                                    start + absl::Milliseconds(300));
-    EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
-    EXPECT_THAT(std::string(s.message()), HasSubstr("unusable"));
-    EXPECT_LT(absl::Now() - start, absl::Seconds(5));
-    // The bootstrap refuses to enter MPI again.
-    absl::Status again = CheckAgreement(*boot_, "again", fields,
-                                        absl::Now() + absl::Seconds(1));
-    EXPECT_TRUE(absl::IsFailedPrecondition(again)) << again;
-  }
-  // Rank 0 arrives late, which completes the others' abandoned request so
-  // that this test leaves MPI clean (a real job would end instead).
-  MPI_Barrier(MPI_COMM_WORLD);
-  if (rank_ == 0) {
-    EXPECT_TRUE(CheckAgreement(*boot_, "DeviceMesh::Create", fields,
-                               absl::Now() + absl::Seconds(20))
-                    .ok());
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
-}
+// A missing rank, and a late one, are no_hang scenarios (tests/reliability):
+// a DeadlineExceeded abandons MPI for the whole process, so it cannot share
+// a binary with other tests.
 
 }  // namespace
 }  // namespace vemesh

@@ -41,6 +41,9 @@ using vemesh::InitOptions;
 struct Outcome {
   absl::Status status;
   StatusCode expected;
+  // Time the scenario slept on purpose (a late rank), not counted against
+  // the bound.
+  absl::Duration slept = absl::ZeroDuration();
 };
 
 struct Scenario {
@@ -111,6 +114,41 @@ const std::map<std::string, Scenario>& Scenarios() {
       // Only rank 0 asks for a flattened group; the others go on to their
       // next collective vemesh call (a re-init). Neither side can complete:
       // both reach their deadline.
+      // The last rank arrives after the others gave up. It completes their
+      // abandoned first step, but must learn that they gave up: every rank,
+      // the late one too, ends with DeadlineExceeded (none hangs).
+      {"late_rank",
+       {true,
+        [](int rank, absl::Duration t) {
+          int size = 0;
+          MPI_Comm_size(MPI_COMM_WORLD, &size);
+          absl::Duration slept = absl::ZeroDuration();
+          if (rank == size - 1) {
+            slept = t + absl::Seconds(1);
+            absl::SleepFor(slept);
+          }
+          return Outcome{Init({size}, {"DP"}, t).status(),
+                         StatusCode::kDeadlineExceeded, slept};
+        }}},
+      // After a DeadlineExceeded, a second init is refused without entering
+      // MPI (it used to crash in MPI_Comm_dup), and every rank then returns
+      // from main normally: vemesh skips the exit-time MPI_Finalize that
+      // would wait for the missing rank, so the job ends.
+      {"reinit_after_timeout",
+       {false,
+        [](int rank, absl::Duration t) {
+          if (rank == 0) {
+            return Outcome{
+                VESCALE_DEVICE_MESH.get_tensor_parallel_mesh().status(),
+                StatusCode::kFailedPrecondition};
+          }
+          auto first = Init({2, 2}, {"DP", "TP"}, t);
+          if (!absl::IsDeadlineExceeded(first.status())) {
+            return Outcome{first.status(), StatusCode::kDeadlineExceeded};
+          }
+          return Outcome{Init({2, 2}, {"DP", "TP"}, t).status(),
+                         StatusCode::kFailedPrecondition};
+        }}},
       // Rank 0 flattens while the others re-init: both calls agree through
       // the same bootstrap, so every rank is told the operations differ.
       {"flatten_alone",
@@ -157,7 +195,7 @@ int main(int argc, char** argv) {
   const absl::Time start = absl::Now();
 
   const Outcome outcome = scenario.run(rank, timeout);
-  const absl::Duration took = absl::Now() - start;
+  const absl::Duration took = absl::Now() - start - outcome.slept;
   // Bounded: the deadline plus slack for a loaded 2-core machine.
   const bool bounded = took <= timeout + absl::Seconds(5);
   const bool pass = !outcome.status.ok() &&
@@ -174,8 +212,9 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
 
   if (scenario.leaves_pending) {
-    // Wait for every rank to have spoken, then leave without MPI_Finalize.
-    const absl::Time end = start + timeout + absl::Seconds(3);
+    // Wait for every rank to have spoken (a late rank too), then leave
+    // without MPI_Finalize.
+    const absl::Time end = start + 2 * timeout + absl::Seconds(5);
     if (absl::Now() < end) absl::SleepFor(end - absl::Now());
     std::fflush(nullptr);
     _exit(0);

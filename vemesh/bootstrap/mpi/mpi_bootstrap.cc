@@ -29,9 +29,12 @@ struct Exchange {
   std::string recv;
   std::vector<int> counts;
   std::vector<int> displacements;
+  int on_time = 1;
+  int all_on_time = 0;
 };
 
 constexpr int kBlockBytes = 256;
+const absl::Duration kOutcomeGrace = absl::Seconds(2);
 constexpr size_t kInlineBytes = kBlockBytes - sizeof(uint64_t);
 
 void Abandon(std::unique_ptr<Exchange> exchange) {
@@ -56,8 +59,9 @@ absl::Status WaitForMpiRequest(MPI_Request* request, absl::Time deadline,
       return absl::DeadlineExceededError(absl::StrCat(
           "waited past the deadline for the other ranks to arrive (", call,
           " did not complete). Some rank never made this call; a collective "
-          "is left pending, so MPI is unusable now: end the job (exit "
-          "without MPI_Finalize, e.g. std::_Exit)."));
+          "is left pending, so MPI is unusable now: end the job (return from "
+          "main or exit: vemesh skips the MPI_Finalize that would wait for "
+          "the missing ranks)."));
     }
     if (absl::Now() < spin_until) {
       std::this_thread::yield();
@@ -71,7 +75,7 @@ absl::Status WaitForMpiRequest(MPI_Request* request, absl::Time deadline,
 absl::StatusOr<std::shared_ptr<MpiBootstrap>> MpiBootstrap::Create(
     MPI_Comm base, std::string reason, absl::Time deadline) {
   if (base == MPI_COMM_WORLD) {
-    absl::Status status = EnsureMpiInitialized();
+    absl::Status status = EnsureMpiInitialized(deadline);
     if (!status.ok()) return status;
   } else if (!MpiIsUsable()) {
     return absl::FailedPreconditionError(
@@ -82,6 +86,7 @@ absl::StatusOr<std::shared_ptr<MpiBootstrap>> MpiBootstrap::Create(
   absl::Status status =
       MpiStatus(MPI_Comm_idup(base, &comm, &request), "MPI_Comm_idup");
   if (status.ok()) status = WaitForMpiRequest(&request, deadline, "MPI_Comm_idup");
+  if (absl::IsDeadlineExceeded(status)) AbandonMpi();
   if (!status.ok()) return status;
   int rank = 0;
   int size = 0;
@@ -130,11 +135,12 @@ absl::StatusOr<std::vector<std::string>> MpiBootstrap::all_gather(
               std::min<size_t>(data.size(), kInlineBytes));
   x.blocks.resize(kBlockBytes * static_cast<size_t>(size_));
   MPI_Request request = MPI_REQUEST_NULL;
-  auto step = [&](int code, absl::string_view call) {
+  auto step = [&](int code, absl::string_view call, absl::Time by) {
     absl::Status s = MpiStatus(code, call);
-    if (s.ok()) s = WaitForMpiRequest(&request, deadline, call);
+    if (s.ok()) s = WaitForMpiRequest(&request, by, call);
     if (absl::IsDeadlineExceeded(s)) {
       broken_ = true;
+      AbandonMpi();
       Abandon(std::move(exchange));
       return absl::DeadlineExceededError(absl::StrCat(
           "rank ", rank_, " of ", size_, " ", s.message()));
@@ -144,7 +150,17 @@ absl::StatusOr<std::vector<std::string>> MpiBootstrap::all_gather(
   status = step(MPI_Iallgather(x.block.data(), kBlockBytes, MPI_CHAR,
                                x.blocks.data(), kBlockBytes, MPI_CHAR, comm_,
                                &request),
-                "MPI_Iallgather");
+                "MPI_Iallgather", deadline);
+  if (!status.ok()) return status;
+  // Outcome agreement: a rank that arrives after the others gave up still
+  // completes their abandoned all-gather. A second, empty step tells it:
+  // only ranks whose first step completed in time post it, so it completes
+  // for all (everyone was on time) or for none (the late rank then fails at
+  // its own deadline too). The grace covers ranks whose first step
+  // completed a moment apart around the deadline.
+  status = step(MPI_Iallreduce(&x.on_time, &x.all_on_time, 1, MPI_INT, MPI_MIN,
+                               comm_, &request),
+                "MPI_Iallreduce (outcome)", deadline + kOutcomeGrace);
   if (!status.ok()) return status;
   std::vector<uint64_t> lengths(static_cast<size_t>(size_));
   bool inline_only = true;
@@ -178,7 +194,7 @@ absl::StatusOr<std::vector<std::string>> MpiBootstrap::all_gather(
                                 MPI_CHAR, x.recv.data(), x.counts.data(),
                                 x.displacements.data(), MPI_CHAR, comm_,
                                 &request),
-                "MPI_Iallgatherv");
+                "MPI_Iallgatherv", deadline);
   if (!status.ok()) return status;
   std::vector<std::string> out;
   out.reserve(static_cast<size_t>(size_));

@@ -13,7 +13,15 @@
 // MPI collectives cannot be abandoned: after a DeadlineExceeded a request is
 // left pending (its buffers are deliberately kept alive so a late rank cannot
 // write into freed memory), every later call of this bootstrap answers
-// FailedPrecondition, and MPI cannot be trusted: end the job.
+// FailedPrecondition, and MPI is marked abandoned for the process
+// (AbandonMpi: no later MPI call, no exit-time MPI_Finalize): end the job.
+//
+// Outcome agreement: each all_gather is followed by an empty MPI_Iallreduce
+// that only ranks whose all_gather completed in time post. A rank that
+// arrives after the others gave up completes their abandoned all_gather, but
+// not that second step, so it fails at its own deadline too (DeadlineExceeded
+// everywhere, never OK on some ranks and an error on others). MPI cannot say
+// which rank was missing; the store bootstrap can.
 
 #ifndef VEMESH_BOOTSTRAP_MPI_MPI_BOOTSTRAP_H_
 #define VEMESH_BOOTSTRAP_MPI_MPI_BOOTSTRAP_H_

@@ -1,8 +1,12 @@
 #include "vemesh/comm/mpi/mpi_environment.h"
 
-#include <mutex>
+#include <atomic>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <thread>
 
 #include "absl/base/attributes.h"
 #include "absl/strings/str_cat.h"
@@ -16,6 +20,10 @@ std::mutex env_mu;
 bool owns_mpi = false;
 bool atexit_registered = false;
 int thread_level = -1;
+// Set when a collective was abandoned at a deadline (or MPI's start-up was):
+// no MPI call may be made any more, MPI_Finalize included, since it would
+// wait for peers that are gone.
+std::atomic<bool> abandoned{false};
 
 bool Initialized() {
   int flag = 0;
@@ -31,6 +39,12 @@ bool Finalized() {
 
 // Finalises MPI if vemesh started it and nobody finalised it yet.
 void FinalizeIfOwned() {
+  if (abandoned.load()) {
+    std::fprintf(stderr,
+                 "vemesh: MPI_Finalize skipped: a collective was abandoned at a "
+                 "deadline, so finalising would wait for ranks that are gone\n");
+    return;
+  }
   std::lock_guard<std::mutex> lock(env_mu);
   if (!owns_mpi || Finalized()) return;
   MPI_Finalize();
@@ -66,19 +80,65 @@ absl::Status MpiStatus(int code, absl::string_view call) {
       absl::string_view(text, static_cast<size_t>(length))));
 }
 
-absl::Status EnsureMpiInitialized() {
-  std::lock_guard<std::mutex> lock(env_mu);
-  absl::Status status = InitLocked(nullptr, nullptr);
-  // A lazy start still ends cleanly: finalise at exit unless a session or
-  // the program does it first.
-  if (status.ok() && owns_mpi && !atexit_registered) {
-    atexit_registered = true;
-    std::atexit(FinalizeIfOwned);
+absl::Status EnsureMpiInitialized(absl::Time deadline) {
+  if (abandoned.load()) {
+    return absl::FailedPreconditionError(
+        "MPI was abandoned at an earlier deadline in this process: no MPI call "
+        "can be made any more; end the job");
   }
-  return status;
+  if (Initialized()) {
+    std::lock_guard<std::mutex> lock(env_mu);
+    return InitLocked(nullptr, nullptr);
+  }
+  // MPI_Init_thread waits for every rank of the job (the launcher's start-up
+  // exchange) and has no timeout of its own: run it on a thread and stop
+  // waiting at the deadline, so that a rank that never starts MPI leaves
+  // the others a Status.
+  struct Start {
+    std::mutex mu;
+    std::condition_variable done_cv;
+    bool done = false;
+    absl::Status status;
+  };
+  auto start = std::make_shared<Start>();
+  std::thread([start] {
+    absl::Status status;
+    {
+      std::lock_guard<std::mutex> lock(env_mu);
+      status = InitLocked(nullptr, nullptr);
+      // A lazy start still ends cleanly: finalise at exit unless a session
+      // or the program does it first.
+      if (status.ok() && owns_mpi && !atexit_registered) {
+        atexit_registered = true;
+        std::atexit(FinalizeIfOwned);
+      }
+    }
+    std::lock_guard<std::mutex> lock(start->mu);
+    start->status = status;
+    start->done = true;
+    start->done_cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(start->mu);
+  while (!start->done) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      AbandonMpi();
+      return absl::DeadlineExceededError(
+          "MPI_Init_thread did not return before the deadline: it waits for "
+          "every rank of the job to start MPI, and some rank did not. MPI "
+          "cannot be used in this process: end the job");
+    }
+    start->done_cv.wait_for(lock, absl::ToChronoMilliseconds(left) +
+                                      std::chrono::milliseconds(1));
+  }
+  return start->status;
 }
 
-bool MpiIsUsable() { return Initialized() && !Finalized(); }
+void AbandonMpi() { abandoned.store(true); }
+
+bool MpiIsUsable() {
+  return !abandoned.load() && Initialized() && !Finalized();
+}
 
 bool VemeshOwnsMpi() {
   std::lock_guard<std::mutex> lock(env_mu);
@@ -87,7 +147,9 @@ bool VemeshOwnsMpi() {
 
 int MpiThreadLevel() {
   std::lock_guard<std::mutex> lock(env_mu);
-  if (thread_level < 0 && MpiIsUsable()) MPI_Query_thread(&thread_level);
+  if (thread_level < 0 && Initialized() && !Finalized()) {
+    MPI_Query_thread(&thread_level);
+  }
   return thread_level;
 }
 

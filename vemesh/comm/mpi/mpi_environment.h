@@ -30,15 +30,27 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace vemesh {
 
 // Initialises MPI when nobody did (MPI_Init_thread, MPI_THREAD_MULTIPLE
 // asked); adopts an initialised MPI. FailedPrecondition once MPI was
-// finalised (it cannot be restarted), Internal if initialisation fails.
-absl::Status EnsureMpiInitialized();
+// finalised (it cannot be restarted) or abandoned, Internal if
+// initialisation fails. MPI's start-up waits for every rank of the job:
+// when it has not returned by `deadline` this is DeadlineExceeded, and MPI
+// is abandoned (it may still be starting on a background thread).
+absl::Status EnsureMpiInitialized(absl::Time deadline = absl::InfiniteFuture());
 
-// MPI is initialised and not yet finalised: MPI calls are allowed.
+// Marks MPI unusable for the rest of the process: a collective was left
+// pending at a deadline. Every later MpiIsUsable() is false, and the
+// exit-time / MpiSession MPI_Finalize is skipped (it would wait for the
+// ranks that are gone), so the program can end promptly by returning from
+// main.
+void AbandonMpi();
+
+// MPI is initialised, not yet finalised, and not abandoned: MPI calls are
+// allowed.
 bool MpiIsUsable();
 
 // Whether vemesh itself initialised MPI (and so will finalise it).
