@@ -83,7 +83,8 @@ struct MeshOptions {
   // Explicit row-major rank list (PyTorch's `mesh` tensor); empty = arange.
   std::vector<int64_t> ranks;
   // How long creation waits for every rank to arrive before it fails with
-  // DeadlineExceeded instead of hanging.
+  // DeadlineExceeded instead of hanging; also the bound of each operation on
+  // the mesh's Gloo communicators (MPI and NCCL operations have none).
   absl::Duration timeout = absl::Seconds(60);
   // The group the mesh is built over; must be a communicator that can
   // bootstrap a mesh (MPI). Null means the launcher's world.

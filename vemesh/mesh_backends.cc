@@ -120,20 +120,20 @@ absl::StatusOr<BackendPlan> PlanBackends(DeviceType device_type,
 
 absl::StatusOr<std::unique_ptr<MeshBackends>> MeshBackends::Create(
     Bootstrap& bootstrap, BackendPlan plan, int cuda_device,
-    absl::Time deadline) {
+    absl::Time deadline, absl::Duration op_timeout) {
   std::unique_ptr<MeshBackends> out(new MeshBackends());
   std::set<std::string> used(plan.dims.begin(), plan.dims.end());
   used.insert(plan.default_backend);
   const std::string host = NaturalHostBackend(bootstrap);
   // Always made: NCCL's twin, and the cheapest world to have.
-  auto world = bootstrap.world(deadline);
+  auto world = bootstrap.world(deadline, op_timeout);
   if (!world.ok()) return world.status();
   out->worlds_[host] = *std::move(world);
   if (used.count("gloo") > 0 && host != "gloo") {
     auto gloo_boot = GlooBootstrapOverMpi(bootstrap, deadline, &out->server_);
     if (!gloo_boot.ok()) return gloo_boot.status();
     out->gloo_bootstrap_ = *std::move(gloo_boot);
-    auto gloo = out->gloo_bootstrap_->world(deadline);
+    auto gloo = out->gloo_bootstrap_->world(deadline, op_timeout);
     if (!gloo.ok()) return gloo.status();
     out->worlds_["gloo"] = *std::move(gloo);
   }

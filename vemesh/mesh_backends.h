@@ -55,7 +55,7 @@ class MeshBackends {
  public:
   static absl::StatusOr<std::unique_ptr<MeshBackends>> Create(
       Bootstrap& bootstrap, BackendPlan plan, int cuda_device,
-      absl::Time deadline);
+      absl::Time deadline, absl::Duration op_timeout);
   ~MeshBackends();
 
   const std::shared_ptr<Communicator>& default_world() const;

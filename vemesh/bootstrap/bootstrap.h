@@ -61,11 +61,12 @@ class Bootstrap {
   // The store that carries this bootstrap, when there is one (null under
   // MPI): Gloo rendezvous and NCCL ids use it directly.
   virtual std::shared_ptr<Store> store() const { return nullptr; }
-  // The host-memory world communicator of this bootstrap's own backend, made
-  // on first call (collective: every rank calls it at the same point):
-  // MPI's private world for MpiBootstrap, a Gloo world for StoreBootstrap.
+  // Collective: a new host-memory world communicator of this bootstrap's own
+  // backend (MPI's private duplicate for MpiBootstrap, a Gloo world for
+  // StoreBootstrap), made by the deadline. `op_timeout` bounds each later
+  // operation on it and its splits where the backend can (Gloo).
   virtual absl::StatusOr<std::shared_ptr<Communicator>> world(
-      absl::Time deadline) = 0;
+      absl::Time deadline, absl::Duration op_timeout) = 0;
 };
 
 // This machine's identity for host placement: the hostname (each emulated

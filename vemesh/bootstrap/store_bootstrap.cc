@@ -1,5 +1,6 @@
 #include "vemesh/bootstrap/store_bootstrap.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <numeric>
@@ -152,13 +153,19 @@ absl::StatusOr<std::vector<std::string>> StoreBootstrap::Round(
 }
 
 absl::StatusOr<std::shared_ptr<Communicator>> StoreBootstrap::world(
-    absl::Time deadline) {
+    absl::Time deadline, absl::Duration op_timeout) {
+  if (deadline <= absl::Now()) {
+    return absl::DeadlineExceededError(
+        "the store bootstrap's deadline passed before the Gloo world was made");
+  }
   std::vector<int> ranks(static_cast<size_t>(size_));
   std::iota(ranks.begin(), ranks.end(), 0);
   const std::string prefix = absl::StrCat(prefix_, "/world/", worlds_++);
-  auto world = GlooCommunicator::Create(store_, prefix, rank_, size_,
-                                        std::move(ranks),
-                                        deadline - absl::Now(), gloo_host_);
+  // Gloo has one timeout for its rendezvous and its operations: the
+  // operations' bound, never less than what is left of the deadline.
+  auto world = GlooCommunicator::Create(
+      store_, prefix, rank_, size_, std::move(ranks),
+      std::max(op_timeout, deadline - absl::Now()), gloo_host_);
   if (!world.ok()) return world.status();
   return std::shared_ptr<Communicator>(*std::move(world));
 }

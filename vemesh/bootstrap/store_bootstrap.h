@@ -53,7 +53,7 @@ class StoreBootstrap final : public Bootstrap {
       absl::string_view data, absl::Time deadline) override;
   std::shared_ptr<Store> store() const override { return store_; }
   absl::StatusOr<std::shared_ptr<Communicator>> world(
-      absl::Time deadline) override;
+      absl::Time deadline, absl::Duration op_timeout) override;
 
   // How long ranks other than 0 wait past their deadline for rank 0's
   // verdict, and rank 0 for the others to read a failed one (tests shorten

@@ -205,7 +205,7 @@ absl::StatusOr<std::vector<std::string>> MpiBootstrap::all_gather(
 }
 
 absl::StatusOr<std::shared_ptr<Communicator>> MpiBootstrap::world(
-    absl::Time) {
+    absl::Time, absl::Duration) {
   absl::Status status = CheckUsable();
   if (!status.ok()) return status;
   // The ranks all passed the bootstrap's last collective, so this blocking

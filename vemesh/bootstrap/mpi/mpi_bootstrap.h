@@ -53,7 +53,7 @@ class MpiBootstrap final : public Bootstrap {
   absl::StatusOr<std::vector<std::string>> all_gather(
       absl::string_view data, absl::Time deadline) override;
   absl::StatusOr<std::shared_ptr<Communicator>> world(
-      absl::Time deadline) override;
+      absl::Time deadline, absl::Duration op_timeout) override;
 
  private:
   MpiBootstrap(MPI_Comm base, MPI_Comm comm, int rank, int size,
