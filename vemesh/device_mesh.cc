@@ -42,13 +42,19 @@ struct DeviceMesh::Shared {
   // One per root dimension; null on ranks outside the mesh.
   std::vector<std::shared_ptr<Communicator>> dims;
 
+  // Serialises flattens, collective and as slow as the slowest rank. Held
+  // across the collective; `mu` never is, so get_group does not wait on a
+  // peer. Taken before `mu`.
+  std::mutex flatten_mu;
+  // Guards the two maps below, for look-ups and inserts only.
   std::mutex mu;
   // Null values are cached too: ranks outside the mesh took part in the
   // split, and must not take part again.
   absl::flat_hash_map<std::vector<int64_t>, std::shared_ptr<Communicator>>
       flattened;
-  absl::flat_hash_map<std::string, std::vector<int64_t>> flat_names
-     ;
+  // Every name given to flatten, and the root dimensions it spans (one for
+  // a one-dimension flatten: that dimension's group).
+  absl::flat_hash_map<std::string, std::vector<int64_t>> flat_names;
 };
 
 namespace {
@@ -257,20 +263,24 @@ absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::get_group(
     return view_->shared->dims[*root_dim];
   }
   // A name given to `flatten` finds its group, when this mesh holds all of
-  // the flattened dimensions.
-  std::lock_guard<std::mutex> lock(view_->shared->mu);
-  auto named = view_->shared->flat_names.find(dim);
-  if (named != view_->shared->flat_names.end()) {
+  // the flattened dimensions. A short lock: a flatten in progress holds
+  // only `flatten_mu` while it communicates.
+  Shared& shared = *view_->shared;
+  std::lock_guard<std::mutex> lock(shared.mu);
+  auto named = shared.flat_names.find(dim);
+  if (named != shared.flat_names.end()) {
+    const std::vector<int64_t>& key = named->second;
     bool held = true;
-    for (int64_t r : named->second) {
-      held = held && view_->layout.find_dim(view_->shared->root.dim_name(r)).has_value();
+    for (int64_t r : key) {
+      held = held && view_->layout.find_dim(shared.root.dim_name(r)).has_value();
     }
     if (held) {
       if (!has_self()) {
-        return NotMember(view_->layout, view_->shared->global_rank,
+        return NotMember(view_->layout, shared.global_rank,
                          absl::StrCat("group along '", dim, "'"));
       }
-      return view_->shared->flattened.at(named->second);
+      if (key.size() == 1) return shared.dims[key[0]];
+      return shared.flattened.at(key);
     }
   }
   return view_->layout.dim_index(dim).status();  // NotFound, listing the names
@@ -332,46 +342,66 @@ absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::flatten(
     if (!r.ok()) return r.status();
     key.push_back(*r);
   }
-  if (key.size() == 1) return get_group(dims[0]);
+  Shared& shared = *view_->shared;
+  // One dimension is its own group: nothing to split, but a new name is
+  // registered so that get_group finds it (its own name needs nothing).
+  const bool one_dim = key.size() == 1;
+  const bool own_name = one_dim && shared.root.dim_name(key[0]) == flat_name;
 
-  std::lock_guard<std::mutex> lock(view_->shared->mu);
-  auto bound = view_->shared->flat_names.find(flat_name);
-  if ((bound != view_->shared->flat_names.end() && bound->second != key) ||
-      view_->shared->root.find_dim(flat_name).has_value()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "flatten name '", flat_name,
-        "' already names another dimension or flattened group of ",
-        view_->shared->root.ToString()));
+  // Flattens wait for each other, never get_group: see Shared::flatten_mu.
+  std::lock_guard<std::mutex> flatten_lock(shared.flatten_mu);
+  std::optional<std::shared_ptr<Communicator>> known;
+  {
+    std::lock_guard<std::mutex> lock(shared.mu);
+    auto bound = shared.flat_names.find(flat_name);
+    if ((bound != shared.flat_names.end() && bound->second != key) ||
+        (!own_name && shared.root.find_dim(flat_name).has_value())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "flatten name '", flat_name,
+          "' already names another dimension or flattened group of ",
+          shared.root.ToString()));
+    }
+    if (one_dim) {
+      if (!own_name) shared.flat_names.emplace(flat_name, key);
+    } else if (auto cached = shared.flattened.find(key);
+               cached != shared.flattened.end()) {
+      known = cached->second;
+    }
   }
-  auto cached = view_->shared->flattened.find(key);
-  if (cached == view_->shared->flattened.end()) {
-    // Collective over the world: check, then one split.
+  if (one_dim) return get_group(dims[0]);
+
+  if (!known.has_value()) {
+    // Collective over the world: check, then one split. No `mu` held.
     const std::vector<AgreementField> fields = {
         {"dims", absl::StrCat("[", absl::StrJoin(dims, ", "), "]")},
         {"name", flat_name}};
     absl::Status status =
-        CheckAgreement(*view_->shared->bootstrap, "DeviceMesh::flatten",
-                       fields, absl::Now() + view_->shared->timeout);
+        CheckAgreement(*shared.bootstrap, "DeviceMesh::flatten", fields,
+                       absl::Now() + shared.timeout);
     if (!status.ok()) return status;
     int color = -1;
     int split_key = 0;
-    if (view_->shared->root.contains(view_->shared->global_rank)) {
-      auto pos = view_->shared->root.group_position(dims, view_->shared->global_rank);
+    if (shared.root.contains(shared.global_rank)) {
+      auto pos = shared.root.group_position(dims, shared.global_rank);
       if (!pos.ok()) return pos.status();
       color = static_cast<int>(pos->group);
       split_key = static_cast<int>(pos->index);
     }
-    auto group = view_->shared->device_world->split(color, split_key);
+    auto group = shared.device_world->split(color, split_key);
     if (!group.ok()) return group.status();
-    cached = view_->shared->flattened.emplace(key, *std::move(group)).first;
-    view_->shared->flat_names.emplace(flat_name, key);
+    known = *std::move(group);
   }
-  if (cached->second == nullptr) {
-    return NotMember(view_->layout, view_->shared->global_rank,
+  {
+    std::lock_guard<std::mutex> lock(shared.mu);
+    shared.flattened.emplace(key, *known);
+    shared.flat_names.emplace(flat_name, key);
+  }
+  if (*known == nullptr) {
+    return NotMember(view_->layout, shared.global_rank,
                      absl::StrCat("flattened group '", flat_name,
                                   "' (it took part in the split)"));
   }
-  return cached->second;
+  return *known;
 }
 
 absl::StatusOr<std::string> DeviceMesh::backend(absl::string_view dim) const {

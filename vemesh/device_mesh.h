@@ -156,8 +156,10 @@ class DeviceMesh {
   // this mesh or any child) return the same communicator without
   // communicating. `name` defaults to the dims joined by '_'; it must not
   // be a dimension's name or another flattening's. One dimension is that
-  // dimension's group. Ranks outside the mesh take part in the split, then
-  // get FailedPrecondition.
+  // dimension's group (no split), and a new name for it is registered, so
+  // get_group(name) finds it too. Ranks outside the mesh take part in the
+  // split, then get FailedPrecondition. Flattens of one mesh run one at a
+  // time; get_group never waits for one (no lock is held across the split).
   absl::StatusOr<std::shared_ptr<Communicator>> flatten(
       absl::Span<const std::string> dims, absl::string_view name = "") const;
 

@@ -319,6 +319,26 @@ std::vector<Entry> Catalogue() {
   add("registry_submesh_unknown_dim", "registry", kNotFound, {"'XX'"}, [] {
     return MetaRegistry()->get_submesh({"DP", "XX"}).status();
   });
+  // get_global_* lists of a huge meta mesh: refused before allocating
+  // (this aborted with bad_alloc: 2^20 lists of 2^20 ranks).
+  add("registry_global_tp_meshes_too_many", "registry",
+      StatusCode::kResourceExhausted, {"1048576 meshes", "at most 65536"},
+      [] {
+        VeDeviceMesh r;
+        auto mesh = r.init_device_mesh(
+            "meta", {int64_t{1} << 20, int64_t{1} << 20}, {"DP", "TP"});
+        if (!mesh.ok()) return mesh.status();
+        return r.get_global_tensor_parallel_meshes().status();
+      });
+  add("registry_global_pp_meshes_too_many", "registry",
+      StatusCode::kResourceExhausted, {"1048576 meshes", "at most 65536"},
+      [] {
+        VeDeviceMesh r;
+        auto mesh = r.init_device_mesh(
+            "meta", {int64_t{1} << 20, int64_t{1} << 20}, {"PP", "TP"});
+        if (!mesh.ok()) return mesh.status();
+        return r.get_global_pipeline_parallel_meshes().status();
+      });
   return c;
 }
 

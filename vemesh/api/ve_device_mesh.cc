@@ -5,13 +5,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "vemesh/api/snapshot_guard.h"
+#include "vemesh/comm/mpi/mpi_environment.h"
 
 namespace vemesh {
 
 // Everything a query needs, built once per init and never changed: readers
-// share it without locks.
+// share it without locks. The registry alone owns it (and through `mesh`,
+// the communicators).
 struct VeDeviceMesh::State {
-  uint64_t generation = 0;
   DeviceMesh mesh;
   // This rank's coordinate; empty when it is outside a mesh smaller than
   // the world.
@@ -30,21 +32,35 @@ struct VeDeviceMesh::State {
   const MeshLayout& layout() const { return layout_copy; }
 };
 
+// One reading of the registry: the state as published when it was made,
+// kept alive (not owned) until it dies. Every query makes exactly one, so
+// that all it answers comes from one mesh.
+class VeDeviceMesh::Snapshot {
+ public:
+  explicit Snapshot(const VeDeviceMesh& registry)
+      : guard_(registry.published_) {}
+  // Null before init and after reset.
+  const State* get() const { return static_cast<const State*>(guard_.get()); }
+
+ private:
+  SnapshotGuard guard_;
+};
+
 namespace {
 
-// Generations are unique across every registry of the process, so a thread's
-// cached state can never be mistaken for another registry's.
-std::atomic<uint64_t> g_next_generation{1};
+// The most meshes one get_global_* list builds. Each is a DeviceMesh of a
+// few hundred bytes; a longer list (a meta mesh of 2^40 ranks has 2^20 TP
+// rows) is refused before anything is allocated.
+constexpr int64_t kMaxGlobalMeshes = int64_t{1} << 16;
 
-// The state this thread saw last, kept alive by this thread.
-struct ThreadCache {
-  const void* owner = nullptr;
-  uint64_t generation = 0;
-  std::shared_ptr<const void> state;
-};
-// initial-exec: a direct %fs-relative load, not a __tls_get_addr call, on
-// the hot path of every query.
-__attribute__((tls_model("initial-exec"))) thread_local ThreadCache t_cache;
+absl::Status TooManyMeshes(absl::string_view call, int64_t count,
+                           const MeshLayout& layout) {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      call, " would build ", count, " meshes of ", layout.ToString(),
+      ": expected at most ", kMaxGlobalMeshes,
+      "; ask for this rank's own (get_role_mesh, get_prev_stage / "
+      "get_next_stage) or compute members with get_global_rank"));
+}
 
 absl::Status NotInitialized() {
   return absl::FailedPreconditionError(
@@ -107,22 +123,22 @@ VeDeviceMesh::VeDeviceMesh() = default;
 
 VeDeviceMesh::~VeDeviceMesh() { reset(); }
 
-const VeDeviceMesh::State* VeDeviceMesh::current() const {
-  const uint64_t generation = generation_.load(std::memory_order_acquire);
-  if (generation == 0) return nullptr;
-  if (t_cache.owner == this && t_cache.generation == generation) {
-    return static_cast<const State*>(t_cache.state.get());
+void VeDeviceMesh::replace(std::unique_ptr<const State> next) {
+  std::unique_ptr<const State> old = std::move(owner_);
+  owner_ = std::move(next);
+  published_.store(owner_.get());
+  // No query can start on `old` now; let those in flight finish with it.
+  WaitForReaders(old.get());
+  // Freeing a mesh frees its communicators, which calls MPI: only on a
+  // thread that may (mpi_environment.h). Otherwise keep it for later.
+  if (!CheckMpiThread("freeing the replaced mesh").ok()) {
+    if (old != nullptr && old->mesh.device_type() != DeviceType::kMeta) {
+      retired_.push_back(std::move(old));
+    }
+    return;
   }
-  std::shared_ptr<const State> current;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    current = current_;
-  }
-  if (current == nullptr) return nullptr;
-  t_cache.owner = this;
-  t_cache.generation = current->generation;
-  t_cache.state = current;
-  return current.get();
+  retired_.clear();
+  old.reset();
 }
 
 absl::StatusOr<DeviceMesh> VeDeviceMesh::init_device_mesh(
@@ -134,6 +150,15 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::init_device_mesh(
         "the device mesh is already initialised and check_uniqueness is set: "
         "call reset() first, or init without check_uniqueness to replace it");
   }
+  // A cpu or cuda mesh is built with MPI under an MPI launcher: refuse a
+  // thread that MPI's thread level forbids, before any rank communicates.
+  // (A bad device type is left to init_device_mesh to name.)
+  if (auto parsed = ParseDeviceType(device_type);
+      parsed.ok() && parsed->type != DeviceType::kMeta) {
+    absl::Status thread = CheckMpiThread(absl::StrCat(
+        "VESCALE_DEVICE_MESH.init_device_mesh(\"", device_type, "\")"));
+    if (!thread.ok()) return thread;
+  }
   MeshOptions mesh_options;
   mesh_options.ranks = std::move(options.ranks);
   mesh_options.timeout = options.timeout;
@@ -144,9 +169,8 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::init_device_mesh(
                                        mesh_options);
   if (!mesh.ok()) return mesh.status();
 
-  auto state = std::make_shared<State>(State{
-      g_next_generation.fetch_add(1, std::memory_order_relaxed), *mesh,
-      std::nullopt, {}, -1, mesh->shape(), {}});
+  auto state = std::make_unique<State>(
+      State{*mesh, std::nullopt, {}, -1, mesh->shape(), {}});
   state->pp_dim = state->layout().find_dim("PP").value_or(-1);
   if (mesh->has_self()) {
     auto coordinate = mesh->get_coordinate();
@@ -165,38 +189,31 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::init_device_mesh(
       }
     }
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    current_ = state;
-    generation_.store(state->generation, std::memory_order_release);
-  }
+  replace(std::move(state));
   return *mesh;
 }
 
 void VeDeviceMesh::reset() {
   std::lock_guard<std::mutex> init_lock(init_mu_);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    current_.reset();
-    generation_.store(0, std::memory_order_release);
-  }
-  // Let go of this thread's copy now, so the communicators are freed here
-  // rather than at this thread's next query.
-  if (t_cache.owner == this) t_cache = ThreadCache{};
+  replace(nullptr);
 }
 
 bool VeDeviceMesh::is_initialized() const {
-  return generation_.load(std::memory_order_acquire) != 0;
+  return published_.load() != nullptr;
 }
 
 bool VeDeviceMesh::is_current(const DeviceMesh& mesh) const {
-  const State* s = current();
+  const Snapshot snap(*this);
+  const State* s = snap.get();
   return s != nullptr && s->mesh.same_root(mesh);
 }
 
 absl::Status VeDeviceMesh::check_current(const DeviceMesh& mesh) const {
-  if (is_current(mesh)) return absl::OkStatus();
-  if (!is_initialized()) {
+  // One snapshot for both questions: current? initialised at all?
+  const Snapshot snap(*this);
+  const State* s = snap.get();
+  if (s != nullptr && s->mesh.same_root(mesh)) return absl::OkStatus();
+  if (s == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         mesh.ToString(),
         " is stale: the device mesh was reset and none is initialised; call "
@@ -211,14 +228,16 @@ absl::Status VeDeviceMesh::check_current(const DeviceMesh& mesh) const {
 // -- The mesh and its sub-meshes ---------------------------------------------
 
 absl::StatusOr<DeviceMesh> VeDeviceMesh::get() const {
-  const State* s = current();
+  const Snapshot snap(*this);
+  const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
   return s->mesh;
 }
 
 absl::StatusOr<DeviceMesh> VeDeviceMesh::operator[](
     absl::string_view dim) const {
-  const State* s = current();
+  const Snapshot snap(*this);
+  const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
   const State& st = *s;
   auto d = st.layout().find_dim(dim);
@@ -229,7 +248,8 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::operator[](
 
 absl::StatusOr<DeviceMesh> VeDeviceMesh::get_submesh(
     absl::Span<const std::string> dims) const {
-  const State* s = current();
+  const Snapshot snap(*this);
+  const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
   return s->mesh.slice(dims);
 }
@@ -238,20 +258,23 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::get_submesh(
 
 absl::StatusOr<int64_t> VeDeviceMesh::get_strategy_size(
     absl::string_view dim) const {
-  const State* s = current();
+  const Snapshot snap(*this);
+  const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
   if (auto d = s->layout().find_dim(dim)) return s->shape[*d];
   return s->layout().dim_index(dim).status();
 }
 
 absl::StatusOr<int64_t> VeDeviceMesh::get_strategy_size(int64_t dim) const {
-  const State* s = current();
+  const Snapshot snap(*this);
+  const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
   return s->layout().dim_size(dim);
 }
 
 absl::StatusOr<Coordinate> VeDeviceMesh::get_strategy_coordinate() const {
-  const State* s = current();
+  const Snapshot snap(*this);
+  const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
   if (!s->coordinate) return NotMember(s->mesh);
   return *s->coordinate;
@@ -259,13 +282,15 @@ absl::StatusOr<Coordinate> VeDeviceMesh::get_strategy_coordinate() const {
 
 absl::StatusOr<Coordinate> VeDeviceMesh::get_strategy_coordinate(
     int64_t global_rank) const {
-  const State* s = current();
+  const Snapshot snap(*this);
+  const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
   return s->layout().coordinate_of(global_rank);
 }
 
 absl::StatusOr<int64_t> VeDeviceMesh::lookup_rank(absl::string_view dim) const {
-  const State* s = current();
+  const Snapshot snap(*this);
+  const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
   auto d = s->layout().find_dim(dim);
   if (!d) return s->layout().dim_index(dim).status();
@@ -274,7 +299,8 @@ absl::StatusOr<int64_t> VeDeviceMesh::lookup_rank(absl::string_view dim) const {
 }
 
 absl::StatusOr<int64_t> VeDeviceMesh::lookup_rank(int64_t dim) const {
-  const State* s = current();
+  const Snapshot snap(*this);
+  const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
   auto size = s->layout().dim_size(dim);
   if (!size.ok()) return size.status();
@@ -284,19 +310,22 @@ absl::StatusOr<int64_t> VeDeviceMesh::lookup_rank(int64_t dim) const {
 
 absl::StatusOr<int64_t> VeDeviceMesh::get_global_rank(
     absl::Span<const int64_t> coordinate) const {
-  const State* s = current();
+  const Snapshot snap(*this);
+  const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
   return s->layout().rank_at(coordinate);
 }
 
 absl::StatusOr<int64_t> VeDeviceMesh::get_rank() const {
-  const State* s = current();
+  const Snapshot snap(*this);
+  const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
   return s->mesh.global_rank();
 }
 
 absl::StatusOr<int64_t> VeDeviceMesh::get_local_rank() const {
-  const State* s = current();
+  const Snapshot snap(*this);
+  const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
   return s->mesh.host_local_rank();
 }
@@ -306,7 +335,8 @@ absl::StatusOr<Coordinate> VeDeviceMesh::get_coordinate() const {
 }
 
 absl::StatusOr<int64_t> VeDeviceMesh::size() const {
-  const State* s = current();
+  const Snapshot snap(*this);
+  const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
   return s->layout().size();
 }
@@ -316,25 +346,29 @@ absl::StatusOr<int64_t> VeDeviceMesh::size(absl::string_view dim) const {
 }
 
 absl::StatusOr<int64_t> VeDeviceMesh::ndim() const {
-  const State* s = current();
+  const Snapshot snap(*this);
+  const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
   return s->layout().ndim();
 }
 
 absl::StatusOr<std::vector<int64_t>> VeDeviceMesh::shape() const {
-  const State* s = current();
+  const Snapshot snap(*this);
+  const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
   return s->layout().shape();
 }
 
 absl::StatusOr<std::vector<std::string>> VeDeviceMesh::mesh_dim_names() const {
-  const State* s = current();
+  const Snapshot snap(*this);
+  const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
   return s->layout().dim_names();
 }
 
 absl::StatusOr<DeviceType> VeDeviceMesh::device_type() const {
-  const State* s = current();
+  const Snapshot snap(*this);
+  const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
   return s->mesh.device_type();
 }
@@ -343,7 +377,8 @@ absl::StatusOr<DeviceType> VeDeviceMesh::device_type() const {
 
 absl::StatusOr<int64_t> VeDeviceMesh::get_role_size(
     absl::string_view role) const {
-  const State* s = current();
+  const Snapshot snap(*this);
+  const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
   const int64_t d = RoleDim(s->layout(), role);
   return d < 0 ? 1 : s->layout().dim_size(d);
@@ -351,7 +386,8 @@ absl::StatusOr<int64_t> VeDeviceMesh::get_role_size(
 
 absl::StatusOr<int64_t> VeDeviceMesh::get_role_rank(
     absl::string_view role) const {
-  const State* s = current();
+  const Snapshot snap(*this);
+  const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
   if (!s->coordinate) return NotMember(s->mesh);
   const int64_t d = RoleDim(s->layout(), role);
@@ -360,7 +396,8 @@ absl::StatusOr<int64_t> VeDeviceMesh::get_role_rank(
 
 absl::StatusOr<DeviceMesh> VeDeviceMesh::get_role_mesh(
     absl::string_view role) const {
-  const State* s = current();
+  const Snapshot snap(*this);
+  const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
   const int64_t d = RoleDim(s->layout(), role);
   if (d < 0) return MissingRole(s->layout(), role);
@@ -370,7 +407,8 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::get_role_mesh(
 
 absl::StatusOr<std::shared_ptr<Communicator>> VeDeviceMesh::get_role_dim_groups(
     absl::string_view role) const {
-  const State* s = current();
+  const Snapshot snap(*this);
+  const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
   const int64_t d = RoleDim(s->layout(), role);
   if (d < 0) return MissingRole(s->layout(), role);
@@ -379,18 +417,33 @@ absl::StatusOr<std::shared_ptr<Communicator>> VeDeviceMesh::get_role_dim_groups(
 
 absl::StatusOr<std::vector<DeviceMesh>> VeDeviceMesh::get_global_role_meshes(
     absl::string_view role) const {
-  const State* s = current();
+  const Snapshot snap(*this);
+  const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
   const MeshLayout& layout = s->layout();
   const int64_t d = RoleDim(layout, role);
   if (d < 0) return MissingRole(layout, role);
   const std::vector<std::string> dims = {layout.dim_name(d)};
-  auto groups = layout.groups(dims);
-  if (!groups.ok()) return groups.status();
+  const int64_t count = layout.size() / s->shape[d];
+  if (count > kMaxGlobalMeshes) {
+    return TooManyMeshes(absl::StrCat("get_global_role_meshes('", role, "')"),
+                         count, layout);
+  }
   std::vector<DeviceMesh> out;
-  out.reserve(groups->size());
-  for (const std::vector<int64_t>& group : *groups) {
-    auto mesh = s->mesh.submesh_at(dims, group.front());
+  out.reserve(count);
+  // Group g holds coordinate g, row-major over the other dimensions, at
+  // index 0 along d: O(ndim) per group, no list of the world.
+  Coordinate at(layout.ndim(), 0);
+  for (int64_t g = 0; g < count; ++g) {
+    int64_t rest = g;
+    for (int64_t i = layout.ndim() - 1; i >= 0; --i) {
+      if (i == d) continue;
+      at[i] = rest % s->shape[i];
+      rest /= s->shape[i];
+    }
+    auto rank = layout.rank_at(at);
+    if (!rank.ok()) return rank.status();
+    auto mesh = s->mesh.submesh_at(dims, *rank);
     if (!mesh.ok()) return mesh.status();
     out.push_back(*std::move(mesh));
   }
@@ -434,11 +487,16 @@ VeDeviceMesh::get_global_tensor_parallel_meshes() const {
 
 absl::StatusOr<std::vector<DeviceMesh>>
 VeDeviceMesh::get_global_pipeline_parallel_meshes() const {
-  const State* s = current();
+  const Snapshot snap(*this);
+  const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
   const State& st = *s;
   if (st.pp_dim < 0) return std::vector<DeviceMesh>{st.mesh};
-  const int64_t stages = st.layout().shape()[st.pp_dim];
+  const int64_t stages = st.shape[st.pp_dim];
+  if (stages > kMaxGlobalMeshes) {
+    return TooManyMeshes("get_global_pipeline_parallel_meshes()", stages,
+                         st.layout());
+  }
   std::vector<DeviceMesh> out;
   out.reserve(stages);
   // Stage s holds the ranks whose PP index is s: anchor each stage at the
@@ -455,18 +513,23 @@ VeDeviceMesh::get_global_pipeline_parallel_meshes() const {
   return out;
 }
 
+// Rank and size from one snapshot: two queries could straddle a re-init
+// and compare the old mesh's stage with the new one's stage count.
 absl::StatusOr<bool> VeDeviceMesh::is_first_stage() const {
-  auto rank = get_pipeline_parallel_rank();
-  if (!rank.ok()) return rank.status();
-  return *rank == 0;
+  const Snapshot snap(*this);
+  const State* s = snap.get();
+  if (s == nullptr) return NotInitialized();
+  if (!s->coordinate) return NotMember(s->mesh);
+  return s->pp_dim < 0 || (*s->coordinate)[s->pp_dim] == 0;
 }
 
 absl::StatusOr<bool> VeDeviceMesh::is_last_stage() const {
-  auto rank = get_pipeline_parallel_rank();
-  if (!rank.ok()) return rank.status();
-  auto size = get_role_size("PP");
-  if (!size.ok()) return size.status();
-  return *rank == *size - 1;
+  const Snapshot snap(*this);
+  const State* s = snap.get();
+  if (s == nullptr) return NotInitialized();
+  if (!s->coordinate) return NotMember(s->mesh);
+  return s->pp_dim < 0 ||
+         (*s->coordinate)[s->pp_dim] == s->shape[s->pp_dim] - 1;
 }
 
 // -- Pipeline neighbours -------------------------------------------------------
@@ -504,7 +567,8 @@ absl::StatusOr<DeviceMesh> StageMesh(const DeviceMesh& mesh, int64_t pp_dim,
 
 absl::StatusOr<std::optional<int64_t>> VeDeviceMesh::stage_peer(
     int64_t shift, bool wrap) const {
-  const State* s = current();
+  const Snapshot snap(*this);
+  const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
   const State& st = *s;
   if (!st.coordinate) return NotMember(st.mesh);
@@ -513,7 +577,8 @@ absl::StatusOr<std::optional<int64_t>> VeDeviceMesh::stage_peer(
 
 absl::StatusOr<std::optional<StageNeighbor>> VeDeviceMesh::stage_neighbor(
     int64_t shift, bool wrap) const {
-  const State* s = current();
+  const Snapshot snap(*this);
+  const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
   const State& st = *s;
   if (!st.coordinate) return NotMember(st.mesh);

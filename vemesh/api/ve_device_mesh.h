@@ -32,11 +32,24 @@
 // `init_device_mesh` (or after `reset`) each one is FailedPrecondition, saying
 // to call init_device_mesh first.
 //
-// Concurrency: queries are safe from any number of threads at any time.
-// `init_device_mesh` and `reset` are serialised; a query running meanwhile
-// sees the whole old mesh or the whole new one, never a mix. Meshes and
-// communicators handed out stay valid after a re-init (they keep the old
-// communicators alive); `is_current(mesh)` tells whether one is stale.
+// Concurrency: queries are safe from any number of threads at any time, and
+// each reads one snapshot of the registry: a query running during a re-init
+// answers wholly from the old mesh or wholly from the new one, never a mix
+// (is_last_stage compares a stage and a stage count of the same mesh).
+// `init_device_mesh` and `reset` are serialised. The registry alone owns the
+// current mesh (threads keep no copies), so a re-init or reset frees the old
+// mesh's communicators on its own thread, once the queries in flight are
+// done, never later on an idle thread. Meshes and communicators handed out
+// stay valid after a re-init (they keep the old communicators alive, and
+// whoever lets go of them last frees them); `is_current(mesh)` tells whether
+// one is stale.
+//
+// MPI thread levels (vemesh/comm/mpi/mpi_environment.h): queries never call
+// MPI and work from any thread. Under MPI_THREAD_FUNNELED or SINGLE,
+// `init_device_mesh` of a cpu or cuda mesh from a thread other than the
+// main one is FailedPrecondition naming the level; `reset` (or a meta init)
+// from such a thread forgets the mesh at once but leaves its communicators
+// to the next init_device_mesh or reset on a thread that may call MPI.
 //
 // Where veScale disagrees with its own documentation, this follows the
 // documentation; docs/VESCALE_COMPAT.md lists each case.
@@ -163,6 +176,9 @@ class VeDeviceMesh {
   absl::StatusOr<std::shared_ptr<Communicator>> get_role_dim_groups(
       absl::string_view role) const;
   // Every 1-D mesh along a role, row-major over the other dimensions.
+  // The get_global_* lists build at most 65536 meshes: a longer list (a
+  // huge meta mesh) is ResourceExhausted naming the count, before anything
+  // is allocated.
   absl::StatusOr<std::vector<DeviceMesh>> get_global_role_meshes(
       absl::string_view role) const;
 
@@ -203,11 +219,13 @@ class VeDeviceMesh {
 
  private:
   struct State;
-  // The current state, or null before init. Wait-free on the fast path: a
-  // thread keeps the state it last saw and revalidates it with one atomic
-  // load of the generation. The pointer stays valid until this thread's
-  // next call.
-  const State* current() const;
+  // One reading of `published_` (a SnapshotGuard): the state a query
+  // answers from, alive until the query returns. Lock-free.
+  class Snapshot;
+  // Publishes `next` (null: none), waits out the queries reading the old
+  // state and frees it here, or keeps it in `retired_` when this thread may
+  // not call MPI. Under init_mu_.
+  void replace(std::unique_ptr<const State> next);
   absl::StatusOr<std::optional<StageNeighbor>> stage_neighbor(
       int64_t shift, bool wrap) const;
   absl::StatusOr<std::optional<int64_t>> stage_peer(int64_t shift,
@@ -217,12 +235,13 @@ class VeDeviceMesh {
   // TSan, which would then not see the locking and report false races.
   // Serialises init and reset (long, collective) without blocking queries.
   std::mutex init_mu_;
-  // Guards `current_` for the slow path of current().
-  mutable std::mutex mu_;
-  std::shared_ptr<const State> current_;
-  // Generation of `current_`; unique across registries of the process, and
-  // 0 while none is current.
-  std::atomic<uint64_t> generation_{0};
+  // The current state, owned here alone; null before init. Under init_mu_.
+  std::unique_ptr<const State> owner_;
+  // Replaced states that a thread forbidden to call MPI let go of; freed by
+  // the next replace() on a thread that may. Under init_mu_.
+  std::vector<std::unique_ptr<const State>> retired_;
+  // owner_.get(), for queries (vemesh/api/snapshot_guard.h).
+  std::atomic<const void*> published_{nullptr};
 };
 
 }  // namespace vemesh

@@ -25,7 +25,13 @@
 //
 // Threads: one communicator may be used by one thread at a time (as an MPI
 // communicator or an NCCL communicator); different communicators may be used
-// from different threads when MPI granted MPI_THREAD_MULTIPLE.
+// from different threads when MPI granted MPI_THREAD_MULTIPLE. Under
+// MPI_THREAD_FUNNELED or SINGLE only the main thread may use (or free) an
+// MPI communicator: elsewhere its operations are FailedPrecondition naming
+// the thread level (vemesh/comm/mpi/mpi_environment.h).
+//
+// After MPI_Finalize, an MPI communicator's operations are
+// FailedPrecondition saying MPI was finalised, not an abort.
 
 #ifndef VEMESH_COMM_COMMUNICATOR_H_
 #define VEMESH_COMM_COMMUNICATOR_H_

@@ -1,6 +1,9 @@
 #include "vemesh/comm/mpi/mpi_communicator.h"
 
 #include <climits>
+#include <cstdio>
+#include <mutex>
+#include <string>
 #include <cstdint>
 #include <numeric>
 #include <utility>
@@ -61,7 +64,35 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, int rank, int size,
 MpiCommunicator::~MpiCommunicator() {
   // After MPI_Finalize the communicator is already gone; calling MPI then
   // is an error, so only free while MPI is alive.
-  if (comm_ != MPI_COMM_NULL && MpiIsUsable()) MPI_Comm_free(&comm_);
+  if (comm_ == MPI_COMM_NULL || !MpiIsUsable()) return;
+  // Under MPI_THREAD_FUNNELED / SINGLE a worker thread must not call MPI:
+  // leave the communicator to MPI_Finalize rather than break that rule.
+  absl::Status thread = CheckMpiThread("freeing an MPI communicator");
+  if (!thread.ok()) {
+    static std::once_flag warned;
+    std::call_once(warned, [&thread] {
+      std::fprintf(stderr,
+                   "vemesh: warning: %s; it is left to MPI_Finalize. Let go "
+                   "of MPI communicators (and meshes, and the registry's "
+                   "reset) on the main thread.\n",
+                   std::string(thread.message()).c_str());
+    });
+    return;
+  }
+  MPI_Comm_free(&comm_);
+}
+
+absl::Status MpiCommunicator::Usable(absl::string_view op) const {
+  if (!MpiIsUsable()) {
+    // Open MPI aborts the process on any call after MPI_Finalize.
+    return absl::FailedPreconditionError(absl::StrCat(
+        op, " on an MPI communicator of ", size_,
+        " ranks after MPI was finalised (MPI_Finalize was called): MPI cannot "
+        "be used again; finish communicating before MPI_Finalize"));
+  }
+  // The common case first, without building a message.
+  if (MpiThreadLevel() >= MPI_THREAD_SERIALIZED) return absl::OkStatus();
+  return CheckMpiThread(absl::StrCat(op, " on an MPI communicator"));
 }
 
 absl::StatusOr<std::shared_ptr<MpiCommunicator>> MpiCommunicator::World() {
@@ -157,12 +188,15 @@ absl::Status MpiCommunicator::CheckPeer(absl::string_view op,
 }
 
 absl::Status MpiCommunicator::barrier() {
+  absl::Status status = Usable("barrier");
+  if (!status.ok()) return status;
   return MpiStatus(MPI_Barrier(comm_), "MPI_Barrier");
 }
 
 absl::Status MpiCommunicator::broadcast(void* data, size_t count,
                                         DataType type, int root) {
-  absl::Status status = CheckBuffer("broadcast", data, count);
+  absl::Status status = Usable("broadcast");
+  if (status.ok()) status = CheckBuffer("broadcast", data, count);
   if (status.ok()) status = CheckPeer("broadcast", "root", root);
   if (!status.ok()) return status;
   return MpiStatus(MPI_Bcast(data, static_cast<int>(count), MpiDataType(type),
@@ -173,7 +207,8 @@ absl::Status MpiCommunicator::broadcast(void* data, size_t count,
 absl::Status MpiCommunicator::all_reduce(const void* send, void* recv,
                                          size_t count, DataType type,
                                          ReduceOp op) {
-  absl::Status status = CheckBuffer("all_reduce", send, count);
+  absl::Status status = Usable("all_reduce");
+  if (status.ok()) status = CheckBuffer("all_reduce", send, count);
   if (status.ok()) status = CheckBuffer("all_reduce", recv, count);
   if (!status.ok()) return status;
   const size_t bytes = count * SizeOf(type);
@@ -190,7 +225,8 @@ absl::Status MpiCommunicator::all_reduce(const void* send, void* recv,
 absl::Status MpiCommunicator::all_gather(const void* send, void* recv,
                                          size_t count, DataType type) {
   const size_t total = count * static_cast<size_t>(size_);
-  absl::Status status = CheckBuffer("all_gather", send, count);
+  absl::Status status = Usable("all_gather");
+  if (status.ok()) status = CheckBuffer("all_gather", send, count);
   if (status.ok()) status = CheckBuffer("all_gather", recv, total);
   if (!status.ok()) return status;
   const size_t width = SizeOf(type);
@@ -208,7 +244,8 @@ absl::Status MpiCommunicator::reduce_scatter(const void* send, void* recv,
                                              size_t count, DataType type,
                                              ReduceOp op) {
   const size_t total = count * static_cast<size_t>(size_);
-  absl::Status status = CheckBuffer("reduce_scatter", send, total);
+  absl::Status status = Usable("reduce_scatter");
+  if (status.ok()) status = CheckBuffer("reduce_scatter", send, total);
   if (status.ok()) status = CheckBuffer("reduce_scatter", recv, count);
   if (!status.ok()) return status;
   const size_t width = SizeOf(type);
@@ -224,7 +261,8 @@ absl::Status MpiCommunicator::reduce_scatter(const void* send, void* recv,
 
 absl::Status MpiCommunicator::send(const void* data, size_t count,
                                    DataType type, int peer) {
-  absl::Status status = CheckBuffer("send", data, count);
+  absl::Status status = Usable("send");
+  if (status.ok()) status = CheckBuffer("send", data, count);
   if (status.ok()) status = CheckPeer("send", "peer", peer);
   if (!status.ok()) return status;
   return MpiStatus(MPI_Send(data, static_cast<int>(count), MpiDataType(type),
@@ -234,7 +272,8 @@ absl::Status MpiCommunicator::send(const void* data, size_t count,
 
 absl::Status MpiCommunicator::recv(void* data, size_t count, DataType type,
                                    int peer) {
-  absl::Status status = CheckBuffer("recv", data, count);
+  absl::Status status = Usable("recv");
+  if (status.ok()) status = CheckBuffer("recv", data, count);
   if (status.ok()) status = CheckPeer("recv", "peer", peer);
   if (!status.ok()) return status;
   MPI_Status info;
@@ -256,7 +295,8 @@ absl::Status MpiCommunicator::send_recv(const void* send_data,
                                         size_t send_count, int dest,
                                         void* recv_data, size_t recv_count,
                                         int source, DataType type) {
-  absl::Status status = CheckBuffer("send_recv", send_data, send_count);
+  absl::Status status = Usable("send_recv");
+  if (status.ok()) status = CheckBuffer("send_recv", send_data, send_count);
   if (status.ok()) status = CheckBuffer("send_recv", recv_data, recv_count);
   if (status.ok()) status = CheckPeer("send_recv", "dest", dest);
   if (status.ok()) status = CheckPeer("send_recv", "source", source);
@@ -280,8 +320,10 @@ absl::Status MpiCommunicator::send_recv(const void* send_data,
 
 absl::StatusOr<std::shared_ptr<MpiCommunicator>> MpiCommunicator::split_mpi(
     int color, int key) {
+  absl::Status status = Usable("split");
+  if (!status.ok()) return status;
   MPI_Comm child = MPI_COMM_NULL;
-  absl::Status status =
+  status =
       MpiStatus(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key,
                                &child),
                 "MPI_Comm_split");
@@ -303,6 +345,8 @@ NativeHandle MpiCommunicator::native_handle() const {
 
 absl::StatusOr<std::shared_ptr<Bootstrap>> MpiCommunicator::make_bootstrap(
     absl::Time deadline) {
+  absl::Status status = Usable("make_bootstrap");
+  if (!status.ok()) return status;
   auto boot = MpiBootstrap::Create(comm_, "MeshOptions.world (an MPI communicator)",
                                    deadline);
   if (!boot.ok()) return boot.status();

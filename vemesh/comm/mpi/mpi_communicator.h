@@ -12,7 +12,15 @@
 // vemesh traffic never matches the program's own messages, and sets
 // MPI_ERRORS_RETURN on it, so that MPI errors come back as Status instead of
 // aborting the job. It frees that communicator when the last holder lets go,
-// unless MPI was finalised first (then there is nothing left to free).
+// unless MPI was finalised first (then there is nothing left to free), or
+// the last holder is a thread that may not call MPI (MPI_THREAD_FUNNELED or
+// SINGLE: it is then left to MPI_Finalize, with a warning).
+//
+// Every operation and `split` first check that MPI is still usable: after
+// MPI_Finalize they answer FailedPrecondition saying MPI was finalised
+// (Open MPI would abort the process), and under MPI_THREAD_FUNNELED or
+// SINGLE, from a thread other than the main one, FailedPrecondition naming
+// the thread level.
 //
 // `ranks()` are ranks in the *origin* of the communicator: the communicator
 // that `World()` or `Dup()` copied (MPI_COMM_WORLD for `World()`). Splits
@@ -99,6 +107,9 @@ class MpiCommunicator final : public Communicator {
   static absl::StatusOr<std::shared_ptr<MpiCommunicator>> Adopt(
       MPI_Comm comm, MPI_Comm parent, const std::vector<int>* parent_ranks);
 
+  // FailedPrecondition when MPI was finalised, or when this thread may not
+  // call MPI at the level MPI granted (mpi_environment.h).
+  absl::Status Usable(absl::string_view op) const;
   absl::Status CheckBuffer(absl::string_view op, const void* data,
                            size_t count) const;
   absl::Status CheckPeer(absl::string_view op, absl::string_view what,

@@ -153,6 +153,35 @@ int MpiThreadLevel() {
   return thread_level;
 }
 
+absl::string_view MpiThreadLevelName(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE:
+      return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED:
+      return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED:
+      return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE:
+      return "MPI_THREAD_MULTIPLE";
+  }
+  return "no thread level (MPI not initialised)";
+}
+
+absl::Status CheckMpiThread(absl::string_view what) {
+  if (!MpiIsUsable()) return absl::OkStatus();
+  const int level = MpiThreadLevel();
+  if (level >= MPI_THREAD_SERIALIZED) return absl::OkStatus();
+  // MPI_Is_thread_main may be called from any thread (MPI 3.1, 12.4.3).
+  int is_main = 0;
+  MPI_Is_thread_main(&is_main);
+  if (is_main) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      what, " would call MPI from a thread other than the main one, but MPI "
+      "was initialised with ", MpiThreadLevelName(level),
+      ": call it from the thread that initialised MPI, or initialise MPI with "
+      "MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE"));
+}
+
 MpiSession::MpiSession(int* argc, char*** argv) {
   std::lock_guard<std::mutex> lock(env_mu);
   status_ = InitLocked(argc, argv);

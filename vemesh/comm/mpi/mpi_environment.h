@@ -21,6 +21,14 @@
 // MPI lazily. Communicators that outlive MPI_Finalize (a global registry, for
 // instance) see that MPI is finalised and free nothing.
 //
+// Threads: vemesh asks for MPI_THREAD_MULTIPLE when it starts MPI; a program
+// that started MPI itself chose the level. Under MPI_THREAD_FUNNELED or
+// MPI_THREAD_SINGLE only the main thread may call MPI, and vemesh enforces
+// it (CheckMpiThread): MPI communicator operations and the registry's
+// init_device_mesh from another thread are FailedPrecondition, and an MPI
+// communicator let go of on another thread is not freed (MPI_Finalize
+// reclaims it; a warning says so).
+//
 // Thread safety: every function here may be called from any thread.
 
 #ifndef VEMESH_COMM_MPI_MPI_ENVIRONMENT_H_
@@ -59,6 +67,16 @@ bool VemeshOwnsMpi();
 // The thread level MPI granted (MPI_THREAD_SINGLE .. MPI_THREAD_MULTIPLE);
 // -1 before MPI is initialised.
 int MpiThreadLevel();
+// "MPI_THREAD_FUNNELED" for MPI_THREAD_FUNNELED, and so on.
+absl::string_view MpiThreadLevelName(int level);
+
+// Whether this thread may call MPI now, by the level MPI granted: OK under
+// MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE, or on the main thread (the
+// one that initialised MPI), or while MPI is not running (nothing to
+// forbid). Otherwise FailedPrecondition naming `what`, the level and the
+// way out: under MPI_THREAD_FUNNELED or MPI_THREAD_SINGLE only the main
+// thread may call MPI.
+absl::Status CheckMpiThread(absl::string_view what);
 
 // Turns an MPI return code into a Status: OK for MPI_SUCCESS, otherwise
 // Internal naming the call and MPI's own message.
