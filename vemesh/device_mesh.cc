@@ -179,9 +179,9 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
   }
 
   // (5) The backends' worlds.
-  auto backends = MeshBackends::Create(*bootstrap, *std::move(plan),
-                                       shared->host_local_rank, deadline,
-                                       options.timeout);
+  auto backends = MeshBackends::Create(
+      *bootstrap, *std::move(plan), shared->host_local_rank,
+      shared->host_size == world_size, deadline, options.timeout);
   if (!backends.ok()) return backends.status();
   shared->backends = *std::move(backends);
   shared->device_world = shared->backends->default_world();

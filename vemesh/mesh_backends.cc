@@ -1,6 +1,7 @@
 #include "vemesh/mesh_backends.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <set>
 #include <utility>
 
@@ -44,16 +45,16 @@ std::string NaturalHostBackend(const Bootstrap& bootstrap) {
 // Gloo under an MPI launcher: rank 0 hosts a store on an ephemeral port and
 // tells the others where, over the MPI bootstrap.
 absl::StatusOr<std::shared_ptr<Bootstrap>> GlooBootstrapOverMpi(
-    Bootstrap& bootstrap, absl::Time deadline,
+    Bootstrap& bootstrap, bool one_host, absl::Time deadline,
     std::unique_ptr<TcpStoreServer>* server) {
   std::string address;
   if (bootstrap.rank() == 0) {
-    auto host = LocalAddressTowards(HostIdentity());
-    if (!host.ok()) return host.status();
-    auto started = TcpStoreServer::Start(*host, 0);
+    // One host: loopback; several: an address the others can reach.
+    const std::string host = one_host ? "127.0.0.1" : AdvertisedAddress();
+    auto started = TcpStoreServer::Start(host, 0);
     if (!started.ok()) return started.status();
     *server = *std::move(started);
-    address = absl::StrCat(*host, " ", (*server)->port());
+    address = absl::StrCat(host, " ", (*server)->port());
   }
   auto all = bootstrap.all_gather(address, deadline);
   if (!all.ok()) return all.status();
@@ -70,12 +71,18 @@ absl::StatusOr<std::shared_ptr<Bootstrap>> GlooBootstrapOverMpi(
   store_options.timeout = std::max(deadline - absl::Now(), absl::Seconds(1));
   auto store = TcpStore::Connect(host, port, deadline, store_options);
   if (!store.ok()) return store.status();
-  auto local = LocalAddressTowards(host);
-  if (!local.ok()) return local.status();
+  std::string local_host;
+  if (const char* forced = std::getenv("VEMESH_GLOO_HOST"); forced && *forced) {
+    local_host = forced;
+  } else {
+    auto local = LocalAddressTowards(host);
+    if (!local.ok()) return local.status();
+    local_host = *local;
+  }
   return std::shared_ptr<Bootstrap>(std::make_shared<StoreBootstrap>(
       std::shared_ptr<Store>(*std::move(store)), bootstrap.rank(),
       bootstrap.size(), "vemesh/gloo-over-mpi",
-      "a store hosted by rank 0 over the MPI bootstrap", *local));
+      "a store hosted by rank 0 over the MPI bootstrap", local_host));
 }
 
 }  // namespace
@@ -119,7 +126,7 @@ absl::StatusOr<BackendPlan> PlanBackends(DeviceType device_type,
 }
 
 absl::StatusOr<std::unique_ptr<MeshBackends>> MeshBackends::Create(
-    Bootstrap& bootstrap, BackendPlan plan, int cuda_device,
+    Bootstrap& bootstrap, BackendPlan plan, int cuda_device, bool one_host,
     absl::Time deadline, absl::Duration op_timeout) {
   std::unique_ptr<MeshBackends> out(new MeshBackends());
   std::set<std::string> used(plan.dims.begin(), plan.dims.end());
@@ -130,7 +137,7 @@ absl::StatusOr<std::unique_ptr<MeshBackends>> MeshBackends::Create(
   if (!world.ok()) return world.status();
   out->worlds_[host] = *std::move(world);
   if (used.count("gloo") > 0 && host != "gloo") {
-    auto gloo_boot = GlooBootstrapOverMpi(bootstrap, deadline, &out->server_);
+    auto gloo_boot = GlooBootstrapOverMpi(bootstrap, one_host, deadline, &out->server_);
     if (!gloo_boot.ok()) return gloo_boot.status();
     out->gloo_bootstrap_ = *std::move(gloo_boot);
     auto gloo = out->gloo_bootstrap_->world(deadline, op_timeout);

@@ -13,7 +13,8 @@
 //   (*backends)->world_of_dim(2)->split(color, key);
 //
 // The plan is local (the agreement check compares it across ranks); Create
-// is collective and makes each world in the same order on every rank: the
+// is collective (`one_host`: every rank is on this host, so a store that
+// rank 0 starts for Gloo listens on loopback only) and makes each world in the same order on every rank: the
 // bootstrap's own host world first (NCCL's unique id travels over it), then
 // a Gloo world over MPI when asked for, then NCCL.
 
@@ -54,7 +55,7 @@ absl::StatusOr<BackendPlan> PlanBackends(DeviceType device_type,
 class MeshBackends {
  public:
   static absl::StatusOr<std::unique_ptr<MeshBackends>> Create(
-      Bootstrap& bootstrap, BackendPlan plan, int cuda_device,
+      Bootstrap& bootstrap, BackendPlan plan, int cuda_device, bool one_host,
       absl::Time deadline, absl::Duration op_timeout);
   ~MeshBackends();
 

@@ -37,14 +37,17 @@ for ((r = 0; r < n; ++r)); do
 done
 deadline=$((SECONDS + limit))
 worst=0
+killed=0
 for pid in "${pids[@]}"; do
   while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.1; done
   if kill -0 "$pid" 2>/dev/null; then
     echo "spawn_env: rank process $pid still running after ${limit}s: ending it" >&2
     kill -TERM "$pid" 2>/dev/null; sleep 1; kill -KILL "$pid" 2>/dev/null
-    worst=124
+    killed=1
   fi
   wait "$pid"; rc=$?
   if ((rc > worst)); then worst=$rc; fi
 done
+# A kill says so, whatever the killed processes' own exit codes were.
+if ((killed)); then exit 124; fi
 exit "$worst"

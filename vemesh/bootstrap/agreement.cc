@@ -96,7 +96,13 @@ absl::StatusOr<std::vector<std::string>> AgreeAndGather(
   // arguments, so that the message names the first rank that differs from
   // rank 0 and what each passed.
   auto texts = bootstrap.all_gather(mine, deadline);
-  if (!texts.ok()) return texts.status();
+  if (!texts.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        operation,
+        ": the ranks disagree on their arguments (every rank must pass the "
+        "same); fetching which rank differs failed: ",
+        texts.status().message()));
+  }
   int other = -1;
   for (size_t r = 1; r < texts->size(); ++r) {
     if ((*texts)[r] != (*texts)[0]) {

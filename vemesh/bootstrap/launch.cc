@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -103,7 +105,14 @@ struct EnvLaunch {
 absl::StatusOr<std::shared_ptr<Bootstrap>> MakeEnvBootstrap(
     const LaunchInfo& info, absl::Time deadline, EnvLaunch* keep) {
   if (info.rank == 0) {
-    auto server = TcpStoreServer::Start(info.master_addr, info.master_port);
+    // Bind MASTER_ADDR itself when it is a loopback name (a one-host job:
+    // nothing outside this machine can reach the store), else every
+    // interface, as PyTorch's TCPStore does: a hostname often resolves to
+    // a loopback address on its own host (Debian's 127.0.1.1) that the
+    // other hosts could not reach.
+    auto bind = IsLoopback(info.master_addr) ? info.master_addr
+                                             : std::string("0.0.0.0");
+    auto server = TcpStoreServer::Start(bind, info.master_port);
     if (!server.ok()) {
       return absl::Status(
           server.status().code(),
@@ -165,6 +174,48 @@ absl::StatusOr<std::shared_ptr<Bootstrap>> MakeEnvBootstrap(
 }
 
 }  // namespace
+
+bool IsLoopback(const std::string& host) {
+  addrinfo hints = {};
+  hints.ai_family = AF_INET;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return false;
+  bool loopback = true;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
+    loopback = loopback && (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+  }
+  freeaddrinfo(found);
+  return loopback;
+}
+
+std::string AdvertisedAddress() {
+  if (const char* host = Env("VEMESH_GLOO_HOST")) return host;
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "127.0.0.1";
+  // The interface this host uses towards its own name, unless that is a
+  // loopback alias: then the first address of an interface that is up.
+  auto towards = LocalAddressTowards(name);
+  if (towards.ok() && towards->rfind("127.", 0) != 0) return *towards;
+  ifaddrs* all = nullptr;
+  std::string out = "127.0.0.1";
+  if (getifaddrs(&all) == 0) {
+    for (ifaddrs* i = all; i != nullptr; i = i->ifa_next) {
+      if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET ||
+          (i->ifa_flags & IFF_LOOPBACK) || !(i->ifa_flags & IFF_UP)) {
+        continue;
+      }
+      char text[INET_ADDRSTRLEN] = {};
+      const auto* in = reinterpret_cast<const sockaddr_in*>(i->ifa_addr);
+      if (inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text)) != nullptr) {
+        out = text;
+        break;
+      }
+    }
+    freeifaddrs(all);
+  }
+  return out;
+}
 
 absl::StatusOr<LaunchInfo> DetectLaunch() {
   LaunchInfo info;

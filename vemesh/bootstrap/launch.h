@@ -72,6 +72,16 @@ int LauncherLocalRank();
 // sent): what Gloo peers connect to. "127.0.0.1" for loopback targets.
 absl::StatusOr<std::string> LocalAddressTowards(const std::string& host);
 
+// Whether every IPv4 address `host` resolves to is a loopback one (false
+// when it does not resolve).
+bool IsLoopback(const std::string& host);
+
+// An address of this machine that other hosts can reach, for a server that
+// vemesh starts itself (Gloo under mpirun): VEMESH_GLOO_HOST when set, the
+// address of the interface towards this host's name unless that is a
+// loopback alias, else the first IPv4 address of an interface that is up.
+std::string AdvertisedAddress();
+
 }  // namespace vemesh
 
 #endif  // VEMESH_BOOTSTRAP_LAUNCH_H_

@@ -76,6 +76,7 @@ StoreBootstrap::StoreBootstrap(std::shared_ptr<Store> store, int rank,
 
 absl::StatusOr<std::vector<std::string>> StoreBootstrap::all_gather(
     absl::string_view data, absl::Time deadline) {
+  std::lock_guard<std::mutex> lock(mu_);
   if (broken_) {
     return absl::FailedPreconditionError(
         "the store bootstrap failed an earlier round (see that error): the "
@@ -131,10 +132,16 @@ absl::StatusOr<std::vector<std::string>> StoreBootstrap::Round(
       (store_->get(keys[r]).ok() ? arrived : missing).push_back(r);
     }
     if (!arrived.empty() && arrived.front() == 0) arrived.erase(arrived.begin());
-    proposal = absl::StrCat(
-        "E", "rank(s) ", absl::StrJoin(missing, ", "), " of ", size_,
-        " never arrived before the deadline (rank 0 gave up waiting); every "
-        "rank gets this error");
+    // Everybody came just after the deadline: the round is whole after all.
+    auto late = missing.empty() ? store_->wait_get(keys, absl::Now() + grace_)
+                                : absl::StatusOr<std::vector<std::string>>(
+                                      values.status());
+    proposal = late.ok() ? Combine(*late)
+                         : absl::StrCat(
+                               "E", "rank(s) ", absl::StrJoin(missing, ", "),
+                               " of ", size_,
+                               " never arrived before the deadline (rank 0 "
+                               "gave up waiting); every rank gets this error");
   } else {
     return values.status();
   }
@@ -143,21 +150,17 @@ absl::StatusOr<std::vector<std::string>> StoreBootstrap::Round(
   auto result = Split(*winner, size_);
   // Keep the store up until the ranks that came have read the verdict: a
   // program that fails (or ends) right after this round must not take the
-  // store away from them. Bounded: a rank that died is not waited for long.
+  // store away from them. Bounded by the grace: a rank that died after
+  // setting its key is not waited for long.
   std::vector<std::string> acks;
   for (int r : arrived) acks.push_back(ack_key(r));
-  const absl::Time ack_by =
-      result.ok() ? deadline + grace_ : absl::Now() + grace_;
-  (void)store_->wait(acks, ack_by);
+  (void)store_->wait(acks, absl::Now() + grace_);
   return result;
 }
 
 absl::StatusOr<std::shared_ptr<Communicator>> StoreBootstrap::world(
     absl::Time deadline, absl::Duration op_timeout) {
-  if (deadline <= absl::Now()) {
-    return absl::DeadlineExceededError(
-        "the store bootstrap's deadline passed before the Gloo world was made");
-  }
+  std::lock_guard<std::mutex> lock(mu_);
   std::vector<int> ranks(static_cast<size_t>(size_));
   std::iota(ranks.begin(), ranks.end(), 0);
   const std::string prefix = absl::StrCat(prefix_, "/world/", worlds_++);

@@ -29,6 +29,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "vemesh/bootstrap/bootstrap.h"
@@ -75,6 +76,9 @@ class StoreBootstrap final : public Bootstrap {
   int64_t round_ = 0;
   int64_t worlds_ = 0;
   std::atomic<bool> broken_{false};
+  // One collective at a time: calls from two threads would pair up
+  // differently on different ranks.
+  std::mutex mu_;
 };
 
 }  // namespace vemesh

@@ -123,6 +123,7 @@ absl::Status MpiBootstrap::CheckUsable() const {
 
 absl::StatusOr<std::vector<std::string>> MpiBootstrap::all_gather(
     absl::string_view data, absl::Time deadline) {
+  std::lock_guard<std::mutex> lock(mu_);
   absl::Status status = CheckUsable();
   if (!status.ok()) return status;
   auto exchange = std::make_unique<Exchange>();
@@ -152,65 +153,66 @@ absl::StatusOr<std::vector<std::string>> MpiBootstrap::all_gather(
                                &request),
                 "MPI_Iallgather", deadline);
   if (!status.ok()) return status;
-  // Outcome agreement: a rank that arrives after the others gave up still
-  // completes their abandoned all-gather. A second, empty step tells it:
-  // only ranks whose first step completed in time post it, so it completes
-  // for all (everyone was on time) or for none (the late rank then fails at
-  // its own deadline too). The grace covers ranks whose first step
-  // completed a moment apart around the deadline.
-  status = step(MPI_Iallreduce(&x.on_time, &x.all_on_time, 1, MPI_INT, MPI_MIN,
-                               comm_, &request),
-                "MPI_Iallreduce (outcome)", deadline + kOutcomeGrace);
-  if (!status.ok()) return status;
   std::vector<uint64_t> lengths(static_cast<size_t>(size_));
   bool inline_only = true;
   for (int r = 0; r < size_; ++r) {
     std::memcpy(&lengths[r], x.blocks.data() + kBlockBytes * r, sizeof(uint64_t));
     inline_only = inline_only && lengths[r] <= kInlineBytes;
   }
+  std::vector<std::string> out;
+  out.reserve(static_cast<size_t>(size_));
   if (inline_only) {
-    std::vector<std::string> out;
-    out.reserve(static_cast<size_t>(size_));
     for (int r = 0; r < size_; ++r) {
       out.push_back(x.blocks.substr(kBlockBytes * r + sizeof(uint64_t), lengths[r]));
     }
-    return out;
-  }
-  uint64_t total = 0;
-  x.counts.resize(static_cast<size_t>(size_));
-  x.displacements.resize(static_cast<size_t>(size_));
-  for (int r = 0; r < size_; ++r) {
-    x.displacements[r] = static_cast<int>(total);
-    x.counts[r] = static_cast<int>(lengths[r]);
-    total += lengths[r];
-    if (lengths[r] > INT_MAX || total > INT_MAX) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "MPI bootstrap all_gather: ", total,
-          " bytes in all is more than MPI's int counts allow (", INT_MAX, ")"));
+  } else {
+    uint64_t total = 0;
+    x.counts.resize(static_cast<size_t>(size_));
+    x.displacements.resize(static_cast<size_t>(size_));
+    for (int r = 0; r < size_; ++r) {
+      x.displacements[r] = static_cast<int>(total);
+      x.counts[r] = static_cast<int>(lengths[r]);
+      total += lengths[r];
+      if (lengths[r] > INT_MAX || total > INT_MAX) {
+        // Every rank sees the same lengths, so every rank stops here.
+        return absl::InvalidArgumentError(absl::StrCat(
+            "MPI bootstrap all_gather: ", total,
+            " bytes in all is more than MPI's int counts allow (", INT_MAX, ")"));
+      }
+    }
+    x.recv.resize(total);
+    status = step(MPI_Iallgatherv(x.send.data(), static_cast<int>(length),
+                                  MPI_CHAR, x.recv.data(), x.counts.data(),
+                                  x.displacements.data(), MPI_CHAR, comm_,
+                                  &request),
+                  "MPI_Iallgatherv", deadline + kOutcomeGrace);
+    if (!status.ok()) return status;
+    for (int r = 0; r < size_; ++r) {
+      out.push_back(x.recv.substr(x.displacements[r], x.counts[r]));
     }
   }
-  x.recv.resize(total);
-  status = step(MPI_Iallgatherv(x.send.data(), static_cast<int>(length),
-                                MPI_CHAR, x.recv.data(), x.counts.data(),
-                                x.displacements.data(), MPI_CHAR, comm_,
-                                &request),
-                "MPI_Iallgatherv", deadline);
+  // Outcome agreement, always the last step: a rank that arrives after the
+  // others gave up still completes their abandoned all-gather. An empty
+  // step that only ranks whose gather completed in time post tells it: it
+  // completes for all (everyone was on time) or for none (the late rank
+  // then fails at its own deadline too). The grace covers ranks whose
+  // gather completed a moment apart around the deadline.
+  status = step(MPI_Iallreduce(&x.on_time, &x.all_on_time, 1, MPI_INT, MPI_MIN,
+                               comm_, &request),
+                "MPI_Iallreduce (outcome)", deadline + kOutcomeGrace);
   if (!status.ok()) return status;
-  std::vector<std::string> out;
-  out.reserve(static_cast<size_t>(size_));
-  for (int r = 0; r < size_; ++r) {
-    out.push_back(x.recv.substr(x.displacements[r], x.counts[r]));
-  }
   return out;
 }
 
 absl::StatusOr<std::shared_ptr<Communicator>> MpiBootstrap::world(
-    absl::Time, absl::Duration) {
+    absl::Time deadline, absl::Duration) {
+  std::lock_guard<std::mutex> lock(mu_);
   absl::Status status = CheckUsable();
   if (!status.ok()) return status;
-  // The ranks all passed the bootstrap's last collective, so this blocking
-  // duplicate completes.
-  auto world = MpiCommunicator::Dup(base_);
+  // A copy of the private communicator (same members as `base_`, so the
+  // same ranks), bounded by the deadline like every bootstrap step.
+  auto world = MpiCommunicator::Dup(comm_, deadline);
+  if (absl::IsDeadlineExceeded(world.status())) broken_ = true;
   if (!world.ok()) return world.status();
   return std::shared_ptr<Communicator>(*std::move(world));
 }

@@ -30,6 +30,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "vemesh/bootstrap/bootstrap.h"
@@ -66,6 +67,9 @@ class MpiBootstrap final : public Bootstrap {
   int size_;
   std::string reason_;
   std::atomic<bool> broken_{false};
+  // One collective at a time: calls from two threads would pair up
+  // differently on different ranks.
+  std::mutex mu_;
 };
 
 // Polls `request` until it completes or `deadline` passes. For the first few

@@ -116,6 +116,25 @@ absl::StatusOr<std::shared_ptr<MpiCommunicator>> MpiCommunicator::Dup(
   return Adopt(copy, MPI_COMM_NULL, nullptr);
 }
 
+absl::StatusOr<std::shared_ptr<MpiCommunicator>> MpiCommunicator::Dup(
+    MPI_Comm comm, absl::Time deadline) {
+  if (!MpiIsUsable()) {
+    return absl::FailedPreconditionError(
+        "MpiCommunicator::Dup needs an initialised, not finalised MPI");
+  }
+  if (comm == MPI_COMM_NULL) {
+    return absl::InvalidArgumentError("MpiCommunicator::Dup of MPI_COMM_NULL");
+  }
+  MPI_Comm copy = MPI_COMM_NULL;
+  MPI_Request request = MPI_REQUEST_NULL;
+  absl::Status status =
+      MpiStatus(MPI_Comm_idup(comm, &copy, &request), "MPI_Comm_idup");
+  if (status.ok()) status = WaitForMpiRequest(&request, deadline, "MPI_Comm_idup");
+  if (absl::IsDeadlineExceeded(status)) AbandonMpi();
+  if (!status.ok()) return status;
+  return Adopt(copy, MPI_COMM_NULL, nullptr);
+}
+
 absl::StatusOr<std::shared_ptr<MpiCommunicator>> MpiCommunicator::Adopt(
     MPI_Comm comm, MPI_Comm parent, const std::vector<int>* parent_ranks) {
   int rank = 0;

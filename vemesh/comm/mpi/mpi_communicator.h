@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "vemesh/comm/communicator.h"
 
 namespace vemesh {
@@ -53,6 +54,11 @@ class MpiCommunicator final : public Communicator {
   // Collective over `comm`: a private copy of it, which becomes the origin
   // of its ranks(). `comm` itself is left untouched.
   static absl::StatusOr<std::shared_ptr<MpiCommunicator>> Dup(MPI_Comm comm);
+  // The same copy made with MPI_Comm_idup, polled until `deadline`:
+  // DeadlineExceeded (and MPI abandoned, see AbandonMpi) when some rank
+  // never joins it.
+  static absl::StatusOr<std::shared_ptr<MpiCommunicator>> Dup(
+      MPI_Comm comm, absl::Time deadline);
 
   ~MpiCommunicator() override;
 

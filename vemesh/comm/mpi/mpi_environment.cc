@@ -90,6 +90,10 @@ absl::Status EnsureMpiInitialized(absl::Time deadline) {
     std::lock_guard<std::mutex> lock(env_mu);
     return InitLocked(nullptr, nullptr);
   }
+  if (deadline <= absl::Now()) {
+    return absl::DeadlineExceededError(
+        "MPI is not started and the deadline has passed: nothing was tried");
+  }
   // MPI_Init_thread waits for every rank of the job (the launcher's start-up
   // exchange) and has no timeout of its own: run it on a thread and stop
   // waiting at the deadline, so that a rank that never starts MPI leaves
@@ -183,6 +187,12 @@ absl::Status CheckMpiThread(absl::string_view what) {
 }
 
 MpiSession::MpiSession(int* argc, char*** argv) {
+  // An abandoned start may still hold the lock inside MPI_Init_thread.
+  if (abandoned.load()) {
+    status_ = absl::FailedPreconditionError(
+        "MPI was abandoned at an earlier deadline in this process");
+    return;
+  }
   std::lock_guard<std::mutex> lock(env_mu);
   status_ = InitLocked(argc, argv);
 }
