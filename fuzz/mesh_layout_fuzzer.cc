@@ -336,8 +336,18 @@ void OpBadQueries(FuzzedDataProvider& in, const MeshLayout& cur) {
     bad.push_back(0);
   } else {
     const size_t d = in.ConsumeIntegralInRange<size_t>(0, bad.size() - 1);
-    bad[d] = in.ConsumeBool() ? -1 - in.ConsumeIntegral<uint16_t>()
-                              : cur.shape()[d] + in.ConsumeIntegral<uint16_t>();
+    // Bytes consumed in the original order, so corpus inputs keep meaning.
+    const bool below = in.ConsumeBool();
+    const int64_t extra = in.ConsumeIntegral<uint16_t>();
+    if (below) {
+      bad[d] = -1 - extra;
+    } else {
+      // shape + extra overflows for a dimension near 2^63 (UB, and the run
+      // stops); saturate instead. INT64_MAX is still out of range: indices
+      // run to shape - 1 <= INT64_MAX - 1.
+      const int64_t n = cur.shape()[d];
+      bad[d] = n > INT64_MAX - extra ? INT64_MAX : n + extra;
+    }
   }
   CheckError(cur.rank_at(bad));
   // Unknown, empty and duplicate dimension names.
