@@ -8,6 +8,7 @@
 //     submesh();
 //   - neighbor() is MPI_Cart_shift (periodic or not), overflow included;
 //   - flatten() keeps the members and indexes row-major over the dims given;
+//   - is_arange() says whether the ranks are 0..size-1 in row-major order;
 //   - every rejected input is an error status with a message, never a crash.
 // Derived layouts (sub-meshes, flattened ones) replace the current one, so
 // chains such as flatten-of-submesh-of-flatten get checked too.
@@ -370,7 +371,14 @@ void OpBadQueries(FuzzedDataProvider& in, const MeshLayout& cur) {
 
 void OpMisc(const MeshLayout& cur) {
   MeshLayout copy = cur;
-  if (cur.size() <= kScanCap) FUZZ_CHECK(copy == cur);
+  if (cur.size() <= kScanCap) {
+    FUZZ_CHECK(copy == cur);
+    // is_arange() is O(ndim) arithmetic; its definition is the listed ranks.
+    bool arange = !cur.has_rank_table();
+    const std::vector<int64_t> ranks = cur.ranks();
+    for (int64_t i = 0; arange && i < cur.size(); ++i) arange = ranks[i] == i;
+    FUZZ_CHECK(cur.is_arange() == arange);
+  }
   const std::string text = cur.ToString();
   for (const std::string& n : cur.dim_names()) {
     FUZZ_CHECK(text.find(n) != std::string::npos);
