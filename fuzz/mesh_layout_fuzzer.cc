@@ -8,6 +8,7 @@
 //     submesh();
 //   - neighbor() is MPI_Cart_shift (periodic or not), overflow included;
 //   - flatten() keeps the members and indexes row-major over the dims given;
+//   - is_arange() says whether the ranks are 0..size-1 in row-major order;
 //   - every rejected input is an error status with a message, never a crash.
 // Derived layouts (sub-meshes, flattened ones) replace the current one, so
 // chains such as flatten-of-submesh-of-flatten get checked too.
@@ -336,8 +337,18 @@ void OpBadQueries(FuzzedDataProvider& in, const MeshLayout& cur) {
     bad.push_back(0);
   } else {
     const size_t d = in.ConsumeIntegralInRange<size_t>(0, bad.size() - 1);
-    bad[d] = in.ConsumeBool() ? -1 - in.ConsumeIntegral<uint16_t>()
-                              : cur.shape()[d] + in.ConsumeIntegral<uint16_t>();
+    // Bytes consumed in the original order, so corpus inputs keep meaning.
+    const bool below = in.ConsumeBool();
+    const int64_t extra = in.ConsumeIntegral<uint16_t>();
+    if (below) {
+      bad[d] = -1 - extra;
+    } else {
+      // shape + extra overflows for a dimension near 2^63 (UB, and the run
+      // stops); saturate instead. INT64_MAX is still out of range: indices
+      // run to shape - 1 <= INT64_MAX - 1.
+      const int64_t n = cur.shape()[d];
+      bad[d] = n > INT64_MAX - extra ? INT64_MAX : n + extra;
+    }
   }
   CheckError(cur.rank_at(bad));
   // Unknown, empty and duplicate dimension names.
@@ -360,7 +371,14 @@ void OpBadQueries(FuzzedDataProvider& in, const MeshLayout& cur) {
 
 void OpMisc(const MeshLayout& cur) {
   MeshLayout copy = cur;
-  if (cur.size() <= kScanCap) FUZZ_CHECK(copy == cur);
+  if (cur.size() <= kScanCap) {
+    FUZZ_CHECK(copy == cur);
+    // is_arange() is O(ndim) arithmetic; its definition is the listed ranks.
+    bool arange = !cur.has_rank_table();
+    const std::vector<int64_t> ranks = cur.ranks();
+    for (int64_t i = 0; arange && i < cur.size(); ++i) arange = ranks[i] == i;
+    FUZZ_CHECK(cur.is_arange() == arange);
+  }
   const std::string text = cur.ToString();
   for (const std::string& n : cur.dim_names()) {
     FUZZ_CHECK(text.find(n) != std::string::npos);

@@ -35,8 +35,7 @@ int main(int argc, char** argv) {
   }
   const std::string command = args.front();
   if (command == "--help" || command == "-h" || command == "help") {
-    std::cout << kUsage;
-    return vemesh::plan::kExitOk;
+    return vemesh::plan::WriteToStream(kUsage, std::cout, std::cerr);
   }
   if (command == "plan") {
     return vemesh::plan::RunPlanCommand(

@@ -232,6 +232,34 @@ int64_t MeshLayout::global_rank_of(int64_t root_index) const {
   return table_ != nullptr ? table_->ranks[root_index] : root_index;
 }
 
+bool MeshLayout::is_arange() const {
+  if (table_ != nullptr) return false;
+  if (identity_) return true;
+  // A rank is the root row-major index: sum of root coordinate x root stride.
+  std::vector<int64_t> stride(root_shape_.size(), 1);
+  for (size_t r = root_shape_.size(); r-- > 1;) {
+    stride[r - 1] = stride[r] * root_shape_[r];
+  }
+  // A pinned root adds anchor x stride to every rank: rank 0 needs it 0.
+  for (size_t r = 0; r < root_shape_.size(); ++r) {
+    if (!(spanned_ & (uint64_t{1} << r)) && anchor_[r] != 0) return false;
+  }
+  // The spanned roots, innermost first in this layout's own order, must have
+  // the strides of a row-major grid over them: 1, then each one's size times
+  // the last. Roots of size 1 add nothing either way.
+  int64_t expected = 1;
+  for (size_t i = dims_.size(); i-- > 0;) {
+    const Dim& d = dims_[i];
+    for (size_t k = d.roots.size(); k-- > 0;) {
+      const int r = d.roots[k];
+      if (root_shape_[r] == 1) continue;
+      if (stride[r] != expected) return false;
+      expected *= root_shape_[r];
+    }
+  }
+  return true;
+}
+
 bool MeshLayout::contains(int64_t global_rank) const {
   return coordinate_of(global_rank).ok();
 }

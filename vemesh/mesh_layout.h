@@ -95,6 +95,12 @@ class MeshLayout {
 
   // True when the layout carries an explicit rank list.
   bool has_rank_table() const { return table_ != nullptr; }
+  // True when every rank is the row-major index of its coordinate in this
+  // layout's own shape: the layout Create makes without a rank list (a
+  // sub-mesh or a flattened layout may be one too). A layout with a rank list
+  // answers false whatever the list holds. O(ndim), where comparing with such
+  // a layout is O(size) for a layout derived differently.
+  bool is_arange() const;
 
   // -- Ranks and coordinates ---------------------------------------------------
   // Whether `global_rank` is a member of this (possibly sliced) layout.

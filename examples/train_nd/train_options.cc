@@ -8,10 +8,11 @@
 namespace train_nd {
 namespace {
 
-absl::Status AtLeast(absl::string_view flag, int64_t value, int64_t min) {
-  if (value >= min) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("--", flag, "=", value, ": expected an integer >= ", min));
+absl::Status InRange(absl::string_view flag, int64_t value, int64_t min,
+                     int64_t max) {
+  if (value >= min && value <= max) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--", flag, "=", value, ": expected an integer from ", min, " to ", max));
 }
 
 absl::Status Positive(absl::string_view flag, double value) {
@@ -25,14 +26,39 @@ absl::Status Positive(absl::string_view flag, double value) {
 absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
                                        int64_t world_size) {
   for (absl::Status s :
-       {AtLeast("layers", o.layers, 1), AtLeast("hidden", o.hidden, 1),
-        AtLeast("input_dim", o.input_dim, 1),
-        AtLeast("output_dim", o.output_dim, 1), AtLeast("batch", o.batch, 1),
-        AtLeast("micro_batches", o.micro_batches, 1),
-        AtLeast("steps", o.steps, 1),
-        AtLeast("bucket_elements", o.bucket_elements, 1),
+       {InRange("layers", o.layers, 1, kMaxLayers),
+        InRange("hidden", o.hidden, 1, kMaxFeatures),
+        InRange("input_dim", o.input_dim, 1, kMaxFeatures),
+        InRange("output_dim", o.output_dim, 1, kMaxFeatures),
+        InRange("batch", o.batch, 1, kMaxBatch),
+        InRange("micro_batches", o.micro_batches, 1, kMaxMicroBatches),
+        InRange("steps", o.steps, 1, kMaxSteps),
+        InRange("bucket_elements", o.bucket_elements, 1, kMaxBucketElements),
         Positive("lr", o.lr), Positive("tolerance", o.tolerance)}) {
     if (!s.ok()) return s;
+  }
+  // Each flag is bounded, so these products stay far below 2^63.
+  const MlpShape shape{o.input_dim, o.hidden, o.output_dim, o.layers};
+  int64_t weights = 0;
+  int64_t features = shape.in_features(0);
+  for (int l = 0; l < o.layers; ++l) {
+    weights += (shape.in_features(l) + 1) * shape.out_features(l);
+    features += shape.out_features(l);
+  }
+  const std::string sizes =
+      absl::StrCat("--layers=", o.layers, " --hidden=", o.hidden,
+                   " --input_dim=", o.input_dim, " --output_dim=", o.output_dim);
+  if (weights > kMaxModelElements) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        sizes, ": the model has ", weights, " weights and biases; expected at "
+        "most ", kMaxModelElements, " (every rank holds the whole serial "
+        "reference model)"));
+  }
+  if (o.batch * features > kMaxActivationElements) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--batch=", o.batch, " with ", sizes, ": one batch's activations are ",
+        o.batch, " rows x ", features, " features = ", o.batch * features,
+        " values; expected at most ", kMaxActivationElements));
   }
   TrainPlan plan;
   plan.options = o;

@@ -8,8 +8,9 @@
 //
 // PlanTraining is pure: it needs only the options and the world size, so
 // every rank reaches the same verdict without talking to the others, and a
-// bad setting fails everywhere before the first collective (no hang). Each
-// error names the flag, its value and what was expected.
+// bad setting fails everywhere before the first collective (no hang), and a
+// size that memory cannot hold (the kMax* bounds below) fails before any is
+// allocated. Each error names the flag, its value and what was expected.
 
 #ifndef EXAMPLES_TRAIN_ND_TRAIN_OPTIONS_H_
 #define EXAMPLES_TRAIN_ND_TRAIN_OPTIONS_H_
@@ -23,6 +24,21 @@
 #include "vemesh/strategies/pipeline_schedule.h"
 
 namespace train_nd {
+
+// Upper bounds of the size flags. Every rank holds its shard and the whole
+// serial reference model (and a batch of its activations), so a size past
+// these would end in bad_alloc on every rank; PlanTraining refuses it first.
+// They sit far above what the example is for (a few hundred weights).
+inline constexpr int kMaxLayers = 1024;
+inline constexpr int64_t kMaxFeatures = int64_t{1} << 16;  // hidden, in, out
+inline constexpr int64_t kMaxBatch = int64_t{1} << 20;
+inline constexpr int kMaxMicroBatches = 4096;
+inline constexpr int kMaxSteps = 1000000;
+inline constexpr int64_t kMaxBucketElements = int64_t{1} << 24;
+// Weights and biases of the whole model, and rows x features of one batch's
+// activations over all layers: 2^24 doubles (128 MiB) each.
+inline constexpr int64_t kMaxModelElements = int64_t{1} << 24;
+inline constexpr int64_t kMaxActivationElements = int64_t{1} << 24;
 
 struct TrainOptions {
   std::string mesh = "PP=2,DP=2,TP=2";

@@ -120,5 +120,45 @@ TEST(MeshLayoutEqualityTest, SameMeshHoweverDerived) {
   EXPECT_EQ(Make({1024, 1024, 1024}), Make({1024, 1024, 1024}));
 }
 
+// is_arange() (O(ndim)) against its definition: the ranks, listed, are
+// 0, 1, ..., size - 1. Over every sub-mesh and flattening of small meshes.
+TEST(MeshLayoutArangeTest, AgreesWithTheListedRanks) {
+  auto listed_arange = [](const MeshLayout& l) {
+    std::vector<int64_t> expected(l.size());
+    std::iota(expected.begin(), expected.end(), 0);
+    return l.ranks() == expected;
+  };
+  const std::vector<std::string> names = {"PP", "DP", "TP"};
+  for (const std::vector<int64_t>& shape :
+       std::vector<std::vector<int64_t>>{{2, 3, 4}, {1, 3, 2}, {3, 1, 1},
+                                         {2, 2, 2}, {1, 1, 5}}) {
+    const MeshLayout root = Make(shape, names);
+    EXPECT_TRUE(root.is_arange());
+    std::vector<std::vector<std::string>> subsets;
+    for (int mask = 1; mask < 8; ++mask) {
+      std::vector<std::string> dims;
+      for (int d = 0; d < 3; ++d) {
+        if (mask & (1 << d)) dims.push_back(names[d]);
+      }
+      do {
+        subsets.push_back(dims);
+      } while (std::next_permutation(dims.begin(), dims.end()));
+    }
+    for (const auto& dims : subsets) {
+      for (int64_t r = 0; r < root.size(); ++r) {
+        const MeshLayout sub = *root.submesh(dims, r);
+        EXPECT_EQ(sub.is_arange(), listed_arange(sub))
+            << sub.ToString() << " of rank " << r;
+      }
+      const MeshLayout flat = *root.flatten(dims, "F");
+      EXPECT_EQ(flat.is_arange(), listed_arange(flat)) << flat.ToString();
+      const MeshLayout flat_sub = *flat.submesh({"F"}, 0);
+      EXPECT_EQ(flat_sub.is_arange(), listed_arange(flat_sub));
+    }
+  }
+  EXPECT_FALSE(Make({2}, {"TP"}, {0, 1}).is_arange());  // a rank table
+  EXPECT_TRUE(Make({int64_t{1} << 62}).is_arange());
+}
+
 }  // namespace
 }  // namespace vemesh

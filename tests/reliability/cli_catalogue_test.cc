@@ -3,6 +3,11 @@
 // code and that stderr names the bad value. A process that runs past its
 // time limit is killed and fails the entry (a hang is a failure).
 //
+// Some entries point the program's stdout at /dev/full or close it: the
+// output must then fail the command (exit 1, a message on stderr), not vanish
+// with exit 0. Entries for huge meshes also bound the wall time: a plan is
+// arithmetic, never a walk over the world.
+//
 // The programs' paths come from CMake (VEMESH_CLI, VEMESH_TRAIN_ND,
 // VEMESH_MPIEXEC); an entry whose program was not built is skipped.
 #include <fcntl.h>
@@ -27,12 +32,19 @@ struct ProcessResult {
   std::string out;
   std::string err;
   bool timed_out = false;
+  double seconds = 0;  // wall time until exit
 };
 
-// Runs argv[0] with argv, capturing stdout and stderr, within `limit`.
+// Where the program's stdout goes.
+enum class Stdout { kPipe, kDevFull, kClosed };
+
+// Runs argv[0] with argv, capturing stdout (unless redirected) and stderr,
+// within `limit`.
 ProcessResult RunProgram(const std::vector<std::string>& argv,
-               std::chrono::seconds limit) {
+                         std::chrono::seconds limit,
+                         Stdout stdout_to = Stdout::kPipe) {
   ProcessResult run;
+  const auto started = std::chrono::steady_clock::now();
   int out_pipe[2];
   int err_pipe[2];
   if (pipe(out_pipe) != 0 || pipe(err_pipe) != 0) return run;
@@ -40,10 +52,21 @@ ProcessResult RunProgram(const std::vector<std::string>& argv,
   if (pid == 0) {
     // Own process group, so a timeout kills mpiexec and its children too.
     setpgid(0, 0);
-    dup2(out_pipe[1], 1);
+    if (stdout_to == Stdout::kDevFull) {
+      const int full = open("/dev/full", O_WRONLY);
+      if (full < 0) _exit(126);
+      dup2(full, 1);
+      close(full);
+    } else if (stdout_to == Stdout::kClosed) {
+      close(1);  // as `>&-`
+    } else {
+      dup2(out_pipe[1], 1);
+    }
     dup2(err_pipe[1], 2);
     close(out_pipe[0]);
     close(err_pipe[0]);
+    close(out_pipe[1]);
+    close(err_pipe[1]);
     std::vector<char*> args;
     for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
@@ -83,6 +106,9 @@ ProcessResult RunProgram(const std::vector<std::string>& argv,
   }
   int status = 0;
   waitpid(pid, &status, 0);
+  run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                              started)
+                    .count();
   if (!run.timed_out && WIFEXITED(status)) run.exit_code = WEXITSTATUS(status);
   return run;
 }
@@ -93,7 +119,16 @@ struct Entry {
   std::vector<std::string> args;
   int exit_code;
   std::vector<std::string> mentions;  // substrings stderr must hold
+  Stdout stdout_to = Stdout::kPipe;
+  // Wall-time bound: 60 s is "no hang"; huge-mesh plans get 2 s (they take
+  // milliseconds; the slack is for sanitizer builds on a shared machine).
+  int max_seconds = 60;
 };
+
+// 2^62, 2^63 - 1, and 3037000499^2 (just below 2^63, two dimensions).
+constexpr char kTwoTo62[] = "TP=4611686018427387904";
+constexpr char kInt64Max[] = "TP=9223372036854775807";
+constexpr char kSquareBelow63[] = "DP=3037000499,TP=3037000499";
 
 std::vector<Entry> Catalogue() {
   return {
@@ -126,6 +161,41 @@ std::vector<Entry> Catalogue() {
       {"plan_output_unwritable", "cli",
        {"plan", "--mesh", "PP=2", "--output", "/nonexistent-dir/plan.svg"}, 1,
        {"/nonexistent-dir/plan.svg"}},
+      {"plan_ranks_per_host_too_big", "cli",
+       {"plan", "--mesh", "PP=2", "--ranks-per-host", "4097"}, 2,
+       {"--ranks-per-host", "4097", "4096"}},
+      // A full or closed stdout is an I/O error, not a silent success.
+      {"plan_stdout_full", "cli", {"plan", "--mesh", "PP=2,TP=2"}, 1,
+       {"cannot write", "stdout"}, Stdout::kDevFull},
+      {"plan_stdout_closed", "cli", {"plan", "--mesh", "PP=2,TP=2"}, 1,
+       {"cannot write", "stdout"}, Stdout::kClosed},
+      {"plan_json_stdout_full", "cli",
+       {"plan", "--mesh", "PP=2,TP=2", "--format", "json"}, 1,
+       {"cannot write", "stdout"}, Stdout::kDevFull},
+      {"plan_help_stdout_closed", "cli", {"plan", "--help"}, 1,
+       {"cannot write", "stdout"}, Stdout::kClosed},
+      {"cli_help_stdout_full", "cli", {"--help"}, 1, {"cannot write", "stdout"},
+       Stdout::kDevFull},
+      // Huge worlds are planned arithmetically: exit 0 within 2 s. (They used
+      // to walk every rank: 10^10 aborted after 103 s, 2^62 never ended.)
+      {"plan_huge_1e10", "cli", {"plan", "--mesh", "TP=10000000000"}, 0, {},
+       Stdout::kPipe, 2},
+      {"plan_huge_2e62", "cli", {"plan", "--mesh", kTwoTo62}, 0, {},
+       Stdout::kPipe, 2},
+      {"plan_huge_2e62_rank_view", "cli",
+       {"plan", "--mesh", kTwoTo62, "--rank", "4611686018427387903"}, 0, {},
+       Stdout::kPipe, 2},
+      {"plan_huge_int64_max_svg", "cli",
+       {"plan", "--mesh", kInt64Max, "--format", "svg"}, 0, {}, Stdout::kPipe,
+       2},
+      {"plan_huge_square_json_rank", "cli",
+       {"plan", "--mesh", kSquareBelow63, "--format", "json", "--rank",
+        "9223372030926249000", "--ranks-per-host", "4096"},
+       0, {}, Stdout::kPipe, 2},
+      {"plan_huge_tp_warning_search", "cli",
+       {"plan", "--mesh", "PP=3,TP=7,DP=439208192231179800",
+        "--ranks-per-host", "4095"},
+       0, {}, Stdout::kPipe, 2},
       // -- train_nd flags (exit 2 from its validation; absl flags exit 1) --
       {"train_mesh_bigger_than_job", "train_nd", {"--mesh", "PP=2,DP=2,TP=2"},
        2, {"PP=2,DP=2,TP=2"}},
@@ -140,6 +210,33 @@ std::vector<Entry> Catalogue() {
        {"--lr=-1"}},
       {"train_flag_not_a_number", "train_nd", {"--mesh", "TP=1", "--layers",
        "many"}, 1, {"many"}},
+      // Sizes past memory: refused by name before anything is allocated
+      // (they used to end in bad_alloc on every rank).
+      {"train_batch_too_big", "train_nd",
+       {"--mesh", "TP=1", "--batch", "1000000000000"}, 2,
+       {"--batch=1000000000000", "1048576"}},
+      {"train_hidden_too_big", "train_nd",
+       {"--mesh", "TP=1", "--hidden", "1000000000"}, 2,
+       {"--hidden=1000000000", "65536"}},
+      {"train_layers_too_big", "train_nd",
+       {"--mesh", "TP=1", "--layers", "1000000"}, 2,
+       {"--layers=1000000", "1024"}},
+      {"train_micro_batches_too_big", "train_nd",
+       {"--mesh", "TP=1", "--micro_batches", "2147483647"}, 2,
+       {"--micro_batches=2147483647", "4096"}},
+      {"train_steps_too_big", "train_nd",
+       {"--mesh", "TP=1", "--steps", "2000000000"}, 2,
+       {"--steps=2000000000", "1000000"}},
+      {"train_bucket_too_big", "train_nd",
+       {"--mesh", "TP=1", "--bucket_elements", "4294967296"}, 2,
+       {"--bucket_elements=4294967296", "16777216"}},
+      {"train_model_too_big", "train_nd",
+       {"--mesh", "TP=1", "--hidden", "65536", "--layers", "4"}, 2,
+       {"--hidden=65536", "weights", "16777216"}},
+      {"train_activations_too_big", "train_nd",
+       {"--mesh", "TP=1", "--batch", "1048576", "--hidden", "4096",
+        "--layers", "2"}, 2,
+       {"--batch=1048576", "activations", "16777216"}},
   };
 }
 
@@ -178,10 +275,16 @@ TEST_P(CliCatalogue, ExitsWithCodeNamingTheValue) {
 #endif
   }
   argv.insert(argv.end(), e.args.begin(), e.args.end());
-  const ProcessResult run = RunProgram(argv, std::chrono::seconds(60));
+  const ProcessResult run =
+      RunProgram(argv, std::chrono::seconds(60), e.stdout_to);
   const std::string cmd = absl::StrJoin(argv, " ");
   ASSERT_FALSE(run.timed_out) << cmd << " hung";
   EXPECT_EQ(run.exit_code, e.exit_code) << cmd << "\nstderr: " << run.err;
+  EXPECT_LT(run.seconds, e.max_seconds) << cmd << " took " << run.seconds << " s";
+  if (e.exit_code == 0) {
+    EXPECT_TRUE(run.err.empty()) << cmd << ": " << run.err;
+    EXPECT_FALSE(run.out.empty()) << cmd << " printed nothing";
+  }
   for (const std::string& m : e.mentions) {
     EXPECT_NE(run.err.find(m), std::string::npos)
         << cmd << ": stderr does not mention \"" << m << "\": " << run.err;

@@ -2,7 +2,9 @@
 // without MPI, and the error must name the value.
 #include "train_options.h"
 
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -84,6 +86,62 @@ TEST(TrainOptionsTest, NamesTheBadValue) {
   o = {};
   o.micro_batches = 0;
   EXPECT_NE(ErrorOf(o, 8).find("--micro_batches=0"), std::string::npos);
+}
+
+// Sizes that would end in bad_alloc on every rank (reported: --batch=10^12,
+// --hidden=10^9, --layers=10^6, --micro_batches=2^31-1) are refused before
+// any memory is spent, naming the flag, its value and the bound.
+TEST(TrainOptionsTest, SizesPastTheBoundsAreRefusedByName) {
+  struct Case {
+    std::function<void(TrainOptions&)> set;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](TrainOptions& o) { o.batch = 1000000000000; },
+       "--batch=1000000000000: expected an integer from 1 to 1048576"},
+      {[](TrainOptions& o) { o.hidden = 1000000000; },
+       "--hidden=1000000000: expected an integer from 1 to 65536"},
+      {[](TrainOptions& o) { o.layers = 1000000; },
+       "--layers=1000000: expected an integer from 1 to 1024"},
+      {[](TrainOptions& o) { o.micro_batches = 2147483647; },
+       "--micro_batches=2147483647: expected an integer from 1 to 4096"},
+      {[](TrainOptions& o) { o.steps = 2000000000; },
+       "--steps=2000000000: expected an integer from 1 to 1000000"},
+      {[](TrainOptions& o) { o.input_dim = 1 << 20; },
+       "--input_dim=1048576: expected an integer from 1 to 65536"},
+      {[](TrainOptions& o) { o.output_dim = 1 << 20; },
+       "--output_dim=1048576: expected an integer from 1 to 65536"},
+      {[](TrainOptions& o) { o.bucket_elements = int64_t{1} << 32; },
+       "--bucket_elements=4294967296: expected an integer from 1 to "
+       "16777216"},
+      // Each flag in range, the whole model not: 65536^2 weights a layer.
+      {[](TrainOptions& o) { o.hidden = 65536; },
+       "--layers=4 --hidden=65536 --input_dim=16 --output_dim=8: the model "
+       "has 8591704072 weights and biases; expected at most 16777216"},
+      {[](TrainOptions& o) {
+         o.batch = 1 << 20;
+         o.hidden = 4096;
+         o.layers = 2;
+       },
+       "one batch's activations are 1048576 rows x 4120 features"},
+  };
+  for (const Case& c : cases) {
+    TrainOptions o;
+    c.set(o);
+    const std::string error = ErrorOf(o, 8);
+    EXPECT_NE(error.find(c.message), std::string::npos)
+        << "got: " << error << "\nwanted: " << c.message;
+  }
+  // The bounds themselves are accepted (as far as the bounds go).
+  TrainOptions o;
+  o.mesh = "TP=1";
+  o.layers = 2;
+  o.hidden = 2048;
+  o.batch = 2048;
+  o.micro_batches = 4;
+  o.steps = kMaxSteps;
+  o.bucket_elements = kMaxBucketElements;
+  EXPECT_EQ(ErrorOf(o, 1), "");
 }
 
 TEST(TrainOptionsTest, EvenLayerCountKeepsOutputsWhole) {

@@ -2,12 +2,14 @@
 // every shape of up to 3 dimensions and up to 48 ranks, and many host sizes;
 // and the suggested order, checked by rebuilding the reordered layout.
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "tools/plan/dim_order.h"
 #include "tools/plan/group_members.h"
+#include "tools/plan/group_summary.h"
 #include "tools/plan/host_locality.h"
 #include "vemesh/mesh_layout.h"
 
@@ -56,6 +58,44 @@ TEST(HostLocality, GroupMembersMatchLayoutGroups) {
       }
     }
   }
+}
+
+// An elided group's host count is arithmetic (first member, stride, size);
+// it must equal the count of distinct hosts over every member.
+TEST(GroupSummary, ElidedHostCountMatchesEveryMember) {
+  for (const auto& shape : Shapes()) {
+    const MeshLayout layout = MeshLayout::Create(shape).value();
+    for (int64_t h = 1; h <= 13; ++h) {
+      const HostMap hosts{h, layout.size()};
+      for (int64_t d = 0; d < layout.ndim(); ++d) {
+        const auto groups = layout.groups({layout.dim_name(d)}).value();
+        for (size_t g = 0; g < groups.size(); ++g) {
+          std::vector<int64_t> seen;
+          for (int64_t r : groups[g]) seen.push_back(hosts.host_of(r));
+          std::sort(seen.begin(), seen.end());
+          const int64_t distinct =
+              std::unique(seen.begin(), seen.end()) - seen.begin();
+          const GroupSummary s = SummarizeGroup(
+              layout, d, static_cast<int64_t>(g), hosts, /*max_listed=*/1);
+          ASSERT_EQ(s.host_count, distinct)
+              << layout.ToString() << " dim " << d << " group " << g
+              << " h " << h;
+        }
+      }
+    }
+  }
+}
+
+// A group of 2^62 members is summarised without visiting them.
+TEST(GroupSummary, AHugeGroupIsSummarisedFromItsEnds) {
+  const MeshLayout layout =
+      MeshLayout::Create({int64_t{1} << 62}, {"TP"}).value();
+  const GroupSummary s = SummarizeGroup(
+      layout, 0, 0, HostMap{8, layout.size()});
+  EXPECT_EQ(s.size, int64_t{1} << 62);
+  EXPECT_EQ(s.ranks, (std::vector<int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(s.tail.back(), (int64_t{1} << 62) - 1);
+  EXPECT_EQ(s.host_count, int64_t{1} << 59);
 }
 
 TEST(HostLocality, RankTableIsNotDefault) {

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tools/plan/host_locality.h"
 #include "tools/plan/plan.h"
@@ -186,6 +187,36 @@ TEST(PlanErrors, NameTheBadValue) {
   p = BuildPlanFromOptions(bad_mesh);
   ASSERT_FALSE(p.ok());
   EXPECT_NE(p.status().message().find("'PP=2,TP'"), absl::string_view::npos);
+  p = BuildPlan(layout, Settings(kMaxRanksPerHost + 1));
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("from 1 to 4096, got 4097"),
+            absl::string_view::npos);
+}
+
+// A layout with no arithmetic shortcut (here DP and TP flattened in reverse
+// order) is scanned rank by rank; above kMaxScannedRanks it is refused at
+// once instead of running for minutes. Below, it is planned by the scan.
+TEST(PlanErrors, AHugeLayoutThatIsNotAnArangeIsRefused) {
+  const MeshLayout root =
+      MeshLayout::Create({2, kMaxScannedRanks}, {"DP", "TP"}).value();
+  const MeshLayout reversed = root.flatten({"TP", "DP"}, "F").value();
+  ASSERT_FALSE(reversed.is_arange());
+  absl::StatusOr<Plan> p = BuildPlan(reversed, Settings(8));
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find(absl::StrCat(
+                "has ", 2 * kMaxScannedRanks, " ranks")),
+            absl::string_view::npos)
+      << p.status();
+  EXPECT_NE(p.status().message().find(absl::StrCat("at most ",
+                                                   kMaxScannedRanks)),
+            absl::string_view::npos);
+  const MeshLayout small = MeshLayout::Create({2, 64}, {"DP", "TP"})
+                               .value()
+                               .flatten({"TP", "DP"}, "F")
+                               .value();
+  p = BuildPlan(small, Settings(8));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->dims[0].locality.crossing_groups, 1);
 }
 
 }  // namespace

@@ -5,6 +5,21 @@
 #include "tools/plan/group_members.h"
 
 namespace vemesh::plan {
+namespace {
+
+// Distinct hosts of members[0..n) of a default layout's group: they are
+// first + k * stride, increasing. A step of at least a host's size lands on a
+// new host every time; a shorter step cannot jump over a host, so every host
+// between the first and the last member is touched.
+int64_t HostsOfStridedGroup(int64_t first, int64_t stride, int64_t n,
+                            const HostMap& hosts) {
+  if (n <= 1) return 1;
+  if (stride >= hosts.ranks_per_host) return n;
+  const int64_t last = first + (n - 1) * stride;
+  return hosts.host_of(last) - hosts.host_of(first) + 1;
+}
+
+}  // namespace
 
 GroupSummary SummarizeGroup(const MeshLayout& layout, int64_t dim,
                             int64_t group, const HostMap& hosts,
@@ -13,22 +28,39 @@ GroupSummary SummarizeGroup(const MeshLayout& layout, int64_t dim,
   out.index = group;
   out.size = layout.shape()[dim];
   const bool complete = out.size <= max_listed;
-  std::vector<int64_t> host_list;
-  host_list.reserve(out.size);
-  for (int64_t k = 0; k < out.size; ++k) {
+  // Only the members shown are built: never a list the size of the group.
+  const std::vector<int64_t> shown =
+      complete ? SampleIndices(out.size, out.size, 0)
+               : SampleIndices(out.size, kSummaryMembers, kSummaryMembers);
+  for (int64_t k : shown) {
     const int64_t rank = GroupMember(layout, dim, group, k);
-    host_list.push_back(hosts.host_of(rank));
     if (complete || k < kSummaryMembers) {
       out.ranks.push_back(rank);
-    } else if (k >= out.size - kSummaryMembers) {
+    } else {
       out.tail.push_back(rank);
     }
   }
-  std::sort(host_list.begin(), host_list.end());
-  host_list.erase(std::unique(host_list.begin(), host_list.end()),
-                  host_list.end());
-  out.host_count = static_cast<int64_t>(host_list.size());
-  if (complete) out.hosts = std::move(host_list);
+  if (complete) {
+    std::vector<int64_t> host_list;
+    for (int64_t rank : out.ranks) host_list.push_back(hosts.host_of(rank));
+    std::sort(host_list.begin(), host_list.end());
+    host_list.erase(std::unique(host_list.begin(), host_list.end()),
+                    host_list.end());
+    out.host_count = static_cast<int64_t>(host_list.size());
+    out.hosts = std::move(host_list);
+  } else if (IsDefaultLayout(layout)) {
+    out.host_count = HostsOfStridedGroup(
+        out.ranks.front(), RowMajorStrides(layout)[dim], out.size, hosts);
+  } else {
+    // No constant stride: visit every member, O(group size) (BuildPlan
+    // refuses such layouts above kMaxScannedRanks).
+    std::vector<int64_t> seen;
+    for (int64_t k = 0; k < out.size; ++k) {
+      seen.push_back(hosts.host_of(GroupMember(layout, dim, group, k)));
+    }
+    std::sort(seen.begin(), seen.end());
+    out.host_count = std::unique(seen.begin(), seen.end()) - seen.begin();
+  }
   return out;
 }
 

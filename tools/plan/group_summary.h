@@ -8,7 +8,9 @@
 //   g.ranks;        // [0, 2] for PP=2,DP=2,TP=2
 //   g.host_count;   // 1 on hosts of 4
 //
-// Cost: O(group size), whatever the world size.
+// Cost: O(ndim * max_listed) for a default (arange) layout, whatever the
+// group and world size: only the members shown are built, and the hosts of an
+// elided group are counted arithmetically. Other layouts: O(group size).
 
 #ifndef VEMESH_TOOLS_PLAN_GROUP_SUMMARY_H_
 #define VEMESH_TOOLS_PLAN_GROUP_SUMMARY_H_
@@ -38,7 +40,7 @@ struct GroupSummary {
 };
 
 // Builds group `group` along `dim` (indices assumed valid), listing every
-// member when there are at most `max_listed`. O(group size).
+// member when there are at most `max_listed`.
 GroupSummary SummarizeGroup(const MeshLayout& layout, int64_t dim,
                             int64_t group, const HostMap& hosts,
                             int64_t max_listed = kMaxListedMembers);

@@ -41,26 +41,7 @@ std::vector<int64_t> RowMajorStrides(const MeshLayout& layout) {
   return strides;
 }
 
-bool IsDefaultLayout(const MeshLayout& layout) {
-  if (layout.has_rank_table()) return false;
-  // Without a rank table, a rank is a sum of one term per dimension (each
-  // dimension owns its own root dimensions; the rest are pinned). So the
-  // layout is the default arange iff the origin is rank 0 and every term is
-  // index * row-major stride: O(sum of sizes), never O(world), unlike
-  // operator== which compares member lists.
-  const std::vector<int64_t> shape = layout.shape();
-  const std::vector<int64_t> strides = RowMajorStrides(layout);
-  Coordinate coord(shape.size(), 0);
-  if (layout.rank_at(coord).value_or(-1) != 0) return false;
-  for (size_t d = 0; d < shape.size(); ++d) {
-    for (int64_t i = 1; i < shape[d]; ++i) {
-      coord[d] = i;
-      if (layout.rank_at(coord).value_or(-1) != i * strides[d]) return false;
-    }
-    coord[d] = 0;
-  }
-  return true;
-}
+bool IsDefaultLayout(const MeshLayout& layout) { return layout.is_arange(); }
 
 DimLocality AnalyzeDimLocality(const MeshLayout& layout, int64_t dim,
                                const HostMap& hosts) {

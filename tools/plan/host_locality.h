@@ -10,9 +10,9 @@
 //   tp.crossing_groups;               // 0
 //
 // Cost. For a default (row-major arange) layout the count is arithmetic:
-// O(min(outer groups, ranks_per_host)), so a million-rank world takes
-// microseconds. Other layouts (a rank table, a slice, a flattened mesh) are
-// scanned: O(world).
+// O(ndim + min(outer groups, ranks_per_host)), so a world of 2^62 ranks takes
+// microseconds. Other layouts (a rank table, a slice or flattened mesh that
+// is not an arange) are scanned: O(world).
 
 #ifndef VEMESH_TOOLS_PLAN_HOST_LOCALITY_H_
 #define VEMESH_TOOLS_PLAN_HOST_LOCALITY_H_
@@ -33,8 +33,9 @@ struct HostMap {
   // The slot of a rank on its host (its local rank).
   int64_t local_of(int64_t rank) const { return rank % ranks_per_host; }
   // Hosts needed for ranks 0 .. world_size-1; the last may be partly used.
+  // (Not (world + per_host - 1) / per_host: that overflows near 2^63.)
   int64_t host_count() const {
-    return (world_size + ranks_per_host - 1) / ranks_per_host;
+    return world_size / ranks_per_host + (world_size % ranks_per_host != 0);
   }
 };
 
@@ -54,7 +55,8 @@ struct DimLocality {
 };
 
 // True when `layout` is the default row-major arange of its shape, the case
-// that the arithmetic below (and member strides) rely on. O(sum of sizes).
+// that the arithmetic below (and member strides) rely on. O(ndim): never
+// walks a dimension, whatever its size.
 bool IsDefaultLayout(const MeshLayout& layout);
 
 // Row-major strides of the layout's shape: the rank distance between two

@@ -45,10 +45,18 @@ std::optional<PlanWarning> TensorParallelWarning(const Plan& plan) {
 
 absl::StatusOr<Plan> BuildPlan(const MeshLayout& layout,
                                const PlanSettings& settings) {
-  if (settings.ranks_per_host < 1) {
+  if (settings.ranks_per_host < 1 ||
+      settings.ranks_per_host > kMaxRanksPerHost) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--ranks-per-host expects an integer >= 1, got ",
-        settings.ranks_per_host));
+        "--ranks-per-host expects an integer from 1 to ", kMaxRanksPerHost,
+        ", got ", settings.ranks_per_host));
+  }
+  if (!IsDefaultLayout(layout) && layout.size() > kMaxScannedRanks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        SpecOf(layout), " has ", layout.size(),
+        " ranks and is not the default row-major arange (a rank table or a "
+        "sub-mesh), so planning it visits every rank: expected at most ",
+        kMaxScannedRanks, " ranks for such a layout"));
   }
   Plan plan(layout);
   plan.mesh_spec = SpecOf(layout);

@@ -36,6 +36,12 @@ namespace vemesh::plan {
 
 // Worlds larger than this are summarised in every format.
 inline constexpr int64_t kListLimit = 256;
+// A layout that is not the default arange (a rank table, a sub-mesh) has no
+// arithmetic shortcut: its host locality is found by visiting every rank.
+// BuildPlan refuses such layouts above this size instead of running for
+// minutes. Default layouts have no limit: every step is O(ndim) or bounded by
+// the ranks per host.
+inline constexpr int64_t kMaxScannedRanks = int64_t{1} << 22;
 // In a summary: ranks shown at each end, groups shown at each end.
 inline constexpr int64_t kSummaryRanks = 8;
 inline constexpr int64_t kSummaryGroups = 3;
@@ -88,8 +94,9 @@ struct Plan {
   std::optional<RankView> rank_view;
 };
 
-// Errors (InvalidArgument / OutOfRange / NotFound, naming the value):
-// ranks_per_host < 1, a rank outside the mesh, an unknown color_by.
+// Errors (InvalidArgument / OutOfRange, naming the value): ranks_per_host
+// outside 1..kMaxRanksPerHost, a rank outside the mesh, an unknown color_by,
+// a layout that is not an arange with more than kMaxScannedRanks ranks.
 absl::StatusOr<Plan> BuildPlan(const MeshLayout& layout,
                                const PlanSettings& settings);
 

@@ -1,5 +1,7 @@
 #include "tools/plan/plan_command.h"
 
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 
 #include "tools/plan/plan.h"
@@ -10,6 +12,22 @@
 
 namespace vemesh::plan {
 
+int WriteToStream(absl::string_view text, std::ostream& out,
+                  std::ostream& err) {
+  errno = 0;
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  // Flushed here, not at exit: a full disk or a closed stdout only shows up
+  // when the bytes are handed to the system, and exit would drop the error.
+  out.flush();
+  if (out) return kExitOk;
+  const int saved = errno;
+  err << "vemesh: cannot write the output (" << text.size()
+      << " bytes) to stdout" << (saved != 0 ? ": " : "")
+      << (saved != 0 ? std::strerror(saved) : "")
+      << "; expected a writable stdout, or pass --output FILE\n";
+  return kExitIoError;
+}
+
 int RunPlanCommand(absl::Span<const std::string> args, std::ostream& out,
                    std::ostream& err) {
   absl::StatusOr<PlanOptions> options = ParsePlanArgs(args);
@@ -17,10 +35,7 @@ int RunPlanCommand(absl::Span<const std::string> args, std::ostream& out,
     err << "vemesh plan: " << options.status().message() << "\n";
     return kExitUsage;
   }
-  if (options->help) {
-    out << PlanUsage();
-    return kExitOk;
-  }
+  if (options->help) return WriteToStream(PlanUsage(), out, err);
   absl::StatusOr<Plan> plan = BuildPlanFromOptions(*options);
   if (!plan.ok()) {
     err << "vemesh plan: " << plan.status().message() << "\n";
@@ -32,10 +47,7 @@ int RunPlanCommand(absl::Span<const std::string> args, std::ostream& out,
     case OutputFormat::kJson: text = RenderJson(*plan); break;
     case OutputFormat::kSvg: text = RenderSvg(*plan); break;
   }
-  if (!options->output.has_value()) {
-    out << text;
-    return kExitOk;
-  }
+  if (!options->output.has_value()) return WriteToStream(text, out, err);
   std::ofstream file(*options->output, std::ios::binary | std::ios::trunc);
   file << text;
   file.close();

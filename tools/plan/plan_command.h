@@ -8,7 +8,8 @@
 //   int code = RunPlanCommand({"--mesh", "PP=2,TP=4"}, out, err);
 //
 // Exit codes: 0 success; 2 bad input (the message on `err` names the bad
-// value and what was expected); 1 the output file could not be written.
+// value and what was expected); 1 the output could not be written (the
+// --output file, or stdout when it is full or closed).
 
 #ifndef VEMESH_TOOLS_PLAN_PLAN_COMMAND_H_
 #define VEMESH_TOOLS_PLAN_PLAN_COMMAND_H_
@@ -16,6 +17,7 @@
 #include <ostream>
 #include <string>
 
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
 namespace vemesh::plan {
@@ -26,6 +28,12 @@ inline constexpr int kExitUsage = 2;
 
 int RunPlanCommand(absl::Span<const std::string> args, std::ostream& out,
                    std::ostream& err);
+
+// Writes `text` to `out` and flushes it: kExitOk, or kExitIoError with a
+// message on `err` when the stream refuses it (`> /dev/full`, a closed
+// stdout). Every subcommand's stdout goes through here.
+int WriteToStream(absl::string_view text, std::ostream& out,
+                  std::ostream& err);
 
 }  // namespace vemesh::plan
 

@@ -95,9 +95,10 @@ absl::StatusOr<PlanOptions> ParsePlanArgs(absl::Span<const std::string> args) {
       absl::StatusOr<int64_t> n =
           ParseInt(flag, *value, "an integer >= 1");
       if (!n.ok()) return n.status();
-      if (*n < 1) {
+      if (*n < 1 || *n > kMaxRanksPerHost) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "--ranks-per-host expects an integer >= 1, got ", *n));
+            "--ranks-per-host expects an integer from 1 to ", kMaxRanksPerHost,
+            ", got ", *n));
       }
       opts.ranks_per_host = *n;
     } else if (flag == "--format") {
@@ -138,14 +139,15 @@ std::string PlanUsage() {
       "  --rank R               show the view of global rank R: coordinate,\n"
       "                         host, groups, peers, pipeline neighbours\n"
       "  --ranks-per-host N     ranks on one host; host = rank / N (default ",
-      kDefaultRanksPerHost, ")\n"
+      kDefaultRanksPerHost, ", at most ", kMaxRanksPerHost, ")\n"
       "  --format FMT           table (default), json or svg\n"
       "  --color-by DIM         svg: colour the groups of DIM (default TP, or\n"
       "                         the last dimension when there is no TP)\n"
       "  --output FILE          write to FILE instead of stdout\n"
       "  --help                 show this text\n"
       "\n"
-      "Worlds of more than 256 ranks are summarised in every format.\n"
+      "Worlds of more than 256 ranks are summarised in every format; any\n"
+      "mesh whose size fits in a signed 64-bit integer is planned.\n"
       "\n"
       "Examples:\n"
       "  vemesh plan --mesh PP=4,DP=2,TP=8 --ranks-per-host 8\n"

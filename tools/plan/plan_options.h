@@ -34,6 +34,10 @@ absl::string_view OutputFormatName(OutputFormat format);
 
 // Hosts of 8 devices are the common GPU node; the default follows it.
 inline constexpr int64_t kDefaultRanksPerHost = 8;
+// The largest --ranks-per-host: far above any real host, and it bounds the
+// host-locality arithmetic (O(ranks per host) per dimension and candidate
+// order), so a plan stays well under a second for any mesh.
+inline constexpr int64_t kMaxRanksPerHost = int64_t{1} << 12;
 
 struct PlanOptions {
   std::string mesh;                    // --mesh, e.g. "PP=2,DP=2,TP=2"

@@ -150,8 +150,10 @@ std::string RenderSvg(const Plan& plan) {
     }
     const int64_t host = std::get<int64_t>(slots[s]);
     const int64_t first = host * hosts.ranks_per_host;
+    // first + ranks_per_host may pass INT64_MAX on the last host of a huge
+    // world; the ranks left never do.
     const int64_t end =
-        std::min(layout.size(), first + hosts.ranks_per_host);
+        first + std::min(hosts.ranks_per_host, layout.size() - first);
     absl::StrAppend(&body, "<rect x=\"", x0, "\" y=\"", y0, "\" width=\"",
                     host_w, "\" height=\"", host_h,
                     "\" rx=\"10\" fill=\"#f4f6f8\" stroke=\"#445\" "
