@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -30,6 +31,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "vemesh/api/ve_device_mesh.h"
+#include "vemesh/bootstrap/launch.h"
 #include "vemesh/comm/mpi/mpi_environment.h"
 
 namespace {
@@ -50,6 +52,9 @@ struct Scenario {
   // Whether some rank is expected to leave a collective pending.
   bool leaves_pending;
   std::function<Outcome(int rank, absl::Duration timeout)> run;
+  // Whether main leaves MPI to vemesh (started lazily by init) instead of
+  // starting it itself.
+  bool lazy_mpi = false;
 };
 
 InitOptions WithTimeout(absl::Duration timeout) {
@@ -159,6 +164,22 @@ const std::map<std::string, Scenario>& Scenarios() {
           return Outcome{Init({2, 2}, {"DP", "TP"}, t).status(),
                          StatusCode::kFailedPrecondition};
         }}},
+      // Rank 0 never starts MPI at all (a process stuck before MPI_Init);
+      // the others start it lazily through init, whose deadline covers
+      // MPI's own start-up: they get DeadlineExceeded instead of waiting in
+      // MPI_Init_thread for ever.
+      {"never_starts_mpi",
+       {true,
+        [](int rank, absl::Duration t) {
+          if (rank == 0) {
+            return Outcome{
+                VESCALE_DEVICE_MESH.get_tensor_parallel_mesh().status(),
+                StatusCode::kFailedPrecondition};
+          }
+          return Outcome{Init({2, 2}, {"DP", "TP"}, t).status(),
+                         StatusCode::kDeadlineExceeded};
+        },
+        /*lazy_mpi=*/true}},
       // Rank 0 flattens while the others re-init: both calls agree through
       // the same bootstrap, so every rank is told the operations differ.
       {"flatten_alone",
@@ -190,18 +211,22 @@ int main(int argc, char** argv) {
   const Scenario& scenario = Scenarios().at(name);
   const absl::Duration timeout = absl::Seconds(seconds);
 
-  vemesh::MpiSession mpi(&argc, &argv);
-  if (!mpi.status().ok()) {
-    std::fprintf(stderr, "MPI failed to start: %s\n",
-                 std::string(mpi.status().message()).c_str());
-    return 1;
-  }
-  int rank = 0;
+  std::optional<vemesh::MpiSession> mpi;
+  int rank = vemesh::LauncherRank();
   int size = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  // Start together, so the timeout measures the scenario, not start-up.
-  MPI_Barrier(MPI_COMM_WORLD);
+  if (const char* n = std::getenv("OMPI_COMM_WORLD_SIZE")) size = std::atoi(n);
+  if (!scenario.lazy_mpi) {
+    mpi.emplace(&argc, &argv);
+    if (!mpi->status().ok()) {
+      std::fprintf(stderr, "MPI failed to start: %s\n",
+                   std::string(mpi->status().message()).c_str());
+      return 1;
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    // Start together, so the timeout measures the scenario, not start-up.
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
   const absl::Time start = absl::Now();
 
   const Outcome outcome = scenario.run(rank, timeout);
