@@ -1,6 +1,7 @@
 #include "vemesh/comm/communicator.h"
 
 #include <atomic>
+#include <climits>
 
 namespace vemesh {
 namespace {
@@ -27,6 +28,31 @@ absl::Status Communicator::send_recv(const void*, size_t, int, void*, size_t,
   return absl::UnimplementedError(
       absl::StrCat("send_recv is not implemented by the '", backend(),
                    "' communicator"));
+}
+
+absl::Status Communicator::CheckBuffer(absl::string_view backend_name,
+                                       absl::string_view op, const void* data,
+                                       size_t count) const {
+  if (count > static_cast<size_t>(INT_MAX)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, " of ", count, " elements: the ", backend_name,
+        " backend takes at most ", INT_MAX));
+  }
+  if (data == nullptr && count > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, " got a null buffer for ", count, " elements"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Communicator::CheckPeer(absl::string_view op,
+                                     absl::string_view what, int peer) const {
+  if (peer < 0 || peer >= size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", what, " ", peer, " is outside the group of ",
+                     size(), " ranks (0..", size() - 1, ")"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<Bootstrap>> Communicator::make_bootstrap(

@@ -181,6 +181,15 @@ class Communicator {
   }
 
  protected:
+  // The argument checks every host backend makes, with one text for all:
+  // a count above INT_MAX (the int counts of MPI and of Gloo's reduction
+  // helpers), a null buffer for a non-zero count, a peer outside the group.
+  // `backend_name` is how the message names the backend ("MPI", "Gloo").
+  absl::Status CheckBuffer(absl::string_view backend_name, absl::string_view op,
+                           const void* data, size_t count) const;
+  absl::Status CheckPeer(absl::string_view op, absl::string_view what,
+                         int peer) const;
+
   static absl::Status LengthError(absl::string_view op, size_t got,
                                   size_t expected) {
     return absl::InvalidArgumentError(

@@ -251,33 +251,6 @@ absl::StatusOr<std::shared_ptr<GlooCommunicator>> GlooCommunicator::Connect(
       timeout, std::move(hostname), std::move(device), std::move(context)));
 }
 
-absl::Status GlooCommunicator::CheckBuffer(absl::string_view op,
-                                           const void* data,
-                                           size_t count) const {
-  // Kept at the MPI backend's bound, so that code moves between backends
-  // unchanged (Gloo's own reduction helpers index with int, too).
-  if (count > static_cast<size_t>(INT_MAX)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        op, " of ", count, " elements: the Gloo backend takes at most ",
-        INT_MAX));
-  }
-  if (data == nullptr && count > 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, " got a null buffer for ", count, " elements"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status GlooCommunicator::CheckPeer(absl::string_view op,
-                                         absl::string_view what,
-                                         int peer) const {
-  if (peer < 0 || peer >= size_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": ", what, " ", peer, " is outside the group of ",
-                     size_, " ranks (0..", size_ - 1, ")"));
-  }
-  return absl::OkStatus();
-}
 
 absl::Status GlooCommunicator::Run(absl::string_view op,
                                    absl::FunctionRef<void()> fn) {
@@ -309,7 +282,7 @@ absl::Status GlooCommunicator::barrier() {
 
 absl::Status GlooCommunicator::broadcast(void* data, size_t count,
                                          DataType type, int root) {
-  absl::Status status = CheckBuffer("broadcast", data, count);
+  absl::Status status = CheckBuffer("Gloo", "broadcast", data, count);
   if (status.ok()) status = CheckPeer("broadcast", "root", root);
   if (!status.ok()) return status;
   const uint32_t tag = NextTag();
@@ -329,8 +302,8 @@ absl::Status GlooCommunicator::broadcast(void* data, size_t count,
 absl::Status GlooCommunicator::all_reduce(const void* send, void* recv,
                                           size_t count, DataType type,
                                           ReduceOp op) {
-  absl::Status status = CheckBuffer("all_reduce", send, count);
-  if (status.ok()) status = CheckBuffer("all_reduce", recv, count);
+  absl::Status status = CheckBuffer("Gloo", "all_reduce", send, count);
+  if (status.ok()) status = CheckBuffer("Gloo", "all_reduce", recv, count);
   if (!status.ok()) return status;
   const size_t bytes = count * SizeOf(type);
   if (send != recv && Overlap(send, bytes, recv, bytes)) {
@@ -356,8 +329,8 @@ absl::Status GlooCommunicator::all_reduce(const void* send, void* recv,
 absl::Status GlooCommunicator::all_gather(const void* send, void* recv,
                                           size_t count, DataType type) {
   const size_t total = count * static_cast<size_t>(size_);
-  absl::Status status = CheckBuffer("all_gather", send, count);
-  if (status.ok()) status = CheckBuffer("all_gather", recv, total);
+  absl::Status status = CheckBuffer("Gloo", "all_gather", send, count);
+  if (status.ok()) status = CheckBuffer("Gloo", "all_gather", recv, total);
   if (!status.ok()) return status;
   const size_t width = SizeOf(type);
   if (Overlap(send, count * width, recv, total * width)) {
@@ -382,8 +355,8 @@ absl::Status GlooCommunicator::reduce_scatter(const void* send, void* recv,
                                               size_t count, DataType type,
                                               ReduceOp op) {
   const size_t total = count * static_cast<size_t>(size_);
-  absl::Status status = CheckBuffer("reduce_scatter", send, total);
-  if (status.ok()) status = CheckBuffer("reduce_scatter", recv, count);
+  absl::Status status = CheckBuffer("Gloo", "reduce_scatter", send, total);
+  if (status.ok()) status = CheckBuffer("Gloo", "reduce_scatter", recv, count);
   if (!status.ok()) return status;
   const size_t width = SizeOf(type);
   if (Overlap(send, total * width, recv, count * width)) {
@@ -426,7 +399,7 @@ absl::Status GlooCommunicator::TakeFromSelf(absl::string_view op, void* data,
 
 absl::Status GlooCommunicator::send(const void* data, size_t count,
                                     DataType type, int peer) {
-  absl::Status status = CheckBuffer("send", data, count);
+  absl::Status status = CheckBuffer("Gloo", "send", data, count);
   if (status.ok()) status = CheckPeer("send", "peer", peer);
   if (!status.ok()) return status;
   const size_t bytes = count * SizeOf(type);
@@ -444,7 +417,7 @@ absl::Status GlooCommunicator::send(const void* data, size_t count,
 
 absl::Status GlooCommunicator::recv(void* data, size_t count, DataType type,
                                     int peer) {
-  absl::Status status = CheckBuffer("recv", data, count);
+  absl::Status status = CheckBuffer("Gloo", "recv", data, count);
   if (status.ok()) status = CheckPeer("recv", "peer", peer);
   if (!status.ok()) return status;
   if (peer == rank_) return TakeFromSelf("recv", data, count, type);
@@ -463,8 +436,8 @@ absl::Status GlooCommunicator::send_recv(const void* send_data,
                                          size_t send_count, int dest,
                                          void* recv_data, size_t recv_count,
                                          int source, DataType type) {
-  absl::Status status = CheckBuffer("send_recv", send_data, send_count);
-  if (status.ok()) status = CheckBuffer("send_recv", recv_data, recv_count);
+  absl::Status status = CheckBuffer("Gloo", "send_recv", send_data, send_count);
+  if (status.ok()) status = CheckBuffer("Gloo", "send_recv", recv_data, recv_count);
   if (status.ok()) status = CheckPeer("send_recv", "dest", dest);
   if (status.ok()) status = CheckPeer("send_recv", "source", source);
   if (!status.ok()) return status;

@@ -132,10 +132,6 @@ class GlooCommunicator final : public Communicator {
       std::vector<int> ranks, absl::Duration timeout, std::string hostname,
       std::shared_ptr<gloo::transport::Device> device);
 
-  absl::Status CheckBuffer(absl::string_view op, const void* data,
-                           size_t count) const;
-  absl::Status CheckPeer(absl::string_view op, absl::string_view what,
-                         int peer) const;
   // Runs `fn` (calls into Gloo) unless the communicator is already broken;
   // a failure breaks it.
   absl::Status Run(absl::string_view op, absl::FunctionRef<void()> fn);

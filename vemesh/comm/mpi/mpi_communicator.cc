@@ -180,31 +180,6 @@ absl::StatusOr<std::shared_ptr<MpiCommunicator>> MpiCommunicator::Adopt(
       new MpiCommunicator(comm, rank, size, std::move(ranks)));
 }
 
-absl::Status MpiCommunicator::CheckBuffer(absl::string_view op,
-                                          const void* data,
-                                          size_t count) const {
-  if (count > static_cast<size_t>(INT_MAX)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        op, " of ", count, " elements: the MPI backend takes at most ",
-        INT_MAX));
-  }
-  if (data == nullptr && count > 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, " got a null buffer for ", count, " elements"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status MpiCommunicator::CheckPeer(absl::string_view op,
-                                        absl::string_view what,
-                                        int peer) const {
-  if (peer < 0 || peer >= size_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": ", what, " ", peer, " is outside the group of ",
-                     size_, " ranks (0..", size_ - 1, ")"));
-  }
-  return absl::OkStatus();
-}
 
 absl::Status MpiCommunicator::barrier() {
   absl::Status status = Usable("barrier");
@@ -215,7 +190,7 @@ absl::Status MpiCommunicator::barrier() {
 absl::Status MpiCommunicator::broadcast(void* data, size_t count,
                                         DataType type, int root) {
   absl::Status status = Usable("broadcast");
-  if (status.ok()) status = CheckBuffer("broadcast", data, count);
+  if (status.ok()) status = CheckBuffer("MPI", "broadcast", data, count);
   if (status.ok()) status = CheckPeer("broadcast", "root", root);
   if (!status.ok()) return status;
   return MpiStatus(MPI_Bcast(data, static_cast<int>(count), MpiDataType(type),
@@ -227,8 +202,8 @@ absl::Status MpiCommunicator::all_reduce(const void* send, void* recv,
                                          size_t count, DataType type,
                                          ReduceOp op) {
   absl::Status status = Usable("all_reduce");
-  if (status.ok()) status = CheckBuffer("all_reduce", send, count);
-  if (status.ok()) status = CheckBuffer("all_reduce", recv, count);
+  if (status.ok()) status = CheckBuffer("MPI", "all_reduce", send, count);
+  if (status.ok()) status = CheckBuffer("MPI", "all_reduce", recv, count);
   if (!status.ok()) return status;
   const size_t bytes = count * SizeOf(type);
   if (send != recv && Overlap(send, bytes, recv, bytes)) {
@@ -245,8 +220,8 @@ absl::Status MpiCommunicator::all_gather(const void* send, void* recv,
                                          size_t count, DataType type) {
   const size_t total = count * static_cast<size_t>(size_);
   absl::Status status = Usable("all_gather");
-  if (status.ok()) status = CheckBuffer("all_gather", send, count);
-  if (status.ok()) status = CheckBuffer("all_gather", recv, total);
+  if (status.ok()) status = CheckBuffer("MPI", "all_gather", send, count);
+  if (status.ok()) status = CheckBuffer("MPI", "all_gather", recv, total);
   if (!status.ok()) return status;
   const size_t width = SizeOf(type);
   if (Overlap(send, count * width, recv, total * width)) {
@@ -264,8 +239,8 @@ absl::Status MpiCommunicator::reduce_scatter(const void* send, void* recv,
                                              ReduceOp op) {
   const size_t total = count * static_cast<size_t>(size_);
   absl::Status status = Usable("reduce_scatter");
-  if (status.ok()) status = CheckBuffer("reduce_scatter", send, total);
-  if (status.ok()) status = CheckBuffer("reduce_scatter", recv, count);
+  if (status.ok()) status = CheckBuffer("MPI", "reduce_scatter", send, total);
+  if (status.ok()) status = CheckBuffer("MPI", "reduce_scatter", recv, count);
   if (!status.ok()) return status;
   const size_t width = SizeOf(type);
   if (Overlap(send, total * width, recv, count * width)) {
@@ -281,7 +256,7 @@ absl::Status MpiCommunicator::reduce_scatter(const void* send, void* recv,
 absl::Status MpiCommunicator::send(const void* data, size_t count,
                                    DataType type, int peer) {
   absl::Status status = Usable("send");
-  if (status.ok()) status = CheckBuffer("send", data, count);
+  if (status.ok()) status = CheckBuffer("MPI", "send", data, count);
   if (status.ok()) status = CheckPeer("send", "peer", peer);
   if (!status.ok()) return status;
   return MpiStatus(MPI_Send(data, static_cast<int>(count), MpiDataType(type),
@@ -292,7 +267,7 @@ absl::Status MpiCommunicator::send(const void* data, size_t count,
 absl::Status MpiCommunicator::recv(void* data, size_t count, DataType type,
                                    int peer) {
   absl::Status status = Usable("recv");
-  if (status.ok()) status = CheckBuffer("recv", data, count);
+  if (status.ok()) status = CheckBuffer("MPI", "recv", data, count);
   if (status.ok()) status = CheckPeer("recv", "peer", peer);
   if (!status.ok()) return status;
   MPI_Status info;
@@ -315,8 +290,8 @@ absl::Status MpiCommunicator::send_recv(const void* send_data,
                                         void* recv_data, size_t recv_count,
                                         int source, DataType type) {
   absl::Status status = Usable("send_recv");
-  if (status.ok()) status = CheckBuffer("send_recv", send_data, send_count);
-  if (status.ok()) status = CheckBuffer("send_recv", recv_data, recv_count);
+  if (status.ok()) status = CheckBuffer("MPI", "send_recv", send_data, send_count);
+  if (status.ok()) status = CheckBuffer("MPI", "send_recv", recv_data, recv_count);
   if (status.ok()) status = CheckPeer("send_recv", "dest", dest);
   if (status.ok()) status = CheckPeer("send_recv", "source", source);
   if (!status.ok()) return status;

@@ -116,10 +116,6 @@ class MpiCommunicator final : public Communicator {
   // FailedPrecondition when MPI was finalised, or when this thread may not
   // call MPI at the level MPI granted (mpi_environment.h).
   absl::Status Usable(absl::string_view op) const;
-  absl::Status CheckBuffer(absl::string_view op, const void* data,
-                           size_t count) const;
-  absl::Status CheckPeer(absl::string_view op, absl::string_view what,
-                         int peer) const;
 
   MPI_Comm comm_;
   int rank_;
