@@ -103,17 +103,7 @@ absl::StatusOr<std::shared_ptr<MpiCommunicator>> MpiCommunicator::World() {
 
 absl::StatusOr<std::shared_ptr<MpiCommunicator>> MpiCommunicator::Dup(
     MPI_Comm comm) {
-  if (!MpiIsUsable()) {
-    return absl::FailedPreconditionError(
-        "MpiCommunicator::Dup needs an initialised, not finalised MPI");
-  }
-  if (comm == MPI_COMM_NULL) {
-    return absl::InvalidArgumentError("MpiCommunicator::Dup of MPI_COMM_NULL");
-  }
-  MPI_Comm copy = MPI_COMM_NULL;
-  absl::Status status = MpiStatus(MPI_Comm_dup(comm, &copy), "MPI_Comm_dup");
-  if (!status.ok()) return status;
-  return Adopt(copy, MPI_COMM_NULL, nullptr);
+  return Dup(comm, absl::InfiniteFuture());
 }
 
 absl::StatusOr<std::shared_ptr<MpiCommunicator>> MpiCommunicator::Dup(
