@@ -174,12 +174,18 @@ TEST(RegistrySnapshotTest, EveryQueryAnswersFromOneMeshDuringReinits) {
   // Bounded in re-inits and in time (TSan is ~10x slower).
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(8);
   int reinits = 0;
+  bool init_failed = false;
   for (; reinits < 20000 && std::chrono::steady_clock::now() < deadline;
        ++reinits) {
-    ASSERT_TRUE((reinits % 2 ? InitA(reg) : InitB(reg)).ok());
+    // Not ASSERT: the readers must be joined before the test returns.
+    if (!(reinits % 2 ? InitA(reg) : InitB(reg)).ok()) {
+      init_failed = true;
+      break;
+    }
   }
   stop = true;
   for (auto& th : readers) th.join();
+  EXPECT_FALSE(init_failed) << "a re-init failed";
   for (const auto& w : wrong) {
     for (const std::string& line : w) ADD_FAILURE() << line;
   }

@@ -52,9 +52,9 @@ TEST(FlattenLockTest, GetGroupDoesNotWaitForAFlattenInProgress) {
   auto flat = mesh->flatten({"DP", "TP"}, "DPTP");
   const double flatten_ms =
       std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  if (rank == 0) asker.join();  // before any ASSERT can return
   ASSERT_TRUE(flat.ok()) << flat.status();
   if (rank == 0) {
-    asker.join();
     // The flatten really waited for the late ranks, the asker did not.
     EXPECT_GT(flatten_ms, 1000);
     EXPECT_LT(worst_ms, 200) << "get_group waited for the flatten";
@@ -80,7 +80,9 @@ TEST(FlattenLockTest, AOneDimensionFlattenNameFindsItsGroup) {
   // From a child that holds TP too; not from one that does not.
   auto child = (*mesh)["TP"];
   ASSERT_TRUE(child.ok());
-  EXPECT_EQ(*child->get_group("tensor"), *tp);
+  auto from_child = child->get_group("tensor");
+  ASSERT_TRUE(from_child.ok()) << from_child.status();
+  EXPECT_EQ(*from_child, *tp);
   auto dp_child = (*mesh)["DP"];
   ASSERT_TRUE(dp_child.ok());
   EXPECT_EQ(dp_child->get_group("tensor").status().code(),

@@ -104,8 +104,11 @@ MpiBootstrap::MpiBootstrap(MPI_Comm base, MPI_Comm comm, int rank, int size,
 
 MpiBootstrap::~MpiBootstrap() {
   // A communicator with an abandoned request must not be freed (MPI would
-  // wait for it); after MPI_Finalize there is nothing to free.
-  if (!broken_ && MpiIsUsable()) MPI_Comm_free(&comm_);
+  // wait for it); after MPI_Finalize there is nothing to free; a thread
+  // that may not call MPI leaves it to MPI_Finalize.
+  if (!broken_ && MpiIsUsable() && CheckMpiThread("").ok()) {
+    MPI_Comm_free(&comm_);
+  }
 }
 
 absl::Status MpiBootstrap::CheckUsable() const {
@@ -118,7 +121,7 @@ absl::Status MpiBootstrap::CheckUsable() const {
     return absl::FailedPreconditionError(
         "MPI was finalised: the MPI bootstrap cannot be used any more");
   }
-  return absl::OkStatus();
+  return CheckMpiThread("the MPI bootstrap (mesh creation, flatten)");
 }
 
 absl::StatusOr<std::vector<std::string>> MpiBootstrap::all_gather(

@@ -1,5 +1,6 @@
 #include "vemesh/comm/mpi/mpi_environment.h"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
@@ -17,9 +18,11 @@ namespace {
 // std::mutex, not absl::Mutex: TSan sees pthread locking, not the locking
 // inside Debian's uninstrumented Abseil. constexpr-constructed.
 std::mutex env_mu;
-bool owns_mpi = false;
+// Atomics, so that the queries below never wait for env_mu, which an
+// abandoned start may hold for ever (inside MPI_Init_thread).
+std::atomic<bool> owns_mpi{false};
 bool atexit_registered = false;
-int thread_level = -1;
+std::atomic<int> thread_level{-1};
 // Set when a collective was abandoned at a deadline (or MPI's start-up was):
 // no MPI call may be made any more, MPI_Finalize included, since it would
 // wait for peers that are gone.
@@ -57,7 +60,11 @@ absl::Status InitLocked(int* argc, char*** argv)
         "MPI was already finalised; it cannot be initialised again");
   }
   if (Initialized()) {
-    if (thread_level < 0) MPI_Query_thread(&thread_level);
+    if (thread_level < 0) {
+      int level = -1;
+      MPI_Query_thread(&level);
+      thread_level = level;
+    }
     return absl::OkStatus();
   }
   int provided = MPI_THREAD_SINGLE;
@@ -66,6 +73,17 @@ absl::Status InitLocked(int* argc, char*** argv)
   owns_mpi = true;
   thread_level = provided;
   return absl::OkStatus();
+}
+
+// A lazy start still ends cleanly: finalise at exit unless a session or the
+// program does it first.
+absl::Status LazyInitLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(env_mu) {
+  absl::Status status = InitLocked(nullptr, nullptr);
+  if (status.ok() && owns_mpi && !atexit_registered) {
+    atexit_registered = true;
+    std::atexit(FinalizeIfOwned);
+  }
+  return status;
 }
 
 }  // namespace
@@ -90,6 +108,12 @@ absl::Status EnsureMpiInitialized(absl::Time deadline) {
     std::lock_guard<std::mutex> lock(env_mu);
     return InitLocked(nullptr, nullptr);
   }
+  if (deadline == absl::InfiniteFuture()) {
+    // No deadline: start MPI on this thread, which becomes MPI's main
+    // thread, as the program's own MPI_Init would.
+    std::lock_guard<std::mutex> lock(env_mu);
+    return LazyInitLocked();
+  }
   if (deadline <= absl::Now()) {
     return absl::DeadlineExceededError(
         "MPI is not started and the deadline has passed: nothing was tried");
@@ -109,13 +133,7 @@ absl::Status EnsureMpiInitialized(absl::Time deadline) {
     absl::Status status;
     {
       std::lock_guard<std::mutex> lock(env_mu);
-      status = InitLocked(nullptr, nullptr);
-      // A lazy start still ends cleanly: finalise at exit unless a session
-      // or the program does it first.
-      if (status.ok() && owns_mpi && !atexit_registered) {
-        atexit_registered = true;
-        std::atexit(FinalizeIfOwned);
-      }
+      status = LazyInitLocked();
     }
     std::lock_guard<std::mutex> lock(start->mu);
     start->status = status;
@@ -132,8 +150,19 @@ absl::Status EnsureMpiInitialized(absl::Time deadline) {
           "every rank of the job to start MPI, and some rank did not. MPI "
           "cannot be used in this process: end the job");
     }
-    start->done_cv.wait_for(lock, absl::ToChronoMilliseconds(left) +
-                                      std::chrono::milliseconds(1));
+    // At most a second at a time: no overflow for far deadlines.
+    start->done_cv.wait_for(
+        lock, absl::ToChronoMilliseconds(std::min(left, absl::Seconds(1))) +
+                  std::chrono::milliseconds(1));
+  }
+  if (start->status.ok() && MpiThreadLevel() < MPI_THREAD_SERIALIZED) {
+    // MPI was started on a helper thread (to bound it), which then ended:
+    // under FUNNELED or SINGLE no living thread could call MPI.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "MPI granted ", MpiThreadLevelName(MpiThreadLevel()),
+        " to vemesh's bounded start; vemesh needs MPI_THREAD_SERIALIZED or "
+        "more there: start MPI yourself (MpiSession or MPI_Init_thread) before "
+        "init_device_mesh"));
   }
   return start->status;
 }
@@ -144,17 +173,15 @@ bool MpiIsUsable() {
   return !abandoned.load() && Initialized() && !Finalized();
 }
 
-bool VemeshOwnsMpi() {
-  std::lock_guard<std::mutex> lock(env_mu);
-  return owns_mpi;
-}
+bool VemeshOwnsMpi() { return owns_mpi.load(); }
 
 int MpiThreadLevel() {
-  std::lock_guard<std::mutex> lock(env_mu);
-  if (thread_level < 0 && Initialized() && !Finalized()) {
-    MPI_Query_thread(&thread_level);
+  if (thread_level < 0 && !abandoned.load() && Initialized() && !Finalized()) {
+    int level = -1;
+    MPI_Query_thread(&level);
+    thread_level = level;
   }
-  return thread_level;
+  return thread_level.load();
 }
 
 absl::string_view MpiThreadLevelName(int level) {
