@@ -55,6 +55,9 @@ struct Scenario {
   // Whether main leaves MPI to vemesh (started lazily by init) instead of
   // starting it itself.
   bool lazy_mpi = false;
+  // Whether the ranks return from main normally after a deadline, once
+  // every rank has spoken (the first to leave ends the job).
+  bool returns_after_deadline = false;
 };
 
 InitOptions WithTimeout(absl::Duration timeout) {
@@ -163,7 +166,8 @@ const std::map<std::string, Scenario>& Scenarios() {
           }
           return Outcome{Init({2, 2}, {"DP", "TP"}, t).status(),
                          StatusCode::kFailedPrecondition};
-        }}},
+        },
+        /*lazy_mpi=*/false, /*returns_after_deadline=*/true}},
       // Rank 0 never starts MPI at all (a process stuck before MPI_Init);
       // the others start it lazily through init, whose deadline covers
       // MPI's own start-up: they get DeadlineExceeded instead of waiting in
@@ -253,6 +257,12 @@ int main(int argc, char** argv) {
     if (absl::Now() < end) absl::SleepFor(end - absl::Now());
     std::fflush(nullptr);
     _exit(0);
+  }
+  if (scenario.returns_after_deadline) {
+    // Let every rank speak before the first one leaves: the launcher ends
+    // the job when a rank exits without MPI_Finalize.
+    const absl::Time end = start + timeout + absl::Seconds(2);
+    if (absl::Now() < end) absl::SleepFor(end - absl::Now());
   }
   VESCALE_DEVICE_MESH.reset();
   return 0;
