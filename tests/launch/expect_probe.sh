@@ -35,7 +35,12 @@ case "$scenario" in
     # Another program holds the port (bounded: it leaves after 20 s).
     python3 -c "import socket,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('127.0.0.1', $port)); s.listen(64); time.sleep(20)" &
     helper_pid=$!
-    sleep 0.5 ;;
+    # Go on only once the port is really held (a loaded machine starts
+    # python slowly): at most 10 s, loopback only.
+    for _ in $(seq 100); do
+      if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then break; fi
+      sleep 0.1
+    done ;;
   garbage)
     # Junk on the store port while the ranks rendezvous: 40 connections at
     # most, over about 2 s.
