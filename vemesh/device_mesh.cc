@@ -95,6 +95,60 @@ DeviceMesh DeviceMesh::Meta(MeshLayout layout, int64_t global_rank) {
   return DeviceMesh(std::move(shared), std::move(layout));
 }
 
+absl::StatusOr<DeviceMesh> DeviceMesh::FromGroups(
+    DeviceType device_type, MeshLayout layout, int64_t global_rank,
+    std::vector<std::shared_ptr<Communicator>> groups, int host_local_rank,
+    int host_size) {
+  if (device_type == DeviceType::kMeta) {
+    return absl::InvalidArgumentError(
+        "DeviceMesh::FromGroups: a meta mesh has no communicators to adopt");
+  }
+  if (static_cast<int64_t>(groups.size()) != layout.ndim()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DeviceMesh::FromGroups: ", groups.size(), " groups for ",
+        layout.ToString(), ": expected one per dimension (", layout.ndim(),
+        ")"));
+  }
+  if (host_size < 1 || host_local_rank < 0 || host_local_rank >= host_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DeviceMesh::FromGroups: host-local rank ", host_local_rank,
+        " of a host of ", host_size, ": expected 0 <= rank < size"));
+  }
+  auto coord = layout.coordinate_of(global_rank);
+  if (!coord.ok()) return coord.status();
+  for (int64_t d = 0; d < layout.ndim(); ++d) {
+    const std::string& name = layout.dim_name(d);
+    const Communicator* g = groups[d].get();
+    if (g == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "DeviceMesh::FromGroups: no group for dimension '", name, "'"));
+    }
+    const int64_t size = layout.dim_size(d).value_or(-1);
+    if (g->size() != size || g->rank() != (*coord)[d]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "DeviceMesh::FromGroups: the group of '", name, "' has rank ",
+          g->rank(), " of ", g->size(), ": expected rank ", (*coord)[d],
+          " of ", size));
+    }
+    Coordinate at = *coord;
+    for (int64_t i = 0; i < size; ++i) {
+      at[d] = i;
+      auto expected = layout.rank_at(at);
+      if (!expected.ok()) return expected.status();
+      if (g->ranks()[i] != *expected) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "DeviceMesh::FromGroups: the group of '", name, "' holds rank ",
+            g->ranks()[i], " at index ", i, ": expected ", *expected));
+      }
+    }
+  }
+  auto shared = std::make_shared<Shared>(device_type, layout, global_rank);
+  shared->host_local_rank = host_local_rank;
+  shared->host_size = host_size;
+  shared->dims = std::move(groups);
+  return DeviceMesh(std::move(shared), std::move(layout));
+}
+
 absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
                                               MeshLayout layout,
                                               const MeshOptions& options) {
@@ -370,6 +424,12 @@ absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::flatten(
   }
   if (one_dim) return get_group(dims[0]);
 
+  if (!known.has_value() && shared.bootstrap == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot flatten [", absl::StrJoin(dims, ", "),
+        "]: this mesh adopted its groups (DeviceMesh::FromGroups) and has no "
+        "world to split"));
+  }
   if (!known.has_value()) {
     // Collective over the world: check, then one split. No `mu` held.
     const std::vector<AgreementField> fields = {
@@ -407,7 +467,15 @@ absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::flatten(
 absl::StatusOr<std::string> DeviceMesh::backend(absl::string_view dim) const {
   auto root_dim = view_->shared->root.dim_index(dim);
   if (!root_dim.ok()) return root_dim.status();
-  if (view_->shared->backends == nullptr) return std::string();
+  if (view_->shared->backends == nullptr) {
+    // Adopted groups name their own backend; a meta mesh has none.
+    const auto& dims = view_->shared->dims;
+    if (static_cast<size_t>(*root_dim) < dims.size() &&
+        dims[*root_dim] != nullptr) {
+      return std::string(dims[*root_dim]->backend());
+    }
+    return std::string();
+  }
   return view_->shared->backends->dim_backend(*root_dim);
 }
 

@@ -109,6 +109,17 @@ class DeviceMesh {
   // A mesh with a layout and a rank but no communicators (device "meta"):
   // every query works, `get_group` answers FailedPrecondition. Local only.
   static DeviceMesh Meta(MeshLayout layout, int64_t global_rank);
+  // Adopts communicators the program already has, one per dimension of
+  // `layout` (PyTorch's DeviceMesh.from_group): creates and communicates
+  // nothing. Each group must be the one of `global_rank` along its
+  // dimension: its size the dimension's size, its rank the coordinate, its
+  // ranks() the layout's global ranks of that group in order; otherwise
+  // InvalidArgument naming the dimension and what differs. Such a mesh
+  // cannot flatten (FailedPrecondition): it has no world to split.
+  static absl::StatusOr<DeviceMesh> FromGroups(
+      DeviceType device_type, MeshLayout layout, int64_t global_rank,
+      std::vector<std::shared_ptr<Communicator>> groups,
+      int host_local_rank = 0, int host_size = 1);
 
   DeviceType device_type() const;
   const MeshLayout& layout() const;

@@ -31,7 +31,9 @@
 #include "parallel_mlp_stage.h"
 #include "serial_mlp.h"
 #include "synthetic_data.h"
+#include "elastic_loop.h"
 #include "train_options.h"
+#include "train_step.h"
 #include "vemesh/api/ve_device_mesh.h"
 #include "vemesh/bootstrap/launch.h"
 #include "vemesh/comm/mpi/mpi_environment.h"
@@ -61,6 +63,20 @@ ABSL_FLAG(int64_t, bucket_elements, kDefaults.bucket_elements,
           "doubles per DP gradient all_reduce bucket");
 ABSL_FLAG(double, tolerance, kDefaults.tolerance,
           "largest relative loss difference from the serial run");
+ABSL_FLAG(std::string, elastic, "",
+          "elastic job: the control plane, redis://HOST:PORT; this launch is "
+          "one DP replica (docs/ELASTIC.md)");
+ABSL_FLAG(int, replica, -1, "elastic: this launch's replica id");
+ABSL_FLAG(int, min_replicas, 1, "elastic: fewer live replicas is an error");
+ABSL_FLAG(int, heartbeat_ms, 1000,
+          "elastic: a rank silent for this long is dead");
+ABSL_FLAG(int, op_timeout_ms, 3000, "elastic: bound of a DP operation");
+ABSL_FLAG(std::string, job, "train_nd",
+          "elastic: the job's name in the control plane");
+ABSL_FLAG(int, pace_ms, 0,
+          "elastic: each step lasts at least this long (demos, fault tests)");
+ABSL_FLAG(std::string, fault, "",
+          "elastic fault tests: STEP:WHERE[:RANK] (see elastic_loop.h)");
 
 namespace train_nd {
 namespace {
@@ -68,8 +84,6 @@ namespace {
 using vemesh::strategies::DataParallel;
 using vemesh::strategies::Parameter;
 using vemesh::strategies::PipelineOptions;
-using vemesh::strategies::RoleGroup;
-using vemesh::strategies::RoleGroupFrom;
 using vemesh::strategies::RunPipeline;
 
 TrainOptions OptionsFromFlags() {
@@ -87,37 +101,8 @@ TrainOptions OptionsFromFlags() {
   o.schedule = absl::GetFlag(FLAGS_schedule);
   o.bucket_elements = absl::GetFlag(FLAGS_bucket_elements);
   o.tolerance = absl::GetFlag(FLAGS_tolerance);
+  o.elastic = absl::GetFlag(FLAGS_elastic);
   return o;
-}
-
-// The step's loss, on every rank: the last stage's squared error, averaged
-// over its DP group, then broadcast from the last stage along PP.
-absl::StatusOr<double> GlobalLoss(const TrainPlan& plan, double squared_error) {
-  absl::StatusOr<bool> last = VESCALE_DEVICE_MESH.is_last_stage();
-  if (!last.ok()) return last.status();
-  double loss = 0;
-  if (*last) {
-    absl::StatusOr<RoleGroup> dp = RoleGroupFrom(
-        VESCALE_DEVICE_MESH.get_data_parallel_dim_groups(), "DP");
-    if (!dp.ok()) return dp.status();
-    if (dp->size > 1) {
-      absl::Status s = dp->comm->all_reduce(absl::MakeSpan(&squared_error, 1),
-                                            vemesh::ReduceOp::kSum);
-      if (!s.ok()) return s;
-    }
-    loss = squared_error /
-           static_cast<double>(plan.options.batch * plan.shape.output_dim);
-  }
-  absl::StatusOr<RoleGroup> pp = RoleGroupFrom(
-      VESCALE_DEVICE_MESH.get_pipeline_parallel_dim_groups(), "PP");
-  if (!pp.ok()) return pp.status();
-  if (pp->size > 1) {
-    // RoleGroupFrom checked that group rank == PP rank: the last stage is
-    // group rank size - 1.
-    absl::Status s = pp->comm->broadcast(absl::MakeSpan(&loss, 1), pp->size - 1);
-    if (!s.ok()) return s;
-  }
-  return loss;
 }
 
 // Trains on the current registry mesh; returns the loss per step.
@@ -160,17 +145,6 @@ absl::StatusOr<std::vector<double>> Train(const TrainPlan& plan, bool print) {
   return losses;
 }
 
-std::vector<double> SerialLosses(const TrainPlan& plan) {
-  SerialMlp mlp(plan.shape, plan.options.seed);
-  std::vector<double> losses;
-  for (int step = 0; step < plan.options.steps; ++step) {
-    losses.push_back(mlp.TrainStep(
-        MakeBatch(plan.options.seed, step, plan.shape, plan.options.batch),
-        plan.options.lr));
-  }
-  return losses;
-}
-
 int Fail(int rank, absl::string_view what, const absl::Status& status,
          int code) {
   std::fprintf(stderr, "[rank %d] train_nd: %s: %s\n", rank,
@@ -188,6 +162,18 @@ int Run() {
   // Pure validation: every rank reaches the same verdict alone.
   absl::StatusOr<TrainPlan> plan = PlanTraining(OptionsFromFlags(), world_size);
   if (!plan.ok()) return Fail(world_rank, "error", plan.status(), 2);
+  if (!plan->options.elastic.empty()) {
+    ElasticSettings e;
+    e.store = plan->options.elastic;
+    e.replica = absl::GetFlag(FLAGS_replica);
+    e.min_replicas = absl::GetFlag(FLAGS_min_replicas);
+    e.heartbeat_ttl = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms));
+    e.op_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_op_timeout_ms));
+    e.job = absl::GetFlag(FLAGS_job);
+    e.fault = absl::GetFlag(FLAGS_fault);
+    e.pace = absl::Milliseconds(absl::GetFlag(FLAGS_pace_ms));
+    return RunElastic(*plan, e, world_rank);
+  }
 
   absl::StatusOr<vemesh::DeviceMesh> mesh = VESCALE_DEVICE_MESH.init_device_mesh(
       "cpu", plan->mesh.shape, plan->mesh.names);

@@ -20,6 +20,14 @@ ParallelMlpStage::ParallelMlpStage(const TrainPlan& plan, MlpShape::Range range,
       tp_size_(tp_size),
       inputs_(plan.options.micro_batches) {}
 
+absl::Status ParallelMlpStage::Rebind(const TrainPlan& plan) {
+  absl::StatusOr<int64_t> dp_rank = VESCALE_DEVICE_MESH.get_data_parallel_rank();
+  if (!dp_rank.ok()) return dp_rank.status();
+  plan_ = plan;
+  dp_rank_ = *dp_rank;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<ParallelMlpStage>> ParallelMlpStage::Create(
     const TrainPlan& plan) {
   absl::StatusOr<int64_t> pp_rank =

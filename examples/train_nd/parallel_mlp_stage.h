@@ -40,6 +40,9 @@ class ParallelMlpStage : public vemesh::strategies::PipelineStageModel {
   static absl::StatusOr<std::unique_ptr<ParallelMlpStage>> Create(
       const TrainPlan& plan);
 
+  // After an elastic membership change: the new DP rank (from the registry)
+  // and the plan's rows per replica for the new DP size.
+  absl::Status Rebind(const TrainPlan& plan);
   // The step's whole batch; this rank uses its DP replica's rows.
   void SetBatch(const Batch& batch);
   // Sum of squared errors over this step's micro-batches (0 off the last

@@ -97,7 +97,7 @@ absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
             "--mesh=", o.mesh, ": dimension '", name, "' appears twice"));
       }
     }
-    if (size > world_size) {
+    if (size > world_size && !(name == "DP" && !o.elastic.empty())) {
       return absl::InvalidArgumentError(
           absl::StrCat("--mesh=", o.mesh, ": ", name, "=", size,
                        " is larger than the job's ", world_size, " ranks"));
@@ -105,6 +105,8 @@ absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
     *role = static_cast<int>(size);
     product *= size;
   }
+  // An elastic launch holds one replica: every dimension but DP.
+  if (!o.elastic.empty()) product /= plan.dp;
   if (product != world_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--mesh=", o.mesh, " has ", product, " ranks but the job has ",
@@ -117,13 +119,6 @@ absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
     return absl::InvalidArgumentError(absl::StrCat(
         "--mesh=", o.mesh, " has PP=", plan.pp, " pipeline stages but --layers=",
         o.layers, ": every stage needs at least one layer"));
-  }
-  if (o.batch % (int64_t{plan.dp} * o.micro_batches) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--batch=", o.batch, " is not divisible by DP x --micro_batches = ",
-        plan.dp, " x ", o.micro_batches, " = ",
-        int64_t{plan.dp} * o.micro_batches,
-        ": every micro-batch of every replica must have the same rows"));
   }
   for (int l = 0; l < o.layers; ++l) {
     const int64_t split = plan.shape.split_features(l);
@@ -140,9 +135,22 @@ absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
           " features across TP"));
     }
   }
-  plan.rows_per_replica = o.batch / plan.dp;
-  plan.rows_per_micro_batch = plan.rows_per_replica / o.micro_batches;
-  return plan;
+  return Replan(plan, plan.dp);
+}
+
+absl::StatusOr<TrainPlan> Replan(const TrainPlan& plan, int dp) {
+  const TrainOptions& o = plan.options;
+  if (dp < 1 || o.batch % (int64_t{dp} * o.micro_batches) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--batch=", o.batch, " is not divisible by DP x --micro_batches = ",
+        dp, " x ", o.micro_batches, " = ", int64_t{dp} * o.micro_batches,
+        ": every micro-batch of every replica must have the same rows"));
+  }
+  TrainPlan next = plan;
+  next.dp = dp;
+  next.rows_per_replica = o.batch / dp;
+  next.rows_per_micro_batch = next.rows_per_replica / o.micro_batches;
+  return next;
 }
 
 }  // namespace train_nd

@@ -54,6 +54,10 @@ struct TrainOptions {
   std::string schedule = "1f1b";
   int64_t bucket_elements = 4096;
   double tolerance = 1e-5;
+  // Elastic (docs/ELASTIC.md): the control plane's address; empty = a
+  // static job. The launch then holds one replica, and DP in `mesh` is the
+  // number of replicas that start the job.
+  std::string elastic;
 };
 
 struct TrainPlan {
@@ -71,6 +75,9 @@ struct TrainPlan {
 
 absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& options,
                                        int64_t world_size);
+// The plan for `dp` replicas (an elastic membership change): the global
+// batch stays, re-sharded; InvalidArgument when it does not divide.
+absl::StatusOr<TrainPlan> Replan(const TrainPlan& plan, int dp);
 
 }  // namespace train_nd
 

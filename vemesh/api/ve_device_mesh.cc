@@ -165,37 +165,81 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::init_device_mesh(
   mesh_options.world = std::move(options.world);
   mesh_options.backend = std::move(options.backend);
   mesh_options.backend_override = std::move(options.backend_override);
+  if (options.elastic.has_value()) {
+    if (!mesh_options.ranks.empty()) {
+      return absl::InvalidArgumentError(
+          "an elastic mesh numbers its ranks itself: InitOptions.ranks must "
+          "be empty");
+    }
+    auto parsed = ParseDeviceType(device_type);
+    if (!parsed.ok()) return parsed.status();
+    auto layout = MeshLayout::Create(mesh_shape, mesh_dim_names);
+    if (!layout.ok()) return layout.status();
+    auto elastic = ElasticMesh::Create(parsed->type, *layout, mesh_options,
+                                       *options.elastic);
+    if (!elastic.ok()) return elastic.status();
+    auto state = MakeState((*elastic)->mesh());
+    if (!state.ok()) return state.status();
+    const DeviceMesh mesh = (*elastic)->mesh();
+    replace(*std::move(state));
+    elastic_view_.store(nullptr);
+    elastic_ = *std::move(elastic);
+    elastic_->set_publisher(
+        [this](const DeviceMesh& next) { publish_epoch(next); });
+    elastic_view_.store(elastic_.get());
+    return mesh;
+  }
   auto mesh = vemesh::init_device_mesh(device_type, mesh_shape, mesh_dim_names,
                                        mesh_options);
   if (!mesh.ok()) return mesh.status();
+  auto state = MakeState(*mesh);
+  if (!state.ok()) return state.status();
+  replace(*std::move(state));
+  elastic_view_.store(nullptr);
+  elastic_.reset();
+  return *mesh;
+}
 
+absl::StatusOr<std::unique_ptr<const VeDeviceMesh::State>>
+VeDeviceMesh::MakeState(const DeviceMesh& mesh) {
   auto state = std::make_unique<State>(
-      State{*mesh, std::nullopt, {}, -1, mesh->shape(), {}});
+      State{mesh, std::nullopt, {}, -1, mesh.shape(), {}});
   state->pp_dim = state->layout().find_dim("PP").value_or(-1);
-  if (mesh->has_self()) {
-    auto coordinate = mesh->get_coordinate();
+  if (mesh.has_self()) {
+    auto coordinate = mesh.get_coordinate();
     if (!coordinate.ok()) return coordinate.status();
     state->coordinate = *coordinate;
-    for (const std::string& name : mesh->mesh_dim_names()) {
-      auto child = (*mesh)[name];
+    for (const std::string& name : mesh.mesh_dim_names()) {
+      auto child = mesh[name];
       if (!child.ok()) return child.status();
       state->dim_meshes.push_back(*std::move(child));
     }
     for (int next = 0; next < 2; ++next) {
       for (int wrap = 0; wrap < 2; ++wrap) {
-        auto peer = StagePeer(*mesh, state->pp_dim, next ? 1 : -1, wrap);
+        auto peer = StagePeer(mesh, state->pp_dim, next ? 1 : -1, wrap);
         if (!peer.ok()) return peer.status();
         state->peers[next][wrap] = *peer;
       }
     }
   }
-  replace(std::move(state));
-  return *mesh;
+  return std::unique_ptr<const State>(std::move(state));
 }
+
+void VeDeviceMesh::publish_epoch(const DeviceMesh& mesh) {
+  auto state = MakeState(mesh);
+  std::lock_guard<std::mutex> init_lock(init_mu_);
+  // A full mesh from FromGroups always yields a state; keep the old one
+  // rather than none if it somehow does not.
+  if (state.ok()) replace(*std::move(state));
+}
+
+ElasticMesh* VeDeviceMesh::elastic() const { return elastic_view_.load(); }
 
 void VeDeviceMesh::reset() {
   std::lock_guard<std::mutex> init_lock(init_mu_);
   replace(nullptr);
+  elastic_view_.store(nullptr);
+  elastic_.reset();
 }
 
 bool VeDeviceMesh::is_initialized() const {

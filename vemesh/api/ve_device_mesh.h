@@ -73,6 +73,7 @@
 #include "absl/types/span.h"
 #include "vemesh/comm/communicator.h"
 #include "vemesh/device_mesh.h"
+#include "vemesh/elastic/elastic_mesh.h"
 #include "vemesh/mesh_layout.h"
 
 namespace vemesh {
@@ -93,6 +94,12 @@ struct InitOptions {
   // launcher; per-dimension overrides by name.
   std::string backend;
   std::map<std::string, std::string> backend_override;
+  // An elastic job (vemesh/elastic/elastic_mesh.h, docs/ELASTIC.md): the
+  // dimension `elastic->replica_dim` spans one launch per replica through
+  // the control plane, and shrinks and grows with membership. The shape's
+  // size for it is the number of replicas that start the job; the launch
+  // that runs this process holds one replica (the product of the others).
+  std::optional<ElasticOptions> elastic;
 };
 
 // A neighbouring pipeline stage: its sub-mesh (every dimension but PP), its
@@ -127,7 +134,13 @@ class VeDeviceMesh {
       absl::string_view device_type, std::vector<int64_t> mesh_shape,
       std::vector<std::string> mesh_dim_names = {}, InitOptions options = {});
   // Forgets the mesh; queries are FailedPrecondition until the next init.
+  // An elastic mesh stops its heartbeat (its replica is then lost to the
+  // others after one TTL).
   void reset();
+  // The elastic mesh of an init with InitOptions::elastic, else null. Valid
+  // until the next init_device_mesh or reset, which only this process calls.
+  // Each epoch replaces the registry's mesh: queries follow the membership.
+  ElasticMesh* elastic() const;
   bool is_initialized() const;
   // Whether `mesh` (or the mesh it was sliced from) is the current global
   // mesh; false for meshes from a replaced or reset init.
@@ -230,6 +243,11 @@ class VeDeviceMesh {
       int64_t shift, bool wrap) const;
   absl::StatusOr<std::optional<int64_t>> stage_peer(int64_t shift,
                                                     bool wrap) const;
+  // The registry's state for `mesh`: its sub-meshes and stage peers.
+  static absl::StatusOr<std::unique_ptr<const State>> MakeState(
+      const DeviceMesh& mesh);
+  // Makes an elastic epoch's mesh current (from the elastic mesh).
+  void publish_epoch(const DeviceMesh& mesh);
 
   // std::mutex rather than absl::Mutex: Debian's Abseil is not built with
   // TSan, which would then not see the locking and report false races.
@@ -240,6 +258,9 @@ class VeDeviceMesh {
   // Replaced states that a thread forbidden to call MPI let go of; freed by
   // the next replace() on a thread that may. Under init_mu_.
   std::vector<std::unique_ptr<const State>> retired_;
+  // The elastic mesh of the current init, if any. Under init_mu_.
+  std::unique_ptr<ElasticMesh> elastic_;
+  std::atomic<ElasticMesh*> elastic_view_{nullptr};
   // owner_.get(), for queries (vemesh/api/snapshot_guard.h).
   std::atomic<const void*> published_{nullptr};
 };

@@ -1,0 +1,336 @@
+#include "elastic_loop.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "parallel_mlp_stage.h"
+#include "synthetic_data.h"
+#include "train_step.h"
+#include "vemesh/api/ve_device_mesh.h"
+#include "vemesh/strategies/data_parallel.h"
+#include "vemesh/strategies/pipeline_runner.h"
+
+namespace train_nd {
+namespace {
+
+using vemesh::strategies::DataParallel;
+using vemesh::strategies::Parameter;
+
+struct Fault {
+  int step = -1;
+  std::string where;  // "" = none
+  int rank = 0;
+};
+
+absl::StatusOr<Fault> ParseFault(const std::string& text) {
+  Fault f;
+  if (text.empty()) return f;
+  std::vector<std::string> parts = absl::StrSplit(text, ':');
+  const bool known = parts.size() >= 2 &&
+                     (parts[1] == "dp" || parts[1] == "tp" ||
+                      parts[1] == "stop" || parts[1] == "establish" ||
+                      parts[1] == "recovery");
+  if (parts.size() < 2 || parts.size() > 3 || !known ||
+      !absl::SimpleAtoi(parts[0], &f.step) ||
+      (parts.size() == 3 && !absl::SimpleAtoi(parts[2], &f.rank))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--fault=", text,
+        ": expected STEP:WHERE[:RANK] with WHERE one of dp, tp, stop, "
+        "establish, recovery"));
+  }
+  f.where = parts[1];
+  return f;
+}
+
+// Ends this process the way a crash or a hang would, for the fault tests.
+void Inject(const Fault& f, int launch_rank, const char* where, int step) {
+  if (f.where != where || f.rank != launch_rank) return;
+  if (step >= 0 && step != f.step) return;
+  std::fprintf(stderr,
+               "train_nd: fault: %s at step %d on launch rank %d at %lld ms\n",
+               where, step, launch_rank,
+               static_cast<long long>(absl::ToUnixMillis(absl::Now())));
+  std::fflush(stderr);
+  raise(f.where == "stop" ? SIGSTOP : SIGKILL);
+}
+
+std::vector<Matrix> Save(const std::vector<Parameter*>& params) {
+  std::vector<Matrix> out;
+  out.reserve(params.size());
+  for (const Parameter* p : params) out.push_back(p->value);
+  return out;
+}
+
+void Restore(const std::vector<Matrix>& saved,
+             const std::vector<Parameter*>& params) {
+  for (size_t i = 0; i < params.size() && i < saved.size(); ++i) {
+    params[i]->value = saved[i];
+  }
+}
+
+// FNV-1a of every parameter's bytes: equal on two replicas iff their
+// parameters are bit-identical (up to hash collisions).
+int64_t Digest(const std::vector<Parameter*>& params) {
+  uint64_t h = 1469598103934665603ull;
+  for (const Parameter* p : params) {
+    const auto* bytes = reinterpret_cast<const unsigned char*>(p->value.data());
+    const size_t n = static_cast<size_t>(p->value.size()) * sizeof(double);
+    for (size_t i = 0; i < n; ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  }
+  return static_cast<int64_t>(h >> 1);
+}
+
+void PrintMembership(bool leader, const vemesh::Recovery& r, int replica,
+                     absl::string_view why) {
+  if (!leader) return;
+  std::printf("membership: epoch %lld, DP=%d [%s] (replica %d is DP rank %d; "
+              "%s; resume at step %lld%s) agreed in %.1f ms, built in %.1f ms, "
+              "at %lld ms\n",
+              static_cast<long long>(r.epoch), r.dp_size,
+              absl::StrJoin(r.replicas, ", ").c_str(), replica, r.dp_rank,
+              std::string(why).c_str(), static_cast<long long>(r.resume_step),
+              r.transfer_state ? ", state sent to the new replicas" : "",
+              absl::ToDoubleMilliseconds(r.agree_time),
+              absl::ToDoubleMilliseconds(r.build_time),
+              static_cast<long long>(absl::ToUnixMillis(absl::Now())));
+  std::fflush(stdout);
+}
+
+// One step on the current epoch's mesh: the loss, or the first error.
+absl::StatusOr<double> Step(const TrainPlan& plan, ParallelMlpStage& stage,
+                            const std::vector<Parameter*>& params,
+                            const DataParallel& dp, int step,
+                            const Fault& fault, int launch_rank) {
+  for (Parameter* p : params) p->ZeroGrad();
+  // A failed step may have left its loss sum behind.
+  (void)stage.TakeSquaredError();
+  stage.SetBatch(
+      MakeBatch(plan.options.seed, step, plan.shape, plan.options.batch));
+  Inject(fault, launch_rank, "tp", step);
+  auto ran = vemesh::strategies::RunPipeline(
+      stage, {plan.schedule, plan.options.micro_batches});
+  if (!ran.ok()) return ran.status();
+  // Every operation on the replica's own groups (PP, TP) comes before the
+  // first DP one: a DP failure then leaves no replica-internal collective
+  // unmatched on the way to end_step (docs/ELASTIC.md).
+  auto sse = PipelineSquaredError(stage.TakeSquaredError());
+  if (!sse.ok()) return sse.status();
+  Inject(fault, launch_rank, "dp", step);
+  Inject(fault, launch_rank, "stop", step);
+  auto avg = dp.AverageGradients(params);
+  if (!avg.ok()) return avg.status();
+  auto loss = DataParallelLoss(plan, *sse);
+  if (!loss.ok()) return loss.status();
+  for (Parameter* p : params) p->SgdStep(plan.options.lr);
+  return loss;
+}
+
+int Fail(int replica, int rank, absl::string_view what,
+         const absl::Status& status) {
+  std::fprintf(stderr, "[replica %d rank %d] train_nd: %s: %s\n", replica,
+               rank, std::string(what).c_str(), status.ToString().c_str());
+  return 1;
+}
+
+}  // namespace
+
+int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
+               int launch_rank) {
+  const int replica = settings.replica;
+  auto fault = ParseFault(settings.fault);
+  if (!fault.ok()) return Fail(replica, launch_rank, "error", fault.status());
+  const bool leader = launch_rank == 0;
+
+  vemesh::InitOptions init;
+  vemesh::ElasticOptions& el = init.elastic.emplace();
+  el.store = settings.store;
+  el.replica = replica;
+  el.job = settings.job;
+  el.min_replicas = settings.min_replicas;
+  el.heartbeat_ttl = settings.heartbeat_ttl;
+  el.op_timeout = settings.op_timeout;
+  el.fault_hook = [f = *fault, launch_rank](const char* point) {
+    Inject(f, launch_rank, point, -1);
+  };
+  // The epoch-1 mesh is not kept: the registry hands out each epoch's.
+  if (absl::Status s = VESCALE_DEVICE_MESH
+                           .init_device_mesh("cpu", plan0.mesh.shape,
+                                             plan0.mesh.names, init)
+                           .status();
+      !s.ok()) {
+    return Fail(replica, launch_rank, "init_device_mesh", s);
+  }
+  vemesh::ElasticMesh* elastic = VESCALE_DEVICE_MESH.elastic();
+  vemesh::Recovery rec = elastic->last_recovery();
+  PrintMembership(leader, rec, replica, "start");
+  auto plan = Replan(plan0, rec.dp_size);
+  if (!plan.ok()) return Fail(replica, launch_rank, "error", plan.status());
+  auto stage = ParallelMlpStage::Create(*plan);
+  if (!stage.ok()) return Fail(replica, launch_rank, "model", stage.status());
+  std::vector<Parameter*> params = (*stage)->parameters();
+  const DataParallel dp(
+      {.bucket_elements = static_cast<size_t>(plan0.options.bucket_elements)});
+  const int64_t communicators_at_start = vemesh::LiveCommunicatorCount();
+
+  std::map<int64_t, double> losses;
+  int64_t step = rec.resume_step;
+  // A fresh job makes its replicas equal (they were initialised
+  // differently); a joiner receives the state. Done as the first thing of
+  // the next round, so that a failure while sending is a failed step.
+  bool send_state = rec.transfer_state || rec.resume_step == 0;
+  bool stateless = rec.receives_state;
+  std::vector<Matrix> before_step = Save(params);
+  std::vector<Matrix> before_previous = before_step;
+  int recoveries = 0;
+  for (int round = 0; step < plan0.options.steps; ++round) {
+    if (round > 4 * plan0.options.steps + 1000) {
+      return Fail(replica, launch_rank, "training",
+                  absl::InternalError("too many rounds without progress"));
+    }
+    const absl::Time step_start = absl::Now();
+    absl::StatusOr<double> loss = absl::UnknownError("not run");
+    if (send_state) {
+      auto sent = dp.BroadcastParameters(params);
+      if (!sent.ok()) loss = sent.status();
+      if (sent.ok()) {
+        send_state = false;
+        stateless = false;
+      } else if (stateless) {
+        elastic->mark_stateless();
+      }
+    }
+    before_previous = std::move(before_step);
+    before_step = Save(params);
+    if (!send_state) {
+      loss = Step(*plan, **stage, params, dp, static_cast<int>(step), *fault,
+                  launch_rank);
+    }
+    absl::SleepFor(settings.pace - (absl::Now() - step_start));
+    if (!loss.ok() && leader) {
+      std::printf("step %lld failed at %lld ms: %s\n",
+                  static_cast<long long>(step + 1),
+                  static_cast<long long>(absl::ToUnixMillis(absl::Now())),
+                  loss.status().ToString().c_str());
+    }
+    auto verdict = elastic->end_step(loss.status());
+    if (!verdict.ok()) {
+      return Fail(replica, launch_rank, "elastic", verdict.status());
+    }
+    if (verdict->committed) {
+      losses[step] = *loss;
+      ++step;
+      if (leader) {
+        std::printf("step %lld/%d loss %.12f time %.2f ms DP=%d at %lld ms\n",
+                    static_cast<long long>(step), plan0.options.steps, *loss,
+                    absl::ToDoubleMilliseconds(absl::Now() - step_start),
+                    plan->dp,
+                    static_cast<long long>(absl::ToUnixMillis(absl::Now())));
+      }
+    } else {
+      Restore(before_step, params);
+      before_step = before_previous;
+    }
+    if (!verdict->recover) continue;
+    if (fault->where == "recovery" && step >= fault->step) {
+      Inject(*fault, launch_rank, "recovery", -1);
+    }
+    auto r = elastic->recover(step);
+    if (!r.ok()) return Fail(replica, launch_rank, "recover", r.status());
+    if (r->evicted) {
+      if (leader) {
+        std::printf("membership: epoch %lld, DP=%d [%s]: replica %d evicted\n",
+                    static_cast<long long>(r->epoch), r->dp_size,
+                    absl::StrJoin(r->replicas, ", ").c_str(), replica);
+        std::fflush(stdout);
+      }
+      VESCALE_DEVICE_MESH.reset();
+      return 3;
+    }
+    ++recoveries;
+    if (stateless) {
+      // Still waiting for the state: start wherever the members are.
+      step = r->resume_step;
+    } else if (r->resume_step == step - 1) {
+      // One step ahead of a survivor: undo it.
+      Restore(before_step, params);
+      --step;
+    } else if (r->resume_step != step) {
+      return Fail(replica, launch_rank, "recover",
+                  absl::InternalError(absl::StrCat(
+                      "resume at step ", r->resume_step, " but this replica "
+                      "committed ", step)));
+    }
+    losses.erase(losses.lower_bound(step), losses.end());
+    before_step = Save(params);
+    send_state = r->transfer_state || r->resume_step == 0;
+    stateless = r->receives_state;
+    PrintMembership(leader, *r, replica,
+                    verdict->committed ? "membership changed"
+                                       : "recovered from a failed step");
+    plan = Replan(plan0, r->dp_size);
+    if (!plan.ok()) return Fail(replica, launch_rank, "error", plan.status());
+    if (absl::Status s = (*stage)->Rebind(*plan); !s.ok()) {
+      return Fail(replica, launch_rank, "rebind", s);
+    }
+  }
+
+  // Verdicts: the curve this replica trained against the serial one, the
+  // parameters against every other replica's, the communicators against
+  // the count after start.
+  const std::vector<double> serial = SerialLosses(plan0);
+  double worst = 0;
+  int64_t worst_step = -1;
+  for (const auto& [s, value] : losses) {
+    const double rel = std::abs(value - serial[s]) /
+                       std::max(std::abs(serial[s]), 1e-300);
+    if (!(rel <= worst)) {
+      worst = rel;
+      worst_step = s;
+    }
+  }
+  int64_t digest[2] = {Digest(params), -Digest(params)};
+  auto dp_group = VESCALE_DEVICE_MESH.get_data_parallel_dim_groups();
+  bool identical = false;
+  if (dp_group.ok() &&
+      (*dp_group)
+          ->all_reduce(digest, digest, 2, vemesh::DataType::kInt64,
+                       vemesh::ReduceOp::kMax)
+          .ok()) {
+    identical = digest[0] == -digest[1];
+  }
+  const int64_t communicators = vemesh::LiveCommunicatorCount();
+  const bool pass = worst < plan0.options.tolerance && !losses.empty() &&
+                    identical && communicators == communicators_at_start;
+  if (leader) {
+    std::printf(
+        "%s: replica %d: loss curve vs serial reference over steps %lld..%lld "
+        "(%zu steps): max relative difference %.3g (step %lld) %s %.0e; "
+        "parameters %s across DP=%d replicas; %d recoveries; communicators "
+        "%lld (after start %lld)\n",
+        pass ? "PASS" : "FAIL", replica,
+        static_cast<long long>(losses.empty() ? 0 : losses.begin()->first + 1),
+        static_cast<long long>(losses.empty() ? 0 : losses.rbegin()->first + 1),
+        losses.size(), worst, static_cast<long long>(worst_step + 1),
+        worst < plan0.options.tolerance ? "<" : ">=", plan0.options.tolerance,
+        identical ? "identical" : "DIFFERENT", plan->dp, recoveries,
+        static_cast<long long>(communicators),
+        static_cast<long long>(communicators_at_start));
+    std::fflush(stdout);
+  }
+  VESCALE_DEVICE_MESH.reset();
+  return pass ? 0 : 1;
+}
+
+}  // namespace train_nd

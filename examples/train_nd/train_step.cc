@@ -1,0 +1,60 @@
+#include "train_step.h"
+
+#include "serial_mlp.h"
+#include "synthetic_data.h"
+#include "vemesh/api/ve_device_mesh.h"
+#include "vemesh/strategies/role_group.h"
+
+namespace train_nd {
+
+using vemesh::strategies::RoleGroup;
+using vemesh::strategies::RoleGroupFrom;
+
+absl::StatusOr<double> PipelineSquaredError(double squared_error) {
+  absl::StatusOr<bool> last = VESCALE_DEVICE_MESH.is_last_stage();
+  if (!last.ok()) return last.status();
+  double sse = *last ? squared_error : 0.0;
+  absl::StatusOr<RoleGroup> pp = RoleGroupFrom(
+      VESCALE_DEVICE_MESH.get_pipeline_parallel_dim_groups(), "PP");
+  if (!pp.ok()) return pp.status();
+  if (pp->size > 1) {
+    // RoleGroupFrom checked that group rank == PP rank: the last stage is
+    // group rank size - 1.
+    absl::Status s = pp->comm->broadcast(absl::MakeSpan(&sse, 1), pp->size - 1);
+    if (!s.ok()) return s;
+  }
+  return sse;
+}
+
+absl::StatusOr<double> DataParallelLoss(const TrainPlan& plan,
+                                        double replica_squared_error) {
+  absl::StatusOr<RoleGroup> dp = RoleGroupFrom(
+      VESCALE_DEVICE_MESH.get_data_parallel_dim_groups(), "DP");
+  if (!dp.ok()) return dp.status();
+  if (dp->size > 1) {
+    absl::Status s = dp->comm->all_reduce(
+        absl::MakeSpan(&replica_squared_error, 1), vemesh::ReduceOp::kSum);
+    if (!s.ok()) return s;
+  }
+  return replica_squared_error /
+         static_cast<double>(plan.options.batch * plan.shape.output_dim);
+}
+
+absl::StatusOr<double> GlobalLoss(const TrainPlan& plan, double squared_error) {
+  absl::StatusOr<double> sse = PipelineSquaredError(squared_error);
+  if (!sse.ok()) return sse.status();
+  return DataParallelLoss(plan, *sse);
+}
+
+std::vector<double> SerialLosses(const TrainPlan& plan) {
+  SerialMlp mlp(plan.shape, plan.options.seed);
+  std::vector<double> losses;
+  for (int step = 0; step < plan.options.steps; ++step) {
+    losses.push_back(mlp.TrainStep(
+        MakeBatch(plan.options.seed, step, plan.shape, plan.options.batch),
+        plan.options.lr));
+  }
+  return losses;
+}
+
+}  // namespace train_nd

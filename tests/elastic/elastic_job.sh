@@ -1,0 +1,216 @@
+#!/usr/bin/env bash
+# The elastic fault scenarios: three replicas of train_nd (each its own
+# mpirun, 2 ranks) meet through a Redis that this script starts on
+# loopback; one scenario's fault happens; the script asserts what every
+# replica printed and how it ended, and that the whole run ended within its
+# bound.
+#
+#   elastic_job.sh TRAIN_ND SCENARIO
+#
+# Scenarios: dp_kill tp_kill pp_dp_kill build_kill second_failure sigstop
+# replica_killed rejoin redis_killed soak. Every process this script starts
+# is ended by its PID (mpirun and its ranks, redis-server), never by name,
+# also when an assertion fails.
+set -u
+bin=$1; scenario=$2
+limit=${ELASTIC_LIMIT:-150}
+start_time=$SECONDS
+work=$(mktemp -d /tmp/vemesh_elastic.XXXXXX)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_vader_single_copy_mechanism=none
+export OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
+export OMPI_MCA_rmaps_base_oversubscribe=1
+# Six ranks share two cores: a rank waiting in MPI yields instead of
+# spinning, so that the others' heartbeats are not starved.
+export OMPI_MCA_mpi_yield_when_idle=1
+
+declare -A launcher      # replica -> mpirun PID
+redis_pid=""
+failures=0
+
+ranks_of() { pgrep -P "$1" 2>/dev/null; }   # children of one PID, by PID
+end_pid_tree() {
+  local p=$1 c
+  for c in $(ranks_of "$p"); do kill -KILL "$c" 2>/dev/null; done
+  kill -KILL "$p" 2>/dev/null
+}
+cleanup() {
+  local k
+  for k in "${!launcher[@]}"; do end_pid_tree "${launcher[$k]}"; done
+  [[ -n $redis_pid ]] && kill -KILL "$redis_pid" 2>/dev/null
+  wait 2>/dev/null
+  if ((failures > 0)); then
+    for f in "$work"/*.out; do echo "---- $f"; tail -n 40 "$f"; done
+  fi
+  [[ -n ${ELASTIC_KEEP:-} ]] && echo "kept $work" || rm -rf "$work"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+if ! command -v redis-server >/dev/null; then
+  echo "FAIL: redis-server not found (scripts/setup.sh installs Debian's redis-server)"
+  exit 1
+fi
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+  --protected-mode no --logfile "$work/redis.log" &
+redis_pid=$!
+for _ in $(seq 100); do
+  (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+  sleep 0.05
+done
+
+mesh=PP=1,DP=3,TP=2
+steps=30
+pace=0
+common() {
+  echo --mesh "$mesh" --batch 24 --micro_batches 2 --steps "$steps" \
+    --elastic "redis://127.0.0.1:$port" --job "$scenario" \
+    --heartbeat_ms 1000 --op_timeout_ms 2000 --pace_ms "$pace"
+}
+# launch K OUTFILE [extra args]: replica K, in the background.
+launch() {
+  local k=$1 out=$2; shift 2
+  mpirun -n 2 --bind-to none $bin $(common) --replica "$k" "$@" \
+    >"$work/$out.out" 2>&1 &
+  launcher[$k]=$!
+}
+# wait_for FILE REGEX SECONDS: until the file has a matching line.
+wait_for() {
+  local deadline=$((SECONDS + $3))
+  while ((SECONDS < deadline)); do
+    grep -qE "$2" "$work/$1.out" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  fail "$1 never printed /$2/ within $3 s"
+  return 1
+}
+# finish K: waits (bounded by the scenario's limit) for replica K's launch
+# and stores its exit code in rc[K].
+declare -A rc
+finish() {
+  local k=$1 p=${launcher[$1]}
+  while kill -0 "$p" 2>/dev/null && ((SECONDS - start_time < limit)); do
+    sleep 0.1
+  done
+  if kill -0 "$p" 2>/dev/null; then
+    fail "replica $k still running after ${limit}s: hung"
+    end_pid_tree "$p"
+  fi
+  wait "$p"; rc[$k]=$?
+  unset "launcher[$k]"
+}
+expect_pass() {  # expect_pass OUT DP
+  [[ ${rc[$3]} == 0 ]] || fail "$1 exited ${rc[$3]}, expected 0"
+  grep -qE "^PASS: replica .*parameters identical across DP=$2 replicas" \
+    "$work/$1.out" || fail "$1: no PASS line with DP=$2"
+  local line
+  line=$(grep -E "^PASS|^FAIL" "$work/$1.out")
+  [[ $line =~ communicators\ ([0-9]+)\ \(after\ start\ ([0-9]+)\) ]] &&
+    [[ ${BASH_REMATCH[1]} == "${BASH_REMATCH[2]}" ]] ||
+    fail "$1: communicator count not back to baseline: $line"
+}
+expect_dead() {  # expect_dead OUT K
+  [[ ${rc[$2]} != 0 ]] || fail "$1 exited 0 but was killed"
+  grep -qE "^PASS" "$work/$1.out" && fail "$1 printed PASS but was killed"
+  return 0
+}
+expect_line() { grep -qE "$2" "$work/$1.out" || fail "$1: no line /$2/"; }
+
+case $scenario in
+  dp_kill|tp_kill|pp_dp_kill)
+    where=dp; [[ $scenario == tp_kill ]] && where=tp:1
+    [[ $scenario == pp_dp_kill ]] && mesh=PP=2,DP=3,TP=1
+    launch 0 r0; launch 1 r1 --fault "10:$where"; launch 2 r2
+    finish 0; finish 1; finish 2
+    for k in 0 2; do
+      expect_pass r$k 2 $k
+      expect_line r$k "^membership: epoch 2, DP=2 \[0, 2\].*resume at step 1[01]"
+    done
+    expect_dead r1 1 ;;
+  build_kill)
+    launch 0 r0; launch 1 r1 --fault 0:establish; launch 2 r2
+    finish 0; finish 1; finish 2
+    for k in 0 2; do
+      expect_pass r$k 2 $k
+      expect_line r$k "^membership: epoch 2, DP=2 \[0, 2\].*resume at step 0"
+    done
+    expect_dead r1 1 ;;
+  second_failure)
+    launch 0 r0; launch 1 r1 --fault 10:dp; launch 2 r2 --fault 10:recovery
+    finish 0; finish 1; finish 2
+    expect_pass r0 1 0
+    expect_line r0 "^membership: epoch [2-9], DP=1 \[0\]"
+    expect_dead r1 1; expect_dead r2 2 ;;
+  sigstop)
+    launch 0 r0; launch 1 r1 --fault 10:stop; launch 2 r2
+    wait_for r0 "^membership: epoch 2, DP=2" 60
+    # The stopped rank resumes, finds its replica left out: evicted.
+    for c in $(ranks_of "${launcher[1]}"); do kill -CONT "$c" 2>/dev/null; done
+    finish 0; finish 1; finish 2
+    expect_pass r0 2 0; expect_pass r2 2 2
+    [[ ${rc[1]} == 3 ]] || fail "stopped replica exited ${rc[1]}, expected 3 (evicted)"
+    expect_line r1 "replica 1 evicted" ;;
+  replica_killed)
+    steps=120; pace=25
+    launch 0 r0; launch 1 r1; launch 2 r2
+    wait_for r1 "^membership: epoch 1" 60 && sleep 1
+    for c in $(ranks_of "${launcher[1]}"); do kill -KILL "$c"; done
+    finish 0; finish 1; finish 2
+    expect_pass r0 2 0; expect_pass r2 2 2; expect_dead r1 1 ;;
+  rejoin)
+    steps=150; pace=25
+    launch 0 r0; launch 1 r1 --fault 10:dp; launch 2 r2
+    wait_for r0 "^membership: epoch 2, DP=2" 60
+    finish 1
+    launch 1 r1b
+    finish 0; finish 2; finish 1
+    for k in 0 2; do
+      expect_pass r$k 3 $k
+      expect_line r$k "^membership: epoch 3, DP=3 \[0, 2, 1\].*state sent"
+    done
+    expect_pass r1b 3 1
+    expect_line r1b "^membership: epoch 3, DP=3 \[0, 2, 1\] \(replica 1 is DP rank 2" ;;
+  redis_killed)
+    steps=400; pace=25
+    launch 0 r0; launch 1 r1; launch 2 r2
+    for k in 0 1 2; do wait_for r$k "^membership: epoch 1" 60; done
+    sleep 1
+    kill -KILL "$redis_pid"; wait "$redis_pid" 2>/dev/null; redis_pid=""
+    killed_at=$SECONDS
+    finish 0; finish 1; finish 2
+    for k in 0 1 2; do
+      [[ ${rc[$k]} != 0 ]] || fail "r$k exited 0 after the control plane died"
+      expect_line r$k "control plane .* is lost|Unavailable"
+    done
+    ((SECONDS - killed_at <= 30)) ||
+      fail "the replicas took $((SECONDS - killed_at)) s to end after Redis died" ;;
+  soak)
+    # 20 SIGKILLs of a whole replica at random moments (in a step, a
+    # recovery, a join, a state transfer), each relaunched at once; then
+    # the job must finish with every replica back and PASS.
+    steps=${SOAK_STEPS:-1500}; pace=20
+    declare -A gen=([0]=0 [1]=0 [2]=0)
+    launch 0 r0.0; launch 1 r1.0; launch 2 r2.0
+    for k in 0 1 2; do wait_for "r$k.0" "^membership: epoch 1" 60; done
+    for i in $(seq 20); do
+      # Kill only once every replica's latest launch was admitted, so that
+      # a trained replica survives each kill (the state lives nowhere else).
+      for j in 0 1 2; do wait_for "r$j.${gen[$j]}" "^membership" 60 || break 2; done
+      sleep "0.$((RANDOM % 9 + 1))"
+      k=$((RANDOM % 3))
+      for c in $(ranks_of "${launcher[$k]}"); do kill -KILL "$c" 2>/dev/null; done
+      finish "$k"
+      echo "soak: kill $i: replica $k (launch r$k.${gen[$k]}, exit ${rc[$k]}) at $((SECONDS - start_time)) s"
+      gen[$k]=$((gen[$k] + 1)); launch "$k" "r$k.${gen[$k]}"
+    done
+    echo "soak: 20 kills done at $((SECONDS - start_time)) s"
+    for k in 0 1 2; do finish "$k"; done
+    for k in 0 1 2; do expect_pass "r$k.${gen[$k]}" 3 "$k"; done
+    grep -h "^membership" "$work"/r0.*.out | tail -n 3 ;;
+  *) echo "unknown scenario $scenario"; exit 2 ;;
+esac
+echo "elastic $scenario: whole run $((SECONDS - start_time)) s (bound ${limit} s)"
+((SECONDS - start_time <= limit)) || fail "ran past its bound"
+((failures == 0)) && echo "PASS: elastic $scenario" && exit 0
+exit 1

@@ -1,0 +1,123 @@
+#include "vemesh/elastic/control_plane.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace vemesh {
+
+ControlPlane::ControlPlane(std::shared_ptr<Store> store, std::string job,
+                           int ranks_per_replica)
+    : store_(std::move(store)),
+      root_(absl::StrCat("vemesh/elastic/", job, "/")),
+      ranks_per_replica_(ranks_per_replica) {}
+
+absl::StatusOr<ControlPlane::Reading> ControlPlane::Read() const {
+  auto text = store_->get(root_ + "membership");
+  if (absl::IsNotFound(text.status())) return Reading{};
+  if (!text.ok()) return text.status();
+  auto record = ParseMembership(*text);
+  if (!record.ok()) return record.status();
+  return Reading{*std::move(record), *std::move(text)};
+}
+
+absl::StatusOr<ControlPlane::Reading> ControlPlane::Transition(
+    const Reading& from, const MembershipRecord& to) const {
+  auto now = store_->compare_set(root_ + "membership", from.text,
+                                 EncodeMembership(to));
+  if (!now.ok()) return now.status();
+  auto record = ParseMembership(*now);
+  if (!record.ok()) return record.status();
+  return Reading{*std::move(record), *std::move(now)};
+}
+
+std::string ControlPlane::LeaseKey(int replica, int rank) const {
+  return absl::StrCat(root_, "hb/", replica, "/", rank);
+}
+
+std::string ControlPlane::GroupPrefix(int64_t epoch, int pos) const {
+  return absl::StrCat(root_, "epoch/", epoch, "/dp/", pos);
+}
+
+absl::StatusOr<bool> ControlPlane::Alive(int replica) const {
+  for (int r = 0; r < ranks_per_replica_; ++r) {
+    auto lease = store_->get(LeaseKey(replica, r));
+    if (absl::IsNotFound(lease.status())) return false;
+    if (!lease.ok()) return lease.status();
+  }
+  return true;
+}
+
+absl::StatusOr<std::vector<int>> ControlPlane::AliveOf(
+    const std::vector<int>& ids) const {
+  std::vector<int> alive;
+  for (int id : ids) {
+    auto up = Alive(id);
+    if (!up.ok()) return up.status();
+    if (*up) alive.push_back(id);
+  }
+  return alive;
+}
+
+absl::StatusOr<std::unique_ptr<Heartbeat>> Heartbeat::Start(
+    std::shared_ptr<Store> store, std::string key, absl::Duration ttl) {
+  // The first lease is taken here, so that a bad TTL or an unreachable
+  // store fails the caller, and the replica is alive when Start returns.
+  absl::Status first = store->set_lease(key, "1", ttl);
+  if (!first.ok()) return first;
+  std::unique_ptr<Heartbeat> hb(
+      new Heartbeat(std::move(store), std::move(key), ttl));
+  hb->thread_ = std::thread([p = hb.get()] { p->Run(); });
+  return hb;
+}
+
+Heartbeat::Heartbeat(std::shared_ptr<Store> store, std::string key,
+                     absl::Duration ttl)
+    : store_(std::move(store)),
+      key_(std::move(key)),
+      ttl_(ttl),
+      last_success_(absl::Now()) {}
+
+Heartbeat::~Heartbeat() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  // The lease is left to expire: a replica that ends cleanly stops being
+  // alive within the TTL, like one that dies (removing it would race with
+  // a renewal in flight on a stopped store).
+}
+
+absl::Status Heartbeat::lost() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (last_error_.ok() || absl::Now() - last_success_ < ttl_) {
+    return absl::OkStatus();
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "this rank's lease '", key_, "' was not renewed for ",
+      absl::FormatDuration(absl::Now() - last_success_), " (TTL ",
+      absl::FormatDuration(ttl_), "): ", last_error_.message()));
+}
+
+void Heartbeat::Run() {
+  const absl::Duration period = ttl_ / 4;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    wake_.wait_for(lock, absl::ToChronoNanoseconds(period),
+                   [this] { return stop_; });
+    if (stop_) break;
+    lock.unlock();
+    absl::Status s = store_->set_lease(key_, "1", ttl_);
+    lock.lock();
+    if (s.ok()) {
+      last_success_ = absl::Now();
+      last_error_ = absl::OkStatus();
+    } else {
+      last_error_ = s;
+    }
+  }
+}
+
+}  // namespace vemesh

@@ -1,0 +1,104 @@
+// vemesh/elastic/control_plane.h
+//
+// What an elastic job keeps in the store that outlives every replica (Redis
+// in production, a MemoryStore in unit tests), under "vemesh/elastic/JOB/":
+//
+//   membership            the one MembershipRecord (membership.h)
+//   hb/REPLICA/RANK       a lease per rank of a replica: its heartbeat
+//   epoch/E/dp/POS/...    the rendezvous of epoch E's DP group at inner
+//                         position POS (Gloo's keys)
+//
+//   ControlPlane cp(store, "job7", /*ranks_per_replica=*/2);
+//   absl::StatusOr<ControlPlane::Reading> now = cp.Read();
+//   absl::StatusOr<bool> up = cp.Alive(1);        // every lease of replica 1
+//   auto after = cp.Transition(*now, next);       // compare-and-set
+//
+// A replica is alive while every one of its ranks holds its lease: a killed
+// rank stops renewing and its lease expires after the TTL, and so does a
+// stopped (SIGSTOP) or hung one, since its renewing thread stops with it.
+// A store that cannot be reached is Unavailable, passed up as is.
+
+#ifndef VEMESH_ELASTIC_CONTROL_PLANE_H_
+#define VEMESH_ELASTIC_CONTROL_PLANE_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "vemesh/elastic/membership.h"
+#include "vemesh/rendezvous/store.h"
+
+namespace vemesh {
+
+class ControlPlane {
+ public:
+  // The record and the exact text it was read as (the compare-and-set
+  // compares text).
+  struct Reading {
+    MembershipRecord record;
+    std::string text;
+  };
+
+  ControlPlane(std::shared_ptr<Store> store, std::string job,
+               int ranks_per_replica);
+
+  absl::StatusOr<Reading> Read() const;
+  // Replaces `from` by `to` if the record is still `from`; returns what the
+  // record is afterwards (`to` when this call won).
+  absl::StatusOr<Reading> Transition(const Reading& from,
+                                     const MembershipRecord& to) const;
+  absl::StatusOr<bool> Alive(int replica) const;
+  // The replicas of `ids` that are alive, in the same order.
+  absl::StatusOr<std::vector<int>> AliveOf(const std::vector<int>& ids) const;
+
+  std::string LeaseKey(int replica, int rank) const;
+  // The key prefix of epoch `epoch`'s DP group at inner position `pos`.
+  std::string GroupPrefix(int64_t epoch, int pos) const;
+  const std::shared_ptr<Store>& store() const { return store_; }
+
+ private:
+  std::shared_ptr<Store> store_;
+  std::string root_;
+  int ranks_per_replica_;
+};
+
+// Renews one lease every ttl/4 on its own thread (and its own store
+// connection, so a slow call elsewhere never delays it) until destroyed.
+// A renewal that fails is remembered: `lost()` says the lease may have
+// expired, with the store's error.
+class Heartbeat {
+ public:
+  static absl::StatusOr<std::unique_ptr<Heartbeat>> Start(
+      std::shared_ptr<Store> store, std::string key, absl::Duration ttl);
+  ~Heartbeat();
+  Heartbeat(const Heartbeat&) = delete;
+  Heartbeat& operator=(const Heartbeat&) = delete;
+
+  // OK while every renewal since the last success is younger than the TTL.
+  absl::Status lost() const;
+
+ private:
+  Heartbeat(std::shared_ptr<Store> store, std::string key, absl::Duration ttl);
+  void Run();
+
+  const std::shared_ptr<Store> store_;
+  const std::string key_;
+  const absl::Duration ttl_;
+  mutable std::mutex mu_;
+  std::condition_variable wake_;
+  bool stop_ = false;            // under mu_
+  absl::Status last_error_;      // under mu_
+  absl::Time last_success_;      // under mu_
+  std::thread thread_;
+};
+
+}  // namespace vemesh
+
+#endif  // VEMESH_ELASTIC_CONTROL_PLANE_H_

@@ -1,0 +1,621 @@
+#include "vemesh/elastic/elastic_mesh.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "vemesh/comm/gloo/gloo_communicator.h"
+#include "vemesh/rendezvous/redis/redis_store.h"
+
+namespace vemesh {
+namespace {
+
+constexpr char kReplicaDimName[] = "__replica";
+constexpr int64_t kNoState = std::numeric_limits<int64_t>::max();
+// Bounds the retries of one recover() besides its deadline.
+constexpr int kMaxEpochAttempts = 64;
+// How often a waiting leader reads the record again.
+constexpr absl::Duration kPollPeriod = absl::Milliseconds(5);
+
+bool IsRetryable(const absl::Status& s) {
+  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) ||
+         absl::IsAborted(s);
+}
+
+absl::Status CheckOptions(DeviceType device_type, const MeshLayout& layout,
+                          const ElasticOptions& o) {
+  if (device_type != DeviceType::kCpu) {
+    return absl::UnimplementedError(absl::StrCat(
+        "an elastic mesh on device '", DeviceTypeName(device_type),
+        "' is not built yet: use 'cpu' (the DP groups are Gloo groups)"));
+  }
+  if (o.replica < 0 || o.replica >= kMaxReplicas) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ElasticOptions.replica is ", o.replica,
+                     ": expected an id in [0, ", kMaxReplicas, ")"));
+  }
+  if (!layout.find_dim(o.replica_dim).has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ElasticOptions.replica_dim '", o.replica_dim,
+        "' is not a dimension of ", layout.ToString()));
+  }
+  if (layout.has_rank_table()) {
+    return absl::InvalidArgumentError(
+        "an elastic mesh numbers its ranks itself: InitOptions.ranks must be "
+        "empty");
+  }
+  if (o.heartbeat_ttl < absl::Milliseconds(20) ||
+      o.heartbeat_ttl > absl::Hours(1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ElasticOptions.heartbeat_ttl is ",
+                     absl::FormatDuration(o.heartbeat_ttl),
+                     ": expected 20ms to 1h"));
+  }
+  for (const auto& [name, d] :
+       {std::pair<const char*, absl::Duration>{"op_timeout", o.op_timeout},
+        {"recovery_timeout", o.recovery_timeout},
+        {"form_timeout", o.form_timeout}}) {
+    if (d <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ElasticOptions.", name, " is ",
+                       absl::FormatDuration(d), ": expected a positive time"));
+    }
+  }
+  if (o.min_replicas < 1 || o.min_replicas > kMaxReplicas) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ElasticOptions.min_replicas is ", o.min_replicas,
+                     ": expected 1 to ", kMaxReplicas));
+  }
+  if (o.store.empty() && o.control_store == nullptr) {
+    return absl::InvalidArgumentError(
+        "ElasticOptions.store is empty: expected redis://HOST:PORT");
+  }
+  return absl::OkStatus();
+}
+
+std::vector<int> Without(const std::vector<int>& from,
+                         const std::vector<int>& drop) {
+  std::vector<int> out;
+  for (int id : from) {
+    if (std::find(drop.begin(), drop.end(), id) == drop.end()) {
+      out.push_back(id);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+ElasticMesh::ElasticMesh(DeviceType device_type, MeshLayout requested,
+                         ElasticOptions options)
+    : device_type_(device_type),
+      requested_(std::move(requested)),
+      options_(std::move(options)),
+      current_epoch_(std::make_shared<std::atomic<int64_t>>(0)) {}
+
+ElasticMesh::~ElasticMesh() {
+  RetireEpoch();
+  heartbeat_.reset();
+}
+
+absl::StatusOr<std::unique_ptr<ElasticMesh>> ElasticMesh::Create(
+    DeviceType device_type, const MeshLayout& requested,
+    const MeshOptions& inner_options, const ElasticOptions& options) {
+  if (absl::Status s = CheckOptions(device_type, requested, options); !s.ok()) {
+    return s;
+  }
+  // Gloo writes to its peers with writev: a write to a replica that just
+  // died raises SIGPIPE, whose default action would end this survivor. A
+  // lost peer must surface as Unavailable instead, so an elastic process
+  // ignores SIGPIPE (a handler the program installed is left alone).
+  struct sigaction current = {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 &&
+      current.sa_handler == SIG_DFL) {
+    signal(SIGPIPE, SIG_IGN);
+  }
+  std::unique_ptr<ElasticMesh> el(
+      new ElasticMesh(device_type, requested, options));
+  el->replica_dim_ = *requested.find_dim(options.replica_dim);
+
+  // The replica's own mesh: every dimension but the replica one.
+  std::vector<int64_t> shape;
+  std::vector<std::string> names;
+  for (int64_t d = 0; d < requested.ndim(); ++d) {
+    if (d == el->replica_dim_) {
+      el->inner_dim_of_.push_back(-1);
+      continue;
+    }
+    el->inner_dim_of_.push_back(static_cast<int64_t>(names.size()));
+    shape.push_back(requested.dim_size(d).value_or(1));
+    names.push_back(requested.dim_name(d));
+  }
+  if (names.empty()) {
+    shape = {1};
+    names = {kReplicaDimName};
+  }
+  auto inner_layout = MeshLayout::Create(shape, names);
+  if (!inner_layout.ok()) return inner_layout.status();
+  auto inner = DeviceMesh::Create(device_type, *inner_layout, inner_options);
+  if (!inner.ok()) return inner.status();
+  el->inner_ = *inner;
+  // The replica's agreement runs on a communicator of its own, never on one
+  // the training step uses: a rank that left its step early must not meet
+  // its partner inside another collective.
+  auto replica_comm = names.size() == 1 ? inner->get_group(names[0])
+                                        : inner->flatten(names, kReplicaDimName);
+  if (!replica_comm.ok()) return replica_comm.status();
+  if (names.size() == 1) {
+    replica_comm = (*replica_comm)->split(0, (*replica_comm)->rank());
+    if (!replica_comm.ok()) return replica_comm.status();
+  }
+  el->replica_comm_ = *replica_comm;
+  el->inner_rank_ = el->replica_comm_->rank();
+  el->inner_size_ = el->replica_comm_->size();
+
+  // The control plane: one connection for the protocol, one for the
+  // heartbeat (its renewals must not queue behind a slow call).
+  std::shared_ptr<Store> store = options.control_store;
+  std::shared_ptr<Store> beat_store = options.control_store;
+  absl::Status connected;
+  if (store == nullptr) {
+    RedisStoreOptions ro;
+    ro.connect_timeout = options.op_timeout;
+    ro.op_timeout = options.op_timeout;
+    auto a = RedisStore::Connect(options.store, ro);
+    auto b = a.ok() ? RedisStore::Connect(options.store, ro) : a;
+    if (a.ok() && b.ok()) {
+      store = *a;
+      beat_store = *b;
+    } else {
+      connected = a.ok() ? b.status() : a.status();
+    }
+  }
+  std::unique_ptr<Heartbeat> heartbeat;
+  if (connected.ok()) {
+    el->control_ = std::make_unique<ControlPlane>(store, options.job,
+                                                  el->inner_size_);
+    auto hb = Heartbeat::Start(
+        beat_store, el->control_->LeaseKey(options.replica, el->inner_rank_),
+        options.heartbeat_ttl);
+    if (hb.ok()) {
+      el->heartbeat_ = *std::move(hb);
+    } else {
+      connected = hb.status();
+    }
+  }
+  // Every rank of the replica leaves together: one that could not reach
+  // the store must not leave the others waiting for it.
+  int64_t failed = connected.ok() ? 0 : 1;
+  if (absl::Status s = el->ReplicaMax(absl::MakeSpan(&failed, 1)); !s.ok()) {
+    return s;
+  }
+  if (!connected.ok()) return connected;
+  if (failed != 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "replica ", options.replica,
+        ": another rank of this replica could not reach the control plane '",
+        options.store, "'"));
+  }
+
+  auto record = el->ShareRecord(el->inner_rank_ == 0
+                                    ? el->Join()
+                                    : absl::StatusOr<MembershipRecord>(
+                                          MembershipRecord{}));
+  if (!record.ok()) return record.status();
+  // The first epoch's members start together from their initial state; a
+  // replica admitted later has none until a member sends it.
+  el->has_state_ = record->epoch == 1;
+  auto first = el->Rebuild(record->epoch - 1, *record, el->has_state_ ? 0 : -1);
+  if (!first.ok()) return first.status();
+  if (first->evicted) {
+    return absl::UnavailableError(absl::StrCat(
+        "replica ", options.replica, " was admitted to ",
+        MembershipText(*record), " but left out of epoch ", first->epoch,
+        " before it could build its groups"));
+  }
+  return el;
+}
+
+absl::Status ElasticMesh::ReplicaMax(absl::Span<int64_t> values) {
+  if (inner_size_ == 1) return absl::OkStatus();
+  return replica_comm_->all_reduce(values.data(), values.data(),
+                                   values.size(), DataType::kInt64,
+                                   ReduceOp::kMax);
+}
+
+absl::StatusOr<MembershipRecord> ElasticMesh::ShareRecord(
+    absl::StatusOr<MembershipRecord> mine) {
+  if (inner_size_ == 1) return mine;
+  // [status code, text length], then the text (a record or an error).
+  std::string text;
+  int64_t head[2] = {0, 0};
+  if (inner_rank_ == 0) {
+    head[0] = static_cast<int64_t>(mine.status().code());
+    text = mine.ok() ? EncodeMembership(*mine)
+                     : std::string(mine.status().message());
+    head[1] = static_cast<int64_t>(text.size());
+  }
+  if (absl::Status s = replica_comm_->broadcast(head, 2, DataType::kInt64, 0);
+      !s.ok()) {
+    return s;
+  }
+  if (head[1] < 0 || head[1] > int64_t{1} << 20) {
+    return absl::InternalError(absl::StrCat(
+        "replica leader sent a record of ", head[1], " bytes"));
+  }
+  std::vector<int64_t> words((head[1] + 7) / 8, 0);
+  if (inner_rank_ == 0 && !text.empty()) {
+    std::memcpy(words.data(), text.data(), text.size());
+  }
+  if (!words.empty()) {
+    absl::Status s = replica_comm_->broadcast(words.data(), words.size(),
+                                              DataType::kInt64, 0);
+    if (!s.ok()) return s;
+  }
+  if (inner_rank_ == 0) return mine;
+  text.assign(reinterpret_cast<const char*>(words.data()),
+              static_cast<size_t>(head[1]));
+  if (head[0] != 0) {
+    return absl::Status(static_cast<absl::StatusCode>(head[0]),
+                        absl::StrCat("(from this replica's rank 0) ", text));
+  }
+  return ParseMembership(text);
+}
+
+absl::StatusOr<MembershipRecord> ElasticMesh::Join() {
+  const int me = options_.replica;
+  const int64_t starting = requested_.dim_size(replica_dim_).value_or(1);
+  const absl::Time start = absl::Now();
+  const absl::Time form_deadline = start + options_.form_timeout;
+  const absl::Time deadline =
+      start + options_.form_timeout + options_.recovery_timeout;
+  while (absl::Now() < deadline) {
+    auto now = control_->Read();
+    if (!now.ok()) return now.status();
+    const MembershipRecord& rec = now->record;
+    if (rec.has_member(me)) return rec;
+    if (!rec.has_pending(me)) {
+      MembershipRecord next = rec;
+      next.pending.push_back(me);
+      if (auto t = control_->Transition(*now, next); !t.ok()) {
+        return t.status();
+      }
+      continue;
+    }
+    if (rec.epoch == 0) {
+      auto alive = control_->AliveOf(rec.pending);
+      if (!alive.ok()) return alive.status();
+      const int64_t starters = std::count_if(
+          alive->begin(), alive->end(), [&](int id) { return id < starting; });
+      if (starters == starting ||
+          (absl::Now() >= form_deadline &&
+           static_cast<int>(alive->size()) >= options_.min_replicas)) {
+        MembershipRecord first;
+        first.epoch = 1;
+        first.members = *alive;
+        std::sort(first.members.begin(), first.members.end());
+        first.pending = Without(rec.pending, *alive);
+        if (auto t = control_->Transition(*now, first); !t.ok()) {
+          return t.status();
+        }
+        continue;
+      }
+    }
+    absl::SleepFor(kPollPeriod);
+  }
+  auto last = control_->Read();
+  return absl::DeadlineExceededError(absl::StrCat(
+      "replica ", me, " was not admitted within ",
+      absl::FormatDuration(deadline - start), "; the record is ",
+      last.ok() ? MembershipText(last->record) : last.status().ToString(),
+      " (a running job admits a replica at its next step boundary; a new "
+      "job forms once all ", starting, " starting replicas are alive, or ",
+      options_.min_replicas, " after form_timeout)"));
+}
+
+absl::StatusOr<MembershipRecord> ElasticMesh::ChooseEpoch(int64_t failed,
+                                                          absl::Time deadline) {
+  // A killed replica's leases outlive it by up to one TTL: wait that long
+  // (and a little) for the store to tell the dead from the living before
+  // re-forming the same members.
+  const absl::Time settle = absl::Now() + options_.heartbeat_ttl * 3 / 2;
+  while (absl::Now() < deadline) {
+    auto now = control_->Read();
+    if (!now.ok()) return now.status();
+    const MembershipRecord& rec = now->record;
+    // The others went on without this replica: it is evicted, whoever is
+    // alive now.
+    if (rec.epoch > failed && !rec.has_member(options_.replica)) return rec;
+    auto alive = control_->AliveOf(rec.members);
+    if (!alive.ok()) return alive.status();
+    if (rec.epoch > failed && *alive == rec.members) return rec;
+    if (rec.epoch > failed || *alive != rec.members || absl::Now() >= settle) {
+      auto joiners = control_->AliveOf(rec.pending);
+      if (!joiners.ok()) return joiners.status();
+      MembershipRecord next;
+      next.epoch = rec.epoch + 1;
+      next.members = *alive;
+      next.members.insert(next.members.end(), joiners->begin(),
+                          joiners->end());
+      next.pending = Without(rec.pending, *joiners);
+      if (static_cast<int>(next.members.size()) < options_.min_replicas) {
+        return absl::UnavailableError(absl::StrCat(
+            "only ", next.members.size(), " replica(s) alive [",
+            absl::StrJoin(next.members, ", "), "] after ",
+            MembershipText(rec), ": min_replicas is ", options_.min_replicas));
+      }
+      if (auto t = control_->Transition(*now, next); !t.ok()) {
+        return t.status();
+      }
+      continue;  // read what won
+    }
+    absl::SleepFor(kPollPeriod);
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "no epoch after ", failed, " could be agreed before the recovery "
+      "deadline (ElasticOptions.recovery_timeout ",
+      absl::FormatDuration(options_.recovery_timeout), ")"));
+}
+
+int64_t ElasticMesh::FullRank(int inner_rank, int dp_index,
+                              int dp_size) const {
+  auto inner_or = inner_->layout().coordinate_of(inner_rank);
+  if (!inner_or.ok()) return -1;  // not reached: the launch's ranks fit
+  const Coordinate& inner = *inner_or;
+  int64_t rank = 0;
+  for (int64_t d = 0; d < requested_.ndim(); ++d) {
+    const bool is_dp = d == replica_dim_;
+    const int64_t size =
+        is_dp ? dp_size : requested_.dim_size(d).value_or(1);
+    const int64_t at = is_dp ? dp_index : inner[inner_dim_of_[d]];
+    rank = rank * size + at;
+  }
+  return rank;
+}
+
+absl::StatusOr<DeviceMesh> ElasticMesh::FullMesh(
+    const MembershipRecord& record, std::shared_ptr<Communicator> dp_group) {
+  const int n = static_cast<int>(record.members.size());
+  const int me = record.dp_rank_of(options_.replica);
+  std::vector<int64_t> shape = requested_.shape();
+  shape[replica_dim_] = n;
+  auto layout = MeshLayout::Create(shape, requested_.dim_names());
+  if (!layout.ok()) return layout.status();
+  std::vector<std::shared_ptr<Communicator>> groups;
+  for (int64_t d = 0; d < requested_.ndim(); ++d) {
+    std::shared_ptr<Communicator> inner = dp_group;
+    std::vector<int> ranks;
+    if (d == replica_dim_) {
+      for (int j = 0; j < n; ++j) {
+        ranks.push_back(static_cast<int>(FullRank(inner_rank_, j, n)));
+      }
+    } else {
+      auto g = inner_->get_group(inner_dim_of_[d]);
+      if (!g.ok()) return g.status();
+      inner = *g;
+      for (int q : inner->ranks()) {
+        ranks.push_back(static_cast<int>(FullRank(q, me, n)));
+      }
+    }
+    auto comm = std::make_shared<EpochCommunicator>(
+        inner, std::move(ranks), record.epoch, current_epoch_);
+    epoch_comms_.push_back(comm);
+    if (d == replica_dim_) dp_ = comm;
+    groups.push_back(std::move(comm));
+  }
+  return DeviceMesh::FromGroups(
+      device_type_, *std::move(layout), FullRank(inner_rank_, me, n),
+      std::move(groups), inner_->host_local_rank(), inner_->host_size());
+}
+
+absl::StatusOr<Recovery> ElasticMesh::Establish(const MembershipRecord& record,
+                                                int64_t committed,
+                                                absl::Time deadline) {
+  const int n = static_cast<int>(record.members.size());
+  const int me = record.dp_rank_of(options_.replica);
+  std::vector<int> ranks;
+  for (int j = 0; j < n; ++j) {
+    ranks.push_back(static_cast<int>(FullRank(inner_rank_, j, n)));
+  }
+  if (options_.fault_hook) options_.fault_hook("establish");
+  const absl::Duration bound =
+      std::max(absl::Milliseconds(1),
+               std::min(options_.op_timeout, deadline - absl::Now()));
+  absl::StatusOr<std::shared_ptr<GlooCommunicator>> group =
+      GlooCommunicator::Create(control_->store(),
+                               control_->GroupPrefix(record.epoch, inner_rank_),
+                               me, n, ranks, bound, options_.gloo_host);
+  // Agree on the step to resume: the least that a member with state has
+  // committed (one may be a step ahead), and whether anyone lacks state.
+  absl::Status status = group.status();
+  int64_t least = has_state_ ? committed : kNoState;
+  int64_t most[2] = {has_state_ ? 0 : 1, has_state_ ? committed : -1};
+  if (status.ok() && n > 1) {
+    status = (*group)->all_reduce(&least, &least, 1, DataType::kInt64,
+                                  ReduceOp::kMin);
+  }
+  if (status.ok() && n > 1) {
+    status = (*group)->all_reduce(most, most, 2, DataType::kInt64,
+                                  ReduceOp::kMax);
+  }
+  int64_t failed = status.ok() ? 0 : 1;
+  if (absl::Status s = ReplicaMax(absl::MakeSpan(&failed, 1)); !s.ok()) {
+    return s;
+  }
+  if (failed != 0) {
+    if (status.ok()) {
+      status = absl::UnavailableError(
+          "another rank of this replica could not join its DP group");
+    }
+    return absl::Status(status.code(),
+                        absl::StrCat("epoch ", record.epoch, " (",
+                                     MembershipText(record),
+                                     "): DP group not built: ",
+                                     status.message()));
+  }
+  if (least == kNoState) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no member of ", MembershipText(record),
+        " holds the training state: every replica that trained is gone"));
+  }
+  if (has_state_ && (committed < least || committed > least + 1)) {
+    return absl::InternalError(absl::StrCat(
+        "replica ", options_.replica, " committed ", committed,
+        " steps but the members resume at ", least,
+        ": more than one step apart"));
+  }
+  current_epoch_->store(record.epoch);
+  auto mesh = FullMesh(record, *std::move(group));
+  if (!mesh.ok()) return mesh.status();
+  mesh_ = *std::move(mesh);
+  if (publish_) publish_(*mesh_);
+  Recovery r;
+  r.receives_state = !has_state_;
+  // Counted as holding state from now on: the transfer follows at once, and
+  // the caller says mark_stateless() if it fails.
+  has_state_ = true;
+  r.epoch = record.epoch;
+  r.dp_size = n;
+  r.dp_rank = me;
+  r.replicas = record.members;
+  r.resume_step = least;
+  r.transfer_state = most[0] != 0;
+  return r;
+}
+
+absl::StatusOr<Recovery> ElasticMesh::Rebuild(
+    int64_t failed, std::optional<MembershipRecord> first, int64_t committed) {
+  const absl::Time deadline = absl::Now() + options_.recovery_timeout;
+  absl::Duration agree_time;
+  absl::Duration build_time;
+  for (int attempt = 0; attempt < kMaxEpochAttempts; ++attempt) {
+    if (absl::Now() >= deadline) break;
+    const absl::Time agree_start = absl::Now();
+    MembershipRecord record;
+    if (first.has_value()) {
+      record = *std::move(first);
+      first.reset();
+    } else {
+      auto shared = ShareRecord(inner_rank_ == 0
+                                    ? ChooseEpoch(failed, deadline)
+                                    : absl::StatusOr<MembershipRecord>(
+                                          MembershipRecord{}));
+      if (!shared.ok()) return shared.status();
+      record = *std::move(shared);
+    }
+    if (!record.has_member(options_.replica)) {
+      current_epoch_->store(record.epoch);
+      last_ = Recovery{};
+      last_.evicted = true;
+      last_.epoch = record.epoch;
+      last_.dp_size = static_cast<int>(record.members.size());
+      last_.replicas = record.members;
+      return last_;
+    }
+    const absl::Time build_start = absl::Now();
+    agree_time += build_start - agree_start;
+    auto r = Establish(record, committed, deadline);
+    build_time += absl::Now() - build_start;
+    if (r.ok()) {
+      last_ = *r;
+      last_.agree_time = agree_time;
+      last_.build_time = build_time;
+      return last_;
+    }
+    if (!IsRetryable(r.status())) return r.status();
+    RetireEpoch();
+    failed = record.epoch;
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "replica ", options_.replica, ": no epoch after ", failed,
+      " could be built within ElasticOptions.recovery_timeout (",
+      absl::FormatDuration(options_.recovery_timeout), ")"));
+}
+
+void ElasticMesh::RetireEpoch() {
+  for (const auto& c : epoch_comms_) c->retire();
+  epoch_comms_.clear();
+  dp_.reset();
+}
+
+absl::StatusOr<StepVerdict> ElasticMesh::end_step(
+    const absl::Status& step_status) {
+  int64_t failed = step_status.ok() ? 0 : 1;
+  // Retire at once: a peer blocked on our DP group gets a closed connection
+  // now instead of waiting out its timeout.
+  if (failed != 0) RetireEpoch();
+  int64_t seen = -1;
+  int64_t lost = 0;
+  absl::Status lost_status = heartbeat_ ? heartbeat_->lost() : absl::OkStatus();
+  if (!lost_status.ok()) lost = 1;
+  if (inner_rank_ == 0 && lost == 0) {
+    auto now = control_->Read();
+    if (!now.ok()) {
+      lost = 1;
+      lost_status = now.status();
+    } else {
+      seen = now->record.epoch;
+      // DP rank 0's leader admits the replicas waiting to join, here at a
+      // step boundary, by making the next epoch.
+      const MembershipRecord& rec = now->record;
+      if (rec.epoch == epoch() && !rec.pending.empty() &&
+          last_.dp_rank == 0) {
+        auto joiners = control_->AliveOf(rec.pending);
+        if (joiners.ok() && !joiners->empty()) {
+          MembershipRecord next = rec;
+          next.epoch = rec.epoch + 1;
+          next.members.insert(next.members.end(), joiners->begin(),
+                              joiners->end());
+          next.pending = Without(rec.pending, *joiners);
+          auto t = control_->Transition(*now, next);
+          if (t.ok()) seen = t->record.epoch;
+        }
+      }
+    }
+  }
+  int64_t agreed[3] = {failed, seen, lost};
+  if (failed == 0 && dp_ != nullptr) {
+    int64_t dp_view[2] = {seen, lost};
+    absl::Status s = dp_->all_reduce(dp_view, dp_view, 2, DataType::kInt64,
+                                     ReduceOp::kMax);
+    if (s.ok()) {
+      agreed[1] = dp_view[0];
+      agreed[2] = dp_view[1];
+    } else {
+      agreed[0] = 1;
+      RetireEpoch();
+    }
+  }
+  if (absl::Status s = ReplicaMax(absl::MakeSpan(agreed, 3)); !s.ok()) {
+    return s;
+  }
+  if (agreed[2] != 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "the elastic control plane '", options_.store, "' is lost: ",
+        lost_status.ok() ? "another rank could not reach it"
+                         : std::string(lost_status.message())));
+  }
+  StepVerdict v;
+  v.committed = agreed[0] == 0;
+  v.recover = agreed[0] != 0 || agreed[1] > epoch();
+  return v;
+}
+
+absl::StatusOr<Recovery> ElasticMesh::recover(int64_t committed_steps) {
+  if (last_.evicted) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "replica ", options_.replica, " was evicted in epoch ", last_.epoch,
+        ": launch it again to rejoin"));
+  }
+  const int64_t failed = epoch();
+  RetireEpoch();
+  return Rebuild(failed, std::nullopt, committed_steps);
+}
+
+}  // namespace vemesh

@@ -1,0 +1,216 @@
+// vemesh/elastic/elastic_mesh.h
+//
+// The reconfigurable mesh: a DP (replica) dimension that shrinks when a
+// replica dies and grows when one (re)joins, while the other dimensions stay
+// as their launch made them. docs/ELASTIC.md has the protocol and the
+// failure model; this is the API a training loop uses.
+//
+//   InitOptions o;
+//   o.elastic = ElasticOptions{.store = "redis://127.0.0.1:6379",
+//                              .replica = k};
+//   VESCALE_DEVICE_MESH.init_device_mesh("cpu", {2, 3, 2}, {"PP", "DP", "TP"}, o);
+//   ElasticMesh& el = *VESCALE_DEVICE_MESH.elastic();
+//   int64_t step = el.last_recovery().resume_step;   // 0 for a fresh job
+//   while (step < steps) {
+//     absl::Status s = TrainStep(step);              // DP ops may fail
+//     absl::StatusOr<StepVerdict> v = el.end_step(s);  // collective
+//     if (!v.ok()) return v.status();                // e.g. store lost
+//     if (v->committed) ++step; else RestoreStartOfStep();
+//     if (v->recover) {
+//       absl::StatusOr<Recovery> r = el.recover(step);
+//       if (r->evicted) return;                      // not a member any more
+//       if (r->resume_step == step - 1) { RestorePreviousStep(); --step; }
+//       if (r->transfer_state) BroadcastParameters();  // over the new DP
+//     }
+//   }
+//
+// A replica is every rank with one DP coordinate; each replica is its own
+// launch (mpirun, srun or torchrun), and its inner dimensions (PP, TP, ...)
+// are built by that launch as an ordinary mesh. The registry's mesh is the
+// full one (PP x DP x TP with DP = the current member count), and it is
+// replaced at every epoch: its DP groups are Gloo groups made under the
+// epoch's keys, its other groups the launch's, renumbered to the epoch's
+// global ranks. Handles of an older epoch answer FailedPrecondition ("stale
+// mesh epoch N, current M"), never a wrong group.
+//
+// end_step is collective over the whole job: every rank calls it once per
+// step with its step's status. It retires the DP groups at once on a failed
+// step (which releases a peer blocked on them), then agrees over DP and
+// inside the replica on three things: did any rank's step fail, did anyone
+// see a newer epoch, is the control plane lost. Every rank gets the same
+// verdict, except that a replica may have committed one step more than
+// another when a peer died inside end_step's own exchange; recover()
+// settles that with `resume_step`.
+//
+// Rule for the training step: every operation on the replica's own groups
+// (PP, TP) comes before the step's first DP operation. A rank whose DP
+// operation failed goes straight to end_step; its partners must not be
+// waiting for it in a PP or TP collective by then.
+//
+// Process-wide: Create sets SIGPIPE to ignored when it has its default
+// action (a write to a dead peer must be an error, not this process's end).
+
+#ifndef VEMESH_ELASTIC_ELASTIC_MESH_H_
+#define VEMESH_ELASTIC_ELASTIC_MESH_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "vemesh/comm/communicator.h"
+#include "vemesh/device_mesh.h"
+#include "vemesh/elastic/control_plane.h"
+#include "vemesh/elastic/epoch_communicator.h"
+#include "vemesh/rendezvous/store.h"
+
+namespace vemesh {
+
+struct ElasticOptions {
+  // The dimension whose coordinate is the replica; its size in the shape
+  // given to init_device_mesh is the number of replicas that start the job.
+  std::string replica_dim = "DP";
+  // The control plane: "redis://HOST:PORT" (or HOST:PORT).
+  std::string store;
+  // Instead of `store`: a store to use as is (tests; a MemoryStore shared by
+  // threads). Its set_lease must work.
+  std::shared_ptr<Store> control_store;
+  // This launch's replica id, in [0, kMaxReplicas). Ids below the starting
+  // count form the first epoch; any other id joins a running job.
+  int replica = -1;
+  // Keys live under vemesh/elastic/JOB/: one store can serve several jobs.
+  std::string job = "default";
+  // A rank whose lease is not renewed for this long is dead.
+  absl::Duration heartbeat_ttl = absl::Seconds(1);
+  // Bound of every DP operation (Gloo) and of building a DP group.
+  absl::Duration op_timeout = absl::Seconds(5);
+  // Bound of one recover() call, retries included.
+  absl::Duration recovery_timeout = absl::Seconds(60);
+  // Fewer live replicas than this is an error, not an epoch.
+  int min_replicas = 1;
+  // How long the first epoch waits for every starting replica before it
+  // forms with the ones that came (at least min_replicas).
+  absl::Duration form_timeout = absl::Seconds(10);
+  // The address this rank's Gloo transport listens on.
+  std::string gloo_host = "127.0.0.1";
+  // Fault injection for tests: called at named points ("establish").
+  std::function<void(const char* point)> fault_hook;
+};
+
+struct StepVerdict {
+  // The step's updates stand (false: undo them, the step is to be redone).
+  bool committed = false;
+  // Call recover() before the next step.
+  bool recover = false;
+};
+
+struct Recovery {
+  // This replica is not in the new epoch; its DP groups are gone.
+  bool evicted = false;
+  int64_t epoch = 0;
+  int dp_size = 0;
+  int dp_rank = 0;
+  std::vector<int> replicas;  // DP rank order
+  // The step every member resumes at (steps committed before it).
+  int64_t resume_step = 0;
+  // Some member has no state (it joined): every member must now broadcast
+  // the parameters and optimiser state from DP rank 0 over the new DP group.
+  bool transfer_state = false;
+  // This rank is one of those without state: it receives, and until that
+  // succeeds its own parameters are meaningless (mark_stateless on failure).
+  bool receives_state = false;
+  // Where recover() spent its time: agreeing on the epoch (waiting out a
+  // dead replica's lease included), and building its groups.
+  absl::Duration agree_time;
+  absl::Duration build_time;
+};
+
+class ElasticMesh {
+ public:
+  // Collective over the replica's launch; joins the job (the first epoch,
+  // or a running one) and builds the epoch's mesh. The registry calls it.
+  static absl::StatusOr<std::unique_ptr<ElasticMesh>> Create(
+      DeviceType device_type, const MeshLayout& requested,
+      const MeshOptions& inner_options, const ElasticOptions& options);
+  ~ElasticMesh();
+  ElasticMesh(const ElasticMesh&) = delete;
+  ElasticMesh& operator=(const ElasticMesh&) = delete;
+
+  absl::StatusOr<StepVerdict> end_step(const absl::Status& step_status);
+  // Collective over the survivors: leaves the current epoch, waits for (or
+  // makes) the next one, rebuilds and agrees on the step to resume.
+  // `committed_steps`: how many steps this rank has committed now.
+  absl::StatusOr<Recovery> recover(int64_t committed_steps);
+
+  // The current epoch's full mesh, and what recover / Create last decided.
+  const DeviceMesh& mesh() const { return *mesh_; }
+  const Recovery& last_recovery() const { return last_; }
+  int64_t epoch() const { return current_epoch_->load(); }
+  // Whether this rank holds the training state (it trained, or received the
+  // state after joining), as the next recover() will tell the others.
+  bool has_state() const { return has_state_; }
+  // This rank joined but did not receive the state it was sent (the send
+  // failed): the next recover() counts it as a newcomer again.
+  void mark_stateless() { has_state_ = false; }
+  int replica() const { return options_.replica; }
+  // Called by the registry after each epoch's mesh is made (publishes it).
+  void set_publisher(std::function<void(const DeviceMesh&)> publish) {
+    publish_ = std::move(publish);
+  }
+
+ private:
+  ElasticMesh(DeviceType device_type, MeshLayout requested,
+              ElasticOptions options);
+
+  // The replica's leader (inner rank 0) waits until the record lists this
+  // replica; every rank of the replica gets it.
+  absl::StatusOr<MembershipRecord> Join();
+  // Leader: the epoch after `failed`, made if nobody has yet.
+  absl::StatusOr<MembershipRecord> ChooseEpoch(int64_t failed,
+                                               absl::Time deadline);
+  // Leader's answer (record or error) to every rank of the replica.
+  absl::StatusOr<MembershipRecord> ShareRecord(
+      absl::StatusOr<MembershipRecord> mine);
+  // Builds `record`'s DP group and agrees on the resume step.
+  absl::StatusOr<Recovery> Establish(const MembershipRecord& record,
+                                     int64_t committed, absl::Time deadline);
+  // The recovery loop from a failed epoch (or from `first`).
+  absl::StatusOr<Recovery> Rebuild(int64_t failed,
+                                   std::optional<MembershipRecord> first,
+                                   int64_t committed);
+  // Max of `values` over the replica's ranks (never fails but on a
+  // replica-internal error, which its launcher turns into the replica's end).
+  absl::Status ReplicaMax(absl::Span<int64_t> values);
+  void RetireEpoch();
+  absl::StatusOr<DeviceMesh> FullMesh(const MembershipRecord& record,
+                                      std::shared_ptr<Communicator> dp_group);
+  int64_t FullRank(int inner_rank, int dp_index, int dp_size) const;
+
+  const DeviceType device_type_;
+  const MeshLayout requested_;   // the shape asked for (DP = starting count)
+  const ElasticOptions options_;
+  int64_t replica_dim_ = 0;
+  std::optional<DeviceMesh> inner_;  // the replica's launch: all dims but DP
+  std::vector<int64_t> inner_dim_of_;  // full dim -> inner dim, -1 for DP
+  std::shared_ptr<Communicator> replica_comm_;  // every rank of the replica
+  int inner_rank_ = 0;
+  int inner_size_ = 1;
+  std::unique_ptr<ControlPlane> control_;
+  std::unique_ptr<Heartbeat> heartbeat_;
+  const std::shared_ptr<std::atomic<int64_t>> current_epoch_;
+  std::vector<std::shared_ptr<EpochCommunicator>> epoch_comms_;
+  std::shared_ptr<EpochCommunicator> dp_;
+  std::optional<DeviceMesh> mesh_;
+  Recovery last_;
+  bool has_state_ = false;
+  std::function<void(const DeviceMesh&)> publish_;
+};
+
+}  // namespace vemesh
+
+#endif  // VEMESH_ELASTIC_ELASTIC_MESH_H_

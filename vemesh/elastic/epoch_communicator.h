@@ -1,0 +1,96 @@
+// vemesh/elastic/epoch_communicator.h
+//
+// The communicator an elastic mesh hands out for one membership epoch: a
+// group of the replica's own launch (PP, TP: unchanged across epochs) or the
+// epoch's replica group (DP, rebuilt every epoch), seen through the global
+// ranks of that epoch's mesh.
+//
+//   std::shared_ptr<Communicator> dp = VESCALE_DEVICE_MESH
+//       .get_data_parallel_dim_groups().value();   // epoch 3's DP group
+//   ... a replica dies; the mesh recovers into epoch 4 ...
+//   dp->all_reduce(...);   // FailedPrecondition "stale mesh epoch 3,
+//                          // current 4": ask the registry again
+//
+// Two reasons it exists: a group of the replica's launch knows only the
+// ranks of that launch, while a mesh spanning every replica numbers ranks
+// globally (the pipeline runner finds its stage peer by global rank); and a
+// handle kept across a membership change must fail loudly instead of
+// talking to a group that no longer matches the mesh (the DP ranks moved).
+//
+// `retire()` makes every later operation fail and lets go of the inner
+// communicator (a Gloo group closes its connections, which releases a peer
+// still blocked on it), once no operation of this process is in flight on
+// it. The elastic mesh retires every communicator of an epoch when it
+// leaves that epoch.
+
+#ifndef VEMESH_ELASTIC_EPOCH_COMMUNICATOR_H_
+#define VEMESH_ELASTIC_EPOCH_COMMUNICATOR_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "vemesh/comm/communicator.h"
+
+namespace vemesh {
+
+class EpochCommunicator final : public Communicator {
+ public:
+  // `global_ranks[i]` is the mesh's global rank of inner rank i.
+  // `current_epoch` is the elastic mesh's epoch, shared by every
+  // communicator it made, so a stale one can name the current epoch.
+  EpochCommunicator(std::shared_ptr<Communicator> inner,
+                    std::vector<int> global_ranks, int64_t epoch,
+                    std::shared_ptr<const std::atomic<int64_t>> current_epoch);
+
+  int64_t epoch() const { return epoch_; }
+  // Irreversible: every later operation is FailedPrecondition.
+  void retire();
+  bool retired() const;
+
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(ranks_.size()); }
+  absl::Span<const int> ranks() const override { return ranks_; }
+  absl::string_view backend() const override { return backend_; }
+
+  absl::Status barrier() override;
+  absl::Status broadcast(void* data, size_t count, DataType type,
+                         int root) override;
+  absl::Status all_reduce(const void* send, void* recv, size_t count,
+                          DataType type, ReduceOp op) override;
+  absl::Status all_gather(const void* send, void* recv, size_t count,
+                          DataType type) override;
+  absl::Status reduce_scatter(const void* send, void* recv, size_t count,
+                              DataType type, ReduceOp op) override;
+  absl::Status send(const void* data, size_t count, DataType type,
+                    int peer) override;
+  absl::Status recv(void* data, size_t count, DataType type,
+                    int peer) override;
+  absl::Status send_recv(const void* send_data, size_t send_count, int dest,
+                         void* recv_data, size_t recv_count, int source,
+                         DataType type) override;
+  // An epoch's groups are made by the elastic mesh only.
+  absl::StatusOr<std::shared_ptr<Communicator>> split(int color,
+                                                      int key) override;
+  NativeHandle native_handle() const override;
+
+ private:
+  // The inner communicator for one operation, or the stale-epoch error.
+  // The copy keeps it alive through the operation even if another thread
+  // retires it meanwhile.
+  absl::StatusOr<std::shared_ptr<Communicator>> Use(absl::string_view op) const;
+
+  const std::vector<int> ranks_;
+  const int rank_;
+  const int64_t epoch_;
+  const std::string backend_;
+  const std::shared_ptr<const std::atomic<int64_t>> current_epoch_;
+  mutable std::mutex mu_;
+  std::shared_ptr<Communicator> inner_;  // null once retired; under mu_
+};
+
+}  // namespace vemesh
+
+#endif  // VEMESH_ELASTIC_EPOCH_COMMUNICATOR_H_

@@ -1,0 +1,54 @@
+// vemesh/elastic/membership.h
+//
+// One epoch of an elastic job: which replicas train together, in DP rank
+// order, and which are waiting to join. The control plane holds exactly one
+// record; every membership change replaces it by compare-and-set, so each
+// epoch has one agreed member list however many ranks race to change it.
+//
+//   MembershipRecord r{.epoch = 4, .members = {0, 2}, .pending = {1}};
+//   std::string text = EncodeMembership(r);   // "e=4;m=0,2;p=1"
+//   absl::StatusOr<MembershipRecord> back = ParseMembership(text);
+//
+// Epoch 0 is "not formed yet" (the empty text parses to it). Member order is
+// admission order: survivors keep their relative order and newcomers are
+// appended, so DP rank 0 is always a replica that has trained (the source
+// of the state a newcomer receives).
+//
+// The text comes from the network: ParseMembership bounds everything
+// (replica ids in [0, kMaxReplicas), at most kMaxReplicas entries, no
+// replica twice) and names what is wrong.
+
+#ifndef VEMESH_ELASTIC_MEMBERSHIP_H_
+#define VEMESH_ELASTIC_MEMBERSHIP_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace vemesh {
+
+inline constexpr int kMaxReplicas = 1024;
+
+struct MembershipRecord {
+  int64_t epoch = 0;
+  std::vector<int> members;  // DP rank order
+  std::vector<int> pending;  // asked to join, not admitted yet
+
+  bool has_member(int replica) const;
+  bool has_pending(int replica) const;
+  // DP rank of `replica`, or -1.
+  int dp_rank_of(int replica) const;
+  bool operator==(const MembershipRecord&) const = default;
+};
+
+std::string EncodeMembership(const MembershipRecord& record);
+absl::StatusOr<MembershipRecord> ParseMembership(absl::string_view text);
+// "epoch 4, DP=2 [0, 2], pending [1]".
+std::string MembershipText(const MembershipRecord& record);
+
+}  // namespace vemesh
+
+#endif  // VEMESH_ELASTIC_MEMBERSHIP_H_
