@@ -1,6 +1,7 @@
 // The semantics of store.h, checked on every Store: MemoryStore, PrefixStore
-// over it, TcpStore (a TcpStoreServer on 127.0.0.1) and PrefixStore over
-// that. A backend hands out clients; for TcpStore each is its own
+// over it, TcpStore (a TcpStoreServer on 127.0.0.1), RedisStore (a
+// redis-server of this test's own on 127.0.0.1) and PrefixStore over each.
+// A backend hands out clients; for TcpStore and RedisStore each is its own
 // connection, so "another client" is really another socket. Leases are
 // checked where the store has them, and answer Unimplemented elsewhere.
 
@@ -18,8 +19,10 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "redis_server.h"
 #include "vemesh/rendezvous/memory_store.h"
 #include "vemesh/rendezvous/prefix_store.h"
+#include "vemesh/rendezvous/redis/redis_store.h"
 #include "vemesh/rendezvous/store.h"
 #include "vemesh/rendezvous/tcp/tcp_store.h"
 #include "vemesh/rendezvous/tcp/tcp_store_server.h"
@@ -67,6 +70,38 @@ class TcpBackend : public Backend {
 
  private:
   std::unique_ptr<TcpStoreServer> server_;
+};
+
+// One redis-server for the whole binary (ctest runs each case in a process
+// of its own); each backend works under a key prefix of its own, so no case
+// sees another's keys.
+const absl::StatusOr<std::unique_ptr<testing::RedisServer>>& SharedRedis() {
+  static const absl::StatusOr<std::unique_ptr<testing::RedisServer>> server =
+      testing::RedisServer::Start();
+  return server;
+}
+
+class RedisBackend : public Backend {
+ public:
+  RedisBackend() {
+    static std::atomic<int> backends{0};
+    prefix_ = absl::StrCat("conformance/", backends++, "/");
+  }
+  std::shared_ptr<Store> NewClient() override {
+    const auto& server = SharedRedis();
+    EXPECT_TRUE(server.ok()) << server.status();
+    if (!server.ok()) return nullptr;
+    RedisStoreOptions options;
+    options.key_prefix = prefix_;
+    auto store = RedisStore::Connect((*server)->address(), options);
+    EXPECT_TRUE(store.ok()) << store.status();
+    if (!store.ok()) return nullptr;
+    return *std::move(store);
+  }
+  bool has_leases() const override { return true; }
+
+ private:
+  std::string prefix_;
 };
 
 class PrefixBackend : public Backend {
@@ -431,6 +466,12 @@ INSTANTIATE_TEST_SUITE_P(
                     [] {
                       return std::make_unique<PrefixBackend>(
                           std::make_unique<TcpBackend>());
+                    }},
+        BackendCase{"Redis", [] { return std::make_unique<RedisBackend>(); }},
+        BackendCase{"PrefixOverRedis",
+                    [] {
+                      return std::make_unique<PrefixBackend>(
+                          std::make_unique<RedisBackend>());
                     }}),
     [](const ::testing::TestParamInfo<BackendCase>& info) { return info.param.name; });
 
