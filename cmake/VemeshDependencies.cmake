@@ -6,6 +6,10 @@ find_package(MPI REQUIRED COMPONENTS CXX)
 find_package(Threads REQUIRED)
 # Gloo (Debian libgloo-dev, TCP transport): the CPU backend of env:// jobs.
 find_package(Gloo REQUIRED)
+# hiredis (Debian libhiredis-dev): the client of RedisStore, the control
+# plane of elastic jobs. Debian ships no CMake config for it, only a .pc.
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)
 
 set(VEMESH_HAVE_NCCL OFF)
 if(NOT VEMESH_WITH_NCCL STREQUAL "OFF")

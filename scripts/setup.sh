@@ -10,6 +10,7 @@ packages=(
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
   libopenmpi-dev openmpi-bin
   libgloo-dev
+  libhiredis-dev redis-server
   python3-torch
   libeigen3-dev
   librsvg2-bin

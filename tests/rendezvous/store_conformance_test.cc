@@ -1,7 +1,9 @@
 // The semantics of store.h, checked on every Store: MemoryStore, PrefixStore
-// over it, TcpStore (a TcpStoreServer on 127.0.0.1) and PrefixStore over
-// that. A backend hands out clients; for TcpStore each is its own
-// connection, so "another client" is really another socket.
+// over it, TcpStore (a TcpStoreServer on 127.0.0.1), RedisStore (a
+// redis-server of this test's own on 127.0.0.1) and PrefixStore over each.
+// A backend hands out clients; for TcpStore and RedisStore each is its own
+// connection, so "another client" is really another socket. Leases are
+// checked where the store has them, and answer Unimplemented elsewhere.
 
 #include <atomic>
 #include <functional>
@@ -17,8 +19,10 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "redis_server.h"
 #include "vemesh/rendezvous/memory_store.h"
 #include "vemesh/rendezvous/prefix_store.h"
+#include "vemesh/rendezvous/redis/redis_store.h"
 #include "vemesh/rendezvous/store.h"
 #include "vemesh/rendezvous/tcp/tcp_store.h"
 #include "vemesh/rendezvous/tcp/tcp_store_server.h"
@@ -34,11 +38,14 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::shared_ptr<Store> NewClient() = 0;
+  // Whether set_lease works (else it is Unimplemented).
+  virtual bool has_leases() const = 0;
 };
 
 class MemoryBackend : public Backend {
  public:
   std::shared_ptr<Store> NewClient() override { return store_; }
+  bool has_leases() const override { return true; }
 
  private:
   std::shared_ptr<MemoryStore> store_ = std::make_shared<MemoryStore>();
@@ -59,9 +66,42 @@ class TcpBackend : public Backend {
     if (!store.ok()) return nullptr;
     return std::shared_ptr<Store>(*std::move(store));
   }
+  bool has_leases() const override { return false; }
 
  private:
   std::unique_ptr<TcpStoreServer> server_;
+};
+
+// One redis-server for the whole binary (ctest runs each case in a process
+// of its own); each backend works under a key prefix of its own, so no case
+// sees another's keys.
+const absl::StatusOr<std::unique_ptr<testing::RedisServer>>& SharedRedis() {
+  static const absl::StatusOr<std::unique_ptr<testing::RedisServer>> server =
+      testing::RedisServer::Start();
+  return server;
+}
+
+class RedisBackend : public Backend {
+ public:
+  RedisBackend() {
+    static std::atomic<int> backends{0};
+    prefix_ = absl::StrCat("conformance/", backends++, "/");
+  }
+  std::shared_ptr<Store> NewClient() override {
+    const auto& server = SharedRedis();
+    EXPECT_TRUE(server.ok()) << server.status();
+    if (!server.ok()) return nullptr;
+    RedisStoreOptions options;
+    options.key_prefix = prefix_;
+    auto store = RedisStore::Connect((*server)->address(), options);
+    EXPECT_TRUE(store.ok()) << store.status();
+    if (!store.ok()) return nullptr;
+    return *std::move(store);
+  }
+  bool has_leases() const override { return true; }
+
+ private:
+  std::string prefix_;
 };
 
 class PrefixBackend : public Backend {
@@ -72,6 +112,7 @@ class PrefixBackend : public Backend {
     if (base == nullptr) return nullptr;
     return std::make_shared<PrefixStore>(base, "job/7");
   }
+  bool has_leases() const override { return base_->has_leases(); }
 
  private:
   std::unique_ptr<Backend> base_;
@@ -93,6 +134,28 @@ class StoreConformanceTest : public ::testing::TestWithParam<BackendCase> {
     std::shared_ptr<Store> other = backend_->NewClient();
     EXPECT_NE(other, nullptr);
     return other;
+  }
+
+  // For stores with leases, true. For the others, checks that set_lease
+  // is Unimplemented and says so, and returns false: the case ends there.
+  bool HasLeasesOrIsUnimplemented() {
+    if (backend_->has_leases()) return true;
+    absl::Status status = store_->set_lease("lease", "1", absl::Seconds(1));
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented) << status;
+    EXPECT_THAT(status.message(), HasSubstr("no expiring keys"));
+    EXPECT_EQ(store_->get("lease").status().code(), absl::StatusCode::kNotFound);
+    return false;
+  }
+  // Polls get() until `key` is absent, for at most `limit`.
+  bool GoesAway(absl::string_view key, absl::Duration limit) {
+    const absl::Time give_up = absl::Now() + limit;
+    while (absl::Now() < give_up) {
+      absl::StatusOr<std::string> value = store_->get(key);
+      if (value.status().code() == absl::StatusCode::kNotFound) return true;
+      EXPECT_TRUE(value.ok()) << value.status();
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return false;
   }
 
   std::unique_ptr<Backend> backend_;
@@ -199,6 +262,12 @@ TEST_P(StoreConformanceTest, AddCountsFromZeroAndWraps) {
   EXPECT_EQ(*store_->add("max", 1), INT64_MIN);
 }
 
+TEST_P(StoreConformanceTest, AddOnEmptyValueCountsFromZero) {
+  ASSERT_TRUE(store_->set("e", "").ok());
+  EXPECT_EQ(*store_->add("e", 2), 2);
+  EXPECT_EQ(*store_->get("e"), "2");
+}
+
 TEST_P(StoreConformanceTest, AddOnNonCounterIsInvalidArgumentAndChangesNothing) {
   ASSERT_TRUE(store_->set("s", "hello").ok());
   absl::StatusOr<int64_t> n = store_->add("s", 1);
@@ -286,6 +355,103 @@ TEST_P(StoreConformanceTest, ConcurrentAddsFromManyClientsAreAtomic) {
   EXPECT_EQ(*store_->get("counter"), absl::StrCat(kThreads * kAdds));
 }
 
+TEST_P(StoreConformanceTest, LeaseIsThereThenExpires) {
+  if (!HasLeasesOrIsUnimplemented()) return;
+  const absl::Time set_at = absl::Now();
+  ASSERT_TRUE(store_->set_lease("heartbeat", "alive", absl::Milliseconds(200)).ok());
+  absl::StatusOr<std::string> value = store_->get("heartbeat");
+  // Unless this thread stalled for most of the ttl in between.
+  if (absl::Now() - set_at < absl::Milliseconds(150)) {
+    EXPECT_EQ(value.value_or("<absent>"), "alive") << value.status();
+  }
+  EXPECT_TRUE(GoesAway("heartbeat", absl::Seconds(5)));
+}
+
+TEST_P(StoreConformanceTest, RefreshedLeaseStays) {
+  if (!HasLeasesOrIsUnimplemented()) return;
+  // Refreshed every 100 ms for longer than its 1 s ttl: a heartbeat.
+  const absl::Time start = absl::Now();
+  while (absl::Now() - start < absl::Milliseconds(1500)) {
+    ASSERT_TRUE(store_->set_lease("heartbeat", "alive", absl::Seconds(1)).ok());
+    EXPECT_EQ(store_->get("heartbeat").value_or("<absent>"), "alive");
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_EQ(store_->get("heartbeat").value_or("<absent>"), "alive");
+}
+
+TEST_P(StoreConformanceTest, ExpiredKeyIsAbsentToEveryMethod) {
+  if (!HasLeasesOrIsUnimplemented()) return;
+  // 1 us: shorter than Redis's millisecond, which rounds it up.
+  for (const char* key : {"gone/a", "gone/b", "gone/c", "gone/last"}) {
+    ASSERT_TRUE(store_->set_lease(key, "7", absl::Microseconds(1)).ok());
+  }
+  // The others were set, so expire, before the last.
+  ASSERT_TRUE(GoesAway("gone/last", absl::Seconds(5)));
+  // Named as missing even behind a key that never was.
+  absl::Status status = store_->wait({"gone/never", "gone/a"},
+                                     absl::Now() + absl::Milliseconds(50));
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_THAT(status.message(), HasSubstr("gone/never"));
+  EXPECT_THAT(status.message(), HasSubstr("gone/a"));
+  EXPECT_EQ(store_->wait_get({"gone/a"}, absl::Now() + absl::Milliseconds(20))
+                .status()
+                .code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_FALSE(*store_->remove("gone/a"));
+  // Absent equals "" and counts as 0.
+  EXPECT_EQ(*store_->compare_set("gone/b", "", "new"), "new");
+  EXPECT_EQ(*store_->add("gone/c", 1), 1);
+}
+
+TEST_P(StoreConformanceTest, SetAndCompareSetEndALeaseAndAddKeepsIt) {
+  if (!HasLeasesOrIsUnimplemented()) return;
+  const absl::Duration ttl = absl::Milliseconds(150);
+  ASSERT_TRUE(store_->set_lease("set", "1", ttl).ok());
+  ASSERT_TRUE(store_->set_lease("cas", "x", ttl).ok());
+  ASSERT_TRUE(store_->set_lease("counter", "5", ttl).ok());
+  ASSERT_TRUE(store_->set("set", "2").ok());
+  EXPECT_EQ(*store_->compare_set("cas", "x", "y"), "y");
+  EXPECT_EQ(*store_->add("counter", 1), 6);
+  // The counter keeps its lease; once it is gone, the others' would have
+  // run out too, had they kept theirs.
+  EXPECT_TRUE(GoesAway("counter", absl::Seconds(5)));
+  EXPECT_EQ(store_->get("set").value_or("<absent>"), "2");
+  EXPECT_EQ(store_->get("cas").value_or("<absent>"), "y");
+}
+
+TEST_P(StoreConformanceTest, LeaseReleasesAWaiter) {
+  if (!HasLeasesOrIsUnimplemented()) return;
+  std::shared_ptr<Store> other = Other();
+  ASSERT_NE(other, nullptr);
+  std::thread setter([&] {
+    absl::SleepFor(absl::Milliseconds(30));
+    EXPECT_TRUE(other->set_lease("alive/1", "1", absl::Seconds(30)).ok());
+  });
+  EXPECT_TRUE(store_->wait({"alive/1"}, absl::Now() + absl::Seconds(20)).ok());
+  setter.join();
+}
+
+TEST_P(StoreConformanceTest, LeaseBoundsAreRefusedAsInvalidArgument) {
+  if (!HasLeasesOrIsUnimplemented()) return;
+  for (absl::Duration ttl : {absl::ZeroDuration(), absl::Seconds(-1),
+                             kMaxStoreLease + absl::Milliseconds(1),
+                             absl::InfiniteDuration()}) {
+    absl::Status status = store_->set_lease("bad", "1", ttl);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << ttl;
+    EXPECT_THAT(status.message(), HasSubstr(absl::StrCat("lease ttl ",
+                                                         absl::FormatDuration(ttl))));
+  }
+  EXPECT_EQ(store_->get("bad").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->set_lease("", "1", absl::Seconds(1)).code(),
+            absl::StatusCode::kInvalidArgument);
+  const std::string huge(kMaxStoreValueBytes + 1, 'v');
+  EXPECT_EQ(store_->set_lease("big", huge, absl::Seconds(1)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->get("big").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(store_->set_lease("day", "1", kMaxStoreLease).ok());
+  EXPECT_EQ(*store_->get("day"), "1");
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Stores, StoreConformanceTest,
     ::testing::Values(
@@ -300,6 +466,12 @@ INSTANTIATE_TEST_SUITE_P(
                     [] {
                       return std::make_unique<PrefixBackend>(
                           std::make_unique<TcpBackend>());
+                    }},
+        BackendCase{"Redis", [] { return std::make_unique<RedisBackend>(); }},
+        BackendCase{"PrefixOverRedis",
+                    [] {
+                      return std::make_unique<PrefixBackend>(
+                          std::make_unique<RedisBackend>());
                     }}),
     [](const ::testing::TestParamInfo<BackendCase>& info) { return info.param.name; });
 

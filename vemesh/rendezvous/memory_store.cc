@@ -33,12 +33,20 @@ absl::StatusOr<int64_t> ParseCounter(absl::string_view key,
   return value;
 }
 
+void MemoryStore::ExpireLocked(absl::string_view key, absl::Time now) {
+  auto it = expiries_.find(key);
+  if (it == expiries_.end() || it->second > now) return;
+  expiries_.erase(it);
+  values_.erase(key);
+}
+
 absl::Status MemoryStore::set(absl::string_view key, absl::string_view value) {
   absl::Status status = CheckStoreValue(key, value);
   if (!status.ok()) return status;
   {
     std::lock_guard<std::mutex> lock(mu_);
     values_[key] = std::string(value);
+    expiries_.erase(key);
   }
   changed_.notify_all();
   return absl::OkStatus();
@@ -48,6 +56,7 @@ absl::StatusOr<std::string> MemoryStore::get(absl::string_view key) {
   absl::Status status = CheckStoreKey(key);
   if (!status.ok()) return status;
   std::lock_guard<std::mutex> lock(mu_);
+  ExpireLocked(key, absl::Now());
   auto it = values_.find(key);
   if (it == values_.end()) {
     return absl::NotFoundError(absl::StrCat("store has no key '", key, "'"));
@@ -61,7 +70,9 @@ absl::Status MemoryStore::wait(absl::Span<const std::string> keys,
   if (!status.ok()) return status;
   std::unique_lock<std::mutex> lock(mu_);
   auto all_present = [&] {
+    const absl::Time now = absl::Now();
     for (const std::string& key : keys) {
+      ExpireLocked(key, now);
       if (!values_.contains(key)) return false;
     }
     return true;
@@ -69,6 +80,10 @@ absl::Status MemoryStore::wait(absl::Span<const std::string> keys,
   while (!all_present()) {
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) {
+      // all_present stopped at the first missing key: expire the rest too,
+      // so that only what is really absent is named.
+      const absl::Time now = absl::Now();
+      for (const std::string& key : keys) ExpireLocked(key, now);
       return absl::DeadlineExceededError(absl::StrCat(
           "store keys never set before the deadline: ",
           MissingKeysText(keys, values_)));
@@ -86,6 +101,8 @@ absl::StatusOr<int64_t> MemoryStore::add(absl::string_view key,
   int64_t value = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    ExpireLocked(key, absl::Now());
+    // A leased counter keeps its expiry.
     std::string& slot = values_[key];
     absl::StatusOr<int64_t> current = ParseCounter(key, slot);
     if (!current.ok()) return current.status();
@@ -106,11 +123,13 @@ absl::StatusOr<std::string> MemoryStore::compare_set(
   std::string result;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    ExpireLocked(key, absl::Now());
     auto it = values_.find(key);
     const absl::string_view current =
         it == values_.end() ? absl::string_view() : absl::string_view(it->second);
     if (current != expected) return std::string(current);
     values_[key] = std::string(desired);
+    expiries_.erase(key);
     result = std::string(desired);
   }
   changed_.notify_all();
@@ -121,7 +140,23 @@ absl::StatusOr<bool> MemoryStore::remove(absl::string_view key) {
   absl::Status status = CheckStoreKey(key);
   if (!status.ok()) return status;
   std::lock_guard<std::mutex> lock(mu_);
+  ExpireLocked(key, absl::Now());
+  expiries_.erase(key);
   return values_.erase(key) > 0;
+}
+
+absl::Status MemoryStore::set_lease(absl::string_view key,
+                                    absl::string_view value,
+                                    absl::Duration ttl) {
+  absl::Status status = CheckStoreLease(key, value, ttl);
+  if (!status.ok()) return status;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    values_[key] = std::string(value);
+    expiries_[key] = absl::Now() + ttl;
+  }
+  changed_.notify_all();
+  return absl::OkStatus();
 }
 
 }  // namespace vemesh

@@ -51,6 +51,12 @@ absl::StatusOr<bool> PrefixStore::remove(absl::string_view key) {
   if (absl::Status s = CheckStoreKey(key); !s.ok()) return s;
   return base_->remove(Key(key));
 }
+absl::Status PrefixStore::set_lease(absl::string_view key,
+                                    absl::string_view value,
+                                    absl::Duration ttl) {
+  if (absl::Status s = CheckStoreKey(key); !s.ok()) return s;
+  return base_->set_lease(Key(key), value, ttl);
+}
 absl::StatusOr<std::vector<std::string>> PrefixStore::wait_get(
     absl::Span<const std::string> keys, absl::Time deadline) {
   if (absl::Status s = CheckStoreKeys(keys); !s.ok()) return s;

@@ -32,6 +32,8 @@ class PrefixStore final : public Store {
                                           absl::string_view expected,
                                           absl::string_view desired) override;
   absl::StatusOr<bool> remove(absl::string_view key) override;
+  absl::Status set_lease(absl::string_view key, absl::string_view value,
+                         absl::Duration ttl) override;
   absl::StatusOr<std::vector<std::string>> wait_get(
       absl::Span<const std::string> keys, absl::Time deadline) override;
 

@@ -1,5 +1,10 @@
 #include "vemesh/rendezvous/store.h"
 
+#include <cxxabi.h>
+
+#include <cstdlib>
+#include <typeinfo>
+
 #include "absl/strings/str_cat.h"
 
 namespace vemesh {
@@ -40,6 +45,40 @@ absl::Status CheckStoreKeys(absl::Span<const std::string> keys) {
     if (!status.ok()) return status;
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckStoreLease(absl::string_view key, absl::string_view value,
+                             absl::Duration ttl) {
+  absl::Status status = CheckStoreValue(key, value);
+  if (!status.ok()) return status;
+  if (ttl <= absl::ZeroDuration() || ttl > kMaxStoreLease) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lease ttl ", absl::FormatDuration(ttl), " for store key '",
+        key.substr(0, 64), "': expected more than 0 and at most ",
+        absl::FormatDuration(kMaxStoreLease)));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// "vemesh::TcpStore" for a TcpStore: the dynamic type, demangled.
+std::string StoreKind(const Store& store) {
+  const char* mangled = typeid(store).name();
+  int status = 0;
+  char* demangled = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
+  std::string kind = status == 0 && demangled != nullptr ? demangled : mangled;
+  std::free(demangled);
+  return kind;
+}
+
+}  // namespace
+
+absl::Status Store::set_lease(absl::string_view key, absl::string_view,
+                              absl::Duration) {
+  return absl::UnimplementedError(absl::StrCat(
+      StoreKind(*this), " has no expiring keys, so cannot set_lease '",
+      key.substr(0, 64), "': use RedisStore or MemoryStore"));
 }
 
 absl::StatusOr<std::vector<std::string>> Store::wait_get(

@@ -11,6 +11,7 @@
 //   absl::StatusOr<std::string> addr = store->get("rank/0/addr");
 //   absl::StatusOr<int64_t> n = store->add("arrived", 1);   // counter
 //   auto prev = store->compare_set("epoch", "7", "8");      // CAS
+//   s = store->set_lease("alive/3", "1", absl::Seconds(10)); // heartbeat
 //
 // Semantics every implementation keeps:
 //   * set        stores (or replaces) a value.
@@ -27,6 +28,13 @@
 //                value the key holds afterwards: `desired` on success, the
 //                current value otherwise.
 //   * remove     deletes the key; returns whether it existed.
+//   * set_lease  stores a value that disappears `ttl` after the call unless
+//                set again: a heartbeat, so that a rank that died stops
+//                being seen. 0 < ttl <= kMaxStoreLease, else InvalidArgument
+//                naming it; Unimplemented on stores without expiring keys
+//                (TcpStore). An expired key is absent to every method. set
+//                and compare_set store a value that never expires; add
+//                keeps a lease's expiry (as Redis's INCRBY does).
 // A lost or unreachable store is Unavailable; a value or key over the
 // store's bounds is InvalidArgument (nothing is sent).
 //
@@ -52,6 +60,9 @@ namespace vemesh {
 inline constexpr size_t kMaxStoreKeyBytes = 4096;
 inline constexpr size_t kMaxStoreValueBytes = size_t{64} << 20;  // 64 MiB
 inline constexpr size_t kMaxStoreKeysPerCall = 65536;
+// The longest lease: a heartbeat is seconds to minutes, so a ttl past a
+// day is more likely a unit mistake (ms taken for s) than a lease.
+inline constexpr absl::Duration kMaxStoreLease = absl::Hours(24);
 
 class Store {
  public:
@@ -67,6 +78,9 @@ class Store {
                                                   absl::string_view expected,
                                                   absl::string_view desired) = 0;
   virtual absl::StatusOr<bool> remove(absl::string_view key) = 0;
+  // Stores that keep no expiry answer Unimplemented, naming their kind.
+  virtual absl::Status set_lease(absl::string_view key, absl::string_view value,
+                                 absl::Duration ttl);
 
   // wait() then get() of each key, in order. Stores that can do it in one
   // round trip override it.
@@ -78,6 +92,9 @@ class Store {
 absl::Status CheckStoreKey(absl::string_view key);
 absl::Status CheckStoreValue(absl::string_view key, absl::string_view value);
 absl::Status CheckStoreKeys(absl::Span<const std::string> keys);
+// CheckStoreValue, and 0 < ttl <= kMaxStoreLease.
+absl::Status CheckStoreLease(absl::string_view key, absl::string_view value,
+                             absl::Duration ttl);
 
 }  // namespace vemesh
 
