@@ -28,7 +28,7 @@ absl::Status ParseList(absl::string_view field, absl::string_view text,
     int id = -1;
     if (!absl::SimpleAtoi(item, &id) || id < 0 || id >= kMaxReplicas) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "membership field '", field, "' holds replica '", item,
+          "membership field '", field, "' holds replica '", item.substr(0, 40),
           "': expected an integer in [0, ", kMaxReplicas, ")"));
     }
     out.push_back(id);
