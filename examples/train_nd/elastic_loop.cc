@@ -190,19 +190,24 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
   // differently); a joiner receives the state. Done as the first thing of
   // the next round, so that a failure while sending is a failed step.
   bool send_state = rec.transfer_state || rec.resume_step == 0;
+  int state_root = rec.transfer_state ? rec.state_root : 0;
   bool stateless = rec.receives_state;
   std::vector<Matrix> before_step = Save(params);
   std::vector<Matrix> before_previous = before_step;
   int recoveries = 0;
-  for (int round = 0; step < plan0.options.steps; ++round) {
+  // The round after the last step trains nothing: its end_step makes sure
+  // every replica committed that step too (one that failed it sends all
+  // into recovery, and the last step is trained again).
+  for (int round = 0;; ++round) {
     if (round > 4 * plan0.options.steps + 1000) {
       return Fail(replica, launch_rank, "training",
                   absl::InternalError("too many rounds without progress"));
     }
     const absl::Time step_start = absl::Now();
+    const bool finishing = step >= plan0.options.steps && !send_state;
     absl::StatusOr<double> loss = absl::UnknownError("not run");
     if (send_state) {
-      auto sent = dp.BroadcastParameters(params);
+      auto sent = dp.BroadcastParameters(params, state_root);
       if (!sent.ok()) loss = sent.status();
       if (sent.ok()) {
         send_state = false;
@@ -213,11 +218,13 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
     }
     before_previous = std::move(before_step);
     before_step = Save(params);
-    if (!send_state) {
+    if (finishing) {
+      loss = 0.0;
+    } else if (!send_state) {
       loss = Step(*plan, **stage, params, dp, static_cast<int>(step), *fault,
                   launch_rank);
+      absl::SleepFor(settings.pace - (absl::Now() - step_start));
     }
-    absl::SleepFor(settings.pace - (absl::Now() - step_start));
     if (!loss.ok() && leader) {
       std::printf("step %lld failed at %lld ms: %s\n",
                   static_cast<long long>(step + 1),
@@ -228,7 +235,9 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
     if (!verdict.ok()) {
       return Fail(replica, launch_rank, "elastic", verdict.status());
     }
-    if (verdict->committed) {
+    if (verdict->committed && finishing) {
+      if (!verdict->recover) break;
+    } else if (verdict->committed) {
       losses[step] = *loss;
       ++step;
       if (leader) {
@@ -275,6 +284,7 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
     losses.erase(losses.lower_bound(step), losses.end());
     before_step = Save(params);
     send_state = r->transfer_state || r->resume_step == 0;
+    state_root = r->transfer_state ? r->state_root : 0;
     stateless = r->receives_state;
     PrintMembership(leader, *r, replica,
                     verdict->committed ? "membership changed"

@@ -32,7 +32,7 @@ TEST(MembershipTest, EmptyTextIsEpochZeroWithNobody) {
 }
 
 TEST(MembershipTest, EncodesTheDocumentedForm) {
-  const MembershipRecord r{.epoch = 4, .members = {0, 2}, .pending = {1}};
+  const MembershipRecord r{.epoch = 4, .members = {0, 2}, .pending = {1}, .incarnations = {}};
   EXPECT_EQ(EncodeMembership(r), "e=4;m=0,2;p=1");
   // Nobody at all still names every field, and parses back to epoch 0.
   EXPECT_EQ(EncodeMembership(MembershipRecord{}), "e=0;m=;p=");
@@ -45,17 +45,23 @@ TEST(MembershipTest, EncodeThenParseGivesTheSameRecord) {
   }
   const std::vector<MembershipRecord> records = {
       {},
-      {.epoch = 1, .members = {0}, .pending = {}},
-      {.epoch = 4, .members = {0, 2}, .pending = {1}},
-      {.epoch = 9, .members = {}, .pending = {5, 3}},
+      {.epoch = 1, .members = {0}, .pending = {}, .incarnations = {}},
+      {.epoch = 4, .members = {0, 2}, .pending = {1}, .incarnations = {}},
+      {.epoch = 9, .members = {}, .pending = {5, 3}, .incarnations = {}},
       // Admission order, not sorted order: DP rank 0 is replica 7.
-      {.epoch = 123456789012345, .members = {7, 1, 4}, .pending = {0, 6}},
-      {.epoch = 2, .members = {kMaxReplicas - 1}, .pending = {0}},
+      {.epoch = 123456789012345, .members = {7, 1, 4}, .pending = {0, 6}, .incarnations = {}},
+      {.epoch = 2, .members = {kMaxReplicas - 1}, .pending = {0}, .incarnations = {}},
       // The most a record may hold: every id once.
-      {.epoch = 3, .members = many, .pending = {}},
+      {.epoch = 3, .members = many, .pending = {}, .incarnations = {}},
       {.epoch = 3,
        .members = std::vector<int>(many.begin(), many.begin() + 600),
-       .pending = std::vector<int>(many.begin() + 600, many.end())},
+       .pending = std::vector<int>(many.begin() + 600, many.end()),
+       .incarnations = {}},
+      // Incarnations name the launch in each slot.
+      {.epoch = 5,
+       .members = {0, 2},
+       .pending = {1},
+       .incarnations = {{0, 0x1f}, {2, 0xabcdef0123456789}, {1, 7}}},
   };
   for (const MembershipRecord& r : records) {
     const std::string text = EncodeMembership(r);
@@ -79,7 +85,7 @@ TEST(MembershipTest, ParsesEveryFieldInOrder) {
 TEST(MembershipTest, QueriesFollowTheListsAndDpOrder) {
   const std::vector<int> members = {5, 2, 9, 0};
   const std::vector<int> pending = {7, 3};
-  const MembershipRecord r{.epoch = 6, .members = members, .pending = pending};
+  const MembershipRecord r{.epoch = 6, .members = members, .pending = pending, .incarnations = {}};
   for (int id = 0; id < 12; ++id) {
     int expected_dp = -1;
     for (size_t i = 0; i < members.size(); ++i) {
@@ -99,7 +105,7 @@ TEST(MembershipTest, QueriesFollowTheListsAndDpOrder) {
 }
 
 TEST(MembershipTest, EqualityComparesEveryField) {
-  const MembershipRecord r{.epoch = 4, .members = {0, 2}, .pending = {1}};
+  const MembershipRecord r{.epoch = 4, .members = {0, 2}, .pending = {1}, .incarnations = {}};
   MembershipRecord other = r;
   EXPECT_EQ(r, other);
   other.epoch = 5;
@@ -113,10 +119,10 @@ TEST(MembershipTest, EqualityComparesEveryField) {
 }
 
 TEST(MembershipTest, TextNamesEpochDpSizeMembersAndPending) {
-  EXPECT_EQ(MembershipText({.epoch = 4, .members = {0, 2}, .pending = {1}}),
+  EXPECT_EQ(MembershipText({.epoch = 4, .members = {0, 2}, .pending = {1}, .incarnations = {}}),
             "epoch 4, DP=2 [0, 2], pending [1]");
   EXPECT_EQ(MembershipText(MembershipRecord{}), "epoch 0, DP=0 [], pending []");
-  const MembershipRecord r{.epoch = 11, .members = {3, 1, 8}, .pending = {}};
+  const MembershipRecord r{.epoch = 11, .members = {3, 1, 8}, .pending = {}, .incarnations = {}};
   EXPECT_EQ(MembershipText(r),
             absl::StrCat("epoch ", r.epoch, ", DP=", r.members.size(), " [",
                          absl::StrJoin(r.members, ", "), "], pending []"));
@@ -143,10 +149,19 @@ std::string IdList(int first, int count) {
 }
 
 std::vector<BadRecord> BadRecords() {
-  const std::string format = "expected 'e=EPOCH;m=IDS;p=IDS'";
+  const std::string format = "expected 'e=EPOCH;m=IDS;p=IDS[;i=ID:HEX,...]'";
+  const std::string inc = "expected ID:HEX with a listed replica id";
   const std::string range = absl::StrCat("[0, ", kMaxReplicas, ")");
   return {
       {"MissingPending", "e=1;m=0", {"'e=1;m=0'", format}},
+      {"IncarnationOfAnUnlistedReplica", "e=1;m=0;p=;i=3:1f",
+       {"membership incarnation '3:1f'", inc}},
+      {"ZeroIncarnation", "e=1;m=0;p=;i=0:0", {"'0:0'", inc}},
+      {"NonHexIncarnation", "e=1;m=0;p=;i=0:xyz", {"'0:xyz'", inc}},
+      {"IncarnationTwice", "e=1;m=0;p=;i=0:1,0:2", {"'0:2'", inc}},
+      {"SeventeenDigitIncarnation", "e=1;m=0;p=;i=0:11111111111111111",
+       {"'0:11111111111111111'", inc}},
+      {"IncarnationWithoutId", "e=1;m=0;p=;i=1f", {"'1f'", inc}},
       {"MissingMembers", "e=1;p=0", {"'e=1;p=0'", format}},
       {"EpochOnly", "e=1", {"'e=1'", format}},
       {"NoEqualsSigns", "1;0;2", {"'1;0;2'", format}},

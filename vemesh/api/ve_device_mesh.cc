@@ -185,7 +185,7 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::init_device_mesh(
     elastic_view_.store(nullptr);
     elastic_ = *std::move(elastic);
     elastic_->set_publisher(
-        [this](const DeviceMesh& next) { publish_epoch(next); });
+        [this](const DeviceMesh& next) { return publish_epoch(next); });
     elastic_view_.store(elastic_.get());
     return mesh;
   }
@@ -225,12 +225,12 @@ VeDeviceMesh::MakeState(const DeviceMesh& mesh) {
   return std::unique_ptr<const State>(std::move(state));
 }
 
-void VeDeviceMesh::publish_epoch(const DeviceMesh& mesh) {
+absl::Status VeDeviceMesh::publish_epoch(const DeviceMesh& mesh) {
   auto state = MakeState(mesh);
+  if (!state.ok()) return state.status();
   std::lock_guard<std::mutex> init_lock(init_mu_);
-  // A full mesh from FromGroups always yields a state; keep the old one
-  // rather than none if it somehow does not.
-  if (state.ok()) replace(*std::move(state));
+  replace(*std::move(state));
+  return absl::OkStatus();
 }
 
 ElasticMesh* VeDeviceMesh::elastic() const { return elastic_view_.load(); }

@@ -138,7 +138,8 @@ class VeDeviceMesh {
   // others after one TTL).
   void reset();
   // The elastic mesh of an init with InitOptions::elastic, else null. Valid
-  // until the next init_device_mesh or reset, which only this process calls.
+  // until the next init_device_mesh or reset: do not reset from another
+  // thread while end_step or recover runs.
   // Each epoch replaces the registry's mesh: queries follow the membership.
   ElasticMesh* elastic() const;
   bool is_initialized() const;
@@ -247,7 +248,7 @@ class VeDeviceMesh {
   static absl::StatusOr<std::unique_ptr<const State>> MakeState(
       const DeviceMesh& mesh);
   // Makes an elastic epoch's mesh current (from the elastic mesh).
-  void publish_epoch(const DeviceMesh& mesh);
+  absl::Status publish_epoch(const DeviceMesh& mesh);
 
   // std::mutex rather than absl::Mutex: Debian's Abseil is not built with
   // TSan, which would then not see the locking and report false races.

@@ -31,17 +31,20 @@ absl::StatusOr<ControlPlane::Reading> ControlPlane::Transition(
   return Reading{*std::move(record), *std::move(now)};
 }
 
-std::string ControlPlane::LeaseKey(int replica, int rank) const {
-  return absl::StrCat(root_, "hb/", replica, "/", rank);
+std::string ControlPlane::LeaseKey(int replica, uint64_t incarnation,
+                                   int rank) const {
+  return absl::StrCat(root_, "hb/", replica, "/", absl::Hex(incarnation), "/",
+                      rank);
 }
 
 std::string ControlPlane::GroupPrefix(int64_t epoch, int pos) const {
   return absl::StrCat(root_, "epoch/", epoch, "/dp/", pos);
 }
 
-absl::StatusOr<bool> ControlPlane::Alive(int replica) const {
+absl::StatusOr<bool> ControlPlane::Alive(int replica,
+                                         uint64_t incarnation) const {
   for (int r = 0; r < ranks_per_replica_; ++r) {
-    auto lease = store_->get(LeaseKey(replica, r));
+    auto lease = store_->get(LeaseKey(replica, incarnation, r));
     if (absl::IsNotFound(lease.status())) return false;
     if (!lease.ok()) return lease.status();
   }
@@ -49,10 +52,10 @@ absl::StatusOr<bool> ControlPlane::Alive(int replica) const {
 }
 
 absl::StatusOr<std::vector<int>> ControlPlane::AliveOf(
-    const std::vector<int>& ids) const {
+    const MembershipRecord& record, const std::vector<int>& ids) const {
   std::vector<int> alive;
   for (int id : ids) {
-    auto up = Alive(id);
+    auto up = Alive(id, record.incarnation_of(id));
     if (!up.ok()) return up.status();
     if (*up) alive.push_back(id);
   }
@@ -92,22 +95,28 @@ Heartbeat::~Heartbeat() {
 
 absl::Status Heartbeat::lost() const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (last_error_.ok() || absl::Now() - last_success_ < ttl_) {
-    return absl::OkStatus();
-  }
+  // By the age of the last renewal alone: a renewal blocked in the store
+  // has no error yet, and its lease may be gone already.
+  if (absl::Now() - last_success_ < ttl_) return absl::OkStatus();
   return absl::UnavailableError(absl::StrCat(
       "this rank's lease '", key_, "' was not renewed for ",
       absl::FormatDuration(absl::Now() - last_success_), " (TTL ",
-      absl::FormatDuration(ttl_), "): ", last_error_.message()));
+      absl::FormatDuration(ttl_), "): ",
+      last_error_.ok() ? "a renewal is still waiting for the store"
+                       : std::string(last_error_.message())));
 }
 
 void Heartbeat::Run() {
   const absl::Duration period = ttl_ / 4;
+  absl::Time due = absl::Now() + period;
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
-    wake_.wait_for(lock, absl::ToChronoNanoseconds(period),
+    wake_.wait_for(lock, absl::ToChronoNanoseconds(due - absl::Now()),
                    [this] { return stop_; });
     if (stop_) break;
+    // The next renewal is due a period after this one starts, not after it
+    // ends: a slow store must not stretch the period.
+    due = absl::Now() + period;
     lock.unlock();
     absl::Status s = store_->set_lease(key_, "1", ttl_);
     lock.lock();

@@ -4,18 +4,21 @@
 // in production, a MemoryStore in unit tests), under "vemesh/elastic/JOB/":
 //
 //   membership            the one MembershipRecord (membership.h)
-//   hb/REPLICA/RANK       a lease per rank of a replica: its heartbeat
+//   hb/REPLICA/INC/RANK   a lease per rank of a replica's incarnation INC
+//                         (membership.h): its heartbeat
 //   epoch/E/dp/POS/...    the rendezvous of epoch E's DP group at inner
 //                         position POS (Gloo's keys)
 //
 //   ControlPlane cp(store, "job7", /*ranks_per_replica=*/2);
 //   absl::StatusOr<ControlPlane::Reading> now = cp.Read();
-//   absl::StatusOr<bool> up = cp.Alive(1);        // every lease of replica 1
+//   absl::StatusOr<bool> up = cp.Alive(1, inc);   // every lease of replica 1
 //   auto after = cp.Transition(*now, next);       // compare-and-set
 //
 // A replica is alive while every one of its ranks holds its lease: a killed
 // rank stops renewing and its lease expires after the TTL, and so does a
-// stopped (SIGSTOP) or hung one, since its renewing thread stops with it.
+// stopped (SIGSTOP) one, since its renewing thread stops with it. (A rank
+// whose main thread hangs while its heartbeat thread runs stays alive: the
+// lease proves the process, not its progress.)
 // A store that cannot be reached is Unavailable, passed up as is.
 
 #ifndef VEMESH_ELASTIC_CONTROL_PLANE_H_
@@ -54,11 +57,12 @@ class ControlPlane {
   // record is afterwards (`to` when this call won).
   absl::StatusOr<Reading> Transition(const Reading& from,
                                      const MembershipRecord& to) const;
-  absl::StatusOr<bool> Alive(int replica) const;
-  // The replicas of `ids` that are alive, in the same order.
-  absl::StatusOr<std::vector<int>> AliveOf(const std::vector<int>& ids) const;
+  absl::StatusOr<bool> Alive(int replica, uint64_t incarnation) const;
+  // The replicas of `ids` whose incarnation in `record` is alive, in order.
+  absl::StatusOr<std::vector<int>> AliveOf(const MembershipRecord& record,
+                                           const std::vector<int>& ids) const;
 
-  std::string LeaseKey(int replica, int rank) const;
+  std::string LeaseKey(int replica, uint64_t incarnation, int rank) const;
   // The key prefix of epoch `epoch`'s DP group at inner position `pos`.
   std::string GroupPrefix(int64_t epoch, int pos) const;
   const std::shared_ptr<Store>& store() const { return store_; }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <thread>
 #include <utility>
 
@@ -61,10 +62,10 @@ absl::Status CheckOptions(DeviceType device_type, const MeshLayout& layout,
        {std::pair<const char*, absl::Duration>{"op_timeout", o.op_timeout},
         {"recovery_timeout", o.recovery_timeout},
         {"form_timeout", o.form_timeout}}) {
-    if (d <= absl::ZeroDuration()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("ElasticOptions.", name, " is ",
-                       absl::FormatDuration(d), ": expected a positive time"));
+    if (d <= absl::ZeroDuration() || d == absl::InfiniteDuration()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ElasticOptions.", name, " is ", absl::FormatDuration(d),
+          ": expected a positive, finite time"));
     }
   }
   if (o.min_replicas < 1 || o.min_replicas > kMaxReplicas) {
@@ -88,6 +89,38 @@ std::vector<int> Without(const std::vector<int>& from,
     }
   }
   return out;
+}
+
+// The record after `rec`: `kept` members (in their order) then `joiners`,
+// their incarnations carried over; the rest of `rec.pending` stays pending
+// unless it is in `dead`.
+MembershipRecord NextEpoch(const MembershipRecord& rec,
+                           const std::vector<int>& kept,
+                           const std::vector<int>& joiners,
+                           const std::vector<int>& dead) {
+  MembershipRecord next;
+  next.epoch = rec.epoch + 1;
+  next.members = kept;
+  next.members.insert(next.members.end(), joiners.begin(), joiners.end());
+  next.pending = Without(Without(rec.pending, joiners), dead);
+  for (const std::vector<int>* list : {&next.members, &next.pending}) {
+    for (int id : *list) {
+      if (uint64_t inc = rec.incarnation_of(id); inc != 0) {
+        next.incarnations[id] = inc;
+      }
+    }
+  }
+  return next;
+}
+
+// A random, non-zero incarnation that fits an int64 (it is shared over the
+// replica with an int64 reduction).
+int64_t NewIncarnation() {
+  std::random_device device;
+  std::mt19937_64 gen((uint64_t{device()} << 32) ^ device() ^
+                      static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())));
+  const int64_t v = static_cast<int64_t>(gen() >> 1);
+  return v == 0 ? 1 : v;
 }
 
 }  // namespace
@@ -158,8 +191,21 @@ absl::StatusOr<std::unique_ptr<ElasticMesh>> ElasticMesh::Create(
   el->inner_rank_ = el->replica_comm_->rank();
   el->inner_size_ = el->replica_comm_->size();
 
+  // This launch's incarnation: rank 0's, for every rank of the replica.
+  int64_t incarnation = el->inner_rank_ == 0 ? NewIncarnation() : 0;
+  if (absl::Status s = el->ReplicaMax(absl::MakeSpan(&incarnation, 1));
+      !s.ok()) {
+    return s;
+  }
+  el->incarnation_ = static_cast<uint64_t>(incarnation);
+  el->store_name_ = options.control_store != nullptr
+                        ? std::string("ElasticOptions.control_store")
+                        : options.store;
+
   // The control plane: one connection for the protocol, one for the
-  // heartbeat (its renewals must not queue behind a slow call).
+  // heartbeat (its renewals must not queue behind a slow call, and each is
+  // bounded by a quarter of the TTL so that one stalled call cannot let
+  // the lease lapse unnoticed).
   std::shared_ptr<Store> store = options.control_store;
   std::shared_ptr<Store> beat_store = options.control_store;
   absl::Status connected;
@@ -168,7 +214,9 @@ absl::StatusOr<std::unique_ptr<ElasticMesh>> ElasticMesh::Create(
     ro.connect_timeout = options.op_timeout;
     ro.op_timeout = options.op_timeout;
     auto a = RedisStore::Connect(options.store, ro);
-    auto b = a.ok() ? RedisStore::Connect(options.store, ro) : a;
+    RedisStoreOptions beat = ro;
+    beat.op_timeout = std::min(options.op_timeout, options.heartbeat_ttl / 4);
+    auto b = a.ok() ? RedisStore::Connect(options.store, beat) : a;
     if (a.ok() && b.ok()) {
       store = *a;
       beat_store = *b;
@@ -181,7 +229,9 @@ absl::StatusOr<std::unique_ptr<ElasticMesh>> ElasticMesh::Create(
     el->control_ = std::make_unique<ControlPlane>(store, options.job,
                                                   el->inner_size_);
     auto hb = Heartbeat::Start(
-        beat_store, el->control_->LeaseKey(options.replica, el->inner_rank_),
+        beat_store,
+        el->control_->LeaseKey(options.replica, el->incarnation_,
+                               el->inner_rank_),
         options.heartbeat_ttl);
     if (hb.ok()) {
       el->heartbeat_ = *std::move(hb);
@@ -208,9 +258,17 @@ absl::StatusOr<std::unique_ptr<ElasticMesh>> ElasticMesh::Create(
                                     : absl::StatusOr<MembershipRecord>(
                                           MembershipRecord{}));
   if (!record.ok()) return record.status();
-  // The first epoch's members start together from their initial state; a
+  // The first epoch's members start together from their initial state (a
+  // replica that saw the job unformed and was admitted to epoch 1); a
   // replica admitted later has none until a member sends it.
-  el->has_state_ = record->epoch == 1;
+  // Only rank 0 joined: its view is the replica's.
+  int64_t stateful =
+      el->inner_rank_ == 0 && record->epoch == 1 && el->joined_unformed_;
+  if (absl::Status s = el->ReplicaMax(absl::MakeSpan(&stateful, 1));
+      !s.ok()) {
+    return s;
+  }
+  el->has_state_ = stateful == 1;
   auto first = el->Rebuild(record->epoch - 1, *record, el->has_state_ ? 0 : -1);
   if (!first.ok()) return first.status();
   if (first->evicted) {
@@ -279,28 +337,34 @@ absl::StatusOr<MembershipRecord> ElasticMesh::Join() {
     auto now = control_->Read();
     if (!now.ok()) return now.status();
     const MembershipRecord& rec = now->record;
-    if (rec.has_member(me)) return rec;
-    if (!rec.has_pending(me)) {
+    if (rec.epoch == 0) joined_unformed_ = true;
+    if (rec.admits(me, incarnation_)) return rec;
+    if (rec.has_member(me)) {
+      // An earlier launch of this replica is still listed: the members drop
+      // it at their next recovery (its leases are not this launch's).
+      absl::SleepFor(kPollPeriod);
+      continue;
+    }
+    if (!rec.has_pending(me) || rec.incarnation_of(me) != incarnation_) {
       MembershipRecord next = rec;
-      next.pending.push_back(me);
+      if (!rec.has_pending(me)) next.pending.push_back(me);
+      next.incarnations[me] = incarnation_;
       if (auto t = control_->Transition(*now, next); !t.ok()) {
         return t.status();
       }
       continue;
     }
     if (rec.epoch == 0) {
-      auto alive = control_->AliveOf(rec.pending);
+      auto alive = control_->AliveOf(rec, rec.pending);
       if (!alive.ok()) return alive.status();
       const int64_t starters = std::count_if(
           alive->begin(), alive->end(), [&](int id) { return id < starting; });
       if (starters == starting ||
           (absl::Now() >= form_deadline &&
            static_cast<int>(alive->size()) >= options_.min_replicas)) {
-        MembershipRecord first;
-        first.epoch = 1;
-        first.members = *alive;
-        std::sort(first.members.begin(), first.members.end());
-        first.pending = Without(rec.pending, *alive);
+        std::vector<int> starters_sorted = *alive;
+        std::sort(starters_sorted.begin(), starters_sorted.end());
+        const MembershipRecord first = NextEpoch(rec, {}, starters_sorted, {});
         if (auto t = control_->Transition(*now, first); !t.ok()) {
           return t.status();
         }
@@ -329,21 +393,39 @@ absl::StatusOr<MembershipRecord> ElasticMesh::ChooseEpoch(int64_t failed,
     auto now = control_->Read();
     if (!now.ok()) return now.status();
     const MembershipRecord& rec = now->record;
-    // The others went on without this replica: it is evicted, whoever is
+    if (rec.epoch < failed) {
+      return absl::UnavailableError(absl::StrCat(
+          "the elastic control plane '", store_name_, "' lost its record: it "
+          "holds epoch ", rec.epoch, " but this job reached epoch ", failed,
+          " (was Redis restarted without persistence?)"));
+    }
+    // The others went on without this launch: it is evicted, whoever is
     // alive now.
-    if (rec.epoch > failed && !rec.has_member(options_.replica)) return rec;
-    auto alive = control_->AliveOf(rec.members);
+    if (rec.epoch > failed && !rec.admits(options_.replica, incarnation_)) {
+      return rec;
+    }
+    auto alive = control_->AliveOf(rec, rec.members);
     if (!alive.ok()) return alive.status();
+    // This launch proposes: it counts itself alive even if a renewal of its
+    // own lease is late.
+    if (rec.has_member(options_.replica) &&
+        std::find(alive->begin(), alive->end(), options_.replica) ==
+            alive->end()) {
+      std::vector<int> with_me;
+      for (int id : rec.members) {
+        if (id == options_.replica ||
+            std::find(alive->begin(), alive->end(), id) != alive->end()) {
+          with_me.push_back(id);
+        }
+      }
+      *alive = with_me;
+    }
     if (rec.epoch > failed && *alive == rec.members) return rec;
     if (rec.epoch > failed || *alive != rec.members || absl::Now() >= settle) {
-      auto joiners = control_->AliveOf(rec.pending);
+      auto joiners = control_->AliveOf(rec, rec.pending);
       if (!joiners.ok()) return joiners.status();
-      MembershipRecord next;
-      next.epoch = rec.epoch + 1;
-      next.members = *alive;
-      next.members.insert(next.members.end(), joiners->begin(),
-                          joiners->end());
-      next.pending = Without(rec.pending, *joiners);
+      const MembershipRecord next =
+          NextEpoch(rec, *alive, *joiners, Without(rec.pending, *joiners));
       if (static_cast<int>(next.members.size()) < options_.min_replicas) {
         return absl::UnavailableError(absl::StrCat(
             "only ", next.members.size(), " replica(s) alive [",
@@ -424,20 +506,31 @@ absl::StatusOr<Recovery> ElasticMesh::Establish(const MembershipRecord& record,
     ranks.push_back(static_cast<int>(FullRank(inner_rank_, j, n)));
   }
   if (options_.fault_hook) options_.fault_hook("establish");
-  const absl::Duration bound =
-      std::max(absl::Milliseconds(1),
-               std::min(options_.op_timeout, deadline - absl::Now()));
+  // A replica holds the state only if every one of its ranks does (one
+  // that failed to receive its shard makes the whole replica a newcomer).
+  int64_t stateless = has_state_ ? 0 : 1;
+  if (absl::Status s = ReplicaMax(absl::MakeSpan(&stateless, 1)); !s.ok()) {
+    return s;
+  }
+  has_state_ = stateless == 0;
+  // The group's timeout bounds its rendezvous and every later operation:
+  // always op_timeout, even when that runs past the recovery deadline by
+  // up to one op_timeout (a shorter one would fail the epoch's operations).
+  (void)deadline;
   absl::StatusOr<std::shared_ptr<GlooCommunicator>> group =
       GlooCommunicator::Create(control_->store(),
                                control_->GroupPrefix(record.epoch, inner_rank_),
-                               me, n, ranks, bound, options_.gloo_host);
+                               me, n, ranks, options_.op_timeout,
+                               options_.gloo_host);
   // Agree on the step to resume: the least that a member with state has
   // committed (one may be a step ahead), and whether anyone lacks state.
   absl::Status status = group.status();
-  int64_t least = has_state_ ? committed : kNoState;
+  // And the source of the state: the lowest DP rank that has it.
+  int64_t least[2] = {has_state_ ? committed : kNoState,
+                      has_state_ ? me : kNoState};
   int64_t most[2] = {has_state_ ? 0 : 1, has_state_ ? committed : -1};
   if (status.ok() && n > 1) {
-    status = (*group)->all_reduce(&least, &least, 1, DataType::kInt64,
+    status = (*group)->all_reduce(least, least, 2, DataType::kInt64,
                                   ReduceOp::kMin);
   }
   if (status.ok() && n > 1) {
@@ -459,22 +552,24 @@ absl::StatusOr<Recovery> ElasticMesh::Establish(const MembershipRecord& record,
                                      "): DP group not built: ",
                                      status.message()));
   }
-  if (least == kNoState) {
+  if (least[0] == kNoState) {
     return absl::FailedPreconditionError(absl::StrCat(
         "no member of ", MembershipText(record),
         " holds the training state: every replica that trained is gone"));
   }
-  if (has_state_ && (committed < least || committed > least + 1)) {
+  if (has_state_ && (committed < least[0] || committed > least[0] + 1)) {
     return absl::InternalError(absl::StrCat(
         "replica ", options_.replica, " committed ", committed,
-        " steps but the members resume at ", least,
+        " steps but the members resume at ", least[0],
         ": more than one step apart"));
   }
   current_epoch_->store(record.epoch);
   auto mesh = FullMesh(record, *std::move(group));
   if (!mesh.ok()) return mesh.status();
   mesh_ = *std::move(mesh);
-  if (publish_) publish_(*mesh_);
+  if (publish_) {
+    if (absl::Status s = publish_(*mesh_); !s.ok()) return s;
+  }
   Recovery r;
   r.receives_state = !has_state_;
   // Counted as holding state from now on: the transfer follows at once, and
@@ -484,7 +579,8 @@ absl::StatusOr<Recovery> ElasticMesh::Establish(const MembershipRecord& record,
   r.dp_size = n;
   r.dp_rank = me;
   r.replicas = record.members;
-  r.resume_step = least;
+  r.resume_step = least[0];
+  r.state_root = static_cast<int>(least[1]);
   r.transfer_state = most[0] != 0;
   return r;
 }
@@ -509,10 +605,11 @@ absl::StatusOr<Recovery> ElasticMesh::Rebuild(
       if (!shared.ok()) return shared.status();
       record = *std::move(shared);
     }
-    if (!record.has_member(options_.replica)) {
+    if (!record.admits(options_.replica, incarnation_)) {
       current_epoch_->store(record.epoch);
       last_ = Recovery{};
       last_.evicted = true;
+      last_.dp_rank = -1;
       last_.epoch = record.epoch;
       last_.dp_size = static_cast<int>(record.members.size());
       last_.replicas = record.members;
@@ -546,6 +643,11 @@ void ElasticMesh::RetireEpoch() {
 
 absl::StatusOr<StepVerdict> ElasticMesh::end_step(
     const absl::Status& step_status) {
+  if (last_.evicted) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "replica ", options_.replica, " was evicted in epoch ", last_.epoch,
+        ": it takes no part in the job's steps; launch it again to rejoin"));
+  }
   int64_t failed = step_status.ok() ? 0 : 1;
   // Retire at once: a peer blocked on our DP group gets a closed connection
   // now instead of waiting out its timeout.
@@ -556,6 +658,12 @@ absl::StatusOr<StepVerdict> ElasticMesh::end_step(
   if (!lost_status.ok()) lost = 1;
   if (inner_rank_ == 0 && lost == 0) {
     auto now = control_->Read();
+    if (!now.ok()) now = control_->Read();  // one retry: a blip is not a loss
+    if (now.ok() && now->record.epoch < epoch()) {
+      now = absl::UnavailableError(absl::StrCat(
+          "it lost its record (epoch ", now->record.epoch, " < ", epoch(),
+          "; was Redis restarted without persistence?)"));
+    }
     if (!now.ok()) {
       lost = 1;
       lost_status = now.status();
@@ -566,13 +674,10 @@ absl::StatusOr<StepVerdict> ElasticMesh::end_step(
       const MembershipRecord& rec = now->record;
       if (rec.epoch == epoch() && !rec.pending.empty() &&
           last_.dp_rank == 0) {
-        auto joiners = control_->AliveOf(rec.pending);
+        auto joiners = control_->AliveOf(rec, rec.pending);
         if (joiners.ok() && !joiners->empty()) {
-          MembershipRecord next = rec;
-          next.epoch = rec.epoch + 1;
-          next.members.insert(next.members.end(), joiners->begin(),
-                              joiners->end());
-          next.pending = Without(rec.pending, *joiners);
+          const MembershipRecord next =
+              NextEpoch(rec, rec.members, *joiners, {});
           auto t = control_->Transition(*now, next);
           if (t.ok()) seen = t->record.epoch;
         }
@@ -597,7 +702,7 @@ absl::StatusOr<StepVerdict> ElasticMesh::end_step(
   }
   if (agreed[2] != 0) {
     return absl::UnavailableError(absl::StrCat(
-        "the elastic control plane '", options_.store, "' is lost: ",
+        "the elastic control plane '", store_name_, "' is lost: ",
         lost_status.ok() ? "another rank could not reach it"
                          : std::string(lost_status.message())));
   }

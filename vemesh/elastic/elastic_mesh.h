@@ -20,7 +20,7 @@
 //       absl::StatusOr<Recovery> r = el.recover(step);
 //       if (r->evicted) return;                      // not a member any more
 //       if (r->resume_step == step - 1) { RestorePreviousStep(); --step; }
-//       if (r->transfer_state) BroadcastParameters();  // over the new DP
+//       if (r->transfer_state) BroadcastParameters(r->state_root);
 //     }
 //   }
 //
@@ -124,6 +124,8 @@ struct Recovery {
   // This rank is one of those without state: it receives, and until that
   // succeeds its own parameters are meaningless (mark_stateless on failure).
   bool receives_state = false;
+  // The DP rank to send the state from (the lowest that holds it).
+  int state_root = 0;
   // Where recover() spent its time: agreeing on the epoch (waiting out a
   // dead replica's lease included), and building its groups.
   absl::Duration agree_time;
@@ -159,7 +161,7 @@ class ElasticMesh {
   void mark_stateless() { has_state_ = false; }
   int replica() const { return options_.replica; }
   // Called by the registry after each epoch's mesh is made (publishes it).
-  void set_publisher(std::function<void(const DeviceMesh&)> publish) {
+  void set_publisher(std::function<absl::Status(const DeviceMesh&)> publish) {
     publish_ = std::move(publish);
   }
 
@@ -208,7 +210,10 @@ class ElasticMesh {
   std::optional<DeviceMesh> mesh_;
   Recovery last_;
   bool has_state_ = false;
-  std::function<void(const DeviceMesh&)> publish_;
+  std::function<absl::Status(const DeviceMesh&)> publish_;
+  uint64_t incarnation_ = 0;     // this launch's (membership.h)
+  bool joined_unformed_ = false; // Join saw the job before its first epoch
+  std::string store_name_;       // for messages
 };
 
 }  // namespace vemesh

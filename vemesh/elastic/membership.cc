@@ -44,14 +44,28 @@ bool MembershipRecord::has_member(int replica) const {
 bool MembershipRecord::has_pending(int replica) const {
   return Contains(pending, replica);
 }
+uint64_t MembershipRecord::incarnation_of(int replica) const {
+  auto it = incarnations.find(replica);
+  return it == incarnations.end() ? 0 : it->second;
+}
+bool MembershipRecord::admits(int replica, uint64_t incarnation) const {
+  return has_member(replica) && incarnation_of(replica) == incarnation;
+}
 int MembershipRecord::dp_rank_of(int replica) const {
   auto it = std::find(members.begin(), members.end(), replica);
   return it == members.end() ? -1 : static_cast<int>(it - members.begin());
 }
 
 std::string EncodeMembership(const MembershipRecord& r) {
-  return absl::StrCat("e=", r.epoch, ";m=", absl::StrJoin(r.members, ","),
-                      ";p=", absl::StrJoin(r.pending, ","));
+  std::string text =
+      absl::StrCat("e=", r.epoch, ";m=", absl::StrJoin(r.members, ","),
+                   ";p=", absl::StrJoin(r.pending, ","));
+  std::vector<std::string> incs;
+  for (const auto& [id, inc] : r.incarnations) {
+    if (inc != 0) incs.push_back(absl::StrCat(id, ":", absl::Hex(inc)));
+  }
+  if (!incs.empty()) absl::StrAppend(&text, ";i=", absl::StrJoin(incs, ","));
+  return text;
 }
 
 std::string MembershipText(const MembershipRecord& r) {
@@ -64,11 +78,13 @@ absl::StatusOr<MembershipRecord> ParseMembership(absl::string_view text) {
   MembershipRecord r;
   if (text.empty()) return r;
   const std::vector<absl::string_view> parts = absl::StrSplit(text, ';');
-  if (parts.size() != 3 || !absl::StartsWith(parts[0], "e=") ||
-      !absl::StartsWith(parts[1], "m=") || !absl::StartsWith(parts[2], "p=")) {
+  if (parts.size() < 3 || parts.size() > 4 ||
+      !absl::StartsWith(parts[0], "e=") ||
+      !absl::StartsWith(parts[1], "m=") || !absl::StartsWith(parts[2], "p=") ||
+      (parts.size() == 4 && !absl::StartsWith(parts[3], "i="))) {
     return absl::InvalidArgumentError(absl::StrCat(
         "membership record '", text.substr(0, 200),
-        "': expected 'e=EPOCH;m=IDS;p=IDS'"));
+        "': expected 'e=EPOCH;m=IDS;p=IDS[;i=ID:HEX,...]'"));
   }
   if (!absl::SimpleAtoi(parts[0].substr(2), &r.epoch) || r.epoch < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -94,6 +110,23 @@ absl::StatusOr<MembershipRecord> ParseMembership(absl::string_view text) {
             "membership record lists replica ", id,
             " twice: each replica is a member or pending, once"));
       }
+    }
+  }
+  if (parts.size() == 4 && parts[3].size() > 2) {
+    for (absl::string_view item : absl::StrSplit(parts[3].substr(2), ',')) {
+      const std::vector<absl::string_view> kv = absl::StrSplit(item, ':');
+      int id = -1;
+      uint64_t inc = 0;
+      if (kv.size() != 2 || !absl::SimpleAtoi(kv[0], &id) ||
+          kv[1].empty() || kv[1].size() > 16 ||
+          !absl::SimpleHexAtoi(kv[1], &inc) || inc == 0 ||
+          !seen.contains(id) || r.incarnations.contains(id)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "membership incarnation '", item.substr(0, 40),
+            "': expected ID:HEX with a listed replica id, once, and a "
+            "non-zero hexadecimal incarnation of at most 16 digits"));
+      }
+      r.incarnations[id] = inc;
     }
   }
   return r;

@@ -5,9 +5,17 @@
 // record; every membership change replaces it by compare-and-set, so each
 // epoch has one agreed member list however many ranks race to change it.
 //
-//   MembershipRecord r{.epoch = 4, .members = {0, 2}, .pending = {1}};
-//   std::string text = EncodeMembership(r);   // "e=4;m=0,2;p=1"
+//   MembershipRecord r{.epoch = 4, .members = {0, 2}, .pending = {1},
+//                      .incarnations = {{0, 0x1f}, {2, 0x2a}, {1, 0x3c}}};
+//   std::string text = EncodeMembership(r);
+//       // "e=4;m=0,2;p=1;i=0:1f,2:2a,1:3c"
 //   absl::StatusOr<MembershipRecord> back = ParseMembership(text);
+//
+// A replica id names a slot; an incarnation (a random 64-bit number each
+// process of the replica shares, hex in the text) names the launch that
+// fills it, so a relaunched replica, or a stopped one that wakes up after
+// it was replaced, is never taken for the launch the record admitted. The
+// `i=` field is left out when no replica has one (incarnation 0).
 //
 // Epoch 0 is "not formed yet" (the empty text parses to it). Member order is
 // admission order: survivors keep their relative order and newcomers are
@@ -25,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/btree_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
@@ -36,7 +45,13 @@ struct MembershipRecord {
   int64_t epoch = 0;
   std::vector<int> members;  // DP rank order
   std::vector<int> pending;  // asked to join, not admitted yet
+  // Incarnation of each listed replica (absent = 0); ordered, so that the
+  // text of a record is one string.
+  absl::btree_map<int, uint64_t> incarnations;
 
+  uint64_t incarnation_of(int replica) const;
+  // Listed as a member, by this incarnation.
+  bool admits(int replica, uint64_t incarnation) const;
   bool has_member(int replica) const;
   bool has_pending(int replica) const;
   // DP rank of `replica`, or -1.

@@ -82,14 +82,21 @@ DataParallel::DataParallel(DataParallelOptions options) : options_(options) {
 }
 
 absl::StatusOr<BucketStats> DataParallel::BroadcastParameters(
-    absl::Span<Parameter* const> params) const {
+    absl::Span<Parameter* const> params, int root) const {
   absl::StatusOr<RoleGroup> dp = CurrentDpGroup();
   if (!dp.ok()) return dp.status();
+  if (root < 0 || root >= dp->size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "BroadcastParameters root ", root, ": expected a DP rank in [0, ",
+        dp->size, ")"));
+  }
   BucketStats stats{dp->size, TotalElements(params, &Parameter::value), 0};
   if (dp->size == 1) return stats;
   absl::StatusOr<int> n = ForEachBucket(
       params, &Parameter::value, options_.bucket_elements,
-      [&](absl::Span<double> bucket) { return dp->comm->broadcast(bucket, 0); });
+      [&](absl::Span<double> bucket) {
+        return dp->comm->broadcast(bucket, root);
+      });
   if (!n.ok()) return n.status();
   stats.collectives = *n;
   return stats;

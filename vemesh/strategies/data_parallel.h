@@ -11,8 +11,9 @@
 //   absl::StatusOr<BucketStats> st = dp.AverageGradients(params);
 //   for (Parameter* p : params) p->SgdStep(lr);
 //
-// BroadcastParameters copies DP rank 0's values to the whole DP group, so
-// replicas that were initialised differently start identical.
+// BroadcastParameters copies DP rank `root`'s values (0 unless given) to the
+// whole DP group, so replicas that were initialised differently start
+// identical (and an elastic newcomer gets the state of a replica that has it).
 // AverageGradients packs the gradients, in `params` order, into buckets of
 // at most `bucket_elements` doubles (a parameter may straddle two buckets)
 // and does one all_reduce per bucket, then divides by the DP size: fewer,
@@ -55,7 +56,7 @@ class DataParallel {
   explicit DataParallel(DataParallelOptions options = {});
 
   absl::StatusOr<BucketStats> BroadcastParameters(
-      absl::Span<Parameter* const> params) const;
+      absl::Span<Parameter* const> params, int root = 0) const;
   absl::StatusOr<BucketStats> AverageGradients(
       absl::Span<Parameter* const> params) const;
 
