@@ -15,6 +15,7 @@
 #include "vemesh/bootstrap/launch.h"
 #include "vemesh/comm/nccl/nccl_communicator.h"
 #include "vemesh/mesh_backends.h"
+#include "vemesh/status_macros.h"
 
 namespace vemesh {
 
@@ -114,8 +115,7 @@ absl::StatusOr<DeviceMesh> DeviceMesh::FromGroups(
         "DeviceMesh::FromGroups: host-local rank ", host_local_rank,
         " of a host of ", host_size, ": expected 0 <= rank < size"));
   }
-  auto coord = layout.coordinate_of(global_rank);
-  if (!coord.ok()) return coord.status();
+  VEMESH_ASSIGN_OR_RETURN(auto coord, layout.coordinate_of(global_rank));
   for (int64_t d = 0; d < layout.ndim(); ++d) {
     const std::string& name = layout.dim_name(d);
     const Communicator* g = groups[d].get();
@@ -124,21 +124,20 @@ absl::StatusOr<DeviceMesh> DeviceMesh::FromGroups(
           "DeviceMesh::FromGroups: no group for dimension '", name, "'"));
     }
     const int64_t size = layout.dim_size(d).value_or(-1);
-    if (g->size() != size || g->rank() != (*coord)[d]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "DeviceMesh::FromGroups: the group of '", name, "' has rank ",
-          g->rank(), " of ", g->size(), ": expected rank ", (*coord)[d],
-          " of ", size));
+    if (g->size() != size || g->rank() != coord[d]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("DeviceMesh::FromGroups: the group of '", name,
+                       "' has rank ", g->rank(), " of ", g->size(),
+                       ": expected rank ", coord[d], " of ", size));
     }
-    Coordinate at = *coord;
+    Coordinate at = coord;
     for (int64_t i = 0; i < size; ++i) {
       at[d] = i;
-      auto expected = layout.rank_at(at);
-      if (!expected.ok()) return expected.status();
-      if (g->ranks()[i] != *expected) {
+      VEMESH_ASSIGN_OR_RETURN(auto expected, layout.rank_at(at));
+      if (g->ranks()[i] != expected) {
         return absl::InvalidArgumentError(absl::StrCat(
             "DeviceMesh::FromGroups: the group of '", name, "' holds rank ",
-            g->ranks()[i], " at index ", i, ": expected ", *expected));
+            g->ranks()[i], " at index ", i, ": expected ", expected));
       }
     }
   }
@@ -165,34 +164,32 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
   // (1) The bootstrap.
   std::shared_ptr<Bootstrap> bootstrap = options.bootstrap;
   if (bootstrap == nullptr && options.world != nullptr) {
-    auto made = options.world->make_bootstrap(deadline);
-    if (!made.ok()) return made.status();
-    bootstrap = *std::move(made);
+    VEMESH_ASSIGN_OR_RETURN(auto made, options.world->make_bootstrap(deadline));
+    bootstrap = std::move(made);
   }
   if (bootstrap == nullptr) {
-    auto launched = LaunchBootstrap(deadline);
-    if (!launched.ok()) return launched.status();
-    bootstrap = *std::move(launched);
+    VEMESH_ASSIGN_OR_RETURN(auto launched, LaunchBootstrap(deadline));
+    bootstrap = std::move(launched);
   }
   const int world_rank = bootstrap->rank();
   const int world_size = bootstrap->size();
 
   // Each dimension's backend, decided locally and checked in the agreement.
-  auto plan = PlanBackends(device_type, layout, *bootstrap, options);
-  if (!plan.ok()) return plan.status();
+  VEMESH_ASSIGN_OR_RETURN(
+      auto plan, PlanBackends(device_type, layout, *bootstrap, options));
 
   // (2) Agreement and host identities in one step.
   const std::vector<AgreementField> fields = {
       {"device type", std::string(DeviceTypeName(device_type))},
       {"shape", ShapeText(layout.shape())},
-      {"dim names", absl::StrCat("[", absl::StrJoin(layout.dim_names(), ", "),
-                                 "]")},
+      {"dim names",
+       absl::StrCat("[", absl::StrJoin(layout.dim_names(), ", "), "]")},
       {"ranks", RankListText(layout)},
-      {"backends", absl::StrJoin(plan->dims, ", ")},
+      {"backends", absl::StrJoin(plan.dims, ", ")},
   };
-  auto hosts = AgreeAndGather(*bootstrap, "DeviceMesh::Create", fields,
-                              HostIdentity(), deadline);
-  if (!hosts.ok()) return hosts.status();
+  VEMESH_ASSIGN_OR_RETURN(auto hosts,
+                          AgreeAndGather(*bootstrap, "DeviceMesh::Create",
+                                         fields, HostIdentity(), deadline));
 
   // (3) The mesh fits the world (the same answer on every rank now).
   if (layout.size() > world_size) {
@@ -215,13 +212,14 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
   shared->bootstrap = bootstrap;
 
   // (4) Where this rank sits on its host (the GPU it binds for cuda).
-  const std::string& mine = (*hosts)[world_rank];
+  const std::string &mine = hosts[world_rank];
   for (int r = 0; r < world_size; ++r) {
-    if ((*hosts)[r] != mine) continue;
+    if (hosts[r] != mine)
+      continue;
     if (r < world_rank) ++shared->host_local_rank;
   }
-  shared->host_size = static_cast<int>(
-      std::count(hosts->begin(), hosts->end(), mine));
+  shared->host_size =
+      static_cast<int>(std::count(hosts.begin(), hosts.end(), mine));
   const int launcher = LauncherLocalRank();
   if (options.world == nullptr && launcher >= 0 &&
       launcher != shared->host_local_rank) {
@@ -234,7 +232,7 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
 
   // (5) The backends' worlds.
   auto backends = MeshBackends::Create(
-      *bootstrap, *std::move(plan), shared->host_local_rank,
+      *bootstrap, std::move(plan), shared->host_local_rank,
       shared->host_size == world_size, deadline, options.timeout);
   if (!backends.ok()) return backends.status();
   shared->backends = *std::move(backends);
@@ -246,14 +244,14 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
     int color = -1;
     int key = 0;
     if (member) {
-      auto pos = layout.group_position({layout.dim_name(d)}, world_rank);
-      if (!pos.ok()) return pos.status();
-      color = static_cast<int>(pos->group);
-      key = static_cast<int>(pos->index);
+      VEMESH_ASSIGN_OR_RETURN(
+          auto pos, layout.group_position({layout.dim_name(d)}, world_rank));
+      color = static_cast<int>(pos.group);
+      key = static_cast<int>(pos.index);
     }
-    auto group = shared->backends->world_of_dim(d)->split(color, key);
-    if (!group.ok()) return group.status();
-    shared->dims.push_back(*std::move(group));
+    VEMESH_ASSIGN_OR_RETURN(
+        auto group, shared->backends->world_of_dim(d)->split(color, key));
+    shared->dims.push_back(std::move(group));
   }
   return DeviceMesh(std::move(shared), std::move(layout));
 }
@@ -272,6 +270,9 @@ std::vector<std::string> DeviceMesh::mesh_dim_names() const {
 absl::StatusOr<int64_t> DeviceMesh::size(absl::string_view dim) const {
   return view_->layout.dim_size(dim);
 }
+absl::StatusOr<int64_t> DeviceMesh::size(int64_t dim) const {
+  return view_->layout.dim_size(dim);
+}
 std::vector<int64_t> DeviceMesh::mesh() const { return view_->layout.ranks(); }
 
 absl::StatusOr<Coordinate> DeviceMesh::get_coordinate() const {
@@ -285,9 +286,8 @@ absl::StatusOr<Coordinate> DeviceMesh::get_coordinate() const {
 
 absl::StatusOr<int64_t> DeviceMesh::get_local_rank(
     absl::string_view dim) const {
-  auto index = view_->layout.dim_index(dim);
-  if (!index.ok()) return index.status();
-  return get_local_rank(*index);
+  VEMESH_ASSIGN_OR_RETURN(auto index, view_->layout.dim_index(dim));
+  return get_local_rank(index);
 }
 
 absl::StatusOr<int64_t> DeviceMesh::get_local_rank(int64_t dim) const {
@@ -295,9 +295,8 @@ absl::StatusOr<int64_t> DeviceMesh::get_local_rank(int64_t dim) const {
     return absl::OutOfRangeError(absl::StrCat(
         "dimension ", dim, " is outside a ", ndim(), "-D mesh"));
   }
-  auto coord = get_coordinate();
-  if (!coord.ok()) return coord.status();
-  return (*coord)[dim];
+  VEMESH_ASSIGN_OR_RETURN(auto coord, get_coordinate());
+  return coord[dim];
 }
 
 absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::get_group(
@@ -312,9 +311,8 @@ absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::get_group(
       return NotMember(view_->layout, view_->shared->global_rank,
                        absl::StrCat("group along '", dim, "'"));
     }
-    auto root_dim = view_->shared->root.dim_index(dim);
-    if (!root_dim.ok()) return root_dim.status();
-    return view_->shared->dims[*root_dim];
+    VEMESH_ASSIGN_OR_RETURN(auto root_dim, view_->shared->root.dim_index(dim));
+    return view_->shared->dims[root_dim];
   }
   // A name given to `flatten` finds its group, when this mesh holds all of
   // the flattened dimensions. A short lock: a flatten in progress holds
@@ -355,23 +353,33 @@ absl::StatusOr<DeviceMesh> DeviceMesh::operator[](
   return slice(absl::MakeConstSpan(&name, 1));
 }
 
+absl::StatusOr<DeviceMesh> DeviceMesh::operator[](int64_t dim) const {
+  VEMESH_RETURN_IF_ERROR(view_->layout.dim_size(dim));
+  return (*this)[view_->layout.dim_name(dim)];
+}
+
+absl::StatusOr<DeviceMesh>
+DeviceMesh::operator[](std::initializer_list<absl::string_view> dims) const {
+  std::vector<std::string> names(dims.begin(), dims.end());
+  return slice(names);
+}
+
 absl::StatusOr<DeviceMesh> DeviceMesh::slice(
     absl::Span<const std::string> dims) const {
   if (!has_self()) {
     return NotMember(view_->layout, view_->shared->global_rank, "sub-mesh to slice");
   }
-  auto sub = view_->layout.submesh(dims, view_->shared->global_rank);
-  if (!sub.ok()) return sub.status();
-  return DeviceMesh(view_->shared, *std::move(sub));
+  VEMESH_ASSIGN_OR_RETURN(
+      auto sub, view_->layout.submesh(dims, view_->shared->global_rank));
+  return DeviceMesh(view_->shared, std::move(sub));
 }
 
 absl::StatusOr<DeviceMesh> DeviceMesh::submesh_at(
     absl::Span<const std::string> dims, int64_t global_rank) const {
   // Local: the child is a view of the layout. Its communicators are found
   // through `shared_` when this process is a member, and refused otherwise.
-  auto sub = view_->layout.submesh(dims, global_rank);
-  if (!sub.ok()) return sub.status();
-  return DeviceMesh(view_->shared, *std::move(sub));
+  VEMESH_ASSIGN_OR_RETURN(auto sub, view_->layout.submesh(dims, global_rank));
+  return DeviceMesh(view_->shared, std::move(sub));
 }
 
 bool DeviceMesh::same_root(const DeviceMesh& other) const {
@@ -383,8 +391,7 @@ absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::flatten(
   const std::string flat_name =
       name.empty() ? absl::StrJoin(dims, "_") : std::string(name);
   // Validates the names (known, distinct, non-empty) the layout's way.
-  auto flat = view_->layout.flatten(dims, flat_name);
-  if (!flat.ok()) return flat.status();
+  VEMESH_RETURN_IF_ERROR(view_->layout.flatten(dims, flat_name));
   if (view_->shared->device_type == DeviceType::kMeta) {
     return absl::FailedPreconditionError(absl::StrCat(
         "a meta mesh has no communicators: cannot flatten [",
@@ -392,9 +399,8 @@ absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::flatten(
   }
   std::vector<int64_t> key;
   for (const std::string& d : dims) {
-    auto r = view_->shared->root.dim_index(d);
-    if (!r.ok()) return r.status();
-    key.push_back(*r);
+    VEMESH_ASSIGN_OR_RETURN(auto r, view_->shared->root.dim_index(d));
+    key.push_back(r);
   }
   Shared& shared = *view_->shared;
   // One dimension is its own group: nothing to split, but a new name is
@@ -435,21 +441,20 @@ absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::flatten(
     const std::vector<AgreementField> fields = {
         {"dims", absl::StrCat("[", absl::StrJoin(dims, ", "), "]")},
         {"name", flat_name}};
-    absl::Status status =
-        CheckAgreement(*shared.bootstrap, "DeviceMesh::flatten", fields,
-                       absl::Now() + shared.timeout);
-    if (!status.ok()) return status;
+    VEMESH_RETURN_IF_ERROR(CheckAgreement(*shared.bootstrap,
+                                          "DeviceMesh::flatten", fields,
+                                          absl::Now() + shared.timeout));
     int color = -1;
     int split_key = 0;
     if (shared.root.contains(shared.global_rank)) {
-      auto pos = shared.root.group_position(dims, shared.global_rank);
-      if (!pos.ok()) return pos.status();
-      color = static_cast<int>(pos->group);
-      split_key = static_cast<int>(pos->index);
+      VEMESH_ASSIGN_OR_RETURN(
+          auto pos, shared.root.group_position(dims, shared.global_rank));
+      color = static_cast<int>(pos.group);
+      split_key = static_cast<int>(pos.index);
     }
-    auto group = shared.device_world->split(color, split_key);
-    if (!group.ok()) return group.status();
-    known = *std::move(group);
+    VEMESH_ASSIGN_OR_RETURN(auto group,
+                            shared.device_world->split(color, split_key));
+    known = std::move(group);
   }
   {
     std::lock_guard<std::mutex> lock(shared.mu);
@@ -465,18 +470,17 @@ absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::flatten(
 }
 
 absl::StatusOr<std::string> DeviceMesh::backend(absl::string_view dim) const {
-  auto root_dim = view_->shared->root.dim_index(dim);
-  if (!root_dim.ok()) return root_dim.status();
+  VEMESH_ASSIGN_OR_RETURN(auto root_dim, view_->shared->root.dim_index(dim));
   if (view_->shared->backends == nullptr) {
     // Adopted groups name their own backend; a meta mesh has none.
     const auto& dims = view_->shared->dims;
-    if (static_cast<size_t>(*root_dim) < dims.size() &&
-        dims[*root_dim] != nullptr) {
-      return std::string(dims[*root_dim]->backend());
+    if (static_cast<size_t>(root_dim) < dims.size() &&
+        dims[root_dim] != nullptr) {
+      return std::string(dims[root_dim]->backend());
     }
     return std::string();
   }
-  return view_->shared->backends->dim_backend(*root_dim);
+  return view_->shared->backends->dim_backend(root_dim);
 }
 
 int DeviceMesh::host_local_rank() const { return view_->shared->host_local_rank; }
@@ -499,14 +503,14 @@ std::string DeviceMesh::ToString() const {
 absl::StatusOr<DeviceMesh> init_device_mesh(
     absl::string_view device_type, absl::Span<const int64_t> mesh_shape,
     absl::Span<const std::string> mesh_dim_names, const MeshOptions& options) {
-  auto parsed = ParseDeviceType(device_type);
-  if (!parsed.ok()) return parsed.status();
-  if (!parsed->warning.empty()) {
-    std::fprintf(stderr, "vemesh: warning: %s\n", parsed->warning.c_str());
+  VEMESH_ASSIGN_OR_RETURN(auto parsed, ParseDeviceType(device_type));
+  if (!parsed.warning.empty()) {
+    std::fprintf(stderr, "vemesh: warning: %s\n", parsed.warning.c_str());
   }
-  auto layout = MeshLayout::Create(mesh_shape, mesh_dim_names, options.ranks);
-  if (!layout.ok()) return layout.status();
-  return DeviceMesh::Create(parsed->type, *std::move(layout), options);
+  VEMESH_ASSIGN_OR_RETURN(
+      auto layout,
+      MeshLayout::Create(mesh_shape, mesh_dim_names, options.ranks));
+  return DeviceMesh::Create(parsed.type, std::move(layout), options);
 }
 
 }  // namespace vemesh

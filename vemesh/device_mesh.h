@@ -62,11 +62,13 @@
 #ifndef VEMESH_DEVICE_MESH_H_
 #define VEMESH_DEVICE_MESH_H_
 
+#include "absl/strings/string_view.h"
+#include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -76,6 +78,17 @@
 #include "vemesh/comm/communicator.h"
 #include "vemesh/device_type.h"
 #include "vemesh/mesh_layout.h"
+
+// `mesh["DP", "TP"]` is the comma operator: it reads as a 2-D slice but is
+// `mesh["TP"]`. C++20 deprecates a comma at the top of a subscript and the
+// compilers warn; code that includes this header gets that warning as an
+// error, so the misleading spelling does not compile. Write
+// `mesh[{"DP", "TP"}]` (or `mesh.slice({"DP", "TP"})`) for the 2-D slice.
+#if defined(__clang__)
+#pragma clang diagnostic error "-Wdeprecated-comma-subscript"
+#elif defined(__GNUC__)
+#pragma GCC diagnostic error "-Wcomma-subscript"
+#endif
 
 namespace vemesh {
 
@@ -131,7 +144,11 @@ class DeviceMesh {
   int64_t ndim() const;
   std::vector<int64_t> shape() const;
   std::vector<std::string> mesh_dim_names() const;
+  // The size of one dimension, by name or by index. An integer (a literal 0
+  // included) always reaches the index overload; a null name does not
+  // reach the name overload.
   absl::StatusOr<int64_t> size(absl::string_view dim) const;
+  absl::StatusOr<int64_t> size(int64_t dim) const;
   // The member global ranks, row-major.
   std::vector<int64_t> mesh() const;
 
@@ -150,6 +167,12 @@ class DeviceMesh {
 
   // Child meshes that contain this rank, sharing this mesh's communicators.
   absl::StatusOr<DeviceMesh> operator[](absl::string_view dim) const;
+  // The 1-D child along dimension `dim` (an index: `mesh[0]` is never a
+  // name lookup).
+  absl::StatusOr<DeviceMesh> operator[](int64_t dim) const;
+  // `mesh[{"DP", "TP"}]`: the same as slice({"DP", "TP"}).
+  absl::StatusOr<DeviceMesh>
+  operator[](std::initializer_list<absl::string_view> dims) const;
   absl::StatusOr<DeviceMesh> slice(absl::Span<const std::string> dims) const;
   // The child along `dims` that contains `global_rank`, any member of this
   // mesh: it shares this mesh's communicators when this process is in it,

@@ -1,4 +1,5 @@
 #include "vemesh/elastic/control_plane.h"
+#include "vemesh/status_macros.h"
 
 #include <utility>
 
@@ -16,19 +17,17 @@ absl::StatusOr<ControlPlane::Reading> ControlPlane::Read() const {
   auto text = store_->get(root_ + "membership");
   if (absl::IsNotFound(text.status())) return Reading{};
   if (!text.ok()) return text.status();
-  auto record = ParseMembership(*text);
-  if (!record.ok()) return record.status();
-  return Reading{*std::move(record), *std::move(text)};
+  VEMESH_ASSIGN_OR_RETURN(auto record, ParseMembership(*text));
+  return Reading{std::move(record), *std::move(text)};
 }
 
 absl::StatusOr<ControlPlane::Reading> ControlPlane::Transition(
     const Reading& from, const MembershipRecord& to) const {
-  auto now = store_->compare_set(root_ + "membership", from.text,
-                                 EncodeMembership(to));
-  if (!now.ok()) return now.status();
-  auto record = ParseMembership(*now);
-  if (!record.ok()) return record.status();
-  return Reading{*std::move(record), *std::move(now)};
+  VEMESH_ASSIGN_OR_RETURN(auto now,
+                          store_->compare_set(root_ + "membership", from.text,
+                                              EncodeMembership(to)));
+  VEMESH_ASSIGN_OR_RETURN(auto record, ParseMembership(now));
+  return Reading{std::move(record), std::move(now)};
 }
 
 std::string ControlPlane::LeaseKey(int replica, int rank) const {
@@ -52,9 +51,9 @@ absl::StatusOr<std::vector<int>> ControlPlane::AliveOf(
     const std::vector<int>& ids) const {
   std::vector<int> alive;
   for (int id : ids) {
-    auto up = Alive(id);
-    if (!up.ok()) return up.status();
-    if (*up) alive.push_back(id);
+    VEMESH_ASSIGN_OR_RETURN(auto up, Alive(id));
+    if (up)
+      alive.push_back(id);
   }
   return alive;
 }
@@ -63,8 +62,7 @@ absl::StatusOr<std::unique_ptr<Heartbeat>> Heartbeat::Start(
     std::shared_ptr<Store> store, std::string key, absl::Duration ttl) {
   // The first lease is taken here, so that a bad TTL or an unreachable
   // store fails the caller, and the replica is alive when Start returns.
-  absl::Status first = store->set_lease(key, "1", ttl);
-  if (!first.ok()) return first;
+  VEMESH_RETURN_IF_ERROR(store->set_lease(key, "1", ttl));
   std::unique_ptr<Heartbeat> hb(
       new Heartbeat(std::move(store), std::move(key), ttl));
   hb->thread_ = std::thread([p = hb.get()] { p->Run(); });

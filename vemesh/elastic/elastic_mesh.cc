@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "vemesh/comm/gloo/gloo_communicator.h"
 #include "vemesh/rendezvous/redis/redis_store.h"
+#include "vemesh/status_macros.h"
 
 namespace vemesh {
 namespace {
@@ -139,16 +140,15 @@ absl::StatusOr<std::unique_ptr<ElasticMesh>> ElasticMesh::Create(
     shape = {1};
     names = {kReplicaDimName};
   }
-  auto inner_layout = MeshLayout::Create(shape, names);
-  if (!inner_layout.ok()) return inner_layout.status();
-  auto inner = DeviceMesh::Create(device_type, *inner_layout, inner_options);
-  if (!inner.ok()) return inner.status();
-  el->inner_ = *inner;
+  VEMESH_ASSIGN_OR_RETURN(auto inner_layout, MeshLayout::Create(shape, names));
+  VEMESH_ASSIGN_OR_RETURN(
+      auto inner, DeviceMesh::Create(device_type, inner_layout, inner_options));
+  el->inner_ = inner;
   // The replica's agreement runs on a communicator of its own, never on one
   // the training step uses: a rank that left its step early must not meet
   // its partner inside another collective.
-  auto replica_comm = names.size() == 1 ? inner->get_group(names[0])
-                                        : inner->flatten(names, kReplicaDimName);
+  auto replica_comm = names.size() == 1 ? inner.get_group(names[0])
+                                        : inner.flatten(names, kReplicaDimName);
   if (!replica_comm.ok()) return replica_comm.status();
   if (names.size() == 1) {
     replica_comm = (*replica_comm)->split(0, (*replica_comm)->rank());
@@ -203,21 +203,21 @@ absl::StatusOr<std::unique_ptr<ElasticMesh>> ElasticMesh::Create(
         options.store, "'"));
   }
 
-  auto record = el->ShareRecord(el->inner_rank_ == 0
-                                    ? el->Join()
-                                    : absl::StatusOr<MembershipRecord>(
-                                          MembershipRecord{}));
-  if (!record.ok()) return record.status();
+  VEMESH_ASSIGN_OR_RETURN(
+      auto record,
+      el->ShareRecord(el->inner_rank_ == 0 ? el->Join()
+                                           : absl::StatusOr<MembershipRecord>(
+                                                 MembershipRecord{})));
   // The first epoch's members start together from their initial state; a
   // replica admitted later has none until a member sends it.
-  el->has_state_ = record->epoch == 1;
-  auto first = el->Rebuild(record->epoch - 1, *record, el->has_state_ ? 0 : -1);
-  if (!first.ok()) return first.status();
-  if (first->evicted) {
-    return absl::UnavailableError(absl::StrCat(
-        "replica ", options.replica, " was admitted to ",
-        MembershipText(*record), " but left out of epoch ", first->epoch,
-        " before it could build its groups"));
+  el->has_state_ = record.epoch == 1;
+  VEMESH_ASSIGN_OR_RETURN(auto first, el->Rebuild(record.epoch - 1, record,
+                                                  el->has_state_ ? 0 : -1));
+  if (first.evicted) {
+    return absl::UnavailableError(
+        absl::StrCat("replica ", options.replica, " was admitted to ",
+                     MembershipText(record), " but left out of epoch ",
+                     first.epoch, " before it could build its groups"));
   }
   return el;
 }
@@ -276,32 +276,30 @@ absl::StatusOr<MembershipRecord> ElasticMesh::Join() {
   const absl::Time deadline =
       start + options_.form_timeout + options_.recovery_timeout;
   while (absl::Now() < deadline) {
-    auto now = control_->Read();
-    if (!now.ok()) return now.status();
-    const MembershipRecord& rec = now->record;
+    VEMESH_ASSIGN_OR_RETURN(auto now, control_->Read());
+    const MembershipRecord &rec = now.record;
     if (rec.has_member(me)) return rec;
     if (!rec.has_pending(me)) {
       MembershipRecord next = rec;
       next.pending.push_back(me);
-      if (auto t = control_->Transition(*now, next); !t.ok()) {
+      if (auto t = control_->Transition(now, next); !t.ok()) {
         return t.status();
       }
       continue;
     }
     if (rec.epoch == 0) {
-      auto alive = control_->AliveOf(rec.pending);
-      if (!alive.ok()) return alive.status();
+      VEMESH_ASSIGN_OR_RETURN(auto alive, control_->AliveOf(rec.pending));
       const int64_t starters = std::count_if(
-          alive->begin(), alive->end(), [&](int id) { return id < starting; });
+          alive.begin(), alive.end(), [&](int id) { return id < starting; });
       if (starters == starting ||
           (absl::Now() >= form_deadline &&
-           static_cast<int>(alive->size()) >= options_.min_replicas)) {
+           static_cast<int>(alive.size()) >= options_.min_replicas)) {
         MembershipRecord first;
         first.epoch = 1;
-        first.members = *alive;
+        first.members = alive;
         std::sort(first.members.begin(), first.members.end());
-        first.pending = Without(rec.pending, *alive);
-        if (auto t = control_->Transition(*now, first); !t.ok()) {
+        first.pending = Without(rec.pending, alive);
+        if (auto t = control_->Transition(now, first); !t.ok()) {
           return t.status();
         }
         continue;
@@ -326,9 +324,8 @@ absl::StatusOr<MembershipRecord> ElasticMesh::ChooseEpoch(int64_t failed,
   // re-forming the same members.
   const absl::Time settle = absl::Now() + options_.heartbeat_ttl * 3 / 2;
   while (absl::Now() < deadline) {
-    auto now = control_->Read();
-    if (!now.ok()) return now.status();
-    const MembershipRecord& rec = now->record;
+    VEMESH_ASSIGN_OR_RETURN(auto now, control_->Read());
+    const MembershipRecord &rec = now.record;
     // The others went on without this replica: it is evicted, whoever is
     // alive now.
     if (rec.epoch > failed && !rec.has_member(options_.replica)) return rec;
@@ -336,21 +333,19 @@ absl::StatusOr<MembershipRecord> ElasticMesh::ChooseEpoch(int64_t failed,
     if (!alive.ok()) return alive.status();
     if (rec.epoch > failed && *alive == rec.members) return rec;
     if (rec.epoch > failed || *alive != rec.members || absl::Now() >= settle) {
-      auto joiners = control_->AliveOf(rec.pending);
-      if (!joiners.ok()) return joiners.status();
+      VEMESH_ASSIGN_OR_RETURN(auto joiners, control_->AliveOf(rec.pending));
       MembershipRecord next;
       next.epoch = rec.epoch + 1;
       next.members = *alive;
-      next.members.insert(next.members.end(), joiners->begin(),
-                          joiners->end());
-      next.pending = Without(rec.pending, *joiners);
+      next.members.insert(next.members.end(), joiners.begin(), joiners.end());
+      next.pending = Without(rec.pending, joiners);
       if (static_cast<int>(next.members.size()) < options_.min_replicas) {
         return absl::UnavailableError(absl::StrCat(
             "only ", next.members.size(), " replica(s) alive [",
             absl::StrJoin(next.members, ", "), "] after ",
             MembershipText(rec), ": min_replicas is ", options_.min_replicas));
       }
-      if (auto t = control_->Transition(*now, next); !t.ok()) {
+      if (auto t = control_->Transition(now, next); !t.ok()) {
         return t.status();
       }
       continue;  // read what won
@@ -385,8 +380,8 @@ absl::StatusOr<DeviceMesh> ElasticMesh::FullMesh(
   const int me = record.dp_rank_of(options_.replica);
   std::vector<int64_t> shape = requested_.shape();
   shape[replica_dim_] = n;
-  auto layout = MeshLayout::Create(shape, requested_.dim_names());
-  if (!layout.ok()) return layout.status();
+  VEMESH_ASSIGN_OR_RETURN(auto layout,
+                          MeshLayout::Create(shape, requested_.dim_names()));
   std::vector<std::shared_ptr<Communicator>> groups;
   for (int64_t d = 0; d < requested_.ndim(); ++d) {
     std::shared_ptr<Communicator> inner = dp_group;
@@ -396,9 +391,8 @@ absl::StatusOr<DeviceMesh> ElasticMesh::FullMesh(
         ranks.push_back(static_cast<int>(FullRank(inner_rank_, j, n)));
       }
     } else {
-      auto g = inner_->get_group(inner_dim_of_[d]);
-      if (!g.ok()) return g.status();
-      inner = *g;
+      VEMESH_ASSIGN_OR_RETURN(auto g, inner_->get_group(inner_dim_of_[d]));
+      inner = g;
       for (int q : inner->ranks()) {
         ranks.push_back(static_cast<int>(FullRank(q, me, n)));
       }
@@ -409,9 +403,9 @@ absl::StatusOr<DeviceMesh> ElasticMesh::FullMesh(
     if (d == replica_dim_) dp_ = comm;
     groups.push_back(std::move(comm));
   }
-  return DeviceMesh::FromGroups(
-      device_type_, *std::move(layout), FullRank(inner_rank_, me, n),
-      std::move(groups), inner_->host_local_rank(), inner_->host_size());
+  return DeviceMesh::FromGroups(device_type_, std::move(layout),
+                                FullRank(inner_rank_, me, n), std::move(groups),
+                                inner_->host_local_rank(), inner_->host_size());
 }
 
 absl::StatusOr<Recovery> ElasticMesh::Establish(const MembershipRecord& record,
@@ -471,9 +465,8 @@ absl::StatusOr<Recovery> ElasticMesh::Establish(const MembershipRecord& record,
         ": more than one step apart"));
   }
   current_epoch_->store(record.epoch);
-  auto mesh = FullMesh(record, *std::move(group));
-  if (!mesh.ok()) return mesh.status();
-  mesh_ = *std::move(mesh);
+  VEMESH_ASSIGN_OR_RETURN(auto mesh, FullMesh(record, *std::move(group)));
+  mesh_ = std::move(mesh);
   if (publish_) publish_(*mesh_);
   Recovery r;
   r.receives_state = !has_state_;
@@ -502,12 +495,12 @@ absl::StatusOr<Recovery> ElasticMesh::Rebuild(
       record = *std::move(first);
       first.reset();
     } else {
-      auto shared = ShareRecord(inner_rank_ == 0
-                                    ? ChooseEpoch(failed, deadline)
-                                    : absl::StatusOr<MembershipRecord>(
-                                          MembershipRecord{}));
-      if (!shared.ok()) return shared.status();
-      record = *std::move(shared);
+      VEMESH_ASSIGN_OR_RETURN(
+          auto shared,
+          ShareRecord(inner_rank_ == 0 ? ChooseEpoch(failed, deadline)
+                                       : absl::StatusOr<MembershipRecord>(
+                                             MembershipRecord{})));
+      record = std::move(shared);
     }
     if (!record.has_member(options_.replica)) {
       current_epoch_->store(record.epoch);
