@@ -1,13 +1,15 @@
 #include "vemesh/device_mesh.h"
 
-#include <mutex>
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <optional>
+#include <tuple>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/hash/hash.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -53,10 +55,59 @@ struct DeviceMesh::Shared {
   // split, and must not take part again.
   absl::flat_hash_map<std::vector<int64_t>, std::shared_ptr<Communicator>>
       flattened;
-  // Every name given to flatten, and the root dimensions it spans (one for
-  // a one-dimension flatten: that dimension's group).
-  absl::flat_hash_map<std::string, std::vector<int64_t>> flat_names;
+  // Every name given to flatten: the root dimensions it spans (one for a
+  // one-dimension flatten: that dimension's group), and the dimensions it
+  // was flattened from, as given (root names or earlier flatten names), so
+  // that any mesh holding them can derive the flattened dimension.
+  struct FlatName {
+    std::vector<int64_t> key;
+    std::vector<std::string> dims;
+  };
+  absl::flat_hash_map<std::string, FlatName> flat_names;
+
+  // `layout` with every name of `names` that it lacks but that names a
+  // flattening of dimensions it holds (recursively) flattened in, so that
+  // each of `names` is a dimension of the result. A name that is neither
+  // stays missing (the caller's layout call reports it). Takes `mu`.
+  absl::StatusOr<MeshLayout> Resolve(MeshLayout layout,
+                                     absl::Span<const std::string> names,
+                                     int depth = 0);
 };
+
+absl::StatusOr<MeshLayout>
+DeviceMesh::Shared::Resolve(MeshLayout layout,
+                            absl::Span<const std::string> names, int depth) {
+  for (const std::string &name : names) {
+    if (layout.find_dim(name).has_value())
+      continue;
+    std::vector<std::string> parts;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = flat_names.find(name);
+      if (it == flat_names.end())
+        continue;
+      parts = it->second.dims;
+    }
+    // Each flattening names only earlier ones: the depth is bounded by
+    // their number; the bound guards a corrupted map.
+    if (depth > static_cast<int>(MeshLayout::kMaxDims) * 2) {
+      return absl::InternalError(
+          absl::StrCat("flatten name '", name, "' nests too deeply"));
+    }
+    VEMESH_ASSIGN_OR_RETURN(layout,
+                            Resolve(std::move(layout), parts, depth + 1));
+    for (const std::string &part : parts) {
+      if (!layout.find_dim(part).has_value()) {
+        return absl::NotFoundError(absl::StrCat(
+            "mesh dimension '", name, "' is the flattening of [",
+            absl::StrJoin(parts, ", "), "], and ", layout.ToString(),
+            " lacks '", part, "': expected a mesh that holds all of them"));
+      }
+    }
+    VEMESH_ASSIGN_OR_RETURN(layout, layout.flatten(parts, name));
+  }
+  return layout;
+}
 
 namespace {
 
@@ -268,7 +319,13 @@ std::vector<std::string> DeviceMesh::mesh_dim_names() const {
   return view_->layout.dim_names();
 }
 absl::StatusOr<int64_t> DeviceMesh::size(absl::string_view dim) const {
-  return view_->layout.dim_size(dim);
+  if (auto d = view_->layout.find_dim(dim))
+    return view_->layout.dim_size(*d);
+  const std::string name(dim);
+  VEMESH_ASSIGN_OR_RETURN(
+      MeshLayout resolved,
+      view_->shared->Resolve(view_->layout, absl::MakeConstSpan(&name, 1)));
+  return resolved.dim_size(dim);
 }
 absl::StatusOr<int64_t> DeviceMesh::size(int64_t dim) const {
   return view_->layout.dim_size(dim);
@@ -286,8 +343,19 @@ absl::StatusOr<Coordinate> DeviceMesh::get_coordinate() const {
 
 absl::StatusOr<int64_t> DeviceMesh::get_local_rank(
     absl::string_view dim) const {
-  VEMESH_ASSIGN_OR_RETURN(auto index, view_->layout.dim_index(dim));
-  return get_local_rank(index);
+  if (auto d = view_->layout.find_dim(dim))
+    return get_local_rank(*d);
+  // A flattened name: this rank's index along it.
+  const std::string name(dim);
+  VEMESH_ASSIGN_OR_RETURN(
+      MeshLayout resolved,
+      view_->shared->Resolve(view_->layout, absl::MakeConstSpan(&name, 1)));
+  VEMESH_ASSIGN_OR_RETURN(int64_t d, resolved.dim_index(dim));
+  if (!has_self())
+    return get_coordinate().status();
+  VEMESH_ASSIGN_OR_RETURN(Coordinate coord,
+                          resolved.coordinate_of(view_->shared->global_rank));
+  return coord[d];
 }
 
 absl::StatusOr<int64_t> DeviceMesh::get_local_rank(int64_t dim) const {
@@ -306,36 +374,31 @@ absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::get_group(
         "a meta mesh has no communicators (asked for the group of '", dim,
         "'); create the mesh with device type 'cpu' or 'cuda'"));
   }
-  if (view_->layout.find_dim(dim).has_value()) {
-    if (!has_self()) {
-      return NotMember(view_->layout, view_->shared->global_rank,
-                       absl::StrCat("group along '", dim, "'"));
-    }
-    VEMESH_ASSIGN_OR_RETURN(auto root_dim, view_->shared->root.dim_index(dim));
-    return view_->shared->dims[root_dim];
-  }
-  // A name given to `flatten` finds its group, when this mesh holds all of
-  // the flattened dimensions. A short lock: a flatten in progress holds
-  // only `flatten_mu` while it communicates.
   Shared& shared = *view_->shared;
-  std::lock_guard<std::mutex> lock(shared.mu);
-  auto named = shared.flat_names.find(dim);
-  if (named != shared.flat_names.end()) {
-    const std::vector<int64_t>& key = named->second;
-    bool held = true;
-    for (int64_t r : key) {
-      held = held && view_->layout.find_dim(shared.root.dim_name(r)).has_value();
-    }
-    if (held) {
-      if (!has_self()) {
-        return NotMember(view_->layout, shared.global_rank,
-                         absl::StrCat("group along '", dim, "'"));
-      }
-      if (key.size() == 1) return shared.dims[key[0]];
-      return shared.flattened.at(key);
-    }
+  // A dimension of this mesh, or a name given to `flatten` when this mesh
+  // holds the dimensions it flattened. Resolve takes `mu` only for look-ups:
+  // a flatten in progress holds only `flatten_mu` while it communicates.
+  const std::string name(dim);
+  VEMESH_ASSIGN_OR_RETURN(
+      MeshLayout resolved,
+      shared.Resolve(view_->layout, absl::MakeConstSpan(&name, 1)));
+  VEMESH_ASSIGN_OR_RETURN(int64_t d, resolved.dim_index(dim));
+  if (!has_self()) {
+    return NotMember(view_->layout, shared.global_rank,
+                     absl::StrCat("group along '", dim, "'"));
   }
-  return view_->layout.dim_index(dim).status();  // NotFound, listing the names
+  const std::vector<int64_t> key = resolved.root_dims(d);
+  if (key.size() == 1)
+    return shared.dims[key[0]];
+  std::lock_guard<std::mutex> lock(shared.mu);
+  auto flat = shared.flattened.find(key);
+  if (flat == shared.flattened.end() || flat->second == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "dimension '", dim, "' of ", view_->layout.ToString(),
+        " spans several dimensions of the root mesh but has no communicator: "
+        "call flatten on every rank first"));
+  }
+  return flat->second;
 }
 
 absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::get_group(
@@ -367,19 +430,64 @@ DeviceMesh::operator[](std::initializer_list<absl::string_view> dims) const {
 absl::StatusOr<DeviceMesh> DeviceMesh::slice(
     absl::Span<const std::string> dims) const {
   if (!has_self()) {
-    return NotMember(view_->layout, view_->shared->global_rank, "sub-mesh to slice");
+    return NotMember(view_->layout, view_->shared->global_rank,
+                     "sub-mesh to slice");
   }
-  VEMESH_ASSIGN_OR_RETURN(
-      auto sub, view_->layout.submesh(dims, view_->shared->global_rank));
-  return DeviceMesh(view_->shared, std::move(sub));
+  return submesh_at(dims, view_->shared->global_rank);
 }
 
 absl::StatusOr<DeviceMesh> DeviceMesh::submesh_at(
     absl::Span<const std::string> dims, int64_t global_rank) const {
-  // Local: the child is a view of the layout. Its communicators are found
-  // through `shared_` when this process is a member, and refused otherwise.
-  VEMESH_ASSIGN_OR_RETURN(auto sub, view_->layout.submesh(dims, global_rank));
+  // Local: the child is a view of the layout (flattened names derived from
+  // the dimensions they flatten). Its communicators are found through the
+  // shared state when this process is a member, and refused otherwise.
+  VEMESH_ASSIGN_OR_RETURN(MeshLayout resolved,
+                          view_->shared->Resolve(view_->layout, dims));
+  VEMESH_ASSIGN_OR_RETURN(auto sub, resolved.submesh(dims, global_rank));
   return DeviceMesh(view_->shared, std::move(sub));
+}
+
+DeviceMesh DeviceMesh::root_mesh() const {
+  return DeviceMesh(view_->shared, view_->shared->root);
+}
+
+absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::get_group() const {
+  if (ndim() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "get_group() without a dimension needs a 1-D mesh, and ",
+        view_->layout.ToString(), " has ", ndim(), " dimensions: name one of [",
+        absl::StrJoin(view_->layout.dim_names(), ", "), "]"));
+  }
+  return get_group(int64_t{0});
+}
+
+absl::StatusOr<std::vector<std::shared_ptr<Communicator>>>
+DeviceMesh::get_all_groups() const {
+  std::vector<std::shared_ptr<Communicator>> out;
+  out.reserve(ndim());
+  for (int64_t d = 0; d < ndim(); ++d) {
+    VEMESH_ASSIGN_OR_RETURN(auto group, get_group(d));
+    out.push_back(std::move(group));
+  }
+  return out;
+}
+
+bool operator==(const DeviceMesh &a, const DeviceMesh &b) {
+  return a.view_ == b.view_ || (a.view_->shared == b.view_->shared &&
+                                a.view_->layout == b.view_->layout);
+}
+
+size_t DeviceMesh::hash_value() const {
+  // What operator== compares: the root, and the layout's names, shape and
+  // ranks (its first rank stands for the rest: O(ndim), and equal layouts
+  // have equal first ranks).
+  const MeshLayout &layout = view_->layout;
+  const Coordinate zero(layout.ndim(), 0);
+  const int64_t first = layout.rank_at(zero).value_or(-1);
+  return absl::Hash<std::tuple<const void *, std::vector<std::string>,
+                               std::vector<int64_t>, int64_t>>{}(
+      std::make_tuple(static_cast<const void *>(view_->shared.get()),
+                      layout.dim_names(), layout.shape(), first));
 }
 
 bool DeviceMesh::same_root(const DeviceMesh& other) const {
@@ -390,23 +498,25 @@ absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::flatten(
     absl::Span<const std::string> dims, absl::string_view name) const {
   const std::string flat_name =
       name.empty() ? absl::StrJoin(dims, "_") : std::string(name);
-  // Validates the names (known, distinct, non-empty) the layout's way.
-  VEMESH_RETURN_IF_ERROR(view_->layout.flatten(dims, flat_name));
-  if (view_->shared->device_type == DeviceType::kMeta) {
+  Shared &shared = *view_->shared;
+  // Validates the names (known, distinct, non-empty) the layout's way;
+  // earlier flatten names count as dimensions (nested flattening).
+  VEMESH_ASSIGN_OR_RETURN(MeshLayout resolved,
+                          shared.Resolve(view_->layout, dims));
+  VEMESH_ASSIGN_OR_RETURN(MeshLayout flat, resolved.flatten(dims, flat_name));
+  if (shared.device_type == DeviceType::kMeta) {
     return absl::FailedPreconditionError(absl::StrCat(
         "a meta mesh has no communicators: cannot flatten [",
         absl::StrJoin(dims, ", "), "]"));
   }
-  std::vector<int64_t> key;
-  for (const std::string& d : dims) {
-    VEMESH_ASSIGN_OR_RETURN(auto r, view_->shared->root.dim_index(d));
-    key.push_back(r);
-  }
-  Shared& shared = *view_->shared;
-  // One dimension is its own group: nothing to split, but a new name is
-  // registered so that get_group finds it (its own name needs nothing).
+  // The root dimensions spanned, in the order the flattened index runs.
+  VEMESH_ASSIGN_OR_RETURN(int64_t flat_dim, flat.dim_index(flat_name));
+  const std::vector<int64_t> key = flat.root_dims(flat_dim);
+  // One root dimension is its own group: nothing to split, but a new name
+  // is registered so that get_group finds it (its own name needs nothing).
   const bool one_dim = key.size() == 1;
   const bool own_name = one_dim && shared.root.dim_name(key[0]) == flat_name;
+  const std::vector<std::string> parts(dims.begin(), dims.end());
 
   // Flattens wait for each other, never get_group: see Shared::flatten_mu.
   std::lock_guard<std::mutex> flatten_lock(shared.flatten_mu);
@@ -414,21 +524,24 @@ absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::flatten(
   {
     std::lock_guard<std::mutex> lock(shared.mu);
     auto bound = shared.flat_names.find(flat_name);
-    if ((bound != shared.flat_names.end() && bound->second != key) ||
+    if ((bound != shared.flat_names.end() && bound->second.key != key) ||
         (!own_name && shared.root.find_dim(flat_name).has_value())) {
       return absl::InvalidArgumentError(absl::StrCat(
           "flatten name '", flat_name,
           "' already names another dimension or flattened group of ",
-          shared.root.ToString()));
+          shared.root.ToString(), ": expected a new name for [",
+          absl::StrJoin(dims, ", "), "]"));
     }
     if (one_dim) {
-      if (!own_name) shared.flat_names.emplace(flat_name, key);
+      if (!own_name)
+        shared.flat_names.emplace(flat_name, Shared::FlatName{key, parts});
     } else if (auto cached = shared.flattened.find(key);
                cached != shared.flattened.end()) {
       known = cached->second;
     }
   }
-  if (one_dim) return get_group(dims[0]);
+  if (one_dim)
+    return get_group(flat_name);
 
   if (!known.has_value() && shared.bootstrap == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -437,7 +550,9 @@ absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::flatten(
         "world to split"));
   }
   if (!known.has_value()) {
-    // Collective over the world: check, then one split. No `mu` held.
+    // Collective over the world: check, then one split. No `mu` held. The
+    // split runs over the root layout with the same names resolved, so
+    // every group (not only this child's) is made.
     const std::vector<AgreementField> fields = {
         {"dims", absl::StrCat("[", absl::StrJoin(dims, ", "), "]")},
         {"name", flat_name}};
@@ -447,8 +562,10 @@ absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::flatten(
     int color = -1;
     int split_key = 0;
     if (shared.root.contains(shared.global_rank)) {
-      VEMESH_ASSIGN_OR_RETURN(
-          auto pos, shared.root.group_position(dims, shared.global_rank));
+      VEMESH_ASSIGN_OR_RETURN(MeshLayout root,
+                              shared.Resolve(shared.root, dims));
+      VEMESH_ASSIGN_OR_RETURN(auto pos,
+                              root.group_position(dims, shared.global_rank));
       color = static_cast<int>(pos.group);
       split_key = static_cast<int>(pos.index);
     }
@@ -459,7 +576,7 @@ absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::flatten(
   {
     std::lock_guard<std::mutex> lock(shared.mu);
     shared.flattened.emplace(key, *known);
-    shared.flat_names.emplace(flat_name, key);
+    shared.flat_names.emplace(flat_name, Shared::FlatName{key, parts});
   }
   if (*known == nullptr) {
     return NotMember(view_->layout, shared.global_rank,
@@ -467,6 +584,15 @@ absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::flatten(
                                   "' (it took part in the split)"));
   }
   return *known;
+}
+
+absl::StatusOr<DeviceMesh>
+DeviceMesh::flatten_mesh(absl::Span<const std::string> dims,
+                         absl::string_view name) const {
+  const std::string flat_name =
+      name.empty() ? absl::StrJoin(dims, "_") : std::string(name);
+  VEMESH_RETURN_IF_ERROR(flatten(dims, flat_name));
+  return (*this)[flat_name];
 }
 
 absl::StatusOr<std::string> DeviceMesh::backend(absl::string_view dim) const {

@@ -11,6 +11,19 @@
 //   (*mesh)["TP"];                     // 1-D child mesh, same communicators
 //   mesh->slice({"DP", "TP"});         // 2-D child mesh
 //   mesh->flatten({"DP", "TP"}, "DPTP");  // collective; cached
+//   mesh->flatten_mesh({"DP", "TP"}, "DPTP");  // the same, as a 1-D mesh
+//   (*mesh)["DPTP"];                   // afterwards: a name like any other
+//   mesh->slice({"PP", "DPTP"});       // 2-D child (PP, DPTP)
+//
+// Flattened names. After `flatten(dims, name)` (on every rank), `name` is a
+// dimension of every mesh of the same root that holds all of `dims`: the
+// root, its children, the flattened 1-D mesh. It can be sliced
+// (`mesh["DPTP"]`, a slice of {"PP", "DPTP"}), asked for its group, size
+// and local rank, and flattened again (nested: flatten({"DPTP", "EP"})
+// spans the root dimensions DP, TP, EP and is the same communicator as
+// flatten({"DP", "TP", "EP"})). The flattened dimensions need not be
+// adjacent (DP x TP of a PP x DP x CP x TP mesh). A mesh that lacks one of
+// them answers NotFound naming the missing one.
 //
 // Creation is collective over the world: every rank calls it with the same
 // arguments, and every rank checks that they all did (a mismatch is an error
@@ -71,6 +84,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/hash/hash.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -158,12 +172,20 @@ class DeviceMesh {
   absl::StatusOr<int64_t> get_local_rank(absl::string_view dim) const;
   absl::StatusOr<int64_t> get_local_rank(int64_t dim) const;
   // The communicator of one dimension; a name given to `flatten` also finds
-  // its group (when this mesh holds all the flattened dimensions).
+  // its group (when this mesh holds all the flattened dimensions; see
+  // "Flattened names" above).
   // FailedPrecondition for a meta mesh or a rank outside the mesh; NotFound
   // for an unknown name.
   absl::StatusOr<std::shared_ptr<Communicator>> get_group(
       absl::string_view dim) const;
   absl::StatusOr<std::shared_ptr<Communicator>> get_group(int64_t dim) const;
+  // The group of a 1-D mesh; InvalidArgument naming the dimensions for any
+  // other (PyTorch's get_group() without mesh_dim).
+  absl::StatusOr<std::shared_ptr<Communicator>> get_group() const;
+  // One communicator per dimension, in dimension order (PyTorch's
+  // get_all_groups). The errors of get_group.
+  absl::StatusOr<std::vector<std::shared_ptr<Communicator>>>
+  get_all_groups() const;
 
   // Child meshes that contain this rank, sharing this mesh's communicators.
   absl::StatusOr<DeviceMesh> operator[](absl::string_view dim) const;
@@ -182,6 +204,24 @@ class DeviceMesh {
   // Whether both meshes come from the same creation (one root mesh and its
   // children), and so share communicators.
   bool same_root(const DeviceMesh& other) const;
+  // The mesh this one was sliced or flattened from, as created (itself for a
+  // root). Local.
+  DeviceMesh root_mesh() const;
+
+  // Equal when both come from the same creation (same_root) and have the
+  // same layout: the same names, shape and ranks in the same places (so the
+  // same communicators). Meshes from two creations with the same arguments
+  // are not equal: their communicators differ (PyTorch compares the layout
+  // and device only). Hashable with absl::Hash, consistently with ==, so a
+  // mesh can key an absl::flat_hash_map. O(ndim) for meshes derived the
+  // same way.
+  friend bool operator==(const DeviceMesh &a, const DeviceMesh &b);
+  friend bool operator!=(const DeviceMesh &a, const DeviceMesh &b) {
+    return !(a == b);
+  }
+  template <typename H> friend H AbslHashValue(H h, const DeviceMesh &mesh) {
+    return H::combine(std::move(h), mesh.hash_value());
+  }
 
   // Collective over the world (every rank, members or not, must call it with
   // the same arguments): the communicator of `dims` flattened into one
@@ -196,6 +236,12 @@ class DeviceMesh {
   // time; get_group never waits for one (no lock is held across the split).
   absl::StatusOr<std::shared_ptr<Communicator>> flatten(
       absl::Span<const std::string> dims, absl::string_view name = "") const;
+  // flatten(dims, name), then the 1-D mesh along `name` that holds this rank
+  // (PyTorch's DeviceMesh._flatten): its group is the communicator flatten
+  // returns. Collective like flatten; a rank outside the mesh takes part,
+  // then gets FailedPrecondition.
+  absl::StatusOr<DeviceMesh> flatten_mesh(absl::Span<const std::string> dims,
+                                          absl::string_view name = "") const;
 
   // This process's device index on its host and the number of ranks there,
   // from the host identities gathered at creation, cross-checked with the
@@ -216,6 +262,7 @@ class DeviceMesh {
   // every sub-mesh query) is one reference-count increment.
   struct View;
   DeviceMesh(std::shared_ptr<Shared> shared, MeshLayout layout);
+  size_t hash_value() const;
 
   std::shared_ptr<const View> view_;
 };
