@@ -38,8 +38,13 @@ struct DeviceMesh::Shared {
   // How the ranks found each other; null for a meta mesh. Flatten's
   // agreement check goes through it.
   std::shared_ptr<Bootstrap> bootstrap;
-  // The backends' worlds, and each root dimension's backend.
-  std::unique_ptr<MeshBackends> backends;
+  // The backends' worlds, and each root dimension's backend. Shared with
+  // the meshes `unflatten` derives (they split the same worlds).
+  std::shared_ptr<MeshBackends> backends;
+  // For each root dimension, the dimension of `backends`' plan it takes its
+  // backend from: the identity for a created mesh; an unflattened dimension's
+  // parts all map to the dimension they split.
+  std::vector<int64_t> backend_dim;
   // The world on the mesh's default backend (flatten splits it).
   std::shared_ptr<Communicator> device_world;
   // One per root dimension; null on ranks outside the mesh.
@@ -288,6 +293,8 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
   if (!backends.ok()) return backends.status();
   shared->backends = *std::move(backends);
   shared->device_world = shared->backends->default_world();
+  for (int64_t d = 0; d < layout.ndim(); ++d)
+    shared->backend_dim.push_back(d);
 
   // (6) One split per dimension, in dimension order on every rank.
   const bool member = layout.contains(world_rank);
@@ -595,6 +602,199 @@ DeviceMesh::flatten_mesh(absl::Span<const std::string> dims,
   return (*this)[flat_name];
 }
 
+absl::StatusOr<DeviceMesh>
+DeviceMesh::unflatten(int64_t dim, absl::Span<const int64_t> sizes,
+                      absl::Span<const std::string> names) const {
+  VEMESH_RETURN_IF_ERROR(view_->layout.dim_size(dim));
+  return unflatten(view_->layout.dim_name(dim), sizes, names);
+}
+
+absl::StatusOr<DeviceMesh>
+DeviceMesh::unflatten(absl::string_view dim, absl::Span<const int64_t> sizes,
+                      absl::Span<const std::string> names) const {
+  Shared &shared = *view_->shared;
+  const MeshLayout &layout = view_->layout;
+  VEMESH_ASSIGN_OR_RETURN(const int64_t d, layout.dim_index(dim));
+  const std::vector<int64_t> spanned = layout.root_dims(d);
+  if (spanned.size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unflatten('", dim, "'): '", dim, "' is a flattening of ",
+        spanned.size(),
+        " dimensions of the root mesh: expected a dimension of the root mesh "
+        "(unflatten the mesh it was flattened from instead)"));
+  }
+  const int64_t r = spanned[0];
+  const int64_t dim_size = layout.dim_size(d).value_or(0);
+  if (sizes.empty() || names.size() != sizes.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unflatten('", dim, "'): ", sizes.size(), " sizes [",
+                     absl::StrJoin(sizes, ", "), "] and ", names.size(),
+                     " names [", absl::StrJoin(names, ", "),
+                     "]: expected one name per size, at least one"));
+  }
+  int64_t product = 1;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] < 1 || __builtin_mul_overflow(product, sizes[i], &product)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unflatten('", dim, "'): size ", sizes[i], " of '", names[i],
+          "': expected sizes >= 1 whose product is ", dim_size));
+    }
+  }
+  if (product != dim_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unflatten('", dim, "'): sizes [",
+                     absl::StrJoin(sizes, ", "), "] multiply to ", product,
+                     ": expected ", dim_size, ", the size of '", dim, "'"));
+  }
+  {
+    std::lock_guard<std::mutex> lock(shared.mu);
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (shared.root.find_dim(names[i]).has_value() ||
+          shared.flat_names.contains(names[i]) ||
+          std::find(names.begin(), names.begin() + i, names[i]) !=
+              names.begin() + i) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "unflatten('", dim, "'): name '", names[i],
+            "' already names a dimension, a flattening or another part of ",
+            shared.root.ToString(), ": expected new, distinct names"));
+      }
+    }
+  }
+  // The new root: root dimension r replaced by `sizes`, the same ranks in
+  // the same row-major places (so every other dimension's groups are the
+  // same, and their communicators are reused).
+  const int64_t k = static_cast<int64_t>(sizes.size());
+  std::vector<int64_t> shape;
+  std::vector<std::string> root_names;
+  std::vector<int64_t> backend_dim;
+  for (int64_t i = 0; i < shared.root.ndim(); ++i) {
+    if (i == r) {
+      shape.insert(shape.end(), sizes.begin(), sizes.end());
+      root_names.insert(root_names.end(), names.begin(), names.end());
+    } else {
+      shape.push_back(shared.root.dim_size(i).value_or(1));
+      root_names.push_back(shared.root.dim_name(i));
+    }
+    const int64_t b = shared.backend_dim.empty() ? i : shared.backend_dim[i];
+    backend_dim.insert(backend_dim.end(), i == r ? k : 1, b);
+  }
+  if (shape.size() > MeshLayout::kMaxDims) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unflatten('", dim, "') would give the root ", shape.size(),
+        " dimensions: expected at most ", MeshLayout::kMaxDims));
+  }
+  std::vector<int64_t> table;
+  if (shared.root.has_rank_table())
+    table = shared.root.ranks();
+  VEMESH_ASSIGN_OR_RETURN(MeshLayout root,
+                          MeshLayout::Create(shape, root_names, table));
+  auto next =
+      std::make_shared<Shared>(shared.device_type, root, shared.global_rank);
+  next->host_local_rank = shared.host_local_rank;
+  next->host_size = shared.host_size;
+  next->timeout = shared.timeout;
+  next->bootstrap = shared.bootstrap;
+  next->backends = shared.backends;
+  next->device_world = shared.device_world;
+  next->backend_dim = backend_dim;
+  // Old root index -> new root indices.
+  auto remap = [&](const std::vector<int64_t> &key) {
+    std::vector<int64_t> out;
+    for (int64_t old : key) {
+      if (old == r) {
+        for (int64_t j = 0; j < k; ++j)
+          out.push_back(r + j);
+      } else {
+        out.push_back(old < r ? old : old + k - 1);
+      }
+    }
+    return out;
+  };
+  std::vector<int64_t> parts(k);
+  for (int64_t j = 0; j < k; ++j)
+    parts[j] = r + j;
+
+  if (shared.device_type != DeviceType::kMeta) {
+    if (shared.bootstrap == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot unflatten '", dim,
+          "': this mesh adopted its groups (DeviceMesh::FromGroups) and has "
+          "no world to split"));
+    }
+    // Collective over the world: check, then one split per new dimension
+    // on the backend of the dimension split. Nothing per sub-group.
+    std::lock_guard<std::mutex> flatten_lock(shared.flatten_mu);
+    const std::vector<AgreementField> fields = {
+        {"dim", std::string(dim)},
+        {"sizes", absl::StrCat("[", absl::StrJoin(sizes, ", "), "]")},
+        {"names", absl::StrCat("[", absl::StrJoin(names, ", "), "]")}};
+    VEMESH_RETURN_IF_ERROR(CheckAgreement(*shared.bootstrap,
+                                          "DeviceMesh::unflatten", fields,
+                                          absl::Now() + shared.timeout));
+    const bool member = root.contains(shared.global_rank);
+    const int64_t b = shared.backend_dim.empty() ? r : shared.backend_dim[r];
+    std::vector<std::shared_ptr<Communicator>> made;
+    for (int64_t j = 0; j < k; ++j) {
+      int color = -1;
+      int key = 0;
+      if (member) {
+        VEMESH_ASSIGN_OR_RETURN(
+            auto pos, root.group_position({names[j]}, shared.global_rank));
+        color = static_cast<int>(pos.group);
+        key = static_cast<int>(pos.index);
+      }
+      VEMESH_ASSIGN_OR_RETURN(
+          auto group, shared.backends->world_of_dim(b)->split(color, key));
+      made.push_back(std::move(group));
+    }
+    for (int64_t i = 0; i < shared.root.ndim(); ++i) {
+      if (i == r) {
+        next->dims.insert(next->dims.end(), made.begin(), made.end());
+      } else {
+        next->dims.push_back(shared.dims[i]);
+      }
+    }
+  }
+  {
+    // Flattenings carry over (remapped), and the dimension that was split
+    // stays a name: the flattening of its parts, with its communicator.
+    std::lock_guard<std::mutex> lock(shared.mu);
+    for (const auto &[key, comm] : shared.flattened) {
+      next->flattened.emplace(remap(key), comm);
+    }
+    for (const auto &[name, flat] : shared.flat_names) {
+      next->flat_names.emplace(name,
+                               Shared::FlatName{remap(flat.key), flat.dims});
+    }
+  }
+  next->flat_names.emplace(
+      std::string(dim),
+      Shared::FlatName{parts,
+                       std::vector<std::string>(names.begin(), names.end())});
+  if (shared.device_type != DeviceType::kMeta) {
+    next->flattened.emplace(parts, shared.dims[r]);
+  }
+  const DeviceMesh new_root(next, root);
+  // The same view of the new root as this mesh is of the old one: its
+  // dimensions in its order, `dim` replaced by its parts.
+  if (layout == shared.root)
+    return new_root;
+  if (!has_self()) {
+    return NotMember(layout, shared.global_rank,
+                     absl::StrCat("unflattened mesh along '", dim,
+                                  "' (it took part in the splits)"));
+  }
+  std::vector<std::string> view_names;
+  for (int64_t i = 0; i < layout.ndim(); ++i) {
+    if (i == d) {
+      view_names.insert(view_names.end(), names.begin(), names.end());
+    } else {
+      view_names.push_back(layout.dim_name(i));
+    }
+  }
+  return new_root.submesh_at(view_names, shared.global_rank);
+}
+
 absl::StatusOr<std::string> DeviceMesh::backend(absl::string_view dim) const {
   VEMESH_ASSIGN_OR_RETURN(auto root_dim, view_->shared->root.dim_index(dim));
   if (view_->shared->backends == nullptr) {
@@ -606,7 +806,8 @@ absl::StatusOr<std::string> DeviceMesh::backend(absl::string_view dim) const {
     }
     return std::string();
   }
-  return view_->shared->backends->dim_backend(root_dim);
+  return view_->shared->backends->dim_backend(
+      view_->shared->backend_dim[root_dim]);
 }
 
 int DeviceMesh::host_local_rank() const { return view_->shared->host_local_rank; }

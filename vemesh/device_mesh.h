@@ -243,6 +243,28 @@ class DeviceMesh {
   absl::StatusOr<DeviceMesh> flatten_mesh(absl::Span<const std::string> dims,
                                           absl::string_view name = "") const;
 
+  // Dimension `dim` split into `names` of `sizes` (PyTorch's
+  // DeviceMesh._unflatten): the same ranks in the same row-major places,
+  // `dim` replaced by several dimensions. Collective over the world (every
+  // rank, members or not, with the same arguments): one agreement check,
+  // then one split per new dimension on the backend of `dim`, nothing per
+  // sub-group; the other dimensions reuse their communicators. The result
+  // is this mesh's view of a new root (root_mesh() is the unflattened root,
+  // not this mesh's root; == tells them apart), in which `dim` stays a name:
+  // the flattening of its parts, with its old communicator. Flattenings
+  // made before carry over. `dim` must be a dimension of the root mesh (not
+  // a flattened one). Errors (InvalidArgument, naming the value): sizes
+  // whose product is not dim's size, a size < 1, a count of names that
+  // differs, a name already used; FailedPrecondition for an adopted mesh
+  // (FromGroups) and, after the splits, for a rank outside a child mesh.
+  // A meta mesh unflattens its layout without communicating.
+  absl::StatusOr<DeviceMesh>
+  unflatten(absl::string_view dim, absl::Span<const int64_t> sizes,
+            absl::Span<const std::string> names) const;
+  absl::StatusOr<DeviceMesh>
+  unflatten(int64_t dim, absl::Span<const int64_t> sizes,
+            absl::Span<const std::string> names) const;
+
   // This process's device index on its host and the number of ranks there,
   // from the host identities gathered at creation, cross-checked with the
   // launcher's variables. 0 and 1 for a meta mesh.
