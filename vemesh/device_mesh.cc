@@ -25,6 +25,19 @@ namespace vemesh {
 // with (the "root"), this process's place in the world, and the
 // communicators. Dimension communicators are indexed by root dimension;
 // flattened ones are keyed by the root dimensions they span, in order.
+// The dimensions of every view of one root (DeviceMesh::view), by name:
+// the groups each enumerates and this rank's communicator, so that a view
+// sharing a name shares the communicator, and a view whose groups differ
+// for a known name is refused.
+struct ViewFamily {
+  struct Dim {
+    std::vector<std::vector<int64_t>> groups;  // sorted
+    std::shared_ptr<Communicator> mine;        // null outside the mesh
+  };
+  std::mutex mu;
+  absl::flat_hash_map<std::string, Dim> dims;
+};
+
 struct DeviceMesh::Shared {
   Shared(DeviceType type, MeshLayout layout, int64_t rank)
       : device_type(type), root(std::move(layout)), global_rank(rank) {}
@@ -69,6 +82,9 @@ struct DeviceMesh::Shared {
     std::vector<std::string> dims;
   };
   absl::flat_hash_map<std::string, FlatName> flat_names;
+  // The views of this root and of the root it is a view of; made by the
+  // first view(). Under `mu`.
+  std::shared_ptr<ViewFamily> family;
 
   // `layout` with every name of `names` that it lacks but that names a
   // flattening of dimensions it holds (recursively) flattened in, so that
@@ -79,18 +95,15 @@ struct DeviceMesh::Shared {
                                      int depth = 0);
 };
 
-absl::StatusOr<MeshLayout>
-DeviceMesh::Shared::Resolve(MeshLayout layout,
-                            absl::Span<const std::string> names, int depth) {
-  for (const std::string &name : names) {
-    if (layout.find_dim(name).has_value())
-      continue;
+absl::StatusOr<MeshLayout> DeviceMesh::Shared::Resolve(
+    MeshLayout layout, absl::Span<const std::string> names, int depth) {
+  for (const std::string& name : names) {
+    if (layout.find_dim(name).has_value()) continue;
     std::vector<std::string> parts;
     {
       std::lock_guard<std::mutex> lock(mu);
       auto it = flat_names.find(name);
-      if (it == flat_names.end())
-        continue;
+      if (it == flat_names.end()) continue;
       parts = it->second.dims;
     }
     // Each flattening names only earlier ones: the depth is bounded by
@@ -101,7 +114,7 @@ DeviceMesh::Shared::Resolve(MeshLayout layout,
     }
     VEMESH_ASSIGN_OR_RETURN(layout,
                             Resolve(std::move(layout), parts, depth + 1));
-    for (const std::string &part : parts) {
+    for (const std::string& part : parts) {
       if (!layout.find_dim(part).has_value()) {
         return absl::NotFoundError(absl::StrCat(
             "mesh dimension '", name, "' is the flattening of [",
@@ -243,9 +256,9 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
       {"ranks", RankListText(layout)},
       {"backends", absl::StrJoin(plan.dims, ", ")},
   };
-  VEMESH_ASSIGN_OR_RETURN(auto hosts,
-                          AgreeAndGather(*bootstrap, "DeviceMesh::Create",
-                                         fields, HostIdentity(), deadline));
+  VEMESH_ASSIGN_OR_RETURN(
+      auto hosts, AgreeAndGather(*bootstrap, "DeviceMesh::Create", fields,
+                                 HostIdentity(), deadline));
 
   // (3) The mesh fits the world (the same answer on every rank now).
   if (layout.size() > world_size) {
@@ -268,10 +281,9 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
   shared->bootstrap = bootstrap;
 
   // (4) Where this rank sits on its host (the GPU it binds for cuda).
-  const std::string &mine = hosts[world_rank];
+  const std::string& mine = hosts[world_rank];
   for (int r = 0; r < world_size; ++r) {
-    if (hosts[r] != mine)
-      continue;
+    if (hosts[r] != mine) continue;
     if (r < world_rank) ++shared->host_local_rank;
   }
   shared->host_size =
@@ -293,8 +305,7 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
   if (!backends.ok()) return backends.status();
   shared->backends = *std::move(backends);
   shared->device_world = shared->backends->default_world();
-  for (int64_t d = 0; d < layout.ndim(); ++d)
-    shared->backend_dim.push_back(d);
+  for (int64_t d = 0; d < layout.ndim(); ++d) shared->backend_dim.push_back(d);
 
   // (6) One split per dimension, in dimension order on every rank.
   const bool member = layout.contains(world_rank);
@@ -326,8 +337,7 @@ std::vector<std::string> DeviceMesh::mesh_dim_names() const {
   return view_->layout.dim_names();
 }
 absl::StatusOr<int64_t> DeviceMesh::size(absl::string_view dim) const {
-  if (auto d = view_->layout.find_dim(dim))
-    return view_->layout.dim_size(*d);
+  if (auto d = view_->layout.find_dim(dim)) return view_->layout.dim_size(*d);
   const std::string name(dim);
   VEMESH_ASSIGN_OR_RETURN(
       MeshLayout resolved,
@@ -350,16 +360,14 @@ absl::StatusOr<Coordinate> DeviceMesh::get_coordinate() const {
 
 absl::StatusOr<int64_t> DeviceMesh::get_local_rank(
     absl::string_view dim) const {
-  if (auto d = view_->layout.find_dim(dim))
-    return get_local_rank(*d);
+  if (auto d = view_->layout.find_dim(dim)) return get_local_rank(*d);
   // A flattened name: this rank's index along it.
   const std::string name(dim);
   VEMESH_ASSIGN_OR_RETURN(
       MeshLayout resolved,
       view_->shared->Resolve(view_->layout, absl::MakeConstSpan(&name, 1)));
   VEMESH_ASSIGN_OR_RETURN(int64_t d, resolved.dim_index(dim));
-  if (!has_self())
-    return get_coordinate().status();
+  if (!has_self()) return get_coordinate().status();
   VEMESH_ASSIGN_OR_RETURN(Coordinate coord,
                           resolved.coordinate_of(view_->shared->global_rank));
   return coord[d];
@@ -385,18 +393,23 @@ absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::get_group(
   // A dimension of this mesh, or a name given to `flatten` when this mesh
   // holds the dimensions it flattened. Resolve takes `mu` only for look-ups:
   // a flatten in progress holds only `flatten_mu` while it communicates.
-  const std::string name(dim);
-  VEMESH_ASSIGN_OR_RETURN(
-      MeshLayout resolved,
-      shared.Resolve(view_->layout, absl::MakeConstSpan(&name, 1)));
-  VEMESH_ASSIGN_OR_RETURN(int64_t d, resolved.dim_index(dim));
+  std::vector<int64_t> key;
+  if (auto own = view_->layout.find_dim(dim)) {
+    // The common case: a dimension of this mesh, no layout copied.
+    key = view_->layout.root_dims(*own);
+  } else {
+    const std::string name(dim);
+    VEMESH_ASSIGN_OR_RETURN(
+        MeshLayout resolved,
+        shared.Resolve(view_->layout, absl::MakeConstSpan(&name, 1)));
+    VEMESH_ASSIGN_OR_RETURN(int64_t d, resolved.dim_index(dim));
+    key = resolved.root_dims(d);
+  }
   if (!has_self()) {
     return NotMember(view_->layout, shared.global_rank,
                      absl::StrCat("group along '", dim, "'"));
   }
-  const std::vector<int64_t> key = resolved.root_dims(d);
-  if (key.size() == 1)
-    return shared.dims[key[0]];
+  if (key.size() == 1) return shared.dims[key[0]];
   std::lock_guard<std::mutex> lock(shared.mu);
   auto flat = shared.flattened.find(key);
   if (flat == shared.flattened.end() || flat->second == nullptr) {
@@ -428,8 +441,8 @@ absl::StatusOr<DeviceMesh> DeviceMesh::operator[](int64_t dim) const {
   return (*this)[view_->layout.dim_name(dim)];
 }
 
-absl::StatusOr<DeviceMesh>
-DeviceMesh::operator[](std::initializer_list<absl::string_view> dims) const {
+absl::StatusOr<DeviceMesh> DeviceMesh::operator[](
+    std::initializer_list<absl::string_view> dims) const {
   std::vector<std::string> names(dims.begin(), dims.end());
   return slice(names);
 }
@@ -448,6 +461,14 @@ absl::StatusOr<DeviceMesh> DeviceMesh::submesh_at(
   // Local: the child is a view of the layout (flattened names derived from
   // the dimensions they flatten). Its communicators are found through the
   // shared state when this process is a member, and refused otherwise.
+  bool all_present = true;
+  for (const std::string& d : dims) {
+    all_present = all_present && view_->layout.find_dim(d).has_value();
+  }
+  if (all_present) {  // the common case: no layout copied
+    VEMESH_ASSIGN_OR_RETURN(auto sub, view_->layout.submesh(dims, global_rank));
+    return DeviceMesh(view_->shared, std::move(sub));
+  }
   VEMESH_ASSIGN_OR_RETURN(MeshLayout resolved,
                           view_->shared->Resolve(view_->layout, dims));
   VEMESH_ASSIGN_OR_RETURN(auto sub, resolved.submesh(dims, global_rank));
@@ -479,7 +500,7 @@ DeviceMesh::get_all_groups() const {
   return out;
 }
 
-bool operator==(const DeviceMesh &a, const DeviceMesh &b) {
+bool operator==(const DeviceMesh& a, const DeviceMesh& b) {
   return a.view_ == b.view_ || (a.view_->shared == b.view_->shared &&
                                 a.view_->layout == b.view_->layout);
 }
@@ -488,7 +509,7 @@ size_t DeviceMesh::hash_value() const {
   // What operator== compares: the root, and the layout's names, shape and
   // ranks (its first rank stands for the rest: O(ndim), and equal layouts
   // have equal first ranks).
-  const MeshLayout &layout = view_->layout;
+  const MeshLayout& layout = view_->layout;
   const Coordinate zero(layout.ndim(), 0);
   const int64_t first = layout.rank_at(zero).value_or(-1);
   return absl::Hash<std::tuple<const void *, std::vector<std::string>,
@@ -505,7 +526,7 @@ absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::flatten(
     absl::Span<const std::string> dims, absl::string_view name) const {
   const std::string flat_name =
       name.empty() ? absl::StrJoin(dims, "_") : std::string(name);
-  Shared &shared = *view_->shared;
+  Shared& shared = *view_->shared;
   // Validates the names (known, distinct, non-empty) the layout's way;
   // earlier flatten names count as dimensions (nested flattening).
   VEMESH_ASSIGN_OR_RETURN(MeshLayout resolved,
@@ -547,8 +568,7 @@ absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::flatten(
       known = cached->second;
     }
   }
-  if (one_dim)
-    return get_group(flat_name);
+  if (one_dim) return get_group(flat_name);
 
   if (!known.has_value() && shared.bootstrap == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -593,27 +613,26 @@ absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::flatten(
   return *known;
 }
 
-absl::StatusOr<DeviceMesh>
-DeviceMesh::flatten_mesh(absl::Span<const std::string> dims,
-                         absl::string_view name) const {
+absl::StatusOr<DeviceMesh> DeviceMesh::flatten_mesh(
+    absl::Span<const std::string> dims, absl::string_view name) const {
   const std::string flat_name =
       name.empty() ? absl::StrJoin(dims, "_") : std::string(name);
   VEMESH_RETURN_IF_ERROR(flatten(dims, flat_name));
   return (*this)[flat_name];
 }
 
-absl::StatusOr<DeviceMesh>
-DeviceMesh::unflatten(int64_t dim, absl::Span<const int64_t> sizes,
-                      absl::Span<const std::string> names) const {
+absl::StatusOr<DeviceMesh> DeviceMesh::unflatten(
+    int64_t dim, absl::Span<const int64_t> sizes,
+    absl::Span<const std::string> names) const {
   VEMESH_RETURN_IF_ERROR(view_->layout.dim_size(dim));
   return unflatten(view_->layout.dim_name(dim), sizes, names);
 }
 
-absl::StatusOr<DeviceMesh>
-DeviceMesh::unflatten(absl::string_view dim, absl::Span<const int64_t> sizes,
-                      absl::Span<const std::string> names) const {
-  Shared &shared = *view_->shared;
-  const MeshLayout &layout = view_->layout;
+absl::StatusOr<DeviceMesh> DeviceMesh::unflatten(
+    absl::string_view dim, absl::Span<const int64_t> sizes,
+    absl::Span<const std::string> names) const {
+  Shared& shared = *view_->shared;
+  const MeshLayout& layout = view_->layout;
   VEMESH_ASSIGN_OR_RETURN(const int64_t d, layout.dim_index(dim));
   const std::vector<int64_t> spanned = layout.root_dims(d);
   if (spanned.size() != 1) {
@@ -684,8 +703,7 @@ DeviceMesh::unflatten(absl::string_view dim, absl::Span<const int64_t> sizes,
         " dimensions: expected at most ", MeshLayout::kMaxDims));
   }
   std::vector<int64_t> table;
-  if (shared.root.has_rank_table())
-    table = shared.root.ranks();
+  if (shared.root.has_rank_table()) table = shared.root.ranks();
   VEMESH_ASSIGN_OR_RETURN(MeshLayout root,
                           MeshLayout::Create(shape, root_names, table));
   auto next =
@@ -698,12 +716,11 @@ DeviceMesh::unflatten(absl::string_view dim, absl::Span<const int64_t> sizes,
   next->device_world = shared.device_world;
   next->backend_dim = backend_dim;
   // Old root index -> new root indices.
-  auto remap = [&](const std::vector<int64_t> &key) {
+  auto remap = [&](const std::vector<int64_t>& key) {
     std::vector<int64_t> out;
     for (int64_t old : key) {
       if (old == r) {
-        for (int64_t j = 0; j < k; ++j)
-          out.push_back(r + j);
+        for (int64_t j = 0; j < k; ++j) out.push_back(r + j);
       } else {
         out.push_back(old < r ? old : old + k - 1);
       }
@@ -711,8 +728,7 @@ DeviceMesh::unflatten(absl::string_view dim, absl::Span<const int64_t> sizes,
     return out;
   };
   std::vector<int64_t> parts(k);
-  for (int64_t j = 0; j < k; ++j)
-    parts[j] = r + j;
+  for (int64_t j = 0; j < k; ++j) parts[j] = r + j;
 
   if (shared.device_type != DeviceType::kMeta) {
     if (shared.bootstrap == nullptr) {
@@ -777,8 +793,7 @@ DeviceMesh::unflatten(absl::string_view dim, absl::Span<const int64_t> sizes,
   const DeviceMesh new_root(next, root);
   // The same view of the new root as this mesh is of the old one: its
   // dimensions in its order, `dim` replaced by its parts.
-  if (layout == shared.root)
-    return new_root;
+  if (layout == shared.root) return new_root;
   if (!has_self()) {
     return NotMember(layout, shared.global_rank,
                      absl::StrCat("unflattened mesh along '", dim,
@@ -806,8 +821,158 @@ absl::StatusOr<std::string> DeviceMesh::backend(absl::string_view dim) const {
     }
     return std::string();
   }
-  return view_->shared->backends->dim_backend(
-      view_->shared->backend_dim[root_dim]);
+  const int64_t plan_dim = view_->shared->backend_dim[root_dim];
+  if (plan_dim < 0) {
+    return std::string(view_->shared->device_world->backend());
+  }
+  return view_->shared->backends->dim_backend(plan_dim);
+}
+
+absl::StatusOr<DeviceMesh> DeviceMesh::view(
+    absl::Span<const int64_t> shape,
+    absl::Span<const std::string> names) const {
+  Shared& shared = *view_->shared;
+  const MeshLayout& from = shared.root;
+  // The view: the root's ranks, in the same row-major order, in `shape`.
+  std::vector<int64_t> table;
+  if (from.has_rank_table()) table = from.ranks();
+  if (names.empty()) {
+    return absl::InvalidArgumentError(
+        "DeviceMesh::view needs a name per dimension: views share "
+        "communicators by name");
+  }
+  VEMESH_ASSIGN_OR_RETURN(MeshLayout layout,
+                          MeshLayout::Create(shape, names, table));
+  if (layout.size() != from.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "view ", layout.ToString(), " holds ", layout.size(),
+        " ranks: expected ", from.size(), ", the ranks of ", from.ToString()));
+  }
+  std::shared_ptr<ViewFamily> family;
+  {
+    std::lock_guard<std::mutex> lock(shared.mu);
+    family = shared.family;
+  }
+  if (family == nullptr) {
+    family = std::make_shared<ViewFamily>();
+    for (int64_t d = 0; d < from.ndim(); ++d) {
+      VEMESH_ASSIGN_OR_RETURN(auto groups, from.groups({from.dim_name(d)}));
+      std::sort(groups.begin(), groups.end());
+      family->dims.emplace(
+          from.dim_name(d),
+          ViewFamily::Dim{std::move(groups),
+                          d < static_cast<int64_t>(shared.dims.size())
+                              ? shared.dims[d]
+                              : nullptr});
+    }
+    std::lock_guard<std::mutex> lock(shared.mu);
+    if (shared.family == nullptr) shared.family = family;
+    family = shared.family;
+  }
+  // Which dimensions are shared (same name, same groups) and which new;
+  // a shared name with other groups is refused, the same on every rank.
+  std::vector<std::vector<std::vector<int64_t>>> groups(layout.ndim());
+  std::vector<std::shared_ptr<Communicator>> known(layout.ndim());
+  std::vector<bool> is_new(layout.ndim(), true);
+  {
+    std::lock_guard<std::mutex> lock(family->mu);
+    for (int64_t d = 0; d < layout.ndim(); ++d) {
+      const std::string& name = layout.dim_name(d);
+      VEMESH_ASSIGN_OR_RETURN(groups[d], layout.groups({name}));
+      std::sort(groups[d].begin(), groups[d].end());
+      auto it = family->dims.find(name);
+      if (it == family->dims.end()) continue;
+      if (it->second.groups != groups[d]) {
+        size_t i = 0;
+        while (i < groups[d].size() && i < it->second.groups.size() &&
+               groups[d][i] == it->second.groups[i]) {
+          ++i;
+        }
+        const auto text = [](const std::vector<std::vector<int64_t>>& g,
+                             size_t at) {
+          return at < g.size()
+                     ? absl::StrCat("[", absl::StrJoin(g[at], ", "), "]")
+                     : std::string("none");
+        };
+        return absl::InvalidArgumentError(absl::StrCat(
+            "view ", layout.ToString(), ": dimension '", name, "' has group ",
+            text(groups[d], i), " where the views of ", from.ToString(),
+            " have ", text(it->second.groups, i),
+            ": expected the groups of a shared dimension to be the same (or "
+            "another name)"));
+      }
+      is_new[d] = false;
+      known[d] = it->second.mine;
+    }
+  }
+  auto next =
+      std::make_shared<Shared>(shared.device_type, layout, shared.global_rank);
+  next->host_local_rank = shared.host_local_rank;
+  next->host_size = shared.host_size;
+  next->timeout = shared.timeout;
+  next->bootstrap = shared.bootstrap;
+  next->backends = shared.backends;
+  next->device_world = shared.device_world;
+  next->family = family;
+  if (shared.device_type != DeviceType::kMeta) {
+    if (shared.bootstrap == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot make view ", layout.ToString(),
+          ": this mesh adopted its groups (DeviceMesh::FromGroups) and has "
+          "no world to split"));
+    }
+    // Collective: check, then one split per new dimension on the default
+    // world; shared dimensions reuse their communicators.
+    std::lock_guard<std::mutex> flatten_lock(shared.flatten_mu);
+    const std::vector<AgreementField> fields = {
+        {"shape", absl::StrCat("[", absl::StrJoin(shape, ", "), "]")},
+        {"names", absl::StrCat("[", absl::StrJoin(names, ", "), "]")}};
+    VEMESH_RETURN_IF_ERROR(CheckAgreement(*shared.bootstrap, "DeviceMesh::view",
+                                          fields,
+                                          absl::Now() + shared.timeout));
+    const bool member = layout.contains(shared.global_rank);
+    for (int64_t d = 0; d < layout.ndim(); ++d) {
+      if (!is_new[d]) {
+        next->dims.push_back(known[d]);
+        next->backend_dim.push_back(-1);
+        continue;
+      }
+      int color = -1;
+      int key = 0;
+      if (member) {
+        VEMESH_ASSIGN_OR_RETURN(
+            auto pos,
+            layout.group_position({layout.dim_name(d)}, shared.global_rank));
+        color = static_cast<int>(pos.group);
+        key = static_cast<int>(pos.index);
+      }
+      VEMESH_ASSIGN_OR_RETURN(auto group,
+                              shared.device_world->split(color, key));
+      next->dims.push_back(std::move(group));
+      next->backend_dim.push_back(-1);
+    }
+    // A shared dimension keeps the backend it was made on.
+    for (int64_t d = 0; d < layout.ndim(); ++d) {
+      if (is_new[d]) continue;
+      auto at = from.find_dim(layout.dim_name(d));
+      if (at && !shared.backend_dim.empty()) {
+        next->backend_dim[d] = shared.backend_dim[*at];
+      }
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(family->mu);
+    for (int64_t d = 0; d < layout.ndim(); ++d) {
+      if (!is_new[d]) continue;
+      family->dims.emplace(
+          layout.dim_name(d),
+          ViewFamily::Dim{std::move(groups[d]),
+                          d < static_cast<int64_t>(next->dims.size())
+                              ? next->dims[d]
+                              : nullptr});
+    }
+  }
+  return DeviceMesh(next, layout);
 }
 
 int DeviceMesh::host_local_rank() const { return view_->shared->host_local_rank; }

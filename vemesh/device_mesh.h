@@ -75,7 +75,6 @@
 #ifndef VEMESH_DEVICE_MESH_H_
 #define VEMESH_DEVICE_MESH_H_
 
-#include "absl/strings/string_view.h"
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
@@ -86,6 +85,7 @@
 
 #include "absl/hash/hash.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "vemesh/bootstrap/bootstrap.h"
@@ -184,8 +184,8 @@ class DeviceMesh {
   absl::StatusOr<std::shared_ptr<Communicator>> get_group() const;
   // One communicator per dimension, in dimension order (PyTorch's
   // get_all_groups). The errors of get_group.
-  absl::StatusOr<std::vector<std::shared_ptr<Communicator>>>
-  get_all_groups() const;
+  absl::StatusOr<std::vector<std::shared_ptr<Communicator>>> get_all_groups()
+      const;
 
   // Child meshes that contain this rank, sharing this mesh's communicators.
   absl::StatusOr<DeviceMesh> operator[](absl::string_view dim) const;
@@ -193,8 +193,8 @@ class DeviceMesh {
   // name lookup).
   absl::StatusOr<DeviceMesh> operator[](int64_t dim) const;
   // `mesh[{"DP", "TP"}]`: the same as slice({"DP", "TP"}).
-  absl::StatusOr<DeviceMesh>
-  operator[](std::initializer_list<absl::string_view> dims) const;
+  absl::StatusOr<DeviceMesh> operator[](
+      std::initializer_list<absl::string_view> dims) const;
   absl::StatusOr<DeviceMesh> slice(absl::Span<const std::string> dims) const;
   // The child along `dims` that contains `global_rank`, any member of this
   // mesh: it shares this mesh's communicators when this process is in it,
@@ -215,11 +215,12 @@ class DeviceMesh {
   // and device only). Hashable with absl::Hash, consistently with ==, so a
   // mesh can key an absl::flat_hash_map. O(ndim) for meshes derived the
   // same way.
-  friend bool operator==(const DeviceMesh &a, const DeviceMesh &b);
-  friend bool operator!=(const DeviceMesh &a, const DeviceMesh &b) {
+  friend bool operator==(const DeviceMesh& a, const DeviceMesh& b);
+  friend bool operator!=(const DeviceMesh& a, const DeviceMesh& b) {
     return !(a == b);
   }
-  template <typename H> friend H AbslHashValue(H h, const DeviceMesh &mesh) {
+  template <typename H>
+  friend H AbslHashValue(H h, const DeviceMesh& mesh) {
     return H::combine(std::move(h), mesh.hash_value());
   }
 
@@ -258,12 +259,27 @@ class DeviceMesh {
   // differs, a name already used; FailedPrecondition for an adopted mesh
   // (FromGroups) and, after the splits, for a rank outside a child mesh.
   // A meta mesh unflattens its layout without communicating.
-  absl::StatusOr<DeviceMesh>
-  unflatten(absl::string_view dim, absl::Span<const int64_t> sizes,
-            absl::Span<const std::string> names) const;
-  absl::StatusOr<DeviceMesh>
-  unflatten(int64_t dim, absl::Span<const int64_t> sizes,
-            absl::Span<const std::string> names) const;
+  absl::StatusOr<DeviceMesh> unflatten(
+      absl::string_view dim, absl::Span<const int64_t> sizes,
+      absl::Span<const std::string> names) const;
+  absl::StatusOr<DeviceMesh> unflatten(
+      int64_t dim, absl::Span<const int64_t> sizes,
+      absl::Span<const std::string> names) const;
+
+  // Another named factorisation of this mesh's root (Megatron's
+  // HyperCommGrid views: dense PP x DP x CP x TP and experts PP x EDP x EP x
+  // ETP over the same ranks): `shape` over the root's ranks in the same
+  // row-major order, one name per dimension. A dimension whose name the
+  // root or an earlier view of it already has must enumerate the same
+  // groups, and then is the same communicator; otherwise InvalidArgument
+  // naming the dimension and a group that differs (the same error on every
+  // rank, before any communication). Collective over the world: one
+  // agreement check, then one split per new dimension. The view is a root
+  // of its own (root_mesh() is the view); later views of it or of the root
+  // share the same names. A sizes product other than the root's size is
+  // InvalidArgument.
+  absl::StatusOr<DeviceMesh> view(absl::Span<const int64_t> shape,
+                                  absl::Span<const std::string> names) const;
 
   // This process's device index on its host and the number of ranks there,
   // from the host identities gathered at creation, cross-checked with the

@@ -57,7 +57,7 @@ absl::StatusOr<std::shared_ptr<Bootstrap>> GlooBootstrapOverMpi(
     address = absl::StrCat(host, " ", (*server)->port());
   }
   VEMESH_ASSIGN_OR_RETURN(auto all, bootstrap.all_gather(address, deadline));
-  const std::string &zero = all[0];
+  const std::string& zero = all[0];
   const size_t space = zero.find(' ');
   int port = 0;
   if (space == std::string::npos ||

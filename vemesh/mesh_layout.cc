@@ -270,8 +270,7 @@ absl::StatusOr<Coordinate> MeshLayout::coordinate_of(int64_t global_rank) const 
     return root_coordinate(global_rank);
   }
   VEMESH_ASSIGN_OR_RETURN(auto index, root_index_of(global_rank));
-  if (identity_)
-    return root_coordinate(index);
+  if (identity_) return root_coordinate(index);
   const Coordinate rc = root_coordinate(index);
   // A sub-layout holds only the ranks that agree with its anchor on every
   // root dimension it does not span.
@@ -399,8 +398,7 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> MeshLayout::groups(
     }
   }
   int64_t group_size = 1;
-  for (int64_t i : picked)
-    group_size *= dims_[i].size;
+  for (int64_t i : picked) group_size *= dims_[i].size;
   const int64_t group_count = size_ / group_size;
 
   // Walks a row-major counter over `which` dimensions, writing root coords.

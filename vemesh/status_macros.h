@@ -6,7 +6,7 @@
 //
 //   absl::Status Setup() {
 //     VEMESH_RETURN_IF_ERROR(Connect());          // returns the error, if any
-//     VEMESH_ASSIGN_OR_RETURN(auto mesh, Build()); // mesh is the value
+//     VEMESH_ASSIGN_OR_RETURN(auto mesh, Build());  // mesh is the value
 //     VEMESH_ASSIGN_OR_RETURN(int64_t n, mesh.size("TP"));
 //     ...
 //   }
@@ -35,41 +35,40 @@
 
 namespace vemesh::status_internal {
 
-inline const absl::Status &AsStatus(const absl::Status &status) {
+inline const absl::Status& AsStatus(const absl::Status& status) {
   return status;
 }
-inline absl::Status AsStatus(absl::Status &&status) {
+inline absl::Status AsStatus(absl::Status&& status) {
   return std::move(status);
 }
 template <typename T>
-const absl::Status &AsStatus(const absl::StatusOr<T> &value) {
+const absl::Status& AsStatus(const absl::StatusOr<T>& value) {
   return value.status();
 }
-template <typename T> absl::Status AsStatus(absl::StatusOr<T> &&value) {
+template <typename T>
+absl::Status AsStatus(absl::StatusOr<T>&& value) {
   return std::move(value).status();
 }
 
-} // namespace vemesh::status_internal
+}  // namespace vemesh::status_internal
 
 #define VEMESH_STATUS_CONCAT_INNER_(a, b) a##b
 #define VEMESH_STATUS_CONCAT_(a, b) VEMESH_STATUS_CONCAT_INNER_(a, b)
 
-#define VEMESH_RETURN_IF_ERROR(expr)                                           \
-  do {                                                                         \
-    ::absl::Status vemesh_status_macro_ =                                      \
-        ::vemesh::status_internal::AsStatus(expr);                             \
-    if (!vemesh_status_macro_.ok())                                            \
-      return vemesh_status_macro_;                                             \
+#define VEMESH_RETURN_IF_ERROR(expr)                             \
+  do {                                                           \
+    ::absl::Status vemesh_status_macro_ =                        \
+        ::vemesh::status_internal::AsStatus(expr);               \
+    if (!vemesh_status_macro_.ok()) return vemesh_status_macro_; \
   } while (false)
 
-#define VEMESH_ASSIGN_OR_RETURN(lhs, expr)                                     \
-  VEMESH_ASSIGN_OR_RETURN_IMPL_(                                               \
+#define VEMESH_ASSIGN_OR_RETURN(lhs, expr) \
+  VEMESH_ASSIGN_OR_RETURN_IMPL_(           \
       VEMESH_STATUS_CONCAT_(vemesh_statusor_, __LINE__), lhs, expr)
 
-#define VEMESH_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr)                     \
-  auto statusor = (expr);                                                      \
-  if (!statusor.ok())                                                          \
-    return std::move(statusor).status();                                       \
+#define VEMESH_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr) \
+  auto statusor = (expr);                                  \
+  if (!statusor.ok()) return std::move(statusor).status(); \
   lhs = *std::move(statusor)
 
-#endif // VEMESH_STATUS_MACROS_H_
+#endif  // VEMESH_STATUS_MACROS_H_

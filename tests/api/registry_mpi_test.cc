@@ -262,7 +262,7 @@ TEST(RegistryMpiTest, WorkedExample222) {
 TEST(RegistryMpiTest, LowerCaseNamesPlayTheirRoles) {
   const int world = WorldSize();
   const int64_t me = WorldRank();
-  VeDeviceMesh &reg = VESCALE_DEVICE_MESH;
+  VeDeviceMesh& reg = VESCALE_DEVICE_MESH;
   // 4 ranks: dp=2 x tp=2; 8 ranks: pp=2 x dp=2 x tp=2. Row-major by hand.
   const int64_t pp_size = world / 4, dp_size = 2, tp_size = 2;
   const std::vector<int64_t> shape =
@@ -280,7 +280,7 @@ TEST(RegistryMpiTest, LowerCaseNamesPlayTheirRoles) {
   EXPECT_EQ(*reg.get_role_size("tp"), tp_size);
   EXPECT_EQ(*reg.get_role_size("DP"), dp_size);
   EXPECT_EQ(*reg.get_role_size("PP"), pp_size);
-  const int64_t base = me - tp; // first rank of my TP row
+  const int64_t base = me - tp;  // first rank of my TP row
   ExpectGroup(*reg.get_tensor_parallel_dim_groups(), {base, base + 1});
   const int64_t dp0 = me - dp * tp_size;
   ExpectGroup(*reg.get_data_parallel_dim_groups(), {dp0, dp0 + tp_size});

@@ -146,7 +146,7 @@ TEST_F(RegistryTest, RolesMatchDimensionNamesIgnoringCase) {
   EXPECT_EQ(reg_.get_global_tensor_parallel_meshes()->size(), 6u);
   auto stages = reg_.get_global_pipeline_parallel_meshes();
   ASSERT_TRUE(stages.ok()) << stages.status();
-  EXPECT_EQ(stages->size(), 2u); // "pp" is the pipeline dimension
+  EXPECT_EQ(stages->size(), 2u);  // "pp" is the pipeline dimension
   EXPECT_FALSE(*reg_.is_last_stage());
   // Dimension queries stay exact: "TP" is not a dimension's name.
   EXPECT_EQ(reg_.get_strategy_size("TP").status().code(),
@@ -165,7 +165,7 @@ TEST_F(RegistryTest, RoleMatchingTwoDimensionsByCaseIsAnError) {
   EXPECT_EQ(*reg_.get_role_size("tp"), 2);
   EXPECT_EQ(*reg_.get_role_size("Tp"), 4);
   // "TP" matches both only ignoring case: an error naming both.
-  for (const absl::Status &s :
+  for (const absl::Status& s :
        {reg_.get_role_size("TP").status(), reg_.get_role_rank("TP").status(),
         reg_.get_tensor_parallel_rank().status(),
         reg_.get_tensor_parallel_mesh().status(),

@@ -24,12 +24,11 @@ absl::Status Succeeds() {
 }
 absl::StatusOr<std::unique_ptr<int>> Boxed(int v) {
   ++calls;
-  if (v < 0)
-    return absl::OutOfRangeError("negative");
+  if (v < 0) return absl::OutOfRangeError("negative");
   return std::make_unique<int>(v);
 }
 
-absl::Status ReturnIfError(bool fail, int *after) {
+absl::Status ReturnIfError(bool fail, int* after) {
   VEMESH_RETURN_IF_ERROR(fail ? Fails() : Succeeds());
   *after = 1;
   return absl::OkStatus();
@@ -37,14 +36,14 @@ absl::Status ReturnIfError(bool fail, int *after) {
 
 absl::StatusOr<int> AssignOrReturn(int v) {
   VEMESH_ASSIGN_OR_RETURN(std::unique_ptr<int> box, Boxed(v));
-  VEMESH_ASSIGN_OR_RETURN(auto again, Boxed(*box + 1)); // two on one scope
+  VEMESH_ASSIGN_OR_RETURN(auto again, Boxed(*box + 1));  // two on one scope
   int into = 0;
   VEMESH_ASSIGN_OR_RETURN(into, absl::StatusOr<int>(*again * 10));
   return into;
 }
 
 absl::Status StatusOrToReturnIfError(int v) {
-  VEMESH_RETURN_IF_ERROR(Boxed(v)); // a StatusOr: its status is checked
+  VEMESH_RETURN_IF_ERROR(Boxed(v));  // a StatusOr: its status is checked
   return absl::OkStatus();
 }
 
@@ -66,7 +65,7 @@ TEST(StatusMacros, AssignOrReturnMovesTheValueOut) {
   auto v = AssignOrReturn(4);
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_EQ(*v, 50);
-  EXPECT_EQ(calls, 2); // each right-hand side once
+  EXPECT_EQ(calls, 2);  // each right-hand side once
   auto bad = AssignOrReturn(-1);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kOutOfRange);
   EXPECT_EQ(bad.status().message(), "negative");
@@ -77,5 +76,5 @@ TEST(StatusMacros, ReturnIfErrorTakesAStatusOr) {
   EXPECT_EQ(StatusOrToReturnIfError(-1).code(), absl::StatusCode::kOutOfRange);
 }
 
-} // namespace
-} // namespace vemesh
+}  // namespace
+}  // namespace vemesh

@@ -4,7 +4,7 @@
 // must compile (the control).
 #include "vemesh/device_mesh.h"
 
-void Use(const vemesh::DeviceMesh &mesh) {
+void Use(const vemesh::DeviceMesh& mesh) {
 #ifdef VEMESH_BRACES
   (void)mesh[{"DP", "TP"}];
 #else

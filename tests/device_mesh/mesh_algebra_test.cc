@@ -15,9 +15,9 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
-#include "vemesh/device_mesh.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "vemesh/device_mesh.h"
 
 namespace vemesh {
 namespace {
@@ -49,16 +49,14 @@ struct Grid {
     }
     return c;
   }
-  int64_t rank(const std::vector<int64_t> &c) const {
+  int64_t rank(const std::vector<int64_t>& c) const {
     int64_t r = 0;
-    for (size_t i = 0; i < shape.size(); ++i)
-      r = r * shape[i] + c[i];
+    for (size_t i = 0; i < shape.size(); ++i) r = r * shape[i] + c[i];
     return r;
   }
-  std::vector<int64_t> group(int64_t of, const std::vector<int> &dims) const {
+  std::vector<int64_t> group(int64_t of, const std::vector<int>& dims) const {
     int64_t n = 1;
-    for (int d : dims)
-      n *= shape[d];
+    for (int d : dims) n *= shape[d];
     std::vector<int64_t> out;
     for (int64_t k = 0; k < n; ++k) {
       std::vector<int64_t> c = coord(of);
@@ -72,18 +70,17 @@ struct Grid {
     return out;
   }
   // This rank's index in group(of, dims).
-  int64_t index(int64_t of, const std::vector<int> &dims) const {
+  int64_t index(int64_t of, const std::vector<int>& dims) const {
     const std::vector<int64_t> c = coord(of);
     int64_t i = 0;
-    for (int d : dims)
-      i = i * shape[d] + c[d];
+    for (int d : dims) i = i * shape[d] + c[d];
     return i;
   }
 };
 
 // ranks() and an all_gather of global ranks over `comm` are `expected`.
-void ExpectGroup(const std::shared_ptr<Communicator> &comm,
-                 const std::vector<int64_t> &expected) {
+void ExpectGroup(const std::shared_ptr<Communicator>& comm,
+                 const std::vector<int64_t>& expected) {
   ASSERT_NE(comm, nullptr);
   std::vector<int64_t> ranks(comm->ranks().begin(), comm->ranks().end());
   EXPECT_EQ(ranks, expected);
@@ -305,7 +302,7 @@ TEST(MeshAlgebra, EqualityAndHashing) {
 TEST(MeshAlgebra, NonMembersOfASmallerMesh) {
   const int world = WorldSize();
   const int64_t me = WorldRank();
-  const Grid g{{2, world / 4}}; // half the world: ranks 0 .. world/2 - 1
+  const Grid g{{2, world / 4}};  // half the world: ranks 0 .. world/2 - 1
   const int64_t members = world / 2;
   auto mesh = init_device_mesh("cpu", g.shape, {"dp", "tp"});
   ASSERT_TRUE(mesh.ok()) << mesh.status();
@@ -337,5 +334,5 @@ TEST(MeshAlgebra, NonMembersOfASmallerMesh) {
   EXPECT_EQ(*mesh->size(1), world / 4);
 }
 
-} // namespace
-} // namespace vemesh
+}  // namespace
+}  // namespace vemesh

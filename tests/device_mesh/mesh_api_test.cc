@@ -8,10 +8,10 @@
 #include <utility>
 #include <vector>
 
-#include "vemesh/api/ve_device_mesh.h"
-#include "vemesh/device_mesh.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "vemesh/api/ve_device_mesh.h"
+#include "vemesh/device_mesh.h"
 
 namespace vemesh {
 namespace {
@@ -20,12 +20,12 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 // Compile-time: the brace spelling is a slice, an integer is an index.
-static_assert(requires(const DeviceMesh &m) {
+static_assert(requires(const DeviceMesh& m) {
   { m[{"DP", "TP"}] } -> std::same_as<absl::StatusOr<DeviceMesh>>;
   { m[0] } -> std::same_as<absl::StatusOr<DeviceMesh>>;
   { m.size(0) } -> std::same_as<absl::StatusOr<int64_t>>;
 });
-static_assert(requires(const VeDeviceMesh &r) {
+static_assert(requires(const VeDeviceMesh& r) {
   { r[{"DP", "TP"}] } -> std::same_as<absl::StatusOr<DeviceMesh>>;
   { r.size(0) } -> std::same_as<absl::StatusOr<int64_t>>;
 });
@@ -51,7 +51,7 @@ TEST(MeshApi, SizeOfALiteralZeroIsTheFirstDimension) {
 }
 
 TEST(MeshApi, IndexSubscriptIsThatDimension) {
-  const DeviceMesh mesh = Mesh234(17); // coordinate [1, 1, 1]
+  const DeviceMesh mesh = Mesh234(17);  // coordinate [1, 1, 1]
   auto pp = mesh[0];
   ASSERT_TRUE(pp.ok()) << pp.status();
   EXPECT_THAT(pp->mesh_dim_names(), ElementsAre("PP"));
@@ -67,8 +67,7 @@ TEST(MeshApi, BraceSubscriptIsASlice) {
   EXPECT_THAT(dp_tp->mesh_dim_names(), ElementsAre("DP", "TP"));
   EXPECT_THAT(dp_tp->shape(), ElementsAre(3, 4));
   std::vector<int64_t> expected;
-  for (int64_t i = 12; i < 24; ++i)
-    expected.push_back(i);
+  for (int64_t i = 12; i < 24; ++i) expected.push_back(i);
   EXPECT_EQ(dp_tp->mesh(), expected);
   EXPECT_EQ(mesh[{"TP"}]->mesh(), mesh["TP"]->mesh());
   auto bad = mesh[{"DP", "XX"}];
@@ -89,5 +88,5 @@ TEST(MeshApi, RegistryIndexAndBraceSubscripts) {
   EXPECT_EQ(reg[2].status().code(), absl::StatusCode::kOutOfRange);
 }
 
-} // namespace
-} // namespace vemesh
+}  // namespace
+}  // namespace vemesh

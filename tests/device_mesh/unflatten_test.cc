@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "vemesh/device_mesh.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "vemesh/device_mesh.h"
 
 namespace vemesh {
 namespace {
@@ -43,16 +43,14 @@ struct Grid {
     }
     return c;
   }
-  int64_t rank(const std::vector<int64_t> &c) const {
+  int64_t rank(const std::vector<int64_t>& c) const {
     int64_t r = 0;
-    for (size_t i = 0; i < shape.size(); ++i)
-      r = r * shape[i] + c[i];
+    for (size_t i = 0; i < shape.size(); ++i) r = r * shape[i] + c[i];
     return r;
   }
-  std::vector<int64_t> group(int64_t of, const std::vector<int> &dims) const {
+  std::vector<int64_t> group(int64_t of, const std::vector<int>& dims) const {
     int64_t n = 1;
-    for (int d : dims)
-      n *= shape[d];
+    for (int d : dims) n *= shape[d];
     std::vector<int64_t> out;
     for (int64_t k = 0; k < n; ++k) {
       std::vector<int64_t> c = coord(of);
@@ -67,8 +65,8 @@ struct Grid {
   }
 };
 
-void ExpectGroup(const std::shared_ptr<Communicator> &comm,
-                 const std::vector<int64_t> &expected) {
+void ExpectGroup(const std::shared_ptr<Communicator>& comm,
+                 const std::vector<int64_t>& expected) {
   ASSERT_NE(comm, nullptr);
   std::vector<int64_t> ranks(comm->ranks().begin(), comm->ranks().end());
   EXPECT_EQ(ranks, expected);
@@ -114,7 +112,7 @@ TEST(Unflatten, OneDimensionIntoTwo) {
 TEST(Unflatten, MiddleDimensionKeepsTheOthers) {
   const int world = WorldSize();
   const int64_t me = WorldRank();
-  const int64_t shard = world / 2; // 2 on 4 ranks, 4 on 8
+  const int64_t shard = world / 2;  // 2 on 4 ranks, 4 on 8
   auto mesh = init_device_mesh("cpu", {2, shard}, {"pp", "dp_shard"});
   ASSERT_TRUE(mesh.ok()) << mesh.status();
   auto all = mesh->flatten({"pp", "dp_shard"}, "all");
@@ -186,7 +184,7 @@ TEST(Unflatten, BadArgumentsNameTheValue) {
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
   ASSERT_TRUE(mesh->flatten({"pp", "dp"}, "flat").ok());
   auto flat = mesh->unflatten("flat", {world}, {"x"});
-  EXPECT_EQ(flat.status().code(), absl::StatusCode::kNotFound); // not a dim
+  EXPECT_EQ(flat.status().code(), absl::StatusCode::kNotFound);  // not a dim
   auto flat_dim =
       (*mesh)["flat"]->unflatten("flat", {2, world / 2}, {"x", "y"});
   EXPECT_EQ(flat_dim.status().code(), absl::StatusCode::kInvalidArgument);
@@ -203,12 +201,12 @@ TEST(Unflatten, MetaLayoutOnly) {
   const DeviceMesh meta = DeviceMesh::Meta(*layout, 7);
   auto split = meta.unflatten("dp", {3, 2}, {"dp", "cp"});
   EXPECT_EQ(split.status().code(),
-            absl::StatusCode::kInvalidArgument); // dp taken
+            absl::StatusCode::kInvalidArgument);  // dp taken
   auto ok = meta.unflatten("dp", {3, 2}, {"d", "c"});
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_THAT(ok->shape(), ElementsAre(2, 3, 2));
   EXPECT_THAT(*ok->get_coordinate(), ElementsAre(1, 0, 1));
 }
 
-} // namespace
-} // namespace vemesh
+}  // namespace
+}  // namespace vemesh

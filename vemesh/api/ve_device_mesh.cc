@@ -89,13 +89,12 @@ bool IsKnownRole(absl::string_view name) {
 // by case (and neither exactly) make the question ambiguous: InvalidArgument
 // naming them. A 1-D mesh named neither DP nor TP (in any case) serves as
 // both (veScale's rule). -1 when the mesh lacks the role.
-absl::StatusOr<int64_t> RoleDim(const MeshLayout &layout,
+absl::StatusOr<int64_t> RoleDim(const MeshLayout& layout,
                                 absl::string_view role) {
   if (auto d = layout.find_dim(role)) return *d;
   int64_t found = -1;
   for (int64_t i = 0; i < layout.ndim(); ++i) {
-    if (!absl::EqualsIgnoreCase(layout.dim_name(i), role))
-      continue;
+    if (!absl::EqualsIgnoreCase(layout.dim_name(i), role)) continue;
     if (found >= 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "role '", role, "' matches both dimension '", layout.dim_name(found),
@@ -106,8 +105,7 @@ absl::StatusOr<int64_t> RoleDim(const MeshLayout &layout,
     }
     found = i;
   }
-  if (found >= 0)
-    return found;
+  if (found >= 0) return found;
   if (layout.ndim() == 1 &&
       (absl::EqualsIgnoreCase(role, "DP") ||
        absl::EqualsIgnoreCase(role, "TP")) &&
@@ -314,17 +312,15 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::operator[](
 
 absl::StatusOr<DeviceMesh> VeDeviceMesh::operator[](int64_t dim) const {
   const Snapshot snap(*this);
-  const State *s = snap.get();
-  if (s == nullptr)
-    return NotInitialized();
+  const State* s = snap.get();
+  if (s == nullptr) return NotInitialized();
   VEMESH_RETURN_IF_ERROR(s->layout().dim_size(dim));
-  if (!s->coordinate)
-    return NotMember(s->mesh);
+  if (!s->coordinate) return NotMember(s->mesh);
   return s->dim_meshes[dim];
 }
 
-absl::StatusOr<DeviceMesh>
-VeDeviceMesh::operator[](std::initializer_list<absl::string_view> dims) const {
+absl::StatusOr<DeviceMesh> VeDeviceMesh::operator[](
+    std::initializer_list<absl::string_view> dims) const {
   std::vector<std::string> names(dims.begin(), dims.end());
   return get_submesh(names);
 }
@@ -666,8 +662,7 @@ absl::StatusOr<std::optional<StageNeighbor>> VeDeviceMesh::stage_neighbor(
   if (!st.coordinate) return NotMember(st.mesh);
   VEMESH_ASSIGN_OR_RETURN(auto peer,
                           StagePeer(st.mesh, st.pp_dim, shift, wrap));
-  if (!peer.has_value())
-    return std::optional<StageNeighbor>();
+  if (!peer.has_value()) return std::optional<StageNeighbor>();
   int64_t stage = 0;
   if (st.pp_dim >= 0) {
     VEMESH_ASSIGN_OR_RETURN(auto coordinate, st.layout().coordinate_of(*peer));

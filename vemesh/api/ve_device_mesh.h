@@ -164,8 +164,8 @@ class VeDeviceMesh {
   // The 1-D sub-mesh along dimension `dim` (an index, never a name).
   absl::StatusOr<DeviceMesh> operator[](int64_t dim) const;
   // `registry[{"DP", "TP"}]`: the same as get_submesh({"DP", "TP"}).
-  absl::StatusOr<DeviceMesh>
-  operator[](std::initializer_list<absl::string_view> dims) const;
+  absl::StatusOr<DeviceMesh> operator[](
+      std::initializer_list<absl::string_view> dims) const;
   // The sub-mesh along `dims` (in that order) that contains this rank.
   absl::StatusOr<DeviceMesh> get_submesh(
       absl::Span<const std::string> dims) const;

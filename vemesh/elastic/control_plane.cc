@@ -1,9 +1,9 @@
 #include "vemesh/elastic/control_plane.h"
-#include "vemesh/status_macros.h"
 
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "vemesh/status_macros.h"
 
 namespace vemesh {
 
@@ -52,8 +52,7 @@ absl::StatusOr<std::vector<int>> ControlPlane::AliveOf(
   std::vector<int> alive;
   for (int id : ids) {
     VEMESH_ASSIGN_OR_RETURN(auto up, Alive(id));
-    if (up)
-      alive.push_back(id);
+    if (up) alive.push_back(id);
   }
   return alive;
 }

@@ -277,7 +277,7 @@ absl::StatusOr<MembershipRecord> ElasticMesh::Join() {
       start + options_.form_timeout + options_.recovery_timeout;
   while (absl::Now() < deadline) {
     VEMESH_ASSIGN_OR_RETURN(auto now, control_->Read());
-    const MembershipRecord &rec = now.record;
+    const MembershipRecord& rec = now.record;
     if (rec.has_member(me)) return rec;
     if (!rec.has_pending(me)) {
       MembershipRecord next = rec;
@@ -325,7 +325,7 @@ absl::StatusOr<MembershipRecord> ElasticMesh::ChooseEpoch(int64_t failed,
   const absl::Time settle = absl::Now() + options_.heartbeat_ttl * 3 / 2;
   while (absl::Now() < deadline) {
     VEMESH_ASSIGN_OR_RETURN(auto now, control_->Read());
-    const MembershipRecord &rec = now.record;
+    const MembershipRecord& rec = now.record;
     // The others went on without this replica: it is evicted, whoever is
     // alive now.
     if (rec.epoch > failed && !rec.has_member(options_.replica)) return rec;

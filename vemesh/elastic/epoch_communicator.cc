@@ -1,9 +1,9 @@
 #include "vemesh/elastic/epoch_communicator.h"
-#include "vemesh/status_macros.h"
 
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "vemesh/status_macros.h"
 
 namespace vemesh {
 

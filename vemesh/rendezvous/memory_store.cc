@@ -1,11 +1,11 @@
 #include "vemesh/rendezvous/memory_store.h"
-#include "vemesh/status_macros.h"
 
 #include <chrono>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "vemesh/status_macros.h"
 
 namespace vemesh {
 

@@ -1,5 +1,4 @@
 #include "vemesh/rendezvous/store.h"
-#include "vemesh/status_macros.h"
 
 #include <cxxabi.h>
 
@@ -7,6 +6,7 @@
 #include <typeinfo>
 
 #include "absl/strings/str_cat.h"
+#include "vemesh/status_macros.h"
 
 namespace vemesh {
 

@@ -39,8 +39,7 @@ absl::StatusOr<ColumnParallelLinear> ColumnParallelLinear::Create(
 absl::StatusOr<Matrix> ColumnParallelLinear::Forward(const Matrix& x) const {
   VEMESH_ASSIGN_OR_RETURN(RoleGroup tp, shard_.CurrentGroup());
   Matrix local = AffineForward(x, weight_.value, bias_.value);
-  if (!options_.gather_output || tp.size == 1)
-    return local;
+  if (!options_.gather_output || tp.size == 1) return local;
 
   // all_gather puts rank t's (batch x out/T) block at offset t * block; the
   // whole output wants it as columns [t * out/T, (t+1) * out/T).

@@ -84,8 +84,7 @@ absl::StatusOr<BucketStats> DataParallel::BroadcastParameters(
     absl::Span<Parameter* const> params) const {
   VEMESH_ASSIGN_OR_RETURN(RoleGroup dp, CurrentDpGroup());
   BucketStats stats{dp.size, TotalElements(params, &Parameter::value), 0};
-  if (dp.size == 1)
-    return stats;
+  if (dp.size == 1) return stats;
   VEMESH_ASSIGN_OR_RETURN(
       int n, ForEachBucket(params, &Parameter::value, options_.bucket_elements,
                            [&](absl::Span<double> bucket) {
@@ -99,18 +98,15 @@ absl::StatusOr<BucketStats> DataParallel::AverageGradients(
     absl::Span<Parameter* const> params) const {
   VEMESH_ASSIGN_OR_RETURN(RoleGroup dp, CurrentDpGroup());
   BucketStats stats{dp.size, TotalElements(params, &Parameter::grad), 0};
-  if (dp.size == 1)
-    return stats;
+  if (dp.size == 1) return stats;
   const double scale = 1.0 / dp.size;
-  absl::StatusOr<int> n =
-      ForEachBucket(params, &Parameter::grad, options_.bucket_elements,
-                    [&](absl::Span<double> bucket) {
-                      absl::Status s =
-                          dp.comm->all_reduce(bucket, ReduceOp::kSum);
-                      for (double &v : bucket)
-                        v *= scale;
-                      return s;
-                    });
+  absl::StatusOr<int> n = ForEachBucket(
+      params, &Parameter::grad, options_.bucket_elements,
+      [&](absl::Span<double> bucket) {
+        absl::Status s = dp.comm->all_reduce(bucket, ReduceOp::kSum);
+        for (double& v : bucket) v *= scale;
+        return s;
+      });
   if (!n.ok()) return n.status();
   stats.collectives = *n;
   return stats;

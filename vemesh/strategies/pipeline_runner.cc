@@ -91,7 +91,7 @@ absl::StatusOr<PipelineStats> RunPipeline(PipelineStageModel& model,
   std::vector<Matrix> input(m), output(m), grad_output(m), grad_input(m);
   int in_flight = 0;
   using Kind = PipelineOp::Kind;
-  for (const PipelineOp &op :
+  for (const PipelineOp& op :
        BuildStageSchedule(options.schedule, p.pp.size, p.pp.rank, m)) {
     const int mb = op.micro_batch;
     absl::Status s;
@@ -145,9 +145,9 @@ absl::StatusOr<PipelineStats> RunPipeline(PipelineStageModel& model,
         break;
     }
     if (!s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("pipeline stage ", p.pp.rank,
-                                                 " at ", PipelineOpToString(op),
-                                                 ": ", s.message()));
+      return absl::Status(
+          s.code(), absl::StrCat("pipeline stage ", p.pp.rank, " at ",
+                                 PipelineOpToString(op), ": ", s.message()));
     }
   }
   return stats;

@@ -75,8 +75,7 @@ absl::StatusOr<Matrix> RowParallelLinear::Backward(const Matrix& x,
   if (!need_input_grad) return Matrix();
 
   Matrix grad_local = grad_y * weight_.value.transpose();
-  if (options_.input_is_parallel || tp.size == 1)
-    return grad_local;
+  if (options_.input_is_parallel || tp.size == 1) return grad_local;
   // Rank t's block (batch x in/T) lands at offset t * block; dx wants it as
   // columns [t * in/T, (t+1) * in/T).
   const int64_t rows = grad_local.rows();

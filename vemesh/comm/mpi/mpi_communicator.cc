@@ -1,11 +1,11 @@
 #include "vemesh/comm/mpi/mpi_communicator.h"
 
 #include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <mutex>
-#include <string>
-#include <cstdint>
 #include <numeric>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"

@@ -310,10 +310,10 @@ absl::StatusOr<std::shared_ptr<RedisStore>> RedisStore::Connect(
   absl::Status status = CheckTimeout("connect_timeout", options.connect_timeout);
   if (status.ok()) status = CheckTimeout("op_timeout", options.op_timeout);
   if (!status.ok()) return status;
-  VEMESH_ASSIGN_OR_RETURN(redisContext * context,
-                          ConnectOnce(parsed.host, parsed.port,
-                                      options.connect_timeout,
-                                      options.op_timeout));
+  VEMESH_ASSIGN_OR_RETURN(
+      redisContext * context,
+      ConnectOnce(parsed.host, parsed.port, options.connect_timeout,
+                  options.op_timeout));
   return std::shared_ptr<RedisStore>(new RedisStore(
       std::move(parsed.host), parsed.port, std::move(options), context));
 }
@@ -445,12 +445,12 @@ absl::StatusOr<std::string> RedisStore::get(absl::string_view key) {
   const absl::string_view args[] = {"GET", k};
   VEMESH_ASSIGN_OR_RETURN(Reply reply, Call(args, what));
   switch (reply->type) {
-  case REDIS_REPLY_STRING:
-    return std::string(Text(*reply));
-  case REDIS_REPLY_NIL:
-    return absl::NotFoundError(absl::StrCat("store has no key '", key, "'"));
-  default:
-    return Unexpected(address_, what, *reply, "a string or nil");
+    case REDIS_REPLY_STRING:
+      return std::string(Text(*reply));
+    case REDIS_REPLY_NIL:
+      return absl::NotFoundError(absl::StrCat("store has no key '", key, "'"));
+    default:
+      return Unexpected(address_, what, *reply, "a string or nil");
   }
 }
 
@@ -475,7 +475,7 @@ absl::StatusOr<RedisStore::Swap> RedisStore::CompareSwap(
   const absl::string_view args[] = {"EVAL",   kCompareSetScript, "1", k,
                                     expected, desired, keep_lease ? "1" : "0"};
   VEMESH_ASSIGN_OR_RETURN(Reply reply, Call(args, what));
-  const redisReply &r = *reply;
+  const redisReply& r = *reply;
   if (r.type != REDIS_REPLY_ARRAY || r.elements != 2 ||
       r.element[0]->type != REDIS_REPLY_INTEGER ||
       r.element[1]->type != REDIS_REPLY_STRING) {
@@ -507,7 +507,7 @@ absl::StatusOr<int64_t> RedisStore::add(absl::string_view key, int64_t delta) {
   const absl::string_view args[] = {"INCRBY", k, by};
   VEMESH_ASSIGN_OR_RETURN(Reply reply,
                           Command(args, options_.op_timeout, what));
-  const redisReply &r = *reply;
+  const redisReply& r = *reply;
   if (r.type == REDIS_REPLY_INTEGER) return static_cast<int64_t>(r.integer);
   // "ERR value is not an integer or out of range", "ERR increment or
   // decrement would overflow": Redis is stricter than ParseCounter and does
@@ -545,8 +545,7 @@ absl::StatusOr<int64_t> RedisStore::AddByCompareSet(absl::string_view key,
     VEMESH_ASSIGN_OR_RETURN(
         Swap swap,
         CompareSwap(key, current, absl::StrCat(next), /*keep_lease=*/true));
-    if (swap.stored)
-      return next;
+    if (swap.stored) return next;
     if (absl::Now() > give_up) {
       return absl::AbortedError(absl::StrCat(
           "add to store key '", key, "' lost ", rounds,
@@ -662,7 +661,7 @@ absl::StatusOr<std::vector<std::string>> RedisStore::wait_get(
   const std::string what = absl::StrCat("MGET of ", keys.size(), " keys ('",
                                         keys[0].substr(0, 64), "', ...)");
   VEMESH_ASSIGN_OR_RETURN(Reply reply, Call(args, what));
-  const redisReply &r = *reply;
+  const redisReply& r = *reply;
   if (r.type != REDIS_REPLY_ARRAY || r.elements != keys.size()) {
     return Unexpected(address_, what, r,
                       absl::StrCat("an array of ", keys.size()));

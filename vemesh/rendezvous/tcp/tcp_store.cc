@@ -1,5 +1,4 @@
 #include "vemesh/rendezvous/tcp/tcp_store.h"
-#include "vemesh/status_macros.h"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -14,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "vemesh/status_macros.h"
 
 namespace vemesh {
 namespace {

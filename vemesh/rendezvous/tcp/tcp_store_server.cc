@@ -517,7 +517,7 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
   const std::string where = HostPortText(host, port);
   UniqueFd listen_fd;
   std::string last_error = "no address to bind";
-  for (const SocketAddress &address : addresses) {
+  for (const SocketAddress& address : addresses) {
     UniqueFd fd(::socket(address.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
     if (!fd.valid()) {
       last_error = absl::StrCat("socket: ", ErrnoText(errno));
