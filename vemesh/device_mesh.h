@@ -11,6 +11,19 @@
 //   (*mesh)["TP"];                     // 1-D child mesh, same communicators
 //   mesh->slice({"DP", "TP"});         // 2-D child mesh
 //   mesh->flatten({"DP", "TP"}, "DPTP");  // collective; cached
+//   mesh->flatten_mesh({"DP", "TP"}, "DPTP");  // the same, as a 1-D mesh
+//   (*mesh)["DPTP"];                   // afterwards: a name like any other
+//   mesh->slice({"PP", "DPTP"});       // 2-D child (PP, DPTP)
+//
+// Flattened names. After `flatten(dims, name)` (on every rank), `name` is a
+// dimension of every mesh of the same root that holds all of `dims`: the
+// root, its children, the flattened 1-D mesh. It can be sliced
+// (`mesh["DPTP"]`, a slice of {"PP", "DPTP"}), asked for its group, size
+// and local rank, and flattened again (nested: flatten({"DPTP", "EP"})
+// spans the root dimensions DP, TP, EP and is the same communicator as
+// flatten({"DP", "TP", "EP"})). The flattened dimensions need not be
+// adjacent (DP x TP of a PP x DP x CP x TP mesh). A mesh that lacks one of
+// them answers NotFound naming the missing one.
 //
 // Creation is collective over the world: every rank calls it with the same
 // arguments, and every rank checks that they all did (a mismatch is an error
@@ -62,20 +75,34 @@
 #ifndef VEMESH_DEVICE_MESH_H_
 #define VEMESH_DEVICE_MESH_H_
 
+#include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
+#include "absl/hash/hash.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "vemesh/bootstrap/bootstrap.h"
 #include "vemesh/comm/communicator.h"
 #include "vemesh/device_type.h"
 #include "vemesh/mesh_layout.h"
+
+// `mesh["DP", "TP"]` is the comma operator: it reads as a 2-D slice but is
+// `mesh["TP"]`. C++20 deprecates a comma at the top of a subscript and the
+// compilers warn; code that includes this header gets that warning as an
+// error, so the misleading spelling does not compile. Write
+// `mesh[{"DP", "TP"}]` (or `mesh.slice({"DP", "TP"})`) for the 2-D slice.
+#if defined(__clang__)
+#pragma clang diagnostic error "-Wdeprecated-comma-subscript"
+#elif defined(__GNUC__)
+#pragma GCC diagnostic error "-Wcomma-subscript"
+#endif
 
 namespace vemesh {
 
@@ -131,7 +158,11 @@ class DeviceMesh {
   int64_t ndim() const;
   std::vector<int64_t> shape() const;
   std::vector<std::string> mesh_dim_names() const;
+  // The size of one dimension, by name or by index. An integer (a literal 0
+  // included) always reaches the index overload; a null name does not
+  // reach the name overload.
   absl::StatusOr<int64_t> size(absl::string_view dim) const;
+  absl::StatusOr<int64_t> size(int64_t dim) const;
   // The member global ranks, row-major.
   std::vector<int64_t> mesh() const;
 
@@ -141,15 +172,29 @@ class DeviceMesh {
   absl::StatusOr<int64_t> get_local_rank(absl::string_view dim) const;
   absl::StatusOr<int64_t> get_local_rank(int64_t dim) const;
   // The communicator of one dimension; a name given to `flatten` also finds
-  // its group (when this mesh holds all the flattened dimensions).
+  // its group (when this mesh holds all the flattened dimensions; see
+  // "Flattened names" above).
   // FailedPrecondition for a meta mesh or a rank outside the mesh; NotFound
   // for an unknown name.
   absl::StatusOr<std::shared_ptr<Communicator>> get_group(
       absl::string_view dim) const;
   absl::StatusOr<std::shared_ptr<Communicator>> get_group(int64_t dim) const;
+  // The group of a 1-D mesh; InvalidArgument naming the dimensions for any
+  // other (PyTorch's get_group() without mesh_dim).
+  absl::StatusOr<std::shared_ptr<Communicator>> get_group() const;
+  // One communicator per dimension, in dimension order (PyTorch's
+  // get_all_groups). The errors of get_group.
+  absl::StatusOr<std::vector<std::shared_ptr<Communicator>>> get_all_groups()
+      const;
 
   // Child meshes that contain this rank, sharing this mesh's communicators.
   absl::StatusOr<DeviceMesh> operator[](absl::string_view dim) const;
+  // The 1-D child along dimension `dim` (an index: `mesh[0]` is never a
+  // name lookup).
+  absl::StatusOr<DeviceMesh> operator[](int64_t dim) const;
+  // `mesh[{"DP", "TP"}]`: the same as slice({"DP", "TP"}).
+  absl::StatusOr<DeviceMesh> operator[](
+      std::initializer_list<absl::string_view> dims) const;
   absl::StatusOr<DeviceMesh> slice(absl::Span<const std::string> dims) const;
   // The child along `dims` that contains `global_rank`, any member of this
   // mesh: it shares this mesh's communicators when this process is in it,
@@ -159,6 +204,25 @@ class DeviceMesh {
   // Whether both meshes come from the same creation (one root mesh and its
   // children), and so share communicators.
   bool same_root(const DeviceMesh& other) const;
+  // The mesh this one was sliced or flattened from, as created (itself for a
+  // root). Local.
+  DeviceMesh root_mesh() const;
+
+  // Equal when both come from the same creation (same_root) and have the
+  // same layout: the same names, shape and ranks in the same places (so the
+  // same communicators). Meshes from two creations with the same arguments
+  // are not equal: their communicators differ (PyTorch compares the layout
+  // and device only). Hashable with absl::Hash, consistently with ==, so a
+  // mesh can key an absl::flat_hash_map. O(ndim) for meshes derived the
+  // same way.
+  friend bool operator==(const DeviceMesh& a, const DeviceMesh& b);
+  friend bool operator!=(const DeviceMesh& a, const DeviceMesh& b) {
+    return !(a == b);
+  }
+  template <typename H>
+  friend H AbslHashValue(H h, const DeviceMesh& mesh) {
+    return H::combine(std::move(h), mesh.hash_value());
+  }
 
   // Collective over the world (every rank, members or not, must call it with
   // the same arguments): the communicator of `dims` flattened into one
@@ -173,6 +237,49 @@ class DeviceMesh {
   // time; get_group never waits for one (no lock is held across the split).
   absl::StatusOr<std::shared_ptr<Communicator>> flatten(
       absl::Span<const std::string> dims, absl::string_view name = "") const;
+  // flatten(dims, name), then the 1-D mesh along `name` that holds this rank
+  // (PyTorch's DeviceMesh._flatten): its group is the communicator flatten
+  // returns. Collective like flatten; a rank outside the mesh takes part,
+  // then gets FailedPrecondition.
+  absl::StatusOr<DeviceMesh> flatten_mesh(absl::Span<const std::string> dims,
+                                          absl::string_view name = "") const;
+
+  // Dimension `dim` split into `names` of `sizes` (PyTorch's
+  // DeviceMesh._unflatten): the same ranks in the same row-major places,
+  // `dim` replaced by several dimensions. Collective over the world (every
+  // rank, members or not, with the same arguments): one agreement check,
+  // then one split per new dimension on the backend of `dim`, nothing per
+  // sub-group; the other dimensions reuse their communicators. The result
+  // is this mesh's view of a new root (root_mesh() is the unflattened root,
+  // not this mesh's root; == tells them apart), in which `dim` stays a name:
+  // the flattening of its parts, with its old communicator. Flattenings
+  // made before carry over. `dim` must be a dimension of the root mesh (not
+  // a flattened one). Errors (InvalidArgument, naming the value): sizes
+  // whose product is not dim's size, a size < 1, a count of names that
+  // differs, a name already used; FailedPrecondition for an adopted mesh
+  // (FromGroups) and, after the splits, for a rank outside a child mesh.
+  // A meta mesh unflattens its layout without communicating.
+  absl::StatusOr<DeviceMesh> unflatten(
+      absl::string_view dim, absl::Span<const int64_t> sizes,
+      absl::Span<const std::string> names) const;
+  absl::StatusOr<DeviceMesh> unflatten(
+      int64_t dim, absl::Span<const int64_t> sizes,
+      absl::Span<const std::string> names) const;
+
+  // Another named factorisation of this mesh's root (Megatron's
+  // HyperCommGrid views: dense PP x DP x CP x TP and experts PP x EDP x EP x
+  // ETP over the same ranks): `shape` over the root's ranks in the same
+  // row-major order, one name per dimension. A dimension whose name the
+  // root or an earlier view of it already has must enumerate the same
+  // groups, and then is the same communicator; otherwise InvalidArgument
+  // naming the dimension and a group that differs (the same error on every
+  // rank, before any communication). Collective over the world: one
+  // agreement check, then one split per new dimension. The view is a root
+  // of its own (root_mesh() is the view); later views of it or of the root
+  // share the same names. A sizes product other than the root's size is
+  // InvalidArgument.
+  absl::StatusOr<DeviceMesh> view(absl::Span<const int64_t> shape,
+                                  absl::Span<const std::string> names) const;
 
   // This process's device index on its host and the number of ranks there,
   // from the host identities gathered at creation, cross-checked with the
@@ -193,6 +300,7 @@ class DeviceMesh {
   // every sub-mesh query) is one reference-count increment.
   struct View;
   DeviceMesh(std::shared_ptr<Shared> shared, MeshLayout layout);
+  size_t hash_value() const;
 
   std::shared_ptr<const View> view_;
 };

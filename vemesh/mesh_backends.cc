@@ -13,6 +13,7 @@
 #include "vemesh/comm/nccl/nccl_communicator.h"
 #include "vemesh/rendezvous/tcp/tcp_store.h"
 #include "vemesh/rendezvous/tcp/tcp_store_server.h"
+#include "vemesh/status_macros.h"
 
 namespace vemesh {
 namespace {
@@ -51,14 +52,12 @@ absl::StatusOr<std::shared_ptr<Bootstrap>> GlooBootstrapOverMpi(
   if (bootstrap.rank() == 0) {
     // One host: loopback; several: an address the others can reach.
     const std::string host = one_host ? "127.0.0.1" : AdvertisedAddress();
-    auto started = TcpStoreServer::Start(host, 0);
-    if (!started.ok()) return started.status();
-    *server = *std::move(started);
+    VEMESH_ASSIGN_OR_RETURN(auto started, TcpStoreServer::Start(host, 0));
+    *server = std::move(started);
     address = absl::StrCat(host, " ", (*server)->port());
   }
-  auto all = bootstrap.all_gather(address, deadline);
-  if (!all.ok()) return all.status();
-  const std::string& zero = (*all)[0];
+  VEMESH_ASSIGN_OR_RETURN(auto all, bootstrap.all_gather(address, deadline));
+  const std::string& zero = all[0];
   const size_t space = zero.find(' ');
   int port = 0;
   if (space == std::string::npos ||
@@ -69,18 +68,17 @@ absl::StatusOr<std::shared_ptr<Bootstrap>> GlooBootstrapOverMpi(
   const std::string host = zero.substr(0, space);
   TcpStoreOptions store_options;
   store_options.timeout = std::max(deadline - absl::Now(), absl::Seconds(1));
-  auto store = TcpStore::Connect(host, port, deadline, store_options);
-  if (!store.ok()) return store.status();
+  VEMESH_ASSIGN_OR_RETURN(
+      auto store, TcpStore::Connect(host, port, deadline, store_options));
   std::string local_host;
   if (const char* forced = std::getenv("VEMESH_GLOO_HOST"); forced && *forced) {
     local_host = forced;
   } else {
-    auto local = LocalAddressTowards(host);
-    if (!local.ok()) return local.status();
-    local_host = *local;
+    VEMESH_ASSIGN_OR_RETURN(auto local, LocalAddressTowards(host));
+    local_host = local;
   }
   return std::shared_ptr<Bootstrap>(std::make_shared<StoreBootstrap>(
-      std::shared_ptr<Store>(*std::move(store)), bootstrap.rank(),
+      std::shared_ptr<Store>(std::move(store)), bootstrap.rank(),
       bootstrap.size(), "vemesh/gloo-over-mpi",
       "a store hosted by rank 0 over the MPI bootstrap", local_host));
 }
@@ -133,21 +131,21 @@ absl::StatusOr<std::unique_ptr<MeshBackends>> MeshBackends::Create(
   used.insert(plan.default_backend);
   const std::string host = NaturalHostBackend(bootstrap);
   // Always made: NCCL's twin, and the cheapest world to have.
-  auto world = bootstrap.world(deadline, op_timeout);
-  if (!world.ok()) return world.status();
-  out->worlds_[host] = *std::move(world);
+  VEMESH_ASSIGN_OR_RETURN(auto world, bootstrap.world(deadline, op_timeout));
+  out->worlds_[host] = std::move(world);
   if (used.count("gloo") > 0 && host != "gloo") {
-    auto gloo_boot = GlooBootstrapOverMpi(bootstrap, one_host, deadline, &out->server_);
-    if (!gloo_boot.ok()) return gloo_boot.status();
-    out->gloo_bootstrap_ = *std::move(gloo_boot);
-    auto gloo = out->gloo_bootstrap_->world(deadline, op_timeout);
-    if (!gloo.ok()) return gloo.status();
-    out->worlds_["gloo"] = *std::move(gloo);
+    VEMESH_ASSIGN_OR_RETURN(
+        auto gloo_boot,
+        GlooBootstrapOverMpi(bootstrap, one_host, deadline, &out->server_));
+    out->gloo_bootstrap_ = std::move(gloo_boot);
+    VEMESH_ASSIGN_OR_RETURN(auto gloo,
+                            out->gloo_bootstrap_->world(deadline, op_timeout));
+    out->worlds_["gloo"] = std::move(gloo);
   }
   if (used.count("nccl") > 0) {
-    auto nccl = CreateNcclCommunicator(out->worlds_[host], cuda_device);
-    if (!nccl.ok()) return nccl.status();
-    out->worlds_["nccl"] = *std::move(nccl);
+    VEMESH_ASSIGN_OR_RETURN(
+        auto nccl, CreateNcclCommunicator(out->worlds_[host], cuda_device));
+    out->worlds_["nccl"] = std::move(nccl);
   }
   out->plan_ = std::move(plan);
   return out;

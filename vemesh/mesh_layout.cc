@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "vemesh/status_macros.h"
 
 namespace vemesh {
 
@@ -48,9 +49,8 @@ absl::StatusOr<MeshLayout> MeshLayout::Create(
   }
   std::vector<std::string> dim_names;
   if (names.empty()) {
-    auto defaults = DefaultDimNames(shape.size());
-    if (!defaults.ok()) return defaults.status();
-    dim_names = *std::move(defaults);
+    VEMESH_ASSIGN_OR_RETURN(auto defaults, DefaultDimNames(shape.size()));
+    dim_names = std::move(defaults);
   } else {
     dim_names.assign(names.begin(), names.end());
   }
@@ -166,9 +166,8 @@ absl::StatusOr<int64_t> MeshLayout::dim_size(int64_t dim) const {
 }
 
 absl::StatusOr<int64_t> MeshLayout::dim_size(absl::string_view name) const {
-  auto i = dim_index(name);
-  if (!i.ok()) return i.status();
-  return dims_[*i].size;
+  VEMESH_ASSIGN_OR_RETURN(auto i, dim_index(name));
+  return dims_[i].size;
 }
 
 Coordinate MeshLayout::root_coordinate(int64_t root_index) const {
@@ -270,10 +269,9 @@ absl::StatusOr<Coordinate> MeshLayout::coordinate_of(int64_t global_rank) const 
       global_rank < root_size_) {
     return root_coordinate(global_rank);
   }
-  auto index = root_index_of(global_rank);
-  if (!index.ok()) return index.status();
-  if (identity_) return root_coordinate(*index);
-  const Coordinate rc = root_coordinate(*index);
+  VEMESH_ASSIGN_OR_RETURN(auto index, root_index_of(global_rank));
+  if (identity_) return root_coordinate(index);
+  const Coordinate rc = root_coordinate(index);
   // A sub-layout holds only the ranks that agree with its anchor on every
   // root dimension it does not span.
   if (size_ != root_size_) {
@@ -339,24 +337,21 @@ absl::StatusOr<std::vector<int64_t>> MeshLayout::dims_by_name(
   std::vector<int64_t> out;
   out.reserve(names.size());
   for (const std::string& name : names) {
-    auto i = dim_index(name);
-    if (!i.ok()) return i.status();
-    if (std::find(out.begin(), out.end(), *i) != out.end()) {
+    VEMESH_ASSIGN_OR_RETURN(auto i, dim_index(name));
+    if (std::find(out.begin(), out.end(), i) != out.end()) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, " names dimension '", name, "' twice in ",
                        JoinNames(names), ": expected each dimension once"));
     }
-    out.push_back(*i);
+    out.push_back(i);
   }
   return out;
 }
 
 absl::StatusOr<MeshLayout> MeshLayout::submesh(
     absl::Span<const std::string> dims, int64_t global_rank) const {
-  auto picked = dims_by_name(dims, "a sub-mesh");
-  if (!picked.ok()) return picked.status();
-  auto coord = coordinate_of(global_rank);
-  if (!coord.ok()) return coord.status();
+  VEMESH_ASSIGN_OR_RETURN(auto picked, dims_by_name(dims, "a sub-mesh"));
+  VEMESH_RETURN_IF_ERROR(coordinate_of(global_rank));
   auto index = root_index_of(global_rank);
   MeshLayout out = *this;
   out.anchor_ = root_coordinate(*index);
@@ -364,7 +359,7 @@ absl::StatusOr<MeshLayout> MeshLayout::submesh(
   out.size_ = 1;
   out.spanned_ = 0;
   out.identity_ = false;
-  for (int64_t i : *picked) {
+  for (int64_t i : picked) {
     out.dims_.push_back(dims_[i]);
     out.size_ *= dims_[i].size;
     for (int r : dims_[i].roots) out.spanned_ |= uint64_t{1} << r;
@@ -374,22 +369,20 @@ absl::StatusOr<MeshLayout> MeshLayout::submesh(
 
 absl::StatusOr<MeshLayout::GroupPosition> MeshLayout::group_position(
     absl::Span<const std::string> dims, int64_t global_rank) const {
-  auto picked = dims_by_name(dims, "a group");
-  if (!picked.ok()) return picked.status();
-  auto coord = coordinate_of(global_rank);
-  if (!coord.ok()) return coord.status();
+  VEMESH_ASSIGN_OR_RETURN(auto picked, dims_by_name(dims, "a group"));
+  VEMESH_ASSIGN_OR_RETURN(auto coord, coordinate_of(global_rank));
   GroupPosition pos;
   pos.group_size = 1;
-  for (int64_t i : *picked) {
-    pos.index = pos.index * dims_[i].size + (*coord)[i];
+  for (int64_t i : picked) {
+    pos.index = pos.index * dims_[i].size + coord[i];
     pos.group_size *= dims_[i].size;
   }
   for (size_t i = 0; i < dims_.size(); ++i) {
-    if (std::find(picked->begin(), picked->end(), static_cast<int64_t>(i)) !=
-        picked->end()) {
+    if (std::find(picked.begin(), picked.end(), static_cast<int64_t>(i)) !=
+        picked.end()) {
       continue;
     }
-    pos.group = pos.group * dims_[i].size + (*coord)[i];
+    pos.group = pos.group * dims_[i].size + coord[i];
   }
   pos.group_count = size_ / pos.group_size;
   return pos;
@@ -397,16 +390,15 @@ absl::StatusOr<MeshLayout::GroupPosition> MeshLayout::group_position(
 
 absl::StatusOr<std::vector<std::vector<int64_t>>> MeshLayout::groups(
     absl::Span<const std::string> dims) const {
-  auto picked = dims_by_name(dims, "a group");
-  if (!picked.ok()) return picked.status();
+  VEMESH_ASSIGN_OR_RETURN(auto picked, dims_by_name(dims, "a group"));
   std::vector<int64_t> others;
   for (int64_t i = 0; i < ndim(); ++i) {
-    if (std::find(picked->begin(), picked->end(), i) == picked->end()) {
+    if (std::find(picked.begin(), picked.end(), i) == picked.end()) {
       others.push_back(i);
     }
   }
   int64_t group_size = 1;
-  for (int64_t i : *picked) group_size *= dims_[i].size;
+  for (int64_t i : picked) group_size *= dims_[i].size;
   const int64_t group_count = size_ / group_size;
 
   // Walks a row-major counter over `which` dimensions, writing root coords.
@@ -424,7 +416,7 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> MeshLayout::groups(
     set_position(others, g, rc);
     out[g].reserve(group_size);
     for (int64_t k = 0; k < group_size; ++k) {
-      set_position(*picked, k, rc);
+      set_position(picked, k, rc);
       out[g].push_back(global_rank_of(root_index(rc)));
     }
   }
@@ -433,34 +425,33 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> MeshLayout::groups(
 
 absl::StatusOr<MeshLayout> MeshLayout::flatten(
     absl::Span<const std::string> dims, absl::string_view name) const {
-  auto picked = dims_by_name(dims, "flatten");
-  if (!picked.ok()) return picked.status();
+  VEMESH_ASSIGN_OR_RETURN(auto picked, dims_by_name(dims, "flatten"));
   if (name.empty()) {
     return absl::InvalidArgumentError(
         "flatten needs a non-empty name for the new dimension");
   }
   if (auto clash = find_dim(name);
-      clash && std::find(picked->begin(), picked->end(), *clash) ==
-                   picked->end()) {
+      clash &&
+      std::find(picked.begin(), picked.end(), *clash) == picked.end()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "flatten would name the new dimension '", name,
         "', which another dimension of ", ToString(),
         " already has: expected a new name"));
   }
   Dim merged{std::string(name), NameKey(name), 1, {}};
-  for (int64_t i : *picked) {
+  for (int64_t i : picked) {
     merged.size *= dims_[i].size;
     merged.roots.insert(merged.roots.end(), dims_[i].roots.begin(),
                         dims_[i].roots.end());
   }
-  const int64_t first = *std::min_element(picked->begin(), picked->end());
+  const int64_t first = *std::min_element(picked.begin(), picked.end());
   MeshLayout out = *this;
   out.identity_ = false;
   out.dims_.clear();
   for (int64_t i = 0; i < ndim(); ++i) {
     if (i == first) {
       out.dims_.push_back(merged);
-    } else if (std::find(picked->begin(), picked->end(), i) == picked->end()) {
+    } else if (std::find(picked.begin(), picked.end(), i) == picked.end()) {
       out.dims_.push_back(dims_[i]);
     }
   }
@@ -470,13 +461,11 @@ absl::StatusOr<MeshLayout> MeshLayout::flatten(
 absl::StatusOr<std::optional<int64_t>> MeshLayout::neighbor(
     absl::string_view dim, int64_t global_rank, int64_t shift,
     bool periodic) const {
-  auto d = dim_index(dim);
-  if (!d.ok()) return d.status();
-  auto coord = coordinate_of(global_rank);
-  if (!coord.ok()) return coord.status();
-  const int64_t n = dims_[*d].size;
+  VEMESH_ASSIGN_OR_RETURN(auto d, dim_index(dim));
+  VEMESH_ASSIGN_OR_RETURN(auto coord, coordinate_of(global_rank));
+  const int64_t n = dims_[d].size;
   int64_t target;
-  if (__builtin_add_overflow((*coord)[*d], shift, &target)) {
+  if (__builtin_add_overflow(coord[d], shift, &target)) {
     return absl::OutOfRangeError(
         absl::StrCat("neighbour shift ", shift, " overflows int64"));
   }
@@ -486,10 +475,9 @@ absl::StatusOr<std::optional<int64_t>> MeshLayout::neighbor(
   } else if (target < 0 || target >= n) {
     return std::optional<int64_t>();
   }
-  (*coord)[*d] = target;
-  auto rank = rank_at(*coord);
-  if (!rank.ok()) return rank.status();
-  return std::optional<int64_t>(*rank);
+  coord[d] = target;
+  VEMESH_ASSIGN_OR_RETURN(auto rank, rank_at(coord));
+  return std::optional<int64_t>(rank);
 }
 
 std::string MeshLayout::ToString() const {

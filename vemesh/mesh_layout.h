@@ -92,6 +92,14 @@ class MeshLayout {
     return std::nullopt;
   }
   const std::string& dim_name(int64_t dim) const { return dims_[dim].name; }
+  // The root dimensions (of the shape the layout was created with) that
+  // dimension `dim` spans, outermost first: one for a plain dimension, the
+  // flattened ones, in the order its index runs over them, for a flattened
+  // one. `dim` must be in range.
+  std::vector<int64_t> root_dims(int64_t dim) const {
+    return std::vector<int64_t>(dims_[dim].roots.begin(),
+                                dims_[dim].roots.end());
+  }
 
   // True when the layout carries an explicit rank list.
   bool has_rank_table() const { return table_ != nullptr; }

@@ -257,6 +257,38 @@ TEST(RegistryMpiTest, WorkedExample222) {
   EXPECT_EQ(*VESCALE_DEVICE_MESH.get_tensor_parallel_rank(), 1);
 }
 
+// Lower-case names on real communicators: every role getter matches its
+// dimension (before: TP rank 0 and size 1 on every rank, silently).
+TEST(RegistryMpiTest, LowerCaseNamesPlayTheirRoles) {
+  const int world = WorldSize();
+  const int64_t me = WorldRank();
+  VeDeviceMesh& reg = VESCALE_DEVICE_MESH;
+  // 4 ranks: dp=2 x tp=2; 8 ranks: pp=2 x dp=2 x tp=2. Row-major by hand.
+  const int64_t pp_size = world / 4, dp_size = 2, tp_size = 2;
+  const std::vector<int64_t> shape =
+      world == 8 ? std::vector<int64_t>{2, 2, 2} : std::vector<int64_t>{2, 2};
+  const std::vector<std::string> names =
+      world == 8 ? std::vector<std::string>{"pp", "dp", "tp"}
+                 : std::vector<std::string>{"dp", "tp"};
+  ASSERT_TRUE(reg.init_device_mesh("cpu", shape, names).ok());
+  const int64_t tp = me % tp_size, dp = (me / tp_size) % dp_size,
+                pp = me / (tp_size * dp_size);
+  EXPECT_EQ(*reg.get_tensor_parallel_rank(), tp);
+  EXPECT_EQ(*reg.get_data_parallel_rank(), dp);
+  EXPECT_EQ(*reg.get_pipeline_parallel_rank(), pp);
+  EXPECT_EQ(*reg.get_role_size("TP"), tp_size);
+  EXPECT_EQ(*reg.get_role_size("tp"), tp_size);
+  EXPECT_EQ(*reg.get_role_size("DP"), dp_size);
+  EXPECT_EQ(*reg.get_role_size("PP"), pp_size);
+  const int64_t base = me - tp;  // first rank of my TP row
+  ExpectGroup(*reg.get_tensor_parallel_dim_groups(), {base, base + 1});
+  const int64_t dp0 = me - dp * tp_size;
+  ExpectGroup(*reg.get_data_parallel_dim_groups(), {dp0, dp0 + tp_size});
+  EXPECT_EQ(*reg.is_last_stage(), pp == pp_size - 1);
+  EXPECT_EQ(*reg.is_first_stage(), pp == 0);
+  reg.reset();
+}
+
 TEST(RegistryMpiTest, ReinitReplacesAndOldMeshesStayUsable) {
   const int world = WorldSize();
   auto first = VESCALE_DEVICE_MESH.init_device_mesh("cpu", {2, world / 2},

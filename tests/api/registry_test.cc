@@ -129,6 +129,60 @@ TEST_F(RegistryTest, RolesAreFoundByNameNotPosition) {
   EXPECT_THAT(reg_.get_tensor_parallel_mesh()->mesh(), ElementsAre(0, 4));
 }
 
+// A mesh named in lower case: the role getters match the dimension whatever
+// its case (before, they answered size 1 and rank 0 silently).
+TEST_F(RegistryTest, RolesMatchDimensionNamesIgnoringCase) {
+  ASSERT_TRUE(
+      reg_.init_device_mesh("meta", {2, 3, 4}, {"pp", "dp", "tp"}).ok());
+  for (absl::string_view tp : {"TP", "tp", "Tp"}) {
+    EXPECT_EQ(*reg_.get_role_size(tp), 4) << tp;
+  }
+  EXPECT_EQ(*reg_.get_role_size("DP"), 3);
+  EXPECT_EQ(*reg_.get_role_size("dp"), 3);
+  EXPECT_EQ(*reg_.get_role_size("PP"), 2);
+  EXPECT_THAT(reg_.get_tensor_parallel_mesh()->mesh(), ElementsAre(0, 1, 2, 3));
+  EXPECT_THAT(reg_.get_data_parallel_mesh()->mesh(), ElementsAre(0, 4, 8));
+  EXPECT_THAT(reg_.get_pipeline_parallel_mesh()->mesh(), ElementsAre(0, 12));
+  EXPECT_EQ(reg_.get_global_tensor_parallel_meshes()->size(), 6u);
+  auto stages = reg_.get_global_pipeline_parallel_meshes();
+  ASSERT_TRUE(stages.ok()) << stages.status();
+  EXPECT_EQ(stages->size(), 2u);  // "pp" is the pipeline dimension
+  EXPECT_FALSE(*reg_.is_last_stage());
+  // Dimension queries stay exact: "TP" is not a dimension's name.
+  EXPECT_EQ(reg_.get_strategy_size("TP").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(reg_.get_strategy_size("TP").status().message()),
+              HasSubstr("[pp, dp, tp]"));
+  // A 1-D mesh named "tp" is TP only, as one named "TP" is.
+  ASSERT_TRUE(reg_.init_device_mesh("meta", {8}, {"tp"}).ok());
+  EXPECT_EQ(*reg_.get_role_size("TP"), 8);
+  EXPECT_EQ(*reg_.get_role_size("DP"), 1);
+}
+
+TEST_F(RegistryTest, RoleMatchingTwoDimensionsByCaseIsAnError) {
+  ASSERT_TRUE(reg_.init_device_mesh("meta", {2, 4}, {"tp", "Tp"}).ok());
+  // Exact names are unambiguous.
+  EXPECT_EQ(*reg_.get_role_size("tp"), 2);
+  EXPECT_EQ(*reg_.get_role_size("Tp"), 4);
+  // "TP" matches both only ignoring case: an error naming both.
+  for (const absl::Status& s :
+       {reg_.get_role_size("TP").status(), reg_.get_role_rank("TP").status(),
+        reg_.get_tensor_parallel_rank().status(),
+        reg_.get_tensor_parallel_mesh().status(),
+        reg_.get_tensor_parallel_dim_groups().status(),
+        reg_.get_global_tensor_parallel_meshes().status()}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("'tp'"));
+    EXPECT_THAT(std::string(s.message()), HasSubstr("'Tp'"));
+  }
+  // Two pipeline dimensions by case: init refuses, naming them, and the
+  // registry keeps the mesh it had.
+  auto bad = reg_.init_device_mesh("meta", {2, 2}, {"pp", "Pp"});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("'Pp'"));
+  EXPECT_THAT(*reg_.mesh_dim_names(), ElementsAre("tp", "Tp"));
+}
+
 TEST_F(RegistryTest, ResetForgetsTheMesh) {
   ASSERT_TRUE(reg_.init_device_mesh("meta", {2, 2}).ok());
   auto mesh = reg_.get();

@@ -3,10 +3,12 @@
 #include <mutex>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "vemesh/api/snapshot_guard.h"
 #include "vemesh/comm/mpi/mpi_environment.h"
+#include "vemesh/status_macros.h"
 
 namespace vemesh {
 
@@ -76,14 +78,37 @@ absl::Status NotMember(const DeviceMesh& mesh) {
 }
 
 bool IsKnownRole(absl::string_view name) {
-  return name == "PP" || name == "DP" || name == "TP";
+  return absl::EqualsIgnoreCase(name, "PP") ||
+         absl::EqualsIgnoreCase(name, "DP") ||
+         absl::EqualsIgnoreCase(name, "TP");
 }
 
-// The dimension that plays `role`, by name. A 1-D mesh named neither DP nor
-// TP serves as both (veScale's rule). -1 when the mesh lacks the role.
-int64_t RoleDim(const MeshLayout& layout, absl::string_view role) {
+// The dimension that plays `role`, by name, whatever the case: a dimension
+// named exactly `role` first, else the one whose name equals it ignoring
+// ASCII case ("tp" plays "TP"). Two dimensions that differ from `role` only
+// by case (and neither exactly) make the question ambiguous: InvalidArgument
+// naming them. A 1-D mesh named neither DP nor TP (in any case) serves as
+// both (veScale's rule). -1 when the mesh lacks the role.
+absl::StatusOr<int64_t> RoleDim(const MeshLayout& layout,
+                                absl::string_view role) {
   if (auto d = layout.find_dim(role)) return *d;
-  if (layout.ndim() == 1 && (role == "DP" || role == "TP") &&
+  int64_t found = -1;
+  for (int64_t i = 0; i < layout.ndim(); ++i) {
+    if (!absl::EqualsIgnoreCase(layout.dim_name(i), role)) continue;
+    if (found >= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "role '", role, "' matches both dimension '", layout.dim_name(found),
+          "' and '", layout.dim_name(i), "' of ", layout.ToString(),
+          " (roles match dimension names ignoring case): expected one; name "
+          "the role exactly as one of [",
+          absl::StrJoin(layout.dim_names(), ", "), "]"));
+    }
+    found = i;
+  }
+  if (found >= 0) return found;
+  if (layout.ndim() == 1 &&
+      (absl::EqualsIgnoreCase(role, "DP") ||
+       absl::EqualsIgnoreCase(role, "TP")) &&
       !IsKnownRole(layout.dim_name(0))) {
     return 0;
   }
@@ -155,9 +180,8 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::init_device_mesh(
   // (A bad device type is left to init_device_mesh to name.)
   if (auto parsed = ParseDeviceType(device_type);
       parsed.ok() && parsed->type != DeviceType::kMeta) {
-    absl::Status thread = CheckMpiThread(absl::StrCat(
-        "VESCALE_DEVICE_MESH.init_device_mesh(\"", device_type, "\")"));
-    if (!thread.ok()) return thread;
+    VEMESH_RETURN_IF_ERROR(CheckMpiThread(absl::StrCat(
+        "VESCALE_DEVICE_MESH.init_device_mesh(\"", device_type, "\")")));
   }
   MeshOptions mesh_options;
   mesh_options.ranks = std::move(options.ranks);
@@ -171,54 +195,50 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::init_device_mesh(
           "an elastic mesh numbers its ranks itself: InitOptions.ranks must "
           "be empty");
     }
-    auto parsed = ParseDeviceType(device_type);
-    if (!parsed.ok()) return parsed.status();
-    auto layout = MeshLayout::Create(mesh_shape, mesh_dim_names);
-    if (!layout.ok()) return layout.status();
-    auto elastic = ElasticMesh::Create(parsed->type, *layout, mesh_options,
-                                       *options.elastic);
-    if (!elastic.ok()) return elastic.status();
-    auto state = MakeState((*elastic)->mesh());
-    if (!state.ok()) return state.status();
-    const DeviceMesh mesh = (*elastic)->mesh();
-    replace(*std::move(state));
+    VEMESH_ASSIGN_OR_RETURN(auto parsed, ParseDeviceType(device_type));
+    VEMESH_ASSIGN_OR_RETURN(auto layout,
+                            MeshLayout::Create(mesh_shape, mesh_dim_names));
+    VEMESH_ASSIGN_OR_RETURN(
+        auto elastic, ElasticMesh::Create(parsed.type, layout, mesh_options,
+                                          *options.elastic));
+    VEMESH_ASSIGN_OR_RETURN(auto state, MakeState(elastic->mesh()));
+    const DeviceMesh mesh = elastic->mesh();
+    replace(std::move(state));
     elastic_view_.store(nullptr);
-    elastic_ = *std::move(elastic);
+    elastic_ = std::move(elastic);
     elastic_->set_publisher(
         [this](const DeviceMesh& next) { return publish_epoch(next); });
     elastic_view_.store(elastic_.get());
     return mesh;
   }
-  auto mesh = vemesh::init_device_mesh(device_type, mesh_shape, mesh_dim_names,
-                                       mesh_options);
-  if (!mesh.ok()) return mesh.status();
-  auto state = MakeState(*mesh);
-  if (!state.ok()) return state.status();
-  replace(*std::move(state));
+  VEMESH_ASSIGN_OR_RETURN(
+      auto mesh, vemesh::init_device_mesh(device_type, mesh_shape,
+                                          mesh_dim_names, mesh_options));
+  VEMESH_ASSIGN_OR_RETURN(auto state, MakeState(mesh));
+  replace(std::move(state));
   elastic_view_.store(nullptr);
   elastic_.reset();
-  return *mesh;
+  return mesh;
 }
 
 absl::StatusOr<std::unique_ptr<const VeDeviceMesh::State>>
 VeDeviceMesh::MakeState(const DeviceMesh& mesh) {
   auto state = std::make_unique<State>(
       State{mesh, std::nullopt, {}, -1, mesh.shape(), {}});
-  state->pp_dim = state->layout().find_dim("PP").value_or(-1);
+  VEMESH_ASSIGN_OR_RETURN(state->pp_dim, RoleDim(state->layout(), "PP"));
   if (mesh.has_self()) {
     auto coordinate = mesh.get_coordinate();
     if (!coordinate.ok()) return coordinate.status();
     state->coordinate = *coordinate;
     for (const std::string& name : mesh.mesh_dim_names()) {
-      auto child = mesh[name];
-      if (!child.ok()) return child.status();
-      state->dim_meshes.push_back(*std::move(child));
+      VEMESH_ASSIGN_OR_RETURN(auto child, mesh[name]);
+      state->dim_meshes.push_back(std::move(child));
     }
     for (int next = 0; next < 2; ++next) {
       for (int wrap = 0; wrap < 2; ++wrap) {
-        auto peer = StagePeer(mesh, state->pp_dim, next ? 1 : -1, wrap);
-        if (!peer.ok()) return peer.status();
-        state->peers[next][wrap] = *peer;
+        VEMESH_ASSIGN_OR_RETURN(
+            auto peer, StagePeer(mesh, state->pp_dim, next ? 1 : -1, wrap));
+        state->peers[next][wrap] = peer;
       }
     }
   }
@@ -290,6 +310,21 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::operator[](
   return st.dim_meshes[*d];
 }
 
+absl::StatusOr<DeviceMesh> VeDeviceMesh::operator[](int64_t dim) const {
+  const Snapshot snap(*this);
+  const State* s = snap.get();
+  if (s == nullptr) return NotInitialized();
+  VEMESH_RETURN_IF_ERROR(s->layout().dim_size(dim));
+  if (!s->coordinate) return NotMember(s->mesh);
+  return s->dim_meshes[dim];
+}
+
+absl::StatusOr<DeviceMesh> VeDeviceMesh::operator[](
+    std::initializer_list<absl::string_view> dims) const {
+  std::vector<std::string> names(dims.begin(), dims.end());
+  return get_submesh(names);
+}
+
 absl::StatusOr<DeviceMesh> VeDeviceMesh::get_submesh(
     absl::Span<const std::string> dims) const {
   const Snapshot snap(*this);
@@ -346,8 +381,7 @@ absl::StatusOr<int64_t> VeDeviceMesh::lookup_rank(int64_t dim) const {
   const Snapshot snap(*this);
   const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
-  auto size = s->layout().dim_size(dim);
-  if (!size.ok()) return size.status();
+  VEMESH_RETURN_IF_ERROR(s->layout().dim_size(dim));
   if (!s->coordinate) return NotMember(s->mesh);
   return (*s->coordinate)[dim];
 }
@@ -389,6 +423,10 @@ absl::StatusOr<int64_t> VeDeviceMesh::size(absl::string_view dim) const {
   return get_strategy_size(dim);
 }
 
+absl::StatusOr<int64_t> VeDeviceMesh::size(int64_t dim) const {
+  return get_strategy_size(dim);
+}
+
 absl::StatusOr<int64_t> VeDeviceMesh::ndim() const {
   const Snapshot snap(*this);
   const State* s = snap.get();
@@ -424,7 +462,7 @@ absl::StatusOr<int64_t> VeDeviceMesh::get_role_size(
   const Snapshot snap(*this);
   const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
-  const int64_t d = RoleDim(s->layout(), role);
+  VEMESH_ASSIGN_OR_RETURN(const int64_t d, RoleDim(s->layout(), role));
   return d < 0 ? 1 : s->layout().dim_size(d);
 }
 
@@ -434,7 +472,7 @@ absl::StatusOr<int64_t> VeDeviceMesh::get_role_rank(
   const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
   if (!s->coordinate) return NotMember(s->mesh);
-  const int64_t d = RoleDim(s->layout(), role);
+  VEMESH_ASSIGN_OR_RETURN(const int64_t d, RoleDim(s->layout(), role));
   return d < 0 ? 0 : (*s->coordinate)[d];
 }
 
@@ -443,7 +481,7 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::get_role_mesh(
   const Snapshot snap(*this);
   const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
-  const int64_t d = RoleDim(s->layout(), role);
+  VEMESH_ASSIGN_OR_RETURN(const int64_t d, RoleDim(s->layout(), role));
   if (d < 0) return MissingRole(s->layout(), role);
   if (!s->coordinate) return NotMember(s->mesh);
   return s->dim_meshes[d];
@@ -454,7 +492,7 @@ absl::StatusOr<std::shared_ptr<Communicator>> VeDeviceMesh::get_role_dim_groups(
   const Snapshot snap(*this);
   const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
-  const int64_t d = RoleDim(s->layout(), role);
+  VEMESH_ASSIGN_OR_RETURN(const int64_t d, RoleDim(s->layout(), role));
   if (d < 0) return MissingRole(s->layout(), role);
   return s->mesh.get_group(d);
 }
@@ -465,7 +503,7 @@ absl::StatusOr<std::vector<DeviceMesh>> VeDeviceMesh::get_global_role_meshes(
   const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
   const MeshLayout& layout = s->layout();
-  const int64_t d = RoleDim(layout, role);
+  VEMESH_ASSIGN_OR_RETURN(const int64_t d, RoleDim(layout, role));
   if (d < 0) return MissingRole(layout, role);
   const std::vector<std::string> dims = {layout.dim_name(d)};
   const int64_t count = layout.size() / s->shape[d];
@@ -485,11 +523,9 @@ absl::StatusOr<std::vector<DeviceMesh>> VeDeviceMesh::get_global_role_meshes(
       at[i] = rest % s->shape[i];
       rest /= s->shape[i];
     }
-    auto rank = layout.rank_at(at);
-    if (!rank.ok()) return rank.status();
-    auto mesh = s->mesh.submesh_at(dims, *rank);
-    if (!mesh.ok()) return mesh.status();
-    out.push_back(*std::move(mesh));
+    VEMESH_ASSIGN_OR_RETURN(auto rank, layout.rank_at(at));
+    VEMESH_ASSIGN_OR_RETURN(auto mesh, s->mesh.submesh_at(dims, rank));
+    out.push_back(std::move(mesh));
   }
   return out;
 }
@@ -548,11 +584,9 @@ VeDeviceMesh::get_global_pipeline_parallel_meshes() const {
   Coordinate anchor(st.layout().ndim(), 0);
   for (int64_t stage = 0; stage < stages; ++stage) {
     anchor[st.pp_dim] = stage;
-    auto rank = st.layout().rank_at(anchor);
-    if (!rank.ok()) return rank.status();
-    auto mesh = StageMesh(st.mesh, st.pp_dim, *rank);
-    if (!mesh.ok()) return mesh.status();
-    out.push_back(*std::move(mesh));
+    VEMESH_ASSIGN_OR_RETURN(auto rank, st.layout().rank_at(anchor));
+    VEMESH_ASSIGN_OR_RETURN(auto mesh, StageMesh(st.mesh, st.pp_dim, rank));
+    out.push_back(std::move(mesh));
   }
   return out;
 }
@@ -600,9 +634,9 @@ absl::StatusOr<DeviceMesh> StageMesh(const DeviceMesh& mesh, int64_t pp_dim,
   if (pp_dim < 0) return mesh;
   std::vector<std::string> dims = NamesExcept(mesh.layout(), pp_dim);
   if (dims.empty()) {
-    auto single = MeshLayout::Create({1}, {"stage"}, {rank});
-    if (!single.ok()) return single.status();
-    return DeviceMesh::Meta(*std::move(single), mesh.global_rank());
+    VEMESH_ASSIGN_OR_RETURN(auto single,
+                            MeshLayout::Create({1}, {"stage"}, {rank}));
+    return DeviceMesh::Meta(std::move(single), mesh.global_rank());
   }
   return mesh.submesh_at(dims, rank);
 }
@@ -626,19 +660,17 @@ absl::StatusOr<std::optional<StageNeighbor>> VeDeviceMesh::stage_neighbor(
   if (s == nullptr) return NotInitialized();
   const State& st = *s;
   if (!st.coordinate) return NotMember(st.mesh);
-  auto peer = StagePeer(st.mesh, st.pp_dim, shift, wrap);
-  if (!peer.ok()) return peer.status();
-  if (!peer->has_value()) return std::optional<StageNeighbor>();
+  VEMESH_ASSIGN_OR_RETURN(auto peer,
+                          StagePeer(st.mesh, st.pp_dim, shift, wrap));
+  if (!peer.has_value()) return std::optional<StageNeighbor>();
   int64_t stage = 0;
   if (st.pp_dim >= 0) {
-    auto coordinate = st.layout().coordinate_of(**peer);
-    if (!coordinate.ok()) return coordinate.status();
-    stage = (*coordinate)[st.pp_dim];
+    VEMESH_ASSIGN_OR_RETURN(auto coordinate, st.layout().coordinate_of(*peer));
+    stage = coordinate[st.pp_dim];
   }
-  auto mesh = StageMesh(st.mesh, st.pp_dim, **peer);
-  if (!mesh.ok()) return mesh.status();
+  VEMESH_ASSIGN_OR_RETURN(auto mesh, StageMesh(st.mesh, st.pp_dim, *peer));
   return std::optional<StageNeighbor>(
-      StageNeighbor{stage, **peer, *std::move(mesh)});
+      StageNeighbor{stage, *peer, std::move(mesh)});
 }
 
 absl::StatusOr<std::optional<StageNeighbor>> VeDeviceMesh::get_prev_stage(

@@ -22,10 +22,17 @@
 //   VESCALE_DEVICE_MESH.is_last_stage();                // true
 //
 // Roles are found by name, not by position: "PP", "DP" and "TP", and any
-// other name (EP, CP, SP, ...) through the by-name getters. A mesh with no PP
-// dimension is a one-stage pipeline (PP rank 0, first and last stage). A 1-D
-// mesh named neither DP nor TP serves as both, as in veScale. A role the mesh
-// lacks has size 1 and rank 0; asking for its mesh or group is NotFound.
+// other name (EP, CP, SP, ...) through the by-name getters. A role matches
+// the mesh's dimension whatever its case: on a mesh named ("dp", "tp"),
+// get_tensor_parallel_rank() is the index along "tp" and get_role_size("TP")
+// its size. An exact name wins; a role that two dimensions match only
+// ignoring case ("tp" and "Tp", asked as "TP") is InvalidArgument naming
+// them. Dimension queries (operator[], get_strategy_size, lookup_rank, ...)
+// take names exactly, and an unknown one is NotFound listing the names. A mesh
+// with no PP dimension is a one-stage pipeline (PP rank 0, first and last
+// stage). A 1-D mesh named neither DP nor TP serves as both, as in veScale. A
+// role the mesh lacks has size 1 and rank 0; asking for its mesh or group is
+// NotFound.
 //
 // Every query costs O(ndim) arithmetic on the layout: no scan of the world and
 // no communication. Every method that can fail returns a Status; before
@@ -57,11 +64,13 @@
 #ifndef VEMESH_API_VE_DEVICE_MESH_H_
 #define VEMESH_API_VE_DEVICE_MESH_H_
 
-#include <mutex>
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -153,6 +162,11 @@ class VeDeviceMesh {
   absl::StatusOr<DeviceMesh> get() const;
   // The 1-D sub-mesh along `dim` that contains this rank.
   absl::StatusOr<DeviceMesh> operator[](absl::string_view dim) const;
+  // The 1-D sub-mesh along dimension `dim` (an index, never a name).
+  absl::StatusOr<DeviceMesh> operator[](int64_t dim) const;
+  // `registry[{"DP", "TP"}]`: the same as get_submesh({"DP", "TP"}).
+  absl::StatusOr<DeviceMesh> operator[](
+      std::initializer_list<absl::string_view> dims) const;
   // The sub-mesh along `dims` (in that order) that contains this rank.
   absl::StatusOr<DeviceMesh> get_submesh(
       absl::Span<const std::string> dims) const;
@@ -175,7 +189,9 @@ class VeDeviceMesh {
   absl::StatusOr<int64_t> get_local_rank() const;
   absl::StatusOr<Coordinate> get_coordinate() const;
   absl::StatusOr<int64_t> size() const;
+  // By name or by index; an integer (a literal 0 too) is an index.
   absl::StatusOr<int64_t> size(absl::string_view dim) const;
+  absl::StatusOr<int64_t> size(int64_t dim) const;
   absl::StatusOr<int64_t> ndim() const;
   absl::StatusOr<std::vector<int64_t>> shape() const;
   absl::StatusOr<std::vector<std::string>> mesh_dim_names() const;

@@ -1,6 +1,5 @@
 #include "vemesh/bootstrap/launch.h"
 
-#include <algorithm>
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <net/if.h>
@@ -8,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 #include <utility>
@@ -20,6 +20,7 @@
 #include "vemesh/comm/mpi/mpi_environment.h"
 #include "vemesh/rendezvous/tcp/tcp_store.h"
 #include "vemesh/rendezvous/tcp/tcp_store_server.h"
+#include "vemesh/status_macros.h"
 
 namespace vemesh {
 namespace {
@@ -68,27 +69,25 @@ absl::Status ReadEnvLaunch(LaunchInfo* info) {
           "under an MPI launcher"));
     }
   }
-  auto size = IntVar("WORLD_SIZE", 1, 1 << 24);
-  if (!size.ok()) return size.status();
-  auto rank = IntVar("RANK", 0, *size - 1);
+  VEMESH_ASSIGN_OR_RETURN(auto size, IntVar("WORLD_SIZE", 1, 1 << 24));
+  auto rank = IntVar("RANK", 0, size - 1);
   if (!rank.ok()) return rank.status();
-  auto port = IntVar("MASTER_PORT", 1, 65535);
-  if (!port.ok()) return port.status();
+  VEMESH_ASSIGN_OR_RETURN(auto port, IntVar("MASTER_PORT", 1, 65535));
   const char* addr = Env("MASTER_ADDR");
   if (addr == nullptr) {
     return absl::InvalidArgumentError(
         "env:// launch: MASTER_ADDR is not set: expected the host name or "
         "address of rank 0, which hosts the store");
   }
-  info->world_size = *size;
+  info->world_size = size;
   info->rank = *rank;
-  info->master_port = *port;
+  info->master_port = port;
   info->master_addr = addr;
   if (Env("LOCAL_WORLD_SIZE") != nullptr) {
-    auto local_size = IntVar("LOCAL_WORLD_SIZE", 1, *size);
-    if (!local_size.ok()) return local_size.status();
-    info->local_world_size = *local_size;
-    auto local_rank = IntVar("LOCAL_RANK", 0, *local_size - 1);
+    VEMESH_ASSIGN_OR_RETURN(auto local_size,
+                            IntVar("LOCAL_WORLD_SIZE", 1, size));
+    info->local_world_size = local_size;
+    auto local_rank = IntVar("LOCAL_RANK", 0, local_size - 1);
     if (!local_rank.ok()) return local_rank.status();
     info->local_rank = *local_rank;
   }
@@ -141,9 +140,8 @@ absl::StatusOr<std::shared_ptr<Bootstrap>> MakeEnvBootstrap(
   if (const char* host = Env("VEMESH_GLOO_HOST")) {
     gloo_host = host;
   } else {
-    auto local = LocalAddressTowards(info.master_addr);
-    if (!local.ok()) return local.status();
-    gloo_host = *local;
+    VEMESH_ASSIGN_OR_RETURN(auto local, LocalAddressTowards(info.master_addr));
+    gloo_host = local;
   }
   std::string prefix = "vemesh";
   if (!info.run_id.empty()) {
@@ -240,8 +238,7 @@ absl::StatusOr<LaunchInfo> DetectLaunch() {
     info.reason = forced == "env"
                       ? "VEMESH_BOOTSTRAP=env"
                       : "RANK/WORLD_SIZE are set (torchrun or env://)";
-    absl::Status status = ReadEnvLaunch(&info);
-    if (!status.ok()) return status;
+    VEMESH_RETURN_IF_ERROR(ReadEnvLaunch(&info));
     return info;
   }
   if (HasMpiMarker(&marker)) {
@@ -260,17 +257,16 @@ absl::StatusOr<std::shared_ptr<Bootstrap>> LaunchBootstrap(
   static EnvLaunch* kept = nullptr;  // lives until exit: rank 0's store
   std::lock_guard<std::mutex> lock(mu);
   if (kept != nullptr) return kept->bootstrap;
-  auto info = DetectLaunch();
-  if (!info.ok()) return info.status();
+  VEMESH_ASSIGN_OR_RETURN(auto info, DetectLaunch());
   auto holder = std::make_unique<EnvLaunch>();
-  if (info->kind == LaunchKind::kEnv) {
-    auto boot = MakeEnvBootstrap(*info, deadline, holder.get());
-    if (!boot.ok()) return boot.status();
-    holder->bootstrap = *std::move(boot);
+  if (info.kind == LaunchKind::kEnv) {
+    VEMESH_ASSIGN_OR_RETURN(auto boot,
+                            MakeEnvBootstrap(info, deadline, holder.get()));
+    holder->bootstrap = std::move(boot);
   } else {
-    auto boot = MpiBootstrap::Create(MPI_COMM_WORLD, info->reason, deadline);
-    if (!boot.ok()) return boot.status();
-    holder->bootstrap = *std::move(boot);
+    VEMESH_ASSIGN_OR_RETURN(
+        auto boot, MpiBootstrap::Create(MPI_COMM_WORLD, info.reason, deadline));
+    holder->bootstrap = std::move(boot);
   }
   kept = holder.release();
   return kept->bootstrap;

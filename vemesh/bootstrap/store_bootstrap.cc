@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "vemesh/comm/gloo/gloo_communicator.h"
+#include "vemesh/status_macros.h"
 
 namespace vemesh {
 namespace {
@@ -109,12 +110,12 @@ absl::StatusOr<std::vector<std::string>> StoreBootstrap::Round(
     }
     // One proposal wins (an empty one only reads); everybody reads the
     // winner, then tells rank 0, whose store must stay up until then.
-    auto winner = proposal.empty() ? store_->get(verdict_key)
-                                   : store_->compare_set(verdict_key, "",
-                                                         proposal);
-    if (!winner.ok()) return winner.status();
+    VEMESH_ASSIGN_OR_RETURN(
+        auto winner, proposal.empty()
+                         ? store_->get(verdict_key)
+                         : store_->compare_set(verdict_key, "", proposal));
     (void)store_->set(ack_key(rank_), "");
-    return Split(*winner, size_);
+    return Split(winner, size_);
   }
 
   std::vector<std::string> keys;
@@ -145,9 +146,9 @@ absl::StatusOr<std::vector<std::string>> StoreBootstrap::Round(
   } else {
     return values.status();
   }
-  auto winner = store_->compare_set(verdict_key, "", proposal);
-  if (!winner.ok()) return winner.status();
-  auto result = Split(*winner, size_);
+  VEMESH_ASSIGN_OR_RETURN(auto winner,
+                          store_->compare_set(verdict_key, "", proposal));
+  auto result = Split(winner, size_);
   // Keep the store up until the ranks that came have read the verdict: a
   // program that fails (or ends) right after this round must not take the
   // store away from them. Bounded by the grace: a rank that died after
@@ -166,11 +167,12 @@ absl::StatusOr<std::shared_ptr<Communicator>> StoreBootstrap::world(
   const std::string prefix = absl::StrCat(prefix_, "/world/", worlds_++);
   // Gloo has one timeout for its rendezvous and its operations: the
   // operations' bound, never less than what is left of the deadline.
-  auto world = GlooCommunicator::Create(
-      store_, prefix, rank_, size_, std::move(ranks),
-      std::max(op_timeout, deadline - absl::Now()), gloo_host_);
-  if (!world.ok()) return world.status();
-  return std::shared_ptr<Communicator>(*std::move(world));
+  VEMESH_ASSIGN_OR_RETURN(
+      auto world,
+      GlooCommunicator::Create(store_, prefix, rank_, size_, std::move(ranks),
+                               std::max(op_timeout, deadline - absl::Now()),
+                               gloo_host_));
+  return std::shared_ptr<Communicator>(std::move(world));
 }
 
 }  // namespace vemesh

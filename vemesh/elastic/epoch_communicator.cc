@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "vemesh/status_macros.h"
 
 namespace vemesh {
 
@@ -43,63 +44,55 @@ absl::StatusOr<std::shared_ptr<Communicator>> EpochCommunicator::Use(
 }
 
 absl::Status EpochCommunicator::barrier() {
-  auto c = Use("barrier");
-  if (!c.ok()) return c.status();
-  return (*c)->barrier();
+  VEMESH_ASSIGN_OR_RETURN(auto c, Use("barrier"));
+  return c->barrier();
 }
 
 absl::Status EpochCommunicator::broadcast(void* data, size_t count,
                                           DataType type, int root) {
-  auto c = Use("broadcast");
-  if (!c.ok()) return c.status();
-  return (*c)->broadcast(data, count, type, root);
+  VEMESH_ASSIGN_OR_RETURN(auto c, Use("broadcast"));
+  return c->broadcast(data, count, type, root);
 }
 
 absl::Status EpochCommunicator::all_reduce(const void* send, void* recv,
                                            size_t count, DataType type,
                                            ReduceOp op) {
-  auto c = Use("all_reduce");
-  if (!c.ok()) return c.status();
-  return (*c)->all_reduce(send, recv, count, type, op);
+  VEMESH_ASSIGN_OR_RETURN(auto c, Use("all_reduce"));
+  return c->all_reduce(send, recv, count, type, op);
 }
 
 absl::Status EpochCommunicator::all_gather(const void* send, void* recv,
                                            size_t count, DataType type) {
-  auto c = Use("all_gather");
-  if (!c.ok()) return c.status();
-  return (*c)->all_gather(send, recv, count, type);
+  VEMESH_ASSIGN_OR_RETURN(auto c, Use("all_gather"));
+  return c->all_gather(send, recv, count, type);
 }
 
 absl::Status EpochCommunicator::reduce_scatter(const void* send, void* recv,
                                                size_t count, DataType type,
                                                ReduceOp op) {
-  auto c = Use("reduce_scatter");
-  if (!c.ok()) return c.status();
-  return (*c)->reduce_scatter(send, recv, count, type, op);
+  VEMESH_ASSIGN_OR_RETURN(auto c, Use("reduce_scatter"));
+  return c->reduce_scatter(send, recv, count, type, op);
 }
 
 absl::Status EpochCommunicator::send(const void* data, size_t count,
                                      DataType type, int peer) {
-  auto c = Use("send");
-  if (!c.ok()) return c.status();
-  return (*c)->send(data, count, type, peer);
+  VEMESH_ASSIGN_OR_RETURN(auto c, Use("send"));
+  return c->send(data, count, type, peer);
 }
 
 absl::Status EpochCommunicator::recv(void* data, size_t count, DataType type,
                                      int peer) {
-  auto c = Use("recv");
-  if (!c.ok()) return c.status();
-  return (*c)->recv(data, count, type, peer);
+  VEMESH_ASSIGN_OR_RETURN(auto c, Use("recv"));
+  return c->recv(data, count, type, peer);
 }
 
 absl::Status EpochCommunicator::send_recv(const void* send_data,
                                           size_t send_count, int dest,
                                           void* recv_data, size_t recv_count,
                                           int source, DataType type) {
-  auto c = Use("send_recv");
-  if (!c.ok()) return c.status();
-  return (*c)->send_recv(send_data, send_count, dest, recv_data, recv_count,
-                         source, type);
+  VEMESH_ASSIGN_OR_RETURN(auto c, Use("send_recv"));
+  return c->send_recv(send_data, send_count, dest, recv_data, recv_count,
+                      source, type);
 }
 
 absl::StatusOr<std::shared_ptr<Communicator>> EpochCommunicator::split(int,

@@ -5,6 +5,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "vemesh/status_macros.h"
 
 namespace vemesh {
 
@@ -41,8 +42,7 @@ void MemoryStore::ExpireLocked(absl::string_view key, absl::Time now) {
 }
 
 absl::Status MemoryStore::set(absl::string_view key, absl::string_view value) {
-  absl::Status status = CheckStoreValue(key, value);
-  if (!status.ok()) return status;
+  VEMESH_RETURN_IF_ERROR(CheckStoreValue(key, value));
   {
     std::lock_guard<std::mutex> lock(mu_);
     values_[key] = std::string(value);
@@ -53,8 +53,7 @@ absl::Status MemoryStore::set(absl::string_view key, absl::string_view value) {
 }
 
 absl::StatusOr<std::string> MemoryStore::get(absl::string_view key) {
-  absl::Status status = CheckStoreKey(key);
-  if (!status.ok()) return status;
+  VEMESH_RETURN_IF_ERROR(CheckStoreKey(key));
   std::lock_guard<std::mutex> lock(mu_);
   ExpireLocked(key, absl::Now());
   auto it = values_.find(key);
@@ -66,8 +65,7 @@ absl::StatusOr<std::string> MemoryStore::get(absl::string_view key) {
 
 absl::Status MemoryStore::wait(absl::Span<const std::string> keys,
                                absl::Time deadline) {
-  absl::Status status = CheckStoreKeys(keys);
-  if (!status.ok()) return status;
+  VEMESH_RETURN_IF_ERROR(CheckStoreKeys(keys));
   std::unique_lock<std::mutex> lock(mu_);
   auto all_present = [&] {
     const absl::Time now = absl::Now();
@@ -104,10 +102,9 @@ absl::StatusOr<int64_t> MemoryStore::add(absl::string_view key,
     ExpireLocked(key, absl::Now());
     // A leased counter keeps its expiry.
     std::string& slot = values_[key];
-    absl::StatusOr<int64_t> current = ParseCounter(key, slot);
-    if (!current.ok()) return current.status();
+    VEMESH_ASSIGN_OR_RETURN(int64_t current, ParseCounter(key, slot));
     // Wraps like a two's-complement counter rather than overflowing.
-    value = static_cast<int64_t>(static_cast<uint64_t>(*current) +
+    value = static_cast<int64_t>(static_cast<uint64_t>(current) +
                                  static_cast<uint64_t>(delta));
     slot = absl::StrCat(value);
   }
@@ -118,8 +115,7 @@ absl::StatusOr<int64_t> MemoryStore::add(absl::string_view key,
 absl::StatusOr<std::string> MemoryStore::compare_set(
     absl::string_view key, absl::string_view expected,
     absl::string_view desired) {
-  absl::Status status = CheckStoreValue(key, desired);
-  if (!status.ok()) return status;
+  VEMESH_RETURN_IF_ERROR(CheckStoreValue(key, desired));
   std::string result;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -137,8 +133,7 @@ absl::StatusOr<std::string> MemoryStore::compare_set(
 }
 
 absl::StatusOr<bool> MemoryStore::remove(absl::string_view key) {
-  absl::Status status = CheckStoreKey(key);
-  if (!status.ok()) return status;
+  VEMESH_RETURN_IF_ERROR(CheckStoreKey(key));
   std::lock_guard<std::mutex> lock(mu_);
   ExpireLocked(key, absl::Now());
   expiries_.erase(key);
@@ -148,8 +143,7 @@ absl::StatusOr<bool> MemoryStore::remove(absl::string_view key) {
 absl::Status MemoryStore::set_lease(absl::string_view key,
                                     absl::string_view value,
                                     absl::Duration ttl) {
-  absl::Status status = CheckStoreLease(key, value, ttl);
-  if (!status.ok()) return status;
+  VEMESH_RETURN_IF_ERROR(CheckStoreLease(key, value, ttl));
   {
     std::lock_guard<std::mutex> lock(mu_);
     values_[key] = std::string(value);

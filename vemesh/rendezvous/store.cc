@@ -6,6 +6,7 @@
 #include <typeinfo>
 
 #include "absl/strings/str_cat.h"
+#include "vemesh/status_macros.h"
 
 namespace vemesh {
 
@@ -24,8 +25,7 @@ absl::Status CheckStoreKey(absl::string_view key) {
 }
 
 absl::Status CheckStoreValue(absl::string_view key, absl::string_view value) {
-  absl::Status status = CheckStoreKey(key);
-  if (!status.ok()) return status;
+  VEMESH_RETURN_IF_ERROR(CheckStoreKey(key));
   if (value.size() > kMaxStoreValueBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("store value for '", key, "' has ", value.size(),
@@ -41,16 +41,14 @@ absl::Status CheckStoreKeys(absl::Span<const std::string> keys) {
                      " keys: expected at most ", kMaxStoreKeysPerCall));
   }
   for (const std::string& key : keys) {
-    absl::Status status = CheckStoreKey(key);
-    if (!status.ok()) return status;
+    VEMESH_RETURN_IF_ERROR(CheckStoreKey(key));
   }
   return absl::OkStatus();
 }
 
 absl::Status CheckStoreLease(absl::string_view key, absl::string_view value,
                              absl::Duration ttl) {
-  absl::Status status = CheckStoreValue(key, value);
-  if (!status.ok()) return status;
+  VEMESH_RETURN_IF_ERROR(CheckStoreValue(key, value));
   if (ttl <= absl::ZeroDuration() || ttl > kMaxStoreLease) {
     return absl::InvalidArgumentError(absl::StrCat(
         "lease ttl ", absl::FormatDuration(ttl), " for store key '",
@@ -88,9 +86,8 @@ absl::StatusOr<std::vector<std::string>> Store::wait_get(
   std::vector<std::string> values;
   values.reserve(keys.size());
   for (const std::string& key : keys) {
-    absl::StatusOr<std::string> value = get(key);
-    if (!value.ok()) return value.status();
-    values.push_back(*std::move(value));
+    VEMESH_ASSIGN_OR_RETURN(std::string value, get(key));
+    values.push_back(std::move(value));
   }
   return values;
 }

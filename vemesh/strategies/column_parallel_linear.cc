@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "vemesh/status_macros.h"
 #include "vemesh/strategies/linear.h"
 
 namespace vemesh::strategies {
@@ -23,32 +24,32 @@ absl::StatusOr<ColumnParallelLinear> ColumnParallelLinear::Create(
       !s.ok()) {
     return s;
   }
-  absl::StatusOr<TensorParallelShard> shard = TensorParallelShard::Create(
-      absl::StrCat(name, " output features"), full_weight.cols());
-  if (!shard.ok()) return shard.status();
+  VEMESH_ASSIGN_OR_RETURN(
+      TensorParallelShard shard,
+      TensorParallelShard::Create(absl::StrCat(name, " output features"),
+                                  full_weight.cols()));
   Parameter weight(name + ".weight",
-                   full_weight.middleCols(shard->begin(), shard->size()));
+                   full_weight.middleCols(shard.begin(), shard.size()));
   Parameter bias(name + ".bias",
-                 full_bias.middleCols(shard->begin(), shard->size()));
-  return ColumnParallelLinear(*std::move(shard), options, std::move(weight),
+                 full_bias.middleCols(shard.begin(), shard.size()));
+  return ColumnParallelLinear(std::move(shard), options, std::move(weight),
                               std::move(bias));
 }
 
 absl::StatusOr<Matrix> ColumnParallelLinear::Forward(const Matrix& x) const {
-  absl::StatusOr<RoleGroup> tp = shard_.CurrentGroup();
-  if (!tp.ok()) return tp.status();
+  VEMESH_ASSIGN_OR_RETURN(RoleGroup tp, shard_.CurrentGroup());
   Matrix local = AffineForward(x, weight_.value, bias_.value);
-  if (!options_.gather_output || tp->size == 1) return local;
+  if (!options_.gather_output || tp.size == 1) return local;
 
   // all_gather puts rank t's (batch x out/T) block at offset t * block; the
   // whole output wants it as columns [t * out/T, (t+1) * out/T).
   const int64_t rows = local.rows();
   const int64_t cols = local.cols();
-  Matrix blocks(static_cast<int64_t>(tp->size) * rows, cols);
-  absl::Status s = tp->comm->all_gather(AsConstSpan(local), AsSpan(blocks));
-  if (!s.ok()) return s;
-  Matrix out(rows, cols * tp->size);
-  for (int t = 0; t < tp->size; ++t) {
+  Matrix blocks(static_cast<int64_t>(tp.size) * rows, cols);
+  VEMESH_RETURN_IF_ERROR(
+      tp.comm->all_gather(AsConstSpan(local), AsSpan(blocks)));
+  Matrix out(rows, cols * tp.size);
+  for (int t = 0; t < tp.size; ++t) {
     out.middleCols(t * cols, cols) = blocks.middleRows(t * rows, rows);
   }
   return out;
@@ -57,9 +58,8 @@ absl::StatusOr<Matrix> ColumnParallelLinear::Forward(const Matrix& x) const {
 absl::StatusOr<Matrix> ColumnParallelLinear::Backward(const Matrix& x,
                                                       const Matrix& grad_y,
                                                       bool need_input_grad) {
-  absl::StatusOr<RoleGroup> tp = shard_.CurrentGroup();
-  if (!tp.ok()) return tp.status();
-  const bool whole = options_.gather_output && tp->size > 1;
+  VEMESH_ASSIGN_OR_RETURN(RoleGroup tp, shard_.CurrentGroup());
+  const bool whole = options_.gather_output && tp.size > 1;
   const int64_t expected_cols = whole ? shard_.total() : shard_.size();
   if (grad_y.rows() != x.rows() || grad_y.cols() != expected_cols) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -74,9 +74,8 @@ absl::StatusOr<Matrix> ColumnParallelLinear::Backward(const Matrix& x,
   if (!need_input_grad) return Matrix();
 
   Matrix grad_x = local * weight_.value.transpose();
-  if (tp->size > 1) {
-    absl::Status s = tp->comm->all_reduce(AsSpan(grad_x), ReduceOp::kSum);
-    if (!s.ok()) return s;
+  if (tp.size > 1) {
+    VEMESH_RETURN_IF_ERROR(tp.comm->all_reduce(AsSpan(grad_x), ReduceOp::kSum));
   }
   return grad_x;
 }

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "vemesh/api/ve_device_mesh.h"
+#include "vemesh/status_macros.h"
 #include "vemesh/strategies/role_group.h"
 
 namespace vemesh::strategies {
@@ -54,13 +55,11 @@ absl::StatusOr<int> ForEachBucket(
       data += take;
       left -= take;
       if (staging.size() == bucket) {
-        absl::Status s = flush();
-        if (!s.ok()) return s;
+        VEMESH_RETURN_IF_ERROR(flush());
       }
     }
   }
-  absl::Status s = flush();
-  if (!s.ok()) return s;
+  VEMESH_RETURN_IF_ERROR(flush());
   return buckets;
 }
 
@@ -83,36 +82,33 @@ DataParallel::DataParallel(DataParallelOptions options) : options_(options) {
 
 absl::StatusOr<BucketStats> DataParallel::BroadcastParameters(
     absl::Span<Parameter* const> params, int root) const {
-  absl::StatusOr<RoleGroup> dp = CurrentDpGroup();
-  if (!dp.ok()) return dp.status();
-  if (root < 0 || root >= dp->size) {
+  VEMESH_ASSIGN_OR_RETURN(RoleGroup dp, CurrentDpGroup());
+  if (root < 0 || root >= dp.size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "BroadcastParameters root ", root, ": expected a DP rank in [0, ",
-        dp->size, ")"));
+        dp.size, ")"));
   }
-  BucketStats stats{dp->size, TotalElements(params, &Parameter::value), 0};
-  if (dp->size == 1) return stats;
-  absl::StatusOr<int> n = ForEachBucket(
-      params, &Parameter::value, options_.bucket_elements,
-      [&](absl::Span<double> bucket) {
-        return dp->comm->broadcast(bucket, root);
-      });
-  if (!n.ok()) return n.status();
-  stats.collectives = *n;
+  BucketStats stats{dp.size, TotalElements(params, &Parameter::value), 0};
+  if (dp.size == 1) return stats;
+  VEMESH_ASSIGN_OR_RETURN(
+      int n, ForEachBucket(params, &Parameter::value, options_.bucket_elements,
+                           [&](absl::Span<double> bucket) {
+                             return dp.comm->broadcast(bucket, root);
+                           }));
+  stats.collectives = n;
   return stats;
 }
 
 absl::StatusOr<BucketStats> DataParallel::AverageGradients(
     absl::Span<Parameter* const> params) const {
-  absl::StatusOr<RoleGroup> dp = CurrentDpGroup();
-  if (!dp.ok()) return dp.status();
-  BucketStats stats{dp->size, TotalElements(params, &Parameter::grad), 0};
-  if (dp->size == 1) return stats;
-  const double scale = 1.0 / dp->size;
+  VEMESH_ASSIGN_OR_RETURN(RoleGroup dp, CurrentDpGroup());
+  BucketStats stats{dp.size, TotalElements(params, &Parameter::grad), 0};
+  if (dp.size == 1) return stats;
+  const double scale = 1.0 / dp.size;
   absl::StatusOr<int> n = ForEachBucket(
       params, &Parameter::grad, options_.bucket_elements,
       [&](absl::Span<double> bucket) {
-        absl::Status s = dp->comm->all_reduce(bucket, ReduceOp::kSum);
+        absl::Status s = dp.comm->all_reduce(bucket, ReduceOp::kSum);
         for (double& v : bucket) v *= scale;
         return s;
       });

@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "vemesh/api/ve_device_mesh.h"
+#include "vemesh/status_macros.h"
 #include "vemesh/strategies/role_group.h"
 
 namespace vemesh::strategies {
@@ -64,9 +65,8 @@ absl::StatusOr<Pipeline> CurrentPipeline() {
     p.prev = *r;
   }
   if (next->has_value()) {
-    absl::StatusOr<int> r = GroupRankOf(*p.pp.comm, **next);
-    if (!r.ok()) return r.status();
-    p.next = *r;
+    VEMESH_ASSIGN_OR_RETURN(int r, GroupRankOf(*p.pp.comm, **next));
+    p.next = r;
   }
   return p;
 }
@@ -79,12 +79,11 @@ absl::StatusOr<PipelineStats> RunPipeline(PipelineStageModel& model,
     return absl::InvalidArgumentError(absl::StrCat(
         "num_micro_batches is ", options.num_micro_batches, ": expected >= 1"));
   }
-  absl::StatusOr<Pipeline> p = CurrentPipeline();
-  if (!p.ok()) return p.status();
+  VEMESH_ASSIGN_OR_RETURN(Pipeline p, CurrentPipeline());
   const int m = options.num_micro_batches;
   PipelineStats stats;
-  stats.num_stages = p->pp.size;
-  stats.stage = p->pp.rank;
+  stats.num_stages = p.pp.size;
+  stats.stage = p.pp.rank;
 
   // Per micro-batch: the received input, the output (kept until sent and
   // until its gradient's shape is known), the output gradient and the input
@@ -93,63 +92,61 @@ absl::StatusOr<PipelineStats> RunPipeline(PipelineStageModel& model,
   int in_flight = 0;
   using Kind = PipelineOp::Kind;
   for (const PipelineOp& op :
-       BuildStageSchedule(options.schedule, p->pp.size, p->pp.rank, m)) {
+       BuildStageSchedule(options.schedule, p.pp.size, p.pp.rank, m)) {
     const int mb = op.micro_batch;
     absl::Status s;
     switch (op.kind) {
       case Kind::kRecvActivation:
         input[mb].resize(model.InputRows(mb), model.InputCols());
-        s = p->pp.comm->recv(AsSpan(input[mb]), p->prev);
+        s = p.pp.comm->recv(AsSpan(input[mb]), p.prev);
         ++stats.recvs;
         break;
       case Kind::kForward: {
-        if (p->first) {
-          absl::StatusOr<Matrix> x = model.FirstStageInput(mb);
-          if (!x.ok()) return x.status();
-          input[mb] = *std::move(x);
+        if (p.first) {
+          VEMESH_ASSIGN_OR_RETURN(Matrix x, model.FirstStageInput(mb));
+          input[mb] = std::move(x);
         }
-        absl::StatusOr<Matrix> y = model.Forward(mb, input[mb]);
-        if (!y.ok()) return y.status();
+        VEMESH_ASSIGN_OR_RETURN(Matrix y, model.Forward(mb, input[mb]));
         input[mb] = Matrix();
         stats.max_in_flight = std::max(stats.max_in_flight, ++in_flight);
-        if (p->last) {
-          absl::StatusOr<Matrix> g = model.LossGradient(mb, *y);
+        if (p.last) {
+          absl::StatusOr<Matrix> g = model.LossGradient(mb, y);
           if (!g.ok()) return g.status();
           grad_output[mb] = *std::move(g);
         } else {
-          output[mb] = *std::move(y);
+          output[mb] = std::move(y);
         }
         break;
       }
       case Kind::kSendActivation:
-        s = p->pp.comm->send(AsConstSpan(output[mb]), p->next);
+        s = p.pp.comm->send(AsConstSpan(output[mb]), p.next);
         ++stats.sends;
         break;
       case Kind::kRecvGradient:
         // The gradient has the shape of the activation sent down.
         grad_output[mb].resize(output[mb].rows(), output[mb].cols());
         output[mb] = Matrix();
-        s = p->pp.comm->recv(AsSpan(grad_output[mb]), p->next);
+        s = p.pp.comm->recv(AsSpan(grad_output[mb]), p.next);
         ++stats.recvs;
         break;
       case Kind::kBackward: {
-        absl::StatusOr<Matrix> g =
-            model.Backward(mb, grad_output[mb], /*need_input_grad=*/!p->first);
-        if (!g.ok()) return g.status();
+        VEMESH_ASSIGN_OR_RETURN(
+            Matrix g,
+            model.Backward(mb, grad_output[mb], /*need_input_grad=*/!p.first));
         grad_output[mb] = Matrix();
-        grad_input[mb] = *std::move(g);
+        grad_input[mb] = std::move(g);
         --in_flight;
         break;
       }
       case Kind::kSendGradient:
-        s = p->pp.comm->send(AsConstSpan(grad_input[mb]), p->prev);
+        s = p.pp.comm->send(AsConstSpan(grad_input[mb]), p.prev);
         grad_input[mb] = Matrix();
         ++stats.sends;
         break;
     }
     if (!s.ok()) {
       return absl::Status(
-          s.code(), absl::StrCat("pipeline stage ", p->pp.rank, " at ",
+          s.code(), absl::StrCat("pipeline stage ", p.pp.rank, " at ",
                                  PipelineOpToString(op), ": ", s.message()));
     }
   }

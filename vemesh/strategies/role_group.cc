@@ -5,14 +5,15 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "vemesh/api/ve_device_mesh.h"
+#include "vemesh/status_macros.h"
 
 namespace vemesh::strategies {
 
 absl::StatusOr<RoleGroup> RoleGroupFrom(
     absl::StatusOr<std::shared_ptr<Communicator>> comm,
     absl::string_view role) {
-  absl::StatusOr<int64_t> role_rank = VESCALE_DEVICE_MESH.get_role_rank(role);
-  if (!role_rank.ok()) return role_rank.status();
+  VEMESH_ASSIGN_OR_RETURN(int64_t role_rank,
+                          VESCALE_DEVICE_MESH.get_role_rank(role));
   if (!comm.ok()) {
     if (!absl::IsNotFound(comm.status())) return comm.status();
     // The mesh lacks the role: a group of one, if the registry agrees.
@@ -33,10 +34,10 @@ absl::StatusOr<RoleGroup> RoleGroupFrom(
   group.comm = *std::move(comm);
   group.size = group.comm->size();
   group.rank = group.comm->rank();
-  if (group.rank != *role_rank) {
+  if (group.rank != role_rank) {
     return absl::InternalError(absl::StrCat(
         role, " communicator gives this process group rank ", group.rank,
-        " but the registry's ", role, " rank is ", *role_rank,
+        " but the registry's ", role, " rank is ", role_rank,
         ": the group must be ordered by the ", role, " coordinate"));
   }
   return group;

@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "vemesh/status_macros.h"
 #include "vemesh/strategies/linear.h"
 
 namespace vemesh::strategies {
@@ -23,13 +24,14 @@ absl::StatusOr<RowParallelLinear> RowParallelLinear::Create(
       !s.ok()) {
     return s;
   }
-  absl::StatusOr<TensorParallelShard> shard = TensorParallelShard::Create(
-      absl::StrCat(name, " input features"), full_weight.rows());
-  if (!shard.ok()) return shard.status();
+  VEMESH_ASSIGN_OR_RETURN(
+      TensorParallelShard shard,
+      TensorParallelShard::Create(absl::StrCat(name, " input features"),
+                                  full_weight.rows()));
   Parameter weight(name + ".weight",
-                   full_weight.middleRows(shard->begin(), shard->size()));
+                   full_weight.middleRows(shard.begin(), shard.size()));
   Parameter bias(name + ".bias", full_bias);
-  return RowParallelLinear(*std::move(shard), options, std::move(weight),
+  return RowParallelLinear(std::move(shard), options, std::move(weight),
                            std::move(bias));
 }
 
@@ -47,14 +49,11 @@ absl::StatusOr<Matrix> RowParallelLinear::LocalInput(const Matrix& x,
 }
 
 absl::StatusOr<Matrix> RowParallelLinear::Forward(const Matrix& x) const {
-  absl::StatusOr<RoleGroup> tp = shard_.CurrentGroup();
-  if (!tp.ok()) return tp.status();
-  absl::StatusOr<Matrix> local = LocalInput(x, tp->size);
-  if (!local.ok()) return local.status();
-  Matrix y = *local * weight_.value;
-  if (tp->size > 1) {
-    absl::Status s = tp->comm->all_reduce(AsSpan(y), ReduceOp::kSum);
-    if (!s.ok()) return s;
+  VEMESH_ASSIGN_OR_RETURN(RoleGroup tp, shard_.CurrentGroup());
+  VEMESH_ASSIGN_OR_RETURN(Matrix local, LocalInput(x, tp.size));
+  Matrix y = local * weight_.value;
+  if (tp.size > 1) {
+    VEMESH_RETURN_IF_ERROR(tp.comm->all_reduce(AsSpan(y), ReduceOp::kSum));
   }
   y.rowwise() += bias_.value.row(0);
   return y;
@@ -63,31 +62,29 @@ absl::StatusOr<Matrix> RowParallelLinear::Forward(const Matrix& x) const {
 absl::StatusOr<Matrix> RowParallelLinear::Backward(const Matrix& x,
                                                    const Matrix& grad_y,
                                                    bool need_input_grad) {
-  absl::StatusOr<RoleGroup> tp = shard_.CurrentGroup();
-  if (!tp.ok()) return tp.status();
-  absl::StatusOr<Matrix> local = LocalInput(x, tp->size);
-  if (!local.ok()) return local.status();
+  VEMESH_ASSIGN_OR_RETURN(RoleGroup tp, shard_.CurrentGroup());
+  VEMESH_ASSIGN_OR_RETURN(Matrix local, LocalInput(x, tp.size));
   if (grad_y.rows() != x.rows() || grad_y.cols() != weight_.value.cols()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "RowParallelLinear ", weight_.name, ": grad_y is ", grad_y.rows(),
         " x ", grad_y.cols(), ", expected ", x.rows(), " x ",
         weight_.value.cols()));
   }
-  weight_.grad.noalias() += local->transpose() * grad_y;
+  weight_.grad.noalias() += local.transpose() * grad_y;
   bias_.grad += grad_y.colwise().sum();
   if (!need_input_grad) return Matrix();
 
   Matrix grad_local = grad_y * weight_.value.transpose();
-  if (options_.input_is_parallel || tp->size == 1) return grad_local;
+  if (options_.input_is_parallel || tp.size == 1) return grad_local;
   // Rank t's block (batch x in/T) lands at offset t * block; dx wants it as
   // columns [t * in/T, (t+1) * in/T).
   const int64_t rows = grad_local.rows();
   const int64_t cols = grad_local.cols();
-  Matrix blocks(static_cast<int64_t>(tp->size) * rows, cols);
-  absl::Status s = tp->comm->all_gather(AsConstSpan(grad_local), AsSpan(blocks));
-  if (!s.ok()) return s;
-  Matrix grad_x(rows, cols * tp->size);
-  for (int t = 0; t < tp->size; ++t) {
+  Matrix blocks(static_cast<int64_t>(tp.size) * rows, cols);
+  VEMESH_RETURN_IF_ERROR(
+      tp.comm->all_gather(AsConstSpan(grad_local), AsSpan(blocks)));
+  Matrix grad_x(rows, cols * tp.size);
+  for (int t = 0; t < tp.size; ++t) {
     grad_x.middleCols(t * cols, cols) = blocks.middleRows(t * rows, rows);
   }
   return grad_x;

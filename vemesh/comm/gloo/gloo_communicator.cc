@@ -20,6 +20,7 @@
 #include "vemesh/comm/gloo/gloo_error.h"
 #include "vemesh/comm/gloo/gloo_store.h"
 #include "vemesh/rendezvous/prefix_store.h"
+#include "vemesh/status_macros.h"
 
 namespace vemesh {
 namespace {
@@ -484,8 +485,7 @@ absl::StatusOr<std::shared_ptr<Communicator>> GlooCommunicator::split(
   const int64_t seq = next_split_++;
   const int64_t mine[2] = {color, key};
   std::vector<int64_t> all(2 * static_cast<size_t>(size_));
-  absl::Status status = all_gather(mine, all.data(), 2, DataType::kInt64);
-  if (!status.ok()) return status;
+  VEMESH_RETURN_IF_ERROR(all_gather(mine, all.data(), 2, DataType::kInt64));
   if (color < 0) return std::shared_ptr<Communicator>();
   // Members of my color, ordered by (key, rank).
   std::vector<std::pair<int64_t, int>> members;
@@ -500,11 +500,12 @@ absl::StatusOr<std::shared_ptr<Communicator>> GlooCommunicator::split(
     if (members[i].second == rank_) new_rank = static_cast<int>(i);
     global.push_back(ranks_[members[i].second]);
   }
-  auto child = Connect(store_, absl::StrCat(prefix_, "/split/", seq, "/", color),
-                       new_rank, static_cast<int>(members.size()),
-                       std::move(global), timeout_, hostname_, device_);
-  if (!child.ok()) return child.status();
-  return std::shared_ptr<Communicator>(*std::move(child));
+  VEMESH_ASSIGN_OR_RETURN(
+      auto child,
+      Connect(store_, absl::StrCat(prefix_, "/split/", seq, "/", color),
+              new_rank, static_cast<int>(members.size()), std::move(global),
+              timeout_, hostname_, device_));
+  return std::shared_ptr<Communicator>(std::move(child));
 }
 
 NativeHandle GlooCommunicator::native_handle() const {

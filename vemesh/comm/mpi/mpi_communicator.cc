@@ -1,16 +1,17 @@
 #include "vemesh/comm/mpi/mpi_communicator.h"
 
 #include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <mutex>
-#include <string>
-#include <cstdint>
 #include <numeric>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "vemesh/comm/mpi/mpi_environment.h"
 #include "vemesh/bootstrap/mpi/mpi_bootstrap.h"
+#include "vemesh/comm/mpi/mpi_environment.h"
+#include "vemesh/status_macros.h"
 
 namespace vemesh {
 namespace {
@@ -96,8 +97,7 @@ absl::Status MpiCommunicator::Usable(absl::string_view op) const {
 }
 
 absl::StatusOr<std::shared_ptr<MpiCommunicator>> MpiCommunicator::World() {
-  absl::Status status = EnsureMpiInitialized();
-  if (!status.ok()) return status;
+  VEMESH_RETURN_IF_ERROR(EnsureMpiInitialized());
   return Dup(MPI_COMM_WORLD);
 }
 
@@ -172,8 +172,7 @@ absl::StatusOr<std::shared_ptr<MpiCommunicator>> MpiCommunicator::Adopt(
 
 
 absl::Status MpiCommunicator::barrier() {
-  absl::Status status = Usable("barrier");
-  if (!status.ok()) return status;
+  VEMESH_RETURN_IF_ERROR(Usable("barrier"));
   return MpiStatus(MPI_Barrier(comm_), "MPI_Barrier");
 }
 
@@ -318,9 +317,8 @@ absl::StatusOr<std::shared_ptr<MpiCommunicator>> MpiCommunicator::split_mpi(
 
 absl::StatusOr<std::shared_ptr<Communicator>> MpiCommunicator::split(
     int color, int key) {
-  auto child = split_mpi(color, key);
-  if (!child.ok()) return child.status();
-  return std::shared_ptr<Communicator>(*std::move(child));
+  VEMESH_ASSIGN_OR_RETURN(auto child, split_mpi(color, key));
+  return std::shared_ptr<Communicator>(std::move(child));
 }
 
 NativeHandle MpiCommunicator::native_handle() const {
@@ -329,12 +327,12 @@ NativeHandle MpiCommunicator::native_handle() const {
 
 absl::StatusOr<std::shared_ptr<Bootstrap>> MpiCommunicator::make_bootstrap(
     absl::Time deadline) {
-  absl::Status status = Usable("make_bootstrap");
-  if (!status.ok()) return status;
-  auto boot = MpiBootstrap::Create(comm_, "MeshOptions.world (an MPI communicator)",
-                                   deadline);
-  if (!boot.ok()) return boot.status();
-  return std::shared_ptr<Bootstrap>(*std::move(boot));
+  VEMESH_RETURN_IF_ERROR(Usable("make_bootstrap"));
+  VEMESH_ASSIGN_OR_RETURN(
+      auto boot,
+      MpiBootstrap::Create(comm_, "MeshOptions.world (an MPI communicator)",
+                           deadline));
+  return std::shared_ptr<Bootstrap>(std::move(boot));
 }
 
 }  // namespace vemesh

@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "vemesh/rendezvous/memory_store.h"
 #include "vemesh/rendezvous/tcp/socket.h"
+#include "vemesh/status_macros.h"
 
 namespace vemesh {
 namespace {
@@ -305,16 +306,16 @@ RedisStore::~RedisStore() {
 
 absl::StatusOr<std::shared_ptr<RedisStore>> RedisStore::Connect(
     absl::string_view address, RedisStoreOptions options) {
-  absl::StatusOr<RedisAddress> parsed = ParseRedisAddress(address);
-  if (!parsed.ok()) return parsed.status();
+  VEMESH_ASSIGN_OR_RETURN(RedisAddress parsed, ParseRedisAddress(address));
   absl::Status status = CheckTimeout("connect_timeout", options.connect_timeout);
   if (status.ok()) status = CheckTimeout("op_timeout", options.op_timeout);
   if (!status.ok()) return status;
-  absl::StatusOr<redisContext*> context = ConnectOnce(
-      parsed->host, parsed->port, options.connect_timeout, options.op_timeout);
-  if (!context.ok()) return context.status();
+  VEMESH_ASSIGN_OR_RETURN(
+      redisContext * context,
+      ConnectOnce(parsed.host, parsed.port, options.connect_timeout,
+                  options.op_timeout));
   return std::shared_ptr<RedisStore>(new RedisStore(
-      std::move(parsed->host), parsed->port, std::move(options), *context));
+      std::move(parsed.host), parsed.port, std::move(options), context));
 }
 
 void RedisStore::DropLocked() {
@@ -411,10 +412,9 @@ absl::Status RedisStore::set(absl::string_view key, absl::string_view value) {
   const std::string k = Key(key);
   const std::string what = What("SET", key);
   const absl::string_view args[] = {"SET", k, value};
-  absl::StatusOr<Reply> reply = Call(args, what);
-  if (!reply.ok()) return reply.status();
-  if ((*reply)->type != REDIS_REPLY_STATUS) {
-    return Unexpected(address_, what, **reply, "status OK");
+  VEMESH_ASSIGN_OR_RETURN(Reply reply, Call(args, what));
+  if (reply->type != REDIS_REPLY_STATUS) {
+    return Unexpected(address_, what, *reply, "status OK");
   }
   return absl::OkStatus();
 }
@@ -430,10 +430,9 @@ absl::Status RedisStore::set_lease(absl::string_view key,
   const std::string k = Key(key);
   const std::string what = What("SET PX", key);
   const absl::string_view args[] = {"SET", k, value, "PX", ms};
-  absl::StatusOr<Reply> reply = Call(args, what);
-  if (!reply.ok()) return reply.status();
-  if ((*reply)->type != REDIS_REPLY_STATUS) {
-    return Unexpected(address_, what, **reply, "status OK");
+  VEMESH_ASSIGN_OR_RETURN(Reply reply, Call(args, what));
+  if (reply->type != REDIS_REPLY_STATUS) {
+    return Unexpected(address_, what, *reply, "status OK");
   }
   return absl::OkStatus();
 }
@@ -444,15 +443,14 @@ absl::StatusOr<std::string> RedisStore::get(absl::string_view key) {
   const std::string k = Key(key);
   const std::string what = What("GET", key);
   const absl::string_view args[] = {"GET", k};
-  absl::StatusOr<Reply> reply = Call(args, what);
-  if (!reply.ok()) return reply.status();
-  switch ((*reply)->type) {
+  VEMESH_ASSIGN_OR_RETURN(Reply reply, Call(args, what));
+  switch (reply->type) {
     case REDIS_REPLY_STRING:
-      return std::string(Text(**reply));
+      return std::string(Text(*reply));
     case REDIS_REPLY_NIL:
       return absl::NotFoundError(absl::StrCat("store has no key '", key, "'"));
     default:
-      return Unexpected(address_, what, **reply, "a string or nil");
+      return Unexpected(address_, what, *reply, "a string or nil");
   }
 }
 
@@ -462,12 +460,11 @@ absl::StatusOr<bool> RedisStore::remove(absl::string_view key) {
   const std::string k = Key(key);
   const std::string what = What("DEL", key);
   const absl::string_view args[] = {"DEL", k};
-  absl::StatusOr<Reply> reply = Call(args, what);
-  if (!reply.ok()) return reply.status();
-  if ((*reply)->type != REDIS_REPLY_INTEGER) {
-    return Unexpected(address_, what, **reply, "an integer");
+  VEMESH_ASSIGN_OR_RETURN(Reply reply, Call(args, what));
+  if (reply->type != REDIS_REPLY_INTEGER) {
+    return Unexpected(address_, what, *reply, "an integer");
   }
-  return (*reply)->integer > 0;
+  return reply->integer > 0;
 }
 
 absl::StatusOr<RedisStore::Swap> RedisStore::CompareSwap(
@@ -477,9 +474,8 @@ absl::StatusOr<RedisStore::Swap> RedisStore::CompareSwap(
   const std::string what = What("compare_set script", key);
   const absl::string_view args[] = {"EVAL",   kCompareSetScript, "1", k,
                                     expected, desired, keep_lease ? "1" : "0"};
-  absl::StatusOr<Reply> reply = Call(args, what);
-  if (!reply.ok()) return reply.status();
-  const redisReply& r = **reply;
+  VEMESH_ASSIGN_OR_RETURN(Reply reply, Call(args, what));
+  const redisReply& r = *reply;
   if (r.type != REDIS_REPLY_ARRAY || r.elements != 2 ||
       r.element[0]->type != REDIS_REPLY_INTEGER ||
       r.element[1]->type != REDIS_REPLY_STRING) {
@@ -497,10 +493,9 @@ absl::StatusOr<std::string> RedisStore::compare_set(absl::string_view key,
   absl::Status status = CheckStoreValue(key, desired);
   if (status.ok()) status = CheckStoreValue(key, expected);
   if (!status.ok()) return status;
-  absl::StatusOr<Swap> swap =
-      CompareSwap(key, expected, desired, /*keep_lease=*/false);
-  if (!swap.ok()) return swap.status();
-  return std::move(swap->value);
+  VEMESH_ASSIGN_OR_RETURN(
+      Swap swap, CompareSwap(key, expected, desired, /*keep_lease=*/false));
+  return std::move(swap.value);
 }
 
 absl::StatusOr<int64_t> RedisStore::add(absl::string_view key, int64_t delta) {
@@ -510,9 +505,9 @@ absl::StatusOr<int64_t> RedisStore::add(absl::string_view key, int64_t delta) {
   const std::string by = absl::StrCat(delta);
   const std::string what = What("INCRBY", key);
   const absl::string_view args[] = {"INCRBY", k, by};
-  absl::StatusOr<Reply> reply = Command(args, options_.op_timeout, what);
-  if (!reply.ok()) return reply.status();
-  const redisReply& r = **reply;
+  VEMESH_ASSIGN_OR_RETURN(Reply reply,
+                          Command(args, options_.op_timeout, what));
+  const redisReply& r = *reply;
   if (r.type == REDIS_REPLY_INTEGER) return static_cast<int64_t>(r.integer);
   // "ERR value is not an integer or out of range", "ERR increment or
   // decrement would overflow": Redis is stricter than ParseCounter and does
@@ -538,22 +533,19 @@ absl::StatusOr<int64_t> RedisStore::AddByCompareSet(absl::string_view key,
   const std::string what = What("GET", key);
   const absl::string_view args[] = {"GET", k};
   for (int rounds = 1;; ++rounds) {
-    absl::StatusOr<Reply> reply = Call(args, what);
-    if (!reply.ok()) return reply.status();
-    if ((*reply)->type != REDIS_REPLY_STRING &&
-        (*reply)->type != REDIS_REPLY_NIL) {
-      return Unexpected(address_, what, **reply, "a string or nil");
+    VEMESH_ASSIGN_OR_RETURN(Reply reply, Call(args, what));
+    if (reply->type != REDIS_REPLY_STRING && reply->type != REDIS_REPLY_NIL) {
+      return Unexpected(address_, what, *reply, "a string or nil");
     }
-    const std::string current(Text(**reply));
-    absl::StatusOr<int64_t> value = ParseCounter(key, current);
-    if (!value.ok()) return value.status();
+    const std::string current(Text(*reply));
+    VEMESH_ASSIGN_OR_RETURN(int64_t value, ParseCounter(key, current));
     // Wraps like a two's-complement counter, as MemoryStore does.
-    const int64_t next = static_cast<int64_t>(static_cast<uint64_t>(*value) +
+    const int64_t next = static_cast<int64_t>(static_cast<uint64_t>(value) +
                                               static_cast<uint64_t>(delta));
-    absl::StatusOr<Swap> swap =
-        CompareSwap(key, current, absl::StrCat(next), /*keep_lease=*/true);
-    if (!swap.ok()) return swap.status();
-    if (swap->stored) return next;
+    VEMESH_ASSIGN_OR_RETURN(
+        Swap swap,
+        CompareSwap(key, current, absl::StrCat(next), /*keep_lease=*/true));
+    if (swap.stored) return next;
     if (absl::Now() > give_up) {
       return absl::AbortedError(absl::StrCat(
           "add to store key '", key, "' lost ", rounds,
@@ -576,16 +568,15 @@ absl::StatusOr<int64_t> RedisStore::CountExisting(
   const std::string what =
       absl::StrCat("EXISTS of ", keys.size(), " keys ('", keys[0].substr(0, 64),
                    "', ...)");
-  absl::StatusOr<Reply> reply = Command(args, timeout, what, timed_out);
-  if (!reply.ok()) return reply.status();
-  if ((*reply)->type == REDIS_REPLY_ERROR) {
+  VEMESH_ASSIGN_OR_RETURN(Reply reply, Command(args, timeout, what, timed_out));
+  if (reply->type == REDIS_REPLY_ERROR) {
     return absl::InternalError(absl::StrCat("Redis at ", address_, " refused ",
-                                            what, ": ", Text(**reply)));
+                                            what, ": ", Text(*reply)));
   }
-  if ((*reply)->type != REDIS_REPLY_INTEGER) {
-    return Unexpected(address_, what, **reply, "an integer");
+  if (reply->type != REDIS_REPLY_INTEGER) {
+    return Unexpected(address_, what, *reply, "an integer");
   }
-  return static_cast<int64_t>((*reply)->integer);
+  return static_cast<int64_t>(reply->integer);
 }
 
 std::string RedisStore::MissingKeys(absl::Span<const std::string> keys) {
@@ -669,9 +660,8 @@ absl::StatusOr<std::vector<std::string>> RedisStore::wait_get(
   for (const std::string& key : prefixed) args.push_back(key);
   const std::string what = absl::StrCat("MGET of ", keys.size(), " keys ('",
                                         keys[0].substr(0, 64), "', ...)");
-  absl::StatusOr<Reply> reply = Call(args, what);
-  if (!reply.ok()) return reply.status();
-  const redisReply& r = **reply;
+  VEMESH_ASSIGN_OR_RETURN(Reply reply, Call(args, what));
+  const redisReply& r = *reply;
   if (r.type != REDIS_REPLY_ARRAY || r.elements != keys.size()) {
     return Unexpected(address_, what, r,
                       absl::StrCat("an array of ", keys.size()));

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "vemesh/status_macros.h"
 
 namespace vemesh {
 namespace {
@@ -223,14 +224,12 @@ absl::StatusOr<std::vector<StoreReply>> TcpStore::Call(
     }
     fd_ = *std::move(fd);
   }
-  absl::Status sent = Send(frames, deadline);
-  if (!sent.ok()) return sent;
+  VEMESH_RETURN_IF_ERROR(Send(frames, deadline));
   std::vector<StoreReply> replies;
   replies.reserve(requests.size());
   for (size_t i = 0; i < requests.size(); ++i) {
-    absl::StatusOr<StoreReply> reply = Receive(deadline);
-    if (!reply.ok()) return reply.status();
-    replies.push_back(*std::move(reply));
+    VEMESH_ASSIGN_OR_RETURN(StoreReply reply, Receive(deadline));
+    replies.push_back(std::move(reply));
   }
   return replies;
 }
@@ -250,8 +249,7 @@ absl::StatusOr<StoreReply> TcpStore::CallOne(StoreRequest request,
     return replies.status();
   }
   StoreReply& reply = (*replies)[0];
-  absl::Status status = ReplyStatus(reply);
-  if (!status.ok()) return status;
+  VEMESH_RETURN_IF_ERROR(ReplyStatus(reply));
   if (reply.values.size() != values) {
     std::lock_guard<std::mutex> lock(mu_);
     Drop();
@@ -273,10 +271,10 @@ absl::Status TcpStore::set(absl::string_view key, absl::string_view value) {
 absl::StatusOr<std::string> TcpStore::get(absl::string_view key) {
   absl::Status status = CheckStoreKey(key);
   if (!status.ok()) return status;
-  absl::StatusOr<StoreReply> reply =
-      CallOne(KeyRequest(StoreOp::kGet, key), 1, CallDeadline());
-  if (!reply.ok()) return reply.status();
-  return std::move(reply->values[0]);
+  VEMESH_ASSIGN_OR_RETURN(
+      StoreReply reply,
+      CallOne(KeyRequest(StoreOp::kGet, key), 1, CallDeadline()));
+  return std::move(reply.values[0]);
 }
 
 absl::Status TcpStore::wait(absl::Span<const std::string> keys,
@@ -334,13 +332,13 @@ absl::StatusOr<int64_t> TcpStore::add(absl::string_view key, int64_t delta) {
   if (!status.ok()) return status;
   StoreRequest r = KeyRequest(StoreOp::kAdd, key);
   r.delta = delta;
-  absl::StatusOr<StoreReply> reply = CallOne(std::move(r), 1, CallDeadline());
-  if (!reply.ok()) return reply.status();
+  VEMESH_ASSIGN_OR_RETURN(StoreReply reply,
+                          CallOne(std::move(r), 1, CallDeadline()));
   int64_t value = 0;
-  if (!absl::SimpleAtoi(reply->values[0], &value)) {
+  if (!absl::SimpleAtoi(reply.values[0], &value)) {
     return absl::UnavailableError(absl::StrCat(
         "store server ", Where(), " answered ADD '", key, "' with '",
-        reply->values[0].substr(0, 32), "': expected a decimal int64"));
+        reply.values[0].substr(0, 32), "': expected a decimal int64"));
   }
   return value;
 }
@@ -354,18 +352,18 @@ absl::StatusOr<std::string> TcpStore::compare_set(absl::string_view key,
   StoreRequest r = KeyRequest(StoreOp::kCompareSet, key);
   r.expected = std::string(expected);
   r.value = std::string(desired);
-  absl::StatusOr<StoreReply> reply = CallOne(std::move(r), 1, CallDeadline());
-  if (!reply.ok()) return reply.status();
-  return std::move(reply->values[0]);
+  VEMESH_ASSIGN_OR_RETURN(StoreReply reply,
+                          CallOne(std::move(r), 1, CallDeadline()));
+  return std::move(reply.values[0]);
 }
 
 absl::StatusOr<bool> TcpStore::remove(absl::string_view key) {
   absl::Status status = CheckStoreKey(key);
   if (!status.ok()) return status;
-  absl::StatusOr<StoreReply> reply =
-      CallOne(KeyRequest(StoreOp::kRemove, key), 1, CallDeadline());
-  if (!reply.ok()) return reply.status();
-  return reply->values[0] == "1";
+  VEMESH_ASSIGN_OR_RETURN(
+      StoreReply reply,
+      CallOne(KeyRequest(StoreOp::kRemove, key), 1, CallDeadline()));
+  return reply.values[0] == "1";
 }
 
 absl::Status TcpStore::ping() {

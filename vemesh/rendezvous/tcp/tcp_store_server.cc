@@ -22,6 +22,7 @@
 #include "vemesh/rendezvous/memory_store.h"
 #include "vemesh/rendezvous/tcp/socket.h"
 #include "vemesh/rendezvous/tcp/wire.h"
+#include "vemesh/status_macros.h"
 
 namespace vemesh {
 namespace {
@@ -511,13 +512,12 @@ TcpStoreServer::TcpStoreServer(std::string host, int port,
 
 absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
     absl::string_view host, int port, TcpStoreServerOptions options) {
-  absl::StatusOr<std::vector<SocketAddress>> addresses =
-      ResolveTcp(host, port, /*passive=*/true);
-  if (!addresses.ok()) return addresses.status();
+  VEMESH_ASSIGN_OR_RETURN(std::vector<SocketAddress> addresses,
+                          ResolveTcp(host, port, /*passive=*/true));
   const std::string where = HostPortText(host, port);
   UniqueFd listen_fd;
   std::string last_error = "no address to bind";
-  for (const SocketAddress& address : *addresses) {
+  for (const SocketAddress& address : addresses) {
     UniqueFd fd(::socket(address.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
     if (!fd.valid()) {
       last_error = absl::StrCat("socket: ", ErrnoText(errno));
