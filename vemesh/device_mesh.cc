@@ -41,6 +41,19 @@ struct ViewFamily {
 struct DeviceMesh::Shared {
   Shared(DeviceType type, MeshLayout layout, int64_t rank)
       : device_type(type), root(std::move(layout)), global_rank(rank) {}
+  // A new root over the same ranks (unflatten, view): this rank's place,
+  // the bootstrap, the backends and their worlds carried over; no groups.
+  std::shared_ptr<Shared> Sibling(MeshLayout layout) const {
+    auto next = std::make_shared<Shared>(device_type, std::move(layout),
+                                         global_rank);
+    next->host_local_rank = host_local_rank;
+    next->host_size = host_size;
+    next->timeout = timeout;
+    next->bootstrap = bootstrap;
+    next->backends = backends;
+    next->device_world = device_world;
+    return next;
+  }
 
   const DeviceType device_type;
   const MeshLayout root;
@@ -706,14 +719,7 @@ absl::StatusOr<DeviceMesh> DeviceMesh::unflatten(
   if (shared.root.has_rank_table()) table = shared.root.ranks();
   VEMESH_ASSIGN_OR_RETURN(MeshLayout root,
                           MeshLayout::Create(shape, root_names, table));
-  auto next =
-      std::make_shared<Shared>(shared.device_type, root, shared.global_rank);
-  next->host_local_rank = shared.host_local_rank;
-  next->host_size = shared.host_size;
-  next->timeout = shared.timeout;
-  next->bootstrap = shared.bootstrap;
-  next->backends = shared.backends;
-  next->device_world = shared.device_world;
+  auto next = shared.Sibling(root);
   next->backend_dim = backend_dim;
   // Old root index -> new root indices.
   auto remap = [&](const std::vector<int64_t>& key) {
@@ -905,14 +911,7 @@ absl::StatusOr<DeviceMesh> DeviceMesh::view(
       known[d] = it->second.mine;
     }
   }
-  auto next =
-      std::make_shared<Shared>(shared.device_type, layout, shared.global_rank);
-  next->host_local_rank = shared.host_local_rank;
-  next->host_size = shared.host_size;
-  next->timeout = shared.timeout;
-  next->bootstrap = shared.bootstrap;
-  next->backends = shared.backends;
-  next->device_world = shared.device_world;
+  auto next = shared.Sibling(layout);
   next->family = family;
   if (shared.device_type != DeviceType::kMeta) {
     if (shared.bootstrap == nullptr) {

@@ -17,80 +17,19 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "hand_grid.h"
 #include "vemesh/device_mesh.h"
 
 namespace vemesh {
 namespace {
 
+using testing_grid::ExpectGroup;
+using testing_grid::Grid;
+using testing_grid::WorldRank;
+using testing_grid::WorldSize;
+
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-int WorldRank() {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
-}
-int WorldSize() {
-  int size = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  return size;
-}
-
-// A row-major grid, by hand: coordinates of a rank and the ranks of the
-// group that varies `dims` (row-major over `dims` in the order given) and
-// keeps the other coordinates of `rank`.
-struct Grid {
-  std::vector<int64_t> shape;
-  std::vector<int64_t> coord(int64_t rank) const {
-    std::vector<int64_t> c(shape.size());
-    for (size_t i = shape.size(); i-- > 0;) {
-      c[i] = rank % shape[i];
-      rank /= shape[i];
-    }
-    return c;
-  }
-  int64_t rank(const std::vector<int64_t>& c) const {
-    int64_t r = 0;
-    for (size_t i = 0; i < shape.size(); ++i) r = r * shape[i] + c[i];
-    return r;
-  }
-  std::vector<int64_t> group(int64_t of, const std::vector<int>& dims) const {
-    int64_t n = 1;
-    for (int d : dims) n *= shape[d];
-    std::vector<int64_t> out;
-    for (int64_t k = 0; k < n; ++k) {
-      std::vector<int64_t> c = coord(of);
-      int64_t rest = k;
-      for (size_t j = dims.size(); j-- > 0;) {
-        c[dims[j]] = rest % shape[dims[j]];
-        rest /= shape[dims[j]];
-      }
-      out.push_back(rank(c));
-    }
-    return out;
-  }
-  // This rank's index in group(of, dims).
-  int64_t index(int64_t of, const std::vector<int>& dims) const {
-    const std::vector<int64_t> c = coord(of);
-    int64_t i = 0;
-    for (int d : dims) i = i * shape[d] + c[d];
-    return i;
-  }
-};
-
-// ranks() and an all_gather of global ranks over `comm` are `expected`.
-void ExpectGroup(const std::shared_ptr<Communicator>& comm,
-                 const std::vector<int64_t>& expected) {
-  ASSERT_NE(comm, nullptr);
-  std::vector<int64_t> ranks(comm->ranks().begin(), comm->ranks().end());
-  EXPECT_EQ(ranks, expected);
-  std::vector<int64_t> gathered(comm->size());
-  const int64_t me = WorldRank();
-  ASSERT_TRUE(
-      comm->all_gather(absl::MakeConstSpan(&me, 1), absl::MakeSpan(gathered))
-          .ok());
-  EXPECT_EQ(gathered, expected);
-}
 
 // 8 ranks: dp=2, cp=2, tp=2. 4 ranks: dp=2, cp=1, tp=2 (a size-1 dim too).
 Grid ThreeD() { return WorldSize() == 8 ? Grid{{2, 2, 2}} : Grid{{2, 1, 2}}; }

@@ -12,47 +12,23 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "hand_grid.h"
 #include "vemesh/device_mesh.h"
 
 namespace vemesh {
 namespace {
 
-using ::testing::HasSubstr;
+using testing_grid::ExpectGroup;
+using testing_grid::Grid;
+using testing_grid::WorldRank;
+using testing_grid::WorldSize;
 
-int WorldRank() {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
-}
-int WorldSize() {
-  int size = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  return size;
-}
+using ::testing::HasSubstr;
 
 // Ranks of the group of `of` along dimension `d` of a row-major `shape`.
 std::vector<int64_t> Group(const std::vector<int64_t>& shape, int64_t of,
                            size_t d) {
-  int64_t stride = 1;
-  for (size_t i = d + 1; i < shape.size(); ++i) stride *= shape[i];
-  const int64_t index = (of / stride) % shape[d];
-  const int64_t base = of - index * stride;
-  std::vector<int64_t> out;
-  for (int64_t k = 0; k < shape[d]; ++k) out.push_back(base + k * stride);
-  return out;
-}
-
-void ExpectGroup(const std::shared_ptr<Communicator>& comm,
-                 const std::vector<int64_t>& expected) {
-  ASSERT_NE(comm, nullptr);
-  std::vector<int64_t> ranks(comm->ranks().begin(), comm->ranks().end());
-  EXPECT_EQ(ranks, expected);
-  std::vector<int64_t> gathered(comm->size());
-  const int64_t me = WorldRank();
-  ASSERT_TRUE(
-      comm->all_gather(absl::MakeConstSpan(&me, 1), absl::MakeSpan(gathered))
-          .ok());
-  EXPECT_EQ(gathered, expected);
+  return testing_grid::Grid{shape}.group(of, {static_cast<int>(d)});
 }
 
 TEST(Views, DenseAndExpertShareTheirCommonDimensions) {
