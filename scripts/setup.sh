@@ -11,6 +11,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   libgloo-dev
   libhiredis-dev redis-server
+  procps
   python3-torch
   libeigen3-dev
   librsvg2-bin
