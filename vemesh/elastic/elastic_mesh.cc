@@ -407,18 +407,10 @@ absl::StatusOr<MembershipRecord> ElasticMesh::ChooseEpoch(int64_t failed,
     auto alive = control_->AliveOf(rec, rec.members);
     if (!alive.ok()) return alive.status();
     // This launch proposes: it counts itself alive even if a renewal of its
-    // own lease is late.
-    if (rec.has_member(options_.replica) &&
-        std::find(alive->begin(), alive->end(), options_.replica) ==
-            alive->end()) {
-      std::vector<int> with_me;
-      for (int id : rec.members) {
-        if (id == options_.replica ||
-            std::find(alive->begin(), alive->end(), id) != alive->end()) {
-          with_me.push_back(id);
-        }
-      }
-      *alive = with_me;
+    // own lease is late (the members' order is kept).
+    if (rec.has_member(options_.replica)) {
+      std::vector<int> absent = Without(rec.members, *alive);
+      *alive = Without(rec.members, Without(absent, {options_.replica}));
     }
     if (rec.epoch > failed && *alive == rec.members) return rec;
     if (rec.epoch > failed || *alive != rec.members || absl::Now() >= settle) {
@@ -474,9 +466,8 @@ absl::StatusOr<DeviceMesh> ElasticMesh::FullMesh(
     std::shared_ptr<Communicator> inner = dp_group;
     std::vector<int> ranks;
     if (d == replica_dim_) {
-      for (int j = 0; j < n; ++j) {
-        ranks.push_back(static_cast<int>(FullRank(inner_rank_, j, n)));
-      }
+      // The DP group was made with the epoch's global ranks.
+      ranks.assign(dp_group->ranks().begin(), dp_group->ranks().end());
     } else {
       auto g = inner_->get_group(inner_dim_of_[d]);
       if (!g.ok()) return g.status();
@@ -497,8 +488,7 @@ absl::StatusOr<DeviceMesh> ElasticMesh::FullMesh(
 }
 
 absl::StatusOr<Recovery> ElasticMesh::Establish(const MembershipRecord& record,
-                                                int64_t committed,
-                                                absl::Time deadline) {
+                                                int64_t committed) {
   const int n = static_cast<int>(record.members.size());
   const int me = record.dp_rank_of(options_.replica);
   std::vector<int> ranks;
@@ -516,7 +506,6 @@ absl::StatusOr<Recovery> ElasticMesh::Establish(const MembershipRecord& record,
   // The group's timeout bounds its rendezvous and every later operation:
   // always op_timeout, even when that runs past the recovery deadline by
   // up to one op_timeout (a shorter one would fail the epoch's operations).
-  (void)deadline;
   absl::StatusOr<std::shared_ptr<GlooCommunicator>> group =
       GlooCommunicator::Create(control_->store(),
                                control_->GroupPrefix(record.epoch, inner_rank_),
@@ -617,7 +606,7 @@ absl::StatusOr<Recovery> ElasticMesh::Rebuild(
     }
     const absl::Time build_start = absl::Now();
     agree_time += build_start - agree_start;
-    auto r = Establish(record, committed, deadline);
+    auto r = Establish(record, committed);
     build_time += absl::Now() - build_start;
     if (r.ok()) {
       last_ = *r;

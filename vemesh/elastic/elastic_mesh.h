@@ -180,7 +180,7 @@ class ElasticMesh {
       absl::StatusOr<MembershipRecord> mine);
   // Builds `record`'s DP group and agrees on the resume step.
   absl::StatusOr<Recovery> Establish(const MembershipRecord& record,
-                                     int64_t committed, absl::Time deadline);
+                                     int64_t committed);
   // The recovery loop from a failed epoch (or from `first`).
   absl::StatusOr<Recovery> Rebuild(int64_t failed,
                                    std::optional<MembershipRecord> first,
