@@ -1,9 +1,9 @@
 // vemesh/comm/communicator.h
 //
 // A Communicator is one group of ranks that can talk: the world, or the group
-// of one mesh dimension. It is a small interface with three backends, MPI
-// (vemesh/comm/mpi/), NCCL (vemesh/comm/nccl/) and Gloo (vemesh/comm/gloo/,
-// TCP between ranks that meet through a Store).
+// of one mesh dimension. Three backends implement it, MPI (vemesh/comm/mpi/),
+// NCCL (vemesh/comm/nccl/) and Gloo (vemesh/comm/gloo/, TCP between ranks
+// that meet through a Store).
 //
 //   std::shared_ptr<Communicator> tp = ...;     // from a DeviceMesh
 //   std::vector<float> grad(1024, 1.0f);
@@ -12,53 +12,96 @@
 //   int64_t me = tp->global_rank();
 //   s = tp->all_gather(absl::MakeConstSpan(&me, 1), absl::MakeSpan(who));
 //
-// Every operation is blocking and collective over the group unless it says
-// otherwise (send/recv are point to point). Buffers are host memory for the
-// MPI and Gloo backends and device memory for NCCL. Errors come back as absl::Status,
-// never as an abort: a wrong buffer length is InvalidArgument, a failing
-// library call is Internal with the library's own message.
+//   // Asynchronous: the same operation, a handle to wait on (work.h).
+//   auto w = dp->iall_reduce(absl::MakeSpan(bucket), ReduceOp::kAvg);
+//   ... compute ...
+//   s = (*w)->wait();
+//
+//   // Point to point by global rank, as the mesh answers neighbours.
+//   s = pp->send(absl::MakeConstSpan(act), GlobalRank(mesh.get_next_stage_peer()));
+//
+// Operations are collective over the group unless they say otherwise
+// (send/recv/batch are point to point). Buffers are host memory for MPI and
+// Gloo, device memory for NCCL. Every operation has a blocking form and an
+// asynchronous `i` form (`all_reduce` / `iall_reduce`, `send` / `isend`) that
+// returns a Work; the blocking form is the asynchronous one waited for until
+// the communicator's timeout (`set_timeout`, none by default).
+//
+// Arguments are checked here, once, for every backend, before anything is
+// sent: a null buffer with a non-zero count, a count above the backend's
+// limit, a root or peer outside the group, a length that does not match the
+// group, send and recv buffers that overlap without being the same, an
+// average of integers. Each is InvalidArgument with one text for all
+// backends. Failures say what happened:
+//   Unavailable        a peer was lost or cannot be reached
+//   DeadlineExceeded   the operation did not finish by its deadline (the
+//                      communicator is then aborted)
+//   Aborted            `abort()` was called (from any thread), or an earlier
+//                      deadline aborted the communicator
+//   FailedPrecondition the backend cannot be used here (MPI finalised, a
+//                      thread MPI does not allow)
+//   Internal           a library error that is none of the above
+//
+// Data types: float32/64, int32/64, int8, uint8, and the 16-bit floats
+// bfloat16 and float16 (half.h) on every backend; the CPU backends reduce
+// 16-bit floats in fp32 and round once per combining step. Reductions: sum,
+// prod, min, max, avg (floating types only).
 //
 // Ownership: communicators are shared (std::shared_ptr). A mesh, its
-// sub-meshes and any caller may hold the same one; it is freed when the last
-// holder lets go. `LiveCommunicatorCount()` says how many exist right now in
-// this process (every backend), so tests can prove that nothing leaks.
+// sub-meshes, any caller and any unfinished Work may hold the same one; it
+// is freed when the last holder lets go. `LiveCommunicatorCount()` says how
+// many exist in this process (every backend), so tests can prove that
+// nothing leaks.
 //
 // Threads: one communicator may be used by one thread at a time (as an MPI
-// communicator or an NCCL communicator); different communicators may be used
-// from different threads when MPI granted MPI_THREAD_MULTIPLE. Under
-// MPI_THREAD_FUNNELED or SINGLE only the main thread may use (or free) an
-// MPI communicator: elsewhere its operations are FailedPrecondition naming
-// the thread level (vemesh/comm/mpi/mpi_environment.h).
-//
-// After MPI_Finalize, an MPI communicator's operations are
-// FailedPrecondition saying MPI was finalised, not an abort.
+// or NCCL communicator); `abort()` and `aborted()` may be called from any
+// thread. Different communicators may be used from different threads when
+// MPI granted MPI_THREAD_MULTIPLE; under MPI_THREAD_FUNNELED or SINGLE only
+// the main thread may use (or free) an MPI communicator: elsewhere its
+// operations are FailedPrecondition naming the thread level
+// (vemesh/comm/mpi/mpi_environment.h).
 
 #ifndef VEMESH_COMM_COMMUNICATOR_H_
 #define VEMESH_COMM_COMMUNICATOR_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include "absl/strings/string_view.h"
+#include <mutex>
+#include <string>
 #include <type_traits>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "vemesh/comm/half.h"
+#include "vemesh/comm/work.h"
 
 namespace vemesh {
 
 class Bootstrap;
 
-enum class DataType { kFloat32, kFloat64, kInt32, kInt64 };
-enum class ReduceOp { kSum, kMax, kMin };
+enum class DataType {
+  kFloat32,
+  kFloat64,
+  kInt32,
+  kInt64,
+  kBFloat16,
+  kFloat16,
+  kInt8,
+  kUInt8,
+};
+enum class ReduceOp { kSum, kProd, kMin, kMax, kAvg };
 
 size_t SizeOf(DataType type);
 absl::string_view DataTypeName(DataType type);
 absl::string_view ReduceOpName(ReduceOp op);
+bool IsFloatingPoint(DataType type);
 
 // How many Communicator objects (of any backend) are alive in this process.
 int64_t LiveCommunicatorCount();
@@ -70,10 +113,90 @@ constexpr DataType DataTypeOf() {
   if constexpr (std::is_same_v<T, double>) return DataType::kFloat64;
   if constexpr (std::is_same_v<T, int32_t>) return DataType::kInt32;
   if constexpr (std::is_same_v<T, int64_t>) return DataType::kInt64;
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> ||
-                    std::is_same_v<T, int32_t> || std::is_same_v<T, int64_t>,
-                "vemesh communicators carry float, double, int32_t, int64_t");
+  if constexpr (std::is_same_v<T, BFloat16>) return DataType::kBFloat16;
+  if constexpr (std::is_same_v<T, Float16>) return DataType::kFloat16;
+  if constexpr (std::is_same_v<T, int8_t>) return DataType::kInt8;
+  if constexpr (std::is_same_v<T, uint8_t>) return DataType::kUInt8;
+  static_assert(
+      std::is_same_v<T, float> || std::is_same_v<T, double> ||
+          std::is_same_v<T, int32_t> || std::is_same_v<T, int64_t> ||
+          std::is_same_v<T, BFloat16> || std::is_same_v<T, Float16> ||
+          std::is_same_v<T, int8_t> || std::is_same_v<T, uint8_t>,
+      "vemesh communicators carry float, double, int32_t, int64_t, "
+      "BFloat16, Float16, int8_t and uint8_t");
 }
+
+// A peer named by its global (world) rank instead of its rank in the group:
+// what the mesh's neighbour queries answer.
+struct GlobalRank {
+  explicit GlobalRank(int64_t r) : value(r) {}
+  int64_t value;
+};
+
+// One send or receive of a batch (`batch_isend_irecv`, PyTorch's P2POp).
+// `peer` is a group rank.
+struct P2POp {
+  enum class Kind { kSend, kRecv };
+  Kind kind = Kind::kSend;
+  void* data = nullptr;  // read for a send, written for a receive
+  size_t count = 0;
+  DataType type = DataType::kFloat32;
+  int peer = 0;
+
+  static P2POp Send(const void* data, size_t count, DataType type, int peer) {
+    return {Kind::kSend, const_cast<void*>(data), count, type, peer};
+  }
+  static P2POp Recv(void* data, size_t count, DataType type, int peer) {
+    return {Kind::kRecv, data, count, type, peer};
+  }
+  template <typename T>
+  static P2POp Send(absl::Span<const T> data, int peer) {
+    return Send(data.data(), data.size(), DataTypeOf<T>(), peer);
+  }
+  template <typename T>
+  static P2POp Recv(absl::Span<T> data, int peer) {
+    return Recv(data.data(), data.size(), DataTypeOf<T>(), peer);
+  }
+};
+
+// Every operation a backend implements, as one checked description.
+enum class OpKind {
+  kBarrier,
+  kBroadcast,       // recv: the data (in at root, out elsewhere); count
+  kAllReduce,       // send, recv (same pointer: in place); count
+  kReduce,          // send; recv at root only; count; root
+  kAllGather,       // send: count; recv: size() * count
+  kAllGatherV,      // send: recv_counts[rank()]; recv: sum(recv_counts)
+  kReduceScatter,   // send: size() * count; recv: count
+  kReduceScatterV,  // send: sum(recv_counts); recv: recv_counts[rank()]
+  kGather,          // send: count; recv at root: size() * count
+  kScatter,         // send at root: size() * count; recv: count
+  kAllToAll,        // send and recv: size() * count, block i for/from rank i
+  kAllToAllV,       // send: send_counts per peer; recv: recv_counts per peer
+  kBatch,           // p2p: sends and receives completed together
+};
+absl::string_view OpKindName(OpKind kind);
+
+// What a backend hook receives. Blocks of the `V` forms are contiguous, in
+// rank order. The description owns its count lists, so an asynchronous
+// backend may keep it until the operation ends.
+struct Operation {
+  OpKind kind = OpKind::kBarrier;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  size_t count = 0;
+  DataType type = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  int root = 0;
+  std::vector<size_t> send_counts;
+  std::vector<size_t> recv_counts;
+  std::vector<P2POp> p2p;
+  // NCCL: the cudaStream_t to enqueue on (null: the communicator's own).
+  void* stream = nullptr;
+
+  // "all_reduce of 1024 bfloat16", for messages.
+  std::string Describe() const;
+};
 
 // The library object behind a communicator, for code that calls MPI, NCCL
 // or Gloo directly: `MPI_Comm`, `ncclComm_t` or `gloo::Context`, cast from
@@ -84,8 +207,17 @@ struct NativeHandle {
   void* handle = nullptr;
 };
 
-class Communicator {
+// Options of the asynchronous forms.
+struct AsyncOptions {
+  // NCCL only: enqueue on this cudaStream_t instead of the communicator's
+  // own stream. Ignored by the host backends.
+  void* stream = nullptr;
+};
+
+class Communicator : public std::enable_shared_from_this<Communicator> {
  public:
+  using WorkOr = absl::StatusOr<std::shared_ptr<Work>>;
+
   Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -99,31 +231,111 @@ class Communicator {
   int global_rank() const { return ranks()[rank()]; }
   virtual absl::string_view backend() const = 0;
 
+  // The group rank of global rank `global`; NotFound when it is not a
+  // member. O(1) after the first call.
+  absl::StatusOr<int> group_rank(int64_t global) const;
+
+  // -- Deadlines and abort -----------------------------------------------------
+  // How long a blocking operation may take (InfiniteDuration: no limit, the
+  // default). Past it the operation is DeadlineExceeded and the communicator
+  // aborted.
+  void set_timeout(absl::Duration timeout);
+  absl::Duration timeout() const;
+  // Any thread: makes every blocked and later operation of this
+  // communicator return Aborted (with `reason`), and asks the backend to
+  // stop (NCCL: ncclCommAbort). Irreversible; the first reason is kept.
+  void abort(absl::string_view reason = "abort() was called");
+  bool aborted() const { return aborted_.load(std::memory_order_acquire); }
+  // The Aborted status a stopped operation returns ("<op> on <backend>
+  // communicator aborted: <reason>").
+  absl::Status AbortedError(absl::string_view op) const;
+
+  // -- Any operation, checked ---------------------------------------------------
+  // Checks `op` and starts it; the named forms below build an Operation
+  // and call this.
+  WorkOr start(Operation op);
+  // `start` and wait until the timeout.
+  absl::Status run(Operation op);
+
   // -- Untyped operations (counts are elements, not bytes) -------------------
-  virtual absl::Status barrier() = 0;
-  virtual absl::Status broadcast(void* data, size_t count, DataType type,
-                                 int root) = 0;
-  // In place when send == recv.
-  virtual absl::Status all_reduce(const void* send, void* recv, size_t count,
-                                  DataType type, ReduceOp op) = 0;
-  // `recv` holds size() * count elements, rank i's block at i * count.
-  virtual absl::Status all_gather(const void* send, void* recv, size_t count,
-                                  DataType type) = 0;
-  // `send` holds size() * count elements; rank i receives the reduction of
-  // every rank's block i.
-  virtual absl::Status reduce_scatter(const void* send, void* recv,
-                                      size_t count, DataType type,
-                                      ReduceOp op) = 0;
-  virtual absl::Status send(const void* data, size_t count, DataType type,
-                            int peer) = 0;
-  virtual absl::Status recv(void* data, size_t count, DataType type,
-                            int peer) = 0;
+  absl::Status barrier();
+  absl::Status broadcast(void* data, size_t count, DataType type, int root);
+  absl::Status all_reduce(const void* send, void* recv, size_t count,
+                          DataType type, ReduceOp op);
+  absl::Status reduce(const void* send, void* recv, size_t count,
+                      DataType type, ReduceOp op, int root);
+  absl::Status all_gather(const void* send, void* recv, size_t count,
+                          DataType type);
+  absl::Status all_gather_v(const void* send, void* recv,
+                            absl::Span<const size_t> recv_counts,
+                            DataType type);
+  absl::Status reduce_scatter(const void* send, void* recv, size_t count,
+                              DataType type, ReduceOp op);
+  absl::Status reduce_scatter_v(const void* send, void* recv,
+                                absl::Span<const size_t> recv_counts,
+                                DataType type, ReduceOp op);
+  absl::Status gather(const void* send, void* recv, size_t count,
+                      DataType type, int root);
+  absl::Status scatter(const void* send, void* recv, size_t count,
+                       DataType type, int root);
+  absl::Status all_to_all(const void* send, void* recv, size_t count,
+                          DataType type);
+  absl::Status all_to_all_v(const void* send,
+                            absl::Span<const size_t> send_counts, void* recv,
+                            absl::Span<const size_t> recv_counts,
+                            DataType type);
+  absl::Status send(const void* data, size_t count, DataType type, int peer);
+  absl::Status recv(void* data, size_t count, DataType type, int peer);
+  absl::Status send(const void* data, size_t count, DataType type,
+                    GlobalRank peer);
+  absl::Status recv(void* data, size_t count, DataType type, GlobalRank peer);
   // Sends to `dest` and receives from `source` as one operation, so that a
-  // ring shift or an exchange with oneself cannot deadlock (MPI_Sendrecv;
-  // a grouped ncclSend/ncclRecv). The default answers Unimplemented.
-  virtual absl::Status send_recv(const void* send_data, size_t send_count,
-                                 int dest, void* recv_data, size_t recv_count,
-                                 int source, DataType type);
+  // ring shift or an exchange with oneself cannot deadlock.
+  absl::Status send_recv(const void* send_data, size_t send_count, int dest,
+                         void* recv_data, size_t recv_count, int source,
+                         DataType type);
+  // Every send and receive of `ops`, completed together (NCCL group calls,
+  // PyTorch's batch_isend_irecv).
+  absl::Status batch_send_recv(absl::Span<const P2POp> ops);
+
+  // -- Asynchronous forms: the same checks, a Work to wait on ----------------
+  WorkOr ibarrier();
+  WorkOr ibroadcast(void* data, size_t count, DataType type, int root,
+                    const AsyncOptions& options = {});
+  WorkOr iall_reduce(const void* send, void* recv, size_t count, DataType type,
+                     ReduceOp op, const AsyncOptions& options = {});
+  WorkOr ireduce(const void* send, void* recv, size_t count, DataType type,
+                 ReduceOp op, int root, const AsyncOptions& options = {});
+  WorkOr iall_gather(const void* send, void* recv, size_t count, DataType type,
+                     const AsyncOptions& options = {});
+  WorkOr iall_gather_v(const void* send, void* recv,
+                       absl::Span<const size_t> recv_counts, DataType type,
+                       const AsyncOptions& options = {});
+  WorkOr ireduce_scatter(const void* send, void* recv, size_t count,
+                         DataType type, ReduceOp op,
+                         const AsyncOptions& options = {});
+  WorkOr ireduce_scatter_v(const void* send, void* recv,
+                           absl::Span<const size_t> recv_counts, DataType type,
+                           ReduceOp op, const AsyncOptions& options = {});
+  WorkOr igather(const void* send, void* recv, size_t count, DataType type,
+                 int root, const AsyncOptions& options = {});
+  WorkOr iscatter(const void* send, void* recv, size_t count, DataType type,
+                  int root, const AsyncOptions& options = {});
+  WorkOr iall_to_all(const void* send, void* recv, size_t count, DataType type,
+                     const AsyncOptions& options = {});
+  WorkOr iall_to_all_v(const void* send, absl::Span<const size_t> send_counts,
+                       void* recv, absl::Span<const size_t> recv_counts,
+                       DataType type, const AsyncOptions& options = {});
+  WorkOr isend(const void* data, size_t count, DataType type, int peer,
+               const AsyncOptions& options = {});
+  WorkOr irecv(void* data, size_t count, DataType type, int peer,
+               const AsyncOptions& options = {});
+  WorkOr isend(const void* data, size_t count, DataType type, GlobalRank peer,
+               const AsyncOptions& options = {});
+  WorkOr irecv(void* data, size_t count, DataType type, GlobalRank peer,
+               const AsyncOptions& options = {});
+  WorkOr batch_isend_irecv(absl::Span<const P2POp> ops,
+                           const AsyncOptions& options = {});
 
   // Collective: splits this group as MPI_Comm_split does. Ranks with the same
   // `color` (>= 0) form a new group, ordered by `key` then by rank. A
@@ -150,9 +362,16 @@ class Communicator {
                       op);
   }
   template <typename T>
+  WorkOr iall_reduce(absl::Span<T> data, ReduceOp op,
+                     const AsyncOptions& options = {}) {
+    return iall_reduce(data.data(), data.data(), data.size(), DataTypeOf<T>(),
+                       op, options);
+  }
+  template <typename T>
   absl::Status all_gather(absl::Span<const T> send, absl::Span<T> recv) {
     if (recv.size() != send.size() * static_cast<size_t>(size())) {
-      return LengthError("all_gather", recv.size(), send.size() * size());
+      return LengthError("all_gather", "recv", recv.size(),
+                         send.size() * size());
     }
     return all_gather(send.data(), recv.data(), send.size(), DataTypeOf<T>());
   }
@@ -160,10 +379,35 @@ class Communicator {
   absl::Status reduce_scatter(absl::Span<const T> send, absl::Span<T> recv,
                               ReduceOp op) {
     if (send.size() != recv.size() * static_cast<size_t>(size())) {
-      return LengthError("reduce_scatter", send.size(), recv.size() * size());
+      return LengthError("reduce_scatter", "send", send.size(),
+                         recv.size() * size());
     }
     return reduce_scatter(send.data(), recv.data(), recv.size(),
                           DataTypeOf<T>(), op);
+  }
+  // Equal blocks: both spans hold size() blocks of the same length.
+  template <typename T>
+  absl::Status all_to_all(absl::Span<const T> send, absl::Span<T> recv) {
+    if (send.size() != recv.size() || send.size() % size() != 0) {
+      return absl::InvalidArgumentError(AllToAllLengthText(send.size(),
+                                                           recv.size()));
+    }
+    return all_to_all(send.data(), recv.data(), send.size() / size(),
+                      DataTypeOf<T>());
+  }
+  template <typename T>
+  absl::Status all_to_all_v(absl::Span<const T> send,
+                            absl::Span<const size_t> send_counts,
+                            absl::Span<T> recv,
+                            absl::Span<const size_t> recv_counts) {
+    absl::Status lengths =
+        TotalError("all_to_all_v", "send", send.size(), send_counts);
+    if (lengths.ok()) {
+      lengths = TotalError("all_to_all_v", "recv", recv.size(), recv_counts);
+    }
+    if (!lengths.ok()) return lengths;
+    return all_to_all_v(send.data(), send_counts, recv.data(), recv_counts,
+                        DataTypeOf<T>());
   }
   template <typename T>
   absl::Status send(absl::Span<const T> data, int peer) {
@@ -174,6 +418,23 @@ class Communicator {
     return recv(data.data(), data.size(), DataTypeOf<T>(), peer);
   }
   template <typename T>
+  absl::Status send(absl::Span<const T> data, GlobalRank peer) {
+    return send(data.data(), data.size(), DataTypeOf<T>(), peer);
+  }
+  template <typename T>
+  absl::Status recv(absl::Span<T> data, GlobalRank peer) {
+    return recv(data.data(), data.size(), DataTypeOf<T>(), peer);
+  }
+  template <typename T>
+  WorkOr isend(absl::Span<const T> data, int peer,
+               const AsyncOptions& options = {}) {
+    return isend(data.data(), data.size(), DataTypeOf<T>(), peer, options);
+  }
+  template <typename T>
+  WorkOr irecv(absl::Span<T> data, int peer, const AsyncOptions& options = {}) {
+    return irecv(data.data(), data.size(), DataTypeOf<T>(), peer, options);
+  }
+  template <typename T>
   absl::Status send_recv(absl::Span<const T> send, int dest,
                          absl::Span<T> recv, int source) {
     return send_recv(send.data(), send.size(), dest, recv.data(), recv.size(),
@@ -181,20 +442,50 @@ class Communicator {
   }
 
  protected:
-  // The argument checks every host backend makes, with one text for all:
-  // a count above INT_MAX (the int counts of MPI and of Gloo's reduction
-  // helpers), a null buffer for a non-zero count, a peer outside the group.
-  // `backend_name` is how the message names the backend ("MPI", "Gloo").
-  absl::Status CheckBuffer(absl::string_view backend_name, absl::string_view op,
-                           const void* data, size_t count) const;
-  absl::Status CheckPeer(absl::string_view op, absl::string_view what,
-                         int peer) const;
+  // -- Backend hooks ----------------------------------------------------------
+  // Starts a checked operation: its arguments are valid for this group and
+  // the communicator is not aborted. The returned Work finishes it.
+  virtual WorkOr Start(const Operation& op) = 0;
+  // The largest count (elements, per buffer and in total) the backend takes:
+  // INT_MAX for MPI and Gloo (int counts), unbounded for NCCL.
+  virtual size_t MaxCount() const;
+  // Whether the backend can be used from here right now (MPI: not
+  // finalised, a thread MPI allows). Called before every operation.
+  virtual absl::Status CheckUsable(absl::string_view op) const;
+  // Called once by abort(), from any thread: release what blocks (NCCL:
+  // ncclCommAbort). The default does nothing: blocked waits notice the
+  // abort themselves.
+  virtual void OnAbort() {}
 
-  static absl::Status LengthError(absl::string_view op, size_t got,
-                                  size_t expected) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, " buffer has ", got, " elements: expected ", expected));
-  }
+  // The shared_ptr that owns this communicator, for the Works it starts
+  // (null when it is not owned by one).
+  std::shared_ptr<Communicator> Self() { return weak_from_this().lock(); }
+
+  static absl::Status LengthError(absl::string_view op, absl::string_view what,
+                                  size_t got, size_t expected);
+  // InvalidArgument when a span of `length` elements does not hold exactly
+  // the sum of `counts`.
+  static absl::Status TotalError(absl::string_view op, absl::string_view what,
+                                 size_t length, absl::Span<const size_t> counts);
+
+ private:
+  absl::Status Check(const Operation& op) const;
+  absl::Status CheckBuffer(const Operation& op, absl::string_view what,
+                           const void* data, size_t count) const;
+  absl::Status CheckRank(const Operation& op, absl::string_view what,
+                         int64_t rank) const;
+  absl::Status CheckCounts(const Operation& op, absl::string_view what,
+                           absl::Span<const size_t> counts,
+                           size_t* total) const;
+  absl::StatusOr<int> PeerOf(absl::string_view op, GlobalRank peer) const;
+  std::string AllToAllLengthText(size_t send, size_t recv) const;
+
+  std::atomic<bool> aborted_{false};
+  std::atomic<int64_t> timeout_ns_{-1};  // < 0: infinite
+  mutable std::mutex abort_mu_;
+  std::string abort_reason_;  // under abort_mu_
+  mutable std::once_flag group_rank_once_;
+  mutable absl::flat_hash_map<int64_t, int> group_rank_of_;
 };
 
 }  // namespace vemesh
