@@ -1,11 +1,11 @@
 #include "vemesh/comm/mpi/mpi_communicator.h"
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <functional>
 #include <mutex>
 #include <numeric>
@@ -101,8 +101,10 @@ struct Halves {
 
 // Made once, then only read: the handles are plain values that MPI keeps
 // valid until they are freed, which happens inside MPI_Finalize (below).
+// Not made (and not latched as failed) while MPI is not running.
 Halves halves;
-std::once_flag halves_once;
+std::atomic<bool> halves_made{false};
+std::mutex halves_mu;
 
 // Runs at the start of MPI_Finalize (attributes of MPI_COMM_SELF are
 // deleted first, MPI 3.1 8.7.1): gives the types and operators back while
@@ -136,24 +138,30 @@ absl::Status MakeHalf(Half* h) {
 }
 
 const Halves& GetHalves() {
-  std::call_once(halves_once, [] {
-    if (!MpiIsUsable()) {
-      halves.status = absl::FailedPreconditionError(
+  if (halves_made.load(std::memory_order_acquire)) return halves;
+  std::lock_guard<std::mutex> lock(halves_mu);
+  if (halves_made.load(std::memory_order_relaxed)) return halves;
+  if (!MpiIsUsable()) {
+    static const Halves* const not_yet = [] {
+      auto* h = new Halves;
+      h->status = absl::FailedPreconditionError(
           "the 16-bit MPI datatypes need a running MPI");
-      return;
-    }
-    halves.status = MakeHalf<BFloat16BitsToFloat, FloatToBFloat16Bits>(
-        &halves.bf16);
-    if (halves.status.ok()) {
-      halves.status = MakeHalf<Float16BitsToFloat, FloatToFloat16Bits>(
-          &halves.fp16);
-    }
-    int key = MPI_KEYVAL_INVALID;
-    if (MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, FreeHalves, &key,
-                               nullptr) == MPI_SUCCESS) {
-      MPI_Comm_set_attr(MPI_COMM_SELF, key, nullptr);
-    }
-  });
+      return h;
+    }();
+    return *not_yet;
+  }
+  halves.status =
+      MakeHalf<BFloat16BitsToFloat, FloatToBFloat16Bits>(&halves.bf16);
+  if (halves.status.ok()) {
+    halves.status =
+        MakeHalf<Float16BitsToFloat, FloatToFloat16Bits>(&halves.fp16);
+  }
+  int key = MPI_KEYVAL_INVALID;
+  if (MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, FreeHalves, &key,
+                             nullptr) == MPI_SUCCESS) {
+    MPI_Comm_set_attr(MPI_COMM_SELF, key, nullptr);
+  }
+  halves_made.store(true, std::memory_order_release);
   return halves;
 }
 
@@ -196,34 +204,6 @@ void DivideBy(void* data, size_t count, DataType type, int n) {
     }
     default:
       return;  // the base refuses avg of integers
-  }
-}
-
-size_t Sum(const std::vector<size_t>& counts) {
-  return std::accumulate(counts.begin(), counts.end(), size_t{0});
-}
-
-// How many elements an operation reads from `send` on this rank.
-size_t SendCount(const Operation& op, int rank, int size) {
-  const size_t n = static_cast<size_t>(size);
-  switch (op.kind) {
-    case OpKind::kAllReduce:
-    case OpKind::kReduce:
-    case OpKind::kAllGather:
-    case OpKind::kGather:
-      return op.count;
-    case OpKind::kAllGatherV:
-      return op.recv_counts[rank];
-    case OpKind::kReduceScatter:
-    case OpKind::kScatter:
-    case OpKind::kAllToAll:
-      return op.count * n;
-    case OpKind::kReduceScatterV:
-      return Sum(op.recv_counts);
-    case OpKind::kAllToAllV:
-      return Sum(op.send_counts);
-    default:
-      return 0;
   }
 }
 
@@ -283,7 +263,6 @@ struct MpiRequests {
   // For a receive: its index in the operation's P2POps; -1 otherwise.
   std::vector<int> p2p_index;
   std::vector<int> counts, displs, counts2, displs2;
-  std::vector<std::byte> scratch;  // a copy of `send` when it is `recv`
 
   void Add(MPI_Request request, int p2p = -1) {
     requests.push_back(request);
@@ -453,16 +432,11 @@ Communicator::WorkOr MpiCommunicator::Start(const Operation& op) {
     }
   };
 
-  // All-reduce and reduce take MPI_IN_PLACE for send == recv; the others
-  // read a copy, since MPI forbids a buffer that is both.
+  // The base lets send and recv be the same buffer only for all_reduce and
+  // reduce (MPI_IN_PLACE); elsewhere the one a rank does not use is not
+  // passed to MPI, so MPI never sees the same buffer twice.
   const void* send = op.send;
   const bool same = op.send != nullptr && op.send == op.recv;
-  if (same && op.kind != OpKind::kAllReduce && op.kind != OpKind::kReduce) {
-    const size_t bytes = SendCount(op, me, n) * SizeOf(op.type);
-    s.scratch.resize(bytes);
-    std::memcpy(s.scratch.data(), op.send, bytes);
-    send = s.scratch.data();
-  }
 
   int code = MPI_SUCCESS;
   MPI_Request r = MPI_REQUEST_NULL;
