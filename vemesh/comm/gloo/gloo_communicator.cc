@@ -175,38 +175,6 @@ std::vector<int64_t> ByteCounts(absl::Span<const size_t> counts,
 
 }  // namespace
 
-// -- Jobs and their Works -----------------------------------------------------
-
-// One issued operation, shared by the queue, the worker and its Work.
-struct GlooCommunicator::Job {
-  explicit Job(const Operation& o) : op(o), name(o.Describe()) {}
-
-  void Finish(absl::Status s) {
-    status = std::move(s);
-    done.store(true, std::memory_order_release);
-  }
-
-  const Operation op;
-  const std::string name;
-  std::atomic<bool> done{false};
-  absl::Status status;  // written once, before `done`
-};
-
-class GlooCommunicator::GlooWork final : public Work {
- public:
-  GlooWork(std::shared_ptr<Communicator> owner, std::shared_ptr<Job> job)
-      : Work(std::move(owner), job->name), job_(std::move(job)) {}
-
- protected:
-  std::optional<absl::Status> Poll() override {
-    if (!job_->done.load(std::memory_order_acquire)) return std::nullopt;
-    return job_->status;
-  }
-
- private:
-  std::shared_ptr<Job> job_;
-};
-
 // -- Interruptible point-to-point waits ---------------------------------------
 
 // While it lives, OnAbort can interrupt the waits on `buffer`. A buffer
@@ -282,7 +250,44 @@ class GlooCommunicator::Outgoing {
   std::optional<Interruptible> payload_guard_;
 };
 
-absl::Status GlooCommunicator::Receive(int peer, void* data, size_t count,
+// -- Jobs and their Works -----------------------------------------------------
+
+// One issued operation, shared by the queue, the worker and its Work.
+struct GlooCommunicator::Job {
+  explicit Job(const Operation& o) : op(o), name(o.Describe()) {}
+
+  void Finish(absl::Status s) {
+    status = std::move(s);
+    done.store(true, std::memory_order_release);
+  }
+
+  const Operation op;
+  const std::string name;
+  // A batch's sends to peers, posted by the issuing thread, and the error
+  // that posting them met (reported, in order, by the worker).
+  std::vector<std::unique_ptr<Outgoing>> outgoing;
+  absl::Status posted;
+  std::atomic<bool> done{false};
+  absl::Status status;  // written once, before `done`
+};
+
+class GlooCommunicator::GlooWork final : public Work {
+ public:
+  GlooWork(std::shared_ptr<Communicator> owner, std::shared_ptr<Job> job)
+      : Work(std::move(owner), job->name), job_(std::move(job)) {}
+
+ protected:
+  std::optional<absl::Status> Poll() override {
+    if (!job_->done.load(std::memory_order_acquire)) return std::nullopt;
+    return job_->status;
+  }
+
+ private:
+  std::shared_ptr<Job> job_;
+};
+
+absl::Status GlooCommunicator::Receive(absl::string_view op, int peer,
+                                       void* data, size_t count,
                                        DataType type) {
   const size_t bytes = count * SizeOf(type);
   uint64_t header = 0;
@@ -314,60 +319,70 @@ absl::Status GlooCommunicator::Receive(int peer, void* data, size_t count,
   }
   if (header != bytes) {
     return absl::InvalidArgumentError(
-        absl::StrCat("recv expected ", count, " elements from rank ", peer,
+        absl::StrCat(op, " expected ", count, " elements from rank ", peer,
                      " but got ", header / SizeOf(type)));
   }
   return absl::OkStatus();
 }
 
-absl::Status GlooCommunicator::TakeFromSelf(void* data, size_t count,
-                                            DataType type) {
-  if (to_self_.empty()) {
-    // Only this rank could send it, and it is here: waiting would hang.
-    return absl::FailedPreconditionError(absl::StrCat(
-        "recv from oneself (rank ", rank_,
-        ") with no message sent to oneself before it"));
+absl::Status GlooCommunicator::TakeFromSelf(absl::string_view op, void* data,
+                                            size_t count, DataType type) {
+  std::vector<char> message;
+  {
+    std::lock_guard<std::mutex> lock(to_self_mu_);
+    if (to_self_.empty()) {
+      // Only this rank could send it, and it is here: waiting would hang.
+      return absl::FailedPreconditionError(absl::StrCat(
+          op, " from oneself (rank ", rank_,
+          ") with no message sent to oneself before it"));
+    }
+    message = std::move(to_self_.front());
+    to_self_.pop_front();
   }
-  std::vector<char> message = std::move(to_self_.front());
-  to_self_.pop_front();
   if (message.size() != count * SizeOf(type)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("recv expected ", count, " elements from rank ", rank_,
+        absl::StrCat(op, " expected ", count, " elements from rank ", rank_,
                      " but got ", message.size() / SizeOf(type)));
   }
   if (!message.empty()) std::memcpy(data, message.data(), message.size());
   return absl::OkStatus();
 }
 
-absl::Status GlooCommunicator::RunBatch(const Operation& op) {
-  // Sends to oneself first, so that a batch can receive what it sends
-  // itself whatever the order of its entries.
-  for (const P2POp& p : op.p2p) {
+void GlooCommunicator::PostSends(Job& job) {
+  // Messages to oneself are kept at once too, so that a batch can receive
+  // what it sends itself whatever the order of its entries, and a receive
+  // from oneself queued before the send finds it.
+  for (const P2POp& p : job.op.p2p) {
     if (p.kind == P2POp::Kind::kSend && p.peer == rank_) {
       const char* begin = Bytes(p.data);
+      std::lock_guard<std::mutex> lock(to_self_mu_);
       to_self_.emplace_back(begin, begin + p.count * SizeOf(p.type));
     }
   }
-  // Every send is posted before any receive is waited for, and Gloo moves
-  // the data on its own I/O thread, so no order of batches can deadlock.
-  std::vector<std::unique_ptr<Outgoing>> outgoing;
-  for (const P2POp& p : op.p2p) {
-    if (p.kind == P2POp::Kind::kSend && p.peer != rank_) {
-      outgoing.push_back(std::make_unique<Outgoing>(
-          *this, p.peer, p.data, p.count * SizeOf(p.type)));
+  job.posted = RunGloo(absl::StrCat("gloo ", job.name), [&] {
+    for (const P2POp& p : job.op.p2p) {
+      if (p.kind == P2POp::Kind::kSend && p.peer != rank_) {
+        job.outgoing.push_back(std::make_unique<Outgoing>(
+            *this, p.peer, p.data, p.count * SizeOf(p.type)));
+      }
     }
-  }
+  });
+}
+
+absl::Status GlooCommunicator::RunBatch(Job& job) {
+  const Operation& op = job.op;
   // Receives in order: two from one peer match its sends in order. A
   // mismatched length is reported after the others completed.
   absl::Status first_error;
   for (const P2POp& p : op.p2p) {
     if (p.kind != P2POp::Kind::kRecv) continue;
     absl::Status s = p.peer == rank_
-                         ? TakeFromSelf(p.data, p.count, p.type)
-                         : Receive(p.peer, p.data, p.count, p.type);
+                         ? TakeFromSelf(op.Name(), p.data, p.count, p.type)
+                         : Receive(op.Name(), p.peer, p.data, p.count, p.type);
     if (first_error.ok()) first_error = s;
   }
-  for (auto& message : outgoing) message->Wait();
+  for (auto& message : job.outgoing) message->Wait();
+  job.outgoing.clear();
   return first_error;
 }
 
@@ -610,6 +625,7 @@ Communicator::WorkOr GlooCommunicator::Start(const Operation& op) {
         "a Gloo communicator must be owned by a shared_ptr (Create's)");
   }
   auto job = std::make_shared<Job>(op);
+  if (op.kind == OpKind::kBatch) PostSends(*job);
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     if (!worker_.joinable()) {
@@ -637,12 +653,13 @@ void GlooCommunicator::WorkerLoop() {
       job = std::move(queue_.front());
       queue_.pop_front();
     }
-    job->Finish(Execute(job->op, job->name));
+    job->Finish(Execute(*job));
   }
 }
 
-absl::Status GlooCommunicator::Execute(const Operation& op,
-                                       const std::string& name) {
+absl::Status GlooCommunicator::Execute(Job& job) {
+  const Operation& op = job.op;
+  const std::string& name = job.name;
   // Queued before an abort, started after it: never sent.
   if (aborted()) return AbortedError(name);
   if (!broken_.ok()) {
@@ -653,13 +670,16 @@ absl::Status GlooCommunicator::Execute(const Operation& op,
                      broken_.message()));
   }
   absl::Status result;  // a recv's length mismatch, which breaks nothing
-  absl::Status status = RunGloo(absl::StrCat("gloo ", name), [&] {
-    if (op.kind == OpKind::kBatch) {
-      result = RunBatch(op);
-    } else {
-      RunCollective(op);
-    }
-  });
+  absl::Status status = job.posted;
+  if (status.ok()) {
+    status = RunGloo(absl::StrCat("gloo ", name), [&] {
+      if (op.kind == OpKind::kBatch) {
+        result = RunBatch(job);
+      } else {
+        RunCollective(op);
+      }
+    });
+  }
   if (status.ok()) return result;
   // An abort that closed the connections under the operation made it fail.
   if (aborted()) return AbortedError(name);

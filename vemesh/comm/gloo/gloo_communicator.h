@@ -44,7 +44,8 @@
 // ahead of the data, so that a length mismatch is reported (InvalidArgument
 // naming both counts) instead of overrunning the receiver. A send to oneself
 // is kept until a receive from oneself takes it, in order; a receive from
-// oneself with nothing sent is FailedPrecondition (it could only hang).
+// oneself with nothing sent before it runs is FailedPrecondition (it could
+// only hang).
 //
 // Like MPI, collectives assume every rank passes the same count and type;
 // Gloo cannot check that, and a mismatch is undefined (it may abort inside
@@ -56,7 +57,12 @@
 // costs no thread). Every operation, blocking or not, is queued to it, so
 // operations run in the order they were issued, the same order on every
 // rank; a Work finishes when the worker has run its operation. The blocking
-// forms pay one hand-off to the worker (a few tens of microseconds).
+// forms pay one hand-off to the worker (a few tens of microseconds). Sends
+// to peers are posted at once by the issuing thread (Gloo moves them on
+// its I/O thread), so `irecv` then `isend` on every rank of a ring works.
+// A receive, though, holds the worker until its message came: a collective
+// issued after an `irecv` waits for that message (as on one NCCL stream);
+// post the matching sends first, or use batch_send_recv.
 //
 // Abort (abort(), or a Work::wait past its deadline, from any thread):
 // waiters return Aborted at once. The worker is released at once from a
@@ -157,18 +163,24 @@ class GlooCommunicator final : public Communicator {
   void WorkerLoop();
   // Runs one operation on the worker: refuses it when aborted or broken,
   // and breaks the communicator when it fails.
-  absl::Status Execute(const Operation& op, const std::string& name);
+  absl::Status Execute(Job& job);
   // The Gloo calls of each operation (throw on failure, see gloo_error.h).
   void RunCollective(const Operation& op);
-  // Point to point; a receive of the wrong length is InvalidArgument and
-  // leaves the stream in step.
-  absl::Status RunBatch(const Operation& op);
+  // Point to point. Sends to peers are posted when the operation is
+  // issued (PostSends, on the issuing thread), so that a receive queued
+  // ahead of them on a peer's worker cannot wait for them forever; the
+  // worker takes messages to oneself, receives in order and waits for the
+  // sends. A receive of the wrong length is InvalidArgument and leaves the
+  // stream in step.
+  void PostSends(Job& job);
+  absl::Status RunBatch(Job& job);
   // The tag of the next collective. Every rank runs collectives in the
   // same order, so the counters agree, and a late message of one
   // collective can never match another.
   uint32_t NextTag() { return next_tag_++; }
   // Takes the oldest message sent to oneself into `data`.
-  absl::Status TakeFromSelf(void* data, size_t count, DataType type);
+  absl::Status TakeFromSelf(absl::string_view op, void* data, size_t count,
+                            DataType type);
   // Waits on a send or receive buffer of a point-to-point operation; abort
   // can interrupt it. Throws when it failed or was interrupted.
   void WaitSend(gloo::transport::UnboundBuffer& buffer);
@@ -179,7 +191,8 @@ class GlooCommunicator final : public Communicator {
   class Outgoing;
   // Receives one message from `peer` into `data` (`count` elements) when
   // its length matches; InvalidArgument naming both counts otherwise.
-  absl::Status Receive(int peer, void* data, size_t count, DataType type);
+  absl::Status Receive(absl::string_view op, int peer, void* data,
+                       size_t count, DataType type);
 
   std::shared_ptr<Store> store_;
   std::string prefix_;
@@ -196,7 +209,11 @@ class GlooCommunicator final : public Communicator {
   // The worker's own state: only it reads or writes these.
   uint32_t next_tag_ = 1;  // 0 is the rendezvous barrier's
   absl::Status broken_;
-  std::deque<std::vector<char>> to_self_;  // oldest first
+
+  // Messages sent to oneself, oldest first: kept by the issuing thread,
+  // taken by the worker.
+  std::mutex to_self_mu_;
+  std::deque<std::vector<char>> to_self_;  // under to_self_mu_
 
   // The queue between issuing threads and the worker.
   std::mutex queue_mu_;
