@@ -641,7 +641,15 @@ TEST_P(GlooCommunicatorTest, AsyncOperationsRunInIssueOrder) {
         EXPECT_EQ(AsDouble(buckets[b][i]), want) << "bucket " << b;
       }
     }
-    // An async point-to-point exchange, waited in the opposite order.
+    // A receive from oneself is matched with the sends to oneself issued
+    // before it: alone, an irecv ahead of the isend is refused at once.
+    if (n == 1) {
+      std::vector<float> in(2);
+      auto early = comm->irecv(absl::MakeSpan(in), 0);
+      EXPECT_TRUE(absl::IsFailedPrecondition(early.status())) << early.status();
+      return;
+    }
+    // An async point-to-point ring, waited in the opposite order.
     const int next = (me + 1) % n;
     const int prev = (me + n - 1) % n;
     std::vector<float> out = {static_cast<float>(me), 0.5f};

@@ -624,6 +624,22 @@ Communicator::WorkOr GlooCommunicator::Start(const Operation& op) {
     return absl::FailedPreconditionError(
         "a Gloo communicator must be owned by a shared_ptr (Create's)");
   }
+  if (op.kind == OpKind::kBatch) {
+    // Messages to oneself are matched in issue order: a receive from
+    // oneself issued before its send would wait for this very thread.
+    int64_t sends = 0, recvs = 0;
+    for (const P2POp& p : op.p2p) {
+      if (p.peer != rank_) continue;
+      (p.kind == P2POp::Kind::kSend ? sends : recvs) += 1;
+    }
+    if (recvs > self_sent_ - self_taken_ + sends) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          op.Name(), " from oneself (rank ", rank_,
+          ") with no message sent to oneself before it"));
+    }
+    self_sent_ += sends;
+    self_taken_ += recvs;
+  }
   auto job = std::make_shared<Job>(op);
   if (op.kind == OpKind::kBatch) PostSends(*job);
   {

@@ -43,9 +43,9 @@
 // Point to point: every message carries a small header with its byte count
 // ahead of the data, so that a length mismatch is reported (InvalidArgument
 // naming both counts) instead of overrunning the receiver. A send to oneself
-// is kept until a receive from oneself takes it, in order; a receive from
-// oneself with nothing sent before it runs is FailedPrecondition (it could
-// only hang).
+// is kept until a receive from oneself takes it, in issue order; a receive
+// from oneself issued with no send to oneself before it (or in the same
+// batch) is FailedPrecondition at once, also in the `i` form.
 //
 // Like MPI, collectives assume every rank passes the same count and type;
 // Gloo cannot check that, and a mismatch is undefined (it may abort inside
@@ -204,7 +204,10 @@ class GlooCommunicator final : public Communicator {
   // Declared before the context so that the context is destroyed first.
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
-  int64_t next_split_ = 0;  // the issuing thread's
+  // The issuing thread's.
+  int64_t next_split_ = 0;
+  int64_t self_sent_ = 0;   // messages to oneself issued
+  int64_t self_taken_ = 0;  // receives from oneself issued
 
   // The worker's own state: only it reads or writes these.
   uint32_t next_tag_ = 1;  // 0 is the rendezvous barrier's
