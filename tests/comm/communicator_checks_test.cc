@@ -328,7 +328,9 @@ TEST(HalfPrecision, Float16RoundsToNearestEven) {
       continue;
     }
     ASSERT_EQ(FloatToFloat16Bits(f), bits) << f;
-    if (std::isfinite(f)) ASSERT_EQ(double{f}, Float16Reference(f));
+    if (std::isfinite(f)) {
+      ASSERT_EQ(double{f}, Float16Reference(f));
+    }
   }
   EXPECT_EQ(Float16BitsToFloat(0x3c00), 1.0f);
   EXPECT_EQ(Float16BitsToFloat(0x0001), 0x1p-24f) << "smallest subnormal";
