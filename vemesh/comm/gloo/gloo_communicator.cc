@@ -1,19 +1,29 @@
 #include "vemesh/comm/gloo/gloo_communicator.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cstring>
+#include <numeric>
 #include <optional>
 #include <stdexcept>
+#include <system_error>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "gloo/allgather.h"
+#include "gloo/allgatherv.h"
 #include "gloo/allreduce.h"
+#include "gloo/alltoall.h"
+#include "gloo/alltoallv.h"
 #include "gloo/barrier.h"
 #include "gloo/broadcast.h"
+#include "gloo/gather.h"
+#include "gloo/reduce.h"
 #include "gloo/rendezvous/context.h"
+#include "gloo/scatter.h"
 #include "gloo/transport/tcp/attr.h"
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/unbound_buffer.h"
@@ -35,6 +45,18 @@ constexpr uint64_t kPayloadSlot = kHeaderSlot + 1;
 // header above it is garbage, never an allocation size.
 constexpr uint64_t kMaxMessageBytes = uint64_t{INT_MAX} * 8;
 
+// Where an empty buffer points: Gloo copies zero bytes from or to it, and a
+// null pointer would make even that undefined.
+char empty_buffer[1];
+
+char* Bytes(void* data) {
+  return data == nullptr ? empty_buffer : static_cast<char*>(data);
+}
+char* Bytes(const void* data) {
+  // Gloo only reads a buffer it sends from.
+  return Bytes(const_cast<void*>(data));
+}
+
 bool Overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
   auto x = reinterpret_cast<uintptr_t>(a);
   auto y = reinterpret_cast<uintptr_t>(b);
@@ -53,8 +75,44 @@ void WithType(DataType type, F&& f) {
       return f(int32_t{});
     case DataType::kInt64:
       return f(int64_t{});
+    case DataType::kBFloat16:
+      return f(BFloat16{});
+    case DataType::kFloat16:
+      return f(Float16{});
+    case DataType::kInt8:
+      return f(int8_t{});
+    case DataType::kUInt8:
+      return f(uint8_t{});
   }
   throw std::invalid_argument("unknown vemesh DataType");
+}
+
+template <typename T>
+constexpr bool kIsHalf =
+    std::is_same_v<T, BFloat16> || std::is_same_v<T, Float16>;
+
+// One combining step, x op y. avg combines as sum (the division by size()
+// comes once, at the end). Integers wrap around as two's complement instead
+// of overflowing (undefined for signed types). 16-bit floats combine in
+// float and round back at once, as the other backends do.
+template <typename T, ReduceOp kOp>
+T CombineOne(T x, T y) {
+  if constexpr (kIsHalf<T>) {
+    return T(CombineOne<float, kOp>(static_cast<float>(x),
+                                    static_cast<float>(y)));
+  } else if constexpr (kOp == ReduceOp::kMin) {
+    return std::min(x, y);
+  } else if constexpr (kOp == ReduceOp::kMax) {
+    return std::max(x, y);
+  } else if constexpr (std::is_integral_v<T>) {
+    // Unsigned int at least, so that no operand is promoted to signed int.
+    using U = std::common_type_t<std::make_unsigned_t<T>, unsigned int>;
+    const U a = static_cast<U>(x);
+    const U b = static_cast<U>(y);
+    return static_cast<T>(kOp == ReduceOp::kProd ? a * b : a + b);
+  } else {
+    return kOp == ReduceOp::kProd ? x * y : x + y;
+  }
 }
 
 // Gloo's reduction signature: c[i] = a[i] op b[i] (c may alias a or b).
@@ -63,18 +121,19 @@ void Combine(void* c, const void* a, const void* b, size_t n) {
   T* out = static_cast<T*>(c);
   const T* x = static_cast<const T*>(a);
   const T* y = static_cast<const T*>(b);
-  for (size_t i = 0; i < n; ++i) {
-    if constexpr (kOp == ReduceOp::kSum) out[i] = x[i] + y[i];
-    if constexpr (kOp == ReduceOp::kMax) out[i] = std::max(x[i], y[i]);
-    if constexpr (kOp == ReduceOp::kMin) out[i] = std::min(x[i], y[i]);
-  }
+  for (size_t i = 0; i < n; ++i) out[i] = CombineOne<T, kOp>(x[i], y[i]);
 }
 
+using CombineFn = void (*)(void*, const void*, const void*, size_t);
+
 template <typename T>
-gloo::AllreduceOptions::Func Reduction(ReduceOp op) {
+CombineFn Reduction(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
+    case ReduceOp::kAvg:
       return &Combine<T, ReduceOp::kSum>;
+    case ReduceOp::kProd:
+      return &Combine<T, ReduceOp::kProd>;
     case ReduceOp::kMax:
       return &Combine<T, ReduceOp::kMax>;
     case ReduceOp::kMin:
@@ -83,32 +142,93 @@ gloo::AllreduceOptions::Func Reduction(ReduceOp op) {
   throw std::invalid_argument("unknown vemesh ReduceOp");
 }
 
-// All-reduce of `count` elements of `data`, in place.
-void AllReduceInPlace(const std::shared_ptr<gloo::Context>& context,
-                      uint32_t tag, void* data, size_t count, DataType type,
-                      ReduceOp op) {
-  WithType(type, [&](auto zero) {
-    using T = decltype(zero);
-    gloo::AllreduceOptions opts(context);
-    opts.setOutput(static_cast<T*>(data), count);
-    opts.setReduceFunction(Reduction<T>(op));
-    opts.setTag(tag);
-    gloo::allreduce(opts);
+// The end of an avg: divides a sum by the group size (in float for 16-bit
+// types; the base refuses avg of integers).
+template <typename T>
+void DivideBySize(void* data, size_t count, int size) {
+  if constexpr (std::is_floating_point_v<T>) {
+    T* x = static_cast<T*>(data);
+    for (size_t i = 0; i < count; ++i) x[i] /= static_cast<T>(size);
+  } else if constexpr (kIsHalf<T>) {
+    T* x = static_cast<T*>(data);
+    for (size_t i = 0; i < count; ++i) {
+      x[i] = T(static_cast<float>(x[i]) / static_cast<float>(size));
+    }
+  }
+}
+
+void FinishAverage(const Operation& op, void* data, size_t count, int size) {
+  if (op.op != ReduceOp::kAvg || count == 0) return;
+  WithType(op.type, [&](auto zero) {
+    DivideBySize<decltype(zero)>(data, count, size);
   });
+}
+
+// Element counts as byte counts, as Gloo's all_to_all_v takes them.
+std::vector<int64_t> ByteCounts(absl::Span<const size_t> counts,
+                                size_t width) {
+  std::vector<int64_t> bytes;
+  bytes.reserve(counts.size());
+  for (size_t c : counts) bytes.push_back(static_cast<int64_t>(c * width));
+  return bytes;
+}
+
+}  // namespace
+
+// -- Interruptible point-to-point waits ---------------------------------------
+
+// While it lives, OnAbort can interrupt the waits on `buffer`. A buffer
+// registered after abort() is interrupted at once (abort sets the flag
+// before it takes the lock, so one of the two sees the other).
+class GlooCommunicator::Interruptible {
+ public:
+  Interruptible(GlooCommunicator& owner, gloo::transport::UnboundBuffer* buffer)
+      : owner_(owner), buffer_(buffer) {
+    {
+      std::lock_guard<std::mutex> lock(owner_.interruptible_mu_);
+      owner_.interruptible_.push_back(buffer_);
+    }
+    if (owner_.aborted()) {
+      buffer_->abortWaitRecv();
+      buffer_->abortWaitSend();
+    }
+  }
+  Interruptible(const Interruptible&) = delete;
+  Interruptible& operator=(const Interruptible&) = delete;
+  ~Interruptible() {
+    std::lock_guard<std::mutex> lock(owner_.interruptible_mu_);
+    auto& all = owner_.interruptible_;
+    all.erase(std::find(all.begin(), all.end(), buffer_));
+  }
+
+ private:
+  GlooCommunicator& owner_;
+  gloo::transport::UnboundBuffer* const buffer_;
+};
+
+void GlooCommunicator::WaitSend(gloo::transport::UnboundBuffer& buffer) {
+  // False: abort() interrupted it (a timeout or a lost peer throws).
+  if (!buffer.waitSend()) throw std::runtime_error("send interrupted by abort");
+}
+
+void GlooCommunicator::WaitRecv(gloo::transport::UnboundBuffer& buffer) {
+  if (!buffer.waitRecv()) throw std::runtime_error("recv interrupted by abort");
 }
 
 // A message on its way to a peer: header and payload are posted at once
 // (Gloo sends asynchronously); Wait() blocks until both left. Pinned in
 // memory because Gloo holds the header's address.
-class Outgoing {
+class GlooCommunicator::Outgoing {
  public:
-  Outgoing(gloo::Context& context, int peer, const void* data, size_t bytes)
-      : header_(bytes) {
-    header_buffer_ = context.createUnboundBuffer(&header_, sizeof(header_));
+  Outgoing(GlooCommunicator& owner, int peer, const void* data, size_t bytes)
+      : owner_(owner), header_(bytes) {
+    header_buffer_ = owner.context_->createUnboundBuffer(&header_,
+                                                         sizeof(header_));
+    header_guard_.emplace(owner, header_buffer_.get());
     header_buffer_->send(peer, kHeaderSlot);
     if (bytes > 0) {
-      // Gloo only reads a buffer it sends from.
-      payload_ = context.createUnboundBuffer(const_cast<void*>(data), bytes);
+      payload_ = owner.context_->createUnboundBuffer(Bytes(data), bytes);
+      payload_guard_.emplace(owner, payload_.get());
       payload_->send(peer, kPayloadSlot);
     }
   }
@@ -116,51 +236,347 @@ class Outgoing {
   Outgoing& operator=(const Outgoing&) = delete;
 
   void Wait() {
-    header_buffer_->waitSend();
-    if (payload_ != nullptr) payload_->waitSend();
+    owner_.WaitSend(*header_buffer_);
+    if (payload_ != nullptr) owner_.WaitSend(*payload_);
   }
 
  private:
+  GlooCommunicator& owner_;
   uint64_t header_;
   std::unique_ptr<gloo::transport::UnboundBuffer> header_buffer_;
   std::unique_ptr<gloo::transport::UnboundBuffer> payload_;
+  // Declared after the buffers: unregistered before they are freed.
+  std::optional<Interruptible> header_guard_;
+  std::optional<Interruptible> payload_guard_;
 };
 
-// Receives one message from `peer` and returns its byte count. It lands in
-// `data` when it is `bytes` long, else in `*scratch`: Gloo aborts the
-// process when a message is longer than the buffer posted for it, so the
-// length is learnt first and the receive always fits.
-uint64_t Receive(gloo::Context& context, int peer, void* data, size_t bytes,
-                 std::vector<char>* scratch) {
+// -- Jobs and their Works -----------------------------------------------------
+
+// One issued operation, shared by the queue, the worker and its Work.
+struct GlooCommunicator::Job {
+  explicit Job(const Operation& o) : op(o), name(o.Describe()) {}
+
+  void Finish(absl::Status s) {
+    status = std::move(s);
+    done.store(true, std::memory_order_release);
+  }
+
+  const Operation op;
+  const std::string name;
+  // A batch's sends to peers, posted by the issuing thread, and the error
+  // that posting them met (reported, in order, by the worker).
+  std::vector<std::unique_ptr<Outgoing>> outgoing;
+  absl::Status posted;
+  std::atomic<bool> done{false};
+  absl::Status status;  // written once, before `done`
+};
+
+class GlooCommunicator::GlooWork final : public Work {
+ public:
+  GlooWork(std::shared_ptr<Communicator> owner, std::shared_ptr<Job> job)
+      : Work(std::move(owner), job->name), job_(std::move(job)) {}
+
+ protected:
+  std::optional<absl::Status> Poll() override {
+    if (!job_->done.load(std::memory_order_acquire)) return std::nullopt;
+    return job_->status;
+  }
+
+ private:
+  std::shared_ptr<Job> job_;
+};
+
+absl::Status GlooCommunicator::Receive(absl::string_view op, int peer,
+                                       void* data, size_t count,
+                                       DataType type) {
+  const size_t bytes = count * SizeOf(type);
   uint64_t header = 0;
-  auto header_buffer = context.createUnboundBuffer(&header, sizeof(header));
-  header_buffer->recv(peer, kHeaderSlot);
-  header_buffer->waitRecv();
-  if (header == 0) return 0;
+  {
+    auto buffer = context_->createUnboundBuffer(&header, sizeof(header));
+    Interruptible guard(*this, buffer.get());
+    buffer->recv(peer, kHeaderSlot);
+    WaitRecv(*buffer);
+  }
   if (header > kMaxMessageBytes) {
     throw std::runtime_error(absl::StrCat("rank ", peer,
                                           " announced a message of ", header,
                                           " bytes: the stream is corrupt"));
   }
-  void* target = data;
-  if (header != bytes) {
-    scratch->resize(header);
-    target = scratch->data();
+  // Gloo aborts the process when a message is longer than the buffer posted
+  // for it, so the length is learnt first and a mismatched message lands in
+  // scratch: the receive always fits and the stream stays in step.
+  std::vector<char> scratch;
+  if (header > 0) {
+    void* target = data;
+    if (header != bytes) {
+      scratch.resize(header);
+      target = scratch.data();
+    }
+    auto buffer = context_->createUnboundBuffer(target, header);
+    Interruptible guard(*this, buffer.get());
+    buffer->recv(peer, kPayloadSlot);
+    WaitRecv(*buffer);
   }
-  auto payload = context.createUnboundBuffer(target, header);
-  payload->recv(peer, kPayloadSlot);
-  payload->waitRecv();
-  return header;
+  if (header != bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, " expected ", count, " elements from rank ", peer,
+                     " but got ", header / SizeOf(type)));
+  }
+  return absl::OkStatus();
 }
 
-absl::Status CountMismatch(absl::string_view op, size_t expected, int peer,
-                           uint64_t got_bytes, DataType type) {
-  return absl::InvalidArgumentError(
-      absl::StrCat(op, " expected ", expected, " elements from rank ", peer,
-                   " but got ", got_bytes / SizeOf(type)));
+absl::Status GlooCommunicator::TakeFromSelf(absl::string_view op, void* data,
+                                            size_t count, DataType type) {
+  std::vector<char> message;
+  {
+    std::lock_guard<std::mutex> lock(to_self_mu_);
+    if (to_self_.empty()) {
+      // Only this rank could send it, and it is here: waiting would hang.
+      return absl::FailedPreconditionError(absl::StrCat(
+          op, " from oneself (rank ", rank_,
+          ") with no message sent to oneself before it"));
+    }
+    message = std::move(to_self_.front());
+    to_self_.pop_front();
+  }
+  if (message.size() != count * SizeOf(type)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, " expected ", count, " elements from rank ", rank_,
+                     " but got ", message.size() / SizeOf(type)));
+  }
+  if (!message.empty()) std::memcpy(data, message.data(), message.size());
+  return absl::OkStatus();
 }
 
-}  // namespace
+void GlooCommunicator::PostSends(Job& job) {
+  // Messages to oneself are kept at once too, so that a batch can receive
+  // what it sends itself whatever the order of its entries, and a receive
+  // from oneself queued before the send finds it.
+  for (const P2POp& p : job.op.p2p) {
+    if (p.kind == P2POp::Kind::kSend && p.peer == rank_) {
+      const char* begin = Bytes(p.data);
+      std::lock_guard<std::mutex> lock(to_self_mu_);
+      to_self_.emplace_back(begin, begin + p.count * SizeOf(p.type));
+    }
+  }
+  job.posted = RunGloo(absl::StrCat("gloo ", job.name), [&] {
+    for (const P2POp& p : job.op.p2p) {
+      if (p.kind == P2POp::Kind::kSend && p.peer != rank_) {
+        job.outgoing.push_back(std::make_unique<Outgoing>(
+            *this, p.peer, p.data, p.count * SizeOf(p.type)));
+      }
+    }
+  });
+}
+
+absl::Status GlooCommunicator::RunBatch(Job& job) {
+  const Operation& op = job.op;
+  // Receives in order: two from one peer match its sends in order. A
+  // mismatched length is reported after the others completed.
+  absl::Status first_error;
+  for (const P2POp& p : op.p2p) {
+    if (p.kind != P2POp::Kind::kRecv) continue;
+    absl::Status s = p.peer == rank_
+                         ? TakeFromSelf(op.Name(), p.data, p.count, p.type)
+                         : Receive(op.Name(), p.peer, p.data, p.count, p.type);
+    if (first_error.ok()) first_error = s;
+  }
+  for (auto& message : job.outgoing) message->Wait();
+  job.outgoing.clear();
+  return first_error;
+}
+
+// -- Collectives -----------------------------------------------------------
+
+void GlooCommunicator::RunCollective(const Operation& op) {
+  const uint32_t tag = NextTag();  // every rank, every collective
+  const size_t width = SizeOf(op.type);
+  const size_t bytes = op.count * width;
+  switch (op.kind) {
+    case OpKind::kBarrier: {
+      gloo::BarrierOptions opts(context_);
+      opts.setTag(tag);
+      gloo::barrier(opts);
+      return;
+    }
+    case OpKind::kBroadcast: {
+      if (bytes == 0) return;  // Gloo rejects 0 bytes; every rank skips
+      gloo::BroadcastOptions opts(context_);
+      opts.setOutput(Bytes(op.recv), bytes);
+      opts.setRoot(op.root);
+      opts.setTag(tag);
+      gloo::broadcast(opts);
+      return;
+    }
+    case OpKind::kAllReduce: {
+      if (bytes == 0) return;
+      WithType(op.type, [&](auto zero) {
+        using T = decltype(zero);
+        gloo::AllreduceOptions opts(context_);
+        // Without an input Gloo reduces the output in place.
+        if (op.send != op.recv) {
+          opts.setInput(reinterpret_cast<T*>(Bytes(op.send)), op.count);
+        }
+        opts.setOutput(static_cast<T*>(op.recv), op.count);
+        opts.setReduceFunction(Reduction<T>(op.op));
+        opts.setTag(tag);
+        gloo::allreduce(opts);
+      });
+      FinishAverage(op, op.recv, op.count, size_);
+      return;
+    }
+    case OpKind::kReduce: {
+      if (bytes == 0) return;
+      // Gloo's ring reduce needs a whole output on every rank.
+      std::vector<char> scratch;
+      void* out = op.recv;
+      if (rank_ != op.root) {
+        scratch.resize(bytes);
+        out = scratch.data();
+      }
+      WithType(op.type, [&](auto zero) {
+        using T = decltype(zero);
+        gloo::ReduceOptions opts(context_);
+        if (op.send != out) {
+          opts.setInput(reinterpret_cast<T*>(Bytes(op.send)), op.count);
+        }
+        opts.setOutput(static_cast<T*>(out), op.count);
+        opts.setRoot(op.root);
+        opts.setReduceFunction(Reduction<T>(op.op));
+        opts.setTag(tag);
+        gloo::reduce(opts);
+      });
+      if (rank_ == op.root) FinishAverage(op, op.recv, op.count, size_);
+      return;
+    }
+    case OpKind::kAllGather: {
+      if (bytes == 0) return;
+      // Gloo copies the input into the output first: an input inside the
+      // output (MPI's in-place form) is copied out of the way.
+      std::vector<char> copy;
+      const char* in = Bytes(op.send);
+      if (Overlap(op.send, bytes, op.recv, bytes * size_)) {
+        copy.assign(in, in + bytes);
+        in = copy.data();
+      }
+      gloo::AllgatherOptions opts(context_);
+      opts.setInput(const_cast<char*>(in), bytes);
+      opts.setOutput(Bytes(op.recv), bytes * size_);
+      opts.setTag(tag);
+      gloo::allgather(opts);
+      return;
+    }
+    case OpKind::kAllGatherV: {
+      // Every rank passes the same counts, so all skip an empty one alike.
+      std::vector<size_t> counts;
+      size_t total = 0;
+      for (size_t c : op.recv_counts) {
+        counts.push_back(c * width);
+        total += c;
+      }
+      if (total == 0) return;
+      const size_t mine = counts[rank_];
+      std::vector<char> copy;
+      const char* in = Bytes(op.send);
+      if (Overlap(op.send, mine, op.recv, total * width)) {
+        copy.assign(in, in + mine);
+        in = copy.data();
+      }
+      gloo::AllgathervOptions opts(context_);
+      opts.setInput(const_cast<char*>(in), mine);
+      opts.setOutput(Bytes(op.recv), std::move(counts));
+      opts.setTag(tag);
+      gloo::allgatherv(opts);
+      return;
+    }
+    case OpKind::kReduceScatter:
+    case OpKind::kReduceScatterV: {
+      // Gloo (2022) has no general reduce-scatter. Each rank gets the
+      // blocks it owns from every rank with one all_to_all(v) and reduces
+      // them locally in rank order: every element crosses the network once
+      // and in one round (an all_reduce of the whole input moves about
+      // twice as much; a reduce per root takes size() rounds), at the cost
+      // of size() blocks of scratch.
+      std::vector<size_t> counts = op.recv_counts;
+      if (op.kind == OpKind::kReduceScatter) {
+        counts.assign(static_cast<size_t>(size_), op.count);
+      }
+      const size_t total = std::accumulate(counts.begin(), counts.end(),
+                                           size_t{0});
+      if (total == 0) return;  // same counts everywhere: all skip
+      const size_t mine = counts[rank_];
+      std::vector<char> blocks(mine * width * size_);
+      gloo::AlltoallvOptions opts(context_);
+      opts.setInput(Bytes(op.send), ByteCounts(counts, width));
+      opts.setOutput(Bytes(static_cast<void*>(blocks.data())),
+                     ByteCounts(std::vector<size_t>(size_, mine), width));
+      opts.setTag(tag);
+      gloo::alltoallv(opts);
+      if (mine == 0) return;
+      const size_t block = mine * width;
+      std::memcpy(op.recv, blocks.data(), block);
+      WithType(op.type, [&](auto zero) {
+        const CombineFn combine = Reduction<decltype(zero)>(op.op);
+        for (int r = 1; r < size_; ++r) {
+          combine(op.recv, op.recv, blocks.data() + r * block, mine);
+        }
+      });
+      FinishAverage(op, op.recv, mine, size_);
+      return;
+    }
+    case OpKind::kGather: {
+      if (bytes == 0) return;
+      gloo::GatherOptions opts(context_);
+      opts.setInput(Bytes(op.send), bytes);
+      if (rank_ == op.root) opts.setOutput(Bytes(op.recv), bytes * size_);
+      opts.setRoot(op.root);
+      opts.setTag(tag);
+      gloo::gather(opts);
+      return;
+    }
+    case OpKind::kScatter: {
+      if (bytes == 0) return;
+      gloo::ScatterOptions opts(context_);
+      if (rank_ == op.root) {
+        std::vector<char*> blocks;
+        for (int r = 0; r < size_; ++r) {
+          blocks.push_back(Bytes(op.send) + r * bytes);
+        }
+        opts.setInputs(blocks, bytes);
+      }
+      opts.setOutput(Bytes(op.recv), bytes);
+      opts.setRoot(op.root);
+      opts.setTag(tag);
+      gloo::scatter(opts);
+      return;
+    }
+    case OpKind::kAllToAll: {
+      if (bytes == 0) return;
+      gloo::AlltoallOptions opts(context_);
+      opts.setInput(Bytes(op.send), bytes * size_);
+      opts.setOutput(Bytes(op.recv), bytes * size_);
+      opts.setTag(tag);
+      gloo::alltoall(opts);
+      return;
+    }
+    case OpKind::kAllToAllV: {
+      // Never skipped: a rank with nothing to send or receive must still
+      // answer the zero-length messages of the others.
+      gloo::AlltoallvOptions opts(context_);
+      opts.setInput(Bytes(op.send), ByteCounts(op.send_counts, width));
+      opts.setOutput(Bytes(op.recv), ByteCounts(op.recv_counts, width));
+      opts.setTag(tag);
+      gloo::alltoallv(opts);
+      return;
+    }
+    case OpKind::kBatch:
+      break;
+  }
+  throw std::invalid_argument(
+      absl::StrCat("the Gloo backend cannot run ", op.Describe()));
+}
+
+// -- The worker ---------------------------------------------------------------
 
 GlooCommunicator::GlooCommunicator(
     std::shared_ptr<Store> store, std::string prefix, int rank, int size,
@@ -172,15 +588,141 @@ GlooCommunicator::GlooCommunicator(
       rank_(rank),
       size_(size),
       ranks_(std::move(ranks)),
-      timeout_(timeout),
+      gloo_timeout_(timeout),
       hostname_(std::move(hostname)),
       device_(std::move(device)),
       context_(std::move(context)) {}
 
-// The context closes its pairs (an orderly close: peers still read what was
-// sent, then see the connection end), then the device stops its I/O thread
+// No Work can be alive here (each keeps its communicator), so the queue
+// holds only operations whose handles were dropped: they are not run. The
+// worker finishes the one it runs (bounded by the Gloo timeout). Then the
+// context closes its pairs (an orderly close: peers still read what was
+// sent, then see the connection end), and the device stops its I/O thread
 // once no other communicator shares it.
-GlooCommunicator::~GlooCommunicator() = default;
+GlooCommunicator::~GlooCommunicator() {
+  std::deque<std::shared_ptr<Job>> dropped;
+  std::thread worker;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    stopping_ = true;
+    dropped.swap(queue_);
+    worker = std::move(worker_);
+  }
+  queue_cv_.notify_all();
+  if (worker.joinable()) worker.join();
+  for (auto& job : dropped) {
+    job->Finish(absl::AbortedError(
+        absl::StrCat(job->name, ": the communicator was destroyed")));
+  }
+}
+
+size_t GlooCommunicator::MaxCount() const { return INT_MAX; }
+
+Communicator::WorkOr GlooCommunicator::Start(const Operation& op) {
+  std::shared_ptr<Communicator> self = Self();
+  if (self == nullptr) {
+    return absl::FailedPreconditionError(
+        "a Gloo communicator must be owned by a shared_ptr (Create's)");
+  }
+  if (op.kind == OpKind::kBatch) {
+    // Messages to oneself are matched in issue order: a receive from
+    // oneself issued before its send would wait for this very thread.
+    int64_t sends = 0, recvs = 0;
+    for (const P2POp& p : op.p2p) {
+      if (p.peer != rank_) continue;
+      (p.kind == P2POp::Kind::kSend ? sends : recvs) += 1;
+    }
+    if (recvs > self_sent_ - self_taken_ + sends) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          op.Name(), " from oneself (rank ", rank_,
+          ") with no message sent to oneself before it"));
+    }
+    self_sent_ += sends;
+    self_taken_ += recvs;
+  }
+  auto job = std::make_shared<Job>(op);
+  if (op.kind == OpKind::kBatch) PostSends(*job);
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    if (!worker_.joinable()) {
+      try {
+        worker_ = std::thread([this] { WorkerLoop(); });
+      } catch (const std::system_error& e) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            job->name, ": cannot start the Gloo worker thread: ", e.what()));
+      }
+    }
+    queue_.push_back(job);
+  }
+  queue_cv_.notify_one();
+  return std::shared_ptr<Work>(
+      std::make_shared<GlooWork>(std::move(self), std::move(job)));
+}
+
+void GlooCommunicator::WorkerLoop() {
+  for (;;) {
+    std::shared_ptr<Job> job;
+    {
+      std::unique_lock<std::mutex> lock(queue_mu_);
+      queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (stopping_) return;  // the destructor ends what is queued
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    job->Finish(Execute(*job));
+  }
+}
+
+absl::Status GlooCommunicator::Execute(Job& job) {
+  const Operation& op = job.op;
+  const std::string& name = job.name;
+  // Queued before an abort, started after it: never sent.
+  if (aborted()) return AbortedError(name);
+  if (!broken_.ok()) {
+    return absl::Status(
+        broken_.code(),
+        absl::StrCat(name, ": the communicator is broken by an earlier "
+                           "failure: ",
+                     broken_.message()));
+  }
+  absl::Status result;  // a recv's length mismatch, which breaks nothing
+  absl::Status status = job.posted;
+  if (status.ok()) {
+    status = RunGloo(absl::StrCat("gloo ", name), [&] {
+      if (op.kind == OpKind::kBatch) {
+        result = RunBatch(job);
+      } else {
+        RunCollective(op);
+      }
+    });
+  }
+  if (status.ok()) return result;
+  // An abort that closed the connections under the operation made it fail.
+  if (aborted()) return AbortedError(name);
+  broken_ = status;
+  // Gloo's pairs are in an unknown state now. Closing them (with a reset)
+  // tells every peer at once, instead of leaving them to their timeout.
+  RunGloo("close", [&] { context_->closeConnections(); }).IgnoreError();
+  return status;
+}
+
+// Gloo cannot interrupt the waits inside its collectives; it can interrupt
+// waits on buffers we hold (our point-to-point messages), and closing the
+// pairs (with a reset) makes every peer fail at once and our worker's next
+// send or receive fail. A collective wait already under way ends at the
+// Gloo timeout.
+void GlooCommunicator::OnAbort() {
+  {
+    std::lock_guard<std::mutex> lock(interruptible_mu_);
+    for (gloo::transport::UnboundBuffer* buffer : interruptible_) {
+      buffer->abortWaitRecv();
+      buffer->abortWaitSend();
+    }
+  }
+  RunGloo("close", [&] { context_->closeConnections(); }).IgnoreError();
+}
+
+// -- Creation and split -------------------------------------------------------
 
 absl::StatusOr<std::shared_ptr<GlooCommunicator>> GlooCommunicator::Create(
     std::shared_ptr<Store> store, absl::string_view prefix, int rank, int size,
@@ -252,232 +794,6 @@ absl::StatusOr<std::shared_ptr<GlooCommunicator>> GlooCommunicator::Connect(
       timeout, std::move(hostname), std::move(device), std::move(context)));
 }
 
-
-absl::Status GlooCommunicator::Run(absl::string_view op,
-                                   absl::FunctionRef<void()> fn) {
-  if (!broken_.ok()) {
-    return absl::Status(
-        broken_.code(),
-        absl::StrCat(op, ": the communicator is broken by an earlier "
-                         "failure: ",
-                     broken_.message()));
-  }
-  absl::Status status = RunGloo(absl::StrCat("gloo ", op), fn);
-  if (!status.ok()) {
-    broken_ = status;
-    // Gloo's pairs are in an unknown state now. Closing them (with a reset)
-    // tells every peer at once, instead of leaving them to their timeout.
-    RunGloo("close", [&] { context_->closeConnections(); }).IgnoreError();
-  }
-  return status;
-}
-
-absl::Status GlooCommunicator::barrier() {
-  const uint32_t tag = NextTag();
-  return Run("barrier", [&] {
-    gloo::BarrierOptions opts(context_);
-    opts.setTag(tag);
-    gloo::barrier(opts);
-  });
-}
-
-absl::Status GlooCommunicator::broadcast(void* data, size_t count,
-                                         DataType type, int root) {
-  absl::Status status = CheckBuffer("Gloo", "broadcast", data, count);
-  if (status.ok()) status = CheckPeer("broadcast", "root", root);
-  if (!status.ok()) return status;
-  const uint32_t tag = NextTag();
-  if (count == 0) return Run("broadcast", [] {});  // Gloo rejects 0 bytes
-  return Run("broadcast", [&] {
-    WithType(type, [&](auto zero) {
-      using T = decltype(zero);
-      gloo::BroadcastOptions opts(context_);
-      opts.setOutput(static_cast<T*>(data), count);
-      opts.setRoot(root);
-      opts.setTag(tag);
-      gloo::broadcast(opts);
-    });
-  });
-}
-
-absl::Status GlooCommunicator::all_reduce(const void* send, void* recv,
-                                          size_t count, DataType type,
-                                          ReduceOp op) {
-  absl::Status status = CheckBuffer("Gloo", "all_reduce", send, count);
-  if (status.ok()) status = CheckBuffer("Gloo", "all_reduce", recv, count);
-  if (!status.ok()) return status;
-  const size_t bytes = count * SizeOf(type);
-  if (send != recv && Overlap(send, bytes, recv, bytes)) {
-    return absl::InvalidArgumentError(
-        "all_reduce: send and recv overlap without being the same buffer");
-  }
-  const uint32_t tag = NextTag();
-  if (count == 0) return Run("all_reduce", [] {});
-  return Run("all_reduce", [&] {
-    WithType(type, [&](auto zero) {
-      using T = decltype(zero);
-      gloo::AllreduceOptions opts(context_);
-      // Without an input Gloo reduces the output in place.
-      if (send != recv) opts.setInput(const_cast<T*>(static_cast<const T*>(send)), count);
-      opts.setOutput(static_cast<T*>(recv), count);
-      opts.setReduceFunction(Reduction<T>(op));
-      opts.setTag(tag);
-      gloo::allreduce(opts);
-    });
-  });
-}
-
-absl::Status GlooCommunicator::all_gather(const void* send, void* recv,
-                                          size_t count, DataType type) {
-  const size_t total = count * static_cast<size_t>(size_);
-  absl::Status status = CheckBuffer("Gloo", "all_gather", send, count);
-  if (status.ok()) status = CheckBuffer("Gloo", "all_gather", recv, total);
-  if (!status.ok()) return status;
-  const size_t width = SizeOf(type);
-  if (Overlap(send, count * width, recv, total * width)) {
-    return absl::InvalidArgumentError(
-        "all_gather: send and recv buffers overlap");
-  }
-  const uint32_t tag = NextTag();
-  if (count == 0) return Run("all_gather", [] {});
-  return Run("all_gather", [&] {
-    WithType(type, [&](auto zero) {
-      using T = decltype(zero);
-      gloo::AllgatherOptions opts(context_);
-      opts.setInput(const_cast<T*>(static_cast<const T*>(send)), count);
-      opts.setOutput(static_cast<T*>(recv), total);
-      opts.setTag(tag);
-      gloo::allgather(opts);
-    });
-  });
-}
-
-absl::Status GlooCommunicator::reduce_scatter(const void* send, void* recv,
-                                              size_t count, DataType type,
-                                              ReduceOp op) {
-  const size_t total = count * static_cast<size_t>(size_);
-  absl::Status status = CheckBuffer("Gloo", "reduce_scatter", send, total);
-  if (status.ok()) status = CheckBuffer("Gloo", "reduce_scatter", recv, count);
-  if (!status.ok()) return status;
-  const size_t width = SizeOf(type);
-  if (Overlap(send, total * width, recv, count * width)) {
-    return absl::InvalidArgumentError(
-        "reduce_scatter: send and recv buffers overlap");
-  }
-  const uint32_t tag = NextTag();
-  if (count == 0) return Run("reduce_scatter", [] {});
-  // Gloo (2022) has no options-based reduce-scatter, only the old
-  // class-based ReduceScatterHalvingDoubling with its own slots and int
-  // counts. An all-reduce of the whole input into scratch, keeping this
-  // rank's block, gives the same result for size() times the traffic.
-  std::vector<char> scratch(total * width);
-  std::memcpy(scratch.data(), send, scratch.size());
-  status = Run("reduce_scatter", [&] {
-    AllReduceInPlace(context_, tag, scratch.data(), total, type, op);
-  });
-  if (!status.ok()) return status;
-  std::memcpy(recv, scratch.data() + static_cast<size_t>(rank_) * count * width,
-              count * width);
-  return absl::OkStatus();
-}
-
-absl::Status GlooCommunicator::TakeFromSelf(absl::string_view op, void* data,
-                                            size_t count, DataType type) {
-  if (to_self_.empty()) {
-    // Only this thread could send it, and it is here: waiting would hang.
-    return absl::FailedPreconditionError(absl::StrCat(
-        op, " from oneself (rank ", rank_,
-        ") with no message sent to oneself before it"));
-  }
-  std::vector<char> message = std::move(to_self_.front());
-  to_self_.pop_front();
-  if (message.size() != count * SizeOf(type)) {
-    return CountMismatch(op, count, rank_, message.size(), type);
-  }
-  if (!message.empty()) std::memcpy(data, message.data(), message.size());
-  return absl::OkStatus();
-}
-
-absl::Status GlooCommunicator::send(const void* data, size_t count,
-                                    DataType type, int peer) {
-  absl::Status status = CheckBuffer("Gloo", "send", data, count);
-  if (status.ok()) status = CheckPeer("send", "peer", peer);
-  if (!status.ok()) return status;
-  const size_t bytes = count * SizeOf(type);
-  if (peer == rank_) {
-    // Gloo has no pair to oneself; keep it until a recv from oneself.
-    const char* begin = static_cast<const char*>(data);
-    to_self_.emplace_back(begin, begin + bytes);
-    return absl::OkStatus();
-  }
-  return Run("send", [&] {
-    Outgoing message(*context_, peer, data, bytes);
-    message.Wait();
-  });
-}
-
-absl::Status GlooCommunicator::recv(void* data, size_t count, DataType type,
-                                    int peer) {
-  absl::Status status = CheckBuffer("Gloo", "recv", data, count);
-  if (status.ok()) status = CheckPeer("recv", "peer", peer);
-  if (!status.ok()) return status;
-  if (peer == rank_) return TakeFromSelf("recv", data, count, type);
-  const size_t bytes = count * SizeOf(type);
-  uint64_t got = 0;
-  std::vector<char> scratch;
-  status = Run("recv", [&] {
-    got = Receive(*context_, peer, data, bytes, &scratch);
-  });
-  if (!status.ok()) return status;
-  if (got != bytes) return CountMismatch("recv", count, peer, got, type);
-  return absl::OkStatus();
-}
-
-absl::Status GlooCommunicator::send_recv(const void* send_data,
-                                         size_t send_count, int dest,
-                                         void* recv_data, size_t recv_count,
-                                         int source, DataType type) {
-  absl::Status status = CheckBuffer("Gloo", "send_recv", send_data, send_count);
-  if (status.ok()) status = CheckBuffer("Gloo", "send_recv", recv_data, recv_count);
-  if (status.ok()) status = CheckPeer("send_recv", "dest", dest);
-  if (status.ok()) status = CheckPeer("send_recv", "source", source);
-  if (!status.ok()) return status;
-  const size_t width = SizeOf(type);
-  const size_t send_bytes = send_count * width;
-  const size_t recv_bytes = recv_count * width;
-  if (dest == rank_) {
-    const char* begin = static_cast<const char*>(send_data);
-    to_self_.emplace_back(begin, begin + send_bytes);
-    if (source == rank_) {
-      return TakeFromSelf("send_recv", recv_data, recv_count, type);
-    }
-  }
-  if (source == rank_) {
-    // dest is a peer here: send to it, then take the message to oneself.
-    status = Run("send_recv", [&] {
-      Outgoing message(*context_, dest, send_data, send_bytes);
-      message.Wait();
-    });
-    if (!status.ok()) return status;
-    return TakeFromSelf("send_recv", recv_data, recv_count, type);
-  }
-  // The send is posted before the receive and waited after it, so a ring
-  // shift cannot deadlock.
-  uint64_t got = 0;
-  std::vector<char> scratch;
-  status = Run("send_recv", [&] {
-    std::optional<Outgoing> message;
-    if (dest != rank_) message.emplace(*context_, dest, send_data, send_bytes);
-    got = Receive(*context_, source, recv_data, recv_bytes, &scratch);
-    if (message.has_value()) message->Wait();
-  });
-  if (!status.ok()) return status;
-  if (got != recv_bytes) {
-    return CountMismatch("send_recv", recv_count, source, got, type);
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<std::shared_ptr<Communicator>> GlooCommunicator::split(
     int color, int key) {
   // Splits are collective, so every rank numbers them alike and the new
@@ -504,7 +820,7 @@ absl::StatusOr<std::shared_ptr<Communicator>> GlooCommunicator::split(
       auto child,
       Connect(store_, absl::StrCat(prefix_, "/split/", seq, "/", color),
               new_rank, static_cast<int>(members.size()), std::move(global),
-              timeout_, hostname_, device_));
+              gloo_timeout_, hostname_, device_));
   return std::shared_ptr<Communicator>(std::move(child));
 }
 

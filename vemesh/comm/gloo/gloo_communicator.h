@@ -29,31 +29,69 @@
 // socket says so. After such a failure the communicator is broken: it closes
 // its connections, so that its peers fail fast too rather than wait out the
 // timeout, and every later operation returns the same error. Bad arguments
-// (InvalidArgument) are checked before Gloo is called and break nothing.
+// (InvalidArgument, checked by Communicator) break nothing. The
+// communicator's own timeout (set_timeout, for blocking operations) stays
+// infinite unless set: Gloo's bounds every wait already.
 //
-// Point to point: send/recv carry a small header with the byte count ahead
-// of the data, so that a length mismatch is reported (InvalidArgument, as
-// the MPI backend) instead of overrunning the receiver. A send to oneself is
-// kept until a recv (or send_recv) from oneself takes it, in order.
+// Every operation of communicator.h, every DataType and ReduceOp. Gloo has
+// no general reduce-scatter, so reduce_scatter(_v) is an all_to_all(v) of
+// the blocks followed by a local reduction in rank order (each element
+// crosses the network once, in one round). 16-bit floats are reduced in
+// fp32 and rounded back once per combining step; avg is a sum divided by
+// size() afterwards.
+//
+// Point to point: every message carries a small header with its byte count
+// ahead of the data, so that a length mismatch is reported (InvalidArgument
+// naming both counts) instead of overrunning the receiver. A send to oneself
+// is kept until a receive from oneself takes it, in issue order; a receive
+// from oneself issued with no send to oneself before it (or in the same
+// batch) is FailedPrecondition at once, also in the `i` form.
 //
 // Like MPI, collectives assume every rank passes the same count and type;
 // Gloo cannot check that, and a mismatch is undefined (it may abort inside
 // Gloo's I/O thread).
 //
-// Threads: one thread at a time per communicator; different communicators
-// may be used from different threads. Splits share their parent's device
-// (one I/O thread), each with its own connections.
+// Asynchrony: Gloo's algorithms block the calling thread, so each
+// communicator runs its operations on one worker thread of its own, started
+// by the first operation (a group that is only created, split or dropped
+// costs no thread). Every operation, blocking or not, is queued to it, so
+// operations run in the order they were issued, the same order on every
+// rank; a Work finishes when the worker has run its operation. The blocking
+// forms pay one hand-off to the worker (a few tens of microseconds). Sends
+// to peers are posted at once by the issuing thread (Gloo moves them on
+// its I/O thread), so `irecv` then `isend` on every rank of a ring works.
+// A receive, though, holds the worker until its message came: a collective
+// issued after an `irecv` waits for that message (as on one NCCL stream);
+// post the matching sends first, or use batch_send_recv.
+//
+// Abort (abort(), or a Work::wait past its deadline, from any thread):
+// waiters return Aborted at once. The worker is released at once from a
+// send or receive (their waits are aborted) and the connections are reset,
+// so peers fail at once (Unavailable) and the worker's next step inside a
+// collective fails; a worker blocked inside one of Gloo's own collective
+// waits, which cannot be interrupted from outside, finishes at the Gloo
+// timeout at the latest. Operations queued behind it end Aborted without
+// running. The destructor drops queued operations and joins the worker,
+// which takes at most the Gloo timeout.
+//
+// Threads: one thread at a time issues operations on a communicator;
+// abort() may come from any. Different communicators may be used from
+// different threads. Splits share their parent's device (one I/O thread),
+// each with its own connections and worker. `native_handle()` must not be
+// used while an operation is in flight (the worker uses the context).
 
 #ifndef VEMESH_COMM_GLOO_GLOO_COMMUNICATOR_H_
 #define VEMESH_COMM_GLOO_GLOO_COMMUNICATOR_H_
 
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
-#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
@@ -64,6 +102,7 @@ namespace gloo {
 class Context;
 namespace transport {
 class Device;
+class UnboundBuffer;
 }  // namespace transport
 }  // namespace gloo
 
@@ -78,6 +117,8 @@ class GlooCommunicator final : public Communicator {
       int size, std::vector<int> global_ranks, absl::Duration timeout,
       absl::string_view hostname = "127.0.0.1");
 
+  // Drops queued operations and joins the worker (at most the Gloo
+  // timeout, when it is blocked inside an operation).
   ~GlooCommunicator() override;
 
   int rank() const override { return rank_; }
@@ -85,31 +126,9 @@ class GlooCommunicator final : public Communicator {
   absl::Span<const int> ranks() const override { return ranks_; }
   absl::string_view backend() const override { return "gloo"; }
   const std::string& prefix() const { return prefix_; }
-  absl::Duration timeout() const { return timeout_; }
-
-  absl::Status barrier() override;
-  absl::Status broadcast(void* data, size_t count, DataType type,
-                         int root) override;
-  absl::Status all_reduce(const void* send, void* recv, size_t count,
-                          DataType type, ReduceOp op) override;
-  absl::Status all_gather(const void* send, void* recv, size_t count,
-                          DataType type) override;
-  absl::Status reduce_scatter(const void* send, void* recv, size_t count,
-                              DataType type, ReduceOp op) override;
-  absl::Status send(const void* data, size_t count, DataType type,
-                    int peer) override;
-  absl::Status recv(void* data, size_t count, DataType type,
-                    int peer) override;
-  absl::Status send_recv(const void* send_data, size_t send_count, int dest,
-                         void* recv_data, size_t recv_count, int source,
-                         DataType type) override;
-  using Communicator::all_gather;
-  using Communicator::all_reduce;
-  using Communicator::broadcast;
-  using Communicator::recv;
-  using Communicator::reduce_scatter;
-  using Communicator::send;
-  using Communicator::send_recv;
+  // Gloo's bound on the rendezvous and on each wait inside an operation
+  // (not Communicator::timeout(), the bound of blocking forms).
+  absl::Duration gloo_timeout() const { return gloo_timeout_; }
 
   // One all_gather of (color, key) over this group, then one rendezvous per
   // new group. A negative color gives nullptr.
@@ -119,7 +138,15 @@ class GlooCommunicator final : public Communicator {
   // `handle` is the gloo::Context* (valid while this object lives).
   NativeHandle native_handle() const override;
 
+ protected:
+  WorkOr Start(const Operation& op) override;
+  size_t MaxCount() const override;
+  void OnAbort() override;
+
  private:
+  struct Job;
+  class GlooWork;
+
   GlooCommunicator(std::shared_ptr<Store> store, std::string prefix, int rank,
                    int size, std::vector<int> ranks, absl::Duration timeout,
                    std::string hostname,
@@ -132,32 +159,75 @@ class GlooCommunicator final : public Communicator {
       std::vector<int> ranks, absl::Duration timeout, std::string hostname,
       std::shared_ptr<gloo::transport::Device> device);
 
-  // Runs `fn` (calls into Gloo) unless the communicator is already broken;
-  // a failure breaks it.
-  absl::Status Run(absl::string_view op, absl::FunctionRef<void()> fn);
-  // The tag of the next collective. Every rank calls collectives in the
-  // same order, so the counters agree, and a late message of one collective
-  // can never match another.
+  // The worker thread: runs queued jobs in order until stopping_.
+  void WorkerLoop();
+  // Runs one operation on the worker: refuses it when aborted or broken,
+  // and breaks the communicator when it fails.
+  absl::Status Execute(Job& job);
+  // The Gloo calls of each operation (throw on failure, see gloo_error.h).
+  void RunCollective(const Operation& op);
+  // Point to point. Sends to peers are posted when the operation is
+  // issued (PostSends, on the issuing thread), so that a receive queued
+  // ahead of them on a peer's worker cannot wait for them forever; the
+  // worker takes messages to oneself, receives in order and waits for the
+  // sends. A receive of the wrong length is InvalidArgument and leaves the
+  // stream in step.
+  void PostSends(Job& job);
+  absl::Status RunBatch(Job& job);
+  // The tag of the next collective. Every rank runs collectives in the
+  // same order, so the counters agree, and a late message of one
+  // collective can never match another.
   uint32_t NextTag() { return next_tag_++; }
   // Takes the oldest message sent to oneself into `data`.
   absl::Status TakeFromSelf(absl::string_view op, void* data, size_t count,
                             DataType type);
+  // Waits on a send or receive buffer of a point-to-point operation; abort
+  // can interrupt it. Throws when it failed or was interrupted.
+  void WaitSend(gloo::transport::UnboundBuffer& buffer);
+  void WaitRecv(gloo::transport::UnboundBuffer& buffer);
+  // Registers a buffer that OnAbort may interrupt while the guard lives.
+  class Interruptible;
+  // A message on its way to a peer (header and payload).
+  class Outgoing;
+  // Receives one message from `peer` into `data` (`count` elements) when
+  // its length matches; InvalidArgument naming both counts otherwise.
+  absl::Status Receive(absl::string_view op, int peer, void* data,
+                       size_t count, DataType type);
 
   std::shared_ptr<Store> store_;
   std::string prefix_;
   int rank_;
   int size_;
   std::vector<int> ranks_;
-  absl::Duration timeout_;
+  absl::Duration gloo_timeout_;
   std::string hostname_;
   // Declared before the context so that the context is destroyed first.
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
-  uint32_t next_tag_ = 1;  // 0 is the rendezvous barrier's
+  // The issuing thread's.
   int64_t next_split_ = 0;
+  int64_t self_sent_ = 0;   // messages to oneself issued
+  int64_t self_taken_ = 0;  // receives from oneself issued
+
+  // The worker's own state: only it reads or writes these.
+  uint32_t next_tag_ = 1;  // 0 is the rendezvous barrier's
   absl::Status broken_;
-  // Messages sent to oneself, oldest first.
-  std::deque<std::vector<char>> to_self_;
+
+  // Messages sent to oneself, oldest first: kept by the issuing thread,
+  // taken by the worker.
+  std::mutex to_self_mu_;
+  std::deque<std::vector<char>> to_self_;  // under to_self_mu_
+
+  // The queue between issuing threads and the worker.
+  std::mutex queue_mu_;
+  std::condition_variable queue_cv_;
+  std::deque<std::shared_ptr<Job>> queue_;  // under queue_mu_
+  bool stopping_ = false;                   // under queue_mu_
+  std::thread worker_;                      // started under queue_mu_
+
+  // Point-to-point buffers the worker waits on, for OnAbort.
+  std::mutex interruptible_mu_;
+  std::vector<gloo::transport::UnboundBuffer*> interruptible_;
 };
 
 }  // namespace vemesh
