@@ -371,7 +371,9 @@ TEST(NcclCommunicator, UnmatchedReceiveEndsAtTheDeadline) {
   const auto took = std::chrono::steady_clock::now() - start;
   EXPECT_FALSE(s.ok());
   EXPECT_LT(took, std::chrono::seconds(60));
-  if (absl::IsDeadlineExceeded(s)) EXPECT_TRUE(comm.aborted());
+  if (absl::IsDeadlineExceeded(s)) {
+    EXPECT_TRUE(comm.aborted());
+  }
   std::printf("unmatched recv from oneself: %s\n", s.ToString().c_str());
 }
 
