@@ -1,12 +1,20 @@
-// The NCCL backend on one rank and one GPU: creation, split, collectives and
-// an exchange with oneself. Without a GPU (or without NCCL in the build)
-// every test skips and says why.
+// The NCCL backend on one rank and one GPU: creation, split, every
+// operation for every data type (values computed on the host), the
+// asynchronous forms on a caller's stream, and abort. A one-rank NCCL group
+// is valid, so each operation's result is known on the host: the rank's own
+// block, moved out of place into a buffer that starts as a sentinel.
+// Without a GPU (or without NCCL in the build) every test skips and says
+// why.
 
 #include "vemesh/comm/nccl/nccl_communicator.h"
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <string>
+#include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -144,43 +152,229 @@ TEST(NcclCommunicator, CudaDeviceMeshOnOneRank) {
   std::printf("vemesh: %s\n", mesh->ToString().c_str());
 }
 
-// NCCL without MPI: the twin is a one-rank Gloo world over an in-process
-// store, as under torchrun. Every collective and dtype on device memory.
-TEST(NcclCommunicator, GlooTwinEveryOpAndDtype) {
-  SKIP_WITHOUT_GPU();
+// A one-rank NCCL communicator over a one-rank Gloo twin (no MPI needed).
+absl::StatusOr<std::shared_ptr<Communicator>> OneRankNccl() {
   auto store = std::make_shared<MemoryStore>();
-  auto twin = GlooCommunicator::Create(store, "nccl-twin", 0, 1, {0},
+  auto twin = GlooCommunicator::Create(store, "nccl-one", 0, 1, {0},
                                        absl::Seconds(30));
-  ASSERT_TRUE(twin.ok()) << twin.status();
-  auto nccl = CreateNcclCommunicator(*twin, 0);
+  if (!twin.ok()) return twin.status();
+  return CreateNcclCommunicator(*twin, 0);
+}
+
+template <typename T>
+double AsDouble(T v) {
+  if constexpr (std::is_same_v<T, BFloat16> || std::is_same_v<T, Float16>) {
+    return static_cast<float>(v);
+  } else {
+    return static_cast<double>(v);
+  }
+}
+
+template <typename T>
+std::vector<double> AsDoubles(const std::vector<T>& values) {
+  std::vector<double> out;
+  for (const T& v : values) out.push_back(AsDouble(v));
+  return out;
+}
+
+// Small integers, exact in every type (int8 and bfloat16 included).
+template <typename T>
+std::vector<T> Ramp(size_t n, int first) {
+  std::vector<T> out;
+  for (size_t i = 0; i < n; ++i) {
+    out.push_back(T(static_cast<float>(first + static_cast<int>(i))));
+  }
+  return out;
+}
+
+// Every operation of one data type on a one-rank group. Each result is
+// written out of place into a buffer of sentinels, so an operation that did
+// nothing fails.
+template <typename T>
+void EveryOperation(Communicator& comm) {
+  const DataType type = DataTypeOf<T>();
+  SCOPED_TRACE(std::string(DataTypeName(type)));
+  const std::vector<T> in = Ramp<T>(4, 3);       // 3 4 5 6
+  const std::vector<T> sentinel = Ramp<T>(4, 90);  // never an answer
+  const std::vector<double> want = AsDoubles(in);
+  std::vector<ReduceOp> reductions = {ReduceOp::kSum, ReduceOp::kProd,
+                                      ReduceOp::kMin, ReduceOp::kMax};
+  if (IsFloatingPoint(type)) reductions.push_back(ReduceOp::kAvg);
+  for (ReduceOp op : reductions) {
+    SCOPED_TRACE(std::string(ReduceOpName(op)));
+    DeviceBuffer<T> send(in);
+    DeviceBuffer<T> recv(sentinel);
+    ASSERT_TRUE(comm.all_reduce(send.data(), recv.data(), 4, type, op).ok());
+    EXPECT_EQ(AsDoubles(recv.Read()), want) << "all_reduce";
+    DeviceBuffer<T> reduced(sentinel);
+    ASSERT_TRUE(comm.reduce(send.data(), reduced.data(), 4, type, op, 0).ok());
+    EXPECT_EQ(AsDoubles(reduced.Read()), want) << "reduce";
+    DeviceBuffer<T> scattered(sentinel);
+    ASSERT_TRUE(
+        comm.reduce_scatter(send.data(), scattered.data(), 4, type, op).ok());
+    EXPECT_EQ(AsDoubles(scattered.Read()), want) << "reduce_scatter";
+    DeviceBuffer<T> scattered_v(sentinel);
+    const std::vector<size_t> counts = {4};
+    ASSERT_TRUE(comm.reduce_scatter_v(send.data(), scattered_v.data(), counts,
+                                      type, op)
+                    .ok());
+    EXPECT_EQ(AsDoubles(scattered_v.Read()), want) << "reduce_scatter_v";
+    // In place: the answer overwrites the input.
+    DeviceBuffer<T> same(in);
+    ASSERT_TRUE(comm.all_reduce(same.data(), same.data(), 4, type, op).ok());
+    EXPECT_EQ(AsDoubles(same.Read()), want) << "in-place all_reduce";
+  }
+  DeviceBuffer<T> send(in);
+  {
+    DeviceBuffer<T> data(in);
+    ASSERT_TRUE(comm.broadcast(data.data(), 4, type, 0).ok());
+    EXPECT_EQ(AsDoubles(data.Read()), want) << "broadcast";
+  }
+  auto moved = [&](absl::string_view what, auto run) {
+    DeviceBuffer<T> recv(sentinel);
+    absl::Status s = run(recv.data());
+    ASSERT_TRUE(s.ok()) << what << ": " << s;
+    EXPECT_EQ(AsDoubles(recv.Read()), want) << what;
+  };
+  const std::vector<size_t> four = {4};
+  moved("all_gather", [&](T* r) {
+    return comm.all_gather(send.data(), r, 4, type);
+  });
+  moved("all_gather_v", [&](T* r) {
+    return comm.all_gather_v(send.data(), r, four, type);
+  });
+  moved("gather", [&](T* r) { return comm.gather(send.data(), r, 4, type, 0); });
+  moved("scatter",
+        [&](T* r) { return comm.scatter(send.data(), r, 4, type, 0); });
+  moved("all_to_all",
+        [&](T* r) { return comm.all_to_all(send.data(), r, 4, type); });
+  moved("all_to_all_v", [&](T* r) {
+    return comm.all_to_all_v(send.data(), four, r, four, type);
+  });
+  moved("send_recv with oneself", [&](T* r) {
+    return comm.send_recv(send.data(), 4, 0, r, 4, 0, type);
+  });
+  moved("batch_send_recv", [&](T* r) {
+    const std::vector<P2POp> ops = {P2POp::Send(send.data(), 4, type, 0),
+                                    P2POp::Recv(r, 4, type, 0)};
+    return comm.batch_send_recv(ops);
+  });
+  // Zero-count blocks are skipped: nothing is written.
+  {
+    DeviceBuffer<T> untouched(sentinel);
+    const std::vector<size_t> none = {0};
+    ASSERT_TRUE(comm.all_to_all_v(send.data(), none, untouched.data(), none,
+                                  type)
+                    .ok());
+    EXPECT_EQ(AsDoubles(untouched.Read()), AsDoubles(sentinel));
+  }
+  EXPECT_TRUE(comm.barrier().ok());
+}
+
+TEST(NcclCommunicator, OneRankEveryOperationAndDataType) {
+  SKIP_WITHOUT_GPU();
+  auto nccl = OneRankNccl();
   ASSERT_TRUE(nccl.ok()) << nccl.status();
   Communicator& comm = **nccl;
-  EXPECT_EQ(comm.backend(), "nccl");
-  auto check = [&](auto zero) {
-    using T = decltype(zero);
-    const DataType type = DataTypeOf<T>();
-    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin}) {
-      DeviceBuffer<T> x({T(3), T(1), T(2)});
-      ASSERT_TRUE(comm.all_reduce(x.data(), x.data(), 3, type, op).ok());
-      EXPECT_EQ(x.Read(), (std::vector<T>{T(3), T(1), T(2)}));
-      DeviceBuffer<T> in({T(4), T(5)});
-      DeviceBuffer<T> out({T(0), T(0)});
-      ASSERT_TRUE(comm.reduce_scatter(in.data(), out.data(), 2, type, op).ok());
-      EXPECT_EQ(out.Read(), (std::vector<T>{T(4), T(5)}));
-    }
-    DeviceBuffer<T> b({T(9), T(8)});
-    ASSERT_TRUE(comm.broadcast(b.data(), 2, type, 0).ok());
-    EXPECT_EQ(b.Read(), (std::vector<T>{T(9), T(8)}));
-    DeviceBuffer<T> mine({T(6)});
-    DeviceBuffer<T> all({T(0)});
-    ASSERT_TRUE(comm.all_gather(mine.data(), all.data(), 1, type).ok());
-    EXPECT_EQ(all.Read(), (std::vector<T>{T(6)}));
-  };
-  check(float{});
-  check(double{});
-  check(int32_t{});
-  check(int64_t{});
-  EXPECT_TRUE(comm.barrier().ok());
+  EveryOperation<float>(comm);
+  EveryOperation<double>(comm);
+  EveryOperation<int32_t>(comm);
+  EveryOperation<int64_t>(comm);
+  EveryOperation<BFloat16>(comm);
+  EveryOperation<Float16>(comm);
+  EveryOperation<int8_t>(comm);
+  EveryOperation<uint8_t>(comm);
+}
+
+// The asynchronous forms enqueue on the caller's stream: once the Work is
+// done, that stream has nothing left, and the result is there.
+TEST(NcclCommunicator, AsyncFormsOnACallersStream) {
+  SKIP_WITHOUT_GPU();
+  auto nccl = OneRankNccl();
+  ASSERT_TRUE(nccl.ok()) << nccl.status();
+  Communicator& comm = **nccl;
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+            cudaSuccess);
+  AsyncOptions options;
+  options.stream = stream;
+  {
+    DeviceBuffer<float> send({1.5f, 2.5f});
+    DeviceBuffer<float> recv({0.f, 0.f});
+    auto work = comm.iall_reduce(send.data(), recv.data(), 2,
+                                 DataType::kFloat32, ReduceOp::kAvg, options);
+    ASSERT_TRUE(work.ok()) << work.status();
+    absl::Status s = (*work)->wait(absl::Now() + absl::Seconds(60));
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_TRUE((*work)->is_completed());
+    EXPECT_EQ(cudaStreamQuery(stream), cudaSuccess);
+    EXPECT_EQ(recv.Read(), (std::vector<float>{1.5f, 2.5f}));
+
+    DeviceBuffer<int64_t> gathered({0, 0, 0});
+    DeviceBuffer<int64_t> mine({7, 8, 9});
+    const std::vector<size_t> counts = {3};
+    auto gather = comm.iall_gather_v(mine.data(), gathered.data(), counts,
+                                     DataType::kInt64, options);
+    ASSERT_TRUE(gather.ok()) << gather.status();
+    ASSERT_TRUE((*gather)->wait(absl::Now() + absl::Seconds(60)).ok());
+    EXPECT_EQ(gathered.Read(), (std::vector<int64_t>{7, 8, 9}));
+  }
+  // The blocking form waits as well (no stream synchronisation needed).
+  DeviceBuffer<double> x({4.0});
+  ASSERT_TRUE(comm.all_reduce(x.data(), x.data(), 1, DataType::kFloat64,
+                              ReduceOp::kProd)
+                  .ok());
+  EXPECT_EQ(x.Read(), (std::vector<double>{4.0}));
+  EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
+// After abort() (here from another thread) an unfinished handle answers
+// Aborted, later operations are refused, and the NCCL handle is gone.
+TEST(NcclCommunicator, AbortEndsHandlesAndLaterOperations) {
+  SKIP_WITHOUT_GPU();
+  const int64_t before = LiveCommunicatorCount();
+  {
+    auto nccl = OneRankNccl();
+    ASSERT_TRUE(nccl.ok()) << nccl.status();
+    Communicator& comm = **nccl;
+    DeviceBuffer<float> x({1.f, 2.f});
+    auto work = comm.iall_reduce(x.data(), x.data(), 2, DataType::kFloat32,
+                                 ReduceOp::kSum);
+    ASSERT_TRUE(work.ok()) << work.status();
+    std::thread aborter([&] { comm.abort("test aborts"); });
+    aborter.join();
+    EXPECT_TRUE(comm.aborted());
+    absl::Status s = (*work)->wait(absl::Now() + absl::Seconds(60));
+    EXPECT_TRUE(absl::IsAborted(s)) << s;
+    EXPECT_THAT(s.message(), ::testing::HasSubstr("test aborts"));
+    absl::Status later = comm.barrier();
+    EXPECT_TRUE(absl::IsAborted(later)) << later;
+    EXPECT_EQ(comm.native_handle().handle, nullptr);
+    auto child = comm.split(0, 0);
+    EXPECT_FALSE(child.ok());
+  }
+  EXPECT_EQ(LiveCommunicatorCount(), before);
+}
+
+// A receive from oneself that no send matches never completes: the wait
+// ends at its deadline and the communicator is aborted (ncclCommAbort stops
+// the kernel), instead of hanging.
+TEST(NcclCommunicator, UnmatchedReceiveEndsAtTheDeadline) {
+  SKIP_WITHOUT_GPU();
+  auto nccl = OneRankNccl();
+  ASSERT_TRUE(nccl.ok()) << nccl.status();
+  Communicator& comm = **nccl;
+  comm.set_timeout(absl::Seconds(5));
+  DeviceBuffer<int32_t> x({0});
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status s = comm.recv(x.data(), 1, DataType::kInt32, 0);
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_FALSE(s.ok());
+  EXPECT_LT(took, std::chrono::seconds(60));
+  if (absl::IsDeadlineExceeded(s)) {
+    EXPECT_TRUE(comm.aborted());
+  }
+  std::printf("unmatched recv from oneself: %s\n", s.ToString().c_str());
 }
 
 TEST(NcclCommunicator, CudaMeshOfThreeDimensionsWithAGlooDimension) {

@@ -2,34 +2,60 @@
 
 #include <cuda_runtime.h>
 #include <nccl.h>
+#include <sched.h>
 
 #include <cstdio>
 #include <cstring>
+#include <limits>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "vemesh/comm/mpi/mpi_environment.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace vemesh {
 namespace {
 
-absl::Status CudaStatus(cudaError_t code, absl::string_view call) {
-  if (code == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(call, " failed: ",
-                                          cudaGetErrorName(code), ": ",
-                                          cudaGetErrorString(code)));
+// CUDA's answers when this process has no usable GPU (no device, a driver
+// too old for the runtime, a device number that does not exist).
+bool IsNoDevice(cudaError_t code) {
+  return code == cudaErrorNoDevice || code == cudaErrorInsufficientDriver ||
+         code == cudaErrorInvalidDevice;
 }
 
-absl::Status NcclStatus(ncclResult_t code, absl::string_view call,
-                        ncclComm_t comm = nullptr) {
-  if (code == ncclSuccess) return absl::OkStatus();
-  const char* last = ncclGetLastError(comm);
-  return absl::InternalError(absl::StrCat(call, " failed: ",
-                                          ncclGetErrorString(code),
-                                          last && *last ? ": " : "",
-                                          last ? last : ""));
+absl::Status CudaStatus(cudaError_t code, absl::string_view call) {
+  if (code == cudaSuccess) return absl::OkStatus();
+  cudaGetLastError();  // clear a non-sticky error so later calls start clean
+  std::string text = absl::StrCat(call, " failed: ", cudaGetErrorName(code),
+                                  ": ", cudaGetErrorString(code));
+  return IsNoDevice(code) ? absl::FailedPreconditionError(text)
+                          : absl::InternalError(text);
+}
+
+// ncclInProgress is not an error here: the caller polls it to the end.
+absl::Status NcclStatus(ncclResult_t code, absl::string_view call) {
+  if (code == ncclSuccess || code == ncclInProgress) return absl::OkStatus();
+  // The argument of ncclGetLastError is unused (NCCL's documentation); null
+  // also keeps it safe after an abort freed the communicator.
+  const char* last = ncclGetLastError(nullptr);
+  std::string text =
+      absl::StrCat(call, " failed: ", ncclGetErrorString(code),
+                   last != nullptr && *last != '\0' ? ": " : "",
+                   last != nullptr ? last : "");
+  switch (code) {
+    case ncclRemoteError:  // a peer exited or the network failed
+    case ncclSystemError:  // a socket or other system call failed
+      return absl::UnavailableError(text);
+    case ncclInvalidArgument:
+    case ncclInvalidUsage:
+      return absl::InvalidArgumentError(text);
+    default:
+      return absl::InternalError(text);
+  }
 }
 
 ncclDataType_t NcclDataType(DataType type) {
@@ -42,6 +68,14 @@ ncclDataType_t NcclDataType(DataType type) {
       return ncclInt32;
     case DataType::kInt64:
       return ncclInt64;
+    case DataType::kBFloat16:
+      return ncclBfloat16;
+    case DataType::kFloat16:
+      return ncclFloat16;
+    case DataType::kInt8:
+      return ncclInt8;
+    case DataType::kUInt8:
+      return ncclUint8;
   }
   return ncclFloat32;
 }
@@ -50,47 +84,179 @@ ncclRedOp_t NcclReduceOp(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
       return ncclSum;
+    case ReduceOp::kProd:
+      return ncclProd;
     case ReduceOp::kMax:
       return ncclMax;
     case ReduceOp::kMin:
       return ncclMin;
+    case ReduceOp::kAvg:
+      return ncclAvg;  // the base refuses avg of integers before this
   }
   return ncclSum;
 }
 
-// NCCL takes device memory only; a host pointer would crash inside NCCL,
-// so say so up front.
-absl::Status CheckDeviceBuffer(absl::string_view op, const void* data,
-                               size_t count) {
-  if (count == 0) return absl::OkStatus();
-  if (data == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, " got a null buffer for ", count, " elements"));
+// Makes `device` current for a scope and puts the caller's device back:
+// abort() and the destructor may run on any thread, which must not find
+// its current device changed.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) {
+      cudaGetLastError();
+      previous_ = -1;
+    }
+    if (previous_ != device) {
+      status_ = CudaStatus(cudaSetDevice(device), "cudaSetDevice");
+      changed_ = status_.ok();
+    }
   }
+  ~DeviceGuard() {
+    if (changed_ && previous_ >= 0 && cudaSetDevice(previous_) != cudaSuccess) {
+      cudaGetLastError();
+    }
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+  const absl::Status& status() const { return status_; }
+
+ private:
+  int previous_ = -1;
+  bool changed_ = false;
+  absl::Status status_;
+};
+
+// Between two looks at something NCCL finishes in the background: spin a
+// little (enqueues usually end within microseconds), then sleep so that a
+// long wait leaves the CPU to NCCL's own threads.
+void Backoff(int polls) {
+  if (polls < 64) {
+    sched_yield();
+  } else {
+    absl::SleepFor(absl::Microseconds(50));
+  }
+}
+
+absl::Time DeadlineAfter(absl::Duration timeout) {
+  return timeout == absl::InfiniteDuration() ? absl::InfiniteFuture()
+                                             : absl::Now() + timeout;
+}
+
+// Polls a communicator that is not shared yet (being created or split off)
+// until NCCL finished with it, or the deadline.
+absl::Status AwaitReady(ncclComm_t comm, absl::string_view call,
+                        absl::Time deadline) {
+  for (int polls = 0;; ++polls) {
+    ncclResult_t state = ncclInProgress;
+    ncclResult_t code = ncclCommGetAsyncError(comm, &state);
+    if (code != ncclSuccess) return NcclStatus(code, "ncclCommGetAsyncError");
+    if (state != ncclInProgress) return NcclStatus(state, call);
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          call, " did not finish before the deadline (a peer never joined?)"));
+    }
+    Backoff(polls);
+  }
+}
+
+// NCCL takes device memory only; a host pointer would crash inside NCCL, so
+// say so up front.
+absl::Status CheckDeviceBuffer(absl::string_view op, absl::string_view what,
+                               const void* data, size_t count) {
+  if (count == 0 || data == nullptr) return absl::OkStatus();
   cudaPointerAttributes attributes;
   cudaError_t code = cudaPointerGetAttributes(&attributes, data);
   if (code != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky-free error
-    return absl::InvalidArgumentError(absl::StrCat(
-        op, ": buffer is not CUDA memory (", cudaGetErrorString(code), ")"));
+    cudaGetLastError();
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": the ", what, " buffer is not CUDA memory (",
+                     cudaGetErrorString(code), ")"));
   }
   if (attributes.type != cudaMemoryTypeDevice &&
       attributes.type != cudaMemoryTypeManaged) {
     return absl::InvalidArgumentError(absl::StrCat(
-        op, ": the NCCL backend needs device or managed memory; the buffer "
-            "is host memory"));
+        op, ": the NCCL backend needs device or managed memory; the ", what,
+        " buffer is host memory"));
   }
   return absl::OkStatus();
 }
 
-// Makes this rank's stream and scratch buffer on `device`.
-absl::Status MakeStream(int device, cudaStream_t* stream, void** scratch) {
-  absl::Status status = CudaStatus(cudaSetDevice(device), "cudaSetDevice");
-  if (status.ok()) {
-    status = CudaStatus(
-        cudaStreamCreateWithFlags(stream, cudaStreamNonBlocking),
-        "cudaStreamCreateWithFlags");
+size_t Sum(const std::vector<size_t>& counts) {
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  return total;
+}
+
+// Every buffer `op` touches on this rank, checked to be device memory.
+absl::Status CheckDeviceBuffers(const Operation& op, int rank, int size) {
+  const std::string name = op.Describe();
+  const size_t n = static_cast<size_t>(size);
+  const bool root = rank == op.root;
+  auto check = [&](absl::string_view what, const void* data, size_t count) {
+    return CheckDeviceBuffer(name, what, data, count);
+  };
+  absl::Status s;
+  switch (op.kind) {
+    case OpKind::kBarrier:
+      break;
+    case OpKind::kBroadcast:
+      s = check("data", op.recv, op.count);
+      break;
+    case OpKind::kAllReduce:
+    case OpKind::kReduce:
+      s = check("send", op.send, op.count);
+      if (s.ok() && (op.kind == OpKind::kAllReduce || root)) {
+        s = check("recv", op.recv, op.count);
+      }
+      break;
+    case OpKind::kAllGather:
+      s = check("send", op.send, op.count);
+      if (s.ok()) s = check("recv", op.recv, n * op.count);
+      break;
+    case OpKind::kAllGatherV:
+      s = check("send", op.send, op.recv_counts[rank]);
+      if (s.ok()) s = check("recv", op.recv, Sum(op.recv_counts));
+      break;
+    case OpKind::kReduceScatter:
+      s = check("send", op.send, n * op.count);
+      if (s.ok()) s = check("recv", op.recv, op.count);
+      break;
+    case OpKind::kReduceScatterV:
+      s = check("send", op.send, Sum(op.recv_counts));
+      if (s.ok()) s = check("recv", op.recv, op.recv_counts[rank]);
+      break;
+    case OpKind::kGather:
+      s = check("send", op.send, op.count);
+      if (s.ok() && root) s = check("recv", op.recv, n * op.count);
+      break;
+    case OpKind::kScatter:
+      if (root) s = check("send", op.send, n * op.count);
+      if (s.ok()) s = check("recv", op.recv, op.count);
+      break;
+    case OpKind::kAllToAll:
+      s = check("send", op.send, n * op.count);
+      if (s.ok()) s = check("recv", op.recv, n * op.count);
+      break;
+    case OpKind::kAllToAllV:
+      s = check("send", op.send, Sum(op.send_counts));
+      if (s.ok()) s = check("recv", op.recv, Sum(op.recv_counts));
+      break;
+    case OpKind::kBatch:
+      for (const P2POp& p : op.p2p) {
+        s = check(p.kind == P2POp::Kind::kSend ? "send" : "recv", p.data,
+                  p.count);
+        if (!s.ok()) break;
+      }
+      break;
   }
+  return s;
+}
+
+// Makes this rank's stream and scratch buffer on `device` (current).
+absl::Status MakeStream(cudaStream_t* stream, void** scratch) {
+  absl::Status status = CudaStatus(
+      cudaStreamCreateWithFlags(stream, cudaStreamNonBlocking),
+      "cudaStreamCreateWithFlags");
   if (status.ok()) {
     status = CudaStatus(cudaMalloc(scratch, sizeof(int32_t)), "cudaMalloc");
   }
@@ -101,14 +267,56 @@ absl::Status MakeStream(int device, cudaStream_t* stream, void** scratch) {
   return status;
 }
 
-void FreeStream(int device, cudaStream_t stream, void* scratch) {
-  if (stream == nullptr && scratch == nullptr) return;
-  cudaSetDevice(device);
+void FreeStream(cudaStream_t stream, void* scratch) {
   if (scratch != nullptr) cudaFree(scratch);
   if (stream != nullptr) cudaStreamDestroy(stream);
 }
 
+ncclConfig_t NonBlockingConfig() {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  return config;
+}
+
 }  // namespace
+
+// One enqueued operation: done when the event recorded after it completed
+// on the device; failed when NCCL reports an asynchronous error.
+class NcclWork final : public Work {
+ public:
+  NcclWork(std::shared_ptr<Communicator> owner, std::string name,
+           NcclCommunicator* comm, cudaEvent_t event)
+      : Work(std::move(owner), std::move(name)), comm_(comm), event_(event) {}
+  ~NcclWork() override {
+    DeviceGuard guard(comm_->device_);
+    if (cudaEventDestroy(event_) != cudaSuccess) cudaGetLastError();
+  }
+
+ protected:
+  std::optional<absl::Status> Poll() override {
+    const cudaError_t done = cudaEventQuery(event_);
+    if (done != cudaSuccess && done != cudaErrorNotReady) {
+      absl::Status failed =
+          CudaStatus(done, absl::StrCat(name(), ": cudaEventQuery"));
+      comm_->abort(failed.message());
+      return failed;
+    }
+    // After an abort the kernels quit early and the event completes: the
+    // state says whether the result can be trusted.
+    bool in_progress = false;
+    absl::Status state = comm_->State(name(), &in_progress);
+    if (!state.ok()) {
+      if (!absl::IsAborted(state)) comm_->abort(state.message());
+      return state;
+    }
+    if (done == cudaSuccess) return absl::OkStatus();
+    return std::nullopt;
+  }
+
+ private:
+  NcclCommunicator* comm_;  // kept alive by the Work's owner
+  cudaEvent_t event_;
+};
 
 absl::StatusOr<int> CudaDeviceCount() {
   int count = 0;
@@ -134,17 +342,22 @@ absl::StatusOr<std::shared_ptr<Communicator>> CreateNcclCommunicator(
 
 NcclCommunicator::NcclCommunicator(std::shared_ptr<Communicator> twin,
                                    int device, ncclComm* comm,
-                                   CUstream_st* stream)
-    : twin_(std::move(twin)), device_(device), comm_(comm), stream_(stream) {}
+                                   CUstream_st* stream, void* scratch)
+    : twin_(std::move(twin)),
+      device_(device),
+      comm_(comm),
+      stream_(stream),
+      scratch_(scratch) {}
 
 absl::StatusOr<std::shared_ptr<NcclCommunicator>> NcclCommunicator::Create(
     std::shared_ptr<Communicator> twin, int device) {
   if (twin == nullptr) {
-    return absl::InvalidArgumentError("NcclCommunicator needs a host communicator as its twin (got null)");
+    return absl::InvalidArgumentError(
+        "NcclCommunicator needs a host communicator as its twin (got null)");
   }
   // Everything that can fail locally happens before the first NCCL
   // collective, and the ranks agree on it: one rank failing must not leave
-  // the others waiting in ncclCommInitRank.
+  // the others waiting in ncclCommInitRankConfig.
   absl::Status local = absl::OkStatus();
   auto count = CudaDeviceCount();
   if (!count.ok()) {
@@ -154,9 +367,14 @@ absl::StatusOr<std::shared_ptr<NcclCommunicator>> NcclCommunicator::Create(
         "CUDA device ", device, " does not exist: this process sees ", *count,
         " device(s) (more ranks on this host than GPUs?)"));
   }
+  std::optional<DeviceGuard> guard;
+  if (local.ok()) {
+    guard.emplace(device);
+    local = guard->status();
+  }
   cudaStream_t stream = nullptr;
   void* scratch = nullptr;
-  if (local.ok()) local = MakeStream(device, &stream, &scratch);
+  if (local.ok()) local = MakeStream(&stream, &scratch);
   ncclUniqueId id;
   std::memset(&id, 0, sizeof(id));
   if (local.ok() && twin->rank() == 0) {
@@ -176,197 +394,383 @@ absl::StatusOr<std::shared_ptr<NcclCommunicator>> NcclCommunicator::Create(
         " could not prepare their GPU",
         local.ok() ? "" : absl::StrCat("; this rank: ", local.message())));
   }
+  static_assert(sizeof(ncclUniqueId) % sizeof(int32_t) == 0);
   if (agreed.ok()) {
-    agreed = twin->broadcast(reinterpret_cast<char*>(&id), sizeof(id) / 4,
+    agreed = twin->broadcast(&id, sizeof(id) / sizeof(int32_t),
                              DataType::kInt32, 0);
   }
   ncclComm_t comm = nullptr;
   if (agreed.ok()) {
-    agreed = NcclStatus(ncclCommInitRank(&comm, twin->size(), id, twin->rank()),
-                        "ncclCommInitRank");
+    ncclConfig_t config = NonBlockingConfig();
+    agreed = NcclStatus(ncclCommInitRankConfig(&comm, twin->size(), id,
+                                               twin->rank(), &config),
+                        "ncclCommInitRankConfig");
+    if (agreed.ok()) {
+      agreed = AwaitReady(comm, "ncclCommInitRankConfig",
+                          DeadlineAfter(twin->timeout()));
+    }
   }
   if (!agreed.ok()) {
-    FreeStream(device, stream, scratch);
+    if (comm != nullptr) ncclCommAbort(comm);
+    FreeStream(stream, scratch);
     return agreed;
   }
-  auto result = std::shared_ptr<NcclCommunicator>(
-      new NcclCommunicator(std::move(twin), device, comm, stream));
-  result->scratch_ = scratch;
-  return result;
+  return std::shared_ptr<NcclCommunicator>(
+      new NcclCommunicator(std::move(twin), device, comm, stream, scratch));
 }
 
 NcclCommunicator::~NcclCommunicator() {
-  if (cudaSetDevice(device_) != cudaSuccess) cudaGetLastError();
+  DeviceGuard guard(device_);
+  std::lock_guard<std::mutex> lock(comm_mu_);
   if (comm_ != nullptr) {
-    ncclResult_t code = ncclCommDestroy(comm_);
+    // A communicator with an error cannot flush: abort it, as NCCL asks.
+    ncclResult_t state = ncclInternalError;
+    const bool healthy = ncclCommGetAsyncError(comm_, &state) == ncclSuccess &&
+                         state == ncclSuccess;
+    const ncclResult_t code =
+        healthy ? ncclCommDestroy(comm_) : ncclCommAbort(comm_);
     if (code != ncclSuccess) {
-      std::fprintf(stderr, "vemesh: ncclCommDestroy failed: %s\n",
+      std::fprintf(stderr, "vemesh: %s failed: %s\n",
+                   healthy ? "ncclCommDestroy" : "ncclCommAbort",
                    ncclGetErrorString(code));
     }
+    comm_ = nullptr;
   }
-  FreeStream(device_, stream_, scratch_);
+  FreeStream(stream_, scratch_);
 }
 
-template <typename Enqueue>
-absl::Status NcclCommunicator::Run(absl::string_view op, Enqueue enqueue) {
-  absl::Status status = CudaStatus(cudaSetDevice(device_), "cudaSetDevice");
-  if (status.ok()) status = NcclStatus(enqueue(), op, comm_);
+size_t NcclCommunicator::MaxCount() const {
+  // The byte length of the largest element type must still fit a size_t.
+  return std::numeric_limits<size_t>::max() / sizeof(double);
+}
+
+void NcclCommunicator::OnAbort() {
+  std::lock_guard<std::mutex> lock(comm_mu_);
+  if (comm_ == nullptr) return;
+  DeviceGuard guard(device_);
+  // Stops the kernels and NCCL's threads, joins a pending enqueue, and
+  // frees the communicator: nothing may use comm_ afterwards.
+  const ncclResult_t code = ncclCommAbort(comm_);
+  comm_ = nullptr;
+  if (code != ncclSuccess) {
+    std::fprintf(stderr, "vemesh: ncclCommAbort failed: %s\n",
+                 ncclGetErrorString(code));
+  }
+}
+
+absl::Status NcclCommunicator::State(absl::string_view op,
+                                     bool* in_progress) {
+  *in_progress = false;
+  std::lock_guard<std::mutex> lock(comm_mu_);
+  if (comm_ == nullptr) return AbortedError(op);
+  ncclResult_t state = ncclSuccess;
+  const ncclResult_t code = ncclCommGetAsyncError(comm_, &state);
+  if (code != ncclSuccess) {
+    return NcclStatus(code, absl::StrCat(op, ": ncclCommGetAsyncError"));
+  }
+  *in_progress = state == ncclInProgress;
+  return NcclStatus(state, absl::StrCat(op, ": NCCL reported an error"));
+}
+
+absl::Status NcclCommunicator::WaitEnqueued(absl::string_view op) {
+  const absl::Time deadline = DeadlineAfter(timeout());
+  for (int polls = 0;; ++polls) {
+    bool in_progress = false;
+    absl::Status state = State(op, &in_progress);
+    if (!state.ok() || !in_progress) return state;
+    if (aborted()) return AbortedError(op);
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          op, " on an nccl communicator: NCCL did not take it within ",
+          absl::FormatDuration(timeout()),
+          "; the communicator is aborted (a peer never joined or is stuck)"));
+    }
+    Backoff(polls);
+  }
+}
+
+absl::Status NcclCommunicator::Enqueue(const Operation& op,
+                                       CUstream_st* stream) {
+  ncclComm_t comm = comm_;
+  const ncclDataType_t type = NcclDataType(op.type);
+  const ncclRedOp_t reduce = NcclReduceOp(op.op);
+  const size_t element = SizeOf(op.type);
+  const int n = size();
+  const int me = rank();
+  // Element `offset` of a buffer of op.type.
+  auto at = [element](const void* base, size_t offset) -> void* {
+    return const_cast<char*>(static_cast<const char*>(base)) +
+           offset * element;
+  };
+  // The first failing call names the error; later calls are skipped, and
+  // the group is always closed.
+  ncclResult_t first = ncclSuccess;
+  const char* failed_call = "";
+  auto issue = [&](const char* call, auto&& enqueue) {
+    if (first != ncclSuccess) return;
+    const ncclResult_t code = enqueue();
+    if (code != ncclSuccess && code != ncclInProgress) {
+      first = code;
+      failed_call = call;
+    }
+  };
+  // A block to or from oneself in place (send and recv the same memory)
+  // needs no copy.
+  auto self_copy = [&](int peer, const void* send, const void* recv) {
+    return peer == me && send == recv;
+  };
+
+  const ncclResult_t started = ncclGroupStart();
+  if (started != ncclSuccess) return NcclStatus(started, "ncclGroupStart");
+  switch (op.kind) {
+    case OpKind::kBarrier:
+      // An all_reduce of one element completes on no rank before every
+      // rank has entered it.
+      issue("ncclAllReduce", [&] {
+        return ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm,
+                             stream);
+      });
+      break;
+    case OpKind::kBroadcast:
+      issue("ncclBroadcast", [&] {
+        return ncclBroadcast(op.recv, op.recv, op.count, type, op.root, comm,
+                             stream);
+      });
+      break;
+    case OpKind::kAllReduce:
+      issue("ncclAllReduce", [&] {
+        return ncclAllReduce(op.send, op.recv, op.count, type, reduce, comm,
+                             stream);
+      });
+      break;
+    case OpKind::kReduce:
+      issue("ncclReduce", [&] {
+        return ncclReduce(op.send, me == op.root ? op.recv : nullptr,
+                          op.count, type, reduce, op.root, comm, stream);
+      });
+      break;
+    case OpKind::kAllGather:
+      issue("ncclAllGather", [&] {
+        return ncclAllGather(op.send, op.recv, op.count, type, comm, stream);
+      });
+      break;
+    case OpKind::kAllGatherV: {
+      // One broadcast per block from its owner: NCCL's tree/ring per block
+      // moves each element once per link, where send/recv pairs would make
+      // every owner send its block size()-1 times.
+      size_t offset = 0;
+      for (int i = 0; i < n; ++i) {
+        const size_t c = op.recv_counts[i];
+        if (c > 0) {
+          void* block = at(op.recv, offset);
+          const void* source = i == me ? op.send : block;
+          issue("ncclBroadcast", [&] {
+            return ncclBroadcast(source, block, c, type, i, comm, stream);
+          });
+        }
+        offset += c;
+      }
+      break;
+    }
+    case OpKind::kReduceScatter:
+      issue("ncclReduceScatter", [&] {
+        return ncclReduceScatter(op.send, op.recv, op.count, type, reduce,
+                                 comm, stream);
+      });
+      break;
+    case OpKind::kReduceScatterV: {
+      // Block i reduced to its owner i.
+      size_t offset = 0;
+      for (int i = 0; i < n; ++i) {
+        const size_t c = op.recv_counts[i];
+        if (c > 0) {
+          const void* block = at(op.send, offset);
+          void* out = i == me ? op.recv : nullptr;
+          issue("ncclReduce", [&] {
+            return ncclReduce(block, out, c, type, reduce, i, comm, stream);
+          });
+        }
+        offset += c;
+      }
+      break;
+    }
+    case OpKind::kGather:
+      if (op.count == 0) break;
+      for (int i = 0; me == op.root && i < n; ++i) {
+        void* block = at(op.recv, static_cast<size_t>(i) * op.count);
+        if (self_copy(i, op.send, block)) continue;
+        issue("ncclRecv", [&] {
+          return ncclRecv(block, op.count, type, i, comm, stream);
+        });
+      }
+      if (!self_copy(op.root, op.send,
+                     me == op.root
+                         ? at(op.recv, static_cast<size_t>(me) * op.count)
+                         : nullptr)) {
+        issue("ncclSend", [&] {
+          return ncclSend(op.send, op.count, type, op.root, comm, stream);
+        });
+      }
+      break;
+    case OpKind::kScatter:
+      if (op.count == 0) break;
+      for (int i = 0; me == op.root && i < n; ++i) {
+        const void* block = at(op.send, static_cast<size_t>(i) * op.count);
+        if (self_copy(i, block, op.recv)) continue;
+        issue("ncclSend", [&] {
+          return ncclSend(block, op.count, type, i, comm, stream);
+        });
+      }
+      if (!self_copy(op.root,
+                     me == op.root
+                         ? at(op.send, static_cast<size_t>(me) * op.count)
+                         : nullptr,
+                     op.recv)) {
+        issue("ncclRecv", [&] {
+          return ncclRecv(op.recv, op.count, type, op.root, comm, stream);
+        });
+      }
+      break;
+    case OpKind::kAllToAll:
+      if (op.count == 0) break;
+      for (int i = 0; i < n; ++i) {
+        const size_t offset = static_cast<size_t>(i) * op.count;
+        issue("ncclSend", [&] {
+          return ncclSend(at(op.send, offset), op.count, type, i, comm,
+                          stream);
+        });
+        issue("ncclRecv", [&] {
+          return ncclRecv(at(op.recv, offset), op.count, type, i, comm,
+                          stream);
+        });
+      }
+      break;
+    case OpKind::kAllToAllV: {
+      size_t send_offset = 0;
+      size_t recv_offset = 0;
+      for (int i = 0; i < n; ++i) {
+        const size_t s = op.send_counts[i];
+        const size_t r = op.recv_counts[i];
+        if (s > 0) {
+          issue("ncclSend", [&] {
+            return ncclSend(at(op.send, send_offset), s, type, i, comm,
+                            stream);
+          });
+        }
+        if (r > 0) {
+          issue("ncclRecv", [&] {
+            return ncclRecv(at(op.recv, recv_offset), r, type, i, comm,
+                            stream);
+          });
+        }
+        send_offset += s;
+        recv_offset += r;
+      }
+      break;
+    }
+    case OpKind::kBatch:
+      for (const P2POp& p : op.p2p) {
+        if (p.count == 0) continue;
+        const ncclDataType_t t = NcclDataType(p.type);
+        if (p.kind == P2POp::Kind::kSend) {
+          issue("ncclSend", [&] {
+            return ncclSend(p.data, p.count, t, p.peer, comm, stream);
+          });
+        } else {
+          issue("ncclRecv", [&] {
+            return ncclRecv(p.data, p.count, t, p.peer, comm, stream);
+          });
+        }
+      }
+      break;
+  }
+  const ncclResult_t ended = ncclGroupEnd();  // always close the group
+  if (first != ncclSuccess) {
+    return NcclStatus(first, absl::StrCat(op.Describe(), ": ", failed_call));
+  }
+  return NcclStatus(ended, absl::StrCat(op.Describe(), ": ncclGroupEnd"));
+}
+
+Communicator::WorkOr NcclCommunicator::Start(const Operation& op) {
+  std::string name = op.Describe();
+  DeviceGuard guard(device_);
+  if (!guard.status().ok()) return guard.status();
+  absl::Status status = CheckDeviceBuffers(op, rank(), size());
+  if (!status.ok()) return status;
+  cudaStream_t stream =
+      op.stream != nullptr ? static_cast<cudaStream_t>(op.stream) : stream_;
+  cudaEvent_t event = nullptr;
+  status = CudaStatus(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
+                      "cudaEventCreateWithFlags");
+  if (!status.ok()) return status;
+  // The Work owns the event from here, whatever happens next.
+  auto work = std::make_shared<NcclWork>(Self(), name, this, event);
+  {
+    std::lock_guard<std::mutex> lock(comm_mu_);
+    status = comm_ == nullptr ? AbortedError(name) : Enqueue(op, stream);
+  }
+  if (status.ok()) status = WaitEnqueued(name);
+  // Only once NCCL has the operation in hand may the stream get more work
+  // (NCCL's rule for non-blocking communicators).
   if (status.ok()) {
-    status = CudaStatus(cudaStreamSynchronize(stream_),
-                        absl::StrCat(op, ": cudaStreamSynchronize"));
+    status = CudaStatus(cudaEventRecord(event, stream),
+                        absl::StrCat(name, ": cudaEventRecord"));
   }
-  return status;
-}
-
-absl::Status NcclCommunicator::CheckPeer(absl::string_view op,
-                                         int peer) const {
-  if (peer < 0 || peer >= size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": rank ", peer, " is outside the group of ", size(),
-                     " ranks"));
+  if (!status.ok()) {
+    // Handed to NCCL and failed: the ranks are out of step, and NCCL
+    // cannot use a communicator with an error again.
+    if (!absl::IsAborted(status)) abort(status.message());
+    return status;
   }
-  return absl::OkStatus();
-}
-
-absl::Status NcclCommunicator::barrier() {
-  return Run("ncclAllReduce (barrier)", [&] {
-    return ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_,
-                         stream_);
-  });
-}
-
-absl::Status NcclCommunicator::broadcast(void* data, size_t count,
-                                         DataType type, int root) {
-  absl::Status status = CheckDeviceBuffer("broadcast", data, count);
-  if (status.ok()) status = CheckPeer("broadcast", root);
-  if (!status.ok()) return status;
-  return Run("ncclBroadcast", [&] {
-    return ncclBroadcast(data, data, count, NcclDataType(type), root, comm_,
-                         stream_);
-  });
-}
-
-absl::Status NcclCommunicator::all_reduce(const void* send, void* recv,
-                                          size_t count, DataType type,
-                                          ReduceOp op) {
-  absl::Status status = CheckDeviceBuffer("all_reduce", send, count);
-  if (status.ok()) status = CheckDeviceBuffer("all_reduce", recv, count);
-  if (!status.ok()) return status;
-  return Run("ncclAllReduce", [&] {
-    return ncclAllReduce(send, recv, count, NcclDataType(type),
-                         NcclReduceOp(op), comm_, stream_);
-  });
-}
-
-absl::Status NcclCommunicator::all_gather(const void* send, void* recv,
-                                          size_t count, DataType type) {
-  absl::Status status = CheckDeviceBuffer("all_gather", send, count);
-  if (status.ok()) {
-    status = CheckDeviceBuffer("all_gather", recv, count * size());
-  }
-  if (!status.ok()) return status;
-  return Run("ncclAllGather", [&] {
-    return ncclAllGather(send, recv, count, NcclDataType(type), comm_,
-                         stream_);
-  });
-}
-
-absl::Status NcclCommunicator::reduce_scatter(const void* send, void* recv,
-                                              size_t count, DataType type,
-                                              ReduceOp op) {
-  absl::Status status =
-      CheckDeviceBuffer("reduce_scatter", send, count * size());
-  if (status.ok()) status = CheckDeviceBuffer("reduce_scatter", recv, count);
-  if (!status.ok()) return status;
-  return Run("ncclReduceScatter", [&] {
-    return ncclReduceScatter(send, recv, count, NcclDataType(type),
-                             NcclReduceOp(op), comm_, stream_);
-  });
-}
-
-absl::Status NcclCommunicator::send(const void* data, size_t count,
-                                    DataType type, int peer) {
-  absl::Status status = CheckDeviceBuffer("send", data, count);
-  if (status.ok()) status = CheckPeer("send", peer);
-  if (status.ok() && peer == rank()) {
-    status = absl::InvalidArgumentError(
-        "send to oneself cannot complete alone in NCCL: use send_recv");
-  }
-  if (!status.ok()) return status;
-  return Run("ncclSend", [&] {
-    return ncclSend(data, count, NcclDataType(type), peer, comm_, stream_);
-  });
-}
-
-absl::Status NcclCommunicator::recv(void* data, size_t count, DataType type,
-                                    int peer) {
-  absl::Status status = CheckDeviceBuffer("recv", data, count);
-  if (status.ok()) status = CheckPeer("recv", peer);
-  if (status.ok() && peer == rank()) {
-    status = absl::InvalidArgumentError(
-        "recv from oneself cannot complete alone in NCCL: use send_recv");
-  }
-  if (!status.ok()) return status;
-  return Run("ncclRecv", [&] {
-    return ncclRecv(data, count, NcclDataType(type), peer, comm_, stream_);
-  });
-}
-
-absl::Status NcclCommunicator::send_recv(const void* send_data,
-                                         size_t send_count, int dest,
-                                         void* recv_data, size_t recv_count,
-                                         int source, DataType type) {
-  absl::Status status = CheckDeviceBuffer("send_recv", send_data, send_count);
-  if (status.ok()) {
-    status = CheckDeviceBuffer("send_recv", recv_data, recv_count);
-  }
-  if (status.ok()) status = CheckPeer("send_recv", dest);
-  if (status.ok()) status = CheckPeer("send_recv", source);
-  if (!status.ok()) return status;
-  return Run("ncclSend/ncclRecv", [&] {
-    ncclResult_t code = ncclGroupStart();
-    if (code != ncclSuccess) return code;
-    ncclResult_t send_code = ncclSend(send_data, send_count,
-                                      NcclDataType(type), dest, comm_, stream_);
-    ncclResult_t recv_code = ncclRecv(recv_data, recv_count,
-                                      NcclDataType(type), source, comm_,
-                                      stream_);
-    code = ncclGroupEnd();  // always close the group
-    if (send_code != ncclSuccess) return send_code;
-    if (recv_code != ncclSuccess) return recv_code;
-    return code;
-  });
+  return std::shared_ptr<Work>(std::move(work));
 }
 
 absl::StatusOr<std::shared_ptr<Communicator>> NcclCommunicator::split(
     int color, int key) {
   auto child_twin = twin_->split(color, key);
   if (!child_twin.ok()) return child_twin.status();
-  absl::Status status = CudaStatus(cudaSetDevice(device_), "cudaSetDevice");
+  if (aborted()) return AbortedError("split");
+  DeviceGuard guard(device_);
+  if (!guard.status().ok()) return guard.status();
+  // NCCL writes the child here when its background split ends; an abort
+  // joins that work first, so the variable outlives every write.
   ncclComm_t child = nullptr;
-  if (status.ok()) {
-    status = NcclStatus(
-        ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key,
-                      &child, nullptr),
-        "ncclCommSplit", comm_);
+  absl::Status status;
+  {
+    std::lock_guard<std::mutex> lock(comm_mu_);
+    status = comm_ == nullptr
+                 ? AbortedError("split")
+                 : NcclStatus(ncclCommSplit(comm_,
+                                            color < 0 ? NCCL_SPLIT_NOCOLOR
+                                                      : color,
+                                            key, &child, nullptr),
+                              "ncclCommSplit");
   }
-  if (!status.ok()) return status;
-  if (color < 0 || child == nullptr) return std::shared_ptr<Communicator>();
+  if (status.ok()) status = WaitEnqueued("split");
+  if (status.ok() && child != nullptr) {
+    status = AwaitReady(child, "ncclCommSplit", DeadlineAfter(timeout()));
+  }
+  if (status.ok() && color >= 0 && child == nullptr) {
+    status = absl::InternalError(
+        "ncclCommSplit gave no communicator for a non-negative color");
+  }
   cudaStream_t stream = nullptr;
   void* scratch = nullptr;
-  status = MakeStream(device_, &stream, &scratch);
+  if (status.ok() && child != nullptr) status = MakeStream(&stream, &scratch);
   if (!status.ok()) {
-    ncclCommDestroy(child);
-    FreeStream(device_, stream, scratch);
+    if (child != nullptr) ncclCommAbort(child);
+    FreeStream(stream, scratch);
+    // The other ranks are in the split too: they must not wait for us.
+    if (!absl::IsAborted(status)) abort(status.message());
     return status;
   }
-  auto result = std::shared_ptr<NcclCommunicator>(
-      new NcclCommunicator(*std::move(child_twin), device_, child, stream));
-  result->scratch_ = scratch;
-  return std::shared_ptr<Communicator>(std::move(result));
+  if (color < 0) return std::shared_ptr<Communicator>();
+  return std::shared_ptr<Communicator>(new NcclCommunicator(
+      *std::move(child_twin), device_, child, stream, scratch));
 }
 
 NativeHandle NcclCommunicator::native_handle() const {
+  std::lock_guard<std::mutex> lock(comm_mu_);
   return NativeHandle{"nccl", comm_};
 }
 

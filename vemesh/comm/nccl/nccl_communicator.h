@@ -18,16 +18,36 @@
 // and the NCCL communicator (ncclCommSplit) with the same color and key: two
 // collectives per split, whatever the number of groups.
 //
-// Operations run on a private CUDA stream of the communicator's device and
-// are synchronised before they return, so they are blocking like the MPI
-// backend. Every CUDA and NCCL return code becomes a Status (Internal with
-// the library's message). `send` and `recv` to oneself cannot complete
-// separately in NCCL: use `send_recv`, which groups them.
+// Operations are asynchronous on the device: each is enqueued on the
+// caller's stream (AsyncOptions::stream, a cudaStream_t) or the
+// communicator's own, and a CUDA event recorded after it; its Work polls the
+// event and NCCL's asynchronous error, so neither form synchronises the
+// device or the stream (the blocking form is the Work waited for). Equal
+// collectives map to NCCL's own; the uneven and rooted ones are NCCL groups:
+// all_gather_v is one ncclBroadcast per block, reduce_scatter_v one
+// ncclReduce per block, gather, scatter, all_to_all(_v) and batches are
+// ncclSend/ncclRecv pairs (zero-count blocks skipped), which every NCCL since
+// 2.7 has. A send and a receive must agree on the count, as in NCCL: a
+// mismatch cannot be seen by one rank.
+//
+// The NCCL communicator is non-blocking (ncclConfig_t::blocking = 0), so no
+// NCCL call waits for a peer inside this library: creation, split and each
+// enqueue are polled until NCCL has them in hand, bounded by the
+// communicator's timeout (the twin's for creation) and by abort(). That is
+// what lets `abort()` from another thread (ncclCommAbort) and a deadline end
+// an operation whose peer never came, at the price of NCCL starting a helper
+// thread per operation. NCCL's return codes become: ncclRemoteError and
+// ncclSystemError Unavailable (a lost peer, a socket); ncclInvalidArgument and
+// ncclInvalidUsage InvalidArgument; CUDA's "no device" FailedPrecondition;
+// anything else Internal with NCCL's message. An asynchronous NCCL error
+// ends the Work with that status and aborts the communicator (NCCL's rule:
+// a failed communicator cannot be used again).
 
 #ifndef VEMESH_COMM_NCCL_NCCL_COMMUNICATOR_H_
 #define VEMESH_COMM_NCCL_NCCL_COMMUNICATOR_H_
 
 #include <memory>
+#include <mutex>
 
 #include "absl/status/statusor.h"
 #include "vemesh/comm/communicator.h"
@@ -67,52 +87,47 @@ class NcclCommunicator final : public Communicator {
   absl::Span<const int> ranks() const override { return twin_->ranks(); }
   absl::string_view backend() const override { return "nccl"; }
 
-  absl::Status barrier() override;
-  absl::Status broadcast(void* data, size_t count, DataType type,
-                         int root) override;
-  absl::Status all_reduce(const void* send, void* recv, size_t count,
-                          DataType type, ReduceOp op) override;
-  absl::Status all_gather(const void* send, void* recv, size_t count,
-                          DataType type) override;
-  absl::Status reduce_scatter(const void* send, void* recv, size_t count,
-                              DataType type, ReduceOp op) override;
-  absl::Status send(const void* data, size_t count, DataType type,
-                    int peer) override;
-  absl::Status recv(void* data, size_t count, DataType type,
-                    int peer) override;
-  absl::Status send_recv(const void* send_data, size_t send_count, int dest,
-                         void* recv_data, size_t recv_count, int source,
-                         DataType type) override;
-  using Communicator::all_gather;
-  using Communicator::all_reduce;
-  using Communicator::broadcast;
-  using Communicator::recv;
-  using Communicator::reduce_scatter;
-  using Communicator::send;
-  using Communicator::send_recv;
-
   absl::StatusOr<std::shared_ptr<Communicator>> split(int color,
                                                       int key) override;
-  // `handle` is the ncclComm_t.
+  // `handle` is the ncclComm_t; null once the communicator was aborted
+  // (ncclCommAbort freed it).
   NativeHandle native_handle() const override;
 
   int device() const { return device_; }
   const std::shared_ptr<Communicator>& twin() const { return twin_; }
 
+ protected:
+  WorkOr Start(const Operation& op) override;
+  // NCCL counts are size_t: unbounded, short of a byte length that
+  // overflows.
+  size_t MaxCount() const override;
+  // ncclCommAbort, once, from any thread.
+  void OnAbort() override;
+
  private:
+  friend class NcclWork;
+
   NcclCommunicator(std::shared_ptr<Communicator> twin, int device,
-                   ncclComm* comm, CUstream_st* stream);
-  // Selects the device, runs `enqueue`, then waits for the stream.
-  template <typename Enqueue>
-  absl::Status Run(absl::string_view op, Enqueue enqueue);
-  absl::Status CheckPeer(absl::string_view op, int peer) const;
+                   ncclComm* comm, CUstream_st* stream, void* scratch);
+  // Enqueues `op` as one NCCL group on `stream` (comm_mu_ held).
+  absl::Status Enqueue(const Operation& op, CUstream_st* stream);
+  // Polls until NCCL has taken the last enqueue in hand, bounded by the
+  // timeout and abort().
+  absl::Status WaitEnqueued(absl::string_view op);
+  // One look at the communicator's asynchronous state (Aborted once
+  // aborted); `in_progress` tells whether an enqueue is still running.
+  absl::Status State(absl::string_view op, bool* in_progress);
 
   std::shared_ptr<Communicator> twin_;
-  int device_;
+  const int device_;
+  // Guards comm_ against ncclCommAbort from another thread: every NCCL call
+  // on it is short (the communicator is non-blocking) and made under this
+  // lock, and OnAbort frees it under the lock and leaves null behind.
+  mutable std::mutex comm_mu_;
   ncclComm* comm_;
   CUstream_st* stream_;
-  // A one-element device buffer for barrier (an all_reduce of nothing).
-  void* scratch_ = nullptr;
+  // A one-element device buffer: barrier is an all_reduce of it.
+  void* scratch_;
 };
 
 }  // namespace vemesh
