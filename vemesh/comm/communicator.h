@@ -193,6 +193,11 @@ struct Operation {
   std::vector<P2POp> p2p;
   // NCCL: the cudaStream_t to enqueue on (null: the communicator's own).
   void* stream = nullptr;
+  // The public operation's name when it is not the kind's ("send_recv" is
+  // a kBatch); a string literal. Empty: OpKindName(kind).
+  absl::string_view name;
+
+  absl::string_view Name() const;
 
   // "all_reduce of 1024 bfloat16", for messages.
   std::string Describe() const;

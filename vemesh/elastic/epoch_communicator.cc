@@ -43,56 +43,18 @@ absl::StatusOr<std::shared_ptr<Communicator>> EpochCommunicator::Use(
   return inner_;
 }
 
-absl::Status EpochCommunicator::barrier() {
-  VEMESH_ASSIGN_OR_RETURN(auto c, Use("barrier"));
-  return c->barrier();
+Communicator::WorkOr EpochCommunicator::Start(const Operation& op) {
+  VEMESH_ASSIGN_OR_RETURN(auto c, Use(op.Name()));
+  return c->start(op);
 }
 
-absl::Status EpochCommunicator::broadcast(void* data, size_t count,
-                                          DataType type, int root) {
-  VEMESH_ASSIGN_OR_RETURN(auto c, Use("broadcast"));
-  return c->broadcast(data, count, type, root);
-}
-
-absl::Status EpochCommunicator::all_reduce(const void* send, void* recv,
-                                           size_t count, DataType type,
-                                           ReduceOp op) {
-  VEMESH_ASSIGN_OR_RETURN(auto c, Use("all_reduce"));
-  return c->all_reduce(send, recv, count, type, op);
-}
-
-absl::Status EpochCommunicator::all_gather(const void* send, void* recv,
-                                           size_t count, DataType type) {
-  VEMESH_ASSIGN_OR_RETURN(auto c, Use("all_gather"));
-  return c->all_gather(send, recv, count, type);
-}
-
-absl::Status EpochCommunicator::reduce_scatter(const void* send, void* recv,
-                                               size_t count, DataType type,
-                                               ReduceOp op) {
-  VEMESH_ASSIGN_OR_RETURN(auto c, Use("reduce_scatter"));
-  return c->reduce_scatter(send, recv, count, type, op);
-}
-
-absl::Status EpochCommunicator::send(const void* data, size_t count,
-                                     DataType type, int peer) {
-  VEMESH_ASSIGN_OR_RETURN(auto c, Use("send"));
-  return c->send(data, count, type, peer);
-}
-
-absl::Status EpochCommunicator::recv(void* data, size_t count, DataType type,
-                                     int peer) {
-  VEMESH_ASSIGN_OR_RETURN(auto c, Use("recv"));
-  return c->recv(data, count, type, peer);
-}
-
-absl::Status EpochCommunicator::send_recv(const void* send_data,
-                                          size_t send_count, int dest,
-                                          void* recv_data, size_t recv_count,
-                                          int source, DataType type) {
-  VEMESH_ASSIGN_OR_RETURN(auto c, Use("send_recv"));
-  return c->send_recv(send_data, send_count, dest, recv_data, recv_count,
-                      source, type);
+void EpochCommunicator::OnAbort() {
+  std::shared_ptr<Communicator> c;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    c = inner_;
+  }
+  if (c != nullptr) c->abort("its elastic epoch communicator was aborted");
 }
 
 absl::StatusOr<std::shared_ptr<Communicator>> EpochCommunicator::split(int,

@@ -55,26 +55,17 @@ class EpochCommunicator final : public Communicator {
   absl::Span<const int> ranks() const override { return ranks_; }
   absl::string_view backend() const override { return backend_; }
 
-  absl::Status barrier() override;
-  absl::Status broadcast(void* data, size_t count, DataType type,
-                         int root) override;
-  absl::Status all_reduce(const void* send, void* recv, size_t count,
-                          DataType type, ReduceOp op) override;
-  absl::Status all_gather(const void* send, void* recv, size_t count,
-                          DataType type) override;
-  absl::Status reduce_scatter(const void* send, void* recv, size_t count,
-                              DataType type, ReduceOp op) override;
-  absl::Status send(const void* data, size_t count, DataType type,
-                    int peer) override;
-  absl::Status recv(void* data, size_t count, DataType type,
-                    int peer) override;
-  absl::Status send_recv(const void* send_data, size_t send_count, int dest,
-                         void* recv_data, size_t recv_count, int source,
-                         DataType type) override;
   // An epoch's groups are made by the elastic mesh only.
   absl::StatusOr<std::shared_ptr<Communicator>> split(int color,
                                                       int key) override;
   NativeHandle native_handle() const override;
+
+ protected:
+  // Every operation goes to the inner communicator (its own checks and
+  // Work); the Work keeps it alive even if another thread retires it.
+  WorkOr Start(const Operation& op) override;
+  // Aborts the inner communicator too.
+  void OnAbort() override;
 
  private:
   // The inner communicator for one operation, or the stale-epoch error.
