@@ -1,10 +1,15 @@
 #include "vemesh/comm/mpi/mpi_communicator.h"
 
+#include <algorithm>
 #include <climits>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <functional>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -16,7 +21,8 @@
 namespace vemesh {
 namespace {
 
-// vemesh owns its communicators, so one tag is enough for point to point.
+// vemesh owns its communicators, so one tag is enough for point to point,
+// and MPI's non-overtaking rule keeps two ranks' messages in order.
 constexpr int kTag = 0;
 
 // Frees a communicator we made, on an error path.
@@ -24,10 +30,201 @@ void FreeQuietly(MPI_Comm* comm) {
   if (*comm != MPI_COMM_NULL && MpiIsUsable()) MPI_Comm_free(comm);
 }
 
-bool Overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
-  auto x = reinterpret_cast<uintptr_t>(a);
-  auto y = reinterpret_cast<uintptr_t>(b);
-  return a_bytes > 0 && b_bytes > 0 && x < y + b_bytes && y < x + a_bytes;
+// FailedPrecondition when MPI was finalised or this thread may not call it.
+absl::Status MpiUsable(absl::string_view op, int size) {
+  if (!MpiIsUsable()) {
+    // Open MPI aborts the process on any call after MPI_Finalize.
+    return absl::FailedPreconditionError(absl::StrCat(
+        op, " on an MPI communicator of ", size,
+        " ranks after MPI was finalised (MPI_Finalize was called): MPI cannot "
+        "be used again; finish communicating before MPI_Finalize"));
+  }
+  // The common case first, without building a message.
+  if (MpiThreadLevel() >= MPI_THREAD_SERIALIZED) return absl::OkStatus();
+  return CheckMpiThread(absl::StrCat(op, " on an MPI communicator"));
+}
+
+// -- 16-bit floats --------------------------------------------------------------
+// MPI has no bfloat16 or float16: each is a derived datatype of two bytes
+// with user operators that combine in float and round back once per pair.
+
+using Widen = float (*)(uint16_t);
+using Narrow = uint16_t (*)(float);
+
+template <Widen kWiden, Narrow kNarrow, ReduceOp kOp>
+void Combine16(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const float x = kWiden(a[i]);
+    const float y = kWiden(b[i]);
+    float r = 0.0f;
+    if constexpr (kOp == ReduceOp::kProd) {
+      r = x * y;
+    } else if constexpr (kOp == ReduceOp::kMin) {
+      r = std::min(x, y);
+    } else if constexpr (kOp == ReduceOp::kMax) {
+      r = std::max(x, y);
+    } else {
+      r = x + y;  // sum, and avg's sum
+    }
+    b[i] = kNarrow(r);
+  }
+}
+
+// The operators of one 16-bit type, by ReduceOp (avg shares sum's).
+constexpr int kOps = 4;  // sum, prod, min, max
+int OpIndex(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kProd:
+      return 1;
+    case ReduceOp::kMin:
+      return 2;
+    case ReduceOp::kMax:
+      return 3;
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      break;
+  }
+  return 0;
+}
+
+struct Half {
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  MPI_Op ops[kOps] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+};
+struct Halves {
+  Half bf16;
+  Half fp16;
+  absl::Status status;
+};
+
+// Made once, then only read: the handles are plain values that MPI keeps
+// valid until they are freed, which happens inside MPI_Finalize (below).
+Halves halves;
+std::once_flag halves_once;
+
+// Runs at the start of MPI_Finalize (attributes of MPI_COMM_SELF are
+// deleted first, MPI 3.1 8.7.1): gives the types and operators back while
+// MPI is still alive, so that leak checkers see nothing of ours. Nothing
+// can use them afterwards: every MPI call is refused after finalisation.
+int FreeHalves(MPI_Comm, int, void*, void*) {
+  for (Half* h : {&halves.bf16, &halves.fp16}) {
+    for (MPI_Op& op : h->ops) {
+      if (op != MPI_OP_NULL) MPI_Op_free(&op);
+    }
+    if (h->type != MPI_DATATYPE_NULL) MPI_Type_free(&h->type);
+  }
+  return MPI_SUCCESS;
+}
+
+template <Widen kWiden, Narrow kNarrow>
+absl::Status MakeHalf(Half* h) {
+  VEMESH_RETURN_IF_ERROR(MpiStatus(MPI_Type_contiguous(2, MPI_BYTE, &h->type),
+                                   "MPI_Type_contiguous"));
+  VEMESH_RETURN_IF_ERROR(MpiStatus(MPI_Type_commit(&h->type), "MPI_Type_commit"));
+  MPI_User_function* fns[kOps] = {
+      &Combine16<kWiden, kNarrow, ReduceOp::kSum>,
+      &Combine16<kWiden, kNarrow, ReduceOp::kProd>,
+      &Combine16<kWiden, kNarrow, ReduceOp::kMin>,
+      &Combine16<kWiden, kNarrow, ReduceOp::kMax>};
+  for (int i = 0; i < kOps; ++i) {
+    VEMESH_RETURN_IF_ERROR(MpiStatus(
+        MPI_Op_create(fns[i], /*commute=*/1, &h->ops[i]), "MPI_Op_create"));
+  }
+  return absl::OkStatus();
+}
+
+const Halves& GetHalves() {
+  std::call_once(halves_once, [] {
+    if (!MpiIsUsable()) {
+      halves.status = absl::FailedPreconditionError(
+          "the 16-bit MPI datatypes need a running MPI");
+      return;
+    }
+    halves.status = MakeHalf<BFloat16BitsToFloat, FloatToBFloat16Bits>(
+        &halves.bf16);
+    if (halves.status.ok()) {
+      halves.status = MakeHalf<Float16BitsToFloat, FloatToFloat16Bits>(
+          &halves.fp16);
+    }
+    int key = MPI_KEYVAL_INVALID;
+    if (MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, FreeHalves, &key,
+                               nullptr) == MPI_SUCCESS) {
+      MPI_Comm_set_attr(MPI_COMM_SELF, key, nullptr);
+    }
+  });
+  return halves;
+}
+
+const Half* HalfOf(DataType type) {
+  if (type != DataType::kBFloat16 && type != DataType::kFloat16) return nullptr;
+  const Halves& h = GetHalves();
+  if (!h.status.ok()) return nullptr;
+  return type == DataType::kBFloat16 ? &h.bf16 : &h.fp16;
+}
+
+// -- Operations ------------------------------------------------------------------
+
+// Divides `count` elements of `type` at `data` by `n` (avg's last step).
+void DivideBy(void* data, size_t count, DataType type, int n) {
+  const float nf = static_cast<float>(n);
+  switch (type) {
+    case DataType::kFloat32: {
+      auto* x = static_cast<float*>(data);
+      for (size_t i = 0; i < count; ++i) x[i] /= nf;
+      return;
+    }
+    case DataType::kFloat64: {
+      auto* x = static_cast<double*>(data);
+      for (size_t i = 0; i < count; ++i) x[i] /= n;
+      return;
+    }
+    case DataType::kBFloat16: {
+      auto* x = static_cast<uint16_t*>(data);
+      for (size_t i = 0; i < count; ++i) {
+        x[i] = FloatToBFloat16Bits(BFloat16BitsToFloat(x[i]) / nf);
+      }
+      return;
+    }
+    case DataType::kFloat16: {
+      auto* x = static_cast<uint16_t*>(data);
+      for (size_t i = 0; i < count; ++i) {
+        x[i] = FloatToFloat16Bits(Float16BitsToFloat(x[i]) / nf);
+      }
+      return;
+    }
+    default:
+      return;  // the base refuses avg of integers
+  }
+}
+
+size_t Sum(const std::vector<size_t>& counts) {
+  return std::accumulate(counts.begin(), counts.end(), size_t{0});
+}
+
+// How many elements an operation reads from `send` on this rank.
+size_t SendCount(const Operation& op, int rank, int size) {
+  const size_t n = static_cast<size_t>(size);
+  switch (op.kind) {
+    case OpKind::kAllReduce:
+    case OpKind::kReduce:
+    case OpKind::kAllGather:
+    case OpKind::kGather:
+      return op.count;
+    case OpKind::kAllGatherV:
+      return op.recv_counts[rank];
+    case OpKind::kReduceScatter:
+    case OpKind::kScatter:
+    case OpKind::kAllToAll:
+      return op.count * n;
+    case OpKind::kReduceScatterV:
+      return Sum(op.recv_counts);
+    case OpKind::kAllToAllV:
+      return Sum(op.send_counts);
+    default:
+      return 0;
+  }
 }
 
 }  // namespace
@@ -42,14 +239,30 @@ MPI_Datatype MpiDataType(DataType type) {
       return MPI_INT32_T;
     case DataType::kInt64:
       return MPI_INT64_T;
+    case DataType::kInt8:
+      return MPI_INT8_T;
+    case DataType::kUInt8:
+      return MPI_UINT8_T;
+    case DataType::kBFloat16:
+    case DataType::kFloat16: {
+      const Half* h = HalfOf(type);
+      return h == nullptr ? MPI_DATATYPE_NULL : h->type;
+    }
   }
   return MPI_DATATYPE_NULL;
 }
 
-MPI_Op MpiReduceOp(ReduceOp op) {
+MPI_Op MpiReduceOp(ReduceOp op, DataType type) {
+  if (type == DataType::kBFloat16 || type == DataType::kFloat16) {
+    const Half* h = HalfOf(type);
+    return h == nullptr ? MPI_OP_NULL : h->ops[OpIndex(op)];
+  }
   switch (op) {
     case ReduceOp::kSum:
+    case ReduceOp::kAvg:
       return MPI_SUM;
+    case ReduceOp::kProd:
+      return MPI_PROD;
     case ReduceOp::kMax:
       return MPI_MAX;
     case ReduceOp::kMin:
@@ -57,6 +270,123 @@ MPI_Op MpiReduceOp(ReduceOp op) {
   }
   return MPI_OP_NULL;
 }
+
+namespace {
+
+// What a started operation's requests use, kept together so that an
+// abandoned operation (aborted, past its deadline, its Work let go of
+// unfinished) can be kept alive as a whole while MPI may still touch it.
+struct MpiRequests {
+  std::vector<MPI_Request> requests;
+  std::vector<MPI_Status> statuses;
+  std::vector<bool> done;
+  // For a receive: its index in the operation's P2POps; -1 otherwise.
+  std::vector<int> p2p_index;
+  std::vector<int> counts, displs, counts2, displs2;
+  std::vector<std::byte> scratch;  // a copy of `send` when it is `recv`
+
+  void Add(MPI_Request request, int p2p = -1) {
+    requests.push_back(request);
+    statuses.emplace_back();
+    done.push_back(false);
+    p2p_index.push_back(p2p);
+  }
+  bool Pending() const {
+    return std::find(done.begin(), done.end(), false) != done.end();
+  }
+};
+
+// Keeps abandoned operations' state alive for the rest of the process:
+// MPI may still complete them (a peer arrives late) and write there.
+void Abandon(std::unique_ptr<MpiRequests> state) {
+  static std::mutex mu;
+  static auto* kept = new std::vector<std::unique_ptr<MpiRequests>>();
+  std::lock_guard<std::mutex> lock(mu);
+  kept->push_back(std::move(state));
+}
+
+}  // namespace
+
+class MpiWork final : public Work {
+ public:
+  MpiWork(std::shared_ptr<Communicator> owner, const Operation& op, int size)
+      : Work(std::move(owner), op.Describe()),
+        op_(op),
+        size_(size),
+        state_(std::make_unique<MpiRequests>()) {}
+
+  ~MpiWork() override {
+    if (state_->Pending()) Abandon(std::move(state_));
+  }
+
+  MpiRequests& state() { return *state_; }
+  // Runs once every request completed: checks receive counts, finishes avg.
+  void set_finish(std::function<absl::Status(MpiWork&)> finish) {
+    finish_ = std::move(finish);
+  }
+  const Operation& op() const { return op_; }
+
+  std::optional<absl::Status> Poll() override {
+    // No MPI from a thread that may not call it, nor after MPI_Finalize.
+    VEMESH_RETURN_IF_ERROR(MpiUsable(name(), size_));
+    MpiRequests& s = *state_;
+    for (size_t i = 0; i < s.requests.size(); ++i) {
+      if (s.done[i]) continue;
+      int flag = 0;
+      const int code = MPI_Test(&s.requests[i], &flag, &s.statuses[i]);
+      if (code != MPI_SUCCESS) {
+        // MPI completed (and freed) the failed request.
+        s.done[i] = s.requests[i] == MPI_REQUEST_NULL;
+        return Failed(i, code);
+      }
+      if (flag) s.done[i] = true;
+    }
+    if (s.Pending()) return std::nullopt;
+    return finish_ ? finish_(*this) : absl::OkStatus();
+  }
+
+  // InvalidArgument when receive `i` got another count than it asked for.
+  absl::Status CheckReceived(size_t i) {
+    const P2POp& p = op_.p2p[state_->p2p_index[i]];
+    int got = 0;
+    absl::Status s = MpiStatus(
+        MPI_Get_count(&state_->statuses[i], MpiDataType(p.type), &got),
+        "MPI_Get_count");
+    if (!s.ok()) return s;
+    if (got == MPI_UNDEFINED || static_cast<size_t>(got) != p.count) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name(), ": the receive from rank ", p.peer, " expected ", p.count,
+          " ", DataTypeName(p.type), " elements but got ",
+          got == MPI_UNDEFINED ? std::string("a partial element")
+                               : absl::StrCat(got)));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status Failed(size_t i, int code) {
+    int cls = code;
+    MPI_Error_class(code, &cls);
+    const int p2p = state_->p2p_index[i];
+    if (cls == MPI_ERR_TRUNCATE && p2p >= 0) {
+      const P2POp& p = op_.p2p[p2p];
+      return absl::InvalidArgumentError(absl::StrCat(
+          name(), ": the receive from rank ", p.peer, " expected ", p.count,
+          " ", DataTypeName(p.type),
+          " elements but got more (MPI_ERR_TRUNCATE): the ranks disagree on "
+          "the count"));
+    }
+    absl::Status s = MpiStatus(code, "MPI_Test");
+    return absl::Status(s.code(), absl::StrCat(name(), ": ", s.message()));
+  }
+
+  Operation op_;  // its count lists and P2POps outlive the requests
+  int size_;
+  std::unique_ptr<MpiRequests> state_;
+  std::function<absl::Status(MpiWork&)> finish_;
+};
+
+}  // namespace
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, int rank, int size,
                                  std::vector<int> ranks)
@@ -80,20 +410,182 @@ MpiCommunicator::~MpiCommunicator() {
     });
     return;
   }
+  // Operations still pending on it (abandoned) finish or not on their own:
+  // MPI_Comm_free only marks the communicator for deallocation.
   MPI_Comm_free(&comm_);
 }
 
-absl::Status MpiCommunicator::Usable(absl::string_view op) const {
-  if (!MpiIsUsable()) {
-    // Open MPI aborts the process on any call after MPI_Finalize.
-    return absl::FailedPreconditionError(absl::StrCat(
-        op, " on an MPI communicator of ", size_,
-        " ranks after MPI was finalised (MPI_Finalize was called): MPI cannot "
-        "be used again; finish communicating before MPI_Finalize"));
+absl::Status MpiCommunicator::CheckUsable(absl::string_view op) const {
+  return MpiUsable(op, size_);
+}
+
+size_t MpiCommunicator::MaxCount() const { return static_cast<size_t>(INT_MAX); }
+
+Communicator::WorkOr MpiCommunicator::Start(const Operation& op) {
+  const MPI_Datatype type = MpiDataType(op.type);
+  if (type == MPI_DATATYPE_NULL) {
+    return absl::InternalError(absl::StrCat(
+        op.Describe(), ": MPI could not make a datatype for ",
+        DataTypeName(op.type), ": ", GetHalves().status.message()));
   }
-  // The common case first, without building a message.
-  if (MpiThreadLevel() >= MPI_THREAD_SERIALIZED) return absl::OkStatus();
-  return CheckMpiThread(absl::StrCat(op, " on an MPI communicator"));
+  const MPI_Op reduce = MpiReduceOp(op.op, op.type);
+  auto work = std::make_shared<MpiWork>(Self(), op, size_);
+  MpiRequests& s = work->state();
+  const int n = size_;
+  const int me = rank_;
+  auto count = [](size_t c) { return static_cast<int>(c); };
+  // Counts and displacements (elements) of blocks laid out in rank order.
+  auto layout = [&](const std::vector<size_t>& c, std::vector<int>* counts,
+                    std::vector<int>* displs) {
+    counts->resize(c.size());
+    displs->resize(c.size());
+    int at = 0;
+    for (size_t i = 0; i < c.size(); ++i) {
+      (*counts)[i] = count(c[i]);
+      (*displs)[i] = at;
+      at += (*counts)[i];
+    }
+  };
+
+  // All-reduce and reduce take MPI_IN_PLACE for send == recv; the others
+  // read a copy, since MPI forbids a buffer that is both.
+  const void* send = op.send;
+  const bool same = op.send != nullptr && op.send == op.recv;
+  if (same && op.kind != OpKind::kAllReduce && op.kind != OpKind::kReduce) {
+    const size_t bytes = SendCount(op, me, n) * SizeOf(op.type);
+    s.scratch.resize(bytes);
+    std::memcpy(s.scratch.data(), op.send, bytes);
+    send = s.scratch.data();
+  }
+
+  int code = MPI_SUCCESS;
+  MPI_Request r = MPI_REQUEST_NULL;
+  const char* call = "";
+  switch (op.kind) {
+    case OpKind::kBarrier:
+      call = "MPI_Ibarrier";
+      code = MPI_Ibarrier(comm_, &r);
+      break;
+    case OpKind::kBroadcast:
+      call = "MPI_Ibcast";
+      code = MPI_Ibcast(op.recv, count(op.count), type, op.root, comm_, &r);
+      break;
+    case OpKind::kAllReduce:
+      call = "MPI_Iallreduce";
+      code = MPI_Iallreduce(same ? MPI_IN_PLACE : send, op.recv,
+                            count(op.count), type, reduce, comm_, &r);
+      break;
+    case OpKind::kReduce:
+      call = "MPI_Ireduce";
+      code = MPI_Ireduce(same && me == op.root ? MPI_IN_PLACE : send,
+                         me == op.root ? op.recv : nullptr, count(op.count),
+                         type, reduce, op.root, comm_, &r);
+      break;
+    case OpKind::kAllGather:
+      call = "MPI_Iallgather";
+      code = MPI_Iallgather(send, count(op.count), type, op.recv,
+                            count(op.count), type, comm_, &r);
+      break;
+    case OpKind::kAllGatherV:
+      call = "MPI_Iallgatherv";
+      layout(op.recv_counts, &s.counts, &s.displs);
+      code = MPI_Iallgatherv(send, s.counts[me], type, op.recv,
+                             s.counts.data(), s.displs.data(), type, comm_, &r);
+      break;
+    case OpKind::kReduceScatter:
+      call = "MPI_Ireduce_scatter_block";
+      code = MPI_Ireduce_scatter_block(send, op.recv, count(op.count), type,
+                                       reduce, comm_, &r);
+      break;
+    case OpKind::kReduceScatterV:
+      call = "MPI_Ireduce_scatter";
+      layout(op.recv_counts, &s.counts, &s.displs);
+      code = MPI_Ireduce_scatter(send, op.recv, s.counts.data(), type, reduce,
+                                 comm_, &r);
+      break;
+    case OpKind::kGather:
+      call = "MPI_Igather";
+      code = MPI_Igather(send, count(op.count), type,
+                         me == op.root ? op.recv : nullptr, count(op.count),
+                         type, op.root, comm_, &r);
+      break;
+    case OpKind::kScatter:
+      call = "MPI_Iscatter";
+      code = MPI_Iscatter(me == op.root ? send : nullptr, count(op.count), type,
+                          op.recv, count(op.count), type, op.root, comm_, &r);
+      break;
+    case OpKind::kAllToAll:
+      call = "MPI_Ialltoall";
+      code = MPI_Ialltoall(send, count(op.count), type, op.recv,
+                           count(op.count), type, comm_, &r);
+      break;
+    case OpKind::kAllToAllV:
+      call = "MPI_Ialltoallv";
+      layout(op.send_counts, &s.counts, &s.displs);
+      layout(op.recv_counts, &s.counts2, &s.displs2);
+      code = MPI_Ialltoallv(send, s.counts.data(), s.displs.data(), type,
+                            op.recv, s.counts2.data(), s.displs2.data(), type,
+                            comm_, &r);
+      break;
+    case OpKind::kBatch:
+      // One request per transfer, posted in the caller's order.
+      for (size_t i = 0; i < op.p2p.size(); ++i) {
+        const P2POp& p = op.p2p[i];
+        const MPI_Datatype t = MpiDataType(p.type);
+        if (t == MPI_DATATYPE_NULL) {
+          return absl::InternalError(absl::StrCat(
+              op.Describe(), ": MPI could not make a datatype for ",
+              DataTypeName(p.type), ": ", GetHalves().status.message()));
+        }
+        MPI_Request one = MPI_REQUEST_NULL;
+        if (p.kind == P2POp::Kind::kSend) {
+          call = "MPI_Isend";
+          code = MPI_Isend(p.data, count(p.count), t, p.peer, kTag, comm_,
+                           &one);
+        } else {
+          call = "MPI_Irecv";
+          code = MPI_Irecv(p.data, count(p.count), t, p.peer, kTag, comm_,
+                           &one);
+        }
+        // What was posted before a failure stays with the Work, which
+        // abandons it when let go of.
+        if (code != MPI_SUCCESS) break;
+        s.Add(one, p.kind == P2POp::Kind::kRecv ? static_cast<int>(i) : -1);
+      }
+      break;
+  }
+  if (code != MPI_SUCCESS) {
+    absl::Status failed = MpiStatus(code, call);
+    return absl::Status(failed.code(),
+                        absl::StrCat(op.Describe(), ": ", failed.message()));
+  }
+  if (op.kind != OpKind::kBatch) s.Add(r);
+
+  // What completes the operation once MPI is done with it.
+  if (op.kind == OpKind::kBatch) {
+    work->set_finish([](MpiWork& w) {
+      MpiRequests& st = w.state();
+      for (size_t i = 0; i < st.requests.size(); ++i) {
+        if (st.p2p_index[i] < 0) continue;
+        VEMESH_RETURN_IF_ERROR(w.CheckReceived(i));
+      }
+      return absl::OkStatus();
+    });
+  } else if (op.op == ReduceOp::kAvg &&
+             (op.kind == OpKind::kAllReduce || op.kind == OpKind::kReduce ||
+              op.kind == OpKind::kReduceScatter ||
+              op.kind == OpKind::kReduceScatterV)) {
+    size_t elements = op.count;
+    if (op.kind == OpKind::kReduce && me != op.root) elements = 0;
+    if (op.kind == OpKind::kReduceScatterV) elements = op.recv_counts[me];
+    if (elements > 0) {
+      work->set_finish([elements, n](MpiWork& w) {
+        DivideBy(w.op().recv, elements, w.op().type, n);
+        return absl::OkStatus();
+      });
+    }
+  }
+  return std::shared_ptr<Work>(std::move(work));
 }
 
 absl::StatusOr<std::shared_ptr<MpiCommunicator>> MpiCommunicator::World() {
@@ -171,139 +663,9 @@ absl::StatusOr<std::shared_ptr<MpiCommunicator>> MpiCommunicator::Adopt(
 }
 
 
-absl::Status MpiCommunicator::barrier() {
-  VEMESH_RETURN_IF_ERROR(Usable("barrier"));
-  return MpiStatus(MPI_Barrier(comm_), "MPI_Barrier");
-}
-
-absl::Status MpiCommunicator::broadcast(void* data, size_t count,
-                                        DataType type, int root) {
-  absl::Status status = Usable("broadcast");
-  if (status.ok()) status = CheckBuffer("MPI", "broadcast", data, count);
-  if (status.ok()) status = CheckPeer("broadcast", "root", root);
-  if (!status.ok()) return status;
-  return MpiStatus(MPI_Bcast(data, static_cast<int>(count), MpiDataType(type),
-                             root, comm_),
-                   "MPI_Bcast");
-}
-
-absl::Status MpiCommunicator::all_reduce(const void* send, void* recv,
-                                         size_t count, DataType type,
-                                         ReduceOp op) {
-  absl::Status status = Usable("all_reduce");
-  if (status.ok()) status = CheckBuffer("MPI", "all_reduce", send, count);
-  if (status.ok()) status = CheckBuffer("MPI", "all_reduce", recv, count);
-  if (!status.ok()) return status;
-  const size_t bytes = count * SizeOf(type);
-  if (send != recv && Overlap(send, bytes, recv, bytes)) {
-    return absl::InvalidArgumentError(
-        "all_reduce: send and recv overlap without being the same buffer");
-  }
-  const void* source = send == recv ? MPI_IN_PLACE : send;
-  return MpiStatus(MPI_Allreduce(source, recv, static_cast<int>(count),
-                                 MpiDataType(type), MpiReduceOp(op), comm_),
-                   "MPI_Allreduce");
-}
-
-absl::Status MpiCommunicator::all_gather(const void* send, void* recv,
-                                         size_t count, DataType type) {
-  const size_t total = count * static_cast<size_t>(size_);
-  absl::Status status = Usable("all_gather");
-  if (status.ok()) status = CheckBuffer("MPI", "all_gather", send, count);
-  if (status.ok()) status = CheckBuffer("MPI", "all_gather", recv, total);
-  if (!status.ok()) return status;
-  const size_t width = SizeOf(type);
-  if (Overlap(send, count * width, recv, total * width)) {
-    return absl::InvalidArgumentError(
-        "all_gather: send and recv buffers overlap");
-  }
-  return MpiStatus(
-      MPI_Allgather(send, static_cast<int>(count), MpiDataType(type), recv,
-                    static_cast<int>(count), MpiDataType(type), comm_),
-      "MPI_Allgather");
-}
-
-absl::Status MpiCommunicator::reduce_scatter(const void* send, void* recv,
-                                             size_t count, DataType type,
-                                             ReduceOp op) {
-  const size_t total = count * static_cast<size_t>(size_);
-  absl::Status status = Usable("reduce_scatter");
-  if (status.ok()) status = CheckBuffer("MPI", "reduce_scatter", send, total);
-  if (status.ok()) status = CheckBuffer("MPI", "reduce_scatter", recv, count);
-  if (!status.ok()) return status;
-  const size_t width = SizeOf(type);
-  if (Overlap(send, total * width, recv, count * width)) {
-    return absl::InvalidArgumentError(
-        "reduce_scatter: send and recv buffers overlap");
-  }
-  return MpiStatus(
-      MPI_Reduce_scatter_block(send, recv, static_cast<int>(count),
-                               MpiDataType(type), MpiReduceOp(op), comm_),
-      "MPI_Reduce_scatter_block");
-}
-
-absl::Status MpiCommunicator::send(const void* data, size_t count,
-                                   DataType type, int peer) {
-  absl::Status status = Usable("send");
-  if (status.ok()) status = CheckBuffer("MPI", "send", data, count);
-  if (status.ok()) status = CheckPeer("send", "peer", peer);
-  if (!status.ok()) return status;
-  return MpiStatus(MPI_Send(data, static_cast<int>(count), MpiDataType(type),
-                            peer, kTag, comm_),
-                   "MPI_Send");
-}
-
-absl::Status MpiCommunicator::recv(void* data, size_t count, DataType type,
-                                   int peer) {
-  absl::Status status = Usable("recv");
-  if (status.ok()) status = CheckBuffer("MPI", "recv", data, count);
-  if (status.ok()) status = CheckPeer("recv", "peer", peer);
-  if (!status.ok()) return status;
-  MPI_Status info;
-  status = MpiStatus(MPI_Recv(data, static_cast<int>(count), MpiDataType(type),
-                              peer, kTag, comm_, &info),
-                     "MPI_Recv");
-  if (!status.ok()) return status;
-  int got = 0;
-  MPI_Get_count(&info, MpiDataType(type), &got);
-  if (static_cast<size_t>(got) != count) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "recv expected ", count, " elements from rank ", peer, " but got ",
-        got));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status MpiCommunicator::send_recv(const void* send_data,
-                                        size_t send_count, int dest,
-                                        void* recv_data, size_t recv_count,
-                                        int source, DataType type) {
-  absl::Status status = Usable("send_recv");
-  if (status.ok()) status = CheckBuffer("MPI", "send_recv", send_data, send_count);
-  if (status.ok()) status = CheckBuffer("MPI", "send_recv", recv_data, recv_count);
-  if (status.ok()) status = CheckPeer("send_recv", "dest", dest);
-  if (status.ok()) status = CheckPeer("send_recv", "source", source);
-  if (!status.ok()) return status;
-  MPI_Status info;
-  status = MpiStatus(
-      MPI_Sendrecv(send_data, static_cast<int>(send_count), MpiDataType(type),
-                   dest, kTag, recv_data, static_cast<int>(recv_count),
-                   MpiDataType(type), source, kTag, comm_, &info),
-      "MPI_Sendrecv");
-  if (!status.ok()) return status;
-  int got = 0;
-  MPI_Get_count(&info, MpiDataType(type), &got);
-  if (static_cast<size_t>(got) != recv_count) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "send_recv expected ", recv_count, " elements from rank ", source,
-        " but got ", got));
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<std::shared_ptr<MpiCommunicator>> MpiCommunicator::split_mpi(
     int color, int key) {
-  absl::Status status = Usable("split");
+  absl::Status status = CheckUsable("split");
   if (!status.ok()) return status;
   MPI_Comm child = MPI_COMM_NULL;
   status =
@@ -327,7 +689,7 @@ NativeHandle MpiCommunicator::native_handle() const {
 
 absl::StatusOr<std::shared_ptr<Bootstrap>> MpiCommunicator::make_bootstrap(
     absl::Time deadline) {
-  VEMESH_RETURN_IF_ERROR(Usable("make_bootstrap"));
+  VEMESH_RETURN_IF_ERROR(CheckUsable("make_bootstrap"));
   VEMESH_ASSIGN_OR_RETURN(
       auto boot,
       MpiBootstrap::Create(comm_, "MeshOptions.world (an MPI communicator)",

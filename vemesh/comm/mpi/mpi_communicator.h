@@ -27,10 +27,49 @@
 // inherit their parent's origin. They are computed once at creation with
 // MPI_Group_translate_ranks, a local call.
 //
-// Counts are elements. MPI counts are `int`: a count above INT_MAX elements
-// (or, for all_gather / reduce_scatter, a total above it) is InvalidArgument.
-// send/recv use MPI_Send/MPI_Recv: a send to oneself only completes when a
-// matching recv is posted concurrently; use `send_recv` for that.
+// Operations. Every operation (communicator.h) is one of MPI's
+// non-blocking calls, started by `Start` and finished by polling its
+// requests (MPI_Test): MPI_Ibarrier, MPI_Ibcast, MPI_Iallreduce (MPI_IN_PLACE
+// when send and recv are the same buffer), MPI_Ireduce, MPI_Iallgather(v),
+// MPI_Ireduce_scatter_block, MPI_Ireduce_scatter (the v form), MPI_Igather,
+// MPI_Iscatter, MPI_Ialltoall(v), and for point to point (send, recv,
+// send_recv, batches) one MPI_Isend / MPI_Irecv per transfer, all with one
+// tag, so that messages between two ranks arrive in the order they were
+// posted. The blocking forms are the same requests waited for, so a
+// blocking operation honours `set_timeout` and `abort()` like an
+// asynchronous one.
+//
+// Counts are elements; MPI counts and displacements are `int`, so a count
+// above INT_MAX elements (per buffer or in total) is InvalidArgument.
+//
+// Data types: MPI_FLOAT, MPI_DOUBLE, MPI_INT32_T, MPI_INT64_T, MPI_INT8_T
+// and MPI_UINT8_T; bfloat16 and float16 are two derived datatypes of two
+// bytes each, with their own commutative reduction operators that widen
+// each pair of elements to float, combine them and round back once. avg is
+// a sum divided by size() when the operation completes (in float for the
+// 16-bit types); prod is MPI_PROD on the native types.
+//
+// Errors: MPI's error class decides the code. A lost peer (the
+// fault-tolerance classes MPI_ERR_PROC_FAILED(_PENDING) / MPI_ERR_REVOKED,
+// where this MPI has them) is Unavailable; a message longer than its
+// receive buffer (MPI_ERR_TRUNCATE: the ranks disagree on a count) is
+// InvalidArgument, and a receive that got fewer elements than asked is
+// InvalidArgument naming both counts; anything else is Internal with MPI's
+// own message.
+//
+// Abort and deadlines: MPI cannot cancel a collective, and vemesh does not
+// call MPI from `abort()` (it may come from any thread; under
+// MPI_THREAD_FUNNELED that would be forbidden). A wait notices the abort
+// and returns Aborted; the operation's requests are then abandoned: MPI may
+// still read or write its buffers when the other ranks get to it, so those
+// buffers must outlive it (keep them, or end the job). The same holds for an
+// operation that passed its deadline. vemesh keeps its own temporaries of
+// an abandoned operation alive for the rest of the process.
+//
+// Waiting from a thread that may not call MPI (MPI_THREAD_FUNNELED or
+// SINGLE, not the main thread) calls no MPI: the wait answers
+// FailedPrecondition naming the thread level, and the operation is
+// abandoned as above. After MPI_Finalize it answers FailedPrecondition.
 
 #ifndef VEMESH_COMM_MPI_MPI_COMMUNICATOR_H_
 #define VEMESH_COMM_MPI_MPI_COMMUNICATOR_H_
@@ -67,30 +106,6 @@ class MpiCommunicator final : public Communicator {
   absl::Span<const int> ranks() const override { return ranks_; }
   absl::string_view backend() const override { return "mpi"; }
 
-  absl::Status barrier() override;
-  absl::Status broadcast(void* data, size_t count, DataType type,
-                         int root) override;
-  absl::Status all_reduce(const void* send, void* recv, size_t count,
-                          DataType type, ReduceOp op) override;
-  absl::Status all_gather(const void* send, void* recv, size_t count,
-                          DataType type) override;
-  absl::Status reduce_scatter(const void* send, void* recv, size_t count,
-                              DataType type, ReduceOp op) override;
-  absl::Status send(const void* data, size_t count, DataType type,
-                    int peer) override;
-  absl::Status recv(void* data, size_t count, DataType type,
-                    int peer) override;
-  absl::Status send_recv(const void* send_data, size_t send_count, int dest,
-                         void* recv_data, size_t recv_count, int source,
-                         DataType type) override;
-  using Communicator::all_gather;
-  using Communicator::all_reduce;
-  using Communicator::broadcast;
-  using Communicator::recv;
-  using Communicator::reduce_scatter;
-  using Communicator::send;
-  using Communicator::send_recv;
-
   // A negative color gives nullptr (MPI_UNDEFINED).
   absl::StatusOr<std::shared_ptr<Communicator>> split(int color,
                                                       int key) override;
@@ -106,6 +121,16 @@ class MpiCommunicator final : public Communicator {
   NativeHandle native_handle() const override;
   MPI_Comm comm() const { return comm_; }
 
+ protected:
+  WorkOr Start(const Operation& op) override;
+  // INT_MAX: MPI counts are int.
+  size_t MaxCount() const override;
+  // FailedPrecondition when MPI was finalised, or when this thread may not
+  // call MPI at the level MPI granted (mpi_environment.h).
+  absl::Status CheckUsable(absl::string_view op) const override;
+  // Nothing: see "Abort and deadlines" above.
+  void OnAbort() override {}
+
  private:
   MpiCommunicator(MPI_Comm comm, int rank, int size, std::vector<int> ranks);
   // Takes ownership of `comm` (freed on failure too); `parent_ranks` maps the
@@ -113,19 +138,22 @@ class MpiCommunicator final : public Communicator {
   static absl::StatusOr<std::shared_ptr<MpiCommunicator>> Adopt(
       MPI_Comm comm, MPI_Comm parent, const std::vector<int>* parent_ranks);
 
-  // FailedPrecondition when MPI was finalised, or when this thread may not
-  // call MPI at the level MPI granted (mpi_environment.h).
-  absl::Status Usable(absl::string_view op) const;
-
   MPI_Comm comm_;
   int rank_;
   int size_;
   std::vector<int> ranks_;
 };
 
-// The MPI datatype and reduction of vemesh's enums.
+// The MPI datatype of a vemesh DataType. The 16-bit floats' derived
+// datatypes are made on first use (a few local MPI calls, once per process,
+// thread-safe; call from a thread that may call MPI) and freed when MPI is
+// finalised; MPI_DATATYPE_NULL if MPI could not make them.
 MPI_Datatype MpiDataType(DataType type);
-MPI_Op MpiReduceOp(ReduceOp op);
+// The MPI reduction that combines elements of `type` by `op`: MPI's own
+// operators for the native types, vemesh's user operators (fp32 inside) for
+// bfloat16 and float16. avg is MPI_SUM (or the 16-bit sum): the caller
+// divides by the group size afterwards.
+MPI_Op MpiReduceOp(ReduceOp op, DataType type = DataType::kFloat32);
 
 }  // namespace vemesh
 

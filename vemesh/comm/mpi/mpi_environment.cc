@@ -7,7 +7,12 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
+
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>  // Open MPI's extensions: ULFM's MPIX_ERR_* when built in
+#endif
 
 #include "absl/base/attributes.h"
 #include "absl/strings/str_cat.h"
@@ -88,14 +93,55 @@ absl::Status LazyInitLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(env_mu) {
 
 }  // namespace
 
+namespace {
+
+// Error classes that mean a peer process is gone. Only MPIs with the
+// fault-tolerance extension (ULFM: Open MPI 5, MPICH) define them.
+bool IsPeerLoss(int error_class) {
+#if defined(MPI_ERR_PROC_FAILED)
+  if (error_class == MPI_ERR_PROC_FAILED) return true;
+#endif
+#if defined(MPI_ERR_PROC_FAILED_PENDING)
+  if (error_class == MPI_ERR_PROC_FAILED_PENDING) return true;
+#endif
+#if defined(MPI_ERR_REVOKED)
+  if (error_class == MPI_ERR_REVOKED) return true;
+#endif
+#if defined(MPIX_ERR_PROC_FAILED)
+  if (error_class == MPIX_ERR_PROC_FAILED) return true;
+#endif
+#if defined(MPIX_ERR_PROC_FAILED_PENDING)
+  if (error_class == MPIX_ERR_PROC_FAILED_PENDING) return true;
+#endif
+#if defined(MPIX_ERR_REVOKED)
+  if (error_class == MPIX_ERR_REVOKED) return true;
+#endif
+  (void)error_class;
+  return false;
+}
+
+}  // namespace
+
 absl::Status MpiStatus(int code, absl::string_view call) {
   if (code == MPI_SUCCESS) return absl::OkStatus();
   char text[MPI_MAX_ERROR_STRING] = {};
   int length = 0;
   if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) length = 0;
-  return absl::InternalError(absl::StrCat(
+  int error_class = code;
+  if (MPI_Error_class(code, &error_class) != MPI_SUCCESS) error_class = code;
+  const std::string message = absl::StrCat(
       call, " failed with MPI error ", code, ": ",
-      absl::string_view(text, static_cast<size_t>(length))));
+      absl::string_view(text, static_cast<size_t>(length)));
+  if (IsPeerLoss(error_class)) {
+    return absl::UnavailableError(
+        absl::StrCat(message, " (a peer process was lost)"));
+  }
+  if (error_class == MPI_ERR_TRUNCATE) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        message, " (a message was longer than its receive buffer: the ranks "
+        "disagree on a count)"));
+  }
+  return absl::InternalError(message);
 }
 
 absl::Status EnsureMpiInitialized(absl::Time deadline) {

@@ -78,8 +78,11 @@ absl::string_view MpiThreadLevelName(int level);
 // thread may call MPI.
 absl::Status CheckMpiThread(absl::string_view what);
 
-// Turns an MPI return code into a Status: OK for MPI_SUCCESS, otherwise
-// Internal naming the call and MPI's own message.
+// Turns an MPI return code into a Status naming the call and MPI's own
+// message, by the code's error class: OK for MPI_SUCCESS; Unavailable for a
+// lost peer (MPI_ERR_PROC_FAILED, _PENDING and MPI_ERR_REVOKED, or their
+// MPIX_ names, where this MPI defines them); InvalidArgument for
+// MPI_ERR_TRUNCATE (the ranks disagree on a count); Internal otherwise.
 absl::Status MpiStatus(int code, absl::string_view call);
 
 // Scope guard for main(): initialises MPI (or adopts it) on construction;
