@@ -305,8 +305,6 @@ void Abandon(std::unique_ptr<MpiRequests> state) {
   kept->push_back(std::move(state));
 }
 
-}  // namespace
-
 class MpiWork final : public Work {
  public:
   MpiWork(std::shared_ptr<Communicator> owner, const Operation& op, int size)
@@ -334,14 +332,21 @@ class MpiWork final : public Work {
       if (s.done[i]) continue;
       int flag = 0;
       const int code = MPI_Test(&s.requests[i], &flag, &s.statuses[i]);
-      if (code != MPI_SUCCESS) {
-        // MPI completed (and freed) the failed request.
-        s.done[i] = s.requests[i] == MPI_REQUEST_NULL;
-        return Failed(i, code);
+      if (code == MPI_SUCCESS) {
+        if (flag) s.done[i] = true;
+        continue;
       }
-      if (flag) s.done[i] = true;
+      // MPI completed (and freed) the failed request.
+      s.done[i] = s.requests[i] == MPI_REQUEST_NULL;
+      absl::Status failed = Failed(i, code);
+      // A count mismatch is this operation's own: its other transfers still
+      // finish (the peers are there), so nothing is left behind. Anything
+      // else ends the wait at once.
+      if (!absl::IsInvalidArgument(failed) || !s.done[i]) return failed;
+      if (first_error_.ok()) first_error_ = std::move(failed);
     }
     if (s.Pending()) return std::nullopt;
+    if (!first_error_.ok()) return first_error_;
     return finish_ ? finish_(*this) : absl::OkStatus();
   }
 
@@ -384,6 +389,7 @@ class MpiWork final : public Work {
   int size_;
   std::unique_ptr<MpiRequests> state_;
   std::function<absl::Status(MpiWork&)> finish_;
+  absl::Status first_error_;  // a count mismatch, reported once all finished
 };
 
 }  // namespace
