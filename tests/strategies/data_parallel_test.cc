@@ -226,10 +226,12 @@ TEST(DataParallelTest, Bf16GradientsAreWithinTheirRoundingBound) {
         // The sum really travelled as bf16: P * average is a bf16 value
         // (when P is a power of two, so that the division was exact).
         const double sum = got * n;
-        if ((n & (n - 1)) == 0) EXPECT_EQ(static_cast<double>(
-                      static_cast<float>(BFloat16(static_cast<float>(sum)))),
-                  sum)
-            << ps[i].name << "[" << k << "]";
+        if ((n & (n - 1)) == 0) {
+          EXPECT_EQ(static_cast<double>(
+                        static_cast<float>(BFloat16(static_cast<float>(sum)))),
+                    sum)
+              << ps[i].name << "[" << k << "]";
+        }
         inexact += got != e.mean.data()[k];
       }
     }
