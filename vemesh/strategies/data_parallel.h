@@ -32,7 +32,8 @@
 // finishes them (the model lists its parameters first layer first), and are
 // started strictly in bucket order on every rank, so the DP group's
 // collectives pair up even if ranks announce in different orders. The
-// broadcast is bucketed the same way (one broadcast per bucket).
+// broadcast uses buckets of the same size, in `params` order (one broadcast
+// per bucket).
 //
 // `gradient_type = kBFloat16` communicates the gradients in bfloat16 (half
 // the bytes) while the parameters and the optimiser stay in double, the
