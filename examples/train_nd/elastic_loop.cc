@@ -111,7 +111,7 @@ void PrintMembership(bool leader, const vemesh::Recovery& r, int replica,
 // One step on the current epoch's mesh: the loss, or the first error.
 absl::StatusOr<double> Step(const TrainPlan& plan, ParallelMlpStage& stage,
                             const std::vector<Parameter*>& params,
-                            const DataParallel& dp, int step,
+                            DataParallel& dp, int step,
                             const Fault& fault, int launch_rank) {
   for (Parameter* p : params) p->ZeroGrad();
   // A failed step may have left its loss sum behind.
@@ -180,8 +180,11 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
   auto stage = ParallelMlpStage::Create(*plan);
   if (!stage.ok()) return Fail(replica, launch_rank, "model", stage.status());
   std::vector<Parameter*> params = (*stage)->parameters();
-  const DataParallel dp(
-      {.bucket_elements = static_cast<size_t>(plan0.options.bucket_elements)});
+  // No overlap: an elastic step puts every DP operation after the
+  // replica's own (see Step), so there is no backward to overlap with.
+  DataParallel dp(
+      {.bucket_elements = static_cast<size_t>(plan0.options.bucket_elements),
+       .overlap = false});
   const int64_t communicators_at_start = vemesh::LiveCommunicatorCount();
 
   std::map<int64_t, double> losses;

@@ -61,6 +61,15 @@ ABSL_FLAG(std::string, schedule, kDefaults.schedule,
           "pipeline schedule: gpipe or 1f1b");
 ABSL_FLAG(int64_t, bucket_elements, kDefaults.bucket_elements,
           "doubles per DP gradient all_reduce bucket");
+ABSL_FLAG(int, experts, kDefaults.experts,
+          "experts of the MoE block after layer 1, spread over DP x TP (0: no "
+          "block)");
+ABSL_FLAG(bool, overlap, kDefaults.overlap,
+          "overlap DP gradient all_reduces with the backward pass and pipeline "
+          "sends with compute");
+ABSL_FLAG(bool, grad_bf16, kDefaults.grad_bf16,
+          "all_reduce DP gradients in bfloat16 (weights stay double; raise "
+          "--tolerance)");
 ABSL_FLAG(double, tolerance, kDefaults.tolerance,
           "largest relative loss difference from the serial run");
 ABSL_FLAG(std::string, elastic, "",
@@ -101,6 +110,9 @@ TrainOptions OptionsFromFlags() {
   o.schedule = absl::GetFlag(FLAGS_schedule);
   o.bucket_elements = absl::GetFlag(FLAGS_bucket_elements);
   o.tolerance = absl::GetFlag(FLAGS_tolerance);
+  o.experts = absl::GetFlag(FLAGS_experts);
+  o.overlap = absl::GetFlag(FLAGS_overlap);
+  o.grad_bf16 = absl::GetFlag(FLAGS_grad_bf16);
   o.elastic = absl::GetFlag(FLAGS_elastic);
   return o;
 }
@@ -111,27 +123,43 @@ absl::StatusOr<std::vector<double>> Train(const TrainPlan& plan, bool print) {
       ParallelMlpStage::Create(plan);
   if (!stage.ok()) return stage.status();
   std::vector<Parameter*> params = (*stage)->parameters();
-  const DataParallel dp(
-      {.bucket_elements = static_cast<size_t>(plan.options.bucket_elements)});
+  const std::vector<Parameter*> experts = (*stage)->expert_parameters();
+  DataParallel dp(
+      {.bucket_elements = static_cast<size_t>(plan.options.bucket_elements),
+       .overlap = plan.options.overlap,
+       .gradient_type = plan.options.grad_bf16
+                            ? vemesh::strategies::GradientType::kBFloat16
+                            : vemesh::strategies::GradientType::kFloat64});
   // Replicas were initialised differently on purpose; this makes them equal.
   absl::StatusOr<vemesh::strategies::BucketStats> bcast =
       dp.BroadcastParameters(params);
   if (!bcast.ok()) return bcast.status();
+  // The backward pass announces each finished gradient: its DP bucket
+  // starts reducing while the earlier layers compute.
+  if (plan.options.overlap) {
+    (*stage)->set_gradient_ready(
+        [&dp](const Parameter* p) { return dp.MarkGradientReady(p); });
+  }
 
-  const PipelineOptions pipeline{plan.schedule, plan.options.micro_batches};
+  PipelineOptions pipeline{plan.schedule, plan.options.micro_batches};
+  pipeline.overlap_sends = plan.options.overlap;
   std::vector<double> losses;
   for (int step = 0; step < plan.options.steps; ++step) {
     const absl::Time start = absl::Now();
     for (Parameter* p : params) p->ZeroGrad();
+    for (Parameter* p : experts) p->ZeroGrad();
     (*stage)->SetBatch(
         MakeBatch(plan.options.seed, step, plan.shape, plan.options.batch));
+    absl::Status prepared = dp.PrepareGradientSync(params);
+    if (!prepared.ok()) return prepared;
     absl::StatusOr<vemesh::strategies::PipelineStats> ran =
         RunPipeline(**stage, pipeline);
     if (!ran.ok()) return ran.status();
     absl::StatusOr<vemesh::strategies::BucketStats> avg =
-        dp.AverageGradients(params);
+        dp.FinishGradientSync();
     if (!avg.ok()) return avg.status();
     for (Parameter* p : params) p->SgdStep(plan.options.lr);
+    for (Parameter* p : experts) p->SgdStep(plan.options.lr);
     absl::StatusOr<double> loss = GlobalLoss(plan, (*stage)->TakeSquaredError());
     if (!loss.ok()) return loss.status();
     losses.push_back(*loss);
@@ -185,7 +213,7 @@ int Run() {
     std::printf(
         "train_nd: mesh %s on %d ranks (PP=%d DP=%d TP=%d), MLP %lld-%lldx%d-"
         "%lld, batch %lld in %d micro-batches per replica, %s schedule, %d "
-        "steps\n",
+        "steps, %d experts, overlap %s, %s DP gradients\n",
         vemesh::FormatMeshSpec(plan->mesh).c_str(), world_size, plan->pp,
         plan->dp, plan->tp, static_cast<long long>(s.input_dim),
         static_cast<long long>(s.hidden), s.layers,
@@ -193,7 +221,9 @@ int Run() {
         static_cast<long long>(plan->options.batch), plan->options.micro_batches,
         std::string(vemesh::strategies::PipelineScheduleName(plan->schedule))
             .c_str(),
-        plan->options.steps);
+        plan->options.steps, plan->options.experts,
+        plan->options.overlap ? "on" : "off",
+        plan->options.grad_bf16 ? "bf16" : "double");
     std::fflush(stdout);
   }
 

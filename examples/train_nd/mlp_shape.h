@@ -26,6 +26,13 @@ struct MlpShape {
   int64_t hidden = 64;
   int64_t output_dim = 8;
   int layers = 4;
+  // Experts of the MoE block (0: none). The block follows layer
+  // kMoeLayer, a row-parallel layer whose output is whole on every TP rank:
+  // h -> h + expert_e(h)(h), one expert per row (vemesh/strategies/
+  // expert_parallel.h), routed by the row's index in the global batch.
+  int experts = 0;
+  static constexpr int kMoeLayer = 1;
+  bool has_moe(int layer) const { return experts > 0 && layer == kMoeLayer; }
 
   int64_t in_features(int layer) const;
   int64_t out_features(int layer) const;

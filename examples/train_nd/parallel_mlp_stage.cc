@@ -1,14 +1,20 @@
 #include "parallel_mlp_stage.h"
 
+#include <string>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "vemesh/api/ve_device_mesh.h"
+#include "vemesh/strategies/role_group.h"
 
 namespace train_nd {
 
 using vemesh::strategies::ColumnParallelLinear;
+using vemesh::strategies::ExpertInit;
+using vemesh::strategies::ExpertParallelMoe;
+using vemesh::strategies::RoleGroup;
+using vemesh::strategies::RoleGroupFrom;
 using vemesh::strategies::Parameter;
 using vemesh::strategies::RowParallelLinear;
 
@@ -18,7 +24,10 @@ ParallelMlpStage::ParallelMlpStage(const TrainPlan& plan, MlpShape::Range range,
       range_(range),
       dp_rank_(dp_rank),
       tp_size_(tp_size),
-      inputs_(plan.options.micro_batches) {}
+      inputs_(plan.options.micro_batches) {
+  moe_in_.resize(plan.options.micro_batches);
+  moe_dispatch_.resize(plan.options.micro_batches);
+}
 
 absl::Status ParallelMlpStage::Rebind(const TrainPlan& plan) {
   absl::StatusOr<int64_t> dp_rank = VESCALE_DEVICE_MESH.get_data_parallel_rank();
@@ -39,12 +48,45 @@ absl::StatusOr<std::unique_ptr<ParallelMlpStage>> ParallelMlpStage::Create(
   if (!dp_rank.ok()) return dp_rank.status();
   absl::StatusOr<int64_t> tp_size = VESCALE_DEVICE_MESH.get_role_size("TP");
   if (!tp_size.ok()) return tp_size.status();
+  absl::StatusOr<int64_t> tp_rank =
+      VESCALE_DEVICE_MESH.get_tensor_parallel_rank();
+  if (!tp_rank.ok()) return tp_rank.status();
 
   const MlpShape& shape = plan.shape;
   const MlpShape::Range range = shape.stage_layers(
       static_cast<int>(*pp_rank), static_cast<int>(*pp_size));
   std::unique_ptr<ParallelMlpStage> stage(new ParallelMlpStage(
       plan, range, *dp_rank, static_cast<int>(*tp_size)));
+  stage->tp_rank_ = static_cast<int>(*tp_rank);
+  if (shape.experts > 0) {
+    // The expert-parallel group: this stage's DP x TP, flattened. Every
+    // rank takes part (flatten is collective over the world), also those
+    // of stages without the block.
+    absl::StatusOr<vemesh::DeviceMesh> mesh = VESCALE_DEVICE_MESH.get();
+    if (!mesh.ok()) return mesh.status();
+    std::vector<std::string> dims;
+    for (const std::string& d : mesh->mesh_dim_names()) {
+      if (d == "DP" || d == "TP") dims.push_back(d);
+    }
+    std::shared_ptr<vemesh::Communicator> ep;
+    if (!dims.empty()) {
+      absl::StatusOr<std::shared_ptr<vemesh::Communicator>> flat =
+          mesh->flatten(dims, "EP");
+      if (!flat.ok()) return flat.status();
+      ep = *std::move(flat);
+    }
+    if (range.begin <= MlpShape::kMoeLayer && MlpShape::kMoeLayer < range.end) {
+      const int64_t width = shape.out_features(MlpShape::kMoeLayer);
+      const uint64_t seed = plan.options.seed;
+      absl::StatusOr<ExpertParallelMoe> moe = ExpertParallelMoe::Create(
+          "moe", shape.experts, ep, [&](int e) {
+            return ExpertInit{InitialExpertWeight(seed, e, width),
+                              InitialExpertBias(seed, e, width)};
+          });
+      if (!moe.ok()) return moe.status();
+      stage->moe_.emplace(*std::move(moe));
+    }
+  }
   for (int l = range.begin; l < range.end; ++l) {
     const std::string name = absl::StrCat("layer", l);
     const Matrix w = InitialWeight(plan.options.seed, l, shape, *dp_rank);
@@ -70,6 +112,7 @@ void ParallelMlpStage::SetBatch(const Batch& batch) {
   const int64_t rows = plan_.rows_per_replica;
   replica_.x = batch.x.middleRows(dp_rank_ * rows, rows);
   replica_.y = batch.y.middleRows(dp_rank_ * rows, rows);
+  backwards_ = 0;
 }
 
 double ParallelMlpStage::TakeSquaredError() {
@@ -86,6 +129,71 @@ std::vector<Parameter*> ParallelMlpStage::parameters() {
         layer);
   }
   return params;
+}
+
+std::vector<Parameter*> ParallelMlpStage::expert_parameters() {
+  if (!moe_.has_value()) return {};
+  return moe_->parameters();
+}
+
+std::pair<int64_t, int64_t> ParallelMlpStage::TpShare(int64_t rows) const {
+  return {rows * tp_rank_ / tp_size_, rows * (tp_rank_ + 1) / tp_size_};
+}
+
+namespace {
+
+// Every TP rank's share of the rows, in TP order (shares may differ by one
+// row: all_gather_v).
+absl::StatusOr<Matrix> GatherOverTp(const Matrix& share, int64_t rows) {
+  absl::StatusOr<RoleGroup> tp = RoleGroupFrom(
+      VESCALE_DEVICE_MESH.get_tensor_parallel_dim_groups(), "TP");
+  if (!tp.ok()) return tp.status();
+  if (tp->size == 1) return share;
+  std::vector<size_t> counts(tp->size);
+  for (int t = 0; t < tp->size; ++t) {
+    counts[t] = static_cast<size_t>(
+        (rows * (t + 1) / tp->size - rows * t / tp->size) * share.cols());
+  }
+  Matrix all(rows, share.cols());
+  absl::Status s = tp->comm->all_gather_v(share.data(), all.data(), counts,
+                                          vemesh::DataType::kFloat64);
+  if (!s.ok()) return s;
+  return all;
+}
+
+}  // namespace
+
+absl::StatusOr<Matrix> ParallelMlpStage::MoeForward(int mb, const Matrix& h) {
+  const auto [begin, end] = TpShare(h.rows());
+  // Routed by the row's index in the step's global batch, as the serial
+  // reference routes it.
+  std::vector<int64_t> ids;
+  for (int64_t i = begin; i < end; ++i) {
+    ids.push_back(dp_rank_ * plan_.rows_per_replica +
+                  mb * plan_.rows_per_micro_batch + i);
+  }
+  absl::StatusOr<Matrix> y = moe_->Forward(
+      h.middleRows(begin, end - begin),
+      vemesh::strategies::RouteByHash(ids, moe_->num_experts(),
+                                      plan_.options.seed),
+      &moe_dispatch_[mb]);
+  if (!y.ok()) return y.status();
+  absl::StatusOr<Matrix> all = GatherOverTp(*y, h.rows());
+  if (!all.ok()) return all.status();
+  moe_in_[mb] = h;
+  return Matrix(h + *all);
+}
+
+absl::StatusOr<Matrix> ParallelMlpStage::MoeBackward(int mb,
+                                                     const Matrix& grad) {
+  const auto [begin, end] = TpShare(grad.rows());
+  absl::StatusOr<Matrix> dx = moe_->Backward(
+      moe_dispatch_[mb], grad.middleRows(begin, end - begin));
+  if (!dx.ok()) return dx.status();
+  absl::StatusOr<Matrix> all = GatherOverTp(*dx, grad.rows());
+  if (!all.ok()) return all.status();
+  moe_dispatch_[mb] = {};
+  return Matrix(grad + *all);
 }
 
 int64_t ParallelMlpStage::InputRows(int) const {
@@ -111,8 +219,13 @@ absl::StatusOr<Matrix> ParallelMlpStage::Forward(int mb, const Matrix& input) {
     absl::StatusOr<Matrix> y = std::visit(
         [&](const auto& l) { return l.Forward(saved.back()); }, layers_[i]);
     if (!y.ok()) return y.status();
-    if (plan_.shape.has_activation(range_.begin + static_cast<int>(i))) {
+    const int layer = range_.begin + static_cast<int>(i);
+    if (plan_.shape.has_activation(layer)) {
       *y = y->array().tanh().matrix();
+    }
+    if (plan_.shape.has_moe(layer)) {
+      y = MoeForward(mb, *y);
+      if (!y.ok()) return y.status();
     }
     saved.push_back(*std::move(y));
   }
@@ -136,17 +249,42 @@ absl::StatusOr<Matrix> ParallelMlpStage::Backward(int mb,
                                                   const Matrix& grad_output,
                                                   bool need_input_grad) {
   std::vector<Matrix>& saved = inputs_[mb];
+  // The step's last backward makes every gradient of this stage final,
+  // layer by layer.
+  const bool last = ++backwards_ == plan_.options.micro_batches;
   Matrix grad = grad_output;
   for (int i = static_cast<int>(layers_.size()) - 1; i >= 0; --i) {
-    if (plan_.shape.has_activation(range_.begin + i)) {
-      grad = (grad.array() * (1.0 - saved[i + 1].array().square())).matrix();
+    const int layer = range_.begin + i;
+    if (plan_.shape.has_moe(layer)) {
+      absl::StatusOr<Matrix> g = MoeBackward(mb, grad);
+      if (!g.ok()) return g.status();
+      grad = *std::move(g);
+      if (last) {
+        // Each replica's loss gradient is its own mean; the experts saw
+        // every replica's rows: 1/DP makes it the global mean.
+        for (Parameter* p : moe_->parameters()) p->grad /= plan_.dp;
+      }
+    }
+    if (plan_.shape.has_activation(layer)) {
+      // tanh's output: the MoE block's input when there is one.
+      const Matrix& t = plan_.shape.has_moe(layer) ? moe_in_[mb] : saved[i + 1];
+      grad = (grad.array() * (1.0 - t.array().square())).matrix();
     }
     const bool need = i > 0 || need_input_grad;
     absl::StatusOr<Matrix> g = std::visit(
         [&](auto& l) { return l.Backward(saved[i], grad, need); }, layers_[i]);
     if (!g.ok()) return g.status();
     grad = *std::move(g);
+    if (last && gradient_ready_) {
+      std::vector<Parameter*> done = std::visit(
+          [](auto& l) { return l.parameters(); }, layers_[i]);
+      for (Parameter* p : done) {
+        absl::Status s = gradient_ready_(p);
+        if (!s.ok()) return s;
+      }
+    }
   }
+  if (plan_.shape.experts > 0) moe_in_[mb] = Matrix();
   saved.clear();  // this micro-batch is done
   return grad;
 }

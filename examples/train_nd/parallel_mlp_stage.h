@@ -15,11 +15,28 @@
 // from MlpShape. The loss is the mean squared error over the whole global
 // batch, so each micro-batch's loss gradient is scaled by the replica's row
 // count, and averaging over DP then gives exactly the serial gradient.
+//
+// With `--experts`, the stage holding layer MlpShape::kMoeLayer adds the
+// MoE block after it, its experts spread over the expert-parallel group:
+// DP x TP of this stage, flattened (DeviceMesh::flatten, made in Create on
+// every rank). The rows are whole on every TP rank there, so each TP rank
+// sends only its share of them to the experts and the results are gathered
+// over TP again; every row of the global batch thus reaches one expert
+// once. Expert parameters are not replicated: they are left out of
+// parameters() (no DP averaging) and scaled by 1/DP instead, which turns
+// the per-replica mean of the loss into the global one.
+//
+// Overlap with data parallelism: a hook set by set_gradient_ready is called
+// for each parameter as soon as the last micro-batch's backward has
+// finished its layer (layers in reverse), so that DataParallel can start
+// that bucket's all_reduce while the earlier layers compute.
 
 #ifndef EXAMPLES_TRAIN_ND_PARALLEL_MLP_STAGE_H_
 #define EXAMPLES_TRAIN_ND_PARALLEL_MLP_STAGE_H_
 
+#include <functional>
 #include <memory>
+#include <optional>
 #include <variant>
 #include <vector>
 
@@ -27,6 +44,7 @@
 #include "synthetic_data.h"
 #include "train_options.h"
 #include "vemesh/strategies/column_parallel_linear.h"
+#include "vemesh/strategies/expert_parallel.h"
 #include "vemesh/strategies/parameter.h"
 #include "vemesh/strategies/pipeline_stage_model.h"
 #include "vemesh/strategies/row_parallel_linear.h"
@@ -48,7 +66,16 @@ class ParallelMlpStage : public vemesh::strategies::PipelineStageModel {
   // Sum of squared errors over this step's micro-batches (0 off the last
   // stage), and reset.
   double TakeSquaredError();
+  // The replicated parameters (DP averages them), first layer first.
   std::vector<vemesh::strategies::Parameter*> parameters();
+  // This rank's experts' parameters (empty without the MoE block).
+  std::vector<vemesh::strategies::Parameter*> expert_parameters();
+  // Called with each of parameters() once per step, when its gradient is
+  // final; an error stops the backward pass.
+  void set_gradient_ready(
+      std::function<absl::Status(const vemesh::strategies::Parameter*)> hook) {
+    gradient_ready_ = std::move(hook);
+  }
   int first_layer() const { return range_.begin; }
   int end_layer() const { return range_.end; }
 
@@ -72,7 +99,21 @@ class ParallelMlpStage : public vemesh::strategies::PipelineStageModel {
   int64_t dp_rank_;
   int tp_size_;
   std::vector<Layer> layers_;
+  // The TP share [begin, end) of `rows` rows that this rank routes.
+  std::pair<int64_t, int64_t> TpShare(int64_t rows) const;
+  absl::StatusOr<Matrix> MoeForward(int mb, const Matrix& h);
+  absl::StatusOr<Matrix> MoeBackward(int mb, const Matrix& grad);
+
   Batch replica_;  // this replica's rows of the step's batch
+  std::optional<vemesh::strategies::ExpertParallelMoe> moe_;
+  int tp_rank_ = 0;
+  // Per micro-batch: the MoE block's input (for the tanh derivative) and
+  // what its forward sent where.
+  std::vector<Matrix> moe_in_;
+  std::vector<vemesh::strategies::MoeDispatch> moe_dispatch_;
+  std::function<absl::Status(const vemesh::strategies::Parameter*)>
+      gradient_ready_;
+  int backwards_ = 0;  // Backward calls since SetBatch
   // Per micro-batch: inputs[mb][i] is local layer i's input, and the last
   // entry the stage's output (kept for the tanh derivative).
   std::vector<std::vector<Matrix>> inputs_;

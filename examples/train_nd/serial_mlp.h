@@ -7,6 +7,10 @@
 //   SerialMlp mlp(shape, seed);
 //   for (int step = 0; step < steps; ++step)
 //     losses.push_back(mlp.TrainStep(MakeBatch(seed, step, shape, batch), lr));
+//
+// With `shape.experts`, the MoE block is computed here in full: every
+// expert in this process, row i of the batch routed as the distributed run
+// routes its global row i.
 
 #ifndef EXAMPLES_TRAIN_ND_SERIAL_MLP_H_
 #define EXAMPLES_TRAIN_ND_SERIAL_MLP_H_
@@ -31,7 +35,9 @@ class SerialMlp {
 
  private:
   MlpShape shape_;
+  uint64_t seed_;
   std::vector<vemesh::strategies::Linear> layers_;
+  std::vector<vemesh::strategies::Linear> experts_;  // the MoE block's
 };
 
 }  // namespace train_nd

@@ -35,7 +35,14 @@ class Stream {
   std::mt19937_64 gen_;
 };
 
-enum Purpose : uint64_t { kData = 1, kTeacher = 2, kWeight = 3, kBias = 4 };
+enum Purpose : uint64_t {
+  kData = 1,
+  kTeacher = 2,
+  kWeight = 3,
+  kBias = 4,
+  kExpertWeight = 5,
+  kExpertBias = 6,
+};
 
 }  // namespace
 
@@ -64,6 +71,17 @@ Matrix InitialBias(uint64_t seed, int layer, const MlpShape& shape,
   return Stream(seed, kBias, static_cast<uint64_t>(layer),
                 static_cast<uint64_t>(replica))
       .Fill(1, shape.out_features(layer), scale);
+}
+
+// Smaller than a layer's: the block is residual (h + expert(h)).
+Matrix InitialExpertWeight(uint64_t seed, int expert, int64_t width) {
+  return Stream(seed, kExpertWeight, static_cast<uint64_t>(expert), 0)
+      .Fill(width, width, 0.5 / std::sqrt(double(width)));
+}
+
+Matrix InitialExpertBias(uint64_t seed, int expert, int64_t width) {
+  return Stream(seed, kExpertBias, static_cast<uint64_t>(expert), 0)
+      .Fill(1, width, 0.5 / std::sqrt(double(width)));
 }
 
 }  // namespace train_nd

@@ -40,6 +40,11 @@ Matrix InitialWeight(uint64_t seed, int layer, const MlpShape& shape,
 Matrix InitialBias(uint64_t seed, int layer, const MlpShape& shape,
                    int64_t replica);
 
+// Expert `expert` of the MoE block (width x width weight, 1 x width bias):
+// the same in every process, as experts are not replicated.
+Matrix InitialExpertWeight(uint64_t seed, int expert, int64_t width);
+Matrix InitialExpertBias(uint64_t seed, int expert, int64_t width);
+
 }  // namespace train_nd
 
 #endif  // EXAMPLES_TRAIN_ND_SYNTHETIC_DATA_H_

@@ -34,6 +34,7 @@ absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
         InRange("micro_batches", o.micro_batches, 1, kMaxMicroBatches),
         InRange("steps", o.steps, 1, kMaxSteps),
         InRange("bucket_elements", o.bucket_elements, 1, kMaxBucketElements),
+        InRange("experts", o.experts, 0, kMaxExperts),
         Positive("lr", o.lr), Positive("tolerance", o.tolerance)}) {
     if (!s.ok()) return s;
   }
@@ -115,6 +116,25 @@ absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
   }
 
   plan.shape = MlpShape{o.input_dim, o.hidden, o.output_dim, o.layers};
+  plan.shape.experts = o.experts;
+  if (o.experts > 0) {
+    if (o.layers < 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--experts=", o.experts, " with --layers=", o.layers,
+          ": the MoE block follows layer 1, expected --layers >= 2"));
+    }
+    if (!o.elastic.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--experts=", o.experts, " with --elastic: expert parallelism spans "
+          "DP, which an elastic job resizes; expected --experts=0"));
+    }
+    if (o.experts % (plan.dp * plan.tp) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--experts=", o.experts, " is not divisible by DP x TP = ",
+          plan.dp * plan.tp, ": the experts are spread evenly over the "
+          "expert-parallel group (DP x TP of each stage)"));
+    }
+  }
   if (plan.pp > o.layers) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--mesh=", o.mesh, " has PP=", plan.pp, " pipeline stages but --layers=",

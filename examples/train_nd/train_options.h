@@ -35,6 +35,7 @@ inline constexpr int64_t kMaxBatch = int64_t{1} << 20;
 inline constexpr int kMaxMicroBatches = 4096;
 inline constexpr int kMaxSteps = 1000000;
 inline constexpr int64_t kMaxBucketElements = int64_t{1} << 24;
+inline constexpr int kMaxExperts = 4096;
 // Weights and biases of the whole model, and rows x features of one batch's
 // activations over all layers: 2^24 doubles (128 MiB) each.
 inline constexpr int64_t kMaxModelElements = int64_t{1} << 24;
@@ -54,6 +55,16 @@ struct TrainOptions {
   std::string schedule = "1f1b";
   int64_t bucket_elements = 4096;
   double tolerance = 1e-5;
+  // Experts of the MoE block after layer 1 (0: no block); a multiple of
+  // DP x TP, the expert-parallel group.
+  int experts = 0;
+  // Overlap communication with compute: DP gradient buckets with the
+  // backward pass, pipeline sends with the next micro-batch.
+  bool overlap = true;
+  // Communicate DP gradients in bfloat16 (parameters stay double). The
+  // loss then differs from the serial run by more than rounding noise:
+  // raise `tolerance` with it.
+  bool grad_bf16 = false;
   // Elastic (docs/ELASTIC.md): the control plane's address; empty = a
   // static job. The launch then holds one replica, and DP in `mesh` is the
   // number of replicas that start the job.

@@ -35,37 +35,16 @@ class FakeCommunicator final : public Communicator {
   absl::Span<const int> ranks() const override { return ranks_; }
   absl::string_view backend() const override { return backend_; }
 
-  absl::Status barrier() override { return Refuse("barrier"); }
-  absl::Status broadcast(void*, size_t, DataType, int) override {
-    return Refuse("broadcast");
-  }
-  absl::Status all_reduce(const void*, void*, size_t, DataType,
-                          ReduceOp) override {
-    return Refuse("all_reduce");
-  }
-  absl::Status all_gather(const void*, void*, size_t, DataType) override {
-    return Refuse("all_gather");
-  }
-  absl::Status reduce_scatter(const void*, void*, size_t, DataType,
-                              ReduceOp) override {
-    return Refuse("reduce_scatter");
-  }
-  absl::Status send(const void*, size_t, DataType, int) override {
-    return Refuse("send");
-  }
-  absl::Status recv(void*, size_t, DataType, int) override {
-    return Refuse("recv");
-  }
-  absl::Status send_recv(const void*, size_t, int, void*, size_t, int,
-                         DataType) override {
-    return Refuse("send_recv");
-  }
   absl::StatusOr<std::shared_ptr<Communicator>> split(int, int) override {
     return Refuse("split");
   }
   NativeHandle native_handle() const override {
     return NativeHandle{backend_, nullptr};
   }
+
+ protected:
+  // Every operation: counted and refused.
+  WorkOr Start(const Operation& op) override { return Refuse(op.Name()); }
 
  private:
   static absl::Status Refuse(absl::string_view op) {

@@ -64,31 +64,15 @@ class FakeCommunicator : public Communicator {
   int size() const override { return 1; }
   absl::Span<const int> ranks() const override { return ranks_; }
   absl::string_view backend() const override { return "fake"; }
-  absl::Status barrier() override { return absl::UnimplementedError("fake"); }
-  absl::Status broadcast(void*, size_t, DataType, int) override {
-    return absl::UnimplementedError("fake");
-  }
-  absl::Status all_reduce(const void*, void*, size_t, DataType,
-                          ReduceOp) override {
-    return absl::UnimplementedError("fake");
-  }
-  absl::Status all_gather(const void*, void*, size_t, DataType) override {
-    return absl::UnimplementedError("fake");
-  }
-  absl::Status reduce_scatter(const void*, void*, size_t, DataType,
-                              ReduceOp) override {
-    return absl::UnimplementedError("fake");
-  }
-  absl::Status send(const void*, size_t, DataType, int) override {
-    return absl::UnimplementedError("fake");
-  }
-  absl::Status recv(void*, size_t, DataType, int) override {
-    return absl::UnimplementedError("fake");
-  }
   absl::StatusOr<std::shared_ptr<Communicator>> split(int, int) override {
     return absl::UnimplementedError("fake");
   }
   NativeHandle native_handle() const override { return {"fake", nullptr}; }
+
+ protected:
+  WorkOr Start(const Operation&) override {
+    return absl::UnimplementedError("fake");
+  }
 
  private:
   std::vector<int> ranks_ = {0};

@@ -1,7 +1,7 @@
 // RunPipeline against a serial run of the same layers: a chain of
 // Linear + tanh layers, one per stage, trained on M micro-batches with
 // GPipe and 1F1B. Parameter gradients and the loss must match the serial
-// full-batch computation.
+// full-batch computation, with sends overlapped (isend) and blocking.
 #include <memory>
 #include <utility>
 #include <vector>
@@ -74,45 +74,51 @@ TEST(PipelineTest, MatchesSerialForBothSchedules) {
   for (PipelineSchedule schedule :
        {PipelineSchedule::kGPipe, PipelineSchedule::k1F1B}) {
     for (int mbs : {1, 3, 2 * n + 1}) {
-      SCOPED_TRACE(::testing::Message()
-                   << PipelineScheduleName(schedule) << ", " << mbs << " mbs");
-      const Matrix x = Deterministic(mbs * kRows, kWidth, 11.0);
-      const Matrix y = Deterministic(mbs * kRows, kWidth, 12.0);
+      // Sends overlapped with compute (isend) and the blocking baseline.
+      for (bool overlap : {true, false}) {
+        SCOPED_TRACE(::testing::Message()
+                     << PipelineScheduleName(schedule) << ", " << mbs << " mbs"
+                     << (overlap ? ", isend" : ", blocking send"));
+        const Matrix x = Deterministic(mbs * kRows, kWidth, 11.0);
+        const Matrix y = Deterministic(mbs * kRows, kWidth, 12.0);
 
-      // Serial: all n layers on the whole batch.
-      std::vector<Linear> ref;
-      std::vector<Matrix> acts{x};
-      for (int i = 0; i < n; ++i) {
-        ref.push_back(MakeLayer(i));
-        Matrix out = ref[i].Forward(acts.back());
-        if (i + 1 < n) out = out.array().tanh().matrix();
-        acts.push_back(out);
-      }
-      const Matrix diff = acts.back() - y;
-      Matrix g = (2.0 / static_cast<double>(y.size())) * diff;
-      for (int i = n - 1; i >= 0; --i) {
-        if (i + 1 < n) g = (g.array() * (1 - acts[i + 1].array().square())).matrix();
-        g = ref[i].Backward(acts[i], g);
-      }
+        // Serial: all n layers on the whole batch.
+        std::vector<Linear> ref;
+        std::vector<Matrix> acts{x};
+        for (int i = 0; i < n; ++i) {
+          ref.push_back(MakeLayer(i));
+          Matrix out = ref[i].Forward(acts.back());
+          if (i + 1 < n) out = out.array().tanh().matrix();
+          acts.push_back(out);
+        }
+        const Matrix diff = acts.back() - y;
+        Matrix g = (2.0 / static_cast<double>(y.size())) * diff;
+        for (int i = n - 1; i >= 0; --i) {
+          if (i + 1 < n) g = (g.array() * (1 - acts[i + 1].array().square())).matrix();
+          g = ref[i].Backward(acts[i], g);
+        }
 
-      ChainStage model(stage, stage == n - 1, mbs, x, y);
-      absl::StatusOr<PipelineStats> st =
-          RunPipeline(model, {.schedule = schedule, .num_micro_batches = mbs});
-      ASSERT_TRUE(st.ok()) << st.status();
-      EXPECT_EQ(st->num_stages, n);
-      EXPECT_EQ(st->stage, stage);
-      const int links = (stage > 0) + (stage < n - 1);
-      EXPECT_EQ(st->sends, links * mbs);
-      EXPECT_EQ(st->recvs, links * mbs);
-      if (schedule == PipelineSchedule::k1F1B) {
-        EXPECT_LE(st->max_in_flight, std::min(n - stage, mbs));
-      } else {
-        EXPECT_EQ(st->max_in_flight, mbs);
-      }
-      EXPECT_TRUE(Close(model.layer_.weight().grad, ref[stage].weight().grad));
-      EXPECT_TRUE(Close(model.layer_.bias().grad, ref[stage].bias().grad));
-      if (stage == n - 1) {
-        EXPECT_NEAR(model.sse_, diff.squaredNorm(), 1e-9 * diff.squaredNorm());
+        ChainStage model(stage, stage == n - 1, mbs, x, y);
+        absl::StatusOr<PipelineStats> st =
+            RunPipeline(model, {.schedule = schedule,
+                                .num_micro_batches = mbs,
+                                .overlap_sends = overlap});
+        ASSERT_TRUE(st.ok()) << st.status();
+        EXPECT_EQ(st->num_stages, n);
+        EXPECT_EQ(st->stage, stage);
+        const int links = (stage > 0) + (stage < n - 1);
+        EXPECT_EQ(st->sends, links * mbs);
+        EXPECT_EQ(st->recvs, links * mbs);
+        if (schedule == PipelineSchedule::k1F1B) {
+          EXPECT_LE(st->max_in_flight, std::min(n - stage, mbs));
+        } else {
+          EXPECT_EQ(st->max_in_flight, mbs);
+        }
+        EXPECT_TRUE(Close(model.layer_.weight().grad, ref[stage].weight().grad));
+        EXPECT_TRUE(Close(model.layer_.bias().grad, ref[stage].bias().grad));
+        if (stage == n - 1) {
+          EXPECT_NEAR(model.sse_, diff.squaredNorm(), 1e-9 * diff.squaredNorm());
+        }
       }
     }
   }

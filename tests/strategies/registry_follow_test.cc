@@ -21,7 +21,7 @@ using testing::WorldSize;
 
 // Averages a gradient holding this rank's number; returns the result and
 // the group size the module used.
-std::pair<double, int> AverageRank(const DataParallel& dp) {
+std::pair<double, int> AverageRank(DataParallel& dp) {
   Parameter p("p", Matrix::Zero(1, 1));
   p.grad(0, 0) = WorldRank();
   std::vector<Parameter*> ps{&p};
@@ -38,7 +38,7 @@ double MeanOf(const std::vector<int64_t>& ranks) {
 
 TEST(RegistryFollowTest, DataParallelUsesTheNewDpGroupAfterReinit) {
   const int n = WorldSize();
-  const DataParallel dp;  // built once, used across both meshes
+  DataParallel dp;  // built once, used across both meshes
 
   ASSERT_TRUE(InitMesh({n}, {"DP"}));
   auto [mean, size] = AverageRank(dp);

@@ -15,13 +15,19 @@
 //   - the neighbours: get_prev_stage_peer() / get_next_stage_peer(), the
 //     global rank in the neighbouring stage that holds this rank's (DP, TP,
 //     ...) position;
-//   - the channel: the PP communicator (get_pipeline_parallel_dim_groups()).
-//     Send/recv address a peer by its rank *inside* that communicator; the
-//     registry's global peer rank is looked up in the group's member list
-//     (for a row-major mesh it is group rank PP rank +/- 1). Using the PP
-//     group rather than the world keeps pipeline traffic on the
-//     communicator made for it, which is also what an NCCL backend needs.
+//   - the channel: the PP communicator (get_pipeline_parallel_dim_groups()),
+//     addressed by the neighbour's global rank (`GlobalRank(peer)`: the
+//     communicator finds its group rank). Using the PP group rather than
+//     the world keeps pipeline traffic on the communicator made for it,
+//     which is also what an NCCL backend needs.
 // A mesh without PP is a one-stage pipeline: no communication at all.
+//
+// Sends overlap with compute (`overlap_sends`, on by default): an
+// activation or gradient is handed to `isend` and the stage goes on with
+// the next micro-batch; the buffer is kept (one per micro-batch and
+// direction) until its send completed: the activation's when its gradient
+// comes back, the rest at the end of the step. Receives block: the next
+// operation needs their data.
 //
 // Messages carry no tag; both neighbours walk schedules built by
 // BuildStageSchedule from the same (stages, micro-batches), so the n-th
@@ -43,6 +49,8 @@ namespace vemesh::strategies {
 struct PipelineOptions {
   PipelineSchedule schedule = PipelineSchedule::k1F1B;
   int num_micro_batches = 1;
+  // isend and go on (true), or send and wait (false: the baseline).
+  bool overlap_sends = true;
 };
 
 struct PipelineStats {
