@@ -267,6 +267,14 @@ absl::StatusOr<Coordinate> MeshLayout::coordinate_of(int64_t global_rank) const 
   // The common case, a default layout as created, without a StatusOr hop.
   if (identity_ && table_ == nullptr && global_rank >= 0 &&
       global_rank < root_size_) {
+    // Built from the inline path's digits: no zero-fill first.
+    constexpr size_t kInline = 6;  // Coordinate's inline capacity
+    if (!dividers_.empty() && root_shape_.size() <= kInline) {
+      int64_t digits[kInline];
+      const absl::Span<int64_t> out(digits, root_shape_.size());
+      (void)coordinate_of(global_rank, out);  // in range: always OK
+      return absl::StatusOr<Coordinate>(absl::in_place, out.begin(), out.end());
+    }
     return root_coordinate(global_rank);
   }
   VEMESH_ASSIGN_OR_RETURN(auto index, root_index_of(global_rank));
@@ -288,7 +296,19 @@ absl::StatusOr<Coordinate> MeshLayout::coordinate_of(int64_t global_rank) const 
   return coord;
 }
 
-absl::StatusOr<int64_t> MeshLayout::rank_at(
+absl::Status MeshLayout::CoordinateOfSlow(int64_t global_rank,
+                                          absl::Span<int64_t> out) const {
+  if (out.size() != dims_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "coordinate_of: the output holds ", out.size(), " entries: expected ",
+        dims_.size(), " for ", ToString()));
+  }
+  VEMESH_ASSIGN_OR_RETURN(Coordinate coord, coordinate_of(global_rank));
+  std::copy(coord.begin(), coord.end(), out.begin());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> MeshLayout::RankAtSlow(
     absl::Span<const int64_t> coordinate) const {
   if (coordinate.size() != dims_.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
