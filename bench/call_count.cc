@@ -16,9 +16,10 @@ CallCounts g_counts;
 void Count(Call c) { ++g_counts.n[static_cast<size_t>(c)]; }
 
 const char* const kNames[] = {
-    "Comm_split", "Comm_split_type", "Comm_dup",  "Comm_create",
+    "Comm_split", "Comm_split_type", "Comm_dup", "Comm_idup", "Comm_create",
     "Comm_create_group", "Cart_create", "Cart_sub", "Allreduce",
-    "Iallreduce", "Allgather", "Bcast", "Ibcast", "Barrier", "Ibarrier"};
+    "Iallreduce", "Allgather", "Iallgather", "Iallgatherv", "Bcast",
+    "Ibcast", "Barrier", "Ibarrier"};
 static_assert(sizeof(kNames) / sizeof(kNames[0]) ==
               static_cast<size_t>(Call::kCount));
 
@@ -68,6 +69,10 @@ int MPI_Comm_dup(MPI_Comm comm, MPI_Comm* out) {
   Count(Call::kCommDup);
   return PMPI_Comm_dup(comm, out);
 }
+int MPI_Comm_idup(MPI_Comm comm, MPI_Comm* out, MPI_Request* request) {
+  Count(Call::kCommIdup);
+  return PMPI_Comm_idup(comm, out, request);
+}
 int MPI_Comm_create(MPI_Comm comm, MPI_Group group, MPI_Comm* out) {
   Count(Call::kCommCreate);
   return PMPI_Comm_create(comm, group, out);
@@ -102,6 +107,21 @@ int MPI_Allgather(const void* send, int send_count, MPI_Datatype send_type,
   Count(Call::kAllgather);
   return PMPI_Allgather(send, send_count, send_type, recv, recv_count,
                         recv_type, comm);
+}
+int MPI_Iallgather(const void* send, int send_count, MPI_Datatype send_type,
+                   void* recv, int recv_count, MPI_Datatype recv_type,
+                   MPI_Comm comm, MPI_Request* request) {
+  Count(Call::kIallgather);
+  return PMPI_Iallgather(send, send_count, send_type, recv, recv_count,
+                         recv_type, comm, request);
+}
+int MPI_Iallgatherv(const void* send, int send_count, MPI_Datatype send_type,
+                    void* recv, const int recv_counts[], const int displs[],
+                    MPI_Datatype recv_type, MPI_Comm comm,
+                    MPI_Request* request) {
+  Count(Call::kIallgatherv);
+  return PMPI_Iallgatherv(send, send_count, send_type, recv, recv_counts,
+                          displs, recv_type, comm, request);
 }
 int MPI_Bcast(void* data, int count, MPI_Datatype type, int root,
               MPI_Comm comm) {

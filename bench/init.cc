@@ -109,9 +109,10 @@ Made ByCart(const HandMesh& hand) {
   return made;
 }
 
-// Waits as vemesh's agreement check does (vemesh/comm/mpi/mpi_agreement.cc):
-// test and yield for the first 5 ms, then test and sleep 20 us, doubling up
-// to 1 ms (a sleeping rank does not drive MPI's progress).
+// Waits as vemesh's bootstrap does (WaitForMpiRequest in
+// vemesh/bootstrap/mpi/mpi_bootstrap.cc): test back to back for the first
+// 5 ms, then test and sleep 20 us, doubling up to 1 ms (a sleeping rank does
+// not drive MPI's progress).
 void WaitPolling(MPI_Request* request) {
   const auto spin_until =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(5);
@@ -119,41 +120,49 @@ void WaitPolling(MPI_Request* request) {
   for (int done = 0;;) {
     MPI_Test(request, &done, MPI_STATUS_IGNORE);
     if (done) return;
-    if (std::chrono::steady_clock::now() < spin_until) {
-      std::this_thread::yield();
-      continue;
-    }
+    if (std::chrono::steady_clock::now() < spin_until) continue;
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::microseconds(1000));
   }
 }
 
-// Not baselines: the MPI calls vemesh's init makes, in its order (the
-// arguments' agreement check as one reduction, a private copy of the world,
-// the host split for the local rank, a split per dimension), made by hand and
-// waited on plainly (MPI_Wait), then waited on as vemesh waits (MPI_Test with
-// yields, then sleeps).
-// They split vemesh's cost over the floor into: the extra calls, the
-// polling, and the rest (vemesh's own bookkeeping).
+// Not baselines: diagnostics that split vemesh's cost over the floor into
+// the extra collectives, the polling and the rest (vemesh's own work).
+//
+// "vemesh's MPI calls by hand": the calls an init makes since issue 18, in
+// its order: the agreement all-gather (fingerprint + host identity, one
+// 256-byte block per rank), the private world as MPI_Comm_idup (which is
+// also the gather's outcome step), one split of it per dimension. Waited on
+// plainly (MPI_Wait), then as vemesh waits (MPI_Test with yields, then
+// sleeps).
+void Await(MPI_Request* request, bool poll) {
+  if (poll) {
+    WaitPolling(request);
+  } else {
+    MPI_Wait(request, MPI_STATUS_IGNORE);
+  }
+}
+
+// The agreement all-gather and the world's idup, as vemesh makes them.
+MPI_Comm GatherAndDup(bool poll) {
+  int world_size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  std::vector<char> block(256, 1);
+  std::vector<char> blocks(256 * static_cast<size_t>(world_size));
+  MPI_Request request;
+  MPI_Iallgather(block.data(), 256, MPI_CHAR, blocks.data(), 256, MPI_CHAR,
+                 MPI_COMM_WORLD, &request);
+  Await(&request, poll);
+  MPI_Comm world;
+  MPI_Comm_idup(MPI_COMM_WORLD, &world, &request);
+  Await(&request, poll);
+  return world;
+}
+
 Made SameCalls(const HandMesh& hand, bool poll) {
   const int rank = WorldRank();
   Made made;
-  // In vemesh's order: the agreement check over the world comes first.
-  uint64_t fingerprint[2] = {1, 2}, reduced[2];
-  MPI_Request request;
-  MPI_Iallreduce(fingerprint, reduced, 2, MPI_UINT64_T, MPI_BXOR,
-                 MPI_COMM_WORLD, &request);
-  if (poll) {
-    WaitPolling(&request);
-  } else {
-    MPI_Wait(&request, MPI_STATUS_IGNORE);
-  }
-  MPI_Comm world;
-  MPI_Comm_dup(MPI_COMM_WORLD, &world);
-  MPI_Comm host;
-  MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL,
-                      &host);
-  MPI_Comm_free(&host);
+  MPI_Comm world = GatherAndDup(poll);
   for (size_t d = 0; d < hand.shape.size(); ++d) {
     MPI_Comm comm;
     MPI_Comm_split(world, hand.color(rank, d), hand.key(rank, d), &comm);
@@ -164,6 +173,32 @@ Made SameCalls(const HandMesh& hand, bool poll) {
 }
 Made BySameCalls(const HandMesh& hand) { return SameCalls(hand, false); }
 Made BySameCallsPolling(const HandMesh& hand) { return SameCalls(hand, true); }
+
+// A prototype, not what vemesh does: the same agreement and world, then each
+// group made by MPI_Comm_create_group, which is collective over the group
+// only (every rank knows every group once the arguments agree), instead of
+// a split, which is collective over the whole world. What a
+// Communicator::create_group in vemesh/comm/ would buy.
+Made ByCreateGroup(const HandMesh& hand) {
+  const int rank = WorldRank();
+  Made made;
+  MPI_Comm world = GatherAndDup(true);
+  MPI_Group all;
+  MPI_Comm_group(world, &all);
+  for (size_t d = 0; d < hand.shape.size(); ++d) {
+    const std::vector<std::vector<int>> groups = hand.groups(d);
+    const std::vector<int>& ranks = groups[static_cast<size_t>(hand.color(rank, d))];
+    MPI_Group group;
+    MPI_Group_incl(all, static_cast<int>(ranks.size()), ranks.data(), &group);
+    MPI_Comm comm;
+    MPI_Comm_create_group(world, group, static_cast<int>(d), &comm);
+    MPI_Group_free(&group);
+    made.comms.push_back(comm);
+  }
+  MPI_Group_free(&all);
+  made.comms.push_back(world);
+  return made;
+}
 
 // The frameworks' loop: for each dimension, for each of its groups, every
 // rank builds the group's rank list and calls a creation that is collective
@@ -256,7 +291,9 @@ void RunShape(const std::vector<int64_t>& shape, int reps, int warmup) {
                                        {"vemesh's MPI calls by hand",
                                         BySameCalls},
                                        {"same, polled like vemesh",
-                                        BySameCallsPolling}};
+                                        BySameCallsPolling},
+                                       {"prototype: create_group per dim",
+                                        ByCreateGroup}};
   CheckSameGroups(methods, hand);
 
   std::vector<Result> results(methods.size());

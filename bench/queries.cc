@@ -94,6 +94,18 @@ void BM_Layout_CoordinateOf(benchmark::State& state) {
   }
 }
 
+void BM_Layout_CoordinateOfSpan(benchmark::State& state) {
+  const MeshLayout& layout = LayoutOf(state.range(0));
+  const std::vector<int64_t> probes = ProbeRanks(state.range(0), kProbes);
+  int64_t coord[MeshLayout::kMaxDims];
+  const absl::Span<int64_t> out(coord, static_cast<size_t>(layout.ndim()));
+  size_t i = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(layout.coordinate_of(probes[i++ & (kProbes - 1)], out));
+    benchmark::DoNotOptimize(coord);
+  }
+}
+
 void BM_Layout_RankAt(benchmark::State& state) {
   const MeshLayout& layout = LayoutOf(state.range(0));
   std::vector<Coordinate> coordinates;
@@ -150,6 +162,18 @@ void BM_Registry_GetStrategyCoordinate(benchmark::State& state) {
   }
 }
 
+void BM_Registry_GetStrategyCoordinateSpan(benchmark::State& state) {
+  if (!InitRegistry(state, state.range(0))) return;
+  const std::vector<int64_t> probes = ProbeRanks(state.range(0), kProbes);
+  int64_t coord[3];
+  size_t i = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(VESCALE_DEVICE_MESH.get_strategy_coordinate(
+        probes[i++ & (kProbes - 1)], absl::MakeSpan(coord)));
+    benchmark::DoNotOptimize(coord);
+  }
+}
+
 void BM_Registry_GetGlobalRank(benchmark::State& state) {
   if (!InitRegistry(state, state.range(0))) return;
   const MeshLayout& layout = LayoutOf(state.range(0));
@@ -190,12 +214,14 @@ void Worlds(benchmark::internal::Benchmark* b) {
 }
 
 BENCHMARK(BM_Layout_CoordinateOf)->Apply(Worlds);
+BENCHMARK(BM_Layout_CoordinateOfSpan)->Apply(Worlds);
 BENCHMARK(BM_Layout_RankAt)->Apply(Worlds);
 BENCHMARK(BM_Registry_GetRank)->Apply(Worlds);
 BENCHMARK(BM_Registry_GetStrategySize)->Apply(Worlds);
 BENCHMARK(BM_Registry_LookupRank)->Apply(Worlds);
 BENCHMARK(BM_Registry_LookupRankByIndex)->Apply(Worlds);
 BENCHMARK(BM_Registry_GetStrategyCoordinate)->Apply(Worlds);
+BENCHMARK(BM_Registry_GetStrategyCoordinateSpan)->Apply(Worlds);
 BENCHMARK(BM_Registry_GetGlobalRank)->Apply(Worlds);
 BENCHMARK(BM_Registry_GetNextStagePeer)->Apply(Worlds);
 BENCHMARK(BM_Registry_SubscriptTP)->Apply(Worlds);

@@ -195,6 +195,35 @@ void BM_Registry_GlobalTensorParallelMeshes(benchmark::State& state) {
   VESCALE_DEVICE_MESH.reset();
 }
 
+// 2^20 ranks is 2^17 TP groups of 8, past the registry's bound of 2^16
+// meshes per list (ResourceExhausted, docs/RELIABILITY.md #28). The largest
+// list it builds at 2^20 ranks: TP 16, 2^16 groups (range: log2 of world).
+void BM_Registry_GlobalTensorParallelMeshesAtBound(benchmark::State& state) {
+  const int64_t world = int64_t{1} << state.range(0);
+  auto mesh = VESCALE_DEVICE_MESH.init_device_mesh(
+      "meta", {64, world / (64 * 16), 16}, MeshNames());
+  if (!mesh.ok()) {
+    state.SkipWithError(std::string(mesh.status().message()).c_str());
+    return;
+  }
+  size_t groups = 0;
+  for (auto _ : state) {
+    auto meshes = VESCALE_DEVICE_MESH.get_global_tensor_parallel_meshes();
+    if (!meshes.ok()) {
+      state.SkipWithError(std::string(meshes.status().message()).c_str());
+      break;
+    }
+    groups = meshes->size();
+    benchmark::DoNotOptimize(meshes);
+  }
+  state.counters["groups"] = static_cast<double>(groups);
+  state.counters["ns_per_mesh"] = benchmark::Counter(
+      static_cast<double>(groups) * 1e-9,
+      benchmark::Counter::kIsIterationInvariantRate |
+          benchmark::Counter::kInvert);
+  VESCALE_DEVICE_MESH.reset();
+}
+
 void Register() {
   BENCHMARK(BM_Layout_CreateDefault)->Apply(AllWorlds);
   BENCHMARK(BM_Layout_CreateExplicit)->Apply(TableWorlds)
@@ -209,6 +238,8 @@ void Register() {
   // 2^20.
   BENCHMARK(BM_Registry_GlobalTensorParallelMeshes)->Apply(TableWorlds)
       ->Unit(benchmark::kMillisecond);
+  BENCHMARK(BM_Registry_GlobalTensorParallelMeshesAtBound)->Arg(20)
+      ->ArgName("world_log2")->Unit(benchmark::kMillisecond);
 }
 
 }  // namespace

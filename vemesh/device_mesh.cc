@@ -260,7 +260,8 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
   VEMESH_ASSIGN_OR_RETURN(
       auto plan, PlanBackends(device_type, layout, *bootstrap, options));
 
-  // (2) Agreement and host identities in one step.
+  // (2) Agreement, host identities and the bootstrap's host world in one
+  // step (under MPI: one all-gather, closed by the world's MPI_Comm_idup).
   const std::vector<AgreementField> fields = {
       {"device type", std::string(DeviceTypeName(device_type))},
       {"shape", ShapeText(layout.shape())},
@@ -270,8 +271,10 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
       {"backends", absl::StrJoin(plan.dims, ", ")},
   };
   VEMESH_ASSIGN_OR_RETURN(
-      auto hosts, AgreeAndGather(*bootstrap, "DeviceMesh::Create", fields,
-                                 HostIdentity(), deadline));
+      AgreedWorld agreed,
+      AgreeAndMakeWorld(*bootstrap, "DeviceMesh::Create", fields,
+                        HostIdentity(), deadline, options.timeout));
+  const std::vector<std::string>& hosts = agreed.payloads;
 
   // (3) The mesh fits the world (the same answer on every rank now).
   if (layout.size() > world_size) {
@@ -313,7 +316,8 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
 
   // (5) The backends' worlds.
   auto backends = MeshBackends::Create(
-      *bootstrap, std::move(plan), shared->host_local_rank,
+      *bootstrap, std::move(plan), std::move(agreed.world),
+      shared->host_local_rank,
       shared->host_size == world_size, deadline, options.timeout);
   if (!backends.ok()) return backends.status();
   shared->backends = *std::move(backends);

@@ -124,15 +124,19 @@ absl::StatusOr<BackendPlan> PlanBackends(DeviceType device_type,
 }
 
 absl::StatusOr<std::unique_ptr<MeshBackends>> MeshBackends::Create(
-    Bootstrap& bootstrap, BackendPlan plan, int cuda_device, bool one_host,
+    Bootstrap& bootstrap, BackendPlan plan,
+    std::shared_ptr<Communicator> host_world, int cuda_device, bool one_host,
     absl::Time deadline, absl::Duration op_timeout) {
   std::unique_ptr<MeshBackends> out(new MeshBackends());
   std::set<std::string> used(plan.dims.begin(), plan.dims.end());
   used.insert(plan.default_backend);
   const std::string host = NaturalHostBackend(bootstrap);
-  // Always made: NCCL's twin, and the cheapest world to have.
-  VEMESH_ASSIGN_OR_RETURN(auto world, bootstrap.world(deadline, op_timeout));
-  out->worlds_[host] = std::move(world);
+  // Always there: NCCL's twin, and the cheapest world to have (made with
+  // the agreement step, Bootstrap::all_gather_and_world).
+  if (host_world == nullptr) {
+    return absl::InternalError("MeshBackends::Create: no host world");
+  }
+  out->worlds_[host] = std::move(host_world);
   if (used.count("gloo") > 0 && host != "gloo") {
     VEMESH_ASSIGN_OR_RETURN(
         auto gloo_boot,

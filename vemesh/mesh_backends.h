@@ -9,14 +9,17 @@
 //   cuda    any                  nccl      mpi or gloo (host memory)
 //
 //   auto plan = PlanBackends(DeviceType::kCpu, layout, *bootstrap, options);
-//   auto backends = MeshBackends::Create(*bootstrap, *plan, device, deadline);
+//   auto agreed = AgreeAndMakeWorld(*bootstrap, ...);   // the host world
+//   auto backends = MeshBackends::Create(*bootstrap, *plan, agreed->world,
+//                                        device, one_host, deadline, timeout);
 //   (*backends)->world_of_dim(2)->split(color, key);
 //
 // The plan is local (the agreement check compares it across ranks); Create
 // is collective (`one_host`: every rank is on this host, so a store that
-// rank 0 starts for Gloo listens on loopback only) and makes each world in the same order on every rank: the
-// bootstrap's own host world first (NCCL's unique id travels over it), then
-// a Gloo world over MPI when asked for, then NCCL.
+// rank 0 starts for Gloo listens on loopback only) and makes each world in
+// the same order on every rank after the bootstrap's own host world, which
+// the agreement step made (NCCL's unique id travels over it): a Gloo world
+// over MPI when asked for, then NCCL.
 
 #ifndef VEMESH_MESH_BACKENDS_H_
 #define VEMESH_MESH_BACKENDS_H_
@@ -54,8 +57,11 @@ absl::StatusOr<BackendPlan> PlanBackends(DeviceType device_type,
 
 class MeshBackends {
  public:
+  // `host_world`: the bootstrap's own world, made beforehand with the
+  // agreement (AgreeAndMakeWorld); the other worlds are made here.
   static absl::StatusOr<std::unique_ptr<MeshBackends>> Create(
-      Bootstrap& bootstrap, BackendPlan plan, int cuda_device, bool one_host,
+      Bootstrap& bootstrap, BackendPlan plan,
+      std::shared_ptr<Communicator> host_world, int cuda_device, bool one_host,
       absl::Time deadline, absl::Duration op_timeout);
   ~MeshBackends();
 

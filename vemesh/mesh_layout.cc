@@ -260,13 +260,38 @@ bool MeshLayout::is_arange() const {
 }
 
 bool MeshLayout::contains(int64_t global_rank) const {
-  return coordinate_of(global_rank).ok();
+  // coordinate_of's membership test without its error: a non-member is the
+  // common answer for the many meshes a rank is not in (the get_global_*
+  // lists), and building a message that names the layout cost more than
+  // the rest of a mesh.
+  int64_t index = global_rank;
+  if (table_ != nullptr) {
+    auto it = table_->index_of.find(global_rank);
+    if (it == table_->index_of.end()) return false;
+    index = it->second;
+  } else if (global_rank < 0 || global_rank >= root_size_) {
+    return false;
+  }
+  if (size_ == root_size_) return true;
+  const Coordinate rc = root_coordinate(index);
+  for (size_t r = 0; r < rc.size(); ++r) {
+    if (!(spanned_ & (uint64_t{1} << r)) && rc[r] != anchor_[r]) return false;
+  }
+  return true;
 }
 
 absl::StatusOr<Coordinate> MeshLayout::coordinate_of(int64_t global_rank) const {
   // The common case, a default layout as created, without a StatusOr hop.
   if (identity_ && table_ == nullptr && global_rank >= 0 &&
       global_rank < root_size_) {
+    // Built from the inline path's digits: no zero-fill first.
+    constexpr size_t kInline = 6;  // Coordinate's inline capacity
+    if (!dividers_.empty() && root_shape_.size() <= kInline) {
+      int64_t digits[kInline];
+      const absl::Span<int64_t> out(digits, root_shape_.size());
+      (void)coordinate_of(global_rank, out);  // in range: always OK
+      return absl::StatusOr<Coordinate>(absl::in_place, out.begin(), out.end());
+    }
     return root_coordinate(global_rank);
   }
   VEMESH_ASSIGN_OR_RETURN(auto index, root_index_of(global_rank));
@@ -288,7 +313,19 @@ absl::StatusOr<Coordinate> MeshLayout::coordinate_of(int64_t global_rank) const 
   return coord;
 }
 
-absl::StatusOr<int64_t> MeshLayout::rank_at(
+absl::Status MeshLayout::CoordinateOfSlow(int64_t global_rank,
+                                          absl::Span<int64_t> out) const {
+  if (out.size() != dims_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "coordinate_of: the output holds ", out.size(), " entries: expected ",
+        dims_.size(), " for ", ToString()));
+  }
+  VEMESH_ASSIGN_OR_RETURN(Coordinate coord, coordinate_of(global_rank));
+  std::copy(coord.begin(), coord.end(), out.begin());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> MeshLayout::RankAtSlow(
     absl::Span<const int64_t> coordinate) const {
   if (coordinate.size() != dims_.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -351,14 +388,20 @@ absl::StatusOr<std::vector<int64_t>> MeshLayout::dims_by_name(
 absl::StatusOr<MeshLayout> MeshLayout::submesh(
     absl::Span<const std::string> dims, int64_t global_rank) const {
   VEMESH_ASSIGN_OR_RETURN(auto picked, dims_by_name(dims, "a sub-mesh"));
-  VEMESH_RETURN_IF_ERROR(coordinate_of(global_rank));
+  if (!contains(global_rank)) return coordinate_of(global_rank).status();
   auto index = root_index_of(global_rank);
-  MeshLayout out = *this;
+  // Only what a sub-layout keeps: copying the whole layout and clearing its
+  // dimensions cost a copy of every name.
+  MeshLayout out;
+  out.root_shape_ = root_shape_;
+  out.root_size_ = root_size_;
+  out.dividers_ = dividers_;
+  out.table_ = table_;
   out.anchor_ = root_coordinate(*index);
-  out.dims_.clear();
   out.size_ = 1;
   out.spanned_ = 0;
   out.identity_ = false;
+  out.dims_.reserve(picked.size());
   for (int64_t i : picked) {
     out.dims_.push_back(dims_[i]);
     out.size_ *= dims_[i].size;

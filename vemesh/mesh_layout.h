@@ -116,9 +116,43 @@ class MeshLayout {
   // The coordinate of a member. OutOfRange for a rank outside the root grid,
   // NotFound for a rank of the root grid that this sub-layout does not hold.
   absl::StatusOr<Coordinate> coordinate_of(int64_t global_rank) const;
+  // The same, written into the caller's `out` (ndim() entries; a wrong
+  // length is InvalidArgument): no coordinate built and returned. The hot
+  // path (a layout as created, a rank in range) is inline, a few ns.
+  //   int64_t coord[MeshLayout::kMaxDims];
+  //   absl::Status s = layout.coordinate_of(rank, absl::MakeSpan(coord, layout.ndim()));
+  absl::Status coordinate_of(int64_t global_rank,
+                             absl::Span<int64_t> out) const {
+    if (identity_ && table_ == nullptr && !dividers_.empty() &&
+        global_rank >= 0 && global_rank < root_size_ &&
+        out.size() == root_shape_.size()) [[likely]] {
+      uint64_t rest = static_cast<uint64_t>(global_rank);
+      for (size_t r = root_shape_.size(); r-- > 0;) {
+        const uint64_t q = dividers_[r].quotient(rest);
+        out[r] = static_cast<int64_t>(rest - q * dividers_[r].divisor());
+        rest = q;
+      }
+      return absl::OkStatus();
+    }
+    return CoordinateOfSlow(global_rank, out);
+  }
   // The global rank at a coordinate. InvalidArgument for a wrong length,
-  // OutOfRange for an index outside its dimension.
-  absl::StatusOr<int64_t> rank_at(absl::Span<const int64_t> coordinate) const;
+  // OutOfRange for an index outside its dimension. Inline for a layout as
+  // created.
+  absl::StatusOr<int64_t> rank_at(absl::Span<const int64_t> coordinate) const {
+    if (identity_ && table_ == nullptr &&
+        coordinate.size() == dims_.size()) [[likely]] {
+      int64_t index = 0;
+      bool inside = true;
+      for (size_t r = 0; r < dims_.size(); ++r) {
+        const int64_t i = coordinate[r];
+        inside &= i >= 0 && i < root_shape_[r];
+        index = index * root_shape_[r] + i;
+      }
+      if (inside) [[likely]] return index;
+    }
+    return RankAtSlow(coordinate);
+  }
   // All member ranks, row-major. O(size).
   std::vector<int64_t> ranks() const;
 
@@ -194,6 +228,11 @@ class MeshLayout {
   struct RankTable;  // explicit ranks and their inverse
 
   MeshLayout() = default;
+
+  // The general cases of the inline queries above (and their errors).
+  absl::Status CoordinateOfSlow(int64_t global_rank,
+                                absl::Span<int64_t> out) const;
+  absl::StatusOr<int64_t> RankAtSlow(absl::Span<const int64_t> coordinate) const;
 
   // Root coordinate of a root-grid index, and back.
   Coordinate root_coordinate(int64_t root_index) const;

@@ -1,5 +1,9 @@
 #include "vemesh/api/snapshot_guard.h"
 
+#include <linux/membarrier.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -8,13 +12,50 @@
 #include <vector>
 
 namespace vemesh {
+namespace snapshot_internal {
+
+constinit thread_local ReaderSlots* t_slots
+    __attribute__((tls_model("initial-exec"))) = nullptr;
+
 namespace {
 
-// One thread's announcements: one per nesting level of its guards.
-struct ReaderSlots {
-  std::atomic<const void*> hazards[SnapshotGuard::kMaxNesting] = {};
-  int depth = 0;  // touched by the owning thread only
-};
+#if defined(__SANITIZE_THREAD__)
+constexpr bool kSanitizingThreads = true;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+constexpr bool kSanitizingThreads = true;
+#else
+constexpr bool kSanitizingThreads = false;
+#endif
+#else
+constexpr bool kSanitizingThreads = false;
+#endif
+
+long Membarrier(int command) {
+  return syscall(__NR_membarrier, command, 0, 0);
+}
+
+// Registers the process for expedited private membarriers, once, before
+// main (and so before any reader): success lets readers skip their fence.
+bool RegisterMembarrier() {
+  if (kSanitizingThreads) return false;
+  const long supported = Membarrier(MEMBARRIER_CMD_QUERY);
+  if (supported < 0 || !(supported & MEMBARRIER_CMD_PRIVATE_EXPEDITED)) {
+    return false;
+  }
+  return Membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0;
+}
+
+}  // namespace
+
+bool light_readers = RegisterMembarrier();
+
+}  // namespace snapshot_internal
+
+namespace {
+
+using snapshot_internal::ReaderSlots;
+using snapshot_internal::t_slots;
 
 // Every live thread's slots. std::mutex (constexpr-constructed), not
 // absl::Mutex: TSan must see this locking.
@@ -24,11 +65,6 @@ std::vector<ReaderSlots*>& AllSlots() {
   static auto* const all = new std::vector<ReaderSlots*>();
   return *all;
 }
-
-// The hot path reads this: initial-exec is one %fs-relative load, not a
-// __tls_get_addr call.
-__attribute__((tls_model("initial-exec"))) thread_local ReaderSlots* t_slots =
-    nullptr;
 
 // Unregisters the thread's slots when it exits. Touched only on the slow
 // path, so its TLS wrapper costs nothing per query.
@@ -44,8 +80,11 @@ struct SlotsOwner {
 };
 thread_local SlotsOwner t_owner;
 
-ReaderSlots* ThisThreadSlots() {
-  if (t_slots != nullptr) return t_slots;
+}  // namespace
+
+namespace snapshot_internal {
+
+ReaderSlots* RegisterThisThread() {
   auto* slots = new ReaderSlots();
   {
     std::lock_guard<std::mutex> lock(slots_mu);
@@ -56,38 +95,27 @@ ReaderSlots* ThisThreadSlots() {
   return slots;
 }
 
-}  // namespace
-
-SnapshotGuard::SnapshotGuard(const std::atomic<const void*>& published) {
-  ReaderSlots* slots = ThisThreadSlots();
-  if (slots->depth == kMaxNesting) {
-    std::fprintf(stderr,
-                 "vemesh: SnapshotGuard nested %d deep on one thread: at most "
-                 "%d (a bug in vemesh)\n",
-                 slots->depth + 1, kMaxNesting);
-    std::abort();
-  }
-  slot_ = &slots->hazards[slots->depth++];
-  // Announce, then check the object is still the published one: a writer
-  // that unpublished it before seeing the announcement may already be
-  // freeing it. Both seq_cst: the store must not pass the second load.
-  const void* object = published.load();
-  for (;;) {
-    slot_->store(object);
-    const void* again = published.load();
-    if (again == object) break;
-    object = again;
-  }
-  object_ = object;
+void NestedTooDeep() {
+  std::fprintf(stderr,
+               "vemesh: SnapshotGuard nested %d deep on one thread: at most "
+               "%d (a bug in vemesh)\n",
+               kMaxNesting + 1, kMaxNesting);
+  std::abort();
 }
 
-SnapshotGuard::~SnapshotGuard() {
-  slot_->store(nullptr, std::memory_order_release);
-  --t_slots->depth;
-}
+}  // namespace snapshot_internal
 
 void WaitForReaders(const void* object) {
   if (object == nullptr) return;
+  // Light readers announce with a plain store: this barrier on every
+  // running thread makes each announcement made before it visible here, and
+  // a reader that announces after it sees the new pointer on its re-check
+  // (the caller published it before calling).
+  if (snapshot_internal::light_readers &&
+      snapshot_internal::Membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0) {
+    std::fprintf(stderr, "vemesh: membarrier failed after registration\n");
+    std::abort();
+  }
   std::lock_guard<std::mutex> lock(slots_mu);
   for (ReaderSlots* slots : AllSlots()) {
     for (const auto& hazard : slots->hazards) {

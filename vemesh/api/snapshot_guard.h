@@ -24,9 +24,15 @@
 // it holds, MPI communicators included) on its own thread, at its next call.
 // Here readers never own: the writer alone frees.
 //
-// A reader's cost is one seq_cst store and two loads; a writer's wait lasts
-// as long as the readers' queries in flight (microseconds). Guards may nest
-// up to kMaxNesting deep on one thread; deeper is a bug in vemesh (abort).
+// A reader's cost is a plain store and two loads, inlined into the query:
+// the store-load ordering that hazard pointers need (the announcement must
+// be visible before the re-check) is paid by the writer instead, with one
+// membarrier(2) per WaitForReaders that makes every running thread of the
+// process execute a full barrier. Where membarrier is unavailable (or under
+// TSan, which cannot see it) readers fall back to a seq_cst store. A
+// writer's wait lasts as long as the readers' queries in flight
+// (microseconds). Guards may nest up to kMaxNesting deep on one thread;
+// deeper is a bug in vemesh (abort).
 
 #ifndef VEMESH_API_SNAPSHOT_GUARD_H_
 #define VEMESH_API_SNAPSHOT_GUARD_H_
@@ -35,14 +41,63 @@
 
 namespace vemesh {
 
+namespace snapshot_internal {
+
+// One thread's announcements: one per nesting level of its guards.
+inline constexpr int kMaxNesting = 4;
+struct ReaderSlots {
+  std::atomic<const void*> hazards[kMaxNesting] = {};
+  int depth = 0;  // touched by the owning thread only
+};
+
+// This thread's slots, null until its first guard. initial-exec: one
+// %fs-relative load, no __tls_get_addr; constinit: no TLS wrapper call.
+extern constinit thread_local ReaderSlots* t_slots
+    __attribute__((tls_model("initial-exec")));
+// True when WaitForReaders orders the readers' announcements itself
+// (membarrier registered at load time); never changes afterwards.
+extern bool light_readers;
+
+ReaderSlots* RegisterThisThread();    // the slow path of a thread's first guard
+[[noreturn]] void NestedTooDeep();
+
+}  // namespace snapshot_internal
+
 class SnapshotGuard {
  public:
-  static constexpr int kMaxNesting = 4;
+  static constexpr int kMaxNesting = snapshot_internal::kMaxNesting;
 
   // Loads `published` and announces the object read, so that no writer frees
   // it while this guard lives.
-  explicit SnapshotGuard(const std::atomic<const void*>& published);
-  ~SnapshotGuard();
+  explicit SnapshotGuard(const std::atomic<const void*>& published) {
+    using namespace snapshot_internal;
+    ReaderSlots* slots = t_slots;
+    if (slots == nullptr) [[unlikely]] slots = RegisterThisThread();
+    if (slots->depth == kMaxNesting) [[unlikely]] NestedTooDeep();
+    slot_ = &slots->hazards[slots->depth++];
+    // Announce, then check the object is still the published one: a writer
+    // that unpublished it before seeing the announcement may already be
+    // freeing it.
+    const void* object = published.load(std::memory_order_acquire);
+    for (;;) {
+      if (light_readers) [[likely]] {
+        slot_->store(object, std::memory_order_relaxed);
+        // Keeps the compiler from moving the load above the store; the CPU
+        // is kept from it by the writer's membarrier.
+        std::atomic_signal_fence(std::memory_order_seq_cst);
+      } else {
+        slot_->store(object);  // seq_cst: the store must not pass the load
+      }
+      const void* again = published.load();
+      if (again == object) break;
+      object = again;
+    }
+    object_ = object;
+  }
+  ~SnapshotGuard() {
+    slot_->store(nullptr, std::memory_order_release);
+    --snapshot_internal::t_slots->depth;
+  }
   SnapshotGuard(const SnapshotGuard&) = delete;
   SnapshotGuard& operator=(const SnapshotGuard&) = delete;
 

@@ -367,6 +367,14 @@ absl::StatusOr<Coordinate> VeDeviceMesh::get_strategy_coordinate(
   return s->layout().coordinate_of(global_rank);
 }
 
+absl::Status VeDeviceMesh::get_strategy_coordinate(
+    int64_t global_rank, absl::Span<int64_t> out) const {
+  const Snapshot snap(*this);
+  const State* s = snap.get();
+  if (s == nullptr) [[unlikely]] return NotInitialized();
+  return s->layout().coordinate_of(global_rank, out);
+}
+
 absl::StatusOr<int64_t> VeDeviceMesh::lookup_rank(absl::string_view dim) const {
   const Snapshot snap(*this);
   const State* s = snap.get();

@@ -177,6 +177,12 @@ class VeDeviceMesh {
   // This rank's coordinate / any global rank's coordinate (O(ndim)).
   absl::StatusOr<Coordinate> get_strategy_coordinate() const;
   absl::StatusOr<Coordinate> get_strategy_coordinate(int64_t global_rank) const;
+  // The same written into the caller's `out` (ndim() entries, else
+  // InvalidArgument): the form for hot loops, no coordinate returned.
+  //   int64_t coord[3];
+  //   VESCALE_DEVICE_MESH.get_strategy_coordinate(rank, absl::MakeSpan(coord));
+  absl::Status get_strategy_coordinate(int64_t global_rank,
+                                       absl::Span<int64_t> out) const;
   // This rank's index along one dimension.
   absl::StatusOr<int64_t> lookup_rank(absl::string_view dim) const;
   absl::StatusOr<int64_t> lookup_rank(int64_t dim) const;

@@ -2,8 +2,11 @@
 
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "vemesh/comm/communicator.h"
+#include "vemesh/status_macros.h"
 
 namespace vemesh {
 namespace {
@@ -57,23 +60,27 @@ std::string Shorten(absl::string_view value) {
 
 constexpr size_t kFingerprintBytes = sizeof(uint64_t);
 
-}  // namespace
-
-absl::StatusOr<std::vector<std::string>> AgreeAndGather(
-    Bootstrap& bootstrap, absl::string_view operation,
-    absl::Span<const AgreementField> fields, absl::string_view payload,
-    absl::Time deadline) {
+// The fingerprint of (operation, fields) followed by `payload`: what each
+// rank sends. `mine` receives the serialised fields (for a disagreement).
+std::string AgreementMessage(absl::string_view operation,
+                             absl::Span<const AgreementField> fields,
+                             absl::string_view payload, std::string* mine) {
   // The operation is a field too: ranks in different collective calls of
   // the same bootstrap are told so, instead of waiting for the deadline.
   std::vector<AgreementField> all = {{"operation", std::string(operation)}};
   all.insert(all.end(), fields.begin(), fields.end());
-  const std::string mine = Serialize(all);
-  const uint64_t h = Fingerprint(mine);
+  *mine = Serialize(all);
+  const uint64_t h = Fingerprint(*mine);
   std::string message(kFingerprintBytes, '\0');
   std::memcpy(message.data(), &h, kFingerprintBytes);
   message.append(payload.data(), payload.size());
+  return message;
+}
 
-  auto gathered = bootstrap.all_gather(message, deadline);
+absl::StatusOr<std::vector<std::string>> Verdict(
+    Bootstrap& bootstrap, absl::string_view operation,
+    const std::string& message, const std::string& mine,
+    absl::StatusOr<std::vector<std::string>> gathered, absl::Time deadline) {
   if (!gathered.ok()) {
     return absl::Status(gathered.status().code(),
                         absl::StrCat(operation, ": ", gathered.status().message()));
@@ -133,6 +140,36 @@ absl::StatusOr<std::vector<std::string>> AgreeAndGather(
       ": the ranks disagree on their arguments (every rank must pass the "
       "same): ",
       detail));
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> AgreeAndGather(
+    Bootstrap& bootstrap, absl::string_view operation,
+    absl::Span<const AgreementField> fields, absl::string_view payload,
+    absl::Time deadline) {
+  std::string mine;
+  const std::string message = AgreementMessage(operation, fields, payload, &mine);
+  return Verdict(bootstrap, operation, message, mine,
+                 bootstrap.all_gather(message, deadline), deadline);
+}
+
+absl::StatusOr<AgreedWorld> AgreeAndMakeWorld(
+    Bootstrap& bootstrap, absl::string_view operation,
+    absl::Span<const AgreementField> fields, absl::string_view payload,
+    absl::Time deadline, absl::Duration op_timeout) {
+  std::string mine;
+  const std::string message = AgreementMessage(operation, fields, payload, &mine);
+  auto both = bootstrap.all_gather_and_world(message, deadline, op_timeout);
+  absl::StatusOr<std::vector<std::string>> gathered =
+      both.ok() ? absl::StatusOr<std::vector<std::string>>(
+                      std::move(both->gathered))
+                : both.status();
+  VEMESH_ASSIGN_OR_RETURN(
+      auto payloads,
+      Verdict(bootstrap, operation, message, mine, std::move(gathered),
+              deadline));
+  return AgreedWorld{std::move(payloads), std::move(both->world)};
 }
 
 absl::Status CheckAgreement(Bootstrap& bootstrap, absl::string_view operation,

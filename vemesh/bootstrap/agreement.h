@@ -16,11 +16,15 @@
 //
 // Cost: one all_gather of a 64-bit fingerprint plus the payload when the
 // ranks agree; one more all_gather of the full arguments only when they do
-// not.
+// not. AgreeAndMakeWorld is the same check made with
+// Bootstrap::all_gather_and_world: mesh creation's agreement and its private
+// world in one step (under MPI, two collectives: the gather and the world's
+// MPI_Comm_idup, which closes it).
 
 #ifndef VEMESH_BOOTSTRAP_AGREEMENT_H_
 #define VEMESH_BOOTSTRAP_AGREEMENT_H_
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -41,6 +45,18 @@ absl::StatusOr<std::vector<std::string>> AgreeAndGather(
     Bootstrap& bootstrap, absl::string_view operation,
     absl::Span<const AgreementField> fields, absl::string_view payload,
     absl::Time deadline);
+
+struct AgreedWorld {
+  std::vector<std::string> payloads;     // payloads[r]: rank r's
+  std::shared_ptr<Communicator> world;   // the bootstrap's host world
+};
+
+// The check and Bootstrap::all_gather_and_world in one step. On a
+// disagreement the world is made and let go (every rank alike).
+absl::StatusOr<AgreedWorld> AgreeAndMakeWorld(
+    Bootstrap& bootstrap, absl::string_view operation,
+    absl::Span<const AgreementField> fields, absl::string_view payload,
+    absl::Time deadline, absl::Duration op_timeout);
 
 // The same check with no payload.
 absl::Status CheckAgreement(Bootstrap& bootstrap, absl::string_view operation,

@@ -3,11 +3,24 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <utility>
 
 namespace vemesh {
 
 absl::Status Bootstrap::barrier(absl::Time deadline) {
   return all_gather("", deadline).status();
+}
+
+absl::StatusOr<Bootstrap::GatheredWorld> Bootstrap::all_gather_and_world(
+    absl::string_view data, absl::Time deadline, absl::Duration op_timeout) {
+  GatheredWorld out;
+  auto gathered = all_gather(data, deadline);
+  if (!gathered.ok()) return gathered.status();
+  out.gathered = *std::move(gathered);
+  auto world = this->world(deadline, op_timeout);
+  if (!world.ok()) return world.status();
+  out.world = *std::move(world);
+  return out;
 }
 
 std::string HostIdentity() {

@@ -67,6 +67,20 @@ class Bootstrap {
   // operation on it and its splits where the backend can (Gloo).
   virtual absl::StatusOr<std::shared_ptr<Communicator>> world(
       absl::Time deadline, absl::Duration op_timeout) = 0;
+
+  // Collective: all_gather(data), then world(), as one step where the
+  // backend can make the world the gather's own closing step (MPI: every
+  // all_gather is closed by an MPI_Comm_idup that only ranks whose gather
+  // completed in time post; here its copy is kept as the world).
+  // Mesh creation needs both; this saves it one collective. The outcome is
+  // the same on every rank, as for all_gather. The default makes the two
+  // calls.
+  struct GatheredWorld {
+    std::vector<std::string> gathered;
+    std::shared_ptr<Communicator> world;
+  };
+  virtual absl::StatusOr<GatheredWorld> all_gather_and_world(
+      absl::string_view data, absl::Time deadline, absl::Duration op_timeout);
 };
 
 // This machine's identity for host placement: the hostname (each emulated

@@ -29,8 +29,8 @@ struct Exchange {
   std::string recv;
   std::vector<int> counts;
   std::vector<int> displacements;
-  int on_time = 1;
-  int all_on_time = 0;
+  // The closing step's copy of the communicator (freed once made).
+  MPI_Comm closing = MPI_COMM_NULL;
 };
 
 constexpr int kBlockBytes = 256;
@@ -63,10 +63,10 @@ absl::Status WaitForMpiRequest(MPI_Request* request, absl::Time deadline,
           "main or exit: vemesh skips the MPI_Finalize that would wait for "
           "the missing ranks)."));
     }
-    if (absl::Now() < spin_until) {
-      std::this_thread::yield();
-      continue;
-    }
+    // MPI_Test drives MPI's progress, and Open MPI yields the core inside
+    // it when the host is oversubscribed (mpi_yield_when_idle): a yield of
+    // our own here made every step slower than MPI_Wait on shared cores.
+    if (absl::Now() < spin_until) continue;
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::microseconds(1000));
   }
@@ -129,6 +129,25 @@ absl::StatusOr<std::vector<std::string>> MpiBootstrap::all_gather(
   std::lock_guard<std::mutex> lock(mu_);
   absl::Status status = CheckUsable();
   if (!status.ok()) return status;
+  return Gather(data, deadline, nullptr);
+}
+
+absl::StatusOr<Bootstrap::GatheredWorld> MpiBootstrap::all_gather_and_world(
+    absl::string_view data, absl::Time deadline, absl::Duration) {
+  std::lock_guard<std::mutex> lock(mu_);
+  absl::Status status = CheckUsable();
+  if (!status.ok()) return status;
+  GatheredWorld out;
+  auto gathered = Gather(data, deadline, &out.world);
+  if (!gathered.ok()) return gathered.status();
+  out.gathered = *std::move(gathered);
+  return out;
+}
+
+absl::StatusOr<std::vector<std::string>> MpiBootstrap::Gather(
+    absl::string_view data, absl::Time deadline,
+    std::shared_ptr<Communicator>* world) {
+  absl::Status status;
   auto exchange = std::make_unique<Exchange>();
   Exchange& x = *exchange;
   x.send = std::string(data);
@@ -195,15 +214,34 @@ absl::StatusOr<std::vector<std::string>> MpiBootstrap::all_gather(
     }
   }
   // Outcome agreement, always the last step: a rank that arrives after the
-  // others gave up still completes their abandoned all-gather. An empty
-  // step that only ranks whose gather completed in time post tells it: it
-  // completes for all (everyone was on time) or for none (the late rank
-  // then fails at its own deadline too). The grace covers ranks whose
-  // gather completed a moment apart around the deadline.
-  status = step(MPI_Iallreduce(&x.on_time, &x.all_on_time, 1, MPI_INT, MPI_MIN,
-                               comm_, &request),
-                "MPI_Iallreduce (outcome)", deadline + kOutcomeGrace);
+  // others gave up still completes their abandoned all-gather. A step that
+  // only ranks whose gather completed in time post tells it: it completes
+  // for all (everyone was on time) or for none (the late rank then fails at
+  // its own deadline too). The grace covers ranks whose gather completed a
+  // moment apart around the deadline.
+  //
+  // The step is an MPI_Comm_idup of the bootstrap's communicator, whatever
+  // the caller: mesh creation keeps the copy as its world (one collective
+  // fewer than a separate closing step and a separate dup); a plain
+  // all_gather frees it. One kind of step for every caller keeps ranks that
+  // are in different vemesh calls (one flattening while the others re-init)
+  // matched collective for collective, so the fingerprints can tell them so.
+  if (world != nullptr) {
+    auto dup = MpiCommunicator::Dup(comm_, deadline + kOutcomeGrace);
+    if (absl::IsDeadlineExceeded(dup.status())) {
+      // Dup has marked MPI abandoned; the gather's buffers are complete.
+      broken_ = true;
+      return absl::DeadlineExceededError(absl::StrCat(
+          "rank ", rank_, " of ", size_, " ", dup.status().message()));
+    }
+    if (!dup.ok()) return dup.status();
+    *world = std::shared_ptr<Communicator>(*std::move(dup));
+    return out;
+  }
+  status = step(MPI_Comm_idup(comm_, &x.closing, &request),
+                "MPI_Comm_idup (outcome)", deadline + kOutcomeGrace);
   if (!status.ok()) return status;
+  MPI_Comm_free(&x.closing);
   return out;
 }
 

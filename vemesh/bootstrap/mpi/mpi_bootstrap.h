@@ -16,12 +16,14 @@
 // FailedPrecondition, and MPI is marked abandoned for the process
 // (AbandonMpi: no later MPI call, no exit-time MPI_Finalize): end the job.
 //
-// Outcome agreement: each all_gather is followed by an empty MPI_Iallreduce
-// that only ranks whose all_gather completed in time post. A rank that
-// arrives after the others gave up completes their abandoned all_gather, but
-// not that second step, so it fails at its own deadline too (DeadlineExceeded
-// everywhere, never OK on some ranks and an error on others). MPI cannot say
-// which rank was missing; the store bootstrap can.
+// Outcome agreement: each all_gather is closed by an MPI_Comm_idup of the
+// bootstrap's communicator that only ranks whose all_gather completed in
+// time post. A rank that arrives after the others gave up completes their
+// abandoned all_gather, but not that second step, so it fails at its own
+// deadline too (DeadlineExceeded everywhere, never OK on some ranks and an
+// error on others). all_gather_and_world keeps the copy as the mesh's world
+// (two collectives for the agreement and the world); all_gather frees it.
+// MPI cannot say which rank was missing; the store bootstrap can.
 
 #ifndef VEMESH_BOOTSTRAP_MPI_MPI_BOOTSTRAP_H_
 #define VEMESH_BOOTSTRAP_MPI_MPI_BOOTSTRAP_H_
@@ -55,8 +57,18 @@ class MpiBootstrap final : public Bootstrap {
       absl::string_view data, absl::Time deadline) override;
   absl::StatusOr<std::shared_ptr<Communicator>> world(
       absl::Time deadline, absl::Duration op_timeout) override;
+  // One step fewer than the two calls: the closing MPI_Comm_idup's copy is
+  // the world.
+  absl::StatusOr<GatheredWorld> all_gather_and_world(
+      absl::string_view data, absl::Time deadline,
+      absl::Duration op_timeout) override;
 
  private:
+  // The all-gather, under `mu_`, closed by an MPI_Comm_idup whose copy
+  // becomes `*world` when `world` is given.
+  absl::StatusOr<std::vector<std::string>> Gather(
+      absl::string_view data, absl::Time deadline,
+      std::shared_ptr<Communicator>* world);
   MpiBootstrap(MPI_Comm base, MPI_Comm comm, int rank, int size,
                std::string reason);
   absl::Status CheckUsable() const;
@@ -73,8 +85,9 @@ class MpiBootstrap final : public Bootstrap {
 };
 
 // Polls `request` until it completes or `deadline` passes. For the first few
-// milliseconds it only yields (ranks usually arrive together, and a sleep
-// would add its whole length to start-up); then it sleeps a little longer
+// milliseconds it tests back to back, as MPI_Wait does (ranks usually arrive
+// together, and a sleep would add its whole length to start-up); then it
+// sleeps a little longer
 // each time, so that early ranks do not steal the CPU from late ones on
 // oversubscribed cores. DeadlineExceeded names `operation` and `call`.
 absl::Status WaitForMpiRequest(MPI_Request* request, absl::Time deadline,
