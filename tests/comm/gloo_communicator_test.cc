@@ -22,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "expected_values.h"
 #include "gloo/common/error.h"
 #include "gloo/context.h"
 #include "gmock/gmock.h"
@@ -36,6 +37,14 @@ using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 using ::testing::IsNull;
 using ::testing::NotNull;
+// Element values and the results they reduce to: tests/comm/expected_values.h.
+using ::vemesh::testing::Expected;
+using ::vemesh::testing::From;
+using ::vemesh::testing::Inputs;
+using ::vemesh::testing::OpsOf;
+using ::vemesh::testing::To;
+using ::vemesh::testing::Value;
+using ::vemesh::testing::Values;
 
 // Long enough for 8 ranks on a loaded 2-core machine; a test that needs a
 // failure to be fast sets its own, shorter bound.
@@ -79,99 +88,9 @@ void ForEachType(F&& f) {
 }
 
 template <typename T>
-constexpr bool kHalf = std::is_same_v<T, BFloat16> || std::is_same_v<T, Float16>;
-
-template <typename T>
-T Make(double v) {
-  if constexpr (kHalf<T>) {
-    return T(static_cast<float>(v));
-  } else {
-    return static_cast<T>(v);
-  }
-}
-
-template <typename T>
-double AsDouble(T v) {
-  if constexpr (kHalf<T>) {
-    return static_cast<double>(static_cast<float>(v));
-  } else {
-    return static_cast<double>(v);
-  }
-}
-
-template <typename T>
 std::string Name() {
   return std::string(DataTypeName(DataTypeOf<T>()));
 }
-
-// The value rank `r` contributes at position `i`: small integers (mixed
-// signs where the type has them), so that sums are exact in every type,
-// 16-bit floats included.
-template <typename T>
-double Value(int r, size_t i) {
-  const int v = (r * 7 + static_cast<int>(i) * 3) % 11;
-  return std::is_unsigned_v<T> ? v : v - 5;
-}
-
-// Factors for prod: 1, 2 or -1 (1 or 2 unsigned), so that products of 8
-// ranks stay within 2^8.
-template <typename T>
-double Factor(int r, size_t i) {
-  const int v = (r + 2 * static_cast<int>(i)) % 3;
-  if (v == 0) return 1;
-  if (v == 1) return 2;
-  return std::is_unsigned_v<T> ? 1 : -1;
-}
-
-template <typename T>
-double Input(ReduceOp op, int r, size_t i) {
-  return op == ReduceOp::kProd ? Factor<T>(r, i) : Value<T>(r, i);
-}
-
-std::vector<ReduceOp> OpsFor(DataType type) {
-  std::vector<ReduceOp> ops = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin,
-                               ReduceOp::kMax};
-  if (IsFloatingPoint(type)) ops.push_back(ReduceOp::kAvg);
-  return ops;
-}
-
-// The reduction over `size` ranks at position `i`, computed here in double
-// and then converted to T: integers wrap as two's complement (a product of
-// eight 2s is 0 in int8), an average is the exact sum divided in float.
-template <typename T>
-T Expected(ReduceOp op, int size, size_t i) {
-  double acc = Input<T>(op, 0, i);
-  for (int r = 1; r < size; ++r) {
-    const double v = Input<T>(op, r, i);
-    if (op == ReduceOp::kSum || op == ReduceOp::kAvg) acc += v;
-    if (op == ReduceOp::kProd) acc *= v;
-    if (op == ReduceOp::kMax) acc = std::max(acc, v);
-    if (op == ReduceOp::kMin) acc = std::min(acc, v);
-  }
-  if (op == ReduceOp::kAvg) {
-    if constexpr (std::is_same_v<T, double>) return acc / size;
-    return Make<T>(static_cast<float>(acc) / static_cast<float>(size));
-  }
-  if constexpr (std::is_integral_v<T>) {
-    return static_cast<T>(static_cast<int64_t>(acc));
-  }
-  return Make<T>(acc);
-}
-
-template <typename T>
-std::vector<T> Inputs(ReduceOp op, int r, size_t n, size_t first = 0) {
-  std::vector<T> out(n);
-  for (size_t i = 0; i < n; ++i) out[i] = Make<T>(Input<T>(op, r, first + i));
-  return out;
-}
-
-template <typename T>
-std::vector<T> Values(int r, size_t n, size_t first = 0) {
-  return Inputs<T>(ReduceOp::kSum, r, n, first);
-}
-
-// Equality of element values (the 16-bit types compare by value).
-#define EXPECT_VALUE_EQ(got, want) EXPECT_EQ(AsDouble(got), AsDouble(want))
 
 class GlooCommunicatorTest : public ::testing::TestWithParam<int> {
  protected:
@@ -209,12 +128,12 @@ TEST_P(GlooCommunicatorTest, BroadcastEveryTypeFromEveryRoot) {
     ForEachType([&](auto zero) {
       using T = decltype(zero);
       for (int root = 0; root < comm->size(); ++root) {
-        std::vector<T> data(5, Make<T>(99));
+        std::vector<T> data(5, From<T>(99));
         if (comm->rank() == root) data = Values<T>(root, 5);
         ASSERT_TRUE(comm->broadcast(absl::MakeSpan(data), root).ok());
         const std::vector<T> want = Values<T>(root, 5);
         for (size_t i = 0; i < data.size(); ++i) {
-          EXPECT_VALUE_EQ(data[i], want[i]) << Name<T>() << " root " << root;
+          EXPECT_VALUE(data[i], want[i]) << Name<T>() << " root " << root;
         }
       }
     });
@@ -227,24 +146,24 @@ TEST_P(GlooCommunicatorTest, AllReduceEveryOpEveryTypeInAndOutOfPlace) {
     const int n = comm->size();
     ForEachType([&](auto zero) {
       using T = decltype(zero);
-      for (ReduceOp op : OpsFor(DataTypeOf<T>())) {
+      for (ReduceOp op : OpsOf<T>()) {
         const size_t count = 7;
         std::vector<T> data = Inputs<T>(op, me, count);
-        std::vector<T> out(count, Make<T>(0));
+        std::vector<T> out(count, From<T>(0));
         ASSERT_TRUE(comm->all_reduce(data.data(), out.data(), count,
                                      DataTypeOf<T>(), op)
                         .ok());
         // The input of an out-of-place reduction is left alone.
         const std::vector<T> mine = Inputs<T>(op, me, count);
         for (size_t i = 0; i < count; ++i) {
-          ASSERT_EQ(AsDouble(data[i]), AsDouble(mine[i]));
+          ASSERT_EQ(To(data[i]), To(mine[i]));
         }
         ASSERT_TRUE(comm->all_reduce(absl::MakeSpan(data), op).ok());
         for (size_t i = 0; i < count; ++i) {
-          const T want = Expected<T>(op, n, i);
-          EXPECT_VALUE_EQ(out[i], want)
+          const double want = Expected<T>(op, n, i);
+          EXPECT_VALUE(out[i], want)
               << Name<T>() << " " << ReduceOpName(op) << " i " << i;
-          EXPECT_VALUE_EQ(data[i], want)
+          EXPECT_VALUE(data[i], want)
               << Name<T>() << " " << ReduceOpName(op) << " in place, i " << i;
         }
       }
@@ -258,18 +177,18 @@ TEST_P(GlooCommunicatorTest, ReduceToEveryRoot) {
     const int n = comm->size();
     ForEachType([&](auto zero) {
       using T = decltype(zero);
-      for (ReduceOp op : OpsFor(DataTypeOf<T>())) {
+      for (ReduceOp op : OpsOf<T>()) {
         for (int root = 0; root < n; ++root) {
           const size_t count = 5;
           const std::vector<T> send = Inputs<T>(op, me, count);
-          std::vector<T> recv(count, Make<T>(42));
+          std::vector<T> recv(count, From<T>(42));
           ASSERT_TRUE(comm->reduce(send.data(),
                                    me == root ? recv.data() : nullptr, count,
                                    DataTypeOf<T>(), op, root)
                           .ok());
           if (me != root) continue;
           for (size_t i = 0; i < count; ++i) {
-            EXPECT_VALUE_EQ(recv[i], Expected<T>(op, n, i))
+            EXPECT_VALUE(recv[i], Expected<T>(op, n, i))
                 << Name<T>() << " " << ReduceOpName(op) << " root " << root;
           }
         }
@@ -293,7 +212,7 @@ TEST_P(GlooCommunicatorTest, AllGatherAndUnevenAllGatherV) {
       for (int r = 0; r < n; ++r) {
         const std::vector<T> want = Values<T>(r, count);
         for (size_t i = 0; i < count; ++i) {
-          EXPECT_VALUE_EQ(all[r * count + i], want[i]) << Name<T>() << " " << r;
+          EXPECT_VALUE(all[r * count + i], want[i]) << Name<T>() << " " << r;
         }
       }
       // Rank r gives r % 3 elements: rank 0 (and 3, 6) nothing.
@@ -302,7 +221,7 @@ TEST_P(GlooCommunicatorTest, AllGatherAndUnevenAllGatherV) {
       const size_t total = std::accumulate(counts.begin(), counts.end(),
                                            size_t{0});
       const std::vector<T> part = Values<T>(me, counts[me]);
-      std::vector<T> gathered(total, Make<T>(99));
+      std::vector<T> gathered(total, From<T>(99));
       ASSERT_TRUE(comm->all_gather_v(part.data(), gathered.data(), counts,
                                      DataTypeOf<T>())
                       .ok());
@@ -310,7 +229,7 @@ TEST_P(GlooCommunicatorTest, AllGatherAndUnevenAllGatherV) {
       for (int r = 0; r < n; ++r) {
         const std::vector<T> want = Values<T>(r, counts[r]);
         for (size_t i = 0; i < counts[r]; ++i, ++at) {
-          EXPECT_VALUE_EQ(gathered[at], want[i]) << Name<T>() << " " << r;
+          EXPECT_VALUE(gathered[at], want[i]) << Name<T>() << " " << r;
         }
       }
       // Nobody gives anything: a no-op for everyone.
@@ -327,7 +246,7 @@ TEST_P(GlooCommunicatorTest, ReduceScatterAndUnevenReduceScatterV) {
     const int n = comm->size();
     ForEachType([&](auto zero) {
       using T = decltype(zero);
-      for (ReduceOp op : OpsFor(DataTypeOf<T>())) {
+      for (ReduceOp op : OpsOf<T>()) {
         const size_t count = 2;
         const std::vector<T> send = Inputs<T>(op, me, count * n);
         std::vector<T> recv(count);
@@ -335,7 +254,7 @@ TEST_P(GlooCommunicatorTest, ReduceScatterAndUnevenReduceScatterV) {
                                          absl::MakeSpan(recv), op)
                         .ok());
         for (size_t j = 0; j < count; ++j) {
-          EXPECT_VALUE_EQ(recv[j], Expected<T>(op, n, me * count + j))
+          EXPECT_VALUE(recv[j], Expected<T>(op, n, me * count + j))
               << Name<T>() << " " << ReduceOpName(op) << " j " << j;
         }
         // Rank r owns (r + 1) % 3 elements: some own none.
@@ -348,12 +267,12 @@ TEST_P(GlooCommunicatorTest, ReduceScatterAndUnevenReduceScatterV) {
         const size_t total = std::accumulate(counts.begin(), counts.end(),
                                              size_t{0});
         const std::vector<T> all = Inputs<T>(op, me, total);
-        std::vector<T> part(counts[me], Make<T>(99));
+        std::vector<T> part(counts[me], From<T>(99));
         ASSERT_TRUE(comm->reduce_scatter_v(all.data(), part.data(), counts,
                                            DataTypeOf<T>(), op)
                         .ok());
         for (size_t j = 0; j < counts[me]; ++j) {
-          EXPECT_VALUE_EQ(part[j], Expected<T>(op, n, first + j))
+          EXPECT_VALUE(part[j], Expected<T>(op, n, first + j))
               << Name<T>() << " " << ReduceOpName(op) << " v, j " << j;
         }
       }
@@ -370,7 +289,7 @@ TEST_P(GlooCommunicatorTest, GatherAndScatterAtEveryRoot) {
       const size_t count = 3;
       for (int root = 0; root < n; ++root) {
         const std::vector<T> mine = Values<T>(me + root, count);
-        std::vector<T> all(count * n, Make<T>(99));
+        std::vector<T> all(count * n, From<T>(99));
         ASSERT_TRUE(comm->gather(mine.data(),
                                  me == root ? all.data() : nullptr, count,
                                  DataTypeOf<T>(), root)
@@ -379,7 +298,7 @@ TEST_P(GlooCommunicatorTest, GatherAndScatterAtEveryRoot) {
           for (int r = 0; r < n; ++r) {
             const std::vector<T> want = Values<T>(r + root, count);
             for (size_t i = 0; i < count; ++i) {
-              EXPECT_VALUE_EQ(all[r * count + i], want[i])
+              EXPECT_VALUE(all[r * count + i], want[i])
                   << Name<T>() << " gather at " << root << " from " << r;
             }
           }
@@ -392,13 +311,13 @@ TEST_P(GlooCommunicatorTest, GatherAndScatterAtEveryRoot) {
             blocks.insert(blocks.end(), block.begin(), block.end());
           }
         }
-        std::vector<T> got(count, Make<T>(99));
+        std::vector<T> got(count, From<T>(99));
         ASSERT_TRUE(comm->scatter(me == root ? blocks.data() : nullptr,
                                   got.data(), count, DataTypeOf<T>(), root)
                         .ok());
         const std::vector<T> want = Values<T>(me, count, root);
         for (size_t i = 0; i < count; ++i) {
-          EXPECT_VALUE_EQ(got[i], want[i])
+          EXPECT_VALUE(got[i], want[i])
               << Name<T>() << " scatter from " << root;
         }
       }
@@ -424,14 +343,14 @@ TEST_P(GlooCommunicatorTest, AllToAllAndUnevenAllToAllV) {
         const std::vector<T> b = Block<T>(me, to, count);
         send.insert(send.end(), b.begin(), b.end());
       }
-      std::vector<T> recv(send.size(), Make<T>(99));
+      std::vector<T> recv(send.size(), From<T>(99));
       ASSERT_TRUE(
           comm->all_to_all(absl::MakeConstSpan(send), absl::MakeSpan(recv))
               .ok());
       for (int from = 0; from < n; ++from) {
         const std::vector<T> want = Block<T>(from, me, count);
         for (size_t i = 0; i < count; ++i) {
-          EXPECT_VALUE_EQ(recv[from * count + i], want[i])
+          EXPECT_VALUE(recv[from * count + i], want[i])
               << Name<T>() << " from " << from;
         }
       }
@@ -448,7 +367,7 @@ TEST_P(GlooCommunicatorTest, AllToAllAndUnevenAllToAllV) {
       }
       std::vector<T> vrecv(
           std::accumulate(recv_counts.begin(), recv_counts.end(), size_t{0}),
-          Make<T>(99));
+          From<T>(99));
       ASSERT_TRUE(comm->all_to_all_v(absl::MakeConstSpan(vsend),
                                      absl::MakeConstSpan(send_counts),
                                      absl::MakeSpan(vrecv),
@@ -458,7 +377,7 @@ TEST_P(GlooCommunicatorTest, AllToAllAndUnevenAllToAllV) {
       for (int from = 0; from < n; ++from) {
         const std::vector<T> want = Block<T>(from, me, recv_counts[from]);
         for (size_t i = 0; i < want.size(); ++i, ++at) {
-          EXPECT_VALUE_EQ(vrecv[at], want[i]) << Name<T>() << " v from " << from;
+          EXPECT_VALUE(vrecv[at], want[i]) << Name<T>() << " v from " << from;
         }
       }
     });
@@ -475,18 +394,18 @@ TEST_P(GlooCommunicatorTest, SendRecvRingEveryType) {
       using T = decltype(zero);
       const std::vector<T> out = Values<T>(me, 4);
       const std::vector<T> want = Values<T>(prev, 4);
-      std::vector<T> in(4, Make<T>(99));
+      std::vector<T> in(4, From<T>(99));
       // A combined shift works on any size, oneself included (n == 1).
       ASSERT_TRUE(comm->send_recv(absl::MakeConstSpan(out), next,
                                   absl::MakeSpan(in), prev)
                       .ok());
       for (size_t i = 0; i < in.size(); ++i) {
-        EXPECT_VALUE_EQ(in[i], want[i]) << Name<T>();
+        EXPECT_VALUE(in[i], want[i]) << Name<T>();
       }
       if (n < 2) return;
       // Separate send and recv, by global rank: even ranks send first, odd
       // ranks receive first.
-      std::fill(in.begin(), in.end(), Make<T>(99));
+      std::fill(in.begin(), in.end(), From<T>(99));
       if (me % 2 == 0) {
         ASSERT_TRUE(
             comm->send(absl::MakeConstSpan(out), GlobalRank(Global(next)))
@@ -498,7 +417,7 @@ TEST_P(GlooCommunicatorTest, SendRecvRingEveryType) {
         ASSERT_TRUE(comm->send(absl::MakeConstSpan(out), next).ok());
       }
       for (size_t i = 0; i < in.size(); ++i) {
-        EXPECT_VALUE_EQ(in[i], want[i]) << Name<T>();
+        EXPECT_VALUE(in[i], want[i]) << Name<T>();
       }
     });
   });
@@ -638,7 +557,7 @@ TEST_P(GlooCommunicatorTest, AsyncOperationsRunInIssueOrder) {
       for (size_t i = 0; i < buckets[b].size(); ++i) {
         double want = 0;
         for (int r = 0; r < n; ++r) want += Value<BFloat16>(r + b, i);
-        EXPECT_EQ(AsDouble(buckets[b][i]), want) << "bucket " << b;
+        EXPECT_EQ(To(buckets[b][i]), want) << "bucket " << b;
       }
     }
     // A receive from oneself is matched with the sends to oneself issued

@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "expected_values.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -35,104 +36,19 @@ using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 using ::testing::IsNull;
 using ::testing::NotNull;
+// Element values and the results they reduce to: tests/comm/expected_values.h.
+using ::vemesh::testing::Expected;
+using ::vemesh::testing::From;
+using ::vemesh::testing::Inputs;
+using ::vemesh::testing::OpsOf;
+using ::vemesh::testing::To;
+using ::vemesh::testing::Value;
+using ::vemesh::testing::Values;
 
 std::shared_ptr<MpiCommunicator> World() {
   auto world = MpiCommunicator::World();
   EXPECT_TRUE(world.ok()) << world.status();
   return world.ok() ? *world : nullptr;
-}
-
-// -- Element values ---------------------------------------------------------------
-
-template <typename T>
-constexpr bool kHalf =
-    std::is_same_v<T, BFloat16> || std::is_same_v<T, Float16>;
-template <typename T>
-constexpr bool kFloating = kHalf<T> || std::is_floating_point_v<T>;
-
-template <typename T>
-T From(double v) {
-  if constexpr (kHalf<T>) {
-    return T(static_cast<float>(v));
-  } else {
-    return static_cast<T>(v);
-  }
-}
-template <typename T>
-double To(T v) {
-  if constexpr (kHalf<T>) {
-    return static_cast<float>(v);
-  } else {
-    return static_cast<double>(v);
-  }
-}
-
-// What rank `r` contributes at index `i`: small integers (mixed signs where
-// the type has them), so that sums over 4 ranks are exact in every type,
-// bfloat16's 8 significant bits and int8 included.
-template <typename T>
-double Value(int r, size_t i) {
-  const int v = (r * 7 + static_cast<int>(i) * 3) % 11;
-  return std::is_unsigned_v<T> ? v : v - 5;
-}
-// For prod: magnitudes 1 or 2, so that a product of 4 ranks stays within
-// int8 and is exact everywhere.
-template <typename T>
-double ProdValue(int r, size_t i) {
-  const int k = r + static_cast<int>(i);
-  const double m = 1 + k % 2;
-  return (!std::is_unsigned_v<T> && k % 3 == 0) ? -m : m;
-}
-template <typename T>
-double Input(ReduceOp op, int r, size_t i) {
-  return op == ReduceOp::kProd ? ProdValue<T>(r, i) : Value<T>(r, i);
-}
-
-template <typename T>
-std::vector<T> Fill(size_t n, ReduceOp op, int r, size_t offset = 0) {
-  std::vector<T> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = From<T>(Input<T>(op, r, offset + i));
-  return v;
-}
-
-// The reduction over `size` ranks at index `i`, as the backend defines it:
-// exact for these inputs; avg divides the (exact) sum in the precision the
-// backend documents (float for 16-bit types).
-template <typename T>
-double Expected(ReduceOp op, int size, size_t i) {
-  double acc = Input<T>(op, 0, i);
-  for (int r = 1; r < size; ++r) {
-    const double v = Input<T>(op, r, i);
-    switch (op) {
-      case ReduceOp::kSum:
-      case ReduceOp::kAvg:
-        acc += v;
-        break;
-      case ReduceOp::kProd:
-        acc *= v;
-        break;
-      case ReduceOp::kMin:
-        acc = std::min(acc, v);
-        break;
-      case ReduceOp::kMax:
-        acc = std::max(acc, v);
-        break;
-    }
-  }
-  if (op != ReduceOp::kAvg) return acc;
-  if constexpr (std::is_same_v<T, double>) {
-    return acc / size;
-  } else {
-    return To(From<T>(static_cast<float>(acc) / static_cast<float>(size)));
-  }
-}
-
-template <typename T>
-std::vector<ReduceOp> OpsOf() {
-  std::vector<ReduceOp> ops = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin,
-                               ReduceOp::kMax};
-  if (kFloating<T>) ops.push_back(ReduceOp::kAvg);
-  return ops;
 }
 
 // test() until the operation finished: bounded by count and by time.
@@ -143,6 +59,25 @@ bool TestUntilDone(Work& work) {
     if (i > 1000) std::this_thread::yield();
   }
   return false;
+}
+
+// An operation that started, finished under test() and ended OK.
+::testing::AssertionResult TestedOk(const Communicator::WorkOr& w) {
+  if (!w.ok()) return ::testing::AssertionFailure() << w.status();
+  if (!TestUntilDone(**w)) {
+    return ::testing::AssertionFailure() << (*w)->name() << " did not finish";
+  }
+  if (!(*w)->status().ok()) return ::testing::AssertionFailure() << (*w)->status();
+  return ::testing::AssertionSuccess();
+}
+
+// An operation that started and whose wait(deadline) ended OK.
+::testing::AssertionResult WaitedOk(const Communicator::WorkOr& w,
+                                    absl::Time deadline = absl::InfiniteFuture()) {
+  if (!w.ok()) return ::testing::AssertionFailure() << w.status();
+  const absl::Status s = (*w)->wait(deadline);
+  if (!s.ok()) return ::testing::AssertionFailure() << s;
+  return ::testing::AssertionSuccess();
 }
 
 TEST(DataTypes, NamesAndSizes) {
@@ -194,10 +129,7 @@ TEST(MpiCommunicator, WorldMatchesMpi) {
                    &result);
   EXPECT_EQ(result, MPI_CONGRUENT);  // a private copy, not WORLD itself
   EXPECT_TRUE(world->barrier().ok());
-  auto w = world->ibarrier();
-  ASSERT_TRUE(w.ok()) << w.status();
-  EXPECT_TRUE(TestUntilDone(**w));
-  EXPECT_TRUE((*w)->status().ok()) << (*w)->status();
+  EXPECT_TRUE(TestedOk(world->ibarrier()));
 }
 
 // -- Every operation x every data type ---------------------------------------------
@@ -208,27 +140,22 @@ using ElementTypes = ::testing::Types<float, double, int32_t, int64_t, BFloat16,
                                       Float16, int8_t, uint8_t>;
 TYPED_TEST_SUITE(Collectives, ElementTypes);
 
-#define EXPECT_VALUE(got, want) EXPECT_EQ(To(got), (want))
-
 TYPED_TEST(Collectives, Broadcast) {
   using T = TypeParam;
   auto world = World();
   ASSERT_THAT(world, NotNull());
   for (int root = 0; root < world->size(); ++root) {
     std::vector<T> data(5, From<T>(99));
-    if (world->rank() == root) data = Fill<T>(5, ReduceOp::kSum, root);
+    if (world->rank() == root) data = Values<T>(root, 5);
     ASSERT_TRUE(world->broadcast(absl::MakeSpan(data), root).ok());
     for (size_t i = 0; i < data.size(); ++i) {
       EXPECT_VALUE(data[i], Value<T>(root, i)) << "root " << root << " i " << i;
     }
     // The asynchronous form, test()ed until done.
     std::vector<T> again(5, From<T>(99));
-    if (world->rank() == root) again = Fill<T>(5, ReduceOp::kSum, root);
-    auto w = world->ibroadcast(again.data(), again.size(), DataTypeOf<T>(),
-                               root);
-    ASSERT_TRUE(w.ok()) << w.status();
-    ASSERT_TRUE(TestUntilDone(**w));
-    ASSERT_TRUE((*w)->status().ok()) << (*w)->status();
+    if (world->rank() == root) again = Values<T>(root, 5);
+    ASSERT_TRUE(TestedOk(world->ibroadcast(again.data(), again.size(),
+                                           DataTypeOf<T>(), root)));
     for (size_t i = 0; i < again.size(); ++i) {
       EXPECT_VALUE(again[i], Value<T>(root, i)) << "async root " << root;
     }
@@ -244,7 +171,7 @@ TYPED_TEST(Collectives, AllReduceEveryOp) {
   const size_t count = 7;
   for (ReduceOp op : OpsOf<T>()) {
     SCOPED_TRACE(ReduceOpName(op));
-    std::vector<T> data = Fill<T>(count, op, me);
+    std::vector<T> data = Inputs<T>(op, me, count);
     std::vector<T> out(count, From<T>(0));
     // Out of place, then in place, then asynchronous (waited).
     ASSERT_TRUE(world
@@ -253,9 +180,8 @@ TYPED_TEST(Collectives, AllReduceEveryOp) {
                     .ok());
     std::vector<T> async = data;
     ASSERT_TRUE(world->all_reduce(absl::MakeSpan(data), op).ok());
-    auto w = world->iall_reduce(absl::MakeSpan(async), op);
-    ASSERT_TRUE(w.ok()) << w.status();
-    ASSERT_TRUE((*w)->wait(absl::Now() + absl::Seconds(30)).ok());
+    ASSERT_TRUE(WaitedOk(world->iall_reduce(absl::MakeSpan(async), op),
+                         absl::Now() + absl::Seconds(30)));
     for (size_t i = 0; i < count; ++i) {
       const double want = Expected<T>(op, n, i);
       EXPECT_VALUE(out[i], want) << "i " << i;
@@ -275,7 +201,7 @@ TYPED_TEST(Collectives, ReduceToEveryRoot) {
   for (ReduceOp op : OpsOf<T>()) {
     for (int root = 0; root < n; ++root) {
       SCOPED_TRACE(absl::StrCat(ReduceOpName(op), " root ", root));
-      const std::vector<T> send = Fill<T>(count, op, me);
+      const std::vector<T> send = Inputs<T>(op, me, count);
       std::vector<T> recv(count, From<T>(42));
       ASSERT_TRUE(world
                       ->reduce(send.data(), recv.data(), count,
@@ -319,7 +245,7 @@ TYPED_TEST(Collectives, AllGatherEvenAndUneven) {
   const int me = world->rank();
   const int n = world->size();
   const size_t count = 3;
-  const std::vector<T> mine = Fill<T>(count, ReduceOp::kSum, me);
+  const std::vector<T> mine = Values<T>(me, count);
   std::vector<T> all(count * n);
   ASSERT_TRUE(
       world->all_gather(absl::MakeConstSpan(mine), absl::MakeSpan(all)).ok());
@@ -332,18 +258,15 @@ TYPED_TEST(Collectives, AllGatherEvenAndUneven) {
   std::vector<size_t> counts(n);
   for (int r = 0; r < n; ++r) counts[r] = static_cast<size_t>(r % 3);
   const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
-  const std::vector<T> part = Fill<T>(counts[me], ReduceOp::kSum, me);
+  const std::vector<T> part = Values<T>(me, counts[me]);
   std::vector<T> gathered(total, From<T>(99));
   std::vector<T> async(total, From<T>(99));
   ASSERT_TRUE(world
                   ->all_gather_v(part.data(), gathered.data(), counts,
                                  DataTypeOf<T>())
                   .ok());
-  auto w = world->iall_gather_v(part.data(), async.data(), counts,
-                                DataTypeOf<T>());
-  ASSERT_TRUE(w.ok()) << w.status();
-  ASSERT_TRUE(TestUntilDone(**w));
-  ASSERT_TRUE((*w)->status().ok()) << (*w)->status();
+  ASSERT_TRUE(TestedOk(world->iall_gather_v(part.data(), async.data(), counts,
+                                            DataTypeOf<T>())));
   size_t at = 0;
   for (int r = 0; r < n; ++r) {
     for (size_t i = 0; i < counts[r]; ++i, ++at) {
@@ -362,7 +285,7 @@ TYPED_TEST(Collectives, ReduceScatterEvenAndUneven) {
   const size_t count = 2;
   for (ReduceOp op : OpsOf<T>()) {
     SCOPED_TRACE(ReduceOpName(op));
-    const std::vector<T> send = Fill<T>(count * n, op, me);
+    const std::vector<T> send = Inputs<T>(op, me, count * n);
     std::vector<T> recv(count);
     ASSERT_TRUE(world
                     ->reduce_scatter(absl::MakeConstSpan(send),
@@ -380,17 +303,15 @@ TYPED_TEST(Collectives, ReduceScatterEvenAndUneven) {
       if (r == me) offset = total;
       total += counts[r];
     }
-    const std::vector<T> many = Fill<T>(total, op, me);
+    const std::vector<T> many = Inputs<T>(op, me, total);
     std::vector<T> block(counts[me], From<T>(99));
     std::vector<T> async(counts[me], From<T>(99));
     ASSERT_TRUE(world
                     ->reduce_scatter_v(many.data(), block.data(), counts,
                                        DataTypeOf<T>(), op)
                     .ok());
-    auto w = world->ireduce_scatter_v(many.data(), async.data(), counts,
-                                      DataTypeOf<T>(), op);
-    ASSERT_TRUE(w.ok()) << w.status();
-    ASSERT_TRUE((*w)->wait().ok());
+    ASSERT_TRUE(WaitedOk(world->ireduce_scatter_v(many.data(), async.data(),
+                                                  counts, DataTypeOf<T>(), op)));
     for (size_t j = 0; j < counts[me]; ++j) {
       EXPECT_VALUE(block[j], Expected<T>(op, n, offset + j)) << "v, j " << j;
       EXPECT_VALUE(async[j], Expected<T>(op, n, offset + j)) << "async, j " << j;
@@ -407,7 +328,7 @@ TYPED_TEST(Collectives, GatherAndScatterAtEveryRoot) {
   const size_t count = 3;
   for (int root = 0; root < n; ++root) {
     SCOPED_TRACE(absl::StrCat("root ", root));
-    const std::vector<T> mine = Fill<T>(count, ReduceOp::kSum, me);
+    const std::vector<T> mine = Values<T>(me, count);
     std::vector<T> all(me == root ? count * n : 0);
     ASSERT_TRUE(world
                     ->gather(mine.data(), me == root ? all.data() : nullptr,
@@ -426,11 +347,9 @@ TYPED_TEST(Collectives, GatherAndScatterAtEveryRoot) {
       }
     }
     std::vector<T> got(count, From<T>(99));
-    auto w = world->iscatter(me == root ? blocks.data() : nullptr, got.data(),
-                             count, DataTypeOf<T>(), root);
-    ASSERT_TRUE(w.ok()) << w.status();
-    ASSERT_TRUE(TestUntilDone(**w));
-    ASSERT_TRUE((*w)->status().ok()) << (*w)->status();
+    ASSERT_TRUE(TestedOk(world->iscatter(me == root ? blocks.data() : nullptr,
+                                         got.data(), count, DataTypeOf<T>(),
+                                         root)));
     for (size_t i = 0; i < count; ++i) {
       EXPECT_VALUE(got[i], Value<T>(me + 10, i)) << "i " << i;
     }
@@ -479,10 +398,9 @@ TYPED_TEST(Collectives, AllToAllEvenAndUneven) {
                   ->all_to_all_v(absl::MakeConstSpan(vsend), send_counts,
                                  absl::MakeSpan(vrecv), recv_counts)
                   .ok());
-  auto w = world->iall_to_all_v(vsend.data(), send_counts, async.data(),
-                                recv_counts, DataTypeOf<T>());
-  ASSERT_TRUE(w.ok()) << w.status();
-  ASSERT_TRUE((*w)->wait().ok());
+  ASSERT_TRUE(WaitedOk(world->iall_to_all_v(vsend.data(), send_counts,
+                                            async.data(), recv_counts,
+                                            DataTypeOf<T>())));
   size_t at = 0;
   for (int p = 0; p < n; ++p) {
     for (size_t i = 0; i < recv_counts[p]; ++i, ++at) {
@@ -500,7 +418,7 @@ TYPED_TEST(Collectives, PointToPoint) {
   const int n = world->size();
   const int next = (me + 1) % n;
   const int prev = (me + n - 1) % n;
-  const std::vector<T> out = Fill<T>(4, ReduceOp::kSum, me);
+  const std::vector<T> out = Values<T>(me, 4);
   std::vector<T> in(4, From<T>(0));
   // A combined shift works on any size, oneself included.
   ASSERT_TRUE(world
@@ -528,9 +446,9 @@ TYPED_TEST(Collectives, PointToPoint) {
   }
 
   // A batch: two messages to the next rank, in order, and one to oneself.
-  const std::vector<T> first = Fill<T>(3, ReduceOp::kSum, me + 20);
-  const std::vector<T> second = Fill<T>(2, ReduceOp::kSum, me + 40);
-  const std::vector<T> self = Fill<T>(1, ReduceOp::kSum, me + 60);
+  const std::vector<T> first = Values<T>(me + 20, 3);
+  const std::vector<T> second = Values<T>(me + 40, 2);
+  const std::vector<T> self = Values<T>(me + 60, 1);
   std::vector<T> a(3), b(2), s(1);
   std::vector<P2POp> ops = {
       P2POp::Recv(absl::MakeSpan(a), prev),
@@ -559,10 +477,10 @@ TEST(MpiCommunicator, AsyncCollectivesOverlap) {
   const int me = world->rank();
   const int n = world->size();
   // Several operations in flight at once, finished in reverse order.
-  std::vector<float> reduced = Fill<float>(6, ReduceOp::kSum, me);
-  std::vector<int32_t> mine = Fill<int32_t>(2, ReduceOp::kSum, me);
+  std::vector<float> reduced = Values<float>(me, 6);
+  std::vector<int32_t> mine = Values<int32_t>(me, 2);
   std::vector<int32_t> all(2 * n);
-  std::vector<double> rs_send = Fill<double>(3 * n, ReduceOp::kMax, me);
+  std::vector<double> rs_send = Inputs<double>(ReduceOp::kMax, me, 3 * n);
   std::vector<double> rs_recv(3);
   std::vector<int64_t> a2a_send(n), a2a_recv(n);
   for (int p = 0; p < n; ++p) a2a_send[p] = me * 100 + p;
@@ -764,13 +682,29 @@ std::shared_ptr<MpiCommunicator> Private(MpiCommunicator& world) {
   return dup.ok() ? *dup : nullptr;
 }
 
+// The rank before this one in `comm`'s ring: the one Release() sends from.
+int Prev(const Communicator& comm) {
+  return (comm.rank() + comm.size() - 1) % comm.size();
+}
+
+// A blocking receive from Prev(comm) into `into` that nobody sends to (until
+// Release()): what it returned, and how long it took.
+struct Stuck {
+  absl::Status status;
+  absl::Duration took;
+};
+Stuck RecvNobodySends(MpiCommunicator& comm, int32_t (&into)[4]) {
+  const absl::Time start = absl::Now();
+  absl::Status s = comm.recv(into, 4, DataType::kInt32, Prev(comm));
+  return {s, absl::Now() - start};
+}
+
 TEST(MpiCommunicator, WaitAfterAbortIsAborted) {
   auto world = World();
   ASSERT_THAT(world, NotNull());
   auto comm = Private(*world);
   ASSERT_THAT(comm, NotNull());
-  const int prev = (comm->rank() + comm->size() - 1) % comm->size();
-  auto w = comm->irecv(landing[0], 4, DataType::kInt32, prev);
+  auto w = comm->irecv(landing[0], 4, DataType::kInt32, Prev(*comm));
   ASSERT_TRUE(w.ok()) << w.status();
   EXPECT_FALSE((*w)->test());
   comm->abort("the test gave up");
@@ -789,7 +723,6 @@ TEST(MpiCommunicator, AbortFromAnotherThreadReleasesABlockedRecv) {
   ASSERT_THAT(world, NotNull());
   auto comm = Private(*world);
   ASSERT_THAT(comm, NotNull());
-  const int prev = (comm->rank() + comm->size() - 1) % comm->size();
   // The second thread only calls abort(), which makes no MPI call: this
   // holds at any thread level MPI granted.
   std::atomic<bool> aborted{false};
@@ -798,15 +731,14 @@ TEST(MpiCommunicator, AbortFromAnotherThreadReleasesABlockedRecv) {
     comm->abort("aborted by a second thread");
     aborted = true;
   });
-  const absl::Time start = absl::Now();
-  absl::Status s = comm->recv(landing[1], 4, DataType::kInt32, prev);
-  const absl::Duration took = absl::Now() - start;
+  const Stuck r = RecvNobodySends(*comm, landing[1]);
   aborter.join();
   EXPECT_TRUE(aborted);
-  EXPECT_TRUE(absl::IsAborted(s)) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr("aborted by a second thread"));
-  EXPECT_GE(took, absl::Milliseconds(150));
-  EXPECT_LT(took, absl::Seconds(10));
+  EXPECT_TRUE(absl::IsAborted(r.status)) << r.status;
+  EXPECT_THAT(std::string(r.status.message()),
+              HasSubstr("aborted by a second thread"));
+  EXPECT_GE(r.took, absl::Milliseconds(150));
+  EXPECT_LT(r.took, absl::Seconds(10));
   Release(*comm);
 }
 
@@ -815,14 +747,11 @@ TEST(MpiCommunicator, TimeoutIsDeadlineExceededThenAborted) {
   ASSERT_THAT(world, NotNull());
   auto comm = Private(*world);
   ASSERT_THAT(comm, NotNull());
-  const int prev = (comm->rank() + comm->size() - 1) % comm->size();
   comm->set_timeout(absl::Milliseconds(200));
-  const absl::Time start = absl::Now();
-  absl::Status s = comm->recv(landing[2], 4, DataType::kInt32, prev);
-  const absl::Duration took = absl::Now() - start;
-  EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
-  EXPECT_GE(took, absl::Milliseconds(150));
-  EXPECT_LT(took, absl::Seconds(10));
+  const Stuck r = RecvNobodySends(*comm, landing[2]);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(r.status)) << r.status;
+  EXPECT_GE(r.took, absl::Milliseconds(150));
+  EXPECT_LT(r.took, absl::Seconds(10));
   EXPECT_TRUE(comm->aborted());
   absl::Status next = comm->barrier();
   EXPECT_TRUE(absl::IsAborted(next)) << next;
