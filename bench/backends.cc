@@ -105,13 +105,10 @@ void Run(const std::vector<int64_t>& shape, int reps, bool smoke) {
       for (int turn = 0; turn < 2; ++turn) {
         const bool gloo = (rep + turn) % 2 == 1;
         Communicator& group = gloo ? *gloo_dp : *mpi_dp;
-        MPI_Barrier(MPI_COMM_WORLD);
-        const double start = MPI_Wtime();
-        for (int i = 0; i < batch; ++i) {
-          absl::Status st = group.all_reduce(absl::MakeSpan(data), ReduceOp::kSum);
-          if (!st.ok()) Die(absl::StrCat("all_reduce: ", st.ToString()));
-        }
-        const double took = MaxOverRanks((MPI_Wtime() - start) / batch);
+        const double took = Sample(batch, [&] {
+          Check(group.all_reduce(absl::MakeSpan(data), ReduceOp::kSum),
+                "all_reduce");
+        });
         (gloo ? p.gloo : p.mpi).push_back(took);
       }
       p.ratio.push_back(p.gloo.back() / p.mpi.back());

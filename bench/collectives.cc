@@ -55,19 +55,6 @@ struct Group {
   MPI_Comm hand = MPI_COMM_NULL;       // made by hand
 };
 
-// Mean seconds per call of the slowest rank.
-template <typename F>
-double Sample(int batch, F&& call) {
-  MPI_Barrier(MPI_COMM_WORLD);
-  const double start = MPI_Wtime();
-  for (int i = 0; i < batch; ++i) call();
-  return MaxOverRanks((MPI_Wtime() - start) / batch);
-}
-
-void Check(const absl::Status& status, const char* what) {
-  if (!status.ok()) Die(absl::StrCat(what, ": ", status.ToString()));
-}
-
 void Run(const std::vector<int64_t>& shape, int reps, bool smoke) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -138,29 +125,13 @@ void Run(const std::vector<int64_t>& shape, int reps, bool smoke) {
                       static_cast<int>(buffer.size()), MPI_FLOAT, MPI_SUM,
                       g.hand);
       };
-      Sample(batch, by_vemesh);  // warm-up, untimed
-      Sample(batch, by_mpi);
-      // Each repetition takes three samples in a rotated order: vemesh,
-      // MPI, and MPI again. The MPI/MPI ratio is the control: how far from 1
-      // noise alone moves a ratio on this machine.
-      std::vector<double> vemesh, mpi, paired, control;
-      for (int r = 0; r < reps; ++r) {
-        double t[3];
-        for (int i = 0; i < 3; ++i) {
-          const int which = (i + r) % 3;
-          t[which] = which == 0 ? Sample(batch, by_vemesh)
-                                : Sample(batch, by_mpi);
-        }
-        vemesh.push_back(t[0]);
-        mpi.push_back(t[1]);
-        paired.push_back(t[0] / t[1]);
-        control.push_back(t[2] / t[1]);
-      }
+      // vemesh, MPI, and MPI again: the MPI/MPI ratio is the control.
+      const Paired t = SamplePaired(reps, batch, by_vemesh, by_mpi);
       if (rank == 0) {
-        const double v = Median(vemesh), m = Median(mpi);
+        const double v = Median(t.a), m = Median(t.b);
         std::printf("| %s | %d | %s | %.1f | %.1f | %.3f | %.3f | %.3f |\n",
                     g.role.c_str(), g.mesh->size(), size.label, v * 1e6,
-                    m * 1e6, v / m, Median(paired), Median(control));
+                    m * 1e6, v / m, Median(t.paired), Median(t.control));
       }
     }
   }

@@ -46,10 +46,6 @@ using strategies::GradientType;
 using strategies::Matrix;
 using strategies::Parameter;
 
-void Check(const absl::Status& status, const char* what) {
-  if (!status.ok()) Die(absl::StrCat(what, ": ", status.ToString()));
-}
-
 struct Model {
   std::vector<Parameter> params;
   Matrix a, b, c;  // the compute of one layer's backward

@@ -124,4 +124,8 @@ void Die(const std::string& message) {
   std::abort();
 }
 
+void Check(const absl::Status& status, const char* what) {
+  if (!status.ok()) Die(absl::StrCat(what, ": ", status.ToString()));
+}
+
 }  // namespace vemesh::bench

@@ -50,42 +50,16 @@ struct Size {
   int batch;  // calls per sample: a sample lasts some milliseconds
 };
 
-// Mean seconds per call of the slowest rank.
-double Sample(int batch, const std::function<void()>& call) {
-  MPI_Barrier(MPI_COMM_WORLD);
-  const double start = MPI_Wtime();
-  for (int i = 0; i < batch; ++i) call();
-  return MaxOverRanks((MPI_Wtime() - start) / batch);
-}
-
-void Check(const absl::Status& status, const char* what) {
-  if (!status.ok()) Die(absl::StrCat(what, ": ", status.ToString()));
-}
-
 // One table row: A against B, paired.
 void Row(const std::string& what, const Size& size, int reps, bool smoke,
          const std::function<void()>& a, const std::function<void()>& b) {
-  const int batch = smoke ? 1 : size.batch;
-  Sample(batch, a);  // warm-up, untimed
-  Sample(batch, b);
-  std::vector<double> ta, tb, paired, control;
-  for (int r = 0; r < reps; ++r) {
-    double t[3];
-    for (int i = 0; i < 3; ++i) {
-      const int which = (i + r) % 3;
-      t[which] = Sample(batch, which == 0 ? a : b);
-    }
-    ta.push_back(t[0]);
-    tb.push_back(t[1]);
-    paired.push_back(t[0] / t[1]);
-    control.push_back(t[2] / t[1]);
-  }
+  const Paired t = SamplePaired(reps, smoke ? 1 : size.batch, a, b);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank == 0) {
     std::printf("| %s | %s | %.1f | %.1f | %.3f | %.3f |\n", what.c_str(),
-                size.label, Median(ta) * 1e6, Median(tb) * 1e6,
-                Median(paired), Median(control));
+                size.label, Median(t.a) * 1e6, Median(t.b) * 1e6,
+                Median(t.paired), Median(t.control));
   }
 }
 
