@@ -98,6 +98,28 @@ struct DataParallel::Sync {
     std::vector<BFloat16> bf16;
     std::shared_ptr<Work> work;  // set once started asynchronously
     bool reduced = false;        // started (or, without overlap, done)
+
+    // Copies this bucket's pieces of the gradients of `params` into the
+    // staging buffer of `type`.
+    void Stage(const std::vector<Parameter*>& params, GradientType type) {
+      if (type == GradientType::kBFloat16) {
+        bf16.clear();
+        bf16.reserve(size);
+      } else {
+        f64.clear();
+        f64.reserve(size);
+      }
+      for (const Piece& p : pieces) {
+        const double* g = params[p.param]->grad.data() + p.offset;
+        if (type == GradientType::kBFloat16) {
+          for (size_t j = 0; j < p.count; ++j) {
+            bf16.push_back(BFloat16(static_cast<float>(g[j])));
+          }
+        } else {
+          f64.insert(f64.end(), g, g + p.count);
+        }
+      }
+    }
   };
 
   RoleGroup dp;
@@ -227,26 +249,11 @@ absl::Status DataParallel::StartReadyBuckets(Sync& s) {
   }
   while (s.next < s.buckets.size() && s.buckets[s.next].unready == 0) {
     Sync::Bucket& b = s.buckets[s.next];
-    Communicator::WorkOr w;
-    if (options_.gradient_type == GradientType::kBFloat16) {
-      b.bf16.clear();
-      b.bf16.reserve(b.size);
-      for (const Sync::Piece& p : b.pieces) {
-        const double* g = s.params[p.param]->grad.data() + p.offset;
-        for (size_t j = 0; j < p.count; ++j) {
-          b.bf16.push_back(BFloat16(static_cast<float>(g[j])));
-        }
-      }
-      w = s.dp.comm->iall_reduce(absl::MakeSpan(b.bf16), ReduceOp::kSum);
-    } else {
-      b.f64.clear();
-      b.f64.reserve(b.size);
-      for (const Sync::Piece& p : b.pieces) {
-        const double* g = s.params[p.param]->grad.data() + p.offset;
-        b.f64.insert(b.f64.end(), g, g + p.count);
-      }
-      w = s.dp.comm->iall_reduce(absl::MakeSpan(b.f64), ReduceOp::kSum);
-    }
+    b.Stage(s.params, options_.gradient_type);
+    Communicator::WorkOr w =
+        options_.gradient_type == GradientType::kBFloat16
+            ? s.dp.comm->iall_reduce(absl::MakeSpan(b.bf16), ReduceOp::kSum)
+            : s.dp.comm->iall_reduce(absl::MakeSpan(b.f64), ReduceOp::kSum);
     if (!w.ok()) return w.status();
     b.work = *std::move(w);
     b.reduced = true;
@@ -283,21 +290,10 @@ absl::StatusOr<BucketStats> DataParallel::FinishGradientSync() {
     // The baseline: one blocking all_reduce per bucket, after the backward.
     for (Sync::Bucket& b : s.buckets) {
       if (!status.ok()) break;
-      if (options_.gradient_type == GradientType::kBFloat16) {
-        for (const Sync::Piece& p : b.pieces) {
-          const double* g = s.params[p.param]->grad.data() + p.offset;
-          for (size_t j = 0; j < p.count; ++j) {
-            b.bf16.push_back(BFloat16(static_cast<float>(g[j])));
-          }
-        }
-        status = s.dp.comm->all_reduce(absl::MakeSpan(b.bf16), ReduceOp::kSum);
-      } else {
-        for (const Sync::Piece& p : b.pieces) {
-          const double* g = s.params[p.param]->grad.data() + p.offset;
-          b.f64.insert(b.f64.end(), g, g + p.count);
-        }
-        status = s.dp.comm->all_reduce(absl::MakeSpan(b.f64), ReduceOp::kSum);
-      }
+      b.Stage(s.params, options_.gradient_type);
+      status = options_.gradient_type == GradientType::kBFloat16
+                   ? s.dp.comm->all_reduce(absl::MakeSpan(b.bf16), ReduceOp::kSum)
+                   : s.dp.comm->all_reduce(absl::MakeSpan(b.f64), ReduceOp::kSum);
     }
   }
   if (!status.ok()) {

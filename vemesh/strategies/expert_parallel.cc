@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -19,6 +20,15 @@ uint64_t SplitMix64(uint64_t x) {
 
 std::string Shape(const Matrix& m) {
   return absl::StrCat(m.rows(), "x", m.cols());
+}
+
+// The received rows (indices into d.received) for local expert `j`, in order.
+std::vector<int64_t> RowsOfExpert(const MoeDispatch& d, int j) {
+  std::vector<int64_t> rows;
+  for (size_t k = 0; k < d.received_expert.size(); ++k) {
+    if (d.received_expert[k] == j) rows.push_back(static_cast<int64_t>(k));
+  }
+  return rows;
 }
 
 }  // namespace
@@ -164,10 +174,7 @@ absl::StatusOr<Matrix> ExpertParallelMoe::Forward(
   // Each local expert on its rows, as one matrix product.
   Matrix computed(got.rows(), out_);
   for (int j = 0; j < local_experts(); ++j) {
-    std::vector<int64_t> rows;
-    for (int64_t k = 0; k < got.rows(); ++k) {
-      if (d.received_expert[k] == j) rows.push_back(k);
-    }
+    const std::vector<int64_t> rows = RowsOfExpert(d, j);
     if (rows.empty()) continue;
     Matrix in(static_cast<int64_t>(rows.size()), in_);
     for (size_t r = 0; r < rows.size(); ++r) in.row(r) = d.received.row(rows[r]);
@@ -199,10 +206,7 @@ absl::StatusOr<Matrix> ExpertParallelMoe::Backward(const MoeDispatch& d,
 
   Matrix grad_in(got.rows(), in_);
   for (int j = 0; j < local_experts(); ++j) {
-    std::vector<int64_t> idx;
-    for (int64_t k = 0; k < got.rows(); ++k) {
-      if (d.received_expert[k] == j) idx.push_back(k);
-    }
+    const std::vector<int64_t> idx = RowsOfExpert(d, j);
     if (idx.empty()) continue;
     Matrix in(static_cast<int64_t>(idx.size()), in_);
     Matrix g(static_cast<int64_t>(idx.size()), out_);
