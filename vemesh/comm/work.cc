@@ -14,10 +14,12 @@ namespace {
 
 // How often a waiting thread looks at an unfinished operation. A backend's
 // progress (MPI's, notably) happens inside Poll, so the first looks come
-// back to back; a long wait then yields and sleeps so that oversubscribed
-// ranks (8 on 2 cores in the tests) leave the CPU to the rank they wait for.
+// back to back; then, for a few milliseconds, each look is followed by a
+// yield (unless Poll yields by itself); a long wait sleeps between looks so
+// that oversubscribed ranks (8 on 2 cores in the tests) leave the CPU to the
+// rank they wait for.
 constexpr int kSpinPolls = 256;
-constexpr absl::Duration kYieldPhase = absl::Milliseconds(2);
+constexpr absl::Duration kYieldPhase = absl::Milliseconds(5);
 constexpr absl::Duration kLongSleep = absl::Microseconds(100);
 
 }  // namespace
@@ -63,7 +65,7 @@ absl::Status Work::wait(absl::Time deadline) {
       break;
     }
     if (now - start < kYieldPhase) {
-      sched_yield();
+      if (!PollYields()) sched_yield();
     } else {
       absl::SleepFor(std::min(kLongSleep, deadline - now));
     }

@@ -66,6 +66,11 @@ class Work {
   // Backend hook, one non-blocking look: the final status once the
   // operation finished, nullopt while it runs. Called until it answers once.
   virtual std::optional<absl::Status> Poll() = 0;
+  // Whether Poll gives the core away by itself when the host is
+  // oversubscribed (MPI_Test does, under Open MPI's mpi_yield_when_idle).
+  // Then wait() adds no yields of its own in its first milliseconds: they
+  // made every short wait slower than MPI_Wait on shared cores.
+  virtual bool PollYields() const { return false; }
 
  private:
   void Finish(absl::Status status);

@@ -303,6 +303,9 @@ class MpiWork final : public Work {
   }
   const Operation& op() const { return op_; }
 
+  // MPI_Test yields the core itself on an oversubscribed host.
+  bool PollYields() const override { return true; }
+
   std::optional<absl::Status> Poll() override {
     // No MPI from a thread that may not call it, nor after MPI_Finalize.
     VEMESH_RETURN_IF_ERROR(MpiUsable(name(), size_));
