@@ -5,7 +5,12 @@
 //   * creating a "cuda" mesh (1, 1, 1): NCCL world + 3 ncclCommSplit
 //     against creating the same "cpu" mesh (host communicators only);
 //   * all_reduce of 64 MiB float32 on device memory through vemesh against
-//     the same all_reduce through the raw ncclComm_t (native_handle()).
+//     the same all_reduce through the raw ncclComm_t (native_handle());
+//   * the three dimensions' NCCL communicators made with one grouped
+//     split_many (every ncclCommSplit in one ncclGroupStart/End, NCCL >=
+//     2.27) against one split at a time (NcclOptions::group_splits = false),
+//     alone on an existing NCCL communicator and as part of creating a
+//     (1, 1, 1) cuda mesh; and grouped with splitShare = 1.
 //
 //   build/release/bench/nccl_init --reps=10
 //
@@ -95,5 +100,69 @@ int main(int argc, char** argv) {
   cudaFree(x);
   cudaStreamDestroy(stream);
 #endif
+  // Grouped against one-by-one splits, and with resource sharing.
+  struct Variant {
+    const char* what;
+    vemesh::NcclOptions nccl;
+  };
+  vemesh::NcclOptions one_by_one;
+  one_by_one.group_splits = false;
+  vemesh::NcclOptions shared;
+  shared.split_share = true;
+  const std::vector<Variant> variants = {
+      {"grouped", {}}, {"one by one", one_by_one}, {"grouped, splitShare", shared}};
+  const std::vector<vemesh::SplitRequest> requests = {
+      {0, 0, "PP"}, {0, 0, "DP"}, {0, 0, "TP"}};
+  // Parents made once per variant; each keeps the variant's options.
+  std::vector<std::shared_ptr<vemesh::Communicator>> parents;
+  for (const Variant& v : variants) {
+    vemesh::MeshOptions options;
+    options.nccl = v.nccl;
+    auto parent = vemesh::init_device_mesh("cuda", {1}, {"W"}, options);
+    if (!parent.ok()) {
+      std::printf("nccl_init: parent mesh failed: %s\n",
+                  parent.status().ToString().c_str());
+      return 1;
+    }
+    parents.push_back(*parent->get_group("W"));
+  }
+  std::vector<std::vector<double>> split_ms(variants.size()),
+      mesh_ms(variants.size());
+  for (int i = 0; i < reps + 1; ++i) {
+    for (size_t v = 0; v < variants.size(); ++v) {  // interleaved: same noise
+      absl::Time start = absl::Now();
+      auto children = parents[v]->split_many(requests);
+      const double split = absl::ToDoubleMilliseconds(absl::Now() - start);
+      if (!children.ok()) {
+        std::printf("nccl_init: split_many (%s) failed: %s\n",
+                    variants[v].what, children.status().ToString().c_str());
+        return 1;
+      }
+      children->clear();
+      vemesh::MeshOptions options;
+      options.nccl = variants[v].nccl;
+      start = absl::Now();
+      auto mesh = vemesh::init_device_mesh("cuda", {1, 1, 1},
+                                           {"PP", "DP", "TP"}, options);
+      const double whole = absl::ToDoubleMilliseconds(absl::Now() - start);
+      if (!mesh.ok()) {
+        std::printf("nccl_init: cuda mesh (%s) failed: %s\n",
+                    variants[v].what, mesh.status().ToString().c_str());
+        return 1;
+      }
+      if (i > 0) {  // the first round is warm-up
+        split_ms[v].push_back(split);
+        mesh_ms[v].push_back(whole);
+      }
+    }
+  }
+  for (size_t v = 1; v < variants.size(); ++v) {
+    std::printf("| 3 ncclCommSplit (split_many), %s vs %s | %.2f ms | %.2f ms | %.2f |\n",
+                variants[0].what, variants[v].what, Median(split_ms[0]),
+                Median(split_ms[v]), Median(split_ms[0]) / Median(split_ms[v]));
+    std::printf("| create (1,1,1) cuda mesh, %s vs %s | %.2f ms | %.2f ms | %.2f |\n",
+                variants[0].what, variants[v].what, Median(mesh_ms[0]),
+                Median(mesh_ms[v]), Median(mesh_ms[0]) / Median(mesh_ms[v]));
+  }
   return 0;
 }

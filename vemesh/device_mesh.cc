@@ -318,26 +318,47 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
   auto backends = MeshBackends::Create(
       *bootstrap, std::move(plan), std::move(agreed.world),
       shared->host_local_rank,
-      shared->host_size == world_size, deadline, options.timeout);
+      shared->host_size == world_size, deadline, options.timeout,
+      options.nccl);
   if (!backends.ok()) return backends.status();
   shared->backends = *std::move(backends);
   shared->device_world = shared->backends->default_world();
   for (int64_t d = 0; d < layout.ndim(); ++d) shared->backend_dim.push_back(d);
 
-  // (6) One split per dimension, in dimension order on every rank.
+  // (6) The dimensions' groups: one split_many per backend world, worlds in
+  // the order of their first dimension (the same calls in the same order on
+  // every rank). NCCL builds all its dimensions' communicators in one group.
   const bool member = layout.contains(world_rank);
-  for (int64_t d = 0; d < layout.ndim(); ++d) {
-    int color = -1;
-    int key = 0;
+  const int64_t ndim = layout.ndim();
+  std::vector<SplitRequest> requests(static_cast<size_t>(ndim));
+  for (int64_t d = 0; d < ndim; ++d) {
+    SplitRequest& request = requests[d];
+    request.name = layout.dim_name(d);
     if (member) {
       VEMESH_ASSIGN_OR_RETURN(
           auto pos, layout.group_position({layout.dim_name(d)}, world_rank));
-      color = static_cast<int>(pos.group);
-      key = static_cast<int>(pos.index);
+      request.color = static_cast<int>(pos.group);
+      request.key = static_cast<int>(pos.index);
     }
-    VEMESH_ASSIGN_OR_RETURN(
-        auto group, shared->backends->world_of_dim(d)->split(color, key));
-    shared->dims.push_back(std::move(group));
+  }
+  shared->dims.resize(static_cast<size_t>(ndim));
+  std::vector<bool> made(static_cast<size_t>(ndim), false);
+  for (int64_t d = 0; d < ndim; ++d) {
+    if (made[d]) continue;
+    const std::shared_ptr<Communicator>& world =
+        shared->backends->world_of_dim(d);
+    std::vector<int64_t> dims;
+    std::vector<SplitRequest> batch;
+    for (int64_t e = d; e < ndim; ++e) {
+      if (shared->backends->world_of_dim(e) != world) continue;
+      dims.push_back(e);
+      batch.push_back(requests[e]);
+      made[e] = true;
+    }
+    VEMESH_ASSIGN_OR_RETURN(auto groups, world->split_many(batch, deadline));
+    for (size_t i = 0; i < dims.size(); ++i) {
+      shared->dims[dims[i]] = std::move(groups[i]);
+    }
   }
   return DeviceMesh(std::move(shared), std::move(layout));
 }
@@ -613,9 +634,13 @@ absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::flatten(
       color = static_cast<int>(pos.group);
       split_key = static_cast<int>(pos.index);
     }
-    VEMESH_ASSIGN_OR_RETURN(auto group,
-                            shared.device_world->split(color, split_key));
-    known = std::move(group);
+    // split_many of one: the same split, named for NCCL's logs.
+    const SplitRequest request{color, split_key, flat_name};
+    VEMESH_ASSIGN_OR_RETURN(
+        auto groups,
+        shared.device_world->split_many(absl::MakeConstSpan(&request, 1),
+                                        absl::Now() + shared.timeout));
+    known = std::move(groups[0]);
   }
   {
     std::lock_guard<std::mutex> lock(shared.mu);
@@ -759,20 +784,21 @@ absl::StatusOr<DeviceMesh> DeviceMesh::unflatten(
                                           absl::Now() + shared.timeout));
     const bool member = root.contains(shared.global_rank);
     const int64_t b = shared.backend_dim.empty() ? r : shared.backend_dim[r];
-    std::vector<std::shared_ptr<Communicator>> made;
+    // The new dimensions in one split_many (one NCCL group).
+    std::vector<SplitRequest> requests(static_cast<size_t>(k));
     for (int64_t j = 0; j < k; ++j) {
-      int color = -1;
-      int key = 0;
+      requests[j].name = names[j];
       if (member) {
         VEMESH_ASSIGN_OR_RETURN(
             auto pos, root.group_position({names[j]}, shared.global_rank));
-        color = static_cast<int>(pos.group);
-        key = static_cast<int>(pos.index);
+        requests[j].color = static_cast<int>(pos.group);
+        requests[j].key = static_cast<int>(pos.index);
       }
-      VEMESH_ASSIGN_OR_RETURN(
-          auto group, shared.backends->world_of_dim(b)->split(color, key));
-      made.push_back(std::move(group));
     }
+    VEMESH_ASSIGN_OR_RETURN(
+        std::vector<std::shared_ptr<Communicator>> made,
+        shared.backends->world_of_dim(b)->split_many(
+            requests, absl::Now() + shared.timeout));
     for (int64_t i = 0; i < shared.root.ndim(); ++i) {
       if (i == r) {
         next->dims.insert(next->dims.end(), made.begin(), made.end());
@@ -934,24 +960,26 @@ absl::StatusOr<DeviceMesh> DeviceMesh::view(
                                           fields,
                                           absl::Now() + shared.timeout));
     const bool member = layout.contains(shared.global_rank);
+    // The new dimensions in one split_many (one NCCL group).
+    std::vector<SplitRequest> requests;
     for (int64_t d = 0; d < layout.ndim(); ++d) {
-      if (!is_new[d]) {
-        next->dims.push_back(known[d]);
-        next->backend_dim.push_back(-1);
-        continue;
-      }
-      int color = -1;
-      int key = 0;
+      if (!is_new[d]) continue;
+      SplitRequest& request = requests.emplace_back();
+      request.name = layout.dim_name(d);
       if (member) {
         VEMESH_ASSIGN_OR_RETURN(
             auto pos,
             layout.group_position({layout.dim_name(d)}, shared.global_rank));
-        color = static_cast<int>(pos.group);
-        key = static_cast<int>(pos.index);
+        request.color = static_cast<int>(pos.group);
+        request.key = static_cast<int>(pos.index);
       }
-      VEMESH_ASSIGN_OR_RETURN(auto group,
-                              shared.device_world->split(color, key));
-      next->dims.push_back(std::move(group));
+    }
+    VEMESH_ASSIGN_OR_RETURN(
+        auto made, shared.device_world->split_many(
+                       requests, absl::Now() + shared.timeout));
+    size_t next_new = 0;
+    for (int64_t d = 0; d < layout.ndim(); ++d) {
+      next->dims.push_back(is_new[d] ? std::move(made[next_new++]) : known[d]);
       next->backend_dim.push_back(-1);
     }
     // A shared dimension keeps the backend it was made on.

@@ -56,8 +56,12 @@
 //   5. A host world per backend used (a private MPI duplicate, or a Gloo
 //      world through the store), and for "cuda" an NCCL world on device
 //      `host_local_rank()` whose unique id travels over the host world.
-//   6. One split per dimension, in dimension order, on that dimension's
-//      backend. Ranks outside the mesh take part with no color.
+//   6. The dimensions' groups: one Communicator::split_many per backend
+//      world, over the dimensions on that backend (worlds in the order of
+//      their first dimension), so every rank makes the same calls in the
+//      same order. NCCL issues the splits of all its dimensions in one
+//      group and names each communicator after its dimension. Ranks outside
+//      the mesh take part with no color.
 // A "meta" mesh skips all of it: no communication, global rank = the
 // launcher's rank (RANK, OMPI_COMM_WORLD_RANK, ...), else 0.
 //
@@ -90,6 +94,7 @@
 #include "absl/types/span.h"
 #include "vemesh/bootstrap/bootstrap.h"
 #include "vemesh/comm/communicator.h"
+#include "vemesh/comm/nccl/nccl_options.h"
 #include "vemesh/device_type.h"
 #include "vemesh/mesh_layout.h"
 
@@ -125,6 +130,11 @@ struct MeshOptions {
   std::string backend;
   // Per-dimension backends, by dimension name (PyTorch's backend_override).
   std::map<std::string, std::string> backend_override;
+  // How a "cuda" mesh makes its NCCL communicators: resource sharing between
+  // the world and the dimensions' splits (`split_share`, off by default),
+  // and whether the dimensions' ncclCommSplit calls go in one group
+  // (`group_splits`, on). See vemesh/comm/nccl/nccl_options.h.
+  NcclOptions nccl;
 };
 
 class DeviceMesh {

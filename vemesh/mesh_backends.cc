@@ -126,7 +126,8 @@ absl::StatusOr<BackendPlan> PlanBackends(DeviceType device_type,
 absl::StatusOr<std::unique_ptr<MeshBackends>> MeshBackends::Create(
     Bootstrap& bootstrap, BackendPlan plan,
     std::shared_ptr<Communicator> host_world, int cuda_device, bool one_host,
-    absl::Time deadline, absl::Duration op_timeout) {
+    absl::Time deadline, absl::Duration op_timeout,
+    const NcclOptions& nccl_options) {
   std::unique_ptr<MeshBackends> out(new MeshBackends());
   std::set<std::string> used(plan.dims.begin(), plan.dims.end());
   used.insert(plan.default_backend);
@@ -148,7 +149,8 @@ absl::StatusOr<std::unique_ptr<MeshBackends>> MeshBackends::Create(
   }
   if (used.count("nccl") > 0) {
     VEMESH_ASSIGN_OR_RETURN(
-        auto nccl, CreateNcclCommunicator(out->worlds_[host], cuda_device));
+        auto nccl, CreateNcclCommunicator(out->worlds_[host], cuda_device,
+                                          nccl_options));
     out->worlds_["nccl"] = std::move(nccl);
   }
   out->plan_ = std::move(plan);

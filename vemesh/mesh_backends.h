@@ -33,6 +33,7 @@
 #include "absl/time/time.h"
 #include "vemesh/bootstrap/bootstrap.h"
 #include "vemesh/comm/communicator.h"
+#include "vemesh/comm/nccl/nccl_options.h"
 #include "vemesh/device_mesh.h"
 #include "vemesh/device_type.h"
 #include "vemesh/mesh_layout.h"
@@ -58,11 +59,13 @@ absl::StatusOr<BackendPlan> PlanBackends(DeviceType device_type,
 class MeshBackends {
  public:
   // `host_world`: the bootstrap's own world, made beforehand with the
-  // agreement (AgreeAndMakeWorld); the other worlds are made here.
+  // agreement (AgreeAndMakeWorld); the other worlds are made here, the NCCL
+  // world with `nccl_options` (its splits inherit them).
   static absl::StatusOr<std::unique_ptr<MeshBackends>> Create(
       Bootstrap& bootstrap, BackendPlan plan,
       std::shared_ptr<Communicator> host_world, int cuda_device, bool one_host,
-      absl::Time deadline, absl::Duration op_timeout);
+      absl::Time deadline, absl::Duration op_timeout,
+      const NcclOptions& nccl_options = {});
   ~MeshBackends();
 
   const std::shared_ptr<Communicator>& default_world() const;

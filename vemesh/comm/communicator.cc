@@ -664,6 +664,30 @@ Communicator::WorkOr Communicator::batch_isend_irecv(
       options));
 }
 
+std::string SplitRequestName(const SplitRequest& request, size_t index) {
+  return request.name.empty() ? absl::StrCat("request ", index)
+                              : absl::StrCat("'", request.name, "'");
+}
+
+absl::StatusOr<std::vector<std::shared_ptr<Communicator>>>
+Communicator::split_many(absl::Span<const SplitRequest> requests,
+                         absl::Time) {
+  std::vector<std::shared_ptr<Communicator>> groups;
+  groups.reserve(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const SplitRequest& request = requests[i];
+    auto group = split(request.color, request.key);
+    if (!group.ok()) {
+      return absl::Status(
+          group.status().code(),
+          absl::StrCat("split ", SplitRequestName(request, i), ": ",
+                       group.status().message()));
+    }
+    groups.push_back(*std::move(group));
+  }
+  return groups;
+}
+
 absl::StatusOr<std::shared_ptr<Bootstrap>> Communicator::make_bootstrap(
     absl::Time) {
   return absl::InvalidArgumentError(absl::StrCat(

@@ -219,6 +219,18 @@ struct AsyncOptions {
   void* stream = nullptr;
 };
 
+// One group of a `split_many`: this rank's color and key, as for `split`,
+// and the group's name (a mesh passes the dimension's name, "TP"). Backends
+// that can label a communicator use the name (NCCL: ncclConfig_t::commName,
+// which NCCL's logs and profilers show); the others ignore it.
+struct SplitRequest {
+  int color = -1;
+  int key = 0;
+  std::string name;
+};
+// How errors name a request: "'TP'", or "request 2" when it has no name.
+std::string SplitRequestName(const SplitRequest& request, size_t index);
+
 class Communicator : public std::enable_shared_from_this<Communicator> {
  public:
   using WorkOr = absl::StatusOr<std::shared_ptr<Work>>;
@@ -347,6 +359,18 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // negative color takes part without joining; it gets nullptr.
   virtual absl::StatusOr<std::shared_ptr<Communicator>> split(int color,
                                                               int key) = 0;
+  // Collective: several splits of this group at once, with the result of
+  // calling `split(color, key)` for each request in order (entry i is
+  // request i's group, null for a negative color). Every rank passes the
+  // same number of requests. Backends that can build the groups
+  // concurrently do: NCCL issues all its ncclCommSplit calls in one group
+  // (NCCL >= 2.27). `deadline` bounds the backends that poll (NCCL); the
+  // others take as long as their split takes. On failure no group is
+  // returned (those made are freed), and the status names the request
+  // that failed.
+  virtual absl::StatusOr<std::vector<std::shared_ptr<Communicator>>>
+  split_many(absl::Span<const SplitRequest> requests,
+             absl::Time deadline = absl::InfiniteFuture());
 
   virtual NativeHandle native_handle() const = 0;
 

@@ -4,6 +4,7 @@
 #include <nccl.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -16,6 +17,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "vemesh/comm/nccl/nccl_api.h"
+#include "vemesh/status_macros.h"
 
 namespace vemesh {
 namespace {
@@ -29,9 +32,9 @@ bool IsNoDevice(cudaError_t code) {
 
 absl::Status CudaStatus(cudaError_t code, absl::string_view call) {
   if (code == cudaSuccess) return absl::OkStatus();
-  cudaGetLastError();  // clear a non-sticky error so later calls start clean
-  std::string text = absl::StrCat(call, " failed: ", cudaGetErrorName(code),
-                                  ": ", cudaGetErrorString(code));
+  Nccl().cudaGetLastError();  // clear a non-sticky error so later calls start clean
+  std::string text = absl::StrCat(call, " failed: ", Nccl().cudaGetErrorName(code),
+                                  ": ", Nccl().cudaGetErrorString(code));
   return IsNoDevice(code) ? absl::FailedPreconditionError(text)
                           : absl::InternalError(text);
 }
@@ -41,9 +44,9 @@ absl::Status NcclStatus(ncclResult_t code, absl::string_view call) {
   if (code == ncclSuccess || code == ncclInProgress) return absl::OkStatus();
   // The argument of ncclGetLastError is unused (NCCL's documentation); null
   // also keeps it safe after an abort freed the communicator.
-  const char* last = ncclGetLastError(nullptr);
+  const char* last = Nccl().ncclGetLastError(nullptr);
   std::string text =
-      absl::StrCat(call, " failed: ", ncclGetErrorString(code),
+      absl::StrCat(call, " failed: ", Nccl().ncclGetErrorString(code),
                    last != nullptr && *last != '\0' ? ": " : "",
                    last != nullptr ? last : "");
   switch (code) {
@@ -102,18 +105,18 @@ ncclRedOp_t NcclReduceOp(ReduceOp op) {
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) {
-      cudaGetLastError();
+    if (Nccl().cudaGetDevice(&previous_) != cudaSuccess) {
+      Nccl().cudaGetLastError();
       previous_ = -1;
     }
     if (previous_ != device) {
-      status_ = CudaStatus(cudaSetDevice(device), "cudaSetDevice");
+      status_ = CudaStatus(Nccl().cudaSetDevice(device), "cudaSetDevice");
       changed_ = status_.ok();
     }
   }
   ~DeviceGuard() {
-    if (changed_ && previous_ >= 0 && cudaSetDevice(previous_) != cudaSuccess) {
-      cudaGetLastError();
+    if (changed_ && previous_ >= 0 && Nccl().cudaSetDevice(previous_) != cudaSuccess) {
+      Nccl().cudaGetLastError();
     }
   }
   DeviceGuard(const DeviceGuard&) = delete;
@@ -148,7 +151,7 @@ absl::Status AwaitReady(ncclComm_t comm, absl::string_view call,
                         absl::Time deadline) {
   for (int polls = 0;; ++polls) {
     ncclResult_t state = ncclInProgress;
-    ncclResult_t code = ncclCommGetAsyncError(comm, &state);
+    ncclResult_t code = Nccl().ncclCommGetAsyncError(comm, &state);
     if (code != ncclSuccess) return NcclStatus(code, "ncclCommGetAsyncError");
     if (state != ncclInProgress) return NcclStatus(state, call);
     if (absl::Now() >= deadline) {
@@ -165,12 +168,12 @@ absl::Status CheckDeviceBuffer(absl::string_view op, absl::string_view what,
                                const void* data, size_t count) {
   if (count == 0 || data == nullptr) return absl::OkStatus();
   cudaPointerAttributes attributes;
-  cudaError_t code = cudaPointerGetAttributes(&attributes, data);
+  cudaError_t code = Nccl().cudaPointerGetAttributes(&attributes, data);
   if (code != cudaSuccess) {
-    cudaGetLastError();
+    Nccl().cudaGetLastError();
     return absl::InvalidArgumentError(
         absl::StrCat(op, ": the ", what, " buffer is not CUDA memory (",
-                     cudaGetErrorString(code), ")"));
+                     Nccl().cudaGetErrorString(code), ")"));
   }
   if (attributes.type != cudaMemoryTypeDevice &&
       attributes.type != cudaMemoryTypeManaged) {
@@ -255,27 +258,61 @@ absl::Status CheckDeviceBuffers(const Operation& op, int rank, int size) {
 // Makes this rank's stream and scratch buffer on `device` (current).
 absl::Status MakeStream(cudaStream_t* stream, void** scratch) {
   absl::Status status = CudaStatus(
-      cudaStreamCreateWithFlags(stream, cudaStreamNonBlocking),
+      Nccl().cudaStreamCreateWithFlags(stream, cudaStreamNonBlocking),
       "cudaStreamCreateWithFlags");
   if (status.ok()) {
-    status = CudaStatus(cudaMalloc(scratch, sizeof(int32_t)), "cudaMalloc");
+    status = CudaStatus(Nccl().cudaMalloc(scratch, sizeof(int32_t)), "cudaMalloc");
   }
   if (status.ok()) {
-    status = CudaStatus(cudaMemset(*scratch, 0, sizeof(int32_t)),
+    status = CudaStatus(Nccl().cudaMemset(*scratch, 0, sizeof(int32_t)),
                         "cudaMemset");
   }
   return status;
 }
 
 void FreeStream(cudaStream_t stream, void* scratch) {
-  if (scratch != nullptr) cudaFree(scratch);
-  if (stream != nullptr) cudaStreamDestroy(stream);
+  if (scratch != nullptr) Nccl().cudaFree(scratch);
+  if (stream != nullptr) Nccl().cudaStreamDestroy(stream);
 }
 
 ncclConfig_t NonBlockingConfig() {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   return config;
+}
+
+// NCCL builds the communicators of splits issued in one group concurrently
+// from 2.27 on: the headers must have it and so must the library loaded.
+bool CanGroupSplits() {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+  int version = 0;
+  return Nccl().ncclGetVersion(&version) == ncclSuccess &&
+         version >= NCCL_VERSION(2, 27, 0);
+#else
+  return false;
+#endif
+}
+
+// The config of one ncclCommSplit: non-blocking like its parent, named
+// after the group (NCCL keeps the pointer during the split: `name` must
+// outlive it), sharing the parent's resources when asked. Fields newer than
+// the headers are left out.
+ncclConfig_t SplitConfig([[maybe_unused]] const std::string& name,
+                         [[maybe_unused]] const NcclOptions& options) {
+  ncclConfig_t config = NonBlockingConfig();
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0)
+  config.splitShare = options.split_share ? 1 : 0;
+#endif
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+  if (!name.empty()) config.commName = name.c_str();
+#endif
+  return config;
+}
+
+// "ncclCommSplit of 'TP' (color 1, key 0)", for errors.
+std::string SplitCall(const SplitRequest& request, size_t index) {
+  return absl::StrCat("ncclCommSplit of ", SplitRequestName(request, index),
+                      " (color ", request.color, ", key ", request.key, ")");
 }
 
 }  // namespace
@@ -289,12 +326,12 @@ class NcclWork final : public Work {
       : Work(std::move(owner), std::move(name)), comm_(comm), event_(event) {}
   ~NcclWork() override {
     DeviceGuard guard(comm_->device_);
-    if (cudaEventDestroy(event_) != cudaSuccess) cudaGetLastError();
+    if (Nccl().cudaEventDestroy(event_) != cudaSuccess) Nccl().cudaGetLastError();
   }
 
  protected:
   std::optional<absl::Status> Poll() override {
-    const cudaError_t done = cudaEventQuery(event_);
+    const cudaError_t done = Nccl().cudaEventQuery(event_);
     if (done != cudaSuccess && done != cudaErrorNotReady) {
       absl::Status failed =
           CudaStatus(done, absl::StrCat(name(), ": cudaEventQuery"));
@@ -320,12 +357,12 @@ class NcclWork final : public Work {
 
 absl::StatusOr<int> CudaDeviceCount() {
   int count = 0;
-  cudaError_t code = cudaGetDeviceCount(&count);
+  cudaError_t code = Nccl().cudaGetDeviceCount(&count);
   if (code != cudaSuccess) {
-    cudaGetLastError();
+    Nccl().cudaGetLastError();
     return absl::FailedPreconditionError(absl::StrCat(
-        "cudaGetDeviceCount: ", cudaGetErrorName(code), ": ",
-        cudaGetErrorString(code)));
+        "cudaGetDeviceCount: ", Nccl().cudaGetErrorName(code), ": ",
+        Nccl().cudaGetErrorString(code)));
   }
   if (count == 0) {
     return absl::FailedPreconditionError("cudaGetDeviceCount found 0 devices");
@@ -334,23 +371,27 @@ absl::StatusOr<int> CudaDeviceCount() {
 }
 
 absl::StatusOr<std::shared_ptr<Communicator>> CreateNcclCommunicator(
-    std::shared_ptr<Communicator> twin, int device) {
-  auto comm = NcclCommunicator::Create(std::move(twin), device);
+    std::shared_ptr<Communicator> twin, int device,
+    const NcclOptions& options) {
+  auto comm = NcclCommunicator::Create(std::move(twin), device, options);
   if (!comm.ok()) return comm.status();
   return std::shared_ptr<Communicator>(*std::move(comm));
 }
 
 NcclCommunicator::NcclCommunicator(std::shared_ptr<Communicator> twin,
-                                   int device, ncclComm* comm,
-                                   CUstream_st* stream, void* scratch)
+                                   int device, const NcclOptions& options,
+                                   ncclComm* comm, CUstream_st* stream,
+                                   void* scratch)
     : twin_(std::move(twin)),
       device_(device),
+      options_(options),
       comm_(comm),
       stream_(stream),
       scratch_(scratch) {}
 
 absl::StatusOr<std::shared_ptr<NcclCommunicator>> NcclCommunicator::Create(
-    std::shared_ptr<Communicator> twin, int device) {
+    std::shared_ptr<Communicator> twin, int device,
+    const NcclOptions& options) {
   if (twin == nullptr) {
     return absl::InvalidArgumentError(
         "NcclCommunicator needs a host communicator as its twin (got null)");
@@ -378,7 +419,7 @@ absl::StatusOr<std::shared_ptr<NcclCommunicator>> NcclCommunicator::Create(
   ncclUniqueId id;
   std::memset(&id, 0, sizeof(id));
   if (local.ok() && twin->rank() == 0) {
-    local = NcclStatus(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    local = NcclStatus(Nccl().ncclGetUniqueId(&id), "ncclGetUniqueId");
   }
   int ok = local.ok() ? 1 : 0;
   std::vector<int> oks(static_cast<size_t>(twin->size()));
@@ -402,7 +443,7 @@ absl::StatusOr<std::shared_ptr<NcclCommunicator>> NcclCommunicator::Create(
   ncclComm_t comm = nullptr;
   if (agreed.ok()) {
     ncclConfig_t config = NonBlockingConfig();
-    agreed = NcclStatus(ncclCommInitRankConfig(&comm, twin->size(), id,
+    agreed = NcclStatus(Nccl().ncclCommInitRankConfig(&comm, twin->size(), id,
                                                twin->rank(), &config),
                         "ncclCommInitRankConfig");
     if (agreed.ok()) {
@@ -411,12 +452,12 @@ absl::StatusOr<std::shared_ptr<NcclCommunicator>> NcclCommunicator::Create(
     }
   }
   if (!agreed.ok()) {
-    if (comm != nullptr) ncclCommAbort(comm);
+    if (comm != nullptr) Nccl().ncclCommAbort(comm);
     FreeStream(stream, scratch);
     return agreed;
   }
-  return std::shared_ptr<NcclCommunicator>(
-      new NcclCommunicator(std::move(twin), device, comm, stream, scratch));
+  return std::shared_ptr<NcclCommunicator>(new NcclCommunicator(
+      std::move(twin), device, options, comm, stream, scratch));
 }
 
 NcclCommunicator::~NcclCommunicator() {
@@ -425,14 +466,14 @@ NcclCommunicator::~NcclCommunicator() {
   if (comm_ != nullptr) {
     // A communicator with an error cannot flush: abort it, as NCCL asks.
     ncclResult_t state = ncclInternalError;
-    const bool healthy = ncclCommGetAsyncError(comm_, &state) == ncclSuccess &&
+    const bool healthy = Nccl().ncclCommGetAsyncError(comm_, &state) == ncclSuccess &&
                          state == ncclSuccess;
     const ncclResult_t code =
-        healthy ? ncclCommDestroy(comm_) : ncclCommAbort(comm_);
+        healthy ? Nccl().ncclCommDestroy(comm_) : Nccl().ncclCommAbort(comm_);
     if (code != ncclSuccess) {
       std::fprintf(stderr, "vemesh: %s failed: %s\n",
                    healthy ? "ncclCommDestroy" : "ncclCommAbort",
-                   ncclGetErrorString(code));
+                   Nccl().ncclGetErrorString(code));
     }
     comm_ = nullptr;
   }
@@ -450,11 +491,11 @@ void NcclCommunicator::OnAbort() {
   DeviceGuard guard(device_);
   // Stops the kernels and NCCL's threads, joins a pending enqueue, and
   // frees the communicator: nothing may use comm_ afterwards.
-  const ncclResult_t code = ncclCommAbort(comm_);
+  const ncclResult_t code = Nccl().ncclCommAbort(comm_);
   comm_ = nullptr;
   if (code != ncclSuccess) {
     std::fprintf(stderr, "vemesh: ncclCommAbort failed: %s\n",
-                 ncclGetErrorString(code));
+                 Nccl().ncclGetErrorString(code));
   }
 }
 
@@ -464,7 +505,7 @@ absl::Status NcclCommunicator::State(absl::string_view op,
   std::lock_guard<std::mutex> lock(comm_mu_);
   if (comm_ == nullptr) return AbortedError(op);
   ncclResult_t state = ncclSuccess;
-  const ncclResult_t code = ncclCommGetAsyncError(comm_, &state);
+  const ncclResult_t code = Nccl().ncclCommGetAsyncError(comm_, &state);
   if (code != ncclSuccess) {
     return NcclStatus(code, absl::StrCat(op, ": ncclCommGetAsyncError"));
   }
@@ -520,38 +561,38 @@ absl::Status NcclCommunicator::Enqueue(const Operation& op,
     return peer == me && send == recv;
   };
 
-  const ncclResult_t started = ncclGroupStart();
+  const ncclResult_t started = Nccl().ncclGroupStart();
   if (started != ncclSuccess) return NcclStatus(started, "ncclGroupStart");
   switch (op.kind) {
     case OpKind::kBarrier:
       // An all_reduce of one element completes on no rank before every
       // rank has entered it.
       issue("ncclAllReduce", [&] {
-        return ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm,
+        return Nccl().ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm,
                              stream);
       });
       break;
     case OpKind::kBroadcast:
       issue("ncclBroadcast", [&] {
-        return ncclBroadcast(op.recv, op.recv, op.count, type, op.root, comm,
+        return Nccl().ncclBroadcast(op.recv, op.recv, op.count, type, op.root, comm,
                              stream);
       });
       break;
     case OpKind::kAllReduce:
       issue("ncclAllReduce", [&] {
-        return ncclAllReduce(op.send, op.recv, op.count, type, reduce, comm,
+        return Nccl().ncclAllReduce(op.send, op.recv, op.count, type, reduce, comm,
                              stream);
       });
       break;
     case OpKind::kReduce:
       issue("ncclReduce", [&] {
-        return ncclReduce(op.send, me == op.root ? op.recv : nullptr,
+        return Nccl().ncclReduce(op.send, me == op.root ? op.recv : nullptr,
                           op.count, type, reduce, op.root, comm, stream);
       });
       break;
     case OpKind::kAllGather:
       issue("ncclAllGather", [&] {
-        return ncclAllGather(op.send, op.recv, op.count, type, comm, stream);
+        return Nccl().ncclAllGather(op.send, op.recv, op.count, type, comm, stream);
       });
       break;
     case OpKind::kAllGatherV: {
@@ -565,7 +606,7 @@ absl::Status NcclCommunicator::Enqueue(const Operation& op,
           void* block = at(op.recv, offset);
           const void* source = i == me ? op.send : block;
           issue("ncclBroadcast", [&] {
-            return ncclBroadcast(source, block, c, type, i, comm, stream);
+            return Nccl().ncclBroadcast(source, block, c, type, i, comm, stream);
           });
         }
         offset += c;
@@ -574,7 +615,7 @@ absl::Status NcclCommunicator::Enqueue(const Operation& op,
     }
     case OpKind::kReduceScatter:
       issue("ncclReduceScatter", [&] {
-        return ncclReduceScatter(op.send, op.recv, op.count, type, reduce,
+        return Nccl().ncclReduceScatter(op.send, op.recv, op.count, type, reduce,
                                  comm, stream);
       });
       break;
@@ -587,7 +628,7 @@ absl::Status NcclCommunicator::Enqueue(const Operation& op,
           const void* block = at(op.send, offset);
           void* out = i == me ? op.recv : nullptr;
           issue("ncclReduce", [&] {
-            return ncclReduce(block, out, c, type, reduce, i, comm, stream);
+            return Nccl().ncclReduce(block, out, c, type, reduce, i, comm, stream);
           });
         }
         offset += c;
@@ -600,7 +641,7 @@ absl::Status NcclCommunicator::Enqueue(const Operation& op,
         void* block = at(op.recv, static_cast<size_t>(i) * op.count);
         if (self_copy(i, op.send, block)) continue;
         issue("ncclRecv", [&] {
-          return ncclRecv(block, op.count, type, i, comm, stream);
+          return Nccl().ncclRecv(block, op.count, type, i, comm, stream);
         });
       }
       if (!self_copy(op.root, op.send,
@@ -608,7 +649,7 @@ absl::Status NcclCommunicator::Enqueue(const Operation& op,
                          ? at(op.recv, static_cast<size_t>(me) * op.count)
                          : nullptr)) {
         issue("ncclSend", [&] {
-          return ncclSend(op.send, op.count, type, op.root, comm, stream);
+          return Nccl().ncclSend(op.send, op.count, type, op.root, comm, stream);
         });
       }
       break;
@@ -618,7 +659,7 @@ absl::Status NcclCommunicator::Enqueue(const Operation& op,
         const void* block = at(op.send, static_cast<size_t>(i) * op.count);
         if (self_copy(i, block, op.recv)) continue;
         issue("ncclSend", [&] {
-          return ncclSend(block, op.count, type, i, comm, stream);
+          return Nccl().ncclSend(block, op.count, type, i, comm, stream);
         });
       }
       if (!self_copy(op.root,
@@ -627,7 +668,7 @@ absl::Status NcclCommunicator::Enqueue(const Operation& op,
                          : nullptr,
                      op.recv)) {
         issue("ncclRecv", [&] {
-          return ncclRecv(op.recv, op.count, type, op.root, comm, stream);
+          return Nccl().ncclRecv(op.recv, op.count, type, op.root, comm, stream);
         });
       }
       break;
@@ -636,11 +677,11 @@ absl::Status NcclCommunicator::Enqueue(const Operation& op,
       for (int i = 0; i < n; ++i) {
         const size_t offset = static_cast<size_t>(i) * op.count;
         issue("ncclSend", [&] {
-          return ncclSend(at(op.send, offset), op.count, type, i, comm,
+          return Nccl().ncclSend(at(op.send, offset), op.count, type, i, comm,
                           stream);
         });
         issue("ncclRecv", [&] {
-          return ncclRecv(at(op.recv, offset), op.count, type, i, comm,
+          return Nccl().ncclRecv(at(op.recv, offset), op.count, type, i, comm,
                           stream);
         });
       }
@@ -653,13 +694,13 @@ absl::Status NcclCommunicator::Enqueue(const Operation& op,
         const size_t r = op.recv_counts[i];
         if (s > 0) {
           issue("ncclSend", [&] {
-            return ncclSend(at(op.send, send_offset), s, type, i, comm,
+            return Nccl().ncclSend(at(op.send, send_offset), s, type, i, comm,
                             stream);
           });
         }
         if (r > 0) {
           issue("ncclRecv", [&] {
-            return ncclRecv(at(op.recv, recv_offset), r, type, i, comm,
+            return Nccl().ncclRecv(at(op.recv, recv_offset), r, type, i, comm,
                             stream);
           });
         }
@@ -674,17 +715,17 @@ absl::Status NcclCommunicator::Enqueue(const Operation& op,
         const ncclDataType_t t = NcclDataType(p.type);
         if (p.kind == P2POp::Kind::kSend) {
           issue("ncclSend", [&] {
-            return ncclSend(p.data, p.count, t, p.peer, comm, stream);
+            return Nccl().ncclSend(p.data, p.count, t, p.peer, comm, stream);
           });
         } else {
           issue("ncclRecv", [&] {
-            return ncclRecv(p.data, p.count, t, p.peer, comm, stream);
+            return Nccl().ncclRecv(p.data, p.count, t, p.peer, comm, stream);
           });
         }
       }
       break;
   }
-  const ncclResult_t ended = ncclGroupEnd();  // always close the group
+  const ncclResult_t ended = Nccl().ncclGroupEnd();  // always close the group
   if (first != ncclSuccess) {
     return NcclStatus(first, absl::StrCat(op.Describe(), ": ", failed_call));
   }
@@ -700,7 +741,7 @@ Communicator::WorkOr NcclCommunicator::Start(const Operation& op) {
   cudaStream_t stream =
       op.stream != nullptr ? static_cast<cudaStream_t>(op.stream) : stream_;
   cudaEvent_t event = nullptr;
-  status = CudaStatus(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
+  status = CudaStatus(Nccl().cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
                       "cudaEventCreateWithFlags");
   if (!status.ok()) return status;
   // The Work owns the event from here, whatever happens next.
@@ -713,7 +754,7 @@ Communicator::WorkOr NcclCommunicator::Start(const Operation& op) {
   // Only once NCCL has the operation in hand may the stream get more work
   // (NCCL's rule for non-blocking communicators).
   if (status.ok()) {
-    status = CudaStatus(cudaEventRecord(event, stream),
+    status = CudaStatus(Nccl().cudaEventRecord(event, stream),
                         absl::StrCat(name, ": cudaEventRecord"));
   }
   if (!status.ok()) {
@@ -727,46 +768,166 @@ Communicator::WorkOr NcclCommunicator::Start(const Operation& op) {
 
 absl::StatusOr<std::shared_ptr<Communicator>> NcclCommunicator::split(
     int color, int key) {
-  auto child_twin = twin_->split(color, key);
-  if (!child_twin.ok()) return child_twin.status();
+  const SplitRequest request{color, key, ""};
+  VEMESH_ASSIGN_OR_RETURN(auto groups,
+                          split_many(absl::MakeConstSpan(&request, 1)));
+  return std::move(groups[0]);
+}
+
+absl::StatusOr<std::vector<std::shared_ptr<Communicator>>>
+NcclCommunicator::split_many(absl::Span<const SplitRequest> requests,
+                             absl::Time deadline) {
+  const size_t n = requests.size();
+  // The host side first: one twin split per request, in order, on every
+  // rank. The twins answer ranks() and carry later bootstraps.
+  std::vector<std::shared_ptr<Communicator>> twins;
+  twins.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    auto twin = twin_->split(requests[i].color, requests[i].key);
+    if (!twin.ok()) {
+      return absl::Status(
+          twin.status().code(),
+          absl::StrCat("split ", SplitRequestName(requests[i], i),
+                       " of the host twin: ", twin.status().message()));
+    }
+    twins.push_back(*std::move(twin));
+  }
+  if (n == 0) return std::vector<std::shared_ptr<Communicator>>();
   if (aborted()) return AbortedError("split");
   DeviceGuard guard(device_);
   if (!guard.status().ok()) return guard.status();
-  // NCCL writes the child here when its background split ends; an abort
-  // joins that work first, so the variable outlives every write.
-  ncclComm_t child = nullptr;
+  deadline = std::min(deadline, DeadlineAfter(timeout()));
+
+  // NCCL writes child i into children[i]: both vectors are sized once and
+  // outlive the splits (a failure aborts the parent, which ends NCCL's
+  // background work, before they go).
+  std::vector<ncclComm_t> children(n, nullptr);
+  std::vector<ncclConfig_t> configs;
+  configs.reserve(n);
+  for (const SplitRequest& r : requests) {
+    configs.push_back(SplitConfig(r.name, options_));
+  }
+  // One ncclCommSplit on the parent (comm_mu_ held).
+  auto issue = [&](size_t i) {
+    const SplitRequest& r = requests[i];
+    return NcclStatus(
+        Nccl().ncclCommSplit(comm_, r.color < 0 ? NCCL_SPLIT_NOCOLOR : r.color,
+                             r.key, &children[i], &configs[i]),
+        SplitCall(r, i));
+  };
   absl::Status status;
-  {
-    std::lock_guard<std::mutex> lock(comm_mu_);
-    status = comm_ == nullptr
-                 ? AbortedError("split")
-                 : NcclStatus(ncclCommSplit(comm_,
-                                            color < 0 ? NCCL_SPLIT_NOCOLOR
-                                                      : color,
-                                            key, &child, nullptr),
-                              "ncclCommSplit");
+  if (options_.group_splits && CanGroupSplits()) {
+    // Every split in one group: the calls only record the splits, and
+    // ncclGroupEnd hands them to NCCL together (ncclInProgress: the
+    // non-blocking parent builds them in the background).
+    {
+      std::lock_guard<std::mutex> lock(comm_mu_);
+      if (comm_ == nullptr) {
+        status = AbortedError("split");
+      } else {
+        status = NcclStatus(Nccl().ncclGroupStart(), "ncclGroupStart");
+        if (status.ok()) {
+          for (size_t i = 0; i < n && status.ok(); ++i) status = issue(i);
+          // Always closed, also after a failed split.
+          const absl::Status ended =
+              NcclStatus(Nccl().ncclGroupEnd(), "ncclGroupEnd");
+          if (status.ok()) status = ended;
+        }
+      }
+    }
+    if (status.ok()) status = AwaitSplits(requests, children, 0, deadline);
+  } else {
+    // One split at a time, each ready before the next is issued.
+    for (size_t i = 0; i < n && status.ok(); ++i) {
+      {
+        std::lock_guard<std::mutex> lock(comm_mu_);
+        status = comm_ == nullptr ? AbortedError("split") : issue(i);
+      }
+      if (status.ok()) {
+        status = AwaitSplits(requests.subspan(i, 1),
+                             absl::MakeConstSpan(children).subspan(i, 1), i,
+                             deadline);
+      }
+    }
   }
-  if (status.ok()) status = WaitEnqueued("split");
-  if (status.ok() && child != nullptr) {
-    status = AwaitReady(child, "ncclCommSplit", DeadlineAfter(timeout()));
+
+  std::vector<cudaStream_t> streams(n, nullptr);
+  std::vector<void*> scratch(n, nullptr);
+  for (size_t i = 0; i < n && status.ok(); ++i) {
+    if (children[i] != nullptr) status = MakeStream(&streams[i], &scratch[i]);
   }
-  if (status.ok() && color >= 0 && child == nullptr) {
-    status = absl::InternalError(
-        "ncclCommSplit gave no communicator for a non-negative color");
-  }
-  cudaStream_t stream = nullptr;
-  void* scratch = nullptr;
-  if (status.ok() && child != nullptr) status = MakeStream(&stream, &scratch);
   if (!status.ok()) {
-    if (child != nullptr) ncclCommAbort(child);
-    FreeStream(stream, scratch);
-    // The other ranks are in the split too: they must not wait for us.
+    for (size_t i = 0; i < n; ++i) {
+      if (children[i] != nullptr) Nccl().ncclCommAbort(children[i]);
+      FreeStream(streams[i], scratch[i]);
+    }
+    // The other ranks are in the splits too: they must not wait for us.
     if (!absl::IsAborted(status)) abort(status.message());
     return status;
   }
-  if (color < 0) return std::shared_ptr<Communicator>();
-  return std::shared_ptr<Communicator>(new NcclCommunicator(
-      *std::move(child_twin), device_, child, stream, scratch));
+  std::vector<std::shared_ptr<Communicator>> groups(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (requests[i].color < 0) continue;
+    groups[i] = std::shared_ptr<Communicator>(
+        new NcclCommunicator(std::move(twins[i]), device_, options_,
+                             children[i], streams[i], scratch[i]));
+  }
+  return groups;
+}
+
+absl::Status NcclCommunicator::AwaitSplits(
+    absl::Span<const SplitRequest> requests,
+    absl::Span<ncclComm* const> children, size_t first, absl::Time deadline) {
+  std::vector<bool> ready(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ready[i] = requests[i].color < 0;  // no group, nothing to wait for
+  }
+  for (int polls = 0;; ++polls) {
+    // The parent first: it reports a split that failed before making a
+    // child, and says whether NCCL is still working on the splits.
+    bool parent_busy = false;
+    absl::Status parent = State("split", &parent_busy);
+    if (!parent.ok()) return parent;
+    std::vector<size_t> pending;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      if (ready[i]) continue;
+      if (children[i] == nullptr) {
+        if (!parent_busy) {
+          return absl::InternalError(
+              absl::StrCat(SplitCall(requests[i], first + i),
+                           " gave no communicator for a non-negative color"));
+        }
+        pending.push_back(i);
+        continue;
+      }
+      ncclResult_t state = ncclInProgress;
+      const ncclResult_t code =
+          Nccl().ncclCommGetAsyncError(children[i], &state);
+      if (code != ncclSuccess) {
+        return NcclStatus(code, absl::StrCat(SplitCall(requests[i], first + i),
+                                             ": ncclCommGetAsyncError"));
+      }
+      if (state == ncclInProgress) {
+        pending.push_back(i);
+      } else if (state == ncclSuccess) {
+        ready[i] = true;
+      } else {
+        return NcclStatus(state, SplitCall(requests[i], first + i));
+      }
+    }
+    if (pending.empty()) return absl::OkStatus();
+    if (aborted()) return AbortedError("split");
+    if (absl::Now() >= deadline) {
+      std::vector<std::string> names;
+      for (size_t i : pending) {
+        names.push_back(SplitRequestName(requests[i], first + i));
+      }
+      return absl::DeadlineExceededError(absl::StrCat(
+          "ncclCommSplit of ", absl::StrJoin(names, ", "),
+          " did not finish before the deadline (a peer never joined?)"));
+    }
+    Backoff(polls);
+  }
 }
 
 NativeHandle NcclCommunicator::native_handle() const {

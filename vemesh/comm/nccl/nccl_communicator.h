@@ -18,6 +18,18 @@
 // and the NCCL communicator (ncclCommSplit) with the same color and key: two
 // collectives per split, whatever the number of groups.
 //
+// A mesh makes all its dimensions' groups with one `split_many`: one twin
+// split per dimension, then every ncclCommSplit inside one
+// ncclGroupStart/ncclGroupEnd, so that NCCL (>= 2.27) builds the
+// communicators concurrently instead of one after another. Each child is
+// named after its dimension (ncclConfig_t::commName, shown in NCCL's logs)
+// and shares the parent's resources when NcclOptions::split_share says so.
+// The calls return at once (non-blocking config); the children are then
+// polled together until all are ready, one fails, the deadline passes or
+// abort() is called. On any failure every child made so far is aborted and
+// the parent too (the other ranks are in the same splits and must not wait
+// for this one); the status names the dimension.
+//
 // Operations are asynchronous on the device: each is enqueued on the
 // caller's stream (AsyncOptions::stream, a cudaStream_t) or the
 // communicator's own, and a CUDA event recorded after it; its Work polls the
@@ -48,9 +60,13 @@
 
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "vemesh/comm/communicator.h"
+#include "vemesh/comm/nccl/nccl_options.h"
 
 namespace vemesh {
 
@@ -60,9 +76,11 @@ namespace vemesh {
 absl::StatusOr<int> CudaDeviceCount();
 
 // Collective over `twin`: an NCCL communicator with the same members, on
-// CUDA device `device` of this process. The twin is kept (shared).
+// CUDA device `device` of this process. The twin is kept (shared);
+// `options` go to every communicator split from this one.
 absl::StatusOr<std::shared_ptr<Communicator>> CreateNcclCommunicator(
-    std::shared_ptr<Communicator> twin, int device);
+    std::shared_ptr<Communicator> twin, int device,
+    const NcclOptions& options = {});
 
 }  // namespace vemesh
 
@@ -79,7 +97,8 @@ class NcclCommunicator final : public Communicator {
  public:
   // See CreateNcclCommunicator.
   static absl::StatusOr<std::shared_ptr<NcclCommunicator>> Create(
-      std::shared_ptr<Communicator> twin, int device);
+      std::shared_ptr<Communicator> twin, int device,
+      const NcclOptions& options = {});
   ~NcclCommunicator() override;
 
   int rank() const override { return twin_->rank(); }
@@ -87,13 +106,20 @@ class NcclCommunicator final : public Communicator {
   absl::Span<const int> ranks() const override { return twin_->ranks(); }
   absl::string_view backend() const override { return "nccl"; }
 
+  // split_many with one request.
   absl::StatusOr<std::shared_ptr<Communicator>> split(int color,
                                                       int key) override;
+  // See the file comment. Bounded by the earlier of `deadline` and this
+  // communicator's timeout.
+  absl::StatusOr<std::vector<std::shared_ptr<Communicator>>> split_many(
+      absl::Span<const SplitRequest> requests,
+      absl::Time deadline = absl::InfiniteFuture()) override;
   // `handle` is the ncclComm_t; null once the communicator was aborted
   // (ncclCommAbort freed it).
   NativeHandle native_handle() const override;
 
   int device() const { return device_; }
+  const NcclOptions& options() const { return options_; }
   const std::shared_ptr<Communicator>& twin() const { return twin_; }
 
  protected:
@@ -108,7 +134,8 @@ class NcclCommunicator final : public Communicator {
   friend class NcclWork;
 
   NcclCommunicator(std::shared_ptr<Communicator> twin, int device,
-                   ncclComm* comm, CUstream_st* stream, void* scratch);
+                   const NcclOptions& options, ncclComm* comm,
+                   CUstream_st* stream, void* scratch);
   // Enqueues `op` as one NCCL group on `stream` (comm_mu_ held).
   absl::Status Enqueue(const Operation& op, CUstream_st* stream);
   // Polls until NCCL has taken the last enqueue in hand, bounded by the
@@ -117,9 +144,17 @@ class NcclCommunicator final : public Communicator {
   // One look at the communicator's asynchronous state (Aborted once
   // aborted); `in_progress` tells whether an enqueue is still running.
   absl::Status State(absl::string_view op, bool* in_progress);
+  // Polls the children of splits issued on this communicator (entry i of
+  // `children` answers `requests[i]`, whose index in the caller's list is
+  // `first + i`) until every colored one is ready. Bounded by `deadline`
+  // and abort().
+  absl::Status AwaitSplits(absl::Span<const SplitRequest> requests,
+                           absl::Span<ncclComm* const> children, size_t first,
+                           absl::Time deadline);
 
   std::shared_ptr<Communicator> twin_;
   const int device_;
+  const NcclOptions options_;
   // Guards comm_ against ncclCommAbort from another thread: every NCCL call
   // on it is short (the communicator is non-blocking) and made under this
   // lock, and OnAbort frees it under the lock and leaves null behind.

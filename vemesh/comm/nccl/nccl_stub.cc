@@ -13,7 +13,7 @@ absl::StatusOr<int> CudaDeviceCount() {
 }
 
 absl::StatusOr<std::shared_ptr<Communicator>> CreateNcclCommunicator(
-    std::shared_ptr<Communicator>, int) {
+    std::shared_ptr<Communicator>, int, const NcclOptions&) {
   return CudaDeviceCount().status();
 }
 

@@ -1,0 +1,629 @@
+// How the NCCL backend creates a mesh's per-dimension communicators, seen
+// through the NCCL seam (vemesh/comm/nccl/nccl_api.h) with no GPU: a fake
+// NCCL and CUDA stand behind it and record every call. The ranks are threads
+// of this process; their host twins are real Gloo communicators meeting in
+// a MemoryStore, so the host side of each split really happens.
+//
+// What a user of a "cuda" mesh relies on and can check here:
+//   * one ncclGroupStart/ncclGroupEnd per mesh, with the three dimensions'
+//     ncclCommSplit calls inside it (NCCL builds them concurrently) and no
+//     wait between them;
+//   * each split's color and key are the dimension's group and index, its
+//     communicator is named after the dimension, non-blocking, and shares
+//     resources only when MeshOptions::nccl.split_share says so;
+//   * a split that fails, fails late or never finishes leaves no NCCL
+//     communicator behind and says which dimension it was.
+
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "vemesh/comm/nccl/nccl_communicator.h"
+
+#ifdef VEMESH_HAVE_NCCL
+#include "vemesh/bootstrap/store_bootstrap.h"
+#include "vemesh/comm/gloo/gloo_communicator.h"
+#include "vemesh/comm/nccl/nccl_api.h"
+#include "vemesh/device_mesh.h"
+#include "vemesh/mesh_layout.h"
+#include "vemesh/rendezvous/memory_store.h"
+#endif
+
+namespace vemesh {
+namespace {
+
+#ifndef VEMESH_HAVE_NCCL
+
+TEST(NcclSplit, NeedsTheNcclBackend) {
+  GTEST_SKIP() << "vemesh was built without NCCL: the seam is not compiled";
+}
+
+#else  // VEMESH_HAVE_NCCL
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kTimeout = absl::Seconds(30);
+
+// One NCCL communicator the fake made.
+struct FakeComm {
+  int id = 0;
+  int parent = -1;  // -1: made by ncclCommInitRankConfig
+  int color = 0;
+  int key = 0;
+  std::string name;     // config->commName, "" when unset
+  int split_share = -1;  // config->splitShare as passed
+  int blocking = -1;
+  int polls_left = 0;    // ncclInProgress answers before `outcome`
+  ncclResult_t outcome = ncclSuccess;
+  int aborted = 0;
+  int destroyed = 0;
+};
+
+// One recorded NCCL call.
+struct Call {
+  std::thread::id thread;
+  std::string fn;
+  bool in_group = false;
+  int comm = -1;  // the FakeComm it made or used
+};
+
+// The fake behind the seam; one at a time (installed for its lifetime).
+class FakeNccl {
+ public:
+  // What the next splits do, by the commName they carry.
+  int version = NCCL_VERSION(2, 28, 3);
+  int polls_until_ready = 3;
+  std::string fail_on_issue;  // ncclCommSplit answers ncclInvalidArgument
+  std::string fail_async;     // the child ends in ncclRemoteError
+  std::string never_ready;    // the child stays ncclInProgress
+
+  FakeNccl() : table_(MakeTable()) {
+    current_ = this;
+    installed_ = std::make_unique<ScopedNcclApi>(table_);
+  }
+  ~FakeNccl() {
+    installed_.reset();
+    current_ = nullptr;
+  }
+
+  std::vector<Call> CallsOf(std::thread::id thread) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<Call> out;
+    for (const Call& c : calls_) {
+      if (c.thread == thread) out.push_back(c);
+    }
+    return out;
+  }
+  int Count(std::thread::id thread, absl::string_view fn) {
+    int n = 0;
+    for (const Call& c : CallsOf(thread)) n += c.fn == fn ? 1 : 0;
+    return n;
+  }
+  // The children split on `thread`, in the order of their ncclCommSplit.
+  std::vector<FakeComm> SplitsOf(std::thread::id thread) {
+    std::vector<FakeComm> out;
+    for (const Call& c : CallsOf(thread)) {
+      if (c.fn == "ncclCommSplit" && c.comm >= 0) out.push_back(Comm(c.comm));
+    }
+    return out;
+  }
+  FakeComm Comm(int id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return comms_[id];
+  }
+  // Communicators neither destroyed nor aborted; streams and buffers not
+  // freed.
+  int LiveComms() {
+    std::lock_guard<std::mutex> lock(mu_);
+    int n = 0;
+    for (const FakeComm& c : comms_) n += c.aborted + c.destroyed == 0;
+    return n;
+  }
+  int ReleasedTwice() {
+    std::lock_guard<std::mutex> lock(mu_);
+    int n = 0;
+    for (const FakeComm& c : comms_) n += c.aborted + c.destroyed > 1;
+    return n;
+  }
+  int LiveAllocations() { return allocations_.load(); }
+
+ private:
+  static FakeNccl& Self() { return *current_; }
+  static ncclComm_t Handle(int id) {
+    // Never dereferenced: an id dressed as a handle (0 stays null).
+    return reinterpret_cast<ncclComm_t>(static_cast<intptr_t>(id + 1));
+  }
+  static int Id(ncclComm_t comm) {
+    return static_cast<int>(reinterpret_cast<intptr_t>(comm)) - 1;
+  }
+  void Record(absl::string_view fn, int comm) {
+    calls_.push_back({std::this_thread::get_id(), std::string(fn),
+                      group_depth_ > 0, comm});
+  }
+  int NewComm(FakeComm comm) {
+    comm.id = static_cast<int>(comms_.size());
+    comms_.push_back(std::move(comm));
+    return comms_.back().id;
+  }
+
+  static NcclApi MakeTable() {
+    NcclApi t = NcclApi::Real();  // operations stay real: these tests run none
+    t.ncclGetVersion = [](int* v) {
+      *v = Self().version;
+      return ncclSuccess;
+    };
+    t.ncclGetUniqueId = [](ncclUniqueId* id) {
+      std::memset(id, 7, sizeof(*id));
+      return ncclSuccess;
+    };
+    t.ncclCommInitRankConfig = [](ncclComm_t* comm, int, ncclUniqueId, int,
+                                  ncclConfig_t* config) {
+      FakeNccl& f = Self();
+      std::lock_guard<std::mutex> lock(f.mu_);
+      FakeComm c;
+      c.blocking = config->blocking;
+      c.polls_left = f.polls_until_ready;
+      const int id = f.NewComm(c);
+      f.Record("ncclCommInitRankConfig", id);
+      *comm = Handle(id);
+      return config->blocking == 0 ? ncclInProgress : ncclSuccess;
+    };
+    t.ncclCommSplit = [](ncclComm_t parent, int color, int key,
+                         ncclComm_t* child, ncclConfig_t* config) {
+      FakeNccl& f = Self();
+      std::lock_guard<std::mutex> lock(f.mu_);
+      const std::string name =
+          config != nullptr && config->commName != nullptr ? config->commName
+                                                           : "";
+      ++f.splits_in_group_;
+      if (name == f.fail_on_issue && !name.empty()) {
+        f.Record("ncclCommSplit", -1);
+        return ncclInvalidArgument;
+      }
+      if (color == NCCL_SPLIT_NOCOLOR) {
+        f.Record("ncclCommSplit", -1);
+        *child = nullptr;
+        return f.group_depth_ > 0 ? ncclSuccess : ncclInProgress;
+      }
+      FakeComm c;
+      c.parent = Id(parent);
+      c.color = color;
+      c.key = key;
+      c.name = name;
+      c.split_share = config != nullptr ? config->splitShare : -1;
+      c.blocking = config != nullptr ? config->blocking : -1;
+      c.polls_left = name == f.never_ready && !name.empty()
+                         ? INT_MAX
+                         : f.polls_until_ready;
+      c.outcome = name == f.fail_async && !name.empty() ? ncclRemoteError
+                                                        : ncclSuccess;
+      const int id = f.NewComm(c);
+      f.Record("ncclCommSplit", id);
+      *child = Handle(id);
+      // In a group the call only records the split; outside one a
+      // non-blocking split is under way when it returns.
+      return f.group_depth_ > 0 ? ncclSuccess : ncclInProgress;
+    };
+    t.ncclCommGetAsyncError = [](ncclComm_t comm, ncclResult_t* state) {
+      FakeNccl& f = Self();
+      std::lock_guard<std::mutex> lock(f.mu_);
+      FakeComm& c = f.comms_[Id(comm)];
+      f.Record("ncclCommGetAsyncError", c.id);
+      if (c.aborted + c.destroyed > 0) return ncclInvalidUsage;  // use after free
+      if (c.polls_left > 0) {
+        if (c.polls_left != INT_MAX) --c.polls_left;
+        *state = ncclInProgress;
+      } else {
+        *state = c.outcome;
+      }
+      return ncclSuccess;
+    };
+    t.ncclCommAbort = [](ncclComm_t comm) {
+      FakeNccl& f = Self();
+      std::lock_guard<std::mutex> lock(f.mu_);
+      ++f.comms_[Id(comm)].aborted;
+      f.Record("ncclCommAbort", Id(comm));
+      return ncclSuccess;
+    };
+    t.ncclCommDestroy = [](ncclComm_t comm) {
+      FakeNccl& f = Self();
+      std::lock_guard<std::mutex> lock(f.mu_);
+      ++f.comms_[Id(comm)].destroyed;
+      f.Record("ncclCommDestroy", Id(comm));
+      return ncclSuccess;
+    };
+    t.ncclGetErrorString = [](ncclResult_t) { return "fake NCCL error"; };
+    t.ncclGetLastError = [](ncclComm_t) { return ""; };
+    t.ncclGroupStart = [] {
+      FakeNccl& f = Self();
+      std::lock_guard<std::mutex> lock(f.mu_);
+      f.Record("ncclGroupStart", -1);  // recorded as outside the group
+      if (f.group_depth_++ == 0) f.splits_in_group_ = 0;
+      return ncclSuccess;
+    };
+    t.ncclGroupEnd = [] {
+      FakeNccl& f = Self();
+      std::lock_guard<std::mutex> lock(f.mu_);
+      --f.group_depth_;
+      f.Record("ncclGroupEnd", -1);
+      // Non-blocking communicators: the group's splits go on in the
+      // background.
+      return f.group_depth_ == 0 && f.splits_in_group_ > 0 ? ncclInProgress
+                                                          : ncclSuccess;
+    };
+    // CUDA: eight devices, streams and buffers from the heap.
+    t.cudaGetDeviceCount = [](int* n) {
+      *n = 8;
+      return cudaSuccess;
+    };
+    t.cudaGetDevice = [](int* d) {
+      *d = device_;
+      return cudaSuccess;
+    };
+    t.cudaSetDevice = [](int d) {
+      device_ = d;
+      return cudaSuccess;
+    };
+    t.cudaGetLastError = [] { return cudaSuccess; };
+    t.cudaGetErrorName = [](cudaError_t) { return "cudaFakeError"; };
+    t.cudaGetErrorString = [](cudaError_t) { return "fake CUDA error"; };
+    t.cudaStreamCreateWithFlags = [](cudaStream_t* s, unsigned int) {
+      ++Self().allocations_;
+      *s = reinterpret_cast<cudaStream_t>(std::malloc(1));
+      return cudaSuccess;
+    };
+    t.cudaStreamDestroy = [](cudaStream_t s) {
+      --Self().allocations_;
+      std::free(s);
+      return cudaSuccess;
+    };
+    t.cudaMalloc = [](void** p, size_t n) {
+      ++Self().allocations_;
+      *p = std::malloc(n);
+      return cudaSuccess;
+    };
+    t.cudaMemset = [](void* p, int v, size_t n) {
+      std::memset(p, v, n);
+      return cudaSuccess;
+    };
+    t.cudaFree = [](void* p) {
+      --Self().allocations_;
+      std::free(p);
+      return cudaSuccess;
+    };
+    return t;
+  }
+
+  static inline FakeNccl* current_ = nullptr;
+  static inline thread_local int device_ = 0;
+  // NCCL's groups are per thread, and so is this state.
+  static inline thread_local int group_depth_ = 0;
+  static inline thread_local int splits_in_group_ = 0;
+
+  std::mutex mu_;
+  std::deque<FakeComm> comms_;
+  std::vector<Call> calls_;
+  std::atomic<int> allocations_{0};
+  NcclApi table_;
+  std::unique_ptr<ScopedNcclApi> installed_;
+};
+
+std::vector<int> GlobalRanks(int n) {
+  std::vector<int> r(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) r[i] = i;
+  return r;
+}
+
+// Runs `body(rank)` on `n` threads and joins them.
+void OnThreads(int n, const std::function<void(int)>& body) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) threads.emplace_back(body, r);
+  for (std::thread& t : threads) t.join();
+}
+
+// An NCCL world of `n` thread-ranks over Gloo twins, as a mesh makes it.
+std::shared_ptr<NcclCommunicator> NcclWorld(std::shared_ptr<MemoryStore> store,
+                                            int rank, int n,
+                                            const NcclOptions& options = {}) {
+  auto twin = GlooCommunicator::Create(store, "world", rank, n, GlobalRanks(n),
+                                       kTimeout);
+  EXPECT_TRUE(twin.ok()) << twin.status();
+  if (!twin.ok()) return nullptr;
+  auto nccl = NcclCommunicator::Create(*std::move(twin), rank, options);
+  EXPECT_TRUE(nccl.ok()) << nccl.status();
+  return nccl.ok() ? *std::move(nccl) : nullptr;
+}
+
+const std::vector<std::string> kNames = {"PP", "DP", "TP"};
+
+// The three dimensions' requests of a one-rank (1, 1, 1) mesh.
+std::vector<SplitRequest> OneRankRequests() {
+  return {{0, 0, "PP"}, {0, 0, "DP"}, {0, 0, "TP"}};
+}
+
+// -- A (2, 2, 2) cuda mesh on eight thread-ranks -------------------------------
+
+struct MeshRun {
+  std::vector<std::thread::id> threads;
+  std::vector<std::vector<SplitRequest>> expected;  // per rank, per dim
+};
+
+// Creates a cuda mesh (2, 2, 2) on eight thread-ranks, checks it and keeps
+// what each rank should have asked NCCL for.
+MeshRun CreateMesh(const MeshOptions& base) {
+  constexpr int kRanks = 8;
+  auto layout = MeshLayout::Create({2, 2, 2}, kNames);
+  EXPECT_TRUE(layout.ok());
+  MeshRun run;
+  run.threads.resize(kRanks);
+  run.expected.resize(kRanks);
+  auto store = std::make_shared<MemoryStore>();
+  OnThreads(kRanks, [&](int r) {
+    run.threads[r] = std::this_thread::get_id();
+    for (const std::string& name : kNames) {
+      auto pos = layout->group_position({name}, r);
+      ASSERT_TRUE(pos.ok());
+      run.expected[r].push_back({static_cast<int>(pos->group),
+                                 static_cast<int>(pos->index), name});
+    }
+    MeshOptions options = base;
+    options.timeout = kTimeout;
+    options.bootstrap =
+        std::make_shared<StoreBootstrap>(store, r, kRanks, "job");
+    auto mesh = DeviceMesh::Create(DeviceType::kCuda, *layout, options);
+    ASSERT_TRUE(mesh.ok()) << "rank " << r << ": " << mesh.status();
+    // What the user gets: the TP group is an NCCL communicator of the two
+    // ranks that differ in TP only.
+    auto tp = mesh->get_group("TP");
+    ASSERT_TRUE(tp.ok()) << tp.status();
+    EXPECT_EQ((*tp)->backend(), "nccl");
+    EXPECT_THAT((*tp)->ranks(), ElementsAre(r & ~1, r | 1));
+  });
+  return run;
+}
+
+TEST(NcclSplitMesh, ThreeDimensionsAreOneGroupOfThreeNamedSplits) {
+  FakeNccl fake;
+  const MeshRun run = CreateMesh({});
+  for (int r = 0; r < 8; ++r) {
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    const std::thread::id t = run.threads[r];
+    // The world, then one group around the three dimensions' splits.
+    EXPECT_EQ(fake.Count(t, "ncclCommInitRankConfig"), 1);
+    EXPECT_EQ(fake.Count(t, "ncclGroupStart"), 1);
+    EXPECT_EQ(fake.Count(t, "ncclGroupEnd"), 1);
+    EXPECT_EQ(fake.Count(t, "ncclCommSplit"), 3);
+    // Inside the group: the splits and nothing else (no wait between them).
+    std::vector<std::string> in_group;
+    for (const Call& c : fake.CallsOf(t)) {
+      if (c.in_group) in_group.push_back(c.fn);
+    }
+    EXPECT_THAT(in_group, ElementsAre("ncclCommSplit", "ncclCommSplit",
+                                      "ncclCommSplit"));
+    // Each split: the dimension's color and key, named after it,
+    // non-blocking, no resource sharing unless asked.
+    const std::vector<FakeComm> splits = fake.SplitsOf(t);
+    ASSERT_EQ(splits.size(), 3u);
+    for (size_t d = 0; d < 3; ++d) {
+      SCOPED_TRACE(kNames[d]);
+      EXPECT_EQ(splits[d].name, kNames[d]);
+      EXPECT_EQ(splits[d].color, run.expected[r][d].color);
+      EXPECT_EQ(splits[d].key, run.expected[r][d].key);
+      EXPECT_EQ(splits[d].blocking, 0);
+      EXPECT_EQ(splits[d].split_share, 0);
+    }
+  }
+  // The meshes are gone: every NCCL communicator was freed once, and every
+  // stream and buffer.
+  EXPECT_EQ(fake.LiveComms(), 0);
+  EXPECT_EQ(fake.ReleasedTwice(), 0);
+  EXPECT_EQ(fake.LiveAllocations(), 0);
+}
+
+TEST(NcclSplitMesh, SplitShareReachesEverySplit) {
+  FakeNccl fake;
+  MeshOptions options;
+  options.nccl.split_share = true;
+  const MeshRun run = CreateMesh(options);
+  for (int r = 0; r < 8; ++r) {
+    for (const FakeComm& c : fake.SplitsOf(run.threads[r])) {
+      EXPECT_EQ(c.split_share, 1) << "rank " << r << " " << c.name;
+    }
+  }
+  EXPECT_EQ(fake.LiveComms(), 0);
+}
+
+TEST(NcclSplitMesh, OneByOneWhenGroupingIsTurnedOff) {
+  FakeNccl fake;
+  MeshOptions options;
+  options.nccl.group_splits = false;
+  const MeshRun run = CreateMesh(options);
+  for (int r = 0; r < 8; ++r) {
+    const std::thread::id t = run.threads[r];
+    EXPECT_EQ(fake.Count(t, "ncclGroupStart"), 0);
+    EXPECT_EQ(fake.Count(t, "ncclCommSplit"), 3);
+    // Each split is waited for before the next is issued.
+    std::vector<std::string> order;
+    for (const Call& c : fake.CallsOf(t)) {
+      if (c.fn == "ncclCommSplit" ||
+          (c.fn == "ncclCommGetAsyncError" && !order.empty() &&
+           order.back() == "ncclCommSplit")) {
+        order.push_back(c.fn);
+      }
+    }
+    EXPECT_THAT(order, ElementsAre("ncclCommSplit", "ncclCommGetAsyncError",
+                                   "ncclCommSplit", "ncclCommGetAsyncError",
+                                   "ncclCommSplit", "ncclCommGetAsyncError"));
+  }
+}
+
+// -- split_many on one rank: versions, errors, deadline, abort -----------------
+
+TEST(NcclSplitMany, NcclOlderThan227SplitsOneAtATime) {
+  FakeNccl fake;
+  fake.version = NCCL_VERSION(2, 26, 6);
+  auto store = std::make_shared<MemoryStore>();
+  auto world = NcclWorld(store, 0, 1);
+  ASSERT_NE(world, nullptr);
+  auto groups = world->split_many(OneRankRequests());
+  ASSERT_TRUE(groups.ok()) << groups.status();
+  const std::thread::id me = std::this_thread::get_id();
+  EXPECT_EQ(fake.Count(me, "ncclGroupStart"), 0);
+  EXPECT_EQ(fake.Count(me, "ncclCommSplit"), 3);
+  ASSERT_EQ(groups->size(), 3u);
+  for (const auto& g : *groups) ASSERT_NE(g, nullptr);
+}
+
+TEST(NcclSplitMany, NegativeColorTakesPartAndGetsNoGroup) {
+  FakeNccl fake;
+  auto store = std::make_shared<MemoryStore>();
+  auto world = NcclWorld(store, 0, 1);
+  ASSERT_NE(world, nullptr);
+  const std::vector<SplitRequest> requests = {{0, 0, "PP"}, {-1, 0, "DP"}};
+  auto groups = world->split_many(requests);
+  ASSERT_TRUE(groups.ok()) << groups.status();
+  ASSERT_EQ(groups->size(), 2u);
+  EXPECT_NE((*groups)[0], nullptr);
+  EXPECT_EQ((*groups)[1], nullptr);
+  // Both went to NCCL (the split is collective over the parent).
+  EXPECT_EQ(fake.Count(std::this_thread::get_id(), "ncclCommSplit"), 2);
+}
+
+TEST(NcclSplitMany, ASplitNcclRefusesAbortsTheOthersAndNamesTheDimension) {
+  FakeNccl fake;
+  fake.fail_on_issue = "DP";
+  auto store = std::make_shared<MemoryStore>();
+  auto world = NcclWorld(store, 0, 1);
+  ASSERT_NE(world, nullptr);
+  auto groups = world->split_many(OneRankRequests());
+  ASSERT_FALSE(groups.ok());
+  EXPECT_EQ(groups.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(groups.status().message(), HasSubstr("'DP'"));
+  const std::thread::id me = std::this_thread::get_id();
+  // The group was closed, TP never issued, PP (already made) aborted.
+  EXPECT_EQ(fake.Count(me, "ncclGroupStart"), 1);
+  EXPECT_EQ(fake.Count(me, "ncclGroupEnd"), 1);
+  EXPECT_EQ(fake.Count(me, "ncclCommSplit"), 2);
+  const std::vector<FakeComm> made = fake.SplitsOf(me);
+  ASSERT_EQ(made.size(), 1u);
+  EXPECT_EQ(made[0].name, "PP");
+  EXPECT_EQ(made[0].aborted, 1);
+  // The parent is aborted too: the other ranks are in the same splits.
+  EXPECT_TRUE(world->aborted());
+  world.reset();
+  EXPECT_EQ(fake.LiveComms(), 0);
+  EXPECT_EQ(fake.ReleasedTwice(), 0);
+  EXPECT_EQ(fake.LiveAllocations(), 0);
+}
+
+TEST(NcclSplitMany, ASplitThatFailsLaterAbortsEveryChild) {
+  FakeNccl fake;
+  fake.fail_async = "TP";
+  auto store = std::make_shared<MemoryStore>();
+  auto world = NcclWorld(store, 0, 1);
+  ASSERT_NE(world, nullptr);
+  auto groups = world->split_many(OneRankRequests());
+  ASSERT_FALSE(groups.ok());
+  // ncclRemoteError: a peer was lost.
+  EXPECT_EQ(groups.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(groups.status().message(), HasSubstr("'TP'"));
+  for (const FakeComm& c : fake.SplitsOf(std::this_thread::get_id())) {
+    EXPECT_EQ(c.aborted, 1) << c.name;
+    EXPECT_EQ(c.destroyed, 0) << c.name;
+  }
+  world.reset();
+  EXPECT_EQ(fake.LiveComms(), 0);
+  EXPECT_EQ(fake.LiveAllocations(), 0);
+}
+
+TEST(NcclSplitMany, ASplitThatNeverFinishesEndsAtTheDeadline) {
+  FakeNccl fake;
+  fake.never_ready = "DP";
+  auto store = std::make_shared<MemoryStore>();
+  auto world = NcclWorld(store, 0, 1);
+  ASSERT_NE(world, nullptr);
+  const absl::Time start = absl::Now();
+  auto groups = world->split_many(OneRankRequests(),
+                                  absl::Now() + absl::Milliseconds(200));
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_FALSE(groups.ok());
+  EXPECT_EQ(groups.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(groups.status().message(), HasSubstr("'DP'"));
+  EXPECT_GE(took, absl::Milliseconds(200));
+  EXPECT_LT(took, absl::Seconds(10));
+  for (const FakeComm& c : fake.SplitsOf(std::this_thread::get_id())) {
+    EXPECT_EQ(c.aborted, 1) << c.name;
+  }
+  EXPECT_TRUE(world->aborted());
+  world.reset();
+  EXPECT_EQ(fake.LiveComms(), 0);
+  EXPECT_EQ(fake.LiveAllocations(), 0);
+}
+
+TEST(NcclSplitMany, TheCommunicatorTimeoutBoundsItToo) {
+  FakeNccl fake;
+  fake.never_ready = "PP";
+  auto store = std::make_shared<MemoryStore>();
+  auto world = NcclWorld(store, 0, 1);
+  ASSERT_NE(world, nullptr);
+  world->set_timeout(absl::Milliseconds(100));
+  auto groups = world->split_many(OneRankRequests());  // no deadline given
+  ASSERT_FALSE(groups.ok());
+  EXPECT_EQ(groups.status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST(NcclSplitMany, AbortFromAnotherThreadEndsTheWait) {
+  FakeNccl fake;
+  fake.never_ready = "TP";
+  auto store = std::make_shared<MemoryStore>();
+  auto world = NcclWorld(store, 0, 1);
+  ASSERT_NE(world, nullptr);
+  std::thread aborter([world] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    world->abort("stopped by the test");
+  });
+  auto groups = world->split_many(OneRankRequests());
+  aborter.join();
+  ASSERT_FALSE(groups.ok());
+  EXPECT_EQ(groups.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(groups.status().message(), HasSubstr("stopped by the test"));
+  for (const FakeComm& c : fake.SplitsOf(std::this_thread::get_id())) {
+    EXPECT_EQ(c.aborted, 1) << c.name;
+  }
+}
+
+TEST(NcclSplitMany, ChildrenKeepTheOptionsForTheirOwnSplits) {
+  FakeNccl fake;
+  NcclOptions options;
+  options.split_share = true;
+  auto store = std::make_shared<MemoryStore>();
+  auto world = NcclWorld(store, 0, 1, options);
+  ASSERT_NE(world, nullptr);
+  auto dp = world->split(0, 0);
+  ASSERT_TRUE(dp.ok()) << dp.status();
+  auto grandchild = (*dp)->split(0, 0);
+  ASSERT_TRUE(grandchild.ok()) << grandchild.status();
+  for (const FakeComm& c : fake.SplitsOf(std::this_thread::get_id())) {
+    EXPECT_EQ(c.split_share, 1);
+    EXPECT_EQ(c.name, "");  // a plain split has no name
+  }
+}
+
+#endif  // VEMESH_HAVE_NCCL
+
+}  // namespace
+}  // namespace vemesh
