@@ -144,10 +144,13 @@ class MeshLayout {
         coordinate.size() == dims_.size()) [[likely]] {
       int64_t index = 0;
       bool inside = true;
-      for (size_t r = 0; r < dims_.size(); ++r) {
+      for (size_t r = 0; r < dims_.size() && inside; ++r) {
         const int64_t i = coordinate[r];
-        inside &= i >= 0 && i < root_shape_[r];
-        index = index * root_shape_[r] + i;
+        inside = i >= 0 && i < root_shape_[r];
+        // Only inside indices are added: then the running index stays below
+        // the shape's product, which fits in int64_t (an index far outside
+        // overflowed here, found by mesh_layout_fuzzer).
+        if (inside) index = index * root_shape_[r] + i;
       }
       if (inside) [[likely]] return index;
     }
