@@ -151,6 +151,22 @@ std::string RankListText(const MeshLayout& layout) {
   return absl::StrCat("[", absl::StrJoin(layout.ranks(), ", "), "]");
 }
 
+// This rank's request to split out the groups along dimension `name` of
+// `layout`: its group and place in it, or no group (color -1) when the rank
+// is not in the layout (it still takes part in the collective split).
+absl::StatusOr<SplitRequest> DimSplitRequest(const MeshLayout& layout,
+                                             const std::string& name,
+                                             int64_t rank, bool member) {
+  SplitRequest request;
+  request.name = name;
+  if (member) {
+    VEMESH_ASSIGN_OR_RETURN(auto pos, layout.group_position({name}, rank));
+    request.color = static_cast<int>(pos.group);
+    request.key = static_cast<int>(pos.index);
+  }
+  return request;
+}
+
 absl::Status NotMember(const MeshLayout& layout, int64_t rank,
                        absl::string_view what) {
   return absl::FailedPreconditionError(
@@ -332,14 +348,9 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
   const int64_t ndim = layout.ndim();
   std::vector<SplitRequest> requests(static_cast<size_t>(ndim));
   for (int64_t d = 0; d < ndim; ++d) {
-    SplitRequest& request = requests[d];
-    request.name = layout.dim_name(d);
-    if (member) {
-      VEMESH_ASSIGN_OR_RETURN(
-          auto pos, layout.group_position({layout.dim_name(d)}, world_rank));
-      request.color = static_cast<int>(pos.group);
-      request.key = static_cast<int>(pos.index);
-    }
+    VEMESH_ASSIGN_OR_RETURN(
+        requests[d],
+        DimSplitRequest(layout, layout.dim_name(d), world_rank, member));
   }
   shared->dims.resize(static_cast<size_t>(ndim));
   std::vector<bool> made(static_cast<size_t>(ndim), false);
@@ -787,13 +798,9 @@ absl::StatusOr<DeviceMesh> DeviceMesh::unflatten(
     // The new dimensions in one split_many (one NCCL group).
     std::vector<SplitRequest> requests(static_cast<size_t>(k));
     for (int64_t j = 0; j < k; ++j) {
-      requests[j].name = names[j];
-      if (member) {
-        VEMESH_ASSIGN_OR_RETURN(
-            auto pos, root.group_position({names[j]}, shared.global_rank));
-        requests[j].color = static_cast<int>(pos.group);
-        requests[j].key = static_cast<int>(pos.index);
-      }
+      VEMESH_ASSIGN_OR_RETURN(
+          requests[j],
+          DimSplitRequest(root, names[j], shared.global_rank, member));
     }
     VEMESH_ASSIGN_OR_RETURN(
         std::vector<std::shared_ptr<Communicator>> made,
@@ -964,15 +971,11 @@ absl::StatusOr<DeviceMesh> DeviceMesh::view(
     std::vector<SplitRequest> requests;
     for (int64_t d = 0; d < layout.ndim(); ++d) {
       if (!is_new[d]) continue;
-      SplitRequest& request = requests.emplace_back();
-      request.name = layout.dim_name(d);
-      if (member) {
-        VEMESH_ASSIGN_OR_RETURN(
-            auto pos,
-            layout.group_position({layout.dim_name(d)}, shared.global_rank));
-        request.color = static_cast<int>(pos.group);
-        request.key = static_cast<int>(pos.index);
-      }
+      VEMESH_ASSIGN_OR_RETURN(
+          SplitRequest request,
+          DimSplitRequest(layout, layout.dim_name(d), shared.global_rank,
+                          member));
+      requests.push_back(std::move(request));
     }
     VEMESH_ASSIGN_OR_RETURN(
         auto made, shared.device_world->split_many(
