@@ -80,8 +80,10 @@ def main():
         errors.append(f"no PROBE line from ranks {missing} (of {world})")
     if extra:
         errors.append(f"PROBE lines from ranks {extra} outside 0..{world - 1}")
-    if not probes:
-        print("FAIL: no PROBE lines at all", file=sys.stderr)
+    if missing or not probes:
+        # Without every rank's line the truth itself is unknown.
+        for e in errors + ([] if probes else ["no PROBE lines at all"]):
+            print(f"FAIL: {e}", file=sys.stderr)
         print(text[-4000:], file=sys.stderr)
         return 1
 
