@@ -16,6 +16,7 @@
 #include "vemesh/bootstrap/agreement.h"
 #include "vemesh/bootstrap/launch.h"
 #include "vemesh/comm/nccl/nccl_communicator.h"
+#include "vemesh/log.h"
 #include "vemesh/mesh_backends.h"
 #include "vemesh/status_macros.h"
 
@@ -323,11 +324,11 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
   const int launcher = LauncherLocalRank();
   if (options.world == nullptr && launcher >= 0 &&
       launcher != shared->host_local_rank) {
-    std::fprintf(stderr,
-                 "vemesh: warning: rank %d: the launcher says local rank %d "
-                 "but the host identities say %d; using %d\n",
-                 world_rank, launcher, shared->host_local_rank,
-                 shared->host_local_rank);
+    LogWarning(absl::StrCat("rank ", world_rank,
+                            ": the launcher says local rank ", launcher,
+                            " but the host identities say ",
+                            shared->host_local_rank, "; using ",
+                            shared->host_local_rank));
   }
 
   // (5) The backends' worlds.
@@ -1031,7 +1032,7 @@ absl::StatusOr<DeviceMesh> init_device_mesh(
     absl::Span<const std::string> mesh_dim_names, const MeshOptions& options) {
   VEMESH_ASSIGN_OR_RETURN(auto parsed, ParseDeviceType(device_type));
   if (!parsed.warning.empty()) {
-    std::fprintf(stderr, "vemesh: warning: %s\n", parsed.warning.c_str());
+    LogWarning(parsed.warning);
   }
   VEMESH_ASSIGN_OR_RETURN(
       auto layout,
