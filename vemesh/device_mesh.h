@@ -52,7 +52,8 @@
 //      never arrives gives DeadlineExceeded on every rank.
 //   3. The mesh must fit: size <= world size, every rank < world size.
 //   4. Host placement from the gathered host identities (cross-checked with
-//      OMPI_COMM_WORLD_LOCAL_RANK / LOCAL_RANK: a mismatch warns on stderr).
+//      the launcher's local rank: a mismatch is a warning through
+//      vemesh/log.h). Global rank 0 logs the placement warnings last.
 //   5. A host world per backend used (a private MPI duplicate, or a Gloo
 //      world through the store), and for "cuda" an NCCL world on device
 //      `host_local_rank()` whose unique id travels over the host world.
