@@ -95,6 +95,16 @@ mh_exec() {
   nsenter -t "$pid" --net --uts --ipc --mount --pid --wd="$PWD" -- "$@"
 }
 
+# The hosts' network is IPv4 only (10.77.0.0/24): without this, every eth0
+# also gets an IPv6 link-local address, "tentative" for its first seconds,
+# that Open MPI (built with IPv6) may pick and stall on. No-op on a kernel
+# without IPv6.
+mh_ipv4_only() {
+  nsenter --net="/run/netns/$1" -- sh -c \
+    'for f in /proc/sys/net/ipv6/conf/all/disable_ipv6 /proc/sys/net/ipv6/conf/default/disable_ipv6; do
+       [ -w "$f" ] && echo 1 >"$f"; done; true'
+}
+
 # Makes hosts node0..node<N-1>. Fails (non-zero, with a message) if any step
 # fails; mh_down (installed on EXIT, TERM, INT) tears down what was made.
 mh_up() {
@@ -122,6 +132,7 @@ mh_up() {
   local sw="${MH_RUNID}-sw"
   ip netns add "$sw" || return 1
   echo "$sw" >>"$MH_STATE/netns"
+  mh_ipv4_only "$sw"
   ip -n "$sw" link set lo up &&
     ip -n "$sw" link add br0 type bridge &&
     ip -n "$sw" link set br0 up || return 1
@@ -132,6 +143,7 @@ mh_up() {
     echo "$addr" >"$MH_STATE/$host/addr"
     ip netns add "$ns" || return 1
     echo "$ns" >>"$MH_STATE/netns"
+    mh_ipv4_only "$ns"
     ip -n "$sw" link add "p$i" type veth peer name "$MH_IFACE" netns "$ns" &&
       ip -n "$sw" link set "p$i" master br0 &&
       ip -n "$sw" link set "p$i" up &&
