@@ -81,9 +81,37 @@ std::string RenderJson(const Plan& plan) {
   j["mesh"] = std::move(mesh);
 
   Json hosts;
-  hosts["ranks_per_host"] = plan.hosts.ranks_per_host;
+  // Block: the ranks per host; cyclic, hostfile: the largest host.
+  hosts["ranks_per_host"] = plan.hosts.ranks_per_host();
   hosts["count"] = plan.hosts.host_count();
   j["hosts"] = std::move(hosts);
+
+  Json placement;
+  placement["policy"] = PlacementPolicyName(plan.hosts.policy());
+  placement["description"] = plan.hosts.Describe();
+  if (plan.hosts.policy() == PlacementPolicy::kHostfile) {
+    placement["hostfile"] = plan.hostfile_path;
+    placement["host_names"] = plan.hosts.names();
+    std::vector<int64_t> sizes;
+    for (int64_t h = 0; h < plan.hosts.host_count(); ++h) {
+      sizes.push_back(plan.hosts.host_size(h));
+    }
+    placement["host_sizes"] = sizes;
+  } else {
+    placement["hostfile"] = nullptr;
+    placement["host_names"] = nullptr;
+    placement["host_sizes"] = nullptr;
+  }
+  Json launch = Json::array();
+  for (const LaunchLine& l : plan.launch) {
+    Json lj;
+    lj["launcher"] = l.launcher;
+    lj["command"] = l.command.empty() ? Json(nullptr) : Json(l.command);
+    lj["note"] = l.note;
+    launch.push_back(std::move(lj));
+  }
+  placement["launch"] = std::move(launch);
+  j["placement"] = std::move(placement);
 
   j["summarized"] = plan.summarized;
 
@@ -137,6 +165,10 @@ std::string RenderJson(const Plan& plan) {
       wj["suggested_order"] = nullptr;
       wj["suggested_mesh"] = nullptr;
     }
+    wj["suggested_placement"] =
+        w.placement_fix.has_value()
+            ? Json(std::string(PlacementPolicyName(*w.placement_fix)))
+            : Json(nullptr);
     warnings.push_back(std::move(wj));
   }
   j["warnings"] = std::move(warnings);
