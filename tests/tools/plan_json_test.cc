@@ -317,11 +317,22 @@ TEST(PlanPlacement, LaunchFlagsStateThePlacement) {
   h.placement = PlacementPolicy::kHostfile;
   h.hostfile = ParseHostfile("a slots=6\nb slots=2\n", "my hosts").value();
   const Plan slots = BuildPlan(layout, h).value();
+  // The path is quoted for the shell.
   EXPECT_EQ(slots.launch[0].command,
-            "mpirun -n 8 --hostfile my hosts --map-by slot");
-  EXPECT_NE(RenderTable(slots).find("mpirun -n 8 --hostfile my hosts --map-by "
-                                    "slot"),
+            "mpirun -n 8 --hostfile 'my hosts' --map-by slot");
+  EXPECT_NE(RenderTable(slots).find("mpirun -n 8 --hostfile 'my hosts' "
+                                    "--map-by slot"),
             std::string::npos);
+  EXPECT_TRUE(slots.launch[2].command.empty());  // uneven: no torchrun
+  h.hostfile = ParseHostfile("a slots=4\nb slots=4\nc slots=4\n",
+                             "/etc/hosts.d/gpu").value();
+  const Plan even = BuildPlan(layout, h).value();
+  EXPECT_EQ(even.launch[0].command,
+            "mpirun -n 8 --hostfile /etc/hosts.d/gpu --map-by slot");
+  EXPECT_EQ(even.launch[2].command, "torchrun --nnodes=2 --nproc_per_node=4");
+  h.hostfile = ParseHostfile("a slots=8\n", "it's").value();
+  EXPECT_EQ(BuildPlan(layout, h).value().launch[0].command,
+            "mpirun -n 8 --hostfile 'it'\\''s' --map-by slot");
   // A world that does not fill hosts evenly has no torchrun line.
   const json uneven = PlanJson({10}, {"DP"}, 4);
   EXPECT_TRUE(uneven["placement"]["launch"][2]["command"].is_null());

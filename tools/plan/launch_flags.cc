@@ -3,6 +3,27 @@
 #include "absl/strings/str_cat.h"
 
 namespace vemesh::plan {
+namespace {
+
+// A path as a shell word: as is when it is plain, else in single quotes.
+std::string ShellWord(absl::string_view path) {
+  const bool plain =
+      !path.empty() &&
+      path.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUV"
+                             "WXYZ0123456789_-./:=+,@%") == absl::string_view::npos;
+  if (plain) return std::string(path);
+  std::string out = "'";
+  for (char c : path) {
+    if (c == '\'') {
+      out += "'\\''";
+    } else {
+      out += c;
+    }
+  }
+  return out + "'";
+}
+
+}  // namespace
 
 std::vector<LaunchLine> LaunchFlags(const HostMap& hosts,
                                     absl::string_view hostfile_path) {
@@ -54,7 +75,7 @@ std::vector<LaunchLine> LaunchFlags(const HostMap& hosts,
     case PlacementPolicy::kHostfile:
       out.push_back({"mpirun",
                      absl::StrCat("mpirun -n ", world, " --hostfile ",
-                                  hostfile_path, " --map-by slot"),
+                                   ShellWord(hostfile_path), " --map-by slot"),
                      ""});
       out.push_back(
           {"srun",
@@ -62,9 +83,22 @@ std::vector<LaunchLine> LaunchFlags(const HostMap& hosts,
            absl::StrCat("with SLURM_HOSTFILE naming each rank's host, one "
                         "line per rank (", hosts.names().front(), " ",
                         hosts.host_size(0), " times, ...)")});
-      out.push_back({"torchrun", "",
-                     "torchrun gives every node the same --nproc_per_node: "
-                     "no uneven hosts"});
+      // Hosts of one size are torchrun's blocks.
+      bool even = true;
+      for (int64_t h = 1; h < nodes; ++h) {
+        even &= hosts.host_size(h) == hosts.host_size(0);
+      }
+      if (even) {
+        out.push_back({"torchrun",
+                       absl::StrCat("torchrun --nnodes=", nodes,
+                                    " --nproc_per_node=", hosts.host_size(0)),
+                       absl::StrCat("node_rank 0..", nodes - 1,
+                                    " in hostfile order")});
+      } else {
+        out.push_back({"torchrun", "",
+                       "torchrun gives every node the same --nproc_per_node: "
+                       "no uneven hosts"});
+      }
       break;
   }
   return out;
