@@ -136,6 +136,16 @@ TEST(PlanCommand, HugeWorldsArePlannedInWellUnderASecond) {
       // Six dimensions: every order is tried, at the largest host size.
       {"--mesh", "A=3,B=5,TP=7,C=11,D=13,E=1000000000000", "--ranks-per-host",
        "4096"},
+      // Cyclic placement: TP crosses, and the block alternative (2^61 ranks
+      // per host) must not be counted rank by rank.
+      {"--mesh", "DP=2305843009213693952,TP=2", "--placement", "cyclic",
+       "--hosts", "2"},
+      {"--mesh", "TP=4611686018427387904", "--placement", "cyclic", "--hosts",
+       "3", "--rank", "4611686018427387903"},
+      {"--mesh", "A=3,B=5,TP=7,C=11,D=13,E=1000000000000", "--placement",
+       "cyclic", "--hosts", "4096", "--latency-sensitive", "TP,A,B,C,D,E"},
+      {"--mesh", "DP=2305843009213693952,TP=2", "--hosts",
+       "2305843009213693952", "--latency-sensitive", "DP,TP"},
   };
   for (const std::vector<std::string>& mesh : meshes) {
     for (const std::string fmt : {"table", "json", "svg"}) {

@@ -86,7 +86,8 @@ std::string PlacementFlags(PlacementPolicy policy) {
 }
 
 // The same hosts under the other of block and cyclic, when that keeps the
-// groups of `dim` inside one host. None for a hostfile.
+// groups of `dim` inside one host. None for a hostfile, or for blocks larger
+// than kMaxRanksPerHost.
 std::optional<PlacementPolicy> OtherPlacementKeepingInHost(
     const MeshLayout& layout, int64_t dim, const HostMap& hosts) {
   const int64_t world = layout.size();
@@ -95,7 +96,10 @@ std::optional<PlacementPolicy> OtherPlacementKeepingInHost(
   if (hosts.policy() == PlacementPolicy::kBlock && count > 1) {
     other = HostMap::Cyclic(count, world);
   } else if (hosts.policy() == PlacementPolicy::kCyclic &&
+             CeilDiv(world, count) <= kMaxRanksPerHost &&
              CeilDiv(world, CeilDiv(world, count)) == count) {
+    // Hosts above kMaxRanksPerHost are not offered: the block count is
+    // O(ranks per host), and --ranks-per-host could not state them.
     other = HostMap::Block(CeilDiv(world, count), world);
   }
   if (!other.has_value()) return std::nullopt;
