@@ -238,6 +238,7 @@ TEST(PlanPlacement, RankHostsFollowThePlacement) {
     for (const json& r : j["ranks"]["items"]) {
       EXPECT_EQ(r["host"], r["rank"].get<int64_t>() % hosts);
       EXPECT_EQ(r["local_rank"], r["rank"].get<int64_t>() / hosts);
+      EXPECT_TRUE(r["host_name"].is_null());
     }
     // Group host lists: every member's host, rank % H.
     for (const json& d : j["dims"]) {
@@ -267,6 +268,7 @@ TEST(PlanPlacement, RankHostsFollowThePlacement) {
     const int64_t rank = r["rank"];
     EXPECT_EQ(r["host"], rank < 7 ? 0 : rank < 10 ? 1 : 2);
     EXPECT_EQ(r["local_rank"], rank < 7 ? rank : rank < 10 ? rank - 7 : rank - 10);
+    EXPECT_EQ(r["host_name"], rank < 7 ? "big" : rank < 10 ? "small" : "spare");
   }
 }
 

@@ -25,12 +25,19 @@ Json GroupJson(const GroupSummary& g) {
   return j;
 }
 
-Json RankViewJson(const RankView& v) {
+// A host's name from the hostfile; null under block and cyclic placement.
+Json HostName(const HostMap& hosts, int64_t host) {
+  if (hosts.names().empty()) return Json(nullptr);
+  return Json(hosts.names()[static_cast<size_t>(host)]);
+}
+
+Json RankViewJson(const RankView& v, const HostMap& hosts) {
   Json j;
   j["rank"] = v.rank;
   j["coordinate"] = std::vector<int64_t>(v.coordinate.begin(),
                                          v.coordinate.end());
   j["host"] = v.host;
+  j["host_name"] = HostName(hosts, v.host);
   j["local_rank"] = v.local;
   Json dims = Json::array();
   for (const RankView::DimView& d : v.dims) {
@@ -125,6 +132,7 @@ std::string RenderJson(const Plan& plan) {
     rj["coordinate"] =
         std::vector<int64_t>(r.coordinate.begin(), r.coordinate.end());
     rj["host"] = r.host;
+    rj["host_name"] = HostName(plan.hosts, r.host);
     rj["local_rank"] = r.local;
     items.push_back(std::move(rj));
   }
@@ -174,7 +182,7 @@ std::string RenderJson(const Plan& plan) {
   j["warnings"] = std::move(warnings);
 
   j["rank_view"] =
-      plan.rank_view.has_value() ? RankViewJson(*plan.rank_view) : Json(nullptr);
+      plan.rank_view.has_value() ? RankViewJson(*plan.rank_view, plan.hosts) : Json(nullptr);
   return j.dump(2) + "\n";
 }
 
