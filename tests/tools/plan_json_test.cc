@@ -425,6 +425,16 @@ TEST(PlanPlacement, RoleListDefaultsAndTurnsOff) {
   s.latency_sensitive = std::vector<std::string>{};
   s.ranks_per_host = 1;
   EXPECT_TRUE(BuildPlan(layout, s).value().warnings.empty());
+  // Roles match dimension names ignoring case, as the runtime's do.
+  s.ranks_per_host = 2;
+  s.latency_sensitive = std::vector<std::string>{"ep"};
+  ASSERT_EQ(BuildPlan(layout, s).value().warnings.size(), 1u);
+  const MeshLayout lower = MeshLayout::Create({2, 4}, {"dp", "tp"}).value();
+  PlanSettings t;
+  t.ranks_per_host = 2;  // tp=4 crosses hosts of 2: the default role warns
+  const Plan tp = BuildPlan(lower, t).value();
+  ASSERT_EQ(tp.warnings.size(), 1u);
+  EXPECT_EQ(tp.warnings[0].code, "tp-crosses-hosts");
   // The default on a mesh without TP warns about nothing and is no error.
   const MeshLayout no_tp = MeshLayout::Create({4, 2}, {"DP", "PP"}).value();
   PlanSettings d;

@@ -259,9 +259,11 @@ absl::StatusOr<JobPlacement> ParseJobPlacement(absl::string_view text,
                                 out.dim_names.size(), ")"),
                    *v);
   }
-  if (product != out.world_size) {
+  // A mesh may cover part of its world (get_placement() lists every rank
+  // of the world), never more.
+  if (product > out.world_size) {
     return f.Error("mesh.shape",
-                   absl::StrCat("sizes whose product is world_size ",
+                   absl::StrCat("sizes whose product is at most world_size ",
                                 out.world_size),
                    *v);
   }
@@ -380,8 +382,13 @@ absl::StatusOr<PlacementCheck> CheckPlacement(const Plan& plan,
         FormatMeshSpec(MeshSpec{job.shape, job.dim_names})));
   }
   if (job.world_size != world) {
-    out.differences.push_back(absl::StrCat("world size: plan ", world,
-                                           " ranks, job ", job.world_size));
+    int64_t job_mesh = 1;
+    for (int64_t n : job.shape) job_mesh *= n;  // <= world_size (parsed)
+    out.differences.push_back(absl::StrCat(
+        "world size: plan ", world, " ranks, job ", job.world_size,
+        job_mesh < job.world_size
+            ? absl::StrCat(" (its mesh covers ", job_mesh, " of them)")
+            : ""));
     out.matches = false;
     return out;
   }

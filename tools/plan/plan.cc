@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "tools/plan/group_members.h"
@@ -124,7 +125,7 @@ std::optional<PlanWarning> CrossingWarning(const Plan& plan, int64_t d) {
   w.message = absl::StrCat(
       loc.crossing_groups, " of ", loc.group_count, " ", name,
       " groups cross hosts (", plan.hosts.Describe(), "); ",
-      name == kTensorParallelDim
+      absl::EqualsIgnoreCase(name, kTensorParallelDim)
           ? "tensor parallelism wants"
           : absl::StrCat(name, " is latency-sensitive (--latency-sensitive) "
                          "and wants"),
@@ -147,20 +148,31 @@ std::optional<PlanWarning> CrossingWarning(const Plan& plan, int64_t d) {
   return w;
 }
 
+// The dimension a role names: exactly, else ignoring case (as the runtime's
+// MeshOptions::latency_sensitive_dims matches roles).
+std::optional<int64_t> FindRole(const MeshLayout& layout,
+                                absl::string_view role) {
+  if (std::optional<int64_t> d = layout.find_dim(role)) return d;
+  for (int64_t d = 0; d < layout.ndim(); ++d) {
+    if (absl::EqualsIgnoreCase(layout.dim_name(d), role)) return d;
+  }
+  return std::nullopt;
+}
+
 // The dimensions to warn about, in mesh order.
 absl::StatusOr<std::vector<int64_t>> LatencySensitiveDims(
     const MeshLayout& layout, const PlanSettings& settings,
     absl::string_view spec) {
   std::vector<int64_t> dims;
   if (!settings.latency_sensitive.has_value()) {
-    if (std::optional<int64_t> tp = layout.find_dim(kTensorParallelDim)) {
+    if (std::optional<int64_t> tp = FindRole(layout, kTensorParallelDim)) {
       dims.push_back(*tp);
     }
     return dims;
   }
   std::vector<std::string> unknown;
   for (const std::string& name : *settings.latency_sensitive) {
-    std::optional<int64_t> d = layout.find_dim(name);
+    std::optional<int64_t> d = FindRole(layout, name);
     if (!d.has_value()) {
       unknown.push_back(name);
     } else if (std::find(dims.begin(), dims.end(), *d) == dims.end()) {
