@@ -30,7 +30,7 @@ using ::testing::Contains;
 using ::testing::HasSubstr;
 using Json = nlohmann::ordered_json;
 
-// Reference placements, rank by rank (see placement_test.cc).
+// Reference placements, rank by rank (see plan_placement_test.cc).
 std::vector<int64_t> PlaceBlock(int64_t per_host, int64_t world) {
   std::vector<int64_t> host;
   for (int64_t r = 0; r < world; ++r) host.push_back(r / per_host);
