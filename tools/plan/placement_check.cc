@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <fstream>
 #include <map>
-#include <unordered_map>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -432,20 +431,27 @@ absl::StatusOr<PlacementCheck> CheckPlacement(const Plan& plan,
   }
 
   // Rank r sits as planned iff its plan host and its job host hold exactly
-  // the same ranks: the pair (plan host, job host) covers both hosts whole.
-  std::unordered_map<uint64_t, int64_t> pair_count;
-  const auto key = [&](int64_t r) {
-    return static_cast<uint64_t>(hosts.host_of(r)) * uint64_t(job_hosts) +
-           static_cast<uint64_t>(job_host[r]);
-  };
-  for (int64_t r = 0; r < world; ++r) ++pair_count[key(r)];
+  // the same ranks: every rank of the plan host is on that one job host, and
+  // every rank of the job host on that one plan host. One pass marks the
+  // hosts whose ranks are split (O(world), arrays, no hashing).
+  constexpr int64_t kSplit = -2;
+  std::vector<int64_t> plan_to_job(static_cast<size_t>(hosts.host_count()),
+                                   -1);
+  std::vector<int64_t> job_to_plan(static_cast<size_t>(job_hosts), -1);
+  for (int64_t r = 0; r < world; ++r) {
+    const int64_t p = hosts.host_of(r);
+    const int64_t j = job_host[r];
+    int64_t& pj = plan_to_job[p];
+    pj = pj == -1 ? j : (pj == j ? pj : kSplit);
+    int64_t& jp = job_to_plan[j];
+    jp = jp == -1 ? p : (jp == p ? jp : kSplit);
+  }
   std::vector<int64_t> moved;
   int64_t moved_count = 0;
   for (int64_t r = 0; r < world; ++r) {
-    const int64_t n = pair_count[key(r)];
-    if (n == hosts.host_size(hosts.host_of(r)) && n == job_size[job_host[r]]) {
-      continue;
-    }
+    const int64_t p = hosts.host_of(r);
+    const int64_t j = job_host[r];
+    if (plan_to_job[p] == j && job_to_plan[j] == p) continue;
     if (++moved_count <= kMaxNamedRanks) moved.push_back(r);
   }
   for (int64_t r : moved) {
