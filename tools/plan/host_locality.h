@@ -27,7 +27,6 @@
 
 namespace vemesh::plan {
 
-
 enum class Locality {
   kIntraHost,  // every group lies inside one host
   kMixed,      // some groups cross a host boundary, some do not
