@@ -334,7 +334,8 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
   // (5) The backends' worlds.
   auto backends = MeshBackends::Create(
       *bootstrap, std::move(plan), std::move(agreed.world),
-      shared->host_local_rank,
+      CudaDeviceRequest{options.cuda_device, shared->host_local_rank,
+                        shared->host_size},
       shared->host_size == world_size, deadline, options.timeout,
       options.nccl);
   if (!backends.ok()) return backends.status();
@@ -1037,7 +1038,12 @@ absl::StatusOr<DeviceMesh> init_device_mesh(
   VEMESH_ASSIGN_OR_RETURN(
       auto layout,
       MeshLayout::Create(mesh_shape, mesh_dim_names, options.ranks));
-  return DeviceMesh::Create(parsed.type, std::move(layout), options);
+  if (parsed.index < 0) {
+    return DeviceMesh::Create(parsed.type, std::move(layout), options);
+  }
+  MeshOptions with_device = options;  // "cuda:N": device N on this rank
+  with_device.cuda_device = parsed.index;
+  return DeviceMesh::Create(parsed.type, std::move(layout), with_device);
 }
 
 }  // namespace vemesh

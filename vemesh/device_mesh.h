@@ -54,8 +54,10 @@
 //   4. Host placement from the gathered host identities (cross-checked with
 //      OMPI_COMM_WORLD_LOCAL_RANK / LOCAL_RANK: a mismatch warns on stderr).
 //   5. A host world per backend used (a private MPI duplicate, or a Gloo
-//      world through the store), and for "cuda" an NCCL world on device
-//      `host_local_rank()` whose unique id travels over the host world.
+//      world through the store), and for "cuda" an NCCL world whose unique
+//      id travels over the host world, on device N of "cuda:N", else device
+//      0 when CUDA_VISIBLE_DEVICES leaves one device per task, else device
+//      `host_local_rank()` (vemesh/comm/nccl/cuda_device.h).
 //   6. The dimensions' groups: one Communicator::split_many per backend
 //      world, over the dimensions on that backend (worlds in the order of
 //      their first dimension), so every rank makes the same calls in the
@@ -135,6 +137,11 @@ struct MeshOptions {
   // and whether the dimensions' ncclCommSplit calls go in one group
   // (`group_splits`, on). See vemesh/comm/nccl/nccl_options.h.
   NcclOptions nccl;
+  // The CUDA device of a "cuda" mesh on this rank: N of "cuda:N" (which
+  // init_device_mesh sets), or -1 for the host-local rank's device (device
+  // 0 when CUDA_VISIBLE_DEVICES leaves one device per task). See
+  // vemesh/comm/nccl/cuda_device.h.
+  int cuda_device = -1;
 };
 
 class DeviceMesh {
