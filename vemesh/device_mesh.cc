@@ -321,11 +321,11 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
   }
   shared->host_size =
       static_cast<int>(std::count(hosts.begin(), hosts.end(), mine));
-  const int launcher = LauncherLocalRank();
-  if (options.world == nullptr && launcher >= 0 &&
-      launcher != shared->host_local_rank) {
-    LogWarning(absl::StrCat("rank ", world_rank,
-                            ": the launcher says local rank ", launcher,
+  const LauncherLocal launcher = LauncherLocalRank();
+  if (options.world == nullptr && launcher.rank >= 0 &&
+      launcher.rank != shared->host_local_rank) {
+    LogWarning(absl::StrCat("rank ", world_rank, ": ", launcher.variable, "=",
+                            launcher.rank, " says local rank ", launcher.rank,
                             " but the host identities say ",
                             shared->host_local_rank, "; using ",
                             shared->host_local_rank));

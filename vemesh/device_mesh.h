@@ -52,7 +52,9 @@
 //      never arrives gives DeadlineExceeded on every rank.
 //   3. The mesh must fit: size <= world size, every rank < world size.
 //   4. Host placement from the gathered host identities (cross-checked with
-//      OMPI_COMM_WORLD_LOCAL_RANK / LOCAL_RANK: a mismatch warns on stderr).
+//      OMPI_COMM_WORLD_LOCAL_RANK / LOCAL_RANK / SLURM_LOCALID of this
+//      step: a mismatch is a warning through vemesh/log.h naming the
+//      variable).
 //   5. A host world per backend used (a private MPI duplicate, or a Gloo
 //      world through the store), and for "cuda" an NCCL world whose unique
 //      id travels over the host world, on device N of "cuda:N", else device
