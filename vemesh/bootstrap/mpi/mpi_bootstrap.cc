@@ -93,14 +93,17 @@ absl::StatusOr<std::shared_ptr<MpiBootstrap>> MpiBootstrap::Create(
     return absl::FailedPreconditionError(
         "MpiBootstrap: MPI is not initialised (or already finalised)");
   }
-  MPI_Comm comm = MPI_COMM_NULL;
+  // MPI writes the new handle when the copy completes, which may be after
+  // an abandoned wait (a late rank comes): the handle outlives this call.
+  auto held = std::make_unique<MPI_Comm>(MPI_COMM_NULL);
   MPI_Request request = MPI_REQUEST_NULL;
   absl::Status status =
-      MpiStatus(MPI_Comm_idup(base, &comm, &request), "MPI_Comm_idup");
+      MpiStatus(MPI_Comm_idup(base, held.get(), &request), "MPI_Comm_idup");
   if (status.ok()) status = WaitForMpiRequest(&request, deadline, "MPI_Comm_idup");
   if (absl::IsDeadlineExceeded(status)) {
-    // The first collective of the bootstrap: the ranks that came ask rank 0
-    // who did not, over `base` (the copy does not exist yet).
+    held.release();  // kept for the life of the process
+    // The first collective of the bootstrap: the ranks that came ask ranks
+    // 0 and 1 who did not, over `base` (the copy does not exist yet).
     int rank = 0;
     int size = 0;
     MPI_Comm_rank(base, &rank);
@@ -113,6 +116,7 @@ absl::StatusOr<std::shared_ptr<MpiBootstrap>> MpiBootstrap::Create(
         "rank ", rank, " of ", size, ": ", verdict, "; ", status.message()));
   }
   if (!status.ok()) return status;
+  MPI_Comm comm = *held;
   int rank = 0;
   int size = 0;
   MPI_Comm_rank(comm, &rank);
@@ -183,8 +187,8 @@ absl::StatusOr<std::vector<std::string>> MpiBootstrap::Gather(
   x.blocks.resize(kBlockBytes * static_cast<size_t>(size_));
   MPI_Request request = MPI_REQUEST_NULL;
   // What a rank knows at a deadline: after the first step, which ranks
-  // never arrived (asked of rank 0, only now); after a later one, that every
-  // rank arrived but the others gave up first.
+  // never arrived (asked of ranks 0 and 1, only now); after a later one,
+  // that every rank arrived but the others gave up first.
   auto step = [&](int code, absl::string_view call, absl::Time by,
                   bool first) {
     absl::Status s = MpiStatus(code, call);
