@@ -49,6 +49,7 @@ struct DeviceMesh::Shared {
                                          global_rank);
     next->host_local_rank = host_local_rank;
     next->host_size = host_size;
+    next->world_hosts = world_hosts;
     next->timeout = timeout;
     next->bootstrap = bootstrap;
     next->backends = backends;
@@ -61,6 +62,9 @@ struct DeviceMesh::Shared {
   const int64_t global_rank;
   int host_local_rank = 0;
   int host_size = 1;
+  // The host identity of every world rank, gathered at creation; null for
+  // a meta mesh or one made from groups.
+  std::shared_ptr<const std::vector<std::string>> world_hosts;
   absl::Duration timeout = absl::Seconds(60);
   // How the ranks found each other; null for a meta mesh. Flatten's
   // agreement check goes through it.
@@ -321,6 +325,7 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
   }
   shared->host_size =
       static_cast<int>(std::count(hosts.begin(), hosts.end(), mine));
+  shared->world_hosts = std::make_shared<const std::vector<std::string>>(hosts);
   const LauncherLocal launcher = LauncherLocalRank();
   if (options.world == nullptr && launcher.rank >= 0 &&
       launcher.rank != shared->host_local_rank) {
@@ -371,6 +376,17 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
     VEMESH_ASSIGN_OR_RETURN(auto groups, world->split_many(batch, deadline));
     for (size_t i = 0; i < dims.size(); ++i) {
       shared->dims[dims[i]] = std::move(groups[i]);
+    }
+  }
+  // (7) Placement warnings, once per job: from global rank 0, after every
+  // rank made its groups (so the mesh works whatever is said).
+  if (world_rank == 0 && !options.latency_sensitive_dims.empty()) {
+    auto placement = ComputePlacement(layout, *shared->world_hosts);
+    if (placement.ok()) {
+      for (const std::string& warning : PlacementWarnings(
+               *placement, layout, options.latency_sensitive_dims)) {
+        LogWarning(warning);
+      }
     }
   }
   return DeviceMesh(std::move(shared), std::move(layout));
@@ -1013,6 +1029,17 @@ absl::StatusOr<DeviceMesh> DeviceMesh::view(
 
 int DeviceMesh::host_local_rank() const { return view_->shared->host_local_rank; }
 int DeviceMesh::host_size() const { return view_->shared->host_size; }
+
+absl::StatusOr<Placement> DeviceMesh::get_placement() const {
+  if (view_->shared->world_hosts == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "get_placement: ", view_->layout.ToString(), " has no placement: ",
+        device_type() == DeviceType::kMeta
+            ? "a meta mesh runs nowhere"
+            : "a mesh made from existing groups gathered no host identities"));
+  }
+  return ComputePlacement(view_->layout, *view_->shared->world_hosts);
+}
 
 std::string DeviceMesh::ToString() const {
   std::string out = absl::StrCat("DeviceMesh(", DeviceTypeName(device_type()));
