@@ -3,6 +3,8 @@
 // The `vemesh` command: a subcommand, then its flags.
 //
 //   vemesh plan --mesh PP=2,DP=2,TP=2 --ranks-per-host 4
+//   vemesh plan --mesh PP=2,DP=2,TP=2 --placement cyclic --hosts 2
+//   vemesh plan --mesh PP=2,DP=2,TP=2 --ranks-per-host 4 --check placement.json
 //   vemesh plan --help
 //   vemesh --help
 //
@@ -21,7 +23,8 @@ constexpr char kUsage[] =
     "Usage: vemesh <command> [flags]\n"
     "\n"
     "Commands:\n"
-    "  plan     plan a device mesh: ranks, groups, hosts (no communication)\n"
+    "  plan     plan a device mesh: ranks, groups, hosts (no communication);\n"
+    "           with --check, compare it with a job's reported placement\n"
     "\n"
     "Run `vemesh <command> --help` for a command's flags.\n";
 

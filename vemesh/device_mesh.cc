@@ -326,11 +326,11 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
   shared->host_size =
       static_cast<int>(std::count(hosts.begin(), hosts.end(), mine));
   shared->world_hosts = std::make_shared<const std::vector<std::string>>(hosts);
-  const int launcher = LauncherLocalRank();
-  if (options.world == nullptr && launcher >= 0 &&
-      launcher != shared->host_local_rank) {
-    LogWarning(absl::StrCat("rank ", world_rank,
-                            ": the launcher says local rank ", launcher,
+  const LauncherLocal launcher = LauncherLocalRank();
+  if (options.world == nullptr && launcher.rank >= 0 &&
+      launcher.rank != shared->host_local_rank) {
+    LogWarning(absl::StrCat("rank ", world_rank, ": ", launcher.variable, "=",
+                            launcher.rank, " says local rank ", launcher.rank,
                             " but the host identities say ",
                             shared->host_local_rank, "; using ",
                             shared->host_local_rank));
@@ -339,7 +339,8 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
   // (5) The backends' worlds.
   auto backends = MeshBackends::Create(
       *bootstrap, std::move(plan), std::move(agreed.world),
-      shared->host_local_rank,
+      CudaDeviceRequest{options.cuda_device, shared->host_local_rank,
+                        shared->host_size},
       shared->host_size == world_size, deadline, options.timeout,
       options.nccl);
   if (!backends.ok()) return backends.status();
@@ -1064,7 +1065,12 @@ absl::StatusOr<DeviceMesh> init_device_mesh(
   VEMESH_ASSIGN_OR_RETURN(
       auto layout,
       MeshLayout::Create(mesh_shape, mesh_dim_names, options.ranks));
-  return DeviceMesh::Create(parsed.type, std::move(layout), options);
+  if (parsed.index < 0) {
+    return DeviceMesh::Create(parsed.type, std::move(layout), options);
+  }
+  MeshOptions with_device = options;  // "cuda:N": device N on this rank
+  with_device.cuda_device = parsed.index;
+  return DeviceMesh::Create(parsed.type, std::move(layout), with_device);
 }
 
 }  // namespace vemesh

@@ -52,11 +52,14 @@
 //      never arrives gives DeadlineExceeded on every rank.
 //   3. The mesh must fit: size <= world size, every rank < world size.
 //   4. Host placement from the gathered host identities (cross-checked with
-//      the launcher's local rank: a mismatch is a warning through
-//      vemesh/log.h). Global rank 0 logs the placement warnings last.
+//      OMPI_COMM_WORLD_LOCAL_RANK / LOCAL_RANK / SLURM_LOCALID of this
+//      step: a mismatch is a warning through vemesh/log.h naming the
+//      variable). Global rank 0 logs the placement warnings last.
 //   5. A host world per backend used (a private MPI duplicate, or a Gloo
-//      world through the store), and for "cuda" an NCCL world on device
-//      `host_local_rank()` whose unique id travels over the host world.
+//      world through the store), and for "cuda" an NCCL world whose unique
+//      id travels over the host world, on device N of "cuda:N", else device
+//      0 when CUDA_VISIBLE_DEVICES leaves one device per task, else device
+//      `host_local_rank()` (vemesh/comm/nccl/cuda_device.h).
 //   6. The dimensions' groups: one Communicator::split_many per backend
 //      world, over the dimensions on that backend (worlds in the order of
 //      their first dimension), so every rank makes the same calls in the
@@ -142,6 +145,11 @@ struct MeshOptions {
   // one warning (vemesh/log.h) for each whose groups cross hosts although
   // a block placement with it innermost would keep them inside.
   std::vector<std::string> latency_sensitive_dims = {"TP"};
+  // The CUDA device of a "cuda" mesh on this rank: N of "cuda:N" (which
+  // init_device_mesh sets), or -1 for the host-local rank's device (device
+  // 0 when CUDA_VISIBLE_DEVICES leaves one device per task). See
+  // vemesh/comm/nccl/cuda_device.h.
+  int cuda_device = -1;
 };
 
 class DeviceMesh {

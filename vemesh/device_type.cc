@@ -12,11 +12,7 @@ absl::StatusOr<ParsedDeviceType> ParseDeviceType(absl::string_view text) {
   if (text.substr(0, 5) == "cuda:") {
     int index = 0;
     if (absl::SimpleAtoi(text.substr(5), &index) && index >= 0) {
-      return ParsedDeviceType{
-          DeviceType::kCuda,
-          absl::StrCat("device type '", text,
-                       "' has an index; vemesh ignores it and binds each rank "
-                       "to the device of its host-local rank (pass 'cuda')")};
+      return ParsedDeviceType{DeviceType::kCuda, "", index};
     }
   }
   return absl::InvalidArgumentError(

@@ -6,8 +6,8 @@
 //   meta -> no communicators at all: layout and queries only (planning)
 //
 //   ParseDeviceType("cuda");    // DeviceType::kCuda
-//   ParseDeviceType("cuda:1");  // kCuda, with a warning: the index is ignored
-//                               // (the device comes from the host-local rank)
+//   ParseDeviceType("cuda:1");  // kCuda, index 1: this rank binds device 1
+//                               // (plain "cuda": the host-local rank's)
 //   ParseDeviceType("tpu");     // InvalidArgument naming "tpu"
 
 #ifndef VEMESH_DEVICE_TYPE_H_
@@ -24,8 +24,10 @@ enum class DeviceType { kCpu, kCuda, kMeta };
 
 struct ParsedDeviceType {
   DeviceType type = DeviceType::kCpu;
-  // Non-empty when the text was accepted with a caveat ("cuda:N").
+  // Non-empty when the text was accepted with a caveat.
   std::string warning;
+  // N of "cuda:N"; -1 otherwise.
+  int index = -1;
 };
 
 absl::StatusOr<ParsedDeviceType> ParseDeviceType(absl::string_view text);

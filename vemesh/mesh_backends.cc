@@ -125,7 +125,8 @@ absl::StatusOr<BackendPlan> PlanBackends(DeviceType device_type,
 
 absl::StatusOr<std::unique_ptr<MeshBackends>> MeshBackends::Create(
     Bootstrap& bootstrap, BackendPlan plan,
-    std::shared_ptr<Communicator> host_world, int cuda_device, bool one_host,
+    std::shared_ptr<Communicator> host_world,
+    const CudaDeviceRequest& cuda_device, bool one_host,
     absl::Time deadline, absl::Duration op_timeout,
     const NcclOptions& nccl_options) {
   std::unique_ptr<MeshBackends> out(new MeshBackends());

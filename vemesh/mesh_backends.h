@@ -11,7 +11,8 @@
 //   auto plan = PlanBackends(DeviceType::kCpu, layout, *bootstrap, options);
 //   auto agreed = AgreeAndMakeWorld(*bootstrap, ...);   // the host world
 //   auto backends = MeshBackends::Create(*bootstrap, *plan, agreed->world,
-//                                        device, one_host, deadline, timeout);
+//                                        {-1, host_local_rank, host_size},
+//                                        one_host, deadline, timeout);
 //   (*backends)->world_of_dim(2)->split(color, key);
 //
 // The plan is local (the agreement check compares it across ranks); Create
@@ -33,6 +34,7 @@
 #include "absl/time/time.h"
 #include "vemesh/bootstrap/bootstrap.h"
 #include "vemesh/comm/communicator.h"
+#include "vemesh/comm/nccl/cuda_device.h"
 #include "vemesh/comm/nccl/nccl_options.h"
 #include "vemesh/device_mesh.h"
 #include "vemesh/device_type.h"
@@ -60,10 +62,12 @@ class MeshBackends {
  public:
   // `host_world`: the bootstrap's own world, made beforehand with the
   // agreement (AgreeAndMakeWorld); the other worlds are made here, the NCCL
-  // world with `nccl_options` (its splits inherit them).
+  // world on the device `cuda_device` chooses, with `nccl_options` (its
+  // splits inherit them).
   static absl::StatusOr<std::unique_ptr<MeshBackends>> Create(
       Bootstrap& bootstrap, BackendPlan plan,
-      std::shared_ptr<Communicator> host_world, int cuda_device, bool one_host,
+      std::shared_ptr<Communicator> host_world,
+      const CudaDeviceRequest& cuda_device, bool one_host,
       absl::Time deadline, absl::Duration op_timeout,
       const NcclOptions& nccl_options = {});
   ~MeshBackends();

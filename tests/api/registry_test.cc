@@ -101,11 +101,14 @@ TEST_F(RegistryTest, BadArgumentsNameTheValueAndLeaveTheRegistryAlone) {
               HasSubstr("'PP'"));
 }
 
-TEST_F(RegistryTest, CudaWithIndexIsAcceptedAsCuda) {
+TEST_F(RegistryTest, CudaWithIndexIsCudaOnThatDevice) {
   auto parsed = ParseDeviceType("cuda:3");
   ASSERT_TRUE(parsed.ok());
   EXPECT_EQ(parsed->type, DeviceType::kCuda);
-  EXPECT_THAT(parsed->warning, HasSubstr("cuda:3"));
+  EXPECT_EQ(parsed->index, 3);  // honoured: no warning that it is ignored
+  EXPECT_EQ(parsed->warning, "");
+  EXPECT_EQ(ParseDeviceType("cuda")->index, -1);
+  EXPECT_FALSE(ParseDeviceType("cuda:-1").ok());
 }
 
 TEST_F(RegistryTest, OneDimensionalMeshOfAnotherNameIsBothDPAndTP) {

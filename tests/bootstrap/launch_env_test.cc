@@ -1,5 +1,7 @@
 // DetectLaunch: which launcher started the process, from its variables, and
-// a clear error naming a bad variable.
+// a clear error naming a bad variable. LauncherLocalRank: the host-local rank
+// the launcher gave, the variable that said it, and SLURM_LOCALID trusted only
+// for a task of its own step; the cross-check's warning through the log sink.
 
 #include "vemesh/bootstrap/launch.h"
 
@@ -9,6 +11,10 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "vemesh/bootstrap/store_bootstrap.h"
+#include "vemesh/device_mesh.h"
+#include "vemesh/log.h"
+#include "vemesh/rendezvous/memory_store.h"
 
 namespace vemesh {
 namespace {
@@ -24,7 +30,7 @@ class LaunchEnv : public ::testing::Test {
           "PMI_RANK", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
           "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE",
           "TORCHELASTIC_RUN_ID", "VEMESH_BOOTSTRAP", "SLURM_LOCALID",
-          "OMPI_COMM_WORLD_LOCAL_RANK"}) {
+          "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_PROCID"}) {
       unsetenv(name);
     }
   }
@@ -43,7 +49,8 @@ TEST_F(LaunchEnv, NothingSetIsOneProcess) {
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ(info->kind, LaunchKind::kNone);
   EXPECT_EQ(LauncherRank(), 0);
-  EXPECT_EQ(LauncherLocalRank(), -1);
+  EXPECT_EQ(LauncherLocalRank().rank, -1);
+  EXPECT_EQ(LauncherLocalRank().variable, nullptr);
 }
 
 TEST_F(LaunchEnv, TorchrunVariablesAreEnv) {
@@ -59,7 +66,8 @@ TEST_F(LaunchEnv, TorchrunVariablesAreEnv) {
   EXPECT_EQ(info->master_port, 29500);
   EXPECT_THAT(info->reason, HasSubstr("RANK/WORLD_SIZE"));
   EXPECT_EQ(LauncherRank(), 3);
-  EXPECT_EQ(LauncherLocalRank(), 3);
+  EXPECT_EQ(LauncherLocalRank().rank, 3);
+  EXPECT_STREQ(LauncherLocalRank().variable, "LOCAL_RANK");
 }
 
 TEST_F(LaunchEnv, MpirunWinsOverEnvVariables) {
@@ -120,6 +128,105 @@ TEST_F(LaunchEnv, AnAgentHostedStoreIsRefusedSayingSo) {
   EXPECT_TRUE(absl::IsFailedPrecondition(info.status())) << info.status();
   EXPECT_THAT(std::string(info.status().message()),
               HasSubstr("TORCHELASTIC_USE_AGENT_STORE=True"));
+}
+
+// -- LauncherLocalRank ----------------------------------------------------------
+
+TEST_F(LaunchEnv, MpirunsLocalRankWinsOverTheDaemonsSlurmStep) {
+  // salloc + mpirun: Open MPI's daemons are one srun step, one task per
+  // host, so its ranks inherit SLURM_LOCALID=0 and the host's SLURM_PROCID.
+  setenv("OMPI_COMM_WORLD_SIZE", "8", 1);
+  setenv("OMPI_COMM_WORLD_RANK", "5", 1);
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1", 1);
+  setenv("PMIX_RANK", "5", 1);
+  setenv("SLURM_PROCID", "1", 1);
+  setenv("SLURM_LOCALID", "0", 1);
+  EXPECT_EQ(LauncherLocalRank().rank, 1);
+  EXPECT_STREQ(LauncherLocalRank().variable, "OMPI_COMM_WORLD_LOCAL_RANK");
+  // An Open MPI that set no local rank: the daemon's SLURM_LOCALID is still
+  // not this rank's, even where SLURM_PROCID happens to equal the rank.
+  unsetenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  setenv("SLURM_PROCID", "5", 1);
+  EXPECT_EQ(LauncherLocalRank().rank, -1);
+  EXPECT_EQ(LauncherLocalRank().variable, nullptr);
+}
+
+TEST_F(LaunchEnv, SlurmLocalIdOfThisProcessStepCounts) {
+  // srun --mpi=pmix: each rank is a task of the step.
+  setenv("PMIX_RANK", "6", 1);
+  setenv("SLURM_PROCID", "6", 1);
+  setenv("SLURM_LOCALID", "2", 1);
+  EXPECT_EQ(LauncherLocalRank().rank, 2);
+  EXPECT_STREQ(LauncherLocalRank().variable, "SLURM_LOCALID");
+  // srun --mpi=pmi2.
+  unsetenv("PMIX_RANK");
+  setenv("PMI_RANK", "6", 1);
+  EXPECT_EQ(LauncherLocalRank().rank, 2);
+  // An env:// job started by srun with RANK from SLURM_PROCID.
+  unsetenv("PMI_RANK");
+  setenv("RANK", "6", 1);
+  EXPECT_EQ(LauncherLocalRank().rank, 2);
+}
+
+TEST_F(LaunchEnv, SlurmLocalIdOfAnotherStepIsIgnored) {
+  // A launcher that starts its ranks from its own srun step (another MPI's
+  // mpirun under salloc): the step's task is the daemon, not this rank.
+  setenv("PMI_RANK", "5", 1);
+  setenv("SLURM_PROCID", "1", 1);
+  setenv("SLURM_LOCALID", "0", 1);
+  EXPECT_EQ(LauncherLocalRank().rank, -1);
+  // No launcher rank to check the step against.
+  unsetenv("PMI_RANK");
+  EXPECT_EQ(LauncherLocalRank().rank, -1);
+  // No SLURM_PROCID at all.
+  setenv("PMIX_RANK", "0", 1);
+  unsetenv("SLURM_PROCID");
+  EXPECT_EQ(LauncherLocalRank().rank, -1);
+}
+
+TEST_F(LaunchEnv, TorchrunsLocalRankWinsOverTheSrunStepAroundIt) {
+  setenv("SLURM_PROCID", "0", 1);
+  setenv("SLURM_LOCALID", "0", 1);
+  setenv("LOCAL_RANK", "3", 1);
+  setenv("RANK", "0", 1);
+  EXPECT_EQ(LauncherLocalRank().rank, 3);
+  EXPECT_STREQ(LauncherLocalRank().variable, "LOCAL_RANK");
+}
+
+// The cross-check at mesh creation: one rank over an in-process store, so
+// its host identities say host-local rank 0; the launcher says otherwise.
+std::vector<std::string> CreationWarnings() {
+  std::vector<std::string> warnings;
+  set_log_sink([&](LogLevel level, absl::string_view text) {
+    if (level == LogLevel::kWarning) warnings.emplace_back(text);
+  });
+  MeshOptions options;
+  options.timeout = absl::Seconds(30);
+  options.bootstrap = std::make_shared<StoreBootstrap>(
+      std::make_shared<MemoryStore>(), 0, 1, "job");
+  auto mesh = init_device_mesh("cpu", {1}, {"DP"}, options);
+  set_log_sink(nullptr);
+  EXPECT_TRUE(mesh.ok()) << mesh.status();
+  return warnings;
+}
+
+TEST_F(LaunchEnv, TheCrossCheckWarningNamesTheVariableThroughTheLogSink) {
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "2", 1);
+  EXPECT_THAT(CreationWarnings(),
+              ::testing::ElementsAre(HasSubstr(
+                  "rank 0: OMPI_COMM_WORLD_LOCAL_RANK=2 says local rank 2 but "
+                  "the host identities say 0; using 0")));
+  unsetenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  setenv("PMIX_RANK", "0", 1);
+  setenv("SLURM_PROCID", "0", 1);
+  setenv("SLURM_LOCALID", "3", 1);
+  EXPECT_THAT(CreationWarnings(),
+              ::testing::ElementsAre(HasSubstr(
+                  "SLURM_LOCALID=3 says local rank 3 but the host identities "
+                  "say 0")));
+  // The daemon step's SLURM_LOCALID (another SLURM_PROCID): no warning.
+  setenv("SLURM_PROCID", "1", 1);
+  EXPECT_THAT(CreationWarnings(), ::testing::IsEmpty());
 }
 
 TEST(LocalAddress, LoopbackReachesLoopback) {

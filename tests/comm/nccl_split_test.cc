@@ -23,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -71,6 +72,7 @@ struct FakeComm {
   ncclResult_t outcome = ncclSuccess;
   int aborted = 0;
   int destroyed = 0;
+  int device = -1;  // the CUDA device current when it was made
 };
 
 // One recorded NCCL call.
@@ -90,6 +92,7 @@ class FakeNccl {
   std::string fail_on_issue;  // ncclCommSplit answers ncclInvalidArgument
   std::string fail_async;     // the child ends in ncclRemoteError
   std::string never_ready;    // the child stays ncclInProgress
+  int visible_devices = 8;    // what cudaGetDeviceCount answers
 
   FakeNccl() : table_(MakeTable()) {
     current_ = this;
@@ -177,6 +180,7 @@ class FakeNccl {
       FakeComm c;
       c.blocking = config->blocking;
       c.polls_left = f.polls_until_ready;
+      c.device = device_;
       const int id = f.NewComm(c);
       f.Record("ncclCommInitRankConfig", id);
       *comm = Handle(id);
@@ -267,7 +271,7 @@ class FakeNccl {
     };
     // CUDA: eight devices, streams and buffers from the heap.
     t.cudaGetDeviceCount = [](int* n) {
-      *n = 8;
+      *n = Self().visible_devices;
       return cudaSuccess;
     };
     t.cudaGetDevice = [](int* d) {
@@ -432,6 +436,125 @@ TEST(NcclSplitMesh, ThreeDimensionsAreOneGroupOfThreeNamedSplits) {
   EXPECT_EQ(fake.LiveComms(), 0);
   EXPECT_EQ(fake.ReleasedTwice(), 0);
   EXPECT_EQ(fake.LiveAllocations(), 0);
+}
+
+// -- Which device each rank binds (vemesh/comm/nccl/cuda_device.h) ----------
+
+// The CUDA device each thread-rank's NCCL world was made on, after a (2, 2,
+// 2) cuda mesh of eight ranks on one host; each rank's status in `out`.
+std::vector<int> WorldDevices(FakeNccl& fake, const MeshOptions& base,
+                              std::vector<absl::Status>* out) {
+  constexpr int kRanks = 8;
+  auto layout = MeshLayout::Create({2, 2, 2}, kNames);
+  EXPECT_TRUE(layout.ok());
+  std::vector<std::thread::id> threads(kRanks);
+  out->assign(kRanks, absl::OkStatus());
+  auto store = std::make_shared<MemoryStore>();
+  OnThreads(kRanks, [&](int r) {
+    threads[r] = std::this_thread::get_id();
+    MeshOptions options = base;
+    options.timeout = kTimeout;
+    options.bootstrap = std::make_shared<StoreBootstrap>(store, r, kRanks, "job");
+    (*out)[r] = DeviceMesh::Create(DeviceType::kCuda, *layout, options).status();
+  });
+  std::vector<int> devices;
+  for (int r = 0; r < kRanks; ++r) {
+    int device = -1;
+    for (const Call& c : fake.CallsOf(threads[r])) {
+      if (c.fn == "ncclCommInitRankConfig") device = fake.Comm(c.comm).device;
+    }
+    devices.push_back(device);
+  }
+  return devices;
+}
+
+// Restores CUDA_VISIBLE_DEVICES at the end of a test.
+class VisibleDevices {
+ public:
+  explicit VisibleDevices(const char* value) {
+    if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) saved_ = v;
+    if (value != nullptr) {
+      setenv("CUDA_VISIBLE_DEVICES", value, 1);
+    } else {
+      unsetenv("CUDA_VISIBLE_DEVICES");
+    }
+  }
+  ~VisibleDevices() {
+    if (saved_.has_value()) {
+      setenv("CUDA_VISIBLE_DEVICES", saved_->c_str(), 1);
+    } else {
+      unsetenv("CUDA_VISIBLE_DEVICES");
+    }
+  }
+
+ private:
+  std::optional<std::string> saved_;
+};
+
+TEST(NcclDeviceChoice, EachRankTakesItsHostLocalRanksDevice) {
+  FakeNccl fake;
+  VisibleDevices unset(nullptr);
+  std::vector<absl::Status> status;
+  const std::vector<int> devices = WorldDevices(fake, {}, &status);
+  for (int r = 0; r < 8; ++r) ASSERT_TRUE(status[r].ok()) << status[r];
+  EXPECT_THAT(devices, ElementsAre(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+TEST(NcclDeviceChoice, OneDevicePerTaskIsDeviceZeroOnEveryRank) {
+  FakeNccl fake;
+  fake.visible_devices = 1;  // srun --gpus-per-task=1
+  VisibleDevices one("2");
+  std::vector<absl::Status> status;
+  const std::vector<int> devices = WorldDevices(fake, {}, &status);
+  for (int r = 0; r < 8; ++r) ASSERT_TRUE(status[r].ok()) << status[r];
+  EXPECT_THAT(devices, ElementsAre(0, 0, 0, 0, 0, 0, 0, 0));
+}
+
+TEST(NcclDeviceChoice, CudaColonNIsDeviceN) {
+  FakeNccl fake;
+  VisibleDevices unset(nullptr);
+  MeshOptions options;
+  options.cuda_device = 5;  // what init_device_mesh("cuda:5", ...) sets
+  std::vector<absl::Status> status;
+  const std::vector<int> devices = WorldDevices(fake, options, &status);
+  for (int r = 0; r < 8; ++r) ASSERT_TRUE(status[r].ok()) << status[r];
+  EXPECT_THAT(devices, ElementsAre(5, 5, 5, 5, 5, 5, 5, 5));
+}
+
+TEST(NcclDeviceChoice, MoreRanksThanDevicesFailsEveryRankNamingBoth) {
+  FakeNccl fake;
+  fake.visible_devices = 4;
+  VisibleDevices four("0,1,2,3");
+  std::vector<absl::Status> status;
+  WorldDevices(fake, {}, &status);
+  for (int r = 0; r < 8; ++r) {
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    ASSERT_EQ(status[r].code(), absl::StatusCode::kFailedPrecondition)
+        << status[r];
+    const std::string text(status[r].message());
+    EXPECT_THAT(text, HasSubstr("rank(s) 4, 5, 6, 7 could not prepare"));
+    if (r >= 4) {
+      EXPECT_THAT(text, HasSubstr(absl::StrCat("host-local rank ", r, " (of 8")));
+      EXPECT_THAT(text, HasSubstr("sees only 4 device(s)"));
+      EXPECT_THAT(text, HasSubstr("CUDA_VISIBLE_DEVICES='0,1,2,3'"));
+    }
+  }
+  EXPECT_EQ(fake.LiveComms(), 0);
+}
+
+TEST(NcclDeviceChoice, CudaColonNPastTheDevicesIsInvalidArgument) {
+  FakeNccl fake;
+  fake.visible_devices = 2;
+  VisibleDevices unset(nullptr);
+  MeshOptions options;
+  options.cuda_device = 2;
+  std::vector<absl::Status> status;
+  WorldDevices(fake, options, &status);
+  for (int r = 0; r < 8; ++r) {
+    EXPECT_EQ(status[r].code(), absl::StatusCode::kInvalidArgument) << status[r];
+    EXPECT_THAT(std::string(status[r].message()),
+                HasSubstr("'cuda:2' does not exist: this process sees 2"));
+  }
 }
 
 TEST(NcclSplitMesh, SplitShareReachesEverySplit) {

@@ -28,6 +28,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "vemesh/api/ve_device_mesh.h"
@@ -41,12 +42,44 @@ using vemesh::DeviceMesh;
 using vemesh::InitOptions;
 
 struct Outcome {
+  Outcome(absl::Status s, StatusCode e,
+          absl::Duration slept_for = absl::ZeroDuration(),
+          std::string says = "")
+      : status(std::move(s)), expected(e), slept(slept_for),
+        must_say(std::move(says)) {}
+
   absl::Status status;
   StatusCode expected;
   // Time the scenario slept on purpose (a late rank), not counted against
   // the bound.
   absl::Duration slept = absl::ZeroDuration();
+  // Text the status's message must hold (empty: anything).
+  std::string must_say;
 };
+
+// Two calls in a row: the first must be DeadlineExceeded saying
+// `first_says`; then `second` (a re-init, a flatten) must be refused with
+// FailedPrecondition naming the earlier deadline and what it said, without
+// entering MPI. The first status is printed on its own line.
+Outcome DeadlineThenRefused(const char* scenario, int rank,
+                            const absl::Status& first,
+                            const std::string& first_says,
+                            const std::function<absl::Status()>& second,
+                            absl::Duration slept) {
+  std::fprintf(stdout, "no_hang[%s] rank %d first call: %s\n", scenario, rank,
+               first.ToString().c_str());
+  std::fflush(stdout);
+  if (!absl::IsDeadlineExceeded(first) ||
+      first.message().find(first_says) == absl::string_view::npos) {
+    return Outcome{first, StatusCode::kDeadlineExceeded, slept, first_says};
+  }
+  return Outcome{second(), StatusCode::kFailedPrecondition, slept,
+                 "MPI was abandoned at an earlier deadline in this process (at "};
+}
+
+// A fixed pause for a late rank: past the others' deadline, their report
+// grace (1 s for a 3 s timeout) and their refused re-init.
+constexpr absl::Duration kLateBy = absl::Seconds(4);
 
 struct Scenario {
   // Whether some rank is expected to leave a collective pending.
@@ -58,6 +91,9 @@ struct Scenario {
   // Whether the ranks return from main normally after a deadline, once
   // every rank has spoken (the first to leave ends the job).
   bool returns_after_deadline = false;
+  // How long after the start they wait before returning (a late rank must
+  // have spoken by then); zero: the timeout plus 2 s.
+  absl::Duration returns_after = absl::ZeroDuration();
 };
 
 InitOptions WithTimeout(absl::Duration timeout) {
@@ -105,8 +141,10 @@ const std::map<std::string, Scenario>& Scenarios() {
                 VESCALE_DEVICE_MESH.get_tensor_parallel_mesh().status(),
                 StatusCode::kFailedPrecondition};
           }
+          // Rank 1 collects the reports in place of the missing rank 0.
           return Outcome{Init({2, 2}, {"DP", "TP"}, t).status(),
-                         StatusCode::kDeadlineExceeded};
+                         StatusCode::kDeadlineExceeded, absl::ZeroDuration(),
+                         "rank 0 never arrived (the ranks that did: "};
         }}},
       // Every rank flattens, but rank 0 asks for another group: the
       // agreement check inside flatten fails everywhere.
@@ -135,8 +173,13 @@ const std::map<std::string, Scenario>& Scenarios() {
             slept = t + absl::Seconds(1);
             absl::SleepFor(slept);
           }
+          // The on-time ranks learn which rank never came (their first
+          // collective: the bootstrap's MPI_Comm_idup over MPI_COMM_WORLD).
           return Outcome{Init({size}, {"DP"}, t).status(),
-                         StatusCode::kDeadlineExceeded, slept};
+                         StatusCode::kDeadlineExceeded, slept,
+                         rank == size - 1
+                             ? ""
+                             : absl::StrCat("rank ", size - 1, " never arrived")};
         }}},
       // After a DeadlineExceeded, a second init is refused without entering
       // MPI (it used to crash in MPI_Comm_dup), and the ranks that timed out
@@ -160,14 +203,71 @@ const std::map<std::string, Scenario>& Scenarios() {
             absl::SleepFor(absl::Seconds(120));  // past the driver's limit
             _exit(0);
           }
-          auto first = Init({2, 2}, {"DP", "TP"}, t);
-          if (!absl::IsDeadlineExceeded(first.status())) {
-            return Outcome{first.status(), StatusCode::kDeadlineExceeded};
-          }
-          return Outcome{Init({2, 2}, {"DP", "TP"}, t).status(),
-                         StatusCode::kFailedPrecondition};
+          return DeadlineThenRefused(
+              "reinit_after_timeout", rank,
+              Init({2, 2}, {"DP", "TP"}, t).status(), "rank 0 never arrived",
+              [t] { return Init({2, 2}, {"DP", "TP"}, t).status(); },
+              absl::ZeroDuration());
         },
-        /*lazy_mpi=*/false, /*returns_after_deadline=*/true}},
+        /*lazy_mpi=*/false, /*returns_after_deadline=*/true,
+        // After the others' deadline and their report grace.
+        /*returns_after=*/absl::Seconds(3) + absl::Seconds(5)}},
+      // Issue 17: a re-init after a timeout, then the late rank comes. Rank
+      // 1 arrives after the others' deadline and after their re-init: they
+      // name it as missing (rank 0 collects the reports, rank 1 is the
+      // missing collector), their re-init is refused naming that deadline,
+      // and when rank 1 comes it times out too and is refused the same way;
+      // every rank returns from main normally (no MPI_Finalize, no crash in
+      // MPI_Comm_dup).
+      {"late_rank_after_reinit",
+       {false,
+        [](int rank, absl::Duration t) {
+          absl::Duration slept = absl::ZeroDuration();
+          if (rank == 1) {
+            slept = t + kLateBy;
+            absl::SleepFor(slept);
+          }
+          const absl::Status first = Init({2, 2}, {"DP", "TP"}, t).status();
+          return DeadlineThenRefused(
+              "late_rank_after_reinit", rank, first,
+              rank == 1 ? "" : "rank 1 never arrived (the ranks that did: ",
+              [t] { return Init({2, 2}, {"DP", "TP"}, t).status(); }, slept);
+        },
+        /*lazy_mpi=*/false, /*returns_after_deadline=*/true,
+        /*returns_after=*/absl::Seconds(3) * 3 + kLateBy + absl::Seconds(6)}},
+      // The same after a first mesh was made, so the deadline falls in the
+      // bootstrap's own all-gather (MPI_Iallgather on its private
+      // communicator): the ranks that came name the missing last rank, and
+      // both a re-init and a flatten of the first mesh are refused. The last
+      // rank comes after that and fails alike.
+      {"missing_after_init",
+       {false,
+        [](int rank, absl::Duration t) {
+          int size = 0;
+          MPI_Comm_size(MPI_COMM_WORLD, &size);
+          auto mesh = Init({2, 2}, {"DP", "TP"}, t);
+          if (!mesh.ok()) return Outcome{mesh.status(), StatusCode::kOk};
+          absl::Duration slept = absl::ZeroDuration();
+          if (rank == size - 1) {
+            slept = t + kLateBy;
+            absl::SleepFor(slept);
+          }
+          const absl::Status first = Init({4}, {"DP"}, t).status();
+          const DeviceMesh kept = *mesh;
+          return DeadlineThenRefused(
+              "missing_after_init", rank, first,
+              rank == size - 1 ? ""
+                               : absl::StrCat("rank ", size - 1,
+                                              " never arrived (the ranks that did: "),
+              [t, kept] {
+                absl::Status again = Init({4}, {"DP"}, t).status();
+                if (!absl::IsFailedPrecondition(again)) return again;
+                return kept.flatten({"DP", "TP"}).status();
+              },
+              slept);
+        },
+        /*lazy_mpi=*/false, /*returns_after_deadline=*/true,
+        /*returns_after=*/absl::Seconds(3) * 3 + kLateBy + absl::Seconds(6)}},
       // Rank 0 never starts MPI at all (a process stuck before MPI_Init);
       // the others start it lazily through init, whose deadline covers
       // MPI's own start-up: they get DeadlineExceeded instead of waiting in
@@ -237,15 +337,21 @@ int main(int argc, char** argv) {
   const absl::Duration took = absl::Now() - start - outcome.slept;
   // Bounded: the deadline plus slack for a loaded 2-core machine.
   const bool bounded = took <= timeout + absl::Seconds(5);
+  const bool says = outcome.must_say.empty() ||
+                    outcome.status.message().find(outcome.must_say) !=
+                        absl::string_view::npos;
   const bool pass = !outcome.status.ok() &&
-                    outcome.status.code() == outcome.expected && bounded;
+                    outcome.status.code() == outcome.expected && says &&
+                    bounded;
   std::fprintf(stdout, "no_hang[%s] rank %d/%d: %s %s (after %.2f s)\n",
                name.c_str(), rank, size, pass ? "PASS" : "FAIL",
                outcome.status.ToString().c_str(), absl::ToDoubleSeconds(took));
   if (!pass) {
-    std::fprintf(stdout, "no_hang[%s] rank %d: expected %s within %.1f s\n",
+    std::fprintf(stdout,
+                 "no_hang[%s] rank %d: expected %s saying '%s' within %.1f s\n",
                  name.c_str(), rank,
                  absl::StatusCodeToString(outcome.expected).c_str(),
+                 outcome.must_say.c_str(),
                  absl::ToDoubleSeconds(timeout + absl::Seconds(5)));
   }
   std::fflush(stdout);
@@ -261,7 +367,10 @@ int main(int argc, char** argv) {
   if (scenario.returns_after_deadline) {
     // Let every rank speak before the first one leaves: the launcher ends
     // the job when a rank exits without MPI_Finalize.
-    const absl::Time end = start + timeout + absl::Seconds(2);
+    const absl::Time end =
+        start + (scenario.returns_after > absl::ZeroDuration()
+                     ? scenario.returns_after
+                     : timeout + absl::Seconds(2));
     if (absl::Now() < end) absl::SleepFor(end - absl::Now());
   }
   VESCALE_DEVICE_MESH.reset();

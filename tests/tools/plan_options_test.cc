@@ -26,6 +26,30 @@ TEST(PlanOptions, ParsesBothFlagForms) {
   EXPECT_EQ(o.output, "x.svg");
 }
 
+TEST(PlanOptions, ParsesPlacementHostsRolesAndCheck) {
+  const std::vector<std::string> args = {
+      "--mesh", "PP=2,TP=4", "--placement=cyclic", "--hosts", "2",
+      "--latency-sensitive", "TP,PP", "--check", "job.json"};
+  const PlanOptions o = ParsePlanArgs(args).value();
+  EXPECT_EQ(o.placement, PlacementPolicy::kCyclic);
+  EXPECT_EQ(o.hosts, 2);
+  EXPECT_FALSE(o.ranks_per_host.has_value());
+  EXPECT_EQ(o.latency_sensitive, (std::vector<std::string>{"TP", "PP"}));
+  EXPECT_EQ(o.check, "job.json");
+  const PlanOptions h =
+      ParsePlanArgs(std::vector<std::string>{
+                        "--mesh", "TP=2", "--placement", "hostfile:a:b.txt",
+                        "--latency-sensitive="})
+          .value();
+  EXPECT_EQ(h.placement, PlacementPolicy::kHostfile);
+  EXPECT_EQ(h.hostfile, "a:b.txt");
+  EXPECT_EQ(h.latency_sensitive, std::vector<std::string>{});  // none
+  const PlanOptions d =
+      ParsePlanArgs(std::vector<std::string>{"--mesh", "TP=2"}).value();
+  EXPECT_EQ(d.placement, PlacementPolicy::kBlock);
+  EXPECT_FALSE(d.latency_sensitive.has_value());  // TP when the mesh has it
+}
+
 struct BadCase {
   std::vector<std::string> args;
   std::string expected_in_message;
@@ -47,6 +71,29 @@ TEST(PlanCommand, BadInputsExitWithAMessage) {
       {{"--mesh", "PP=2,TP=2", "--frobnicate"}, "'--frobnicate'"},
       {{"--mesh", "PP=2,TP=2", "stray"}, "'stray'"},
       {{"--mesh"}, "--mesh needs a value"},
+      {{"--mesh", "TP=2", "--placement", "random"},
+       "--placement expects block, cyclic or hostfile:FILE, got 'random'"},
+      {{"--mesh", "TP=2", "--placement", "hostfile:"}, "got 'hostfile:'"},
+      {{"--mesh", "TP=2", "--placement", "hostfile:/nonexistent/h"},
+       "cannot open hostfile '/nonexistent/h'"},
+      {{"--mesh", "TP=2", "--hosts", "0"}, "--hosts expects a host count"},
+      {{"--mesh", "TP=2", "--hosts", "x"}, "'x'"},
+      {{"--mesh", "TP=2", "--hosts", "3"},
+       "--hosts expects an integer from 1 to the mesh's 2 ranks, got 3"},
+      {{"--mesh", "TP=8", "--hosts", "3", "--ranks-per-host", "2"},
+       "--hosts 3 and --ranks-per-host 2 disagree: 8 ranks at 2 per host "
+       "fill 4 hosts"},
+      {{"--mesh", "TP=8", "--hosts", "5"},
+       "--hosts 5 cannot be filled in blocks: 8 ranks at 2 per host fill 4"},
+      {{"--mesh", "TP=8192", "--hosts", "1"},
+       "--hosts 1 puts 8192 of the 8192 ranks on a host: expected at most "
+       "4096"},
+      {{"--mesh", "PP=2,TP=2", "--latency-sensitive", "TP,EP,CP"},
+       "--latency-sensitive names EP, CP, which are not dimensions of "
+       "PP=2,TP=2; expected names from PP, TP"},
+      {{"--mesh", "PP=2,TP=2", "--latency-sensitive", "TP,,PP"},
+       "--latency-sensitive expects dimension names separated by commas"},
+      {{"--mesh", "PP=2,TP=2", "--check", ""}, "--check expects the file"},
       {{}, "--mesh is required"},
   };
   for (const BadCase& c : cases) {
@@ -89,6 +136,16 @@ TEST(PlanCommand, HugeWorldsArePlannedInWellUnderASecond) {
       // Six dimensions: every order is tried, at the largest host size.
       {"--mesh", "A=3,B=5,TP=7,C=11,D=13,E=1000000000000", "--ranks-per-host",
        "4096"},
+      // Cyclic placement: TP crosses, and the block alternative (2^61 ranks
+      // per host) must not be counted rank by rank.
+      {"--mesh", "DP=2305843009213693952,TP=2", "--placement", "cyclic",
+       "--hosts", "2"},
+      {"--mesh", "TP=4611686018427387904", "--placement", "cyclic", "--hosts",
+       "3", "--rank", "4611686018427387903"},
+      {"--mesh", "A=3,B=5,TP=7,C=11,D=13,E=1000000000000", "--placement",
+       "cyclic", "--hosts", "4096", "--latency-sensitive", "TP,A,B,C,D,E"},
+      {"--mesh", "DP=2305843009213693952,TP=2", "--hosts",
+       "2305843009213693952", "--latency-sensitive", "DP,TP"},
   };
   for (const std::vector<std::string>& mesh : meshes) {
     for (const std::string fmt : {"table", "json", "svg"}) {

@@ -1,7 +1,8 @@
 # Renders `vemesh plan --format svg` with a real SVG renderer (rsvg-convert,
 # Debian's librsvg2-bin) and checks that a non-trivial PNG came out.
 # -DVEMESH=<cli> -DRSVG=<rsvg-convert or empty> -DOUT=<dir> -DMESH=<spec>
-# -DPER_HOST=<n>. Exits with "SKIP:" (the test's SKIP_REGULAR_EXPRESSION) when
+# -DPER_HOST=<n> (or "-" for none), optionally -DPLACEMENT=<block|cyclic|
+# hostfile:FILE> and -DHOSTS=<n>. Exits with "SKIP:" (the test's SKIP_REGULAR_EXPRESSION) when
 # no renderer is installed.
 if(NOT RSVG)
   message("SKIP: rsvg-convert not found (install librsvg2-bin: bash scripts/setup.sh)")
@@ -11,7 +12,17 @@ file(MAKE_DIRECTORY ${OUT})
 set(svg ${OUT}/plan.svg)
 set(png ${OUT}/plan.png)
 file(REMOVE ${svg} ${png})
-execute_process(COMMAND ${VEMESH} plan --mesh ${MESH} --ranks-per-host ${PER_HOST}
+set(flags)
+if(NOT PER_HOST STREQUAL "-")
+  list(APPEND flags --ranks-per-host ${PER_HOST})
+endif()
+if(PLACEMENT)
+  list(APPEND flags --placement ${PLACEMENT})
+endif()
+if(HOSTS)
+  list(APPEND flags --hosts ${HOSTS})
+endif()
+execute_process(COMMAND ${VEMESH} plan --mesh ${MESH} ${flags}
                         --format svg --output ${svg}
                 RESULT_VARIABLE rc ERROR_VARIABLE err)
 if(NOT rc EQUAL 0)

@@ -60,12 +60,11 @@ absl::StatusOr<OrderSuggestion> SuggestOrderKeepingInHost(
   const int ndim = static_cast<int>(shape.size());
 
   OrderSuggestion out;
-  const int64_t h = std::min(hosts.ranks_per_host, layout.size());
+  const int64_t h = hosts.max_host_size();
   if (shape[target] > h) {
     out.reason = absl::StrCat(names[target], "=", shape[target],
                               " has more ranks than a host holds (",
-                              hosts.ranks_per_host,
-                              "): no order keeps its groups in one host");
+                              h, "): no order keeps its groups in one host");
     return out;
   }
 
@@ -104,9 +103,11 @@ absl::StatusOr<OrderSuggestion> SuggestOrderKeepingInHost(
   }
   out.reason = absl::StrCat(
       "no order of the dimensions keeps every ", names[target],
-      " group in one host with ", hosts.ranks_per_host,
-      " ranks per host; choose --ranks-per-host a multiple of ",
-      names[target], "=", shape[target]);
+      " group in one host with ", hosts.Describe(),
+      hosts.policy() == PlacementPolicy::kBlock
+          ? absl::StrCat("; choose --ranks-per-host a multiple of ",
+                         names[target], "=", shape[target])
+          : "");
   return out;
 }
 

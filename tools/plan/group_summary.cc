@@ -1,6 +1,7 @@
 #include "tools/plan/group_summary.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "tools/plan/group_members.h"
 
@@ -8,15 +9,38 @@ namespace vemesh::plan {
 namespace {
 
 // Distinct hosts of members[0..n) of a default layout's group: they are
-// first + k * stride, increasing. A step of at least a host's size lands on a
-// new host every time; a shorter step cannot jump over a host, so every host
-// between the first and the last member is touched.
+// first + k * stride, increasing.
 int64_t HostsOfStridedGroup(int64_t first, int64_t stride, int64_t n,
                             const HostMap& hosts) {
   if (n <= 1) return 1;
-  if (stride >= hosts.ranks_per_host) return n;
   const int64_t last = first + (n - 1) * stride;
-  return hosts.host_of(last) - hosts.host_of(first) + 1;
+  switch (hosts.policy()) {
+    case PlacementPolicy::kBlock:
+      // A step of at least a host's size lands on a new host every time; a
+      // shorter step cannot jump over a host, so every host between the
+      // first and the last member is touched.
+      if (stride >= hosts.ranks_per_host()) return n;
+      return hosts.host_of(last) - hosts.host_of(first) + 1;
+    case PlacementPolicy::kCyclic: {
+      // Hosts are rank mod H: the members visit H / gcd(stride, H) residues.
+      const int64_t h = hosts.host_count();
+      return std::min(n, h / std::gcd(stride % h == 0 ? h : stride % h, h));
+    }
+    case PlacementPolicy::kHostfile: {
+      // Host j (ranks [a, b)) is touched iff some k < n has
+      // a <= first + k*stride < b.
+      int64_t count = 0;
+      for (int64_t j = hosts.host_of(first); j <= hosts.host_of(last); ++j) {
+        const int64_t a = hosts.starts()[j];
+        const int64_t b = hosts.starts()[j + 1];
+        const int64_t k_min = a <= first ? 0 : (a - first + stride - 1) / stride;
+        const int64_t k_max = (b - 1 - first) / stride;
+        if (k_min <= k_max && k_min < n) ++count;
+      }
+      return count;
+    }
+  }
+  return 1;
 }
 
 }  // namespace

@@ -43,6 +43,73 @@ std::vector<int64_t> RowMajorStrides(const MeshLayout& layout) {
 
 bool IsDefaultLayout(const MeshLayout& layout) { return layout.is_arange(); }
 
+namespace {
+
+// Block placement: a group is base + k*stride, k < n: increasing ranks, so
+// it stays in one host iff its first and last member do. Bases are
+// o*block + i for o < outer, i < stride; base and last = base + span share a
+// host iff (base mod h) + span < h.
+int64_t CrossingUnderBlock(int64_t n, int64_t stride, int64_t world,
+                           int64_t ranks_per_host) {
+  const int64_t h = std::min(ranks_per_host, world);
+  const int64_t span = (n - 1) * stride;
+  const int64_t group_count = world / n;
+  if (span == 0) return 0;
+  if (span >= h) return group_count;
+  // Crosses iff base mod h >= t.
+  const uint64_t t = static_cast<uint64_t>(h - span);
+  const int64_t block = n * stride;
+  const int64_t outer = world / block;
+  // (o * block) mod h repeats with period h / gcd(block, h).
+  const int64_t period = h / std::gcd(block, h);
+  const int64_t step = block % h;
+  uint64_t crossing = 0;
+  int64_t residue = 0;
+  for (int64_t o = 0; o < std::min(outer, period); ++o) {
+    const uint64_t r = static_cast<uint64_t>(residue);
+    const uint64_t s = static_cast<uint64_t>(stride);
+    const uint64_t hu = static_cast<uint64_t>(h);
+    const uint64_t per_block =
+        CountAtOrAbove(r + s, hu, t) - CountAtOrAbove(r, hu, t);
+    // Outer indices o, o + period, ... all share this residue.
+    const uint64_t repeats = static_cast<uint64_t>((outer - 1 - o) / period + 1);
+    crossing += per_block * repeats;
+    residue = (residue + step) % h;
+  }
+  return static_cast<int64_t>(crossing);
+}
+
+// Slots (block fill over uneven hosts): the group at base b crosses iff a
+// host starts at some s with b < s <= b + span, i.e. b in [s - span, s - 1].
+// Merge those intervals over every host start and count the bases in them:
+// bases are the x with x mod (n * stride) < stride.
+int64_t CrossingUnderSlots(int64_t n, int64_t stride,
+                           const std::vector<int64_t>& starts) {
+  const int64_t span = (n - 1) * stride;
+  if (span == 0) return 0;
+  const int64_t block = n * stride;
+  // Bases in [0, x).
+  auto bases_below = [&](int64_t x) {
+    return (x / block) * stride + std::min(x % block, stride);
+  };
+  int64_t crossing = 0;
+  int64_t lo = -1, hi = -2;  // the interval being merged
+  // starts = {0, s1, ..., world}: the inner ones are host boundaries.
+  for (size_t i = 1; i + 1 < starts.size(); ++i) {
+    const int64_t a = std::max<int64_t>(0, starts[i] - span);
+    const int64_t b = starts[i] - 1;
+    if (a > hi + 1) {
+      if (hi >= lo) crossing += bases_below(hi + 1) - bases_below(lo);
+      lo = a;
+    }
+    hi = b;
+  }
+  if (hi >= lo) crossing += bases_below(hi + 1) - bases_below(lo);
+  return crossing;
+}
+
+}  // namespace
+
 DimLocality AnalyzeDimLocality(const MeshLayout& layout, int64_t dim,
                                const HostMap& hosts) {
   if (!IsDefaultLayout(layout)) {
@@ -53,39 +120,21 @@ DimLocality AnalyzeDimLocality(const MeshLayout& layout, int64_t dim,
   const int64_t world = layout.size();
   out.group_size = n;
   out.group_count = world / n;
-  // A group is base + k*stride, k < n: increasing ranks, so it stays in one
-  // host iff its first and last member do. Bases are o*block + i for
-  // o < outer, i < stride; base and last = base + span share a host iff
-  // (base mod h) + span < h.
-  const int64_t h = std::min(hosts.ranks_per_host, world);
   const int64_t stride = RowMajorStrides(layout)[dim];
-  const int64_t span = (n - 1) * stride;
-  if (span == 0) {
-    out.crossing_groups = 0;
-  } else if (span >= h) {
-    out.crossing_groups = out.group_count;
-  } else {
-    // Crosses iff base mod h >= t.
-    const uint64_t t = static_cast<uint64_t>(h - span);
-    const int64_t block = n * stride;
-    const int64_t outer = world / block;
-    // (o * block) mod h repeats with period h / gcd(block, h).
-    const int64_t period = h / std::gcd(block, h);
-    const int64_t step = block % h;
-    uint64_t crossing = 0;
-    int64_t residue = 0;
-    for (int64_t o = 0; o < std::min(outer, period); ++o) {
-      const uint64_t r = static_cast<uint64_t>(residue);
-      const uint64_t s = static_cast<uint64_t>(stride);
-      const uint64_t hu = static_cast<uint64_t>(h);
-      const uint64_t per_block =
-          CountAtOrAbove(r + s, hu, t) - CountAtOrAbove(r, hu, t);
-      // Outer indices o, o + period, ... all share this residue.
-      const uint64_t repeats = static_cast<uint64_t>((outer - 1 - o) / period + 1);
-      crossing += per_block * repeats;
-      residue = (residue + step) % h;
-    }
-    out.crossing_groups = static_cast<int64_t>(crossing);
+  switch (hosts.policy()) {
+    case PlacementPolicy::kBlock:
+      out.crossing_groups =
+          CrossingUnderBlock(n, stride, world, hosts.ranks_per_host());
+      break;
+    case PlacementPolicy::kCyclic:
+      // Members base + k*stride share host (rank mod H) iff stride is a
+      // multiple of H: then every group stays, else every group crosses.
+      out.crossing_groups =
+          (n > 1 && stride % hosts.host_count() != 0) ? out.group_count : 0;
+      break;
+    case PlacementPolicy::kHostfile:
+      out.crossing_groups = CrossingUnderSlots(n, stride, hosts.starts());
+      break;
   }
   out.locality = Classify(out.crossing_groups, out.group_count);
   return out;

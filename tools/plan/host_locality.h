@@ -1,9 +1,9 @@
 // tools/plan/host_locality.h
 //
-// Which groups of a mesh dimension stay inside one host. Hosts are filled in
-// rank order: host = rank / ranks_per_host, as launchers place ranks by default.
+// Which groups of a mesh dimension stay inside one host, under a placement
+// (HostMap: block, cyclic or a hostfile's slots).
 //
-//   HostMap hosts{/*ranks_per_host=*/4, /*world_size=*/8};
+//   HostMap hosts = HostMap::Block(/*ranks_per_host=*/4, /*world_size=*/8);
 //   hosts.host_of(5);                 // 1
 //   DimLocality tp = AnalyzeDimLocality(layout, layout.dim_index("TP"), hosts);
 //   tp.locality;                      // Locality::kIntraHost
@@ -11,8 +11,9 @@
 //
 // Cost. For a default (row-major arange) layout the count is arithmetic:
 // O(ndim + min(outer groups, ranks_per_host)), so a world of 2^62 ranks takes
-// microseconds. Other layouts (a rank table, a slice or flattened mesh that
-// is not an arange) are scanned: O(world).
+// microseconds. Cyclic placement is O(ndim); a hostfile's slots O(ndim +
+// hosts). Other layouts (a rank table, a slice or flattened mesh that is not
+// an arange) are scanned: O(world).
 
 #ifndef VEMESH_TOOLS_PLAN_HOST_LOCALITY_H_
 #define VEMESH_TOOLS_PLAN_HOST_LOCALITY_H_
@@ -21,23 +22,10 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "tools/plan/host_map.h"
 #include "vemesh/mesh_layout.h"
 
 namespace vemesh::plan {
-
-struct HostMap {
-  int64_t ranks_per_host = 1;
-  int64_t world_size = 1;
-
-  int64_t host_of(int64_t rank) const { return rank / ranks_per_host; }
-  // The slot of a rank on its host (its local rank).
-  int64_t local_of(int64_t rank) const { return rank % ranks_per_host; }
-  // Hosts needed for ranks 0 .. world_size-1; the last may be partly used.
-  // (Not (world + per_host - 1) / per_host: that overflows near 2^63.)
-  int64_t host_count() const {
-    return world_size / ranks_per_host + (world_size % ranks_per_host != 0);
-  }
-};
 
 enum class Locality {
   kIntraHost,  // every group lies inside one host

@@ -1,6 +1,10 @@
 #include "tools/plan/plan.h"
 
+#include <algorithm>
+
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "tools/plan/group_members.h"
@@ -13,44 +17,184 @@ std::string SpecOf(const MeshLayout& layout) {
   return FormatMeshSpec(MeshSpec{layout.shape(), layout.dim_names()});
 }
 
-// Warns when the tensor-parallel groups leave a host, with an order that is
-// verified to bring them back.
-std::optional<PlanWarning> TensorParallelWarning(const Plan& plan) {
-  std::optional<int64_t> tp = plan.layout.find_dim(kTensorParallelDim);
-  if (!tp.has_value()) return std::nullopt;
-  const DimLocality& loc = plan.dims[*tp].locality;
+// Ceil(a / b) without the overflow of (a + b - 1) / b near 2^63.
+int64_t CeilDiv(int64_t a, int64_t b) { return a / b + (a % b != 0); }
+
+absl::StatusOr<HostMap> MakeHostMap(const PlanSettings& s, int64_t world) {
+  if (s.ranks_per_host.has_value() &&
+      (*s.ranks_per_host < 1 || *s.ranks_per_host > kMaxRanksPerHost)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--ranks-per-host expects an integer from 1 to ", kMaxRanksPerHost,
+        ", got ", *s.ranks_per_host));
+  }
+  if (s.hosts.has_value() && (*s.hosts < 1 || *s.hosts > world)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--hosts expects an integer from 1 to the mesh's ", world,
+        " ranks, got ", *s.hosts));
+  }
+  if (s.placement == PlacementPolicy::kHostfile) {
+    if (s.ranks_per_host.has_value() || s.hosts.has_value()) {
+      return absl::InvalidArgumentError(
+          "--ranks-per-host and --hosts do not apply to --placement "
+          "hostfile:FILE: the hosts and their slots come from the file");
+    }
+    if (!s.hostfile.has_value()) {
+      return absl::InvalidArgumentError(
+          "--placement hostfile needs a file: expected hostfile:FILE");
+    }
+    return HostMapFromHostfile(*s.hostfile, world);
+  }
+  // Both given: they must describe the same hosts.
+  if (s.ranks_per_host.has_value() && s.hosts.has_value() &&
+      CeilDiv(world, *s.ranks_per_host) != *s.hosts) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--hosts ", *s.hosts, " and --ranks-per-host ", *s.ranks_per_host,
+        " disagree: ", world, " ranks at ", *s.ranks_per_host,
+        " per host fill ", CeilDiv(world, *s.ranks_per_host),
+        " hosts; expected one of the two flags, or matching values"));
+  }
+  if (s.placement == PlacementPolicy::kCyclic) {
+    const int64_t hosts =
+        s.hosts.value_or(CeilDiv(world, s.ranks_per_host.value_or(
+                                            kDefaultRanksPerHost)));
+    return HostMap::Cyclic(hosts, world);
+  }
+  int64_t per_host = s.ranks_per_host.value_or(kDefaultRanksPerHost);
+  if (!s.ranks_per_host.has_value() && s.hosts.has_value()) {
+    per_host = CeilDiv(world, *s.hosts);
+    if (per_host > kMaxRanksPerHost) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--hosts ", *s.hosts, " puts ", per_host, " of the ", world,
+          " ranks on a host: expected at most ", kMaxRanksPerHost,
+          " per host (pass more hosts)"));
+    }
+    if (CeilDiv(world, per_host) != *s.hosts) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--hosts ", *s.hosts, " cannot be filled in blocks: ", world,
+          " ranks at ", per_host, " per host fill ", CeilDiv(world, per_host),
+          " hosts; expected a host count that blocks of equal size fill"));
+    }
+  }
+  return HostMap::Block(per_host, world);
+}
+
+// The launcher flags of a placement, for a warning: "`srun
+// --distribution=block`, `mpirun --map-by slot`".
+std::string PlacementFlags(PlacementPolicy policy) {
+  return policy == PlacementPolicy::kCyclic
+             ? "`srun --distribution=cyclic`, `mpirun --map-by node`"
+             : "`srun --distribution=block`, `mpirun --map-by slot`";
+}
+
+// The same hosts under the other of block and cyclic, when that keeps the
+// groups of `dim` inside one host. None for a hostfile, or for blocks larger
+// than kMaxRanksPerHost.
+std::optional<PlacementPolicy> OtherPlacementKeepingInHost(
+    const MeshLayout& layout, int64_t dim, const HostMap& hosts) {
+  const int64_t world = layout.size();
+  const int64_t count = hosts.host_count();
+  std::optional<HostMap> other;
+  if (hosts.policy() == PlacementPolicy::kBlock && count > 1) {
+    other = HostMap::Cyclic(count, world);
+  } else if (hosts.policy() == PlacementPolicy::kCyclic &&
+             CeilDiv(world, count) <= kMaxRanksPerHost &&
+             CeilDiv(world, CeilDiv(world, count)) == count) {
+    // Hosts above kMaxRanksPerHost are not offered: the block count is
+    // O(ranks per host), and --ranks-per-host could not state them.
+    other = HostMap::Block(CeilDiv(world, count), world);
+  }
+  if (!other.has_value()) return std::nullopt;
+  if (AnalyzeDimLocality(layout, dim, *other).crossing_groups != 0) {
+    return std::nullopt;
+  }
+  return other->policy();
+}
+
+// Warns when a latency-sensitive dimension's groups leave a host, with an
+// order (verified) or a placement that brings them back.
+std::optional<PlanWarning> CrossingWarning(const Plan& plan, int64_t d) {
+  const DimLocality& loc = plan.dims[d].locality;
   if (loc.crossing_groups == 0) return std::nullopt;
+  const std::string& name = plan.dims[d].name;
   PlanWarning w;
-  w.code = "tp-crosses-hosts";
-  w.dim = kTensorParallelDim;
-  w.suggestion =
-      SuggestOrderKeepingInHost(plan.layout, kTensorParallelDim, plan.hosts)
-          .value_or(OrderSuggestion{});
+  w.code = absl::StrCat(absl::AsciiStrToLower(name), "-crosses-hosts");
+  w.dim = name;
+  w.suggestion = SuggestOrderKeepingInHost(plan.layout, name, plan.hosts)
+                     .value_or(OrderSuggestion{});
+  w.placement_fix = OtherPlacementKeepingInHost(plan.layout, d, plan.hosts);
   w.message = absl::StrCat(
-      loc.crossing_groups, " of ", loc.group_count, " ", kTensorParallelDim,
-      " groups cross hosts (", plan.hosts.ranks_per_host,
-      " ranks per host); tensor parallelism wants the fast links inside a "
-      "host. ");
+      loc.crossing_groups, " of ", loc.group_count, " ", name,
+      " groups cross hosts (", plan.hosts.Describe(), "); ",
+      absl::EqualsIgnoreCase(name, kTensorParallelDim)
+          ? "tensor parallelism wants"
+          : absl::StrCat(name, " is latency-sensitive (--latency-sensitive) "
+                         "and wants"),
+      " the fast links inside a host. ");
   if (w.suggestion.found) {
     absl::StrAppend(&w.message, "Suggested order: --mesh ",
-                    w.suggestion.mesh_spec, " keeps every ",
-                    kTensorParallelDim, " group inside one host.");
+                    w.suggestion.mesh_spec, " keeps every ", name,
+                    " group inside one host.");
   } else {
-    absl::StrAppend(&w.message, w.suggestion.reason, ".");
+    std::string reason = w.suggestion.reason;
+    if (!reason.empty()) reason[0] = absl::ascii_toupper(reason[0]);
+    absl::StrAppend(&w.message, reason, ".");
+  }
+  if (w.placement_fix.has_value()) {
+    absl::StrAppend(&w.message, w.suggestion.found ? " Or launch" : " Launch",
+                    " with ", PlacementPolicyName(*w.placement_fix),
+                    " placement (", PlacementFlags(*w.placement_fix),
+                    "): it keeps every ", name, " group inside one host.");
   }
   return w;
+}
+
+// The dimension a role names: exactly, else ignoring case (as the runtime's
+// MeshOptions::latency_sensitive_dims matches roles).
+std::optional<int64_t> FindRole(const MeshLayout& layout,
+                                absl::string_view role) {
+  if (std::optional<int64_t> d = layout.find_dim(role)) return d;
+  for (int64_t d = 0; d < layout.ndim(); ++d) {
+    if (absl::EqualsIgnoreCase(layout.dim_name(d), role)) return d;
+  }
+  return std::nullopt;
+}
+
+// The dimensions to warn about, in mesh order.
+absl::StatusOr<std::vector<int64_t>> LatencySensitiveDims(
+    const MeshLayout& layout, const PlanSettings& settings,
+    absl::string_view spec) {
+  std::vector<int64_t> dims;
+  if (!settings.latency_sensitive.has_value()) {
+    if (std::optional<int64_t> tp = FindRole(layout, kTensorParallelDim)) {
+      dims.push_back(*tp);
+    }
+    return dims;
+  }
+  std::vector<std::string> unknown;
+  for (const std::string& name : *settings.latency_sensitive) {
+    std::optional<int64_t> d = FindRole(layout, name);
+    if (!d.has_value()) {
+      unknown.push_back(name);
+    } else if (std::find(dims.begin(), dims.end(), *d) == dims.end()) {
+      dims.push_back(*d);
+    }
+  }
+  if (!unknown.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--latency-sensitive names ", absl::StrJoin(unknown, ", "),
+        unknown.size() == 1 ? ", which is not a dimension"
+                            : ", which are not dimensions",
+        " of ", spec, "; expected names from ",
+        absl::StrJoin(layout.dim_names(), ", ")));
+  }
+  std::sort(dims.begin(), dims.end());
+  return dims;
 }
 
 }  // namespace
 
 absl::StatusOr<Plan> BuildPlan(const MeshLayout& layout,
                                const PlanSettings& settings) {
-  if (settings.ranks_per_host < 1 ||
-      settings.ranks_per_host > kMaxRanksPerHost) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--ranks-per-host expects an integer from 1 to ", kMaxRanksPerHost,
-        ", got ", settings.ranks_per_host));
-  }
   if (!IsDefaultLayout(layout) && layout.size() > kMaxScannedRanks) {
     return absl::InvalidArgumentError(absl::StrCat(
         SpecOf(layout), " has ", layout.size(),
@@ -60,7 +204,16 @@ absl::StatusOr<Plan> BuildPlan(const MeshLayout& layout,
   }
   Plan plan(layout);
   plan.mesh_spec = SpecOf(layout);
-  plan.hosts = HostMap{settings.ranks_per_host, layout.size()};
+  absl::StatusOr<HostMap> hosts = MakeHostMap(settings, layout.size());
+  if (!hosts.ok()) return hosts.status();
+  plan.hosts = *std::move(hosts);
+  if (settings.placement == PlacementPolicy::kHostfile) {
+    plan.hostfile_path = settings.hostfile->path;
+  }
+  plan.launch = LaunchFlags(plan.hosts, plan.hostfile_path);
+  absl::StatusOr<std::vector<int64_t>> sensitive =
+      LatencySensitiveDims(layout, settings, plan.mesh_spec);
+  if (!sensitive.ok()) return sensitive.status();
   plan.summarized = layout.size() > kListLimit;
 
   if (settings.color_by.empty()) {
@@ -124,8 +277,10 @@ absl::StatusOr<Plan> BuildPlan(const MeshLayout& layout,
     plan.dims.push_back(std::move(dim));
   }
 
-  if (std::optional<PlanWarning> w = TensorParallelWarning(plan)) {
-    plan.warnings.push_back(std::move(*w));
+  for (int64_t d : *sensitive) {
+    if (std::optional<PlanWarning> w = CrossingWarning(plan, d)) {
+      plan.warnings.push_back(std::move(*w));
+    }
   }
   return plan;
 }
@@ -143,11 +298,21 @@ absl::StatusOr<Plan> BuildPlanFromOptions(const PlanOptions& options) {
         "--mesh '", options.mesh, "' is not a valid mesh: ",
         layout.status().message()));
   }
-  return BuildPlan(*layout, PlanSettings{
-                                .ranks_per_host = options.ranks_per_host,
-                                .rank = options.rank,
-                                .color_by = options.color_by.value_or(""),
-                            });
+  PlanSettings settings{
+      .ranks_per_host = options.ranks_per_host,
+      .rank = options.rank,
+      .color_by = options.color_by.value_or(""),
+      .placement = options.placement,
+      .hosts = options.hosts,
+      .hostfile = std::nullopt,
+      .latency_sensitive = options.latency_sensitive,
+  };
+  if (options.placement == PlacementPolicy::kHostfile) {
+    absl::StatusOr<Hostfile> hostfile = LoadHostfile(options.hostfile);
+    if (!hostfile.ok()) return hostfile.status();
+    settings.hostfile = *std::move(hostfile);
+  }
+  return BuildPlan(*layout, settings);
 }
 
 }  // namespace vemesh::plan

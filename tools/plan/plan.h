@@ -1,7 +1,8 @@
 // tools/plan/plan.h
 //
-// Plan: everything `vemesh plan` shows, computed once from a layout and the
-// host size, then handed to a renderer (table, JSON, SVG). Building a plan
+// Plan: everything `vemesh plan` shows, computed once from a layout and a
+// placement (block, cyclic or a hostfile), then handed to a renderer (table,
+// JSON, SVG). Building a plan
 // does no communication and never lists a big world: for more than
 // kListLimit ranks, only the first and last few ranks and groups are kept.
 //
@@ -11,6 +12,13 @@
 //   plan->dims[2].locality.locality;   // TP: Locality::kIntraHost
 //   plan->rank_view->host;             // 1
 //   plan->warnings;                    // empty: TP stays inside hosts
+//   plan->launch[1].command;  // "srun -N 2 -n 8 --ntasks-per-node=4
+//                             //  --distribution=block"
+//
+// Placements: PlanSettings::placement with ranks_per_host and/or hosts
+// (block, cyclic), or a parsed hostfile. Latency-sensitive dimensions
+// (default TP) get a warning when their groups cross hosts, naming the order
+// or placement that keeps them inside when there is one.
 //
 // BuildPlanFromOptions does the same from the command line's options,
 // parsing --mesh first.
@@ -27,6 +35,8 @@
 #include "absl/status/statusor.h"
 #include "tools/plan/dim_order.h"
 #include "tools/plan/host_locality.h"
+#include "tools/plan/hostfile.h"
+#include "tools/plan/launch_flags.h"
 #include "tools/plan/plan_options.h"
 #include "tools/plan/group_summary.h"
 #include "tools/plan/rank_view.h"
@@ -47,6 +57,7 @@ inline constexpr int64_t kSummaryRanks = 8;
 inline constexpr int64_t kSummaryGroups = 3;
 
 // The dimension whose groups must stay inside a host: tensor parallelism.
+// It is the default of --latency-sensitive.
 inline constexpr char kTensorParallelDim[] = "TP";
 
 struct RankRow {
@@ -67,17 +78,28 @@ struct DimPlan {
 };
 
 struct PlanWarning {
-  std::string code;  // "tp-crosses-hosts"
+  std::string code;  // "<dim in lower case>-crosses-hosts": "tp-crosses-hosts"
   std::string dim;
   std::string message;
   OrderSuggestion suggestion;
+  // Another placement over the same hosts that keeps the groups inside.
+  std::optional<PlacementPolicy> placement_fix;
 };
 
 struct PlanSettings {
-  int64_t ranks_per_host = kDefaultRanksPerHost;
+  // Block: unset means kDefaultRanksPerHost, or world / hosts when `hosts`
+  // is set. Cyclic: the host count is `hosts`, else what blocks of
+  // ranks_per_host would need. Hostfile: both must be unset.
+  std::optional<int64_t> ranks_per_host;
   std::optional<int64_t> rank;
   // Dimension whose groups the SVG colours; empty: TP, else the last one.
   std::string color_by;
+  PlacementPolicy placement = PlacementPolicy::kBlock;
+  std::optional<int64_t> hosts;
+  std::optional<Hostfile> hostfile;  // required for kHostfile
+  // Dimensions whose groups should stay inside a host. Unset: TP when the
+  // mesh has it. Set: every name must be a dimension of the mesh.
+  std::optional<std::vector<std::string>> latency_sensitive;
 };
 
 struct Plan {
@@ -86,6 +108,8 @@ struct Plan {
   MeshLayout layout;
   std::string mesh_spec;  // "PP=2,DP=2,TP=2"
   HostMap hosts;
+  std::string hostfile_path;       // hostfile placement: the file read
+  std::vector<LaunchLine> launch;  // the placement in launchers' flags
   bool summarized = false;
   int64_t color_dim = 0;
   std::vector<RankRow> ranks;  // all, or the first and last few
@@ -95,12 +119,15 @@ struct Plan {
 };
 
 // Errors (InvalidArgument / OutOfRange, naming the value): ranks_per_host
-// outside 1..kMaxRanksPerHost, a rank outside the mesh, an unknown color_by,
-// a layout that is not an arange with more than kMaxScannedRanks ranks.
+// outside 1..kMaxRanksPerHost, hosts outside 1..world, ranks_per_host and
+// hosts that disagree, a hostfile with fewer slots than ranks, a rank outside
+// the mesh, an unknown color_by or latency-sensitive name, a layout that is
+// not an arange with more than kMaxScannedRanks ranks.
 absl::StatusOr<Plan> BuildPlan(const MeshLayout& layout,
                                const PlanSettings& settings);
 
-// Parses options.mesh (errors name the text) and builds its plan.
+// Parses options.mesh (errors name the text), reads the hostfile, and builds
+// the plan.
 absl::StatusOr<Plan> BuildPlanFromOptions(const PlanOptions& options);
 
 }  // namespace vemesh::plan

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "tools/plan/placement_check.h"
 #include "tools/plan/plan.h"
 #include "tools/plan/plan_options.h"
 #include "tools/plan/render_json.h"
@@ -28,6 +29,24 @@ int WriteToStream(absl::string_view text, std::ostream& out,
   return kExitIoError;
 }
 
+namespace {
+
+// Writes the command's output to --output FILE, or to `out`.
+int Emit(const std::string& text, const std::optional<std::string>& output,
+         std::ostream& out, std::ostream& err) {
+  if (!output.has_value()) return WriteToStream(text, out, err);
+  std::ofstream file(*output, std::ios::binary | std::ios::trunc);
+  file << text;
+  file.close();
+  if (!file) {
+    err << "vemesh plan: cannot write --output '" << *output << "'\n";
+    return kExitIoError;
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
 int RunPlanCommand(absl::Span<const std::string> args, std::ostream& out,
                    std::ostream& err) {
   absl::StatusOr<PlanOptions> options = ParsePlanArgs(args);
@@ -42,21 +61,33 @@ int RunPlanCommand(absl::Span<const std::string> args, std::ostream& out,
     return kExitUsage;
   }
   std::string text;
+  if (options->check.has_value()) {
+    if (options->format == OutputFormat::kSvg) {
+      err << "vemesh plan: --check prints a comparison: expected --format "
+             "table or json, got svg\n";
+      return kExitUsage;
+    }
+    absl::StatusOr<JobPlacement> job = LoadJobPlacement(*options->check);
+    absl::StatusOr<PlacementCheck> check =
+        job.ok() ? CheckPlacement(*plan, *job)
+                 : absl::StatusOr<PlacementCheck>(job.status());
+    if (!check.ok()) {
+      err << "vemesh plan: " << check.status().message() << "\n";
+      return kExitUsage;
+    }
+    text = options->format == OutputFormat::kJson
+               ? RenderCheckJson(*check)
+               : RenderCheck(*plan, *job, *check);
+    const int code = Emit(text, options->output, out, err);
+    if (code != kExitOk) return code;
+    return check->matches ? kExitOk : kExitMismatch;
+  }
   switch (options->format) {
     case OutputFormat::kTable: text = RenderTable(*plan); break;
     case OutputFormat::kJson: text = RenderJson(*plan); break;
     case OutputFormat::kSvg: text = RenderSvg(*plan); break;
   }
-  if (!options->output.has_value()) return WriteToStream(text, out, err);
-  std::ofstream file(*options->output, std::ios::binary | std::ios::trunc);
-  file << text;
-  file.close();
-  if (!file) {
-    err << "vemesh plan: cannot write --output '" << *options->output
-        << "'\n";
-    return kExitIoError;
-  }
-  return kExitOk;
+  return Emit(text, options->output, out, err);
 }
 
 }  // namespace vemesh::plan

@@ -9,7 +9,9 @@
 //
 // Exit codes: 0 success; 2 bad input (the message on `err` names the bad
 // value and what was expected); 1 the output could not be written (the
-// --output file, or stdout when it is full or closed).
+// --output file, or stdout when it is full or closed); 3 `--check FILE`
+// found the job's placement differs from the plan (the differences on
+// `out`).
 
 #ifndef VEMESH_TOOLS_PLAN_PLAN_COMMAND_H_
 #define VEMESH_TOOLS_PLAN_PLAN_COMMAND_H_
@@ -25,6 +27,7 @@ namespace vemesh::plan {
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitIoError = 1;
 inline constexpr int kExitUsage = 2;
+inline constexpr int kExitMismatch = 3;
 
 int RunPlanCommand(absl::Span<const std::string> args, std::ostream& out,
                    std::ostream& err);

@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 
 namespace vemesh::plan {
 namespace {
@@ -63,8 +64,9 @@ absl::StatusOr<PlanOptions> ParsePlanArgs(absl::Span<const std::string> args) {
       value = arg.substr(eq + 1);
     }
     static constexpr absl::string_view kFlags[] = {
-        "--mesh", "--rank", "--ranks-per-host", "--format", "--color-by",
-        "--output"};
+        "--mesh",     "--rank",   "--ranks-per-host", "--placement",
+        "--hosts",    "--latency-sensitive", "--check", "--format",
+        "--color-by", "--output"};
     bool known = false;
     for (absl::string_view f : kFlags) known = known || f == flag;
     if (!known) {
@@ -101,6 +103,50 @@ absl::StatusOr<PlanOptions> ParsePlanArgs(absl::Span<const std::string> args) {
             ", got ", *n));
       }
       opts.ranks_per_host = *n;
+    } else if (flag == "--placement") {
+      if (*value == "block") {
+        opts.placement = PlacementPolicy::kBlock;
+      } else if (*value == "cyclic") {
+        opts.placement = PlacementPolicy::kCyclic;
+      } else if (absl::StartsWith(*value, "hostfile:") &&
+                 value->size() > std::string_view("hostfile:").size()) {
+        opts.placement = PlacementPolicy::kHostfile;
+        opts.hostfile = std::string(value->substr(9));
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--placement expects block, cyclic or hostfile:FILE, got '",
+            *value, "'"));
+      }
+    } else if (flag == "--hosts") {
+      absl::StatusOr<int64_t> n =
+          ParseInt(flag, *value, "a host count (an integer >= 1)");
+      if (!n.ok()) return n.status();
+      if (*n < 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--hosts expects a host count (an integer >= 1), got ", *n));
+      }
+      opts.hosts = *n;
+    } else if (flag == "--latency-sensitive") {
+      // "" turns the warnings off; otherwise comma-separated names.
+      std::vector<std::string> names;
+      if (!value->empty()) {
+        for (absl::string_view name : absl::StrSplit(*value, ',')) {
+          if (name.empty()) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "--latency-sensitive expects dimension names separated by "
+                "commas, e.g. TP,EP, got '", *value, "'"));
+          }
+          names.emplace_back(name);
+        }
+      }
+      opts.latency_sensitive = std::move(names);
+    } else if (flag == "--check") {
+      if (value->empty()) {
+        return absl::InvalidArgumentError(
+            "--check expects the file of a job's get_placement() JSON, "
+            "got ''");
+      }
+      opts.check = std::string(*value);
     } else if (flag == "--format") {
       absl::StatusOr<OutputFormat> f = ParseOutputFormat(*value);
       if (!f.ok()) return f.status();
@@ -138,8 +184,27 @@ std::string PlanUsage() {
       "                         PP=2,DP=2,TP=2 (required)\n"
       "  --rank R               show the view of global rank R: coordinate,\n"
       "                         host, groups, peers, pipeline neighbours\n"
-      "  --ranks-per-host N     ranks on one host; host = rank / N (default ",
+      "  --ranks-per-host N     ranks on one host (default ",
       kDefaultRanksPerHost, ", at most ", kMaxRanksPerHost, ")\n"
+      "  --placement P          how the launcher places ranks on hosts:\n"
+      "                         block (default): host = rank / N\n"
+      "                           (srun --distribution=block, mpirun --map-by "
+      "slot)\n"
+      "                         cyclic: host = rank % hosts, round-robin\n"
+      "                           (srun --distribution=cyclic, mpirun --map-by "
+      "node)\n"
+      "                         hostfile:FILE: an Open MPI hostfile, lines\n"
+      "                           'node0 slots=4', filled in order (--map-by "
+      "slot)\n"
+      "  --hosts H              the host count (block, cyclic); default: the\n"
+      "                         hosts that --ranks-per-host fills\n"
+      "  --latency-sensitive L  dimensions whose groups should stay inside a\n"
+      "                         host, e.g. TP,EP,CP (default TP; '' for none):\n"
+      "                         a warning names the order or placement that\n"
+      "                         keeps them inside\n"
+      "  --check FILE           compare the plan with the placement a job\n"
+      "                         reported (DeviceMesh::get_placement() JSON);\n"
+      "                         exit 0 when they agree, 3 when they differ\n"
       "  --format FMT           table (default), json or svg\n"
       "  --color-by DIM         svg: colour the groups of DIM (default TP, or\n"
       "                         the last dimension when there is no TP)\n"
@@ -152,6 +217,11 @@ std::string PlanUsage() {
       "Examples:\n"
       "  vemesh plan --mesh PP=4,DP=2,TP=8 --ranks-per-host 8\n"
       "  vemesh plan --mesh PP=2,DP=2,TP=2 --rank 5\n"
+      "  vemesh plan --mesh PP=2,DP=2,TP=2 --placement cyclic --hosts 2\n"
+      "  vemesh plan --mesh PP=2,EP=2,TP=2 --placement hostfile:hosts.txt "
+      "--latency-sensitive TP,EP\n"
+      "  vemesh plan --mesh PP=2,DP=2,TP=2 --ranks-per-host 4 --check "
+      "placement.json\n"
       "  vemesh plan --mesh PP=2,DP=2,TP=2 --ranks-per-host 4 --format svg "
       "--output plan.svg\n");
 }

@@ -19,10 +19,12 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "tools/plan/host_map.h"
 
 namespace vemesh::plan {
 
@@ -42,7 +44,15 @@ inline constexpr int64_t kMaxRanksPerHost = int64_t{1} << 12;
 struct PlanOptions {
   std::string mesh;                    // --mesh, e.g. "PP=2,DP=2,TP=2"
   std::optional<int64_t> rank;         // --rank: show this rank's view
-  int64_t ranks_per_host = kDefaultRanksPerHost;  // --ranks-per-host
+  // --ranks-per-host; unset: kDefaultRanksPerHost, or from --hosts.
+  std::optional<int64_t> ranks_per_host;
+  // --placement block|cyclic|hostfile:FILE (FILE kept in `hostfile`).
+  PlacementPolicy placement = PlacementPolicy::kBlock;
+  std::string hostfile;
+  std::optional<int64_t> hosts;  // --hosts N
+  // --latency-sensitive TP,EP,CP; unset: TP (when the mesh has it).
+  std::optional<std::vector<std::string>> latency_sensitive;
+  std::optional<std::string> check;  // --check FILE: a job's placement JSON
   OutputFormat format = OutputFormat::kTable;     // --format
   std::optional<std::string> color_by;  // --color-by (default: TP, else last)
   std::optional<std::string> output;    // --output FILE (default: stdout)

@@ -25,12 +25,19 @@ Json GroupJson(const GroupSummary& g) {
   return j;
 }
 
-Json RankViewJson(const RankView& v) {
+// A host's name from the hostfile; null under block and cyclic placement.
+Json HostName(const HostMap& hosts, int64_t host) {
+  if (hosts.names().empty()) return Json(nullptr);
+  return Json(hosts.names()[static_cast<size_t>(host)]);
+}
+
+Json RankViewJson(const RankView& v, const HostMap& hosts) {
   Json j;
   j["rank"] = v.rank;
   j["coordinate"] = std::vector<int64_t>(v.coordinate.begin(),
                                          v.coordinate.end());
   j["host"] = v.host;
+  j["host_name"] = HostName(hosts, v.host);
   j["local_rank"] = v.local;
   Json dims = Json::array();
   for (const RankView::DimView& d : v.dims) {
@@ -81,9 +88,37 @@ std::string RenderJson(const Plan& plan) {
   j["mesh"] = std::move(mesh);
 
   Json hosts;
-  hosts["ranks_per_host"] = plan.hosts.ranks_per_host;
+  // Block: the ranks per host; cyclic, hostfile: the largest host.
+  hosts["ranks_per_host"] = plan.hosts.ranks_per_host();
   hosts["count"] = plan.hosts.host_count();
   j["hosts"] = std::move(hosts);
+
+  Json placement;
+  placement["policy"] = PlacementPolicyName(plan.hosts.policy());
+  placement["description"] = plan.hosts.Describe();
+  if (plan.hosts.policy() == PlacementPolicy::kHostfile) {
+    placement["hostfile"] = plan.hostfile_path;
+    placement["host_names"] = plan.hosts.names();
+    std::vector<int64_t> sizes;
+    for (int64_t h = 0; h < plan.hosts.host_count(); ++h) {
+      sizes.push_back(plan.hosts.host_size(h));
+    }
+    placement["host_sizes"] = sizes;
+  } else {
+    placement["hostfile"] = nullptr;
+    placement["host_names"] = nullptr;
+    placement["host_sizes"] = nullptr;
+  }
+  Json launch = Json::array();
+  for (const LaunchLine& l : plan.launch) {
+    Json lj;
+    lj["launcher"] = l.launcher;
+    lj["command"] = l.command.empty() ? Json(nullptr) : Json(l.command);
+    lj["note"] = l.note;
+    launch.push_back(std::move(lj));
+  }
+  placement["launch"] = std::move(launch);
+  j["placement"] = std::move(placement);
 
   j["summarized"] = plan.summarized;
 
@@ -97,6 +132,7 @@ std::string RenderJson(const Plan& plan) {
     rj["coordinate"] =
         std::vector<int64_t>(r.coordinate.begin(), r.coordinate.end());
     rj["host"] = r.host;
+    rj["host_name"] = HostName(plan.hosts, r.host);
     rj["local_rank"] = r.local;
     items.push_back(std::move(rj));
   }
@@ -137,12 +173,16 @@ std::string RenderJson(const Plan& plan) {
       wj["suggested_order"] = nullptr;
       wj["suggested_mesh"] = nullptr;
     }
+    wj["suggested_placement"] =
+        w.placement_fix.has_value()
+            ? Json(std::string(PlacementPolicyName(*w.placement_fix)))
+            : Json(nullptr);
     warnings.push_back(std::move(wj));
   }
   j["warnings"] = std::move(warnings);
 
   j["rank_view"] =
-      plan.rank_view.has_value() ? RankViewJson(*plan.rank_view) : Json(nullptr);
+      plan.rank_view.has_value() ? RankViewJson(*plan.rank_view, plan.hosts) : Json(nullptr);
   return j.dump(2) + "\n";
 }
 

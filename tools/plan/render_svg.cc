@@ -72,6 +72,23 @@ std::string CoordLabel(const Coordinate& c) {
   return absl::StrCat("(", absl::StrJoin(c, ","), ")");
 }
 
+// "host 1  (ranks 4-7)"; cyclic: "host 1  (ranks 1,3,...,7)"; a hostfile's
+// host goes by its name.
+std::string HostTitle(const HostMap& hosts, int64_t host) {
+  const int64_t n = hosts.host_size(host);
+  const int64_t first = hosts.rank_on(host, 0);
+  const int64_t last = hosts.rank_on(host, n - 1);
+  std::string name = hosts.names().empty()
+                         ? absl::StrCat("host ", host)
+                         : hosts.names()[static_cast<size_t>(host)];
+  if (hosts.policy() != PlacementPolicy::kCyclic || n == 1) {
+    return absl::StrCat(name, "  (ranks ", first, "-", last, ")");
+  }
+  if (n == 2) return absl::StrCat(name, "  (ranks ", first, ",", last, ")");
+  return absl::StrCat(name, "  (ranks ", first, ",", hosts.rank_on(host, 1),
+                      n > 3 ? ",...," : ",", last, ")");
+}
+
 }  // namespace
 
 std::string RenderSvg(const Plan& plan) {
@@ -103,9 +120,10 @@ std::string RenderSvg(const Plan& plan) {
   for (int64_t n : layout.shape()) coord_chars += digits(n - 1);
   const int rank_chars = 5 + digits(layout.size() - 1);
   const int cell_w = std::max(84, 8 * std::max(coord_chars, rank_chars) + 16);
-  const int64_t cells_per_host = std::min(hosts.ranks_per_host, kMaxCellsPerHost);
+  const int64_t cells_per_host =
+      std::min(hosts.max_host_size(), kMaxCellsPerHost);
   const int cols = static_cast<int>(
-      std::min<int64_t>({hosts.ranks_per_host, 8, layout.size()}));
+      std::min<int64_t>({hosts.max_host_size(), 8, layout.size()}));
   const int64_t max_cells = std::min(cells_per_host, layout.size());
   const int rows = static_cast<int>((max_cells + cols - 1) / cols);
   const int host_w = 2 * kHostPad + cols * cell_w + (cols - 1) * kGap;
@@ -149,21 +167,15 @@ std::string RenderSvg(const Plan& plan) {
       continue;
     }
     const int64_t host = std::get<int64_t>(slots[s]);
-    const int64_t first = host * hosts.ranks_per_host;
-    // first + ranks_per_host may pass INT64_MAX on the last host of a huge
-    // world; the ranks left never do.
-    const int64_t end =
-        first + std::min(hosts.ranks_per_host, layout.size() - first);
+    const int64_t on_host = hosts.host_size(host);
     absl::StrAppend(&body, "<rect x=\"", x0, "\" y=\"", y0, "\" width=\"",
                     host_w, "\" height=\"", host_h,
                     "\" rx=\"10\" fill=\"#f4f6f8\" stroke=\"#445\" "
                     "stroke-width=\"2\"/>\n");
-    body += Text(x0 + kHostPad, y0 + 18,
-                 absl::StrCat("host ", host, "  (ranks ", first, "-", end - 1,
-                              ")"),
-                 14, "font-weight=\"bold\" fill=\"#223\"");
-    const bool elided = end - first > cells_per_host;
-    for (int64_t i = 0; i < std::min(end - first, cells_per_host); ++i) {
+    body += Text(x0 + kHostPad, y0 + 18, HostTitle(hosts, host), 14,
+                 "font-weight=\"bold\" fill=\"#223\"");
+    const bool elided = on_host > cells_per_host;
+    for (int64_t i = 0; i < std::min(on_host, cells_per_host); ++i) {
       const int cx = x0 + kHostPad + static_cast<int>(i % cols) * (cell_w + kGap);
       const int cy = y0 + kHostTitle + kHostPad +
                      static_cast<int>(i / cols) * (kCellHeight + kGap);
@@ -173,11 +185,11 @@ std::string RenderSvg(const Plan& plan) {
                         "\" rx=\"5\" fill=\"#fff\" stroke=\"#999\" "
                         "stroke-dasharray=\"4 3\"/>\n");
         body += Text(cx + cell_w / 2, cy + 28,
-                     absl::StrCat("+", end - first - i, " more"), 12,
+                     absl::StrCat("+", on_host - i, " more"), 12,
                      "text-anchor=\"middle\" fill=\"#555\"");
         break;
       }
-      const int64_t rank = first + i;
+      const int64_t rank = hosts.rank_on(host, i);
       absl::StatusOr<Coordinate> coord = layout.coordinate_of(rank);
       absl::StatusOr<MeshLayout::GroupPosition> pos =
           layout.group_position(color_dims, rank);
@@ -259,8 +271,8 @@ std::string RenderSvg(const Plan& plan) {
       "<rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/>\n");
   svg += Text(kMargin, 28,
               absl::StrCat("vemesh plan ", plan.mesh_spec, ": ", layout.size(),
-                           " ranks on ", hosts.host_count(), " hosts of ",
-                           hosts.ranks_per_host),
+                           " ranks on ", hosts.host_count(), " hosts, ",
+                           hosts.Describe()),
               18, "font-weight=\"bold\" fill=\"#111\"");
   svg += Text(kMargin, 50,
               absl::StrCat("cell: rank and coordinate (",

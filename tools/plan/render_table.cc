@@ -73,12 +73,30 @@ std::string OrNone(const std::optional<int64_t>& r) {
   return r.has_value() ? absl::StrCat(*r) : "none";
 }
 
+// A host as the tables show it: its index, and its name from a hostfile.
+std::string HostLabel(const Plan& plan, int64_t host) {
+  if (plan.hosts.names().empty()) return absl::StrCat(host);
+  return absl::StrCat(host, " (", plan.hosts.names()[host], ")");
+}
+
 void AppendHeader(const Plan& plan, std::string& out) {
+  const HostMap& hosts = plan.hosts;
   absl::StrAppend(&out, "mesh ", plan.mesh_spec, ": ", plan.layout.size(),
                   plan.layout.size() == 1 ? " rank" : " ranks", " on ",
-                  plan.hosts.host_count(),
-                  plan.hosts.host_count() == 1 ? " host" : " hosts", " of ",
-                  plan.hosts.ranks_per_host, " ranks\n");
+                  hosts.host_count(), hosts.host_count() == 1 ? " host" : " hosts");
+  switch (hosts.policy()) {
+    case PlacementPolicy::kBlock:
+      absl::StrAppend(&out, " of ", hosts.ranks_per_host(), " ranks\n");
+      break;
+    case PlacementPolicy::kCyclic:
+      absl::StrAppend(&out, ", cyclic: host = rank % ", hosts.host_count(),
+                      "\n");
+      break;
+    case PlacementPolicy::kHostfile:
+      absl::StrAppend(&out, " from hostfile '", plan.hostfile_path, "' (",
+                      hosts.Describe(), ")\n");
+      break;
+  }
   if (plan.summarized) {
     absl::StrAppend(&out, "(more than ", kListLimit,
                     " ranks: ranks and groups are summarised)\n");
@@ -108,7 +126,7 @@ void AppendRanks(const Plan& plan, std::string& out) {
       t.Note(absl::StrCat("... ", plan.layout.size() - plan.ranks.size(),
                           " ranks not shown ..."));
     }
-    t.Row({absl::StrCat(r.rank), Coord(r.coordinate), absl::StrCat(r.host),
+    t.Row({absl::StrCat(r.rank), Coord(r.coordinate), HostLabel(plan, r.host),
            absl::StrCat(r.local)});
   }
   absl::StrAppend(&out, t.Render("  "));
@@ -136,7 +154,8 @@ void AppendGroups(const Plan& plan, std::string& out) {
 void AppendRankView(const Plan& plan, const RankView& v, std::string& out) {
   absl::StrAppend(&out, "\nrank ", v.rank, ": coordinate ", Coord(v.coordinate),
                   " (", absl::StrJoin(plan.layout.dim_names(), ","),
-                  "), host ", v.host, ", local rank ", v.local, "\n");
+                  "), host ", HostLabel(plan, v.host), ", local rank ",
+                  v.local, "\n");
   TextTable t;
   t.Row({"dim", "index", "group", "hosts", "prev", "next", "members",
          "peers"});
@@ -166,6 +185,38 @@ void AppendRankView(const Plan& plan, const RankView& v, std::string& out) {
   }
 }
 
+void AppendLaunch(const Plan& plan, std::string& out) {
+  const HostMap& hosts = plan.hosts;
+  absl::StrAppend(&out, "\nplacement: ",
+                  hosts.policy() == PlacementPolicy::kCyclic
+                      ? hosts.Describe()
+                      : absl::StrCat(PlacementPolicyName(hosts.policy()), ", ",
+                                     hosts.Describe()));
+  switch (hosts.policy()) {
+    case PlacementPolicy::kBlock:
+      absl::StrAppend(&out, " (host = rank / ", hosts.ranks_per_host(),
+                      ", local rank = rank % ", hosts.ranks_per_host(), ")\n");
+      break;
+    case PlacementPolicy::kCyclic:
+      absl::StrAppend(&out, " (host = rank % ", hosts.host_count(),
+                      ", local rank = rank / ", hosts.host_count(), ")\n");
+      break;
+    case PlacementPolicy::kHostfile:
+      absl::StrAppend(&out, " (hosts filled in file order)\n");
+      break;
+  }
+  absl::StrAppend(&out, "launch with this placement:\n");
+  for (const LaunchLine& l : plan.launch) {
+    if (l.command.empty()) {
+      absl::StrAppend(&out, "  ", l.launcher, ": none (", l.note, ")\n");
+    } else if (l.note.empty()) {
+      absl::StrAppend(&out, "  ", l.command, "\n");
+    } else {
+      absl::StrAppend(&out, "  ", l.command, "   # ", l.note, "\n");
+    }
+  }
+}
+
 }  // namespace
 
 std::string RenderTable(const Plan& plan) {
@@ -177,6 +228,7 @@ std::string RenderTable(const Plan& plan) {
     AppendRanks(plan, out);
     AppendGroups(plan, out);
   }
+  AppendLaunch(plan, out);
   for (const PlanWarning& w : plan.warnings) {
     absl::StrAppend(&out, "\nWARNING: ", w.message, "\n");
   }

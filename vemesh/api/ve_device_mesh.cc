@@ -198,6 +198,7 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::init_device_mesh(
           "be empty");
     }
     VEMESH_ASSIGN_OR_RETURN(auto parsed, ParseDeviceType(device_type));
+    mesh_options.cuda_device = parsed.index;  // "cuda:N"
     VEMESH_ASSIGN_OR_RETURN(auto layout,
                             MeshLayout::Create(mesh_shape, mesh_dim_names));
     VEMESH_ASSIGN_OR_RETURN(

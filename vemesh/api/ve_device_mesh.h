@@ -139,7 +139,7 @@ class VeDeviceMesh {
   // -- Life cycle ---------------------------------------------------------------
   // Collective. Builds the global mesh and makes it current, replacing any
   // earlier one (or failing with AlreadyExists under check_uniqueness).
-  // device_type: "cpu", "cuda", "cuda:N" (accepted with a warning) or "meta"
+  // device_type: "cpu", "cuda", "cuda:N" (device N on this rank) or "meta"
   // (layout only, no communicators, no communication). On error the
   // registry is unchanged.
   absl::StatusOr<DeviceMesh> init_device_mesh(

@@ -288,15 +288,40 @@ int LauncherRank() {
   return 0;
 }
 
-int LauncherLocalRank() {
-  for (const char* name :
-       {"OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK", "SLURM_LOCALID"}) {
-    int rank = 0;
-    if (const char* v = Env(name); v != nullptr && absl::SimpleAtoi(v, &rank)) {
-      return rank;
-    }
+namespace {
+
+bool IntEnv(const char* name, int* out) {
+  const char* v = Env(name);
+  return v != nullptr && absl::SimpleAtoi(v, out);
+}
+
+// Whether SLURM_LOCALID describes this process (see LauncherLocalRank).
+bool SlurmStepIsOurs() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
+                           "OMPI_COMM_WORLD_LOCAL_RANK"}) {
+    if (Env(name) != nullptr) return false;  // mpirun's ranks, srun's daemons
   }
-  return -1;
+  int procid = 0;
+  if (!IntEnv("SLURM_PROCID", &procid)) return false;
+  for (const char* name : {"PMIX_RANK", "PMI_RANK", "RANK"}) {
+    int rank = 0;
+    if (IntEnv(name, &rank)) return rank == procid;
+  }
+  return false;  // no launcher rank to check the step against
+}
+
+}  // namespace
+
+LauncherLocal LauncherLocalRank() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK"}) {
+    int rank = 0;
+    if (IntEnv(name, &rank)) return {rank, name};
+  }
+  int rank = 0;
+  if (IntEnv("SLURM_LOCALID", &rank) && SlurmStepIsOurs()) {
+    return {rank, "SLURM_LOCALID"};
+  }
+  return {};
 }
 
 absl::StatusOr<std::string> LocalAddressTowards(const std::string& host) {

@@ -64,9 +64,20 @@ absl::StatusOr<std::shared_ptr<Bootstrap>> LaunchBootstrap(
 // when none is set.
 int LauncherRank();
 
-// The host-local rank the launcher gave this process, when it says
-// (OMPI_COMM_WORLD_LOCAL_RANK, LOCAL_RANK, SLURM_LOCALID); -1 otherwise.
-int LauncherLocalRank();
+// The host-local rank the launcher gave this process, and the variable that
+// said so: OMPI_COMM_WORLD_LOCAL_RANK (mpirun), LOCAL_RANK (torchrun), or
+// SLURM_LOCALID (srun) when this process is a task of the Slurm step that
+// set it. Under `salloc` + `mpirun`, Open MPI starts its daemons with srun
+// and the ranks inherit the daemon step's SLURM_LOCALID (0 on every host)
+// and SLURM_PROCID (the host's index), so SLURM_LOCALID counts only when no
+// OMPI_COMM_WORLD_* variable is set and SLURM_PROCID equals the rank the
+// launcher gave this process (PMIX_RANK, PMI_RANK or RANK).
+//   {2, "OMPI_COMM_WORLD_LOCAL_RANK"}; {-1, nullptr} when none says.
+struct LauncherLocal {
+  int rank = -1;
+  const char* variable = nullptr;
+};
+LauncherLocal LauncherLocalRank();
 
 // The address of this machine's interface that reaches `host` (no packet is
 // sent): what Gloo peers connect to. "127.0.0.1" for loopback targets.

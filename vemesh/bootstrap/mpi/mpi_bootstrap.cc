@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "vemesh/bootstrap/mpi/arrival_report.h"
 #include "vemesh/comm/mpi/mpi_communicator.h"
 #include "vemesh/comm/mpi/mpi_environment.h"
 
@@ -36,6 +37,14 @@ struct Exchange {
 constexpr int kBlockBytes = 256;
 const absl::Duration kOutcomeGrace = absl::Seconds(2);
 constexpr size_t kInlineBytes = kBlockBytes - sizeof(uint64_t);
+
+// What a rank whose all-gather completed but whose closing step did not
+// knows: everyone came, and the others had given up by then.
+std::string LateVerdict() {
+  return "every rank arrived at the all-gather, but the others gave up before "
+         "its closing step (this rank, or another, came after their "
+         "deadline)";
+}
 
 void Abandon(std::unique_ptr<Exchange> exchange) {
   static std::mutex mu;
@@ -74,20 +83,40 @@ absl::Status WaitForMpiRequest(MPI_Request* request, absl::Time deadline,
 
 absl::StatusOr<std::shared_ptr<MpiBootstrap>> MpiBootstrap::Create(
     MPI_Comm base, std::string reason, absl::Time deadline) {
+  const absl::Time start = absl::Now();
   if (base == MPI_COMM_WORLD) {
     absl::Status status = EnsureMpiInitialized(deadline);
     if (!status.ok()) return status;
+  } else if (MpiWasAbandoned()) {
+    return MpiAbandonedError("MpiBootstrap");
   } else if (!MpiIsUsable()) {
     return absl::FailedPreconditionError(
         "MpiBootstrap: MPI is not initialised (or already finalised)");
   }
-  MPI_Comm comm = MPI_COMM_NULL;
+  // MPI writes the new handle when the copy completes, which may be after
+  // an abandoned wait (a late rank comes): the handle outlives this call.
+  auto held = std::make_unique<MPI_Comm>(MPI_COMM_NULL);
   MPI_Request request = MPI_REQUEST_NULL;
   absl::Status status =
-      MpiStatus(MPI_Comm_idup(base, &comm, &request), "MPI_Comm_idup");
+      MpiStatus(MPI_Comm_idup(base, held.get(), &request), "MPI_Comm_idup");
   if (status.ok()) status = WaitForMpiRequest(&request, deadline, "MPI_Comm_idup");
-  if (absl::IsDeadlineExceeded(status)) AbandonMpi();
+  if (absl::IsDeadlineExceeded(status)) {
+    held.release();  // kept for the life of the process
+    // The first collective of the bootstrap: the ranks that came ask ranks
+    // 0 and 1 who did not, over `base` (the copy does not exist yet).
+    int rank = 0;
+    int size = 0;
+    MPI_Comm_rank(base, &rank);
+    MPI_Comm_size(base, &size);
+    const std::string verdict = ReportArrival(
+        base, rank, size, HostIdentity(), ArrivalGrace(deadline - start));
+    AbandonMpi(absl::StrCat("rank ", rank, " of ", size,
+                            ", MPI_Comm_idup of the bootstrap: ", verdict));
+    return absl::DeadlineExceededError(absl::StrCat(
+        "rank ", rank, " of ", size, ": ", verdict, "; ", status.message()));
+  }
   if (!status.ok()) return status;
+  MPI_Comm comm = *held;
   int rank = 0;
   int size = 0;
   MPI_Comm_rank(comm, &rank);
@@ -112,10 +141,8 @@ MpiBootstrap::~MpiBootstrap() {
 }
 
 absl::Status MpiBootstrap::CheckUsable() const {
-  if (broken_) {
-    return absl::FailedPreconditionError(
-        "the MPI bootstrap abandoned a collective at an earlier deadline: MPI "
-        "is unusable in this process; end the job");
+  if (broken_ || MpiWasAbandoned()) {
+    return MpiAbandonedError("the MPI bootstrap (mesh creation, flatten)");
   }
   if (!MpiIsUsable()) {
     return absl::FailedPreconditionError(
@@ -147,6 +174,7 @@ absl::StatusOr<Bootstrap::GatheredWorld> MpiBootstrap::all_gather_and_world(
 absl::StatusOr<std::vector<std::string>> MpiBootstrap::Gather(
     absl::string_view data, absl::Time deadline,
     std::shared_ptr<Communicator>* world) {
+  const absl::Time start = absl::Now();
   absl::Status status;
   auto exchange = std::make_unique<Exchange>();
   Exchange& x = *exchange;
@@ -158,22 +186,31 @@ absl::StatusOr<std::vector<std::string>> MpiBootstrap::Gather(
               std::min<size_t>(data.size(), kInlineBytes));
   x.blocks.resize(kBlockBytes * static_cast<size_t>(size_));
   MPI_Request request = MPI_REQUEST_NULL;
-  auto step = [&](int code, absl::string_view call, absl::Time by) {
+  // What a rank knows at a deadline: after the first step, which ranks
+  // never arrived (asked of ranks 0 and 1, only now); after a later one,
+  // that every rank arrived but the others gave up first.
+  auto step = [&](int code, absl::string_view call, absl::Time by,
+                  bool first) {
     absl::Status s = MpiStatus(code, call);
     if (s.ok()) s = WaitForMpiRequest(&request, by, call);
     if (absl::IsDeadlineExceeded(s)) {
       broken_ = true;
-      AbandonMpi();
+      const std::string known =
+          first ? ReportArrival(comm_, rank_, size_, HostIdentity(),
+                                ArrivalGrace(deadline - start))
+                : LateVerdict();
+      AbandonMpi(absl::StrCat("rank ", rank_, " of ", size_, ", ", call,
+                              ": ", known));
       Abandon(std::move(exchange));
       return absl::DeadlineExceededError(absl::StrCat(
-          "rank ", rank_, " of ", size_, " ", s.message()));
+          "rank ", rank_, " of ", size_, ": ", known, "; ", s.message()));
     }
     return s;
   };
   status = step(MPI_Iallgather(x.block.data(), kBlockBytes, MPI_CHAR,
                                x.blocks.data(), kBlockBytes, MPI_CHAR, comm_,
                                &request),
-                "MPI_Iallgather", deadline);
+                "MPI_Iallgather", deadline, /*first=*/true);
   if (!status.ok()) return status;
   std::vector<uint64_t> lengths(static_cast<size_t>(size_));
   bool inline_only = true;
@@ -207,7 +244,7 @@ absl::StatusOr<std::vector<std::string>> MpiBootstrap::Gather(
                                   MPI_CHAR, x.recv.data(), x.counts.data(),
                                   x.displacements.data(), MPI_CHAR, comm_,
                                   &request),
-                  "MPI_Iallgatherv", deadline + kOutcomeGrace);
+                  "MPI_Iallgatherv", deadline + kOutcomeGrace, false);
     if (!status.ok()) return status;
     for (int r = 0; r < size_; ++r) {
       out.push_back(x.recv.substr(x.displacements[r], x.counts[r]));
@@ -231,15 +268,18 @@ absl::StatusOr<std::vector<std::string>> MpiBootstrap::Gather(
     if (absl::IsDeadlineExceeded(dup.status())) {
       // Dup has marked MPI abandoned; the gather's buffers are complete.
       broken_ = true;
+      AbandonMpi(absl::StrCat("rank ", rank_, " of ", size_,
+                              ", MPI_Comm_idup (outcome): ", LateVerdict()));
       return absl::DeadlineExceededError(absl::StrCat(
-          "rank ", rank_, " of ", size_, " ", dup.status().message()));
+          "rank ", rank_, " of ", size_, ": ", LateVerdict(), "; ",
+          dup.status().message()));
     }
     if (!dup.ok()) return dup.status();
     *world = std::shared_ptr<Communicator>(*std::move(dup));
     return out;
   }
   status = step(MPI_Comm_idup(comm_, &x.closing, &request),
-                "MPI_Comm_idup (outcome)", deadline + kOutcomeGrace);
+                "MPI_Comm_idup (outcome)", deadline + kOutcomeGrace, false);
   if (!status.ok()) return status;
   MPI_Comm_free(&x.closing);
   return out;
@@ -253,7 +293,11 @@ absl::StatusOr<std::shared_ptr<Communicator>> MpiBootstrap::world(
   // A copy of the private communicator (same members as `base_`, so the
   // same ranks), bounded by the deadline like every bootstrap step.
   auto world = MpiCommunicator::Dup(comm_, deadline);
-  if (absl::IsDeadlineExceeded(world.status())) broken_ = true;
+  if (absl::IsDeadlineExceeded(world.status())) {
+    broken_ = true;
+    AbandonMpi(absl::StrCat("rank ", rank_, " of ", size_,
+                            ", MPI_Comm_idup of the bootstrap's world"));
+  }
   if (!world.ok()) return world.status();
   return std::shared_ptr<Communicator>(*std::move(world));
 }

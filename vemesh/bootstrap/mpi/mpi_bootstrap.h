@@ -23,7 +23,17 @@
 // deadline too (DeadlineExceeded everywhere, never OK on some ranks and an
 // error on others). all_gather_and_world keeps the copy as the mesh's world
 // (two collectives for the agreement and the world); all_gather frees it.
-// MPI cannot say which rank was missing; the store bootstrap can.
+//
+// Who was missing: a pending collective cannot say, so only at a deadline
+// of the first step (the private MPI_Comm_idup of Create, or an
+// all_gather's MPI_Iallgather) the ranks that came report to ranks 0 and 1
+// (vemesh/bootstrap/mpi/arrival_report.h), and every one of them says
+//   "rank 2 of 8: ranks 3, 7 never arrived (the ranks that did: node0: 0-2;
+//    node1: 4-6); waited past the deadline ..."
+// A rank whose gather completed but whose closing step did not says that
+// everyone came but the others gave up first. Nothing of this runs on the
+// success path. Later refusals (FailedPrecondition, here and in every MPI
+// call of vemesh: MpiAbandonedError) name that deadline and its verdict.
 
 #ifndef VEMESH_BOOTSTRAP_MPI_MPI_BOOTSTRAP_H_
 #define VEMESH_BOOTSTRAP_MPI_MPI_BOOTSTRAP_H_

@@ -35,6 +35,10 @@ void FreeQuietly(MPI_Comm* comm) {
 absl::Status MpiUsable(absl::string_view op, int size) {
   if (!MpiIsUsable()) {
     // Open MPI aborts the process on any call after MPI_Finalize.
+    if (MpiWasAbandoned()) {
+      return MpiAbandonedError(
+          absl::StrCat(op, " on an MPI communicator of ", size, " ranks"));
+    }
     return absl::FailedPreconditionError(absl::StrCat(
         op, " on an MPI communicator of ", size,
         " ranks after MPI was finalised (MPI_Finalize was called): MPI cannot "
@@ -583,6 +587,7 @@ absl::StatusOr<std::shared_ptr<MpiCommunicator>> MpiCommunicator::Dup(
 
 absl::StatusOr<std::shared_ptr<MpiCommunicator>> MpiCommunicator::Dup(
     MPI_Comm comm, absl::Time deadline) {
+  if (MpiWasAbandoned()) return MpiAbandonedError("MpiCommunicator::Dup");
   if (!MpiIsUsable()) {
     return absl::FailedPreconditionError(
         "MpiCommunicator::Dup needs an initialised, not finalised MPI");
@@ -590,14 +595,19 @@ absl::StatusOr<std::shared_ptr<MpiCommunicator>> MpiCommunicator::Dup(
   if (comm == MPI_COMM_NULL) {
     return absl::InvalidArgumentError("MpiCommunicator::Dup of MPI_COMM_NULL");
   }
-  MPI_Comm copy = MPI_COMM_NULL;
+  // MPI writes the new handle when the copy completes, which may be after
+  // an abandoned wait (a late rank comes): the handle outlives this call.
+  auto copy = std::make_unique<MPI_Comm>(MPI_COMM_NULL);
   MPI_Request request = MPI_REQUEST_NULL;
   absl::Status status =
-      MpiStatus(MPI_Comm_idup(comm, &copy, &request), "MPI_Comm_idup");
+      MpiStatus(MPI_Comm_idup(comm, copy.get(), &request), "MPI_Comm_idup");
   if (status.ok()) status = WaitForMpiRequest(&request, deadline, "MPI_Comm_idup");
-  if (absl::IsDeadlineExceeded(status)) AbandonMpi();
+  if (absl::IsDeadlineExceeded(status)) {
+    AbandonMpi();  // the caller says why
+    copy.release();  // kept for the life of the process
+  }
   if (!status.ok()) return status;
-  return Adopt(copy, MPI_COMM_NULL, nullptr);
+  return Adopt(*copy, MPI_COMM_NULL, nullptr);
 }
 
 absl::StatusOr<std::shared_ptr<MpiCommunicator>> MpiCommunicator::Adopt(

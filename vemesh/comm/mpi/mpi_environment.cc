@@ -16,6 +16,8 @@
 
 #include "absl/base/attributes.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "vemesh/log.h"
 
 namespace vemesh {
@@ -33,6 +35,12 @@ std::atomic<int> thread_level{-1};
 // no MPI call may be made any more, MPI_Finalize included, since it would
 // wait for peers that are gone.
 std::atomic<bool> abandoned{false};
+// When AbandonMpi was first called, and the first non-empty reason given
+// (a caller that knows more than the call that abandoned adds it after);
+// under reason_mu.
+std::mutex reason_mu;
+std::string* abandon_time = nullptr;
+std::string* abandon_reason = nullptr;
 
 bool Initialized() {
   int flag = 0;
@@ -146,9 +154,7 @@ absl::Status MpiStatus(int code, absl::string_view call) {
 
 absl::Status EnsureMpiInitialized(absl::Time deadline) {
   if (abandoned.load()) {
-    return absl::FailedPreconditionError(
-        "MPI was abandoned at an earlier deadline in this process: no MPI call "
-        "can be made any more; end the job");
+    return MpiAbandonedError("");
   }
   if (Initialized()) {
     std::lock_guard<std::mutex> lock(env_mu);
@@ -190,7 +196,7 @@ absl::Status EnsureMpiInitialized(absl::Time deadline) {
   while (!start->done) {
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) {
-      AbandonMpi();
+      AbandonMpi("MPI_Init_thread did not return: some rank never started MPI");
       return absl::DeadlineExceededError(
           "MPI_Init_thread did not return before the deadline: it waits for "
           "every rank of the job to start MPI, and some rank did not. MPI "
@@ -213,7 +219,38 @@ absl::Status EnsureMpiInitialized(absl::Time deadline) {
   return start->status;
 }
 
-void AbandonMpi() { abandoned.store(true); }
+void AbandonMpi(absl::string_view reason) {
+  {
+    std::lock_guard<std::mutex> lock(reason_mu);
+    if (abandon_time == nullptr) {
+      abandon_time = new std::string(absl::FormatTime(
+          "%H:%M:%E3S UTC", absl::Now(), absl::UTCTimeZone()));
+    }
+    if (abandon_reason == nullptr && !reason.empty()) {
+      abandon_reason = new std::string(reason);
+    }
+  }
+  abandoned.store(true);
+}
+
+absl::Status MpiAbandonedError(absl::string_view what) {
+  std::string when;
+  {
+    std::lock_guard<std::mutex> lock(reason_mu);
+    if (abandon_time != nullptr) {
+      when = absl::StrCat(" (at ", *abandon_time,
+                          abandon_reason != nullptr ? ": " : "",
+                          abandon_reason != nullptr ? *abandon_reason : "",
+                          ")");
+    }
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      what, what.empty() ? "" : ": ",
+      "MPI was abandoned at an earlier deadline in this process", when,
+      ": no MPI call can be made any more; end the job"));
+}
+
+bool MpiWasAbandoned() { return abandoned.load(); }
 
 bool MpiIsUsable() {
   return !abandoned.load() && Initialized() && !Finalized();
@@ -262,8 +299,7 @@ absl::Status CheckMpiThread(absl::string_view what) {
 MpiSession::MpiSession(int* argc, char*** argv) {
   // An abandoned start may still hold the lock inside MPI_Init_thread.
   if (abandoned.load()) {
-    status_ = absl::FailedPreconditionError(
-        "MPI was abandoned at an earlier deadline in this process");
+    status_ = MpiAbandonedError("MpiSession");
     return;
   }
   std::lock_guard<std::mutex> lock(env_mu);

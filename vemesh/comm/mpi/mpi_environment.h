@@ -54,12 +54,22 @@ absl::Status EnsureMpiInitialized(absl::Time deadline = absl::InfiniteFuture());
 // pending at a deadline. Every later MpiIsUsable() is false, and the
 // exit-time / MpiSession MPI_Finalize is skipped (it would wait for the
 // ranks that are gone), so the program can end promptly by returning from
-// main.
-void AbandonMpi();
+// main. Later refusals name the time of the first call and the first
+// non-empty `reason` ("rank 2 of 4, MPI_Iallgather: rank 3 never arrived");
+// a caller that knows more than the call that gave up calls it again.
+void AbandonMpi(absl::string_view reason = "");
+
+// FailedPrecondition for `what` once MPI was abandoned, naming the earlier
+// deadline: "<what>: MPI was abandoned at an earlier deadline in this
+// process (at 13:45:02 UTC: <reason>): no MPI call can be made any more;
+// end the job".
+absl::Status MpiAbandonedError(absl::string_view what);
 
 // MPI is initialised, not yet finalised, and not abandoned: MPI calls are
 // allowed.
 bool MpiIsUsable();
+// AbandonMpi was called.
+bool MpiWasAbandoned();
 
 // Whether vemesh itself initialised MPI (and so will finalise it).
 bool VemeshOwnsMpi();

@@ -361,12 +361,16 @@ absl::StatusOr<int> CudaDeviceCount() {
   cudaError_t code = Nccl().cudaGetDeviceCount(&count);
   if (code != cudaSuccess) {
     Nccl().cudaGetLastError();
+    // No device, or no driver (cudaErrorInsufficientDriver, 35: what a
+    // machine without a GPU answers): both mean no GPU for this process.
     return absl::FailedPreconditionError(absl::StrCat(
-        "cudaGetDeviceCount: ", Nccl().cudaGetErrorName(code), ": ",
+        IsNoDevice(code) ? "no usable GPU: " : "", "cudaGetDeviceCount: ",
+        Nccl().cudaGetErrorName(code), " (", static_cast<int>(code), "): ",
         Nccl().cudaGetErrorString(code)));
   }
   if (count == 0) {
-    return absl::FailedPreconditionError("cudaGetDeviceCount found 0 devices");
+    return absl::FailedPreconditionError(
+        "no usable GPU: cudaGetDeviceCount found 0 devices");
   }
   return count;
 }
@@ -375,6 +379,14 @@ absl::StatusOr<std::shared_ptr<Communicator>> CreateNcclCommunicator(
     std::shared_ptr<Communicator> twin, int device,
     const NcclOptions& options) {
   auto comm = NcclCommunicator::Create(std::move(twin), device, options);
+  if (!comm.ok()) return comm.status();
+  return std::shared_ptr<Communicator>(*std::move(comm));
+}
+
+absl::StatusOr<std::shared_ptr<Communicator>> CreateNcclCommunicator(
+    std::shared_ptr<Communicator> twin, const CudaDeviceRequest& request,
+    const NcclOptions& options) {
+  auto comm = NcclCommunicator::Create(std::move(twin), request, options);
   if (!comm.ok()) return comm.status();
   return std::shared_ptr<Communicator>(*std::move(comm));
 }
@@ -393,6 +405,16 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<Communicator> twin,
 absl::StatusOr<std::shared_ptr<NcclCommunicator>> NcclCommunicator::Create(
     std::shared_ptr<Communicator> twin, int device,
     const NcclOptions& options) {
+  // An explicit device is a request for exactly that one; a negative one
+  // must not fall back to the host-local rank.
+  CudaDeviceRequest request;
+  request.requested = device < 0 ? -2 : device;
+  return Create(std::move(twin), request, options);
+}
+
+absl::StatusOr<std::shared_ptr<NcclCommunicator>> NcclCommunicator::Create(
+    std::shared_ptr<Communicator> twin, const CudaDeviceRequest& request,
+    const NcclOptions& options) {
   if (twin == nullptr) {
     return absl::InvalidArgumentError(
         "NcclCommunicator needs a host communicator as its twin (got null)");
@@ -401,14 +423,9 @@ absl::StatusOr<std::shared_ptr<NcclCommunicator>> NcclCommunicator::Create(
   // collective, and the ranks agree on it: one rank failing must not leave
   // the others waiting in ncclCommInitRankConfig.
   absl::Status local = absl::OkStatus();
-  auto count = CudaDeviceCount();
-  if (!count.ok()) {
-    local = count.status();
-  } else if (device < 0 || device >= *count) {
-    local = absl::FailedPreconditionError(absl::StrCat(
-        "CUDA device ", device, " does not exist: this process sees ", *count,
-        " device(s) (more ranks on this host than GPUs?)"));
-  }
+  auto chosen = ChooseCudaDeviceHere(request);
+  const int device = chosen.ok() ? *chosen : -1;
+  if (!chosen.ok()) local = chosen.status();
   std::optional<DeviceGuard> guard;
   if (local.ok()) {
     guard.emplace(device);
@@ -431,10 +448,13 @@ absl::StatusOr<std::shared_ptr<NcclCommunicator>> NcclCommunicator::Create(
     if (oks[i] == 0) failed.push_back(twin->ranks()[i]);
   }
   if (agreed.ok() && !failed.empty()) {
-    agreed = absl::FailedPreconditionError(absl::StrCat(
-        "NCCL communicator not created: rank(s) ", absl::StrJoin(failed, ", "),
-        " could not prepare their GPU",
-        local.ok() ? "" : absl::StrCat("; this rank: ", local.message())));
+    // This rank's own reason keeps its code (InvalidArgument for a bad
+    // "cuda:N"); the others learn that some rank failed.
+    agreed = absl::Status(
+        local.ok() ? absl::StatusCode::kFailedPrecondition : local.code(),
+        absl::StrCat("NCCL communicator not created: rank(s) ",
+                     absl::StrJoin(failed, ", "), " could not prepare their GPU",
+                     local.ok() ? "" : absl::StrCat("; this rank: ", local.message())));
   }
   static_assert(sizeof(ncclUniqueId) % sizeof(int32_t) == 0);
   if (agreed.ok()) {

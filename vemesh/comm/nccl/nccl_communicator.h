@@ -66,6 +66,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "vemesh/comm/communicator.h"
+#include "vemesh/comm/nccl/cuda_device.h"
 #include "vemesh/comm/nccl/nccl_options.h"
 
 namespace vemesh {
@@ -80,6 +81,12 @@ absl::StatusOr<int> CudaDeviceCount();
 // `options` go to every communicator split from this one.
 absl::StatusOr<std::shared_ptr<Communicator>> CreateNcclCommunicator(
     std::shared_ptr<Communicator> twin, int device,
+    const NcclOptions& options = {});
+// The same on the device `request` chooses (vemesh/comm/nccl/cuda_device.h:
+// "cuda:N", one device per task, or the host-local rank). A rank that cannot
+// have its device fails every rank, with that rank's reason and code.
+absl::StatusOr<std::shared_ptr<Communicator>> CreateNcclCommunicator(
+    std::shared_ptr<Communicator> twin, const CudaDeviceRequest& request,
     const NcclOptions& options = {});
 
 }  // namespace vemesh
@@ -98,6 +105,9 @@ class NcclCommunicator final : public Communicator {
   // See CreateNcclCommunicator.
   static absl::StatusOr<std::shared_ptr<NcclCommunicator>> Create(
       std::shared_ptr<Communicator> twin, int device,
+      const NcclOptions& options = {});
+  static absl::StatusOr<std::shared_ptr<NcclCommunicator>> Create(
+      std::shared_ptr<Communicator> twin, const CudaDeviceRequest& request,
       const NcclOptions& options = {});
   ~NcclCommunicator() override;
 

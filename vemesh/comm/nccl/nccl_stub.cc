@@ -17,6 +17,12 @@ absl::StatusOr<std::shared_ptr<Communicator>> CreateNcclCommunicator(
   return CudaDeviceCount().status();
 }
 
+absl::StatusOr<std::shared_ptr<Communicator>> CreateNcclCommunicator(
+    std::shared_ptr<Communicator>, const CudaDeviceRequest&,
+    const NcclOptions&) {
+  return CudaDeviceCount().status();
+}
+
 }  // namespace vemesh
 
 #endif  // VEMESH_HAVE_NCCL
