@@ -92,7 +92,7 @@ void CheckEveryMethod(const Case& c) {
   EXPECT_EQ(V(*reg.get_coordinate()), my);
   // The host-local rank is what the launcher says (mpirun, torchrun; also
   // across hosts, tests/multihost), else the world rank (one host).
-  const int launcher_local = vemesh::LauncherLocalRank();
+  const int launcher_local = vemesh::LauncherLocalRank().rank;
   EXPECT_EQ(*reg.get_local_rank(), launcher_local >= 0 ? launcher_local : me);
   for (int64_t q = 0; q < m.size(); ++q) {
     EXPECT_EQ(V(*reg.get_strategy_coordinate(q)), m.coord(q)) << "rank " << q;
