@@ -29,8 +29,8 @@ slurm_require_or_skip() {
     echo "SKIP: Slurm/MUNGE not installed (missing: ${missing[*]}); run scripts/setup.sh" >&2
     exit 77
   fi
-  if [[ ! -e /usr/lib/x86_64-linux-gnu/slurm-wlm/mpi_pmix.so && -z "$(find /usr/lib -name 'mpi_pmix*.so' -print -quit 2>/dev/null)" ]]; then
-    echo "SKIP: Slurm's mpi_pmix plugin not found (package slurm-wlm-basic-plugins)" >&2
+  if [[ -z "$(find /usr/lib -path '*slurm*' -name 'mpi_pmix*.so' -print -quit 2>/dev/null)" ]]; then
+    echo "SKIP: srun's mpi_pmix plugin not found (package slurm-wlm-basic-plugins)" >&2
     exit 77
   fi
 }
