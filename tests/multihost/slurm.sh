@@ -1,5 +1,5 @@
 # Slurm 22.05 on the emulated hosts of hosts.sh: one slurmd per host, slurmctld
-# on node0, and one munged for all of them. Source it after hosts.sh:
+# on node0, and one munged per host. Source it after hosts.sh:
 #
 #   source tests/multihost/hosts.sh
 #   source tests/multihost/slurm.sh
@@ -16,6 +16,8 @@
 
 SLURM_STATE=
 _SLURM_HOSTS=()
+# Each host's munged socket directory, inside the host's own /tmp.
+_SLURM_MUNGE_DIR=/tmp/vemesh-munge
 # How long (seconds) slurm_up waits for every node to report idle.
 SLURM_UP_TIMEOUT=${SLURM_UP_TIMEOUT:-30}
 
@@ -53,24 +55,28 @@ slurm_up() {
   mapfile -t _SLURM_HOSTS < <(mh_hosts)
   ((${#_SLURM_HOSTS[@]})) || { echo "slurm_up: no emulated hosts" >&2; return 1; }
   SLURM_STATE=$MH_STATE/slurm
-  # munged wants its socket's directories searchable by all, its key's not.
+  # munged refuses a key others can read.
   mkdir -p "$SLURM_STATE"/{munge,munge-key,log,ctld}
-  chmod 755 "$SLURM_STATE" "$SLURM_STATE/munge"
   chmod 700 "$SLURM_STATE/munge-key"
   for h in "${_SLURM_HOSTS[@]}"; do mkdir -p "$SLURM_STATE/spool/$h"; done
   _slurm_chain_teardown
 
-  # MUNGE: a key made for this run, one daemon, its socket in the state dir.
+  # MUNGE as on a cluster: one key (made for this run) shared by every host,
+  # one munged per host. Its socket sits in the host's private /tmp, so the
+  # same AuthInfo path reaches each host's own daemon.
   mungekey --create --keyfile="$SLURM_STATE/munge-key/key" --force >/dev/null 2>&1 ||
     { echo "slurm_up: mungekey failed" >&2; return 1; }
   chmod 600 "$SLURM_STATE/munge-key/key"
-  munged --key-file="$SLURM_STATE/munge-key/key" \
-    --socket="$SLURM_STATE/munge/socket" \
-    --pid-file="$SLURM_STATE/munge/munged.pid" \
-    --seed-file="$SLURM_STATE/munge-key/seed" \
-    --log-file="$SLURM_STATE/log/munged.log" \
-    --num-threads=4 ||
-    { echo "slurm_up: munged failed to start" >&2; slurm_logs; return 1; }
+  for h in "${_SLURM_HOSTS[@]}"; do
+    mkdir -p "$SLURM_STATE/munge/$h"
+    mh_exec "$h" mkdir -p -m 755 "$_SLURM_MUNGE_DIR" &&
+      mh_exec "$h" munged --key-file="$SLURM_STATE/munge-key/key" \
+        --socket="$_SLURM_MUNGE_DIR/socket" \
+        --pid-file="$SLURM_STATE/munge/$h/munged.pid" \
+        --seed-file="$SLURM_STATE/munge/$h/seed" \
+        --log-file="$SLURM_STATE/log/munged-$h.log" ||
+      { echo "slurm_up: munged on $h failed to start" >&2; slurm_logs; return 1; }
+  done
 
   local ctl=${_SLURM_HOSTS[0]}
   local conf=$SLURM_STATE/slurm.conf
@@ -82,7 +88,7 @@ slurm_up() {
     echo "SlurmdUser=root"
     echo "AuthType=auth/munge"
     echo "CredType=cred/munge"
-    echo "AuthInfo=socket=$SLURM_STATE/munge/socket"
+    echo "AuthInfo=socket=$_SLURM_MUNGE_DIR/socket"
     echo "StateSaveLocation=$SLURM_STATE/ctld"
     echo "SlurmctldPidFile=$SLURM_STATE/ctld/slurmctld.pid"
     echo "SlurmctldLogFile=$SLURM_STATE/log/slurmctld.log"
@@ -149,21 +155,19 @@ slurm_up() {
   return 1
 }
 
-# Sends SIGTERM to the process whose PID file is $2, inside host $1 (or on this
-# machine when $1 is empty), and waits (bounded) for it to go.
+# Sends SIGTERM to the process whose PID file is $2, inside host $1 (the PID is
+# the one in the host's PID namespace), and waits (bounded) for it to go.
 _slurm_stop_pidfile() {
   local host=$1 pidfile=$2 pid i
   [[ -s $pidfile ]] || return 0
   pid=$(<"$pidfile")
   [[ $pid =~ ^[0-9]+$ ]] || return 0
-  local run=()
-  [[ -n $host ]] && run=(mh_exec "$host")
-  "${run[@]}" kill -TERM "$pid" 2>/dev/null || return 0
+  mh_exec "$host" kill -TERM "$pid" 2>/dev/null || return 0
   for ((i = 0; i < 50; i++)); do
-    "${run[@]}" kill -0 "$pid" 2>/dev/null || return 0
+    mh_exec "$host" kill -0 "$pid" 2>/dev/null || return 0
     sleep 0.1
   done
-  "${run[@]}" kill -KILL "$pid" 2>/dev/null || true
+  mh_exec "$host" kill -KILL "$pid" 2>/dev/null || true
 }
 
 # hosts.sh's mh_up installs mh_down on EXIT/TERM/INT; Slurm goes first (its
@@ -174,7 +178,8 @@ _slurm_chain_teardown() {
   trap 'slurm_down; mh_down; exit 130' INT
 }
 
-# Stops slurmds, slurmctld, munged, each by its PID file. Safe to call twice.
+# Stops slurmds, slurmctld, then every host's munged, each by its PID file.
+# Safe to call twice.
 slurm_down() {
   [[ -n $SLURM_STATE && -d $SLURM_STATE ]] || return 0
   local h
@@ -182,6 +187,8 @@ slurm_down() {
     _slurm_stop_pidfile "$h" "$SLURM_STATE/spool/$h/slurmd.pid"
   done
   ((${#_SLURM_HOSTS[@]})) && _slurm_stop_pidfile "${_SLURM_HOSTS[0]}" "$SLURM_STATE/ctld/slurmctld.pid"
-  _slurm_stop_pidfile "" "$SLURM_STATE/munge/munged.pid"
+  for h in "${_SLURM_HOSTS[@]}"; do
+    _slurm_stop_pidfile "$h" "$SLURM_STATE/munge/$h/munged.pid"
+  done
   SLURM_STATE=
 }
