@@ -38,6 +38,9 @@ if [[ "${VEMESH_LAUNCHER:-mpirun}" == torchrun ]]; then
   exec torchrun --no_python --standalone --nproc_per_node="$np" --redirects 1 --tee 1 \
     ./build/release/examples/train_nd/train_nd --mesh "$mesh" "$@"
 fi
+# One host: Open MPI's TCP traffic (data and out-of-band) stays on loopback.
+export OMPI_MCA_btl_tcp_if_include=${OMPI_MCA_btl_tcp_if_include:-lo}
+export OMPI_MCA_oob_tcp_if_include=${OMPI_MCA_oob_tcp_if_include:-lo}
 echo "+ mpirun -n $np train_nd --mesh $mesh $*"
 exec mpirun --oversubscribe --bind-to none -n "$np" \
   ./build/release/examples/train_nd/train_nd --mesh "$mesh" "$@"

@@ -16,6 +16,7 @@
 #include "vemesh/bootstrap/agreement.h"
 #include "vemesh/bootstrap/launch.h"
 #include "vemesh/comm/nccl/nccl_communicator.h"
+#include "vemesh/log.h"
 #include "vemesh/mesh_backends.h"
 #include "vemesh/status_macros.h"
 
@@ -48,6 +49,7 @@ struct DeviceMesh::Shared {
                                          global_rank);
     next->host_local_rank = host_local_rank;
     next->host_size = host_size;
+    next->world_hosts = world_hosts;
     next->timeout = timeout;
     next->bootstrap = bootstrap;
     next->backends = backends;
@@ -60,6 +62,9 @@ struct DeviceMesh::Shared {
   const int64_t global_rank;
   int host_local_rank = 0;
   int host_size = 1;
+  // The host identity of every world rank, gathered at creation; null for
+  // a meta mesh or one made from groups.
+  std::shared_ptr<const std::vector<std::string>> world_hosts;
   absl::Duration timeout = absl::Seconds(60);
   // How the ranks found each other; null for a meta mesh. Flatten's
   // agreement check goes through it.
@@ -320,14 +325,15 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
   }
   shared->host_size =
       static_cast<int>(std::count(hosts.begin(), hosts.end(), mine));
+  shared->world_hosts = std::make_shared<const std::vector<std::string>>(hosts);
   const int launcher = LauncherLocalRank();
   if (options.world == nullptr && launcher >= 0 &&
       launcher != shared->host_local_rank) {
-    std::fprintf(stderr,
-                 "vemesh: warning: rank %d: the launcher says local rank %d "
-                 "but the host identities say %d; using %d\n",
-                 world_rank, launcher, shared->host_local_rank,
-                 shared->host_local_rank);
+    LogWarning(absl::StrCat("rank ", world_rank,
+                            ": the launcher says local rank ", launcher,
+                            " but the host identities say ",
+                            shared->host_local_rank, "; using ",
+                            shared->host_local_rank));
   }
 
   // (5) The backends' worlds.
@@ -369,6 +375,17 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
     VEMESH_ASSIGN_OR_RETURN(auto groups, world->split_many(batch, deadline));
     for (size_t i = 0; i < dims.size(); ++i) {
       shared->dims[dims[i]] = std::move(groups[i]);
+    }
+  }
+  // (7) Placement warnings, once per job: from global rank 0, after every
+  // rank made its groups (so the mesh works whatever is said).
+  if (world_rank == 0 && !options.latency_sensitive_dims.empty()) {
+    auto placement = ComputePlacement(layout, *shared->world_hosts);
+    if (placement.ok()) {
+      for (const std::string& warning : PlacementWarnings(
+               *placement, layout, options.latency_sensitive_dims)) {
+        LogWarning(warning);
+      }
     }
   }
   return DeviceMesh(std::move(shared), std::move(layout));
@@ -1012,6 +1029,17 @@ absl::StatusOr<DeviceMesh> DeviceMesh::view(
 int DeviceMesh::host_local_rank() const { return view_->shared->host_local_rank; }
 int DeviceMesh::host_size() const { return view_->shared->host_size; }
 
+absl::StatusOr<Placement> DeviceMesh::get_placement() const {
+  if (view_->shared->world_hosts == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "get_placement: ", view_->layout.ToString(), " has no placement: ",
+        device_type() == DeviceType::kMeta
+            ? "a meta mesh runs nowhere"
+            : "a mesh made from existing groups gathered no host identities"));
+  }
+  return ComputePlacement(view_->layout, *view_->shared->world_hosts);
+}
+
 std::string DeviceMesh::ToString() const {
   std::string out = absl::StrCat("DeviceMesh(", DeviceTypeName(device_type()));
   for (int64_t d = 0; d < ndim(); ++d) {
@@ -1031,7 +1059,7 @@ absl::StatusOr<DeviceMesh> init_device_mesh(
     absl::Span<const std::string> mesh_dim_names, const MeshOptions& options) {
   VEMESH_ASSIGN_OR_RETURN(auto parsed, ParseDeviceType(device_type));
   if (!parsed.warning.empty()) {
-    std::fprintf(stderr, "vemesh: warning: %s\n", parsed.warning.c_str());
+    LogWarning(parsed.warning);
   }
   VEMESH_ASSIGN_OR_RETURN(
       auto layout,

@@ -52,7 +52,8 @@
 //      never arrives gives DeadlineExceeded on every rank.
 //   3. The mesh must fit: size <= world size, every rank < world size.
 //   4. Host placement from the gathered host identities (cross-checked with
-//      OMPI_COMM_WORLD_LOCAL_RANK / LOCAL_RANK: a mismatch warns on stderr).
+//      the launcher's local rank: a mismatch is a warning through
+//      vemesh/log.h). Global rank 0 logs the placement warnings last.
 //   5. A host world per backend used (a private MPI duplicate, or a Gloo
 //      world through the store), and for "cuda" an NCCL world on device
 //      `host_local_rank()` whose unique id travels over the host world.
@@ -97,6 +98,7 @@
 #include "vemesh/comm/nccl/nccl_options.h"
 #include "vemesh/device_type.h"
 #include "vemesh/mesh_layout.h"
+#include "vemesh/placement.h"
 
 // `mesh["DP", "TP"]` is the comma operator: it reads as a 2-D slice but is
 // `mesh["TP"]`. C++20 deprecates a comma at the top of a subscript and the
@@ -135,6 +137,11 @@ struct MeshOptions {
   // and whether the dimensions' ncclCommSplit calls go in one group
   // (`group_splits`, on). See vemesh/comm/nccl/nccl_options.h.
   NcclOptions nccl;
+  // Roles (matched to dimension names ignoring case, as the registry's
+  // roles are) whose groups should stay inside one host. Global rank 0 logs
+  // one warning (vemesh/log.h) for each whose groups cross hosts although
+  // a block placement with it innermost would keep them inside.
+  std::vector<std::string> latency_sensitive_dims = {"TP"};
 };
 
 class DeviceMesh {
@@ -296,6 +303,12 @@ class DeviceMesh {
   // launcher's variables. 0 and 1 for a meta mesh.
   int host_local_rank() const;
   int host_size() const;
+
+  // Each rank's host and, per dimension of this mesh, how many groups cross
+  // hosts (vemesh/placement.h), from the host identities gathered at
+  // creation; no communication. FailedPrecondition for a meta mesh and for
+  // one made from groups (FromGroups), which gathered none.
+  absl::StatusOr<Placement> get_placement() const;
 
   // The backend of one dimension ("mpi", "gloo", "nccl"); empty for meta.
   absl::StatusOr<std::string> backend(absl::string_view dim) const;

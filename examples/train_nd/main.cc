@@ -72,6 +72,9 @@ ABSL_FLAG(bool, grad_bf16, kDefaults.grad_bf16,
           "--tolerance)");
 ABSL_FLAG(double, tolerance, kDefaults.tolerance,
           "largest relative loss difference from the serial run");
+ABSL_FLAG(std::string, placement_out, "",
+          "rank 0 writes the job's placement (get_placement() as JSON, what "
+          "`vemesh plan --check` reads) to this file");
 ABSL_FLAG(std::string, elastic, "",
           "elastic job: the control plane, redis://HOST:PORT; this launch is "
           "one DP replica (docs/ELASTIC.md)");
@@ -173,6 +176,34 @@ absl::StatusOr<std::vector<double>> Train(const TrainPlan& plan, bool print) {
   return losses;
 }
 
+// One line on where the ranks ran and which groups cross hosts; the JSON
+// to `path` when one is given.
+absl::Status ReportPlacement(const std::string& path) {
+  absl::StatusOr<vemesh::Placement> p = VESCALE_DEVICE_MESH.get_placement();
+  if (!p.ok()) return p.status();
+  std::string crossing;
+  for (const vemesh::DimPlacement& d : p->dims) {
+    absl::StrAppend(&crossing, " ", d.name, "=", d.crossing_groups, "/",
+                    d.group_count);
+  }
+  std::printf("train_nd: placement: %zu host%s; groups crossing hosts:%s\n",
+              p->hosts.size(), p->hosts.size() == 1 ? "" : "s", crossing.c_str());
+  std::fflush(stdout);
+  if (path.empty()) return absl::OkStatus();
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--placement_out '", path, "': cannot open it for writing"));
+  }
+  const std::string json = p->ToJson() + "\n";
+  const bool written = std::fwrite(json.data(), 1, json.size(), f) == json.size();
+  if (std::fclose(f) != 0 || !written) {
+    return absl::DataLossError(
+        absl::StrCat("--placement_out '", path, "': the write failed"));
+  }
+  return absl::OkStatus();
+}
+
 int Fail(int rank, absl::string_view what, const absl::Status& status,
          int code) {
   std::fprintf(stderr, "[rank %d] train_nd: %s: %s\n", rank,
@@ -225,6 +256,10 @@ int Run() {
         plan->options.overlap ? "on" : "off",
         plan->options.grad_bf16 ? "bf16" : "double");
     std::fflush(stdout);
+    if (absl::Status placed = ReportPlacement(absl::GetFlag(FLAGS_placement_out));
+        !placed.ok()) {
+      return Fail(world_rank, "placement", placed, 1);
+    }
   }
 
   const absl::Time start = absl::Now();

@@ -12,6 +12,7 @@
 #include "job_world.h"
 #include "registry_expectations.h"
 #include "vemesh/api/ve_device_mesh.h"
+#include "vemesh/bootstrap/launch.h"
 
 namespace vemesh {
 namespace {
@@ -89,8 +90,10 @@ void CheckEveryMethod(const Case& c) {
   EXPECT_EQ(*reg.get_rank(), me);
   EXPECT_EQ(V(*reg.get_strategy_coordinate()), my);
   EXPECT_EQ(V(*reg.get_coordinate()), my);
-  // Single host: the host-local rank is the world rank.
-  EXPECT_EQ(*reg.get_local_rank(), me);
+  // The host-local rank is what the launcher says (mpirun, torchrun; also
+  // across hosts, tests/multihost), else the world rank (one host).
+  const int launcher_local = vemesh::LauncherLocalRank();
+  EXPECT_EQ(*reg.get_local_rank(), launcher_local >= 0 ? launcher_local : me);
   for (int64_t q = 0; q < m.size(); ++q) {
     EXPECT_EQ(V(*reg.get_strategy_coordinate(q)), m.coord(q)) << "rank " << q;
     EXPECT_EQ(*reg.get_global_rank(m.coord(q)), q);

@@ -3,6 +3,7 @@
 
     check_probe.py [--world N] [--expect-hosts H] [--expect-ranks-per-host R]
                    [--expect-crossing TP=0,DP=0,PP=4] [--expect-placement]
+                   [--expect-warnings TP=1]
                    [FILE]          (default: stdin)
 
 Reads every "PROBE rank=R hostname=H host_local_rank=L host_size=S
@@ -12,7 +13,10 @@ rank's process really ran in); from them it computes each host's ranks,
 each rank's index among its host's ranks in global-rank order, and for
 every dimension how many of its groups span more than one host. Then it
 asserts that vemesh's view (host_local_rank, host_size, the PLACEMENT JSON)
-matches, and the expected facts given on the command line. Prints every
+matches, and the expected facts given on the command line.
+--expect-warnings counts vemesh's placement warnings ("warning: TP is
+latency-sensitive but ... cross hosts") per dimension; with it, a warning
+for a dimension it does not list is a mismatch too. Prints every
 mismatch and exits 1 if there is one; prints "PASS: ..." and exits 0
 otherwise.
 """
@@ -37,6 +41,7 @@ def main():
     ap.add_argument("--expect-hosts", type=int)
     ap.add_argument("--expect-ranks-per-host", type=int)
     ap.add_argument("--expect-crossing", type=parse_counts, default={})
+    ap.add_argument("--expect-warnings", type=parse_counts)
     ap.add_argument("--expect-placement", action="store_true",
                     help="fail when rank 0 printed no PLACEMENT line")
     args = ap.parse_args()
@@ -46,7 +51,11 @@ def main():
     probes = {}   # rank -> {key: value}
     placement = None
     dim_order = []
+    warnings = {}
     for line in text.splitlines():
+        m = re.search(r"warning: (\w+) is latency-sensitive", line)
+        if m:
+            warnings[m.group(1)] = warnings.get(m.group(1), 0) + 1
         if "PROBE_ERROR" in line:
             errors.append(f"a rank failed: {line.strip()}")
             continue
@@ -80,8 +89,10 @@ def main():
         errors.append(f"no PROBE line from ranks {missing} (of {world})")
     if extra:
         errors.append(f"PROBE lines from ranks {extra} outside 0..{world - 1}")
-    if not probes:
-        print("FAIL: no PROBE lines at all", file=sys.stderr)
+    if missing or not probes:
+        # Without every rank's line the truth itself is unknown.
+        for e in errors + ([] if probes else ["no PROBE lines at all"]):
+            print(f"FAIL: {e}", file=sys.stderr)
         print(text[-4000:], file=sys.stderr)
         return 1
 
@@ -138,6 +149,12 @@ def main():
             errors.append(f"{d}: {crossing[d]} of {len(groups_of[d])} groups cross hosts, "
                           f"expected {want}")
 
+    if args.expect_warnings is not None:
+        for d in sorted(set(args.expect_warnings) | set(warnings)):
+            want, got = args.expect_warnings.get(d, 0), warnings.get(d, 0)
+            if want != got:
+                errors.append(f"{got} placement warnings for {d}, expected {want}")
+
     # vemesh's own placement report, when printed.
     if placement is None:
         if args.expect_placement:
@@ -178,7 +195,8 @@ def main():
     summary = (f"{world} ranks on {len(hosts)} hosts "
                + " ".join(f"{h}:{on_host[h]}" for h in hosts)
                + "; crossing " + ",".join(f"{d}={crossing[d]}" for d in dim_order)
-               + ("; PLACEMENT checked" if placement is not None else ""))
+               + ("; PLACEMENT checked" if placement is not None else "")
+               + (f"; warnings {warnings}" if args.expect_warnings is not None else ""))
     if errors:
         for e in errors:
             print(f"FAIL: {e}", file=sys.stderr)

@@ -7,6 +7,10 @@
 //   placement_probe --mesh PP=2,DP=2,TP=2 [--timeout SECONDS]
 //   PROBE rank=5 hostname=node1 host_local_rank=1 host_size=4 group.PP=1,5 group.DP=5,7 group.TP=4,5
 //
+// Rank 0 also prints vemesh's own account, get_placement() as JSON:
+//
+//   PLACEMENT {"vemesh_placement": 1, "world_size": 8, ...}
+//
 // check_probe.py compares those lines with each other: the hostnames are the
 // truth. A failure prints "PROBE_ERROR rank=R: <status>" and exits 1.
 // Started by mpirun (MPI) or by an env:// launcher (Gloo, no MPI).
@@ -27,6 +31,7 @@
 #include "vemesh/bootstrap/launch.h"
 #include "vemesh/comm/mpi/mpi_environment.h"
 #include "vemesh/mesh_spec.h"
+#include "vemesh/placement.h"
 
 namespace {
 
@@ -66,7 +71,7 @@ absl::StatusOr<ProbeFlags> ParseFlags(int argc, char** argv) {
   return flags;
 }
 
-// The probe's line, or the first error on the way to it.
+// The probe's line (two on rank 0), or the first error on the way to it.
 absl::StatusOr<std::string> ProbeLine(const ProbeFlags& flags) {
   absl::StatusOr<vemesh::MeshSpec> spec = vemesh::ParseMeshSpec(flags.mesh);
   if (!spec.ok()) return spec.status();
@@ -89,6 +94,12 @@ absl::StatusOr<std::string> ProbeLine(const ProbeFlags& flags) {
     if (!group.ok()) return group.status();
     absl::StrAppend(&line, " group.", dim, "=",
                     absl::StrJoin((*group)->ranks(), ","));
+  }
+  if (mesh->global_rank() == 0) {
+    absl::StatusOr<vemesh::Placement> placement =
+        VESCALE_DEVICE_MESH.get_placement();
+    if (!placement.ok()) return placement.status();
+    absl::StrAppend(&line, "\nPLACEMENT ", placement->ToJson());
   }
   return line;
 }
@@ -125,7 +136,7 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     return 1;
   }
-  // One write per line, so lines of different ranks do not mix.
+  // One write, so lines of different ranks do not mix.
   std::printf("%s\n", line->c_str());
   std::fflush(stdout);
   VESCALE_DEVICE_MESH.reset();

@@ -75,13 +75,15 @@ if ((killed)); then
   # nsenter processes we started return.
   for h in $(mh_hosts); do kill -KILL "$(mh_holder_pid "$h")" 2>/dev/null; done
 fi
+codes=()
 for pid in "${pids[@]}"; do
   wait "$pid"; rc=$?
+  codes+=("$rc")
   if ((rc > worst)); then worst=$rc; fi
 done
-for o in "${outs[@]}"; do
-  echo "--- $(basename "$o" .out)"
-  cat "$o"
+for i in "${!outs[@]}"; do
+  echo "--- $(basename "${outs[$i]}" .out): exit code ${codes[$i]}"
+  cat "${outs[$i]}"
 done
 cat "${outs[@]}" >"$MH_STATE/job.out"
 echo "run_env: job ended after $((SECONDS - start)) s, worst exit code $worst"

@@ -264,6 +264,9 @@ TEST_P(CliCatalogue, ExitsWithCodeNamingTheValue) {
             VEMESH_TRAIN_ND};
     setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
     setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    // One host: Open MPI's TCP (data and out-of-band) stays on loopback.
+    setenv("OMPI_MCA_btl_tcp_if_include", "lo", 1);
+    setenv("OMPI_MCA_oob_tcp_if_include", "lo", 1);
     // Under LeakSanitizer an MPI process needs full unwinding for the Open
     // MPI suppressions to match (see tests/CMakeLists.txt).
     if (const char* lsan = std::getenv("LSAN_OPTIONS");

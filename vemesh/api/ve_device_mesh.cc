@@ -189,6 +189,8 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::init_device_mesh(
   mesh_options.world = std::move(options.world);
   mesh_options.backend = std::move(options.backend);
   mesh_options.backend_override = std::move(options.backend_override);
+  mesh_options.latency_sensitive_dims =
+      std::move(options.latency_sensitive_dims);
   if (options.elastic.has_value()) {
     if (!mesh_options.ranks.empty()) {
       return absl::InvalidArgumentError(
@@ -414,6 +416,13 @@ absl::StatusOr<int64_t> VeDeviceMesh::get_local_rank() const {
   const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
   return s->mesh.host_local_rank();
+}
+
+absl::StatusOr<Placement> VeDeviceMesh::get_placement() const {
+  const Snapshot snap(*this);
+  const State* s = snap.get();
+  if (s == nullptr) return NotInitialized();
+  return s->mesh.get_placement();
 }
 
 absl::StatusOr<Coordinate> VeDeviceMesh::get_coordinate() const {

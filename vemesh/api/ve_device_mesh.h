@@ -103,6 +103,9 @@ struct InitOptions {
   // launcher; per-dimension overrides by name.
   std::string backend;
   std::map<std::string, std::string> backend_override;
+  // Roles whose groups should stay inside one host: rank 0 warns (through
+  // vemesh/log.h) when one crosses hosts needlessly (MeshOptions).
+  std::vector<std::string> latency_sensitive_dims = {"TP"};
   // An elastic job (vemesh/elastic/elastic_mesh.h, docs/ELASTIC.md): the
   // dimension `elastic->replica_dim` spans one launch per replica through
   // the control plane, and shrinks and grows with membership. The shape's
@@ -193,6 +196,9 @@ class VeDeviceMesh {
   absl::StatusOr<int64_t> get_rank() const;
   // The device index on this host (host-local rank), not a mesh coordinate.
   absl::StatusOr<int64_t> get_local_rank() const;
+  // Each rank's host and, per dimension, how many groups cross hosts
+  // (vemesh/placement.h; ToJson() is what `vemesh plan --check` reads).
+  absl::StatusOr<Placement> get_placement() const;
   absl::StatusOr<Coordinate> get_coordinate() const;
   absl::StatusOr<int64_t> size() const;
   // By name or by index; an integer (a literal 0 too) is an index.

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "vemesh/bootstrap/mpi/mpi_bootstrap.h"
 #include "vemesh/comm/mpi/mpi_environment.h"
+#include "vemesh/log.h"
 #include "vemesh/status_macros.h"
 
 namespace vemesh {
@@ -390,11 +391,10 @@ MpiCommunicator::~MpiCommunicator() {
   if (!thread.ok()) {
     static std::once_flag warned;
     std::call_once(warned, [&thread] {
-      std::fprintf(stderr,
-                   "vemesh: warning: %s; it is left to MPI_Finalize. Let go "
-                   "of MPI communicators (and meshes, and the registry's "
-                   "reset) on the main thread.\n",
-                   std::string(thread.message()).c_str());
+      LogWarning(absl::StrCat(
+          thread.message(),
+          "; it is left to MPI_Finalize. Let go of MPI communicators (and "
+          "meshes, and the registry's reset) on the main thread."));
     });
     return;
   }

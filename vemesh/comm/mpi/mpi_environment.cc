@@ -16,6 +16,7 @@
 
 #include "absl/base/attributes.h"
 #include "absl/strings/str_cat.h"
+#include "vemesh/log.h"
 
 namespace vemesh {
 namespace {
@@ -48,9 +49,8 @@ bool Finalized() {
 // Finalises MPI if vemesh started it and nobody finalised it yet.
 void FinalizeIfOwned() {
   if (abandoned.load()) {
-    std::fprintf(stderr,
-                 "vemesh: MPI_Finalize skipped: a collective was abandoned at a "
-                 "deadline, so finalising would wait for ranks that are gone\n");
+    LogNote("MPI_Finalize skipped: a collective was abandoned at a "
+            "deadline, so finalising would wait for ranks that are gone");
     return;
   }
   std::lock_guard<std::mutex> lock(env_mu);

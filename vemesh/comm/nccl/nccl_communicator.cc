@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "vemesh/comm/nccl/nccl_api.h"
+#include "vemesh/log.h"
 #include "vemesh/status_macros.h"
 
 namespace vemesh {
@@ -471,9 +472,8 @@ NcclCommunicator::~NcclCommunicator() {
     const ncclResult_t code =
         healthy ? Nccl().ncclCommDestroy(comm_) : Nccl().ncclCommAbort(comm_);
     if (code != ncclSuccess) {
-      std::fprintf(stderr, "vemesh: %s failed: %s\n",
-                   healthy ? "ncclCommDestroy" : "ncclCommAbort",
-                   Nccl().ncclGetErrorString(code));
+      LogWarning(absl::StrCat(healthy ? "ncclCommDestroy" : "ncclCommAbort",
+                              " failed: ", Nccl().ncclGetErrorString(code)));
     }
     comm_ = nullptr;
   }
@@ -494,8 +494,8 @@ void NcclCommunicator::OnAbort() {
   const ncclResult_t code = Nccl().ncclCommAbort(comm_);
   comm_ = nullptr;
   if (code != ncclSuccess) {
-    std::fprintf(stderr, "vemesh: ncclCommAbort failed: %s\n",
-                 Nccl().ncclGetErrorString(code));
+    LogWarning(absl::StrCat("ncclCommAbort failed: ",
+                            Nccl().ncclGetErrorString(code)));
   }
 }
 
