@@ -12,6 +12,7 @@ packages=(
   libgloo-dev
   libhiredis-dev redis-server
   procps
+  iproute2 util-linux
   python3-torch
   libeigen3-dev
   librsvg2-bin

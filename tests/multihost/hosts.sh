@@ -44,7 +44,7 @@ mh_require_root_or_skip() {
     why="not root (uid $(id -u)): network/PID namespaces need root"
   else
     local tool
-    for tool in ip unshare nsenter python3; do
+    for tool in ip unshare nsenter setpriv python3; do
       command -v "$tool" >/dev/null 2>&1 || { why="'$tool' not found (scripts/setup.sh installs it)"; break; }
     done
   fi
@@ -95,6 +95,34 @@ mh_exec() {
   nsenter -t "$pid" --net --uts --ipc --mount --pid --wd="$PWD" -- "$@"
 }
 
+# The hosts' network is IPv4 only (10.77.0.0/24): without this, every eth0
+# also gets an IPv6 link-local address, "tentative" for its first seconds,
+# that Open MPI (built with IPv6) may pick and stall on. No-op on a kernel
+# without IPv6.
+mh_ipv4_only() {
+  nsenter --net="/run/netns/$1" -- sh -c \
+    'for f in /proc/sys/net/ipv6/conf/all/disable_ipv6 /proc/sys/net/ipv6/conf/default/disable_ipv6; do
+       [ -w "$f" ] && echo 1 >"$f"; done; true'
+}
+
+# Removes what runs killed outright left behind: the state dir and the
+# (empty) network namespaces of every run whose shell ($$ in its name) is
+# gone. Their processes died with that shell (--pdeathsig); nothing is
+# killed here, a stale PID may name somebody else's process by now.
+mh_forget_stale_runs() {
+  local d owner ns
+  for d in /run/vemesh-mh/vmh*; do
+    [[ -d "$d" ]] || continue
+    owner=${d##*/vmh}
+    [[ "$owner" =~ ^[0-9]+$ ]] || continue
+    kill -0 "$owner" 2>/dev/null && continue
+    if [[ -f "$d/netns" ]]; then
+      while read -r ns; do ip netns del "$ns" 2>/dev/null; done <"$d/netns"
+    fi
+    rm -rf "$d"
+  done
+}
+
 # Makes hosts node0..node<N-1>. Fails (non-zero, with a message) if any step
 # fails; mh_down (installed on EXIT, TERM, INT) tears down what was made.
 mh_up() {
@@ -109,6 +137,7 @@ mh_up() {
   trap mh_down EXIT
   trap 'mh_down; exit 143' TERM
   trap 'mh_down; exit 130' INT
+  mh_forget_stale_runs
   rm -rf "$MH_STATE"
   mkdir -p "$MH_STATE" || return 1
 
@@ -122,6 +151,7 @@ mh_up() {
   local sw="${MH_RUNID}-sw"
   ip netns add "$sw" || return 1
   echo "$sw" >>"$MH_STATE/netns"
+  mh_ipv4_only "$sw"
   ip -n "$sw" link set lo up &&
     ip -n "$sw" link add br0 type bridge &&
     ip -n "$sw" link set br0 up || return 1
@@ -132,6 +162,7 @@ mh_up() {
     echo "$addr" >"$MH_STATE/$host/addr"
     ip netns add "$ns" || return 1
     echo "$ns" >>"$MH_STATE/netns"
+    mh_ipv4_only "$ns"
     ip -n "$sw" link add "p$i" type veth peer name "$MH_IFACE" netns "$ns" &&
       ip -n "$sw" link set "p$i" master br0 &&
       ip -n "$sw" link set "p$i" up &&
@@ -151,8 +182,11 @@ mh_up() {
       umount -l /sys 2>/dev/null && mount -t sysfs mh-sys /sys 2>/dev/null
       touch '$MH_STATE/$host/ready'
       while :; do sleep 3600 & wait \$!; done"
-    nsenter --net="/run/netns/$ns" -- \
-      unshare --uts --ipc --mount --pid --fork --mount-proc --propagation private \
+    # If this shell is killed outright (SIGKILL: no trap runs), the
+    # starter gets SIGKILL (--pdeathsig) and, through --kill-child, so does
+    # the holder: the host ends with everything on it.
+    setpriv --pdeathsig KILL -- nsenter --net="/run/netns/$ns" -- \
+      unshare --kill-child --uts --ipc --mount --pid --fork --mount-proc --propagation private \
       -- bash -c "$setup" </dev/null 2>"$MH_STATE/$host/holder.log" &
     MH_STARTER_PIDS+=($!)
     local starter=$! holder="" tries
@@ -184,7 +218,7 @@ mh_up() {
   done
 
   # The broker through which nsrsh enters hosts from inside a host.
-  python3 "$MH_HERE/mh_broker.py" "$MH_STATE" </dev/null &
+  setpriv --pdeathsig KILL -- python3 "$MH_HERE/mh_broker.py" "$MH_STATE" </dev/null &
   MH_BROKER_PID=$!
   echo "$MH_BROKER_PID" >"$MH_STATE/broker.pid"
   local tries

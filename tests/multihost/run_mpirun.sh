@@ -39,6 +39,10 @@ np=$((hosts * slots))
 export OMPI_MCA_btl_tcp_if_include=$MH_IFACE OMPI_MCA_oob_tcp_if_include=$MH_IFACE
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_vader_single_copy_mechanism=none
+# The emulated hosts share this machine's few cores: a rank waiting in MPI
+# must yield them (Open MPI does so by itself only when a host holds more
+# ranks than its slots, which a hostfile's slots hide).
+export OMPI_MCA_mpi_yield_when_idle=1
 out="$MH_STATE/job.out"
 echo "run_mpirun: $hosts hosts x $slots slots, --map-by $map_by, np=$np: $*"
 start=$SECONDS
