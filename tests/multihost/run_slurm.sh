@@ -62,6 +62,10 @@ np=$((hosts * tasks))
 export OMPI_MCA_btl_tcp_if_include=$MH_IFACE OMPI_MCA_oob_tcp_if_include=$MH_IFACE
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_vader_single_copy_mechanism=none
+# The emulated hosts share this machine's few cores: a rank waiting in MPI
+# must yield them (slurm.conf's CPUs per host hide the oversubscription
+# from Open MPI, as a hostfile's slots do for run_mpirun.sh).
+export OMPI_MCA_mpi_yield_when_idle=1
 out="$MH_STATE/job.out"
 if [[ $launch == srun ]]; then
   cmd=(srun --mpi=pmix -N "$hosts" -n "$np" --distribution="$dist" "$@")
