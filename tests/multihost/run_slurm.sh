@@ -82,7 +82,13 @@ echo "run_slurm: $launch exited $rc after $((SECONDS - start)) s"
 if ((rc == 124 || rc == 137)); then
   echo "FAIL: the job did not end within ${limit}s"
 fi
-if ((rc != 0)); then slurm_logs 2>&1; fi
+if ((rc != 0)); then
+  slurm_logs 2>&1
+  if grep -q 'Failing at address: (nil)' "$out"; then
+    echo "NOTE: a rank died of SIGSEGV at address 0: if that was inside MPI_Init, it is the"
+    echo "NOTE: Open MPI 4.1 + Slurm PMIx start-up race described in slurm.sh (not vemesh)"
+  fi
+fi
 if [[ -n "$check" ]]; then
   # shellcheck disable=SC2086
   python3 "$here/check_probe.py" --world "$np" $check "$out" || { ((rc == 0)) && rc=1; }

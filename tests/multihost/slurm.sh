@@ -134,15 +134,17 @@ slurm_up() {
     echo "CgroupAutomount=no"
   } >"$SLURM_STATE/cgroup.conf"
   # srun --mpi=pmix: every PMIx fence on Slurm's tree algorithm, its messages
-  # relayed by slurmd (no stepd-to-stepd direct connections). With Slurm's
-  # defaults a rank of a 4 x 2 job now and then died in MPI_Init: still
-  # waiting in its first (modex) fence, it got a message from a peer that
-  # had already left MPI_Init, before its PML had a handler for it (Open
-  # MPI's TCP BTL calls through a NULL callback). Measured here: defaults,
-  # 10 of 180 jobs (one cluster, many jobs); direct connections off only,
-  # 0 of 150 such jobs but 3 of ~120 first jobs of a fresh cluster (the
-  # ctest case); tree only, 0 of 45 first jobs but 3 of 60 in one cluster;
-  # both, 0 of 120 first jobs and 0 of 60 in one cluster.
+  # relayed by slurmd (no stepd-to-stepd direct connections). This makes a
+  # known failure rarer, not impossible: now and then a rank dies in MPI_Init
+  # (SIGSEGV at address 0): still waiting in its first (modex) fence, it gets
+  # a message from a peer that has already left MPI_Init, before its PML has
+  # a handler for it (Open MPI 4.1.4's TCP BTL calls a NULL callback). Seen
+  # most on the slowest-starting rank of a fresh cluster (rank 0 on node0).
+  # Measured on this machine, srun jobs of 4 x 2 and 2 x 4 ranks: Slurm's
+  # defaults, 10 of 180 jobs in one cluster and 2 of 24 first jobs of a
+  # fresh cluster (the ctest case); direct connections off only, 0 of 150
+  # and 3 of ~120; tree only, 3 of 60 and 0 of 45; both, 0 of 60 and 1 of
+  # ~175. mpirun (and salloc + mpirun) never showed it.
   printf "PMIxDirectConn=false\nPMIxCollFence=tree\n" >"$SLURM_STATE/mpi.conf"
   export SLURM_CONF=$conf
 
