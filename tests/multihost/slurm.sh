@@ -144,7 +144,7 @@ slurm_up() {
   # defaults, 10 of 180 jobs in one cluster and 2 of 24 first jobs of a
   # fresh cluster (the ctest case); direct connections off only, 0 of 150
   # and 3 of ~120; tree only, 3 of 60 and 0 of 45; both, 0 of 60 and 1 of
-  # ~175. mpirun (and salloc + mpirun) never showed it.
+  # ~175. salloc + mpirun (Open MPI's own fences): 0 of ~80.
   printf "PMIxDirectConn=false\nPMIxCollFence=tree\n" >"$SLURM_STATE/mpi.conf"
   export SLURM_CONF=$conf
 
