@@ -18,6 +18,10 @@ packages=(
   librsvg2-bin
   nlohmann-json3-dev
   libclang-rt-14-dev
+  # Multi-host tests: Slurm 22.05 on emulated hosts (tests/multihost/slurm.sh).
+  # slurm-wlm-basic-plugins holds srun's mpi_pmix_v4.so, which dlopens the
+  # unversioned libpmix.so that only libpmix-dev ships.
+  slurmctld slurmd slurm-client munge slurm-wlm-basic-plugins libpmix-dev
 )
 
 missing=()
