@@ -87,7 +87,8 @@ mh_holder_pid() {
 }
 
 # Runs a command inside HOST with this shell's environment and working
-# directory (every path but /tmp and /dev/shm is the machine's own).
+# directory (every path but /tmp and /dev/shm is the machine's own; the
+# source tree, the working directory and MH_SHARE stay visible under /tmp).
 mh_exec() {
   local host=$1; shift
   local pid
@@ -174,9 +175,25 @@ mh_up() {
     # gives it a private /tmp, /dev/shm, /etc/hosts and a /sys showing its
     # own network devices, says it is ready, then waits (reaping whatever
     # is left to it) until killed.
+    # Paths under /tmp that every host must see at the same path, as a
+    # cluster's shared file system: the source tree (these scripts), the
+    # working directory (ctest's build tree) and MH_SHARE (colon-separated).
+    # A clone under /tmp (CI's) would otherwise vanish under the host's own
+    # /tmp. Each is bound aside before the tmpfs covers /tmp, then back.
+    local keep="" back="" path kept=0
+    local -a shared=("$(cd "$MH_HERE/../.." && pwd)" "$PWD")
+    local -a extra=()
+    IFS=: read -r -a extra <<<"${MH_SHARE:-}"
+    for path in "${shared[@]}" "${extra[@]}"; do
+      [[ $path == /tmp/* && -d $path ]] || continue
+      mkdir -p "$MH_STATE/$host/keep$kept"
+      keep+="mount --bind $(printf %q "$path") '$MH_STATE/$host/keep$kept' && "
+      back+="mkdir -p $(printf %q "$path") && mount --bind '$MH_STATE/$host/keep$kept' $(printf %q "$path") && "
+      kept=$((kept + 1))
+    done
     local setup
-    setup="hostname $host &&
-      mount -t tmpfs -o mode=1777 mh-tmp /tmp &&
+    setup="hostname $host && $keep
+      mount -t tmpfs -o mode=1777 mh-tmp /tmp && $back
       mount -t tmpfs -o mode=1777 mh-shm /dev/shm &&
       mount --bind '$MH_STATE/etc_hosts' /etc/hosts || exit 1
       umount -l /sys 2>/dev/null && mount -t sysfs mh-sys /sys 2>/dev/null
@@ -238,6 +255,37 @@ mh_hostfile() {
   local slots=$1 h
   for h in $(mh_hosts); do echo "$h slots=$slots"; done >"$MH_STATE/hostfile"
   echo "$MH_STATE/hostfile"
+}
+
+# Exports the environment of an MPI job across the hosts: Open MPI's TCP on
+# the hosts' interface only (ranks on different hosts must reach each other,
+# and nothing may leave these namespaces), root allowed, and ranks that yield
+# while waiting: the hosts share this machine's few cores, which a
+# hostfile's slots or slurm.conf's CPUs hide from Open MPI. Launchers pass
+# the environment on to every rank.
+mh_mpi_env() {
+  export OMPI_MCA_btl_tcp_if_include=$MH_IFACE OMPI_MCA_oob_tcp_if_include=$MH_IFACE
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_vader_single_copy_mechanism=none
+  export OMPI_MCA_mpi_yield_when_idle=1
+}
+
+# The verdict on a job's output OUT of NP ranks that exited RC: RC itself,
+# then check_probe.py with CHECK's flags (when given), then OUT matching the
+# regex EXPECT (when given). Prints what failed; returns the first failing
+# code.
+#   mh_verdict RC OUT NP CHECK EXPECT
+mh_verdict() {
+  local rc=$1 out=$2 np=$3 check=$4 expect=$5
+  if [[ -n "$check" ]]; then
+    # shellcheck disable=SC2086
+    python3 "$MH_HERE/check_probe.py" --world "$np" $check "$out" || { ((rc == 0)) && rc=1; }
+  fi
+  if [[ -n "$expect" ]] && ! grep -qE -- "$expect" "$out"; then
+    echo "FAIL: the output does not match '$expect'"
+    ((rc == 0)) && rc=1
+  fi
+  return "$rc"
 }
 
 # Tears down everything mh_up made; safe to call twice and after a partial

@@ -88,13 +88,4 @@ done
 cat "${outs[@]}" >"$MH_STATE/job.out"
 echo "run_env: job ended after $((SECONDS - start)) s, worst exit code $worst"
 if ((killed)); then exit 124; fi
-if [[ -n "$check" ]]; then
-  # shellcheck disable=SC2086
-  python3 "$here/check_probe.py" --world "$world" $check "$MH_STATE/job.out" ||
-    { ((worst == 0)) && worst=1; }
-fi
-if [[ -n "$expect" ]] && ! grep -qE -- "$expect" "$MH_STATE/job.out"; then
-  echo "FAIL: the output does not match '$expect'"
-  ((worst == 0)) && worst=1
-fi
-exit "$worst"
+mh_verdict "$worst" "$MH_STATE/job.out" "$world" "$check" "$expect"

@@ -34,15 +34,8 @@ mh_up "$hosts" || { echo "FAIL: could not make $hosts emulated hosts"; exit 1; }
 hostfile=$(mh_hostfile "$slots")
 np=$((hosts * slots))
 
-# Multi-host: the hosts' interface, never loopback (ranks on different
-# hosts could not reach each other) and nothing outside these namespaces.
-export OMPI_MCA_btl_tcp_if_include=$MH_IFACE OMPI_MCA_oob_tcp_if_include=$MH_IFACE
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_vader_single_copy_mechanism=none
-# The emulated hosts share this machine's few cores: a rank waiting in MPI
-# must yield them (Open MPI does so by itself only when a host holds more
-# ranks than its slots, which a hostfile's slots hide).
-export OMPI_MCA_mpi_yield_when_idle=1
+# Open MPI's TCP on the hosts' interface only; ranks yield (hosts.sh).
+mh_mpi_env
 out="$MH_STATE/job.out"
 echo "run_mpirun: $hosts hosts x $slots slots, --map-by $map_by, np=$np: $*"
 start=$SECONDS
@@ -55,12 +48,4 @@ echo "run_mpirun: mpirun exited $rc after $((SECONDS - start)) s"
 if ((rc == 124 || rc == 137)); then
   echo "FAIL: the job did not end within ${limit}s"
 fi
-if [[ -n "$check" ]]; then
-  # shellcheck disable=SC2086
-  python3 "$here/check_probe.py" --world "$np" $check "$out" || { ((rc == 0)) && rc=1; }
-fi
-if [[ -n "$expect" ]] && ! grep -qE -- "$expect" "$out"; then
-  echo "FAIL: the output does not match '$expect'"
-  ((rc == 0)) && rc=1
-fi
-exit "$rc"
+mh_verdict "$rc" "$out" "$np" "$check" "$expect"

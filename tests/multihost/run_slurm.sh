@@ -56,16 +56,8 @@ slurm_up "$tasks" || { echo "FAIL: Slurm did not come up on $hosts hosts"; exit 
 echo "run_slurm: Slurm up on $hosts hosts in $((SECONDS - start)) s"
 np=$((hosts * tasks))
 
-# The hosts' interface only: ranks on different hosts must reach each other,
-# and nothing may leave these namespaces. Exported variables reach the
-# ranks: srun and salloc pass the environment on (--export=ALL).
-export OMPI_MCA_btl_tcp_if_include=$MH_IFACE OMPI_MCA_oob_tcp_if_include=$MH_IFACE
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_vader_single_copy_mechanism=none
-# The emulated hosts share this machine's few cores: a rank waiting in MPI
-# must yield them (slurm.conf's CPUs per host hide the oversubscription
-# from Open MPI, as a hostfile's slots do for run_mpirun.sh).
-export OMPI_MCA_mpi_yield_when_idle=1
+# Open MPI's TCP on the hosts' interface only; ranks yield (hosts.sh).
+mh_mpi_env
 out="$MH_STATE/job.out"
 if [[ $launch == srun ]]; then
   cmd=(srun --mpi=pmix -N "$hosts" -n "$np" --distribution="$dist" "$@")
@@ -106,12 +98,4 @@ if ((rc != 0)); then
     echo "NOTE: Open MPI 4.1 + Slurm PMIx start-up race described in slurm.sh (not vemesh)"
   fi
 fi
-if [[ -n "$check" ]]; then
-  # shellcheck disable=SC2086
-  python3 "$here/check_probe.py" --world "$np" $check "$out" || { ((rc == 0)) && rc=1; }
-fi
-if [[ -n "$expect" ]] && ! grep -qE -- "$expect" "$out"; then
-  echo "FAIL: the output does not match '$expect'"
-  ((rc == 0)) && rc=1
-fi
-exit "$rc"
+mh_verdict "$rc" "$out" "$np" "$check" "$expect"
