@@ -24,7 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "bench/mpi_bench.h"
 #include "vemesh/comm/mpi/mpi_environment.h"
-#include "vemesh/device_mesh.h"
+#include "vemesh/mesh/device_mesh.h"
 
 ABSL_FLAG(std::string, shape, "",
           "DP x TP shape, e.g. 2x4; default 2x(N/2) for an even world, else Nx1");

@@ -26,7 +26,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "bench/mpi_bench.h"
-#include "vemesh/api/ve_device_mesh.h"
+#include "vemesh/registry/ve_device_mesh.h"
 #include "vemesh/strategies/data_parallel.h"
 #include "vemesh/strategies/dense.h"
 

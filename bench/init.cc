@@ -37,7 +37,7 @@
 #include "absl/strings/str_join.h"
 #include "bench/call_count.h"
 #include "bench/mpi_bench.h"
-#include "vemesh/api/ve_device_mesh.h"
+#include "vemesh/registry/ve_device_mesh.h"
 
 ABSL_FLAG(int, reps, 21, "timed repetitions of every method (alternated)");
 ABSL_FLAG(int, warmup, 2, "untimed repetitions first (connections, caches)");

@@ -26,7 +26,7 @@
 #include "vemesh/bootstrap/launch.h"
 #include "vemesh/comm/mpi/mpi_environment.h"
 #include "vemesh/comm/nccl/nccl_communicator.h"
-#include "vemesh/device_mesh.h"
+#include "vemesh/mesh/device_mesh.h"
 
 #ifdef VEMESH_HAVE_NCCL
 #include <cuda_runtime.h>

@@ -22,8 +22,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "bench/bench_worlds.h"
-#include "vemesh/api/ve_device_mesh.h"
-#include "vemesh/mesh_layout.h"
+#include "vemesh/registry/ve_device_mesh.h"
+#include "vemesh/layout/mesh_layout.h"
 
 namespace vemesh::bench {
 namespace {

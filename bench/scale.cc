@@ -30,8 +30,8 @@
 #include <vector>
 
 #include "bench/bench_worlds.h"
-#include "vemesh/api/ve_device_mesh.h"
-#include "vemesh/mesh_layout.h"
+#include "vemesh/registry/ve_device_mesh.h"
+#include "vemesh/layout/mesh_layout.h"
 
 // -- Heap accounting -------------------------------------------------------------
 // Every allocation of this program goes through here, so the heap an object

@@ -25,7 +25,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "fuzz_check.h"
-#include "vemesh/mesh_layout.h"
+#include "vemesh/layout/mesh_layout.h"
 
 namespace {
 

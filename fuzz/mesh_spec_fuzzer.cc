@@ -17,8 +17,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/string_view.h"
 #include "fuzz_check.h"
-#include "vemesh/mesh_layout.h"
-#include "vemesh/mesh_spec.h"
+#include "vemesh/layout/mesh_layout.h"
+#include "vemesh/layout/mesh_spec.h"
 
 namespace {
 

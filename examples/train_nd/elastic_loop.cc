@@ -18,7 +18,7 @@
 #include "parallel_mlp_stage.h"
 #include "synthetic_data.h"
 #include "train_step.h"
-#include "vemesh/api/ve_device_mesh.h"
+#include "vemesh/registry/ve_device_mesh.h"
 #include "vemesh/strategies/data_parallel.h"
 #include "vemesh/strategies/pipeline_runner.h"
 

@@ -34,7 +34,7 @@
 #include "elastic_loop.h"
 #include "train_options.h"
 #include "train_step.h"
-#include "vemesh/api/ve_device_mesh.h"
+#include "vemesh/registry/ve_device_mesh.h"
 #include "vemesh/bootstrap/launch.h"
 #include "vemesh/comm/mpi/mpi_environment.h"
 #include "vemesh/strategies/data_parallel.h"

@@ -5,7 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "vemesh/api/ve_device_mesh.h"
+#include "vemesh/registry/ve_device_mesh.h"
 #include "vemesh/strategies/role_group.h"
 
 namespace train_nd {

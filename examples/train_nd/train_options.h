@@ -20,7 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "mlp_shape.h"
-#include "vemesh/mesh_spec.h"
+#include "vemesh/layout/mesh_spec.h"
 #include "vemesh/strategies/pipeline_schedule.h"
 
 namespace train_nd {

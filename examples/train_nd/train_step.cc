@@ -2,7 +2,7 @@
 
 #include "serial_mlp.h"
 #include "synthetic_data.h"
-#include "vemesh/api/ve_device_mesh.h"
+#include "vemesh/registry/ve_device_mesh.h"
 #include "vemesh/strategies/role_group.h"
 
 namespace train_nd {

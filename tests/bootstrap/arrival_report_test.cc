@@ -1,10 +1,10 @@
-// Who never arrived (vemesh/bootstrap/mpi/arrival_report.h): the verdict's
+// Who never arrived (vemesh/bootstrap/mpi/internal/arrival_report.h): the verdict's
 // text, and the report exchange itself on four MPI ranks with one rank
 // staying away (rank 3, then rank 0, which one collector stands in for).
 // The exchange runs on a private duplicate per test that is never freed:
 // a missing rank leaves messages on it, as at a real deadline.
 
-#include "vemesh/bootstrap/mpi/arrival_report.h"
+#include "vemesh/bootstrap/mpi/internal/arrival_report.h"
 
 #include <mpi.h>
 

@@ -12,8 +12,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "vemesh/bootstrap/store_bootstrap.h"
-#include "vemesh/device_mesh.h"
-#include "vemesh/log.h"
+#include "vemesh/mesh/device_mesh.h"
+#include "vemesh/base/log.h"
 #include "vemesh/rendezvous/memory_store.h"
 
 namespace vemesh {

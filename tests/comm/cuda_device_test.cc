@@ -14,7 +14,7 @@
 #include "vemesh/comm/nccl/nccl_communicator.h"
 
 #ifdef VEMESH_HAVE_NCCL
-#include "vemesh/comm/nccl/nccl_api.h"
+#include "vemesh/comm/nccl/internal/nccl_api.h"
 #endif
 
 namespace vemesh {

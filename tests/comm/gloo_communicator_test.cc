@@ -27,7 +27,7 @@
 #include "gloo/context.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "vemesh/comm/gloo/gloo_store.h"
+#include "vemesh/comm/gloo/internal/gloo_store.h"
 #include "vemesh/rendezvous/memory_store.h"
 
 namespace vemesh {

@@ -11,7 +11,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "vemesh/api/ve_device_mesh.h"
+#include "vemesh/registry/ve_device_mesh.h"
+#include "vemesh/bootstrap/bootstrap_over.h"
 #include "vemesh/comm/mpi/mpi_communicator.h"
 #include "vemesh/comm/mpi/mpi_environment.h"
 
@@ -46,8 +47,8 @@ void ExpectEveryOpRefused(Communicator& c) {
   ExpectFinalised(c.send_recv(absl::MakeConstSpan(a), 0, absl::MakeSpan(a), 0),
                   "send_recv");
   ExpectFinalised(c.split(0, 0).status(), "split");
-  ExpectFinalised(c.make_bootstrap(absl::Now() + absl::Seconds(1)).status(),
-                  "make_bootstrap");
+  ExpectFinalised(MakeBootstrapOver(c, absl::Now() + absl::Seconds(1)).status(),
+                  "MakeBootstrapOver");
 }
 
 TEST(MpiAfterFinalizeTest, MpiIsFinalised) { EXPECT_FALSE(MpiIsUsable()); }

@@ -21,7 +21,7 @@
 #include "gtest/gtest.h"
 #include "vemesh/comm/gloo/gloo_communicator.h"
 #include "vemesh/comm/mpi/mpi_communicator.h"
-#include "vemesh/device_mesh.h"
+#include "vemesh/mesh/device_mesh.h"
 #include "vemesh/rendezvous/memory_store.h"
 
 #ifdef VEMESH_HAVE_NCCL

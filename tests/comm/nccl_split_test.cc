@@ -1,5 +1,5 @@
 // How the NCCL backend creates a mesh's per-dimension communicators, seen
-// through the NCCL seam (vemesh/comm/nccl/nccl_api.h) with no GPU: a fake
+// through the NCCL seam (vemesh/comm/nccl/internal/nccl_api.h) with no GPU: a fake
 // NCCL and CUDA stand behind it and record every call. The ranks are threads
 // of this process; their host twins are real Gloo communicators meeting in
 // a MemoryStore, so the host side of each split really happens.
@@ -37,9 +37,9 @@
 #ifdef VEMESH_HAVE_NCCL
 #include "vemesh/bootstrap/store_bootstrap.h"
 #include "vemesh/comm/gloo/gloo_communicator.h"
-#include "vemesh/comm/nccl/nccl_api.h"
-#include "vemesh/device_mesh.h"
-#include "vemesh/mesh_layout.h"
+#include "vemesh/comm/nccl/internal/nccl_api.h"
+#include "vemesh/mesh/device_mesh.h"
+#include "vemesh/layout/mesh_layout.h"
 #include "vemesh/rendezvous/memory_store.h"
 #endif
 

@@ -3,7 +3,7 @@
 // static libvemesh still needs: the package config must find it).
 #include <cstdio>
 
-#include "vemesh/mesh_layout.h"
+#include "vemesh/layout/mesh_layout.h"
 #include "vemesh/rendezvous/redis/redis_store.h"
 
 int main() {

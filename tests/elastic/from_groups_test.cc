@@ -1,4 +1,4 @@
-// DeviceMesh::FromGroups (vemesh/device_mesh.h): a mesh that adopts one
+// DeviceMesh::FromGroups (vemesh/mesh/device_mesh.h): a mesh that adopts one
 // communicator per dimension the program already has. The groups here are
 // fakes that only describe themselves (every collective is Unimplemented
 // and counted), so the tests also show that adopting communicates nothing.
@@ -14,8 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "vemesh/device_mesh.h"
-#include "vemesh/mesh_layout.h"
+#include "vemesh/mesh/device_mesh.h"
+#include "vemesh/layout/mesh_layout.h"
 
 namespace vemesh {
 namespace {

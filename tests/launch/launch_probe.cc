@@ -17,7 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/time/clock.h"
 #include "vemesh/bootstrap/launch.h"
-#include "vemesh/device_mesh.h"
+#include "vemesh/mesh/device_mesh.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "vemesh/fast_divider.h"
+#include "vemesh/layout/fast_divider.h"
 
 #include <random>
 

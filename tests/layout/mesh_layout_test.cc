@@ -1,4 +1,4 @@
-#include "vemesh/mesh_layout.h"
+#include "vemesh/layout/mesh_layout.h"
 
 #include <algorithm>
 #include <functional>

@@ -1,4 +1,4 @@
-#include "vemesh/mesh_spec.h"
+#include "vemesh/layout/mesh_spec.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -27,11 +27,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
-#include "vemesh/api/ve_device_mesh.h"
+#include "vemesh/registry/ve_device_mesh.h"
 #include "vemesh/bootstrap/launch.h"
 #include "vemesh/comm/mpi/mpi_environment.h"
-#include "vemesh/mesh_spec.h"
-#include "vemesh/placement.h"
+#include "vemesh/layout/mesh_spec.h"
+#include "vemesh/placement/placement.h"
 
 namespace {
 

@@ -21,11 +21,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
-#include "vemesh/api/ve_device_mesh.h"
+#include "vemesh/registry/ve_device_mesh.h"
 #include "vemesh/comm/communicator.h"
-#include "vemesh/device_mesh.h"
-#include "vemesh/mesh_layout.h"
-#include "vemesh/mesh_spec.h"
+#include "vemesh/mesh/device_mesh.h"
+#include "vemesh/layout/mesh_layout.h"
+#include "vemesh/layout/mesh_spec.h"
 
 namespace vemesh {
 namespace {

@@ -31,7 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "vemesh/api/ve_device_mesh.h"
+#include "vemesh/registry/ve_device_mesh.h"
 #include "vemesh/bootstrap/launch.h"
 #include "vemesh/comm/mpi/mpi_environment.h"
 

@@ -12,7 +12,7 @@
 
 #include "gtest/gtest.h"
 #include "job_world.h"
-#include "vemesh/api/ve_device_mesh.h"
+#include "vemesh/registry/ve_device_mesh.h"
 #include "vemesh/strategies/dense.h"
 
 namespace vemesh::strategies::testing {

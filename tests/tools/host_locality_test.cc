@@ -11,7 +11,7 @@
 #include "tools/plan/group_members.h"
 #include "tools/plan/group_summary.h"
 #include "tools/plan/host_locality.h"
-#include "vemesh/mesh_layout.h"
+#include "vemesh/layout/mesh_layout.h"
 
 namespace vemesh::plan {
 namespace {

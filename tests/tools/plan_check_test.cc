@@ -20,7 +20,7 @@
 #include "tools/plan/placement_check.h"
 #include "tools/plan/plan.h"
 #include "tools/plan/plan_command.h"
-#include "vemesh/mesh_layout.h"
+#include "vemesh/layout/mesh_layout.h"
 
 namespace vemesh::plan {
 namespace {

@@ -15,7 +15,7 @@
 #include "tools/plan/plan.h"
 #include "tools/plan/render_json.h"
 #include "tools/plan/render_table.h"
-#include "vemesh/mesh_layout.h"
+#include "vemesh/layout/mesh_layout.h"
 
 namespace vemesh::plan {
 namespace {

@@ -4,7 +4,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
-#include "vemesh/mesh_spec.h"
+#include "vemesh/layout/mesh_spec.h"
 
 namespace vemesh::plan {
 namespace {

@@ -29,7 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "tools/plan/host_locality.h"
-#include "vemesh/mesh_layout.h"
+#include "vemesh/layout/mesh_layout.h"
 
 namespace vemesh::plan {
 

@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "vemesh/mesh_layout.h"
+#include "vemesh/layout/mesh_layout.h"
 
 namespace vemesh::plan {
 

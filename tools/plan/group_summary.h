@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "tools/plan/host_locality.h"
-#include "vemesh/mesh_layout.h"
+#include "vemesh/layout/mesh_layout.h"
 
 namespace vemesh::plan {
 

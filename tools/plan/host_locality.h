@@ -23,7 +23,7 @@
 
 #include "absl/strings/string_view.h"
 #include "tools/plan/host_map.h"
-#include "vemesh/mesh_layout.h"
+#include "vemesh/layout/mesh_layout.h"
 
 namespace vemesh::plan {
 

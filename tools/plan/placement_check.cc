@@ -10,7 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "vemesh/mesh_spec.h"
+#include "vemesh/layout/mesh_spec.h"
 
 namespace vemesh::plan {
 namespace {

@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "tools/plan/group_members.h"
-#include "vemesh/mesh_spec.h"
+#include "vemesh/layout/mesh_spec.h"
 
 namespace vemesh::plan {
 namespace {

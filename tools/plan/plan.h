@@ -40,7 +40,7 @@
 #include "tools/plan/plan_options.h"
 #include "tools/plan/group_summary.h"
 #include "tools/plan/rank_view.h"
-#include "vemesh/mesh_layout.h"
+#include "vemesh/layout/mesh_layout.h"
 
 namespace vemesh::plan {
 

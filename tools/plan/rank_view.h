@@ -25,7 +25,7 @@
 
 #include "tools/plan/group_summary.h"
 #include "tools/plan/host_locality.h"
-#include "vemesh/mesh_layout.h"
+#include "vemesh/layout/mesh_layout.h"
 
 namespace vemesh::plan {
 

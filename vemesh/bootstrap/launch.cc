@@ -20,7 +20,7 @@
 #include "vemesh/comm/mpi/mpi_environment.h"
 #include "vemesh/rendezvous/tcp/tcp_store.h"
 #include "vemesh/rendezvous/tcp/tcp_store_server.h"
-#include "vemesh/status_macros.h"
+#include "vemesh/base/status_macros.h"
 
 namespace vemesh {
 namespace {

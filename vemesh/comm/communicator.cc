@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "vemesh/status_macros.h"
+#include "vemesh/base/status_macros.h"
 
 namespace vemesh {
 namespace {
@@ -686,13 +686,6 @@ Communicator::split_many(absl::Span<const SplitRequest> requests,
     groups.push_back(*std::move(group));
   }
   return groups;
-}
-
-absl::StatusOr<std::shared_ptr<Bootstrap>> Communicator::make_bootstrap(
-    absl::Time) {
-  return absl::InvalidArgumentError(absl::StrCat(
-      "MeshOptions.world must be an MPI communicator (one that can bootstrap "
-      "a mesh); got backend '", backend(), "'"));
 }
 
 // -- Names ---------------------------------------------------------------------------

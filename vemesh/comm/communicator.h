@@ -84,7 +84,6 @@
 
 namespace vemesh {
 
-class Bootstrap;
 
 enum class DataType {
   kFloat32,
@@ -374,11 +373,6 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
 
   virtual NativeHandle native_handle() const = 0;
 
-  // Collective: a Bootstrap over this group, so that a mesh can be built on
-  // it (MeshOptions::world). The default answers InvalidArgument naming the
-  // backend: only backends whose collectives honour a deadline offer one.
-  virtual absl::StatusOr<std::shared_ptr<Bootstrap>> make_bootstrap(
-      absl::Time deadline);
 
   // -- Typed operations: the element type and the lengths are checked --------
   template <typename T>

@@ -64,7 +64,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "vemesh/comm/communicator.h"
-#include "vemesh/device_mesh.h"
+#include "vemesh/mesh/device_mesh.h"
 #include "vemesh/elastic/control_plane.h"
 #include "vemesh/elastic/epoch_communicator.h"
 #include "vemesh/rendezvous/store.h"

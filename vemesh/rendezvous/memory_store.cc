@@ -5,7 +5,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "vemesh/status_macros.h"
+#include "vemesh/base/status_macros.h"
 
 namespace vemesh {
 

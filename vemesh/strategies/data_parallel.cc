@@ -8,9 +8,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "vemesh/api/ve_device_mesh.h"
+#include "vemesh/registry/ve_device_mesh.h"
 #include "vemesh/comm/half.h"
-#include "vemesh/status_macros.h"
+#include "vemesh/base/status_macros.h"
 #include "vemesh/strategies/role_group.h"
 
 namespace vemesh::strategies {

@@ -6,7 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "vemesh/status_macros.h"
+#include "vemesh/base/status_macros.h"
 
 namespace vemesh::strategies {
 namespace {

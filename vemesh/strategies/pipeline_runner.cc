@@ -10,8 +10,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "vemesh/api/ve_device_mesh.h"
-#include "vemesh/status_macros.h"
+#include "vemesh/registry/ve_device_mesh.h"
+#include "vemesh/base/status_macros.h"
 #include "vemesh/strategies/role_group.h"
 
 namespace vemesh::strategies {

@@ -1,4 +1,4 @@
-#include "vemesh/bootstrap/mpi/arrival_report.h"
+#include "vemesh/bootstrap/mpi/internal/arrival_report.h"
 
 #include <algorithm>
 #include <chrono>

@@ -27,7 +27,7 @@
 // Who was missing: a pending collective cannot say, so only at a deadline
 // of the first step (the private MPI_Comm_idup of Create, or an
 // all_gather's MPI_Iallgather) the ranks that came report to ranks 0 and 1
-// (vemesh/bootstrap/mpi/arrival_report.h), and every one of them says
+// (vemesh/bootstrap/mpi/internal/arrival_report.h), and every one of them says
 //   "rank 2 of 8: ranks 3, 7 never arrived (the ranks that did: node0: 0-2;
 //    node1: 4-6); waited past the deadline ..."
 // A rank whose gather completed but whose closing step did not says that
@@ -94,14 +94,6 @@ class MpiBootstrap final : public Bootstrap {
   std::mutex mu_;
 };
 
-// Polls `request` until it completes or `deadline` passes. For the first few
-// milliseconds it tests back to back, as MPI_Wait does (ranks usually arrive
-// together, and a sleep would add its whole length to start-up); then it
-// sleeps a little longer
-// each time, so that early ranks do not steal the CPU from late ones on
-// oversubscribed cores. DeadlineExceeded names `operation` and `call`.
-absl::Status WaitForMpiRequest(MPI_Request* request, absl::Time deadline,
-                               absl::string_view call);
 
 }  // namespace vemesh
 

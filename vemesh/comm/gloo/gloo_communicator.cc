@@ -27,10 +27,10 @@
 #include "gloo/transport/tcp/attr.h"
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/unbound_buffer.h"
-#include "vemesh/comm/gloo/gloo_error.h"
-#include "vemesh/comm/gloo/gloo_store.h"
+#include "vemesh/comm/gloo/internal/gloo_error.h"
+#include "vemesh/comm/gloo/internal/gloo_store.h"
 #include "vemesh/rendezvous/prefix_store.h"
-#include "vemesh/status_macros.h"
+#include "vemesh/base/status_macros.h"
 
 namespace vemesh {
 namespace {

@@ -1,4 +1,4 @@
-#include "vemesh/comm/gloo/gloo_error.h"
+#include "vemesh/comm/gloo/internal/gloo_error.h"
 
 #include <exception>
 #include <string>

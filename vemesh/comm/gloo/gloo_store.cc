@@ -1,4 +1,4 @@
-#include "vemesh/comm/gloo/gloo_store.h"
+#include "vemesh/comm/gloo/internal/gloo_store.h"
 
 #include <utility>
 

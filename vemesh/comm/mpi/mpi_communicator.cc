@@ -14,10 +14,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "vemesh/bootstrap/mpi/mpi_bootstrap.h"
 #include "vemesh/comm/mpi/mpi_environment.h"
-#include "vemesh/log.h"
-#include "vemesh/status_macros.h"
+#include "vemesh/comm/mpi/mpi_request.h"
+#include "vemesh/base/log.h"
+#include "vemesh/base/status_macros.h"
 
 namespace vemesh {
 namespace {
@@ -29,24 +29,6 @@ constexpr int kTag = 0;
 // Frees a communicator we made, on an error path.
 void FreeQuietly(MPI_Comm* comm) {
   if (*comm != MPI_COMM_NULL && MpiIsUsable()) MPI_Comm_free(comm);
-}
-
-// FailedPrecondition when MPI was finalised or this thread may not call it.
-absl::Status MpiUsable(absl::string_view op, int size) {
-  if (!MpiIsUsable()) {
-    // Open MPI aborts the process on any call after MPI_Finalize.
-    if (MpiWasAbandoned()) {
-      return MpiAbandonedError(
-          absl::StrCat(op, " on an MPI communicator of ", size, " ranks"));
-    }
-    return absl::FailedPreconditionError(absl::StrCat(
-        op, " on an MPI communicator of ", size,
-        " ranks after MPI was finalised (MPI_Finalize was called): MPI cannot "
-        "be used again; finish communicating before MPI_Finalize"));
-  }
-  // The common case first, without building a message.
-  if (MpiThreadLevel() >= MPI_THREAD_SERIALIZED) return absl::OkStatus();
-  return CheckMpiThread(absl::StrCat(op, " on an MPI communicator"));
 }
 
 // -- 16-bit floats --------------------------------------------------------------
@@ -595,18 +577,9 @@ absl::StatusOr<std::shared_ptr<MpiCommunicator>> MpiCommunicator::Dup(
   if (comm == MPI_COMM_NULL) {
     return absl::InvalidArgumentError("MpiCommunicator::Dup of MPI_COMM_NULL");
   }
-  // MPI writes the new handle when the copy completes, which may be after
-  // an abandoned wait (a late rank comes): the handle outlives this call.
-  auto copy = std::make_unique<MPI_Comm>(MPI_COMM_NULL);
-  MPI_Request request = MPI_REQUEST_NULL;
-  absl::Status status =
-      MpiStatus(MPI_Comm_idup(comm, copy.get(), &request), "MPI_Comm_idup");
-  if (status.ok()) status = WaitForMpiRequest(&request, deadline, "MPI_Comm_idup");
-  if (absl::IsDeadlineExceeded(status)) {
-    AbandonMpi();  // the caller says why
-    copy.release();  // kept for the life of the process
-  }
-  if (!status.ok()) return status;
+  absl::StatusOr<MPI_Comm> copy = BoundedCommIdup(comm, deadline);
+  if (absl::IsDeadlineExceeded(copy.status())) AbandonMpi();  // the caller says why
+  if (!copy.ok()) return copy.status();
   return Adopt(*copy, MPI_COMM_NULL, nullptr);
 }
 
@@ -680,14 +653,5 @@ NativeHandle MpiCommunicator::native_handle() const {
   return NativeHandle{"mpi", const_cast<MPI_Comm*>(&comm_)};
 }
 
-absl::StatusOr<std::shared_ptr<Bootstrap>> MpiCommunicator::make_bootstrap(
-    absl::Time deadline) {
-  VEMESH_RETURN_IF_ERROR(CheckUsable("make_bootstrap"));
-  VEMESH_ASSIGN_OR_RETURN(
-      auto boot,
-      MpiBootstrap::Create(comm_, "MeshOptions.world (an MPI communicator)",
-                           deadline));
-  return std::shared_ptr<Bootstrap>(std::move(boot));
-}
 
 }  // namespace vemesh

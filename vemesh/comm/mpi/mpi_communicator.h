@@ -113,9 +113,6 @@ class MpiCommunicator final : public Communicator {
   absl::StatusOr<std::shared_ptr<MpiCommunicator>> split_mpi(int color,
                                                              int key);
 
-  // An MpiBootstrap over a private copy of this communicator.
-  absl::StatusOr<std::shared_ptr<Bootstrap>> make_bootstrap(
-      absl::Time deadline) override;
 
   // `handle` points at the MPI_Comm (valid while this object lives).
   NativeHandle native_handle() const override;

@@ -18,7 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "vemesh/log.h"
+#include "vemesh/base/log.h"
 
 namespace vemesh {
 namespace {
@@ -307,5 +307,23 @@ MpiSession::MpiSession(int* argc, char*** argv) {
 }
 
 MpiSession::~MpiSession() { FinalizeIfOwned(); }
+
+// FailedPrecondition when MPI was finalised or this thread may not call it.
+absl::Status MpiUsable(absl::string_view op, int size) {
+  if (!MpiIsUsable()) {
+    // Open MPI aborts the process on any call after MPI_Finalize.
+    if (MpiWasAbandoned()) {
+      return MpiAbandonedError(
+          absl::StrCat(op, " on an MPI communicator of ", size, " ranks"));
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        op, " on an MPI communicator of ", size,
+        " ranks after MPI was finalised (MPI_Finalize was called): MPI cannot "
+        "be used again; finish communicating before MPI_Finalize"));
+  }
+  // The common case first, without building a message.
+  if (MpiThreadLevel() >= MPI_THREAD_SERIALIZED) return absl::OkStatus();
+  return CheckMpiThread(absl::StrCat(op, " on an MPI communicator"));
+}
 
 }  // namespace vemesh

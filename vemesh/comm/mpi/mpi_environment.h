@@ -95,6 +95,11 @@ absl::Status CheckMpiThread(absl::string_view what);
 // MPI_ERR_TRUNCATE (the ranks disagree on a count); Internal otherwise.
 absl::Status MpiStatus(int code, absl::string_view call);
 
+// OK when `op` on a communicator of `size` ranks may call MPI from this
+// thread now; FailedPrecondition naming `op` when MPI was finalised or
+// abandoned, or this thread may not call it.
+absl::Status MpiUsable(absl::string_view op, int size);
+
 // Scope guard for main(): initialises MPI (or adopts it) on construction;
 // on destruction finalises MPI if and only if vemesh initialised it.
 class MpiSession {

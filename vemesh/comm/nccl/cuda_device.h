@@ -19,7 +19,7 @@
 //
 // ChooseCudaDevice is pure (the unit tests run it with no GPU); the thin
 // real query beside it reads cudaGetDeviceCount through the NCCL seam
-// (vemesh/comm/nccl/nccl_api.h: a fake there drives it too) and the
+// (vemesh/comm/nccl/internal/nccl_api.h: a fake there drives it too) and the
 // environment. A device that cannot be had is an error naming both numbers
 // and CUDA_VISIBLE_DEVICES' value when it is set: InvalidArgument for an
 // index the caller wrote ("cuda:N"), FailedPrecondition when the job puts

@@ -1,4 +1,4 @@
-#include "vemesh/comm/nccl/nccl_api.h"
+#include "vemesh/comm/nccl/internal/nccl_api.h"
 
 namespace vemesh {
 namespace {

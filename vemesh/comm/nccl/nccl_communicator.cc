@@ -17,9 +17,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "vemesh/comm/nccl/nccl_api.h"
-#include "vemesh/log.h"
-#include "vemesh/status_macros.h"
+#include "vemesh/comm/nccl/internal/nccl_api.h"
+#include "vemesh/base/log.h"
+#include "vemesh/base/status_macros.h"
 
 namespace vemesh {
 namespace {

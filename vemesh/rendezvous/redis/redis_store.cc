@@ -18,7 +18,7 @@
 #include "absl/time/clock.h"
 #include "vemesh/rendezvous/memory_store.h"
 #include "vemesh/rendezvous/tcp/socket.h"
-#include "vemesh/status_macros.h"
+#include "vemesh/base/status_macros.h"
 
 namespace vemesh {
 namespace {

@@ -22,7 +22,7 @@
 #include "vemesh/rendezvous/memory_store.h"
 #include "vemesh/rendezvous/tcp/socket.h"
 #include "vemesh/rendezvous/tcp/wire.h"
-#include "vemesh/status_macros.h"
+#include "vemesh/base/status_macros.h"
 
 namespace vemesh {
 namespace {

@@ -1,0 +1,28 @@
+#include "vemesh/bootstrap/bootstrap_over.h"
+
+#include <mpi.h>
+
+#include "absl/strings/str_cat.h"
+#include "vemesh/base/status_macros.h"
+#include "vemesh/bootstrap/mpi/mpi_bootstrap.h"
+#include "vemesh/comm/mpi/mpi_environment.h"
+
+namespace vemesh {
+
+absl::StatusOr<std::shared_ptr<Bootstrap>> MakeBootstrapOver(
+    const Communicator& world, absl::Time deadline) {
+  const NativeHandle native = world.native_handle();
+  if (native.backend != "mpi") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MeshOptions.world must be an MPI communicator (one that can bootstrap "
+        "a mesh); got backend '", world.backend(), "'"));
+  }
+  VEMESH_RETURN_IF_ERROR(MpiUsable("MakeBootstrapOver", world.size()));
+  VEMESH_ASSIGN_OR_RETURN(
+      auto boot,
+      MpiBootstrap::Create(*static_cast<MPI_Comm*>(native.handle),
+                           "MeshOptions.world (an MPI communicator)", deadline));
+  return std::shared_ptr<Bootstrap>(std::move(boot));
+}
+
+}  // namespace vemesh

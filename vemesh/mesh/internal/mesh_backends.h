@@ -1,0 +1,94 @@
+// vemesh/mesh/internal/mesh_backends.h
+//
+// Which communication backend each mesh dimension uses, and the worlds those
+// backends split from. Backend is not device type:
+//
+//   device  launcher             default   also allowed per dimension
+//   cpu     mpirun / srun        mpi       gloo (rank 0 hosts a store)
+//   cpu     torchrun / env://    gloo      -
+//   cuda    any                  nccl      mpi or gloo (host memory)
+//
+//   auto plan = PlanBackends(DeviceType::kCpu, layout, *bootstrap, options);
+//   auto agreed = AgreeAndMakeWorld(*bootstrap, ...);   // the host world
+//   auto backends = MeshBackends::Create(*bootstrap, *plan, agreed->world,
+//                                        {-1, host_local_rank, host_size},
+//                                        one_host, deadline, timeout);
+//   (*backends)->world_of_dim(2)->split(color, key);
+//
+// The plan is local (the agreement check compares it across ranks); Create
+// is collective (`one_host`: every rank is on this host, so a store that
+// rank 0 starts for Gloo listens on loopback only) and makes each world in
+// the same order on every rank after the bootstrap's own host world, which
+// the agreement step made (NCCL's unique id travels over it): a Gloo world
+// over MPI when asked for, then NCCL.
+
+#ifndef VEMESH_MESH_INTERNAL_MESH_BACKENDS_H_
+#define VEMESH_MESH_INTERNAL_MESH_BACKENDS_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "vemesh/bootstrap/bootstrap.h"
+#include "vemesh/comm/communicator.h"
+#include "vemesh/comm/nccl/cuda_device.h"
+#include "vemesh/comm/nccl/nccl_options.h"
+#include "vemesh/layout/device_type.h"
+#include "vemesh/layout/mesh_layout.h"
+#include "vemesh/mesh/mesh_options.h"
+
+namespace vemesh {
+
+class TcpStoreServer;
+
+struct BackendPlan {
+  std::string default_backend;    // the mesh's backend (flatten uses it)
+  std::vector<std::string> dims;  // each root dimension's backend
+  std::string reason;             // why the default was chosen
+};
+
+// InvalidArgument for an unknown backend or an override naming no
+// dimension; FailedPrecondition for a backend this job cannot use ("mpi"
+// without an MPI launcher, "nccl" for a cpu mesh).
+absl::StatusOr<BackendPlan> PlanBackends(DeviceType device_type,
+                                         const MeshLayout& layout,
+                                         const Bootstrap& bootstrap,
+                                         const MeshOptions& options);
+
+class MeshBackends {
+ public:
+  // `host_world`: the bootstrap's own world, made beforehand with the
+  // agreement (AgreeAndMakeWorld); the other worlds are made here, the NCCL
+  // world on the device `cuda_device` chooses, with `nccl_options` (its
+  // splits inherit them).
+  static absl::StatusOr<std::unique_ptr<MeshBackends>> Create(
+      Bootstrap& bootstrap, BackendPlan plan,
+      std::shared_ptr<Communicator> host_world,
+      const CudaDeviceRequest& cuda_device, bool one_host,
+      absl::Time deadline, absl::Duration op_timeout,
+      const NcclOptions& nccl_options = {});
+  ~MeshBackends();
+
+  const std::shared_ptr<Communicator>& default_world() const;
+  const std::shared_ptr<Communicator>& world_of_dim(int64_t dim) const;
+  const std::string& dim_backend(int64_t dim) const { return plan_.dims[dim]; }
+  // "backend=gloo (RANK/WORLD_SIZE are set ...)"; per-dimension backends
+  // are listed when they differ.
+  std::string ToString() const;
+
+ private:
+  MeshBackends() = default;
+
+  BackendPlan plan_;
+  std::map<std::string, std::shared_ptr<Communicator>> worlds_;
+  // Gloo under an MPI launcher: rank 0's store and the bootstrap over it.
+  std::unique_ptr<TcpStoreServer> server_;
+  std::shared_ptr<Bootstrap> gloo_bootstrap_;
+};
+
+}  // namespace vemesh
+
+#endif  // VEMESH_MESH_INTERNAL_MESH_BACKENDS_H_

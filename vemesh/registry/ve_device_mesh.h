@@ -1,0 +1,302 @@
+// vemesh/registry/ve_device_mesh.h
+//
+// VeDeviceMesh is the one device mesh of the process: the registry that every
+// data-, tensor- and pipeline-parallel module asks. `VESCALE_DEVICE_MESH`
+// names it, as in veScale.
+//
+// Start-up (collective: every rank calls it with the same arguments):
+//
+//   auto mesh = VESCALE_DEVICE_MESH.init_device_mesh("cpu", {2, 2, 2},
+//                                                    {"PP", "DP", "TP"});
+//   if (!mesh.ok()) return mesh.status();
+//
+// Then, from any module and any thread (rank 5 of PP=2, DP=2, TP=2):
+//
+//   VESCALE_DEVICE_MESH.get_strategy_size("TP");        // 2
+//   VESCALE_DEVICE_MESH.get_strategy_coordinate();      // [1, 0, 1]
+//   VESCALE_DEVICE_MESH.get_strategy_coordinate(3);     // [0, 1, 1], any rank
+//   VESCALE_DEVICE_MESH.lookup_rank("DP");              // 0
+//   VESCALE_DEVICE_MESH.get_tensor_parallel_mesh();     // ranks [4, 5]
+//   VESCALE_DEVICE_MESH.get_data_parallel_dim_groups(); // communicator [5, 7]
+//   VESCALE_DEVICE_MESH.get_prev_stage();               // stage 0, peer rank 1
+//   VESCALE_DEVICE_MESH.is_last_stage();                // true
+//
+// Roles are found by name, not by position: "PP", "DP" and "TP", and any
+// other name (EP, CP, SP, ...) through the by-name getters. A role matches
+// the mesh's dimension whatever its case: on a mesh named ("dp", "tp"),
+// get_tensor_parallel_rank() is the index along "tp" and get_role_size("TP")
+// its size. An exact name wins; a role that two dimensions match only
+// ignoring case ("tp" and "Tp", asked as "TP") is InvalidArgument naming
+// them. Dimension queries (operator[], get_strategy_size, lookup_rank, ...)
+// take names exactly, and an unknown one is NotFound listing the names. A mesh
+// with no PP dimension is a one-stage pipeline (PP rank 0, first and last
+// stage). A 1-D mesh named neither DP nor TP serves as both, as in veScale. A
+// role the mesh lacks has size 1 and rank 0; asking for its mesh or group is
+// NotFound.
+//
+// Every query costs O(ndim) arithmetic on the layout: no scan of the world and
+// no communication. Every method that can fail returns a Status; before
+// `init_device_mesh` (or after `reset`) each one is FailedPrecondition, saying
+// to call init_device_mesh first.
+//
+// Concurrency: queries are safe from any number of threads at any time, and
+// each reads one snapshot of the registry: a query running during a re-init
+// answers wholly from the old mesh or wholly from the new one, never a mix
+// (is_last_stage compares a stage and a stage count of the same mesh).
+// `init_device_mesh` and `reset` are serialised. The registry alone owns the
+// current mesh (threads keep no copies), so a re-init or reset frees the old
+// mesh's communicators on its own thread, once the queries in flight are
+// done, never later on an idle thread. Meshes and communicators handed out
+// stay valid after a re-init (they keep the old communicators alive, and
+// whoever lets go of them last frees them); `is_current(mesh)` tells whether
+// one is stale.
+//
+// MPI thread levels (vemesh/comm/mpi/mpi_environment.h): queries never call
+// MPI and work from any thread. Under MPI_THREAD_FUNNELED or SINGLE,
+// `init_device_mesh` of a cpu or cuda mesh from a thread other than the
+// main one is FailedPrecondition naming the level; `reset` (or a meta init)
+// from such a thread forgets the mesh at once but leaves its communicators
+// to the next init_device_mesh or reset on a thread that may call MPI.
+//
+// Where veScale disagrees with its own documentation, this follows the
+// documentation; docs/VESCALE_COMPAT.md lists each case.
+
+#ifndef VEMESH_REGISTRY_VE_DEVICE_MESH_H_
+#define VEMESH_REGISTRY_VE_DEVICE_MESH_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "vemesh/comm/communicator.h"
+#include "vemesh/mesh/device_mesh.h"
+#include "vemesh/elastic/elastic_mesh.h"
+#include "vemesh/layout/mesh_layout.h"
+
+namespace vemesh {
+
+struct InitOptions {
+  // veScale's check_uniqueness: a second init_device_mesh is an error
+  // (AlreadyExists) instead of replacing the mesh.
+  bool check_uniqueness = false;
+  // Explicit row-major rank list (PyTorch's `mesh` tensor); empty = arange.
+  std::vector<int64_t> ranks;
+  // How long init waits for every rank before failing (DeadlineExceeded).
+  absl::Duration timeout = absl::Seconds(60);
+  // The group to build over (an MPI communicator); null = the launcher's
+  // world (mpirun, srun, torchrun / env://).
+  std::shared_ptr<Communicator> world;
+  // Backend choice (see MeshOptions in vemesh/mesh/device_mesh.h): "mpi", "gloo"
+  // or "nccl" for every dimension, or empty to pick by device type and
+  // launcher; per-dimension overrides by name.
+  std::string backend;
+  std::map<std::string, std::string> backend_override;
+  // Roles whose groups should stay inside one host: rank 0 warns (through
+  // vemesh/base/log.h) when one crosses hosts needlessly (MeshOptions).
+  std::vector<std::string> latency_sensitive_dims = {"TP"};
+  // An elastic job (vemesh/elastic/elastic_mesh.h, docs/ELASTIC.md): the
+  // dimension `elastic->replica_dim` spans one launch per replica through
+  // the control plane, and shrinks and grows with membership. The shape's
+  // size for it is the number of replicas that start the job; the launch
+  // that runs this process holds one replica (the product of the others).
+  std::optional<ElasticOptions> elastic;
+};
+
+// A neighbouring pipeline stage: its sub-mesh (every dimension but PP), its
+// stage index, and `peer`, the global rank in it that holds this rank's
+// position (same coordinate on every other dimension): the rank to send
+// activations to or receive them from.
+// A mesh of PP alone has one-rank stages; their mesh is a one-rank meta mesh.
+struct StageNeighbor {
+  int64_t stage;
+  int64_t peer;
+  DeviceMesh mesh;
+};
+
+class VeDeviceMesh {
+ public:
+  // The process's registry; VESCALE_DEVICE_MESH expands to this.
+  static VeDeviceMesh& Instance();
+
+  // A separate registry (tests, tools). Most programs use Instance().
+  VeDeviceMesh();
+  ~VeDeviceMesh();
+  VeDeviceMesh(const VeDeviceMesh&) = delete;
+  VeDeviceMesh& operator=(const VeDeviceMesh&) = delete;
+
+  // -- Life cycle ---------------------------------------------------------------
+  // Collective. Builds the global mesh and makes it current, replacing any
+  // earlier one (or failing with AlreadyExists under check_uniqueness).
+  // device_type: "cpu", "cuda", "cuda:N" (device N on this rank) or "meta"
+  // (layout only, no communicators, no communication). On error the
+  // registry is unchanged.
+  absl::StatusOr<DeviceMesh> init_device_mesh(
+      absl::string_view device_type, std::vector<int64_t> mesh_shape,
+      std::vector<std::string> mesh_dim_names = {}, InitOptions options = {});
+  // Forgets the mesh; queries are FailedPrecondition until the next init.
+  // An elastic mesh stops its heartbeat (its replica is then lost to the
+  // others after one TTL).
+  void reset();
+  // The elastic mesh of an init with InitOptions::elastic, else null. Valid
+  // until the next init_device_mesh or reset: do not reset from another
+  // thread while end_step or recover runs.
+  // Each epoch replaces the registry's mesh: queries follow the membership.
+  ElasticMesh* elastic() const;
+  bool is_initialized() const;
+  // Whether `mesh` (or the mesh it was sliced from) is the current global
+  // mesh; false for meshes from a replaced or reset init.
+  bool is_current(const DeviceMesh& mesh) const;
+  // FailedPrecondition naming the mesh when !is_current(mesh).
+  absl::Status check_current(const DeviceMesh& mesh) const;
+
+  // -- The mesh and its sub-meshes ---------------------------------------------
+  absl::StatusOr<DeviceMesh> get() const;
+  // The 1-D sub-mesh along `dim` that contains this rank.
+  absl::StatusOr<DeviceMesh> operator[](absl::string_view dim) const;
+  // The 1-D sub-mesh along dimension `dim` (an index, never a name).
+  absl::StatusOr<DeviceMesh> operator[](int64_t dim) const;
+  // `registry[{"DP", "TP"}]`: the same as get_submesh({"DP", "TP"}).
+  absl::StatusOr<DeviceMesh> operator[](
+      std::initializer_list<absl::string_view> dims) const;
+  // The sub-mesh along `dims` (in that order) that contains this rank.
+  absl::StatusOr<DeviceMesh> get_submesh(
+      absl::Span<const std::string> dims) const;
+
+  // -- Shape and coordinates ---------------------------------------------------
+  absl::StatusOr<int64_t> get_strategy_size(absl::string_view dim) const;
+  absl::StatusOr<int64_t> get_strategy_size(int64_t dim) const;
+  // This rank's coordinate / any global rank's coordinate (O(ndim)).
+  absl::StatusOr<Coordinate> get_strategy_coordinate() const;
+  absl::StatusOr<Coordinate> get_strategy_coordinate(int64_t global_rank) const;
+  // The same written into the caller's `out` (ndim() entries, else
+  // InvalidArgument): the form for hot loops, no coordinate returned.
+  //   int64_t coord[3];
+  //   VESCALE_DEVICE_MESH.get_strategy_coordinate(rank, absl::MakeSpan(coord));
+  absl::Status get_strategy_coordinate(int64_t global_rank,
+                                       absl::Span<int64_t> out) const;
+  // This rank's index along one dimension.
+  absl::StatusOr<int64_t> lookup_rank(absl::string_view dim) const;
+  absl::StatusOr<int64_t> lookup_rank(int64_t dim) const;
+  // The global rank at a coordinate.
+  absl::StatusOr<int64_t> get_global_rank(
+      absl::Span<const int64_t> coordinate) const;
+  // This process's global rank.
+  absl::StatusOr<int64_t> get_rank() const;
+  // The device index on this host (host-local rank), not a mesh coordinate.
+  absl::StatusOr<int64_t> get_local_rank() const;
+  // Each rank's host and, per dimension, how many groups cross hosts
+  // (vemesh/placement/placement.h; ToJson() is what `vemesh plan --check` reads).
+  absl::StatusOr<Placement> get_placement() const;
+  absl::StatusOr<Coordinate> get_coordinate() const;
+  absl::StatusOr<int64_t> size() const;
+  // By name or by index; an integer (a literal 0 too) is an index.
+  absl::StatusOr<int64_t> size(absl::string_view dim) const;
+  absl::StatusOr<int64_t> size(int64_t dim) const;
+  absl::StatusOr<int64_t> ndim() const;
+  absl::StatusOr<std::vector<int64_t>> shape() const;
+  absl::StatusOr<std::vector<std::string>> mesh_dim_names() const;
+  absl::StatusOr<DeviceType> device_type() const;
+
+  // -- Roles by name (PP, DP, TP, EP, CP, ...) ---------------------------------
+  // Size and this rank's index: 1 and 0 for a role the mesh lacks.
+  absl::StatusOr<int64_t> get_role_size(absl::string_view role) const;
+  absl::StatusOr<int64_t> get_role_rank(absl::string_view role) const;
+  // The 1-D sub-mesh / communicator of a role; NotFound if the mesh lacks it.
+  absl::StatusOr<DeviceMesh> get_role_mesh(absl::string_view role) const;
+  absl::StatusOr<std::shared_ptr<Communicator>> get_role_dim_groups(
+      absl::string_view role) const;
+  // Every 1-D mesh along a role, row-major over the other dimensions.
+  // The get_global_* lists build at most 65536 meshes: a longer list (a
+  // huge meta mesh) is ResourceExhausted naming the count, before anything
+  // is allocated.
+  absl::StatusOr<std::vector<DeviceMesh>> get_global_role_meshes(
+      absl::string_view role) const;
+
+  // -- The veScale role getters -------------------------------------------------
+  absl::StatusOr<int64_t> get_pipeline_parallel_rank() const;
+  absl::StatusOr<int64_t> get_data_parallel_rank() const;
+  absl::StatusOr<int64_t> get_tensor_parallel_rank() const;
+  absl::StatusOr<DeviceMesh> get_pipeline_parallel_mesh() const;
+  absl::StatusOr<DeviceMesh> get_data_parallel_mesh() const;
+  absl::StatusOr<DeviceMesh> get_tensor_parallel_mesh() const;
+  absl::StatusOr<std::shared_ptr<Communicator>>
+  get_pipeline_parallel_dim_groups() const;
+  absl::StatusOr<std::shared_ptr<Communicator>> get_data_parallel_dim_groups()
+      const;
+  absl::StatusOr<std::shared_ptr<Communicator>>
+  get_tensor_parallel_dim_groups() const;
+  // Every TP row, row-major.
+  absl::StatusOr<std::vector<DeviceMesh>> get_global_tensor_parallel_meshes()
+      const;
+  // One mesh per pipeline stage (every dimension but PP), in stage order.
+  absl::StatusOr<std::vector<DeviceMesh>>
+  get_global_pipeline_parallel_meshes() const;
+  absl::StatusOr<bool> is_first_stage() const;
+  absl::StatusOr<bool> is_last_stage() const;
+
+  // -- Pipeline neighbours (beyond veScale) -------------------------------------
+  // The previous / next stage and this rank's peer in it. std::nullopt at the
+  // first / last stage unless `wrap` (virtual, interleaved pipelines).
+  absl::StatusOr<std::optional<StageNeighbor>> get_prev_stage(
+      bool wrap = false) const;
+  absl::StatusOr<std::optional<StageNeighbor>> get_next_stage(
+      bool wrap = false) const;
+  // Only the peer's global rank: the cheap form for send/recv.
+  absl::StatusOr<std::optional<int64_t>> get_prev_stage_peer(
+      bool wrap = false) const;
+  absl::StatusOr<std::optional<int64_t>> get_next_stage_peer(
+      bool wrap = false) const;
+
+ private:
+  struct State;
+  // One reading of `published_` (a SnapshotGuard): the state a query
+  // answers from, alive until the query returns. Lock-free.
+  class Snapshot;
+  // Publishes `next` (null: none), waits out the queries reading the old
+  // state and frees it here, or keeps it in `retired_` when this thread may
+  // not call MPI. Under init_mu_.
+  void replace(std::unique_ptr<const State> next);
+  absl::StatusOr<std::optional<StageNeighbor>> stage_neighbor(
+      int64_t shift, bool wrap) const;
+  absl::StatusOr<std::optional<int64_t>> stage_peer(int64_t shift,
+                                                    bool wrap) const;
+  // The registry's state for `mesh`: its sub-meshes and stage peers.
+  static absl::StatusOr<std::unique_ptr<const State>> MakeState(
+      const DeviceMesh& mesh);
+  // Makes an elastic epoch's mesh current (from the elastic mesh).
+  absl::Status publish_epoch(const DeviceMesh& mesh);
+
+  // std::mutex rather than absl::Mutex: Debian's Abseil is not built with
+  // TSan, which would then not see the locking and report false races.
+  // Serialises init and reset (long, collective) without blocking queries.
+  std::mutex init_mu_;
+  // The current state, owned here alone; null before init. Under init_mu_.
+  std::unique_ptr<const State> owner_;
+  // Replaced states that a thread forbidden to call MPI let go of; freed by
+  // the next replace() on a thread that may. Under init_mu_.
+  std::vector<std::unique_ptr<const State>> retired_;
+  // The elastic mesh of the current init, if any. Under init_mu_.
+  std::unique_ptr<ElasticMesh> elastic_;
+  std::atomic<ElasticMesh*> elastic_view_{nullptr};
+  // owner_.get(), for queries (vemesh/registry/internal/snapshot_guard.h).
+  std::atomic<const void*> published_{nullptr};
+};
+
+}  // namespace vemesh
+
+// The process's registry, as veScale spells it.
+#define VESCALE_DEVICE_MESH (::vemesh::VeDeviceMesh::Instance())
+
+#endif  // VEMESH_REGISTRY_VE_DEVICE_MESH_H_
