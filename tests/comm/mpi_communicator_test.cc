@@ -6,6 +6,7 @@
 // mismatches, deadlines and abort() from another thread.
 
 #include "vemesh/comm/mpi/mpi_communicator.h"
+#include "vemesh/comm/mpi/internal/mpi_datatypes.h"
 
 #include <mpi.h>
 

@@ -27,8 +27,8 @@
 // returns a Work; the blocking form is the asynchronous one waited for until
 // the communicator's timeout (`set_timeout`, none by default).
 //
-// Arguments are checked here, once, for every backend, before anything is
-// sent: a null buffer with a non-zero count, a count above the backend's
+// Arguments are checked here (operation_checks.cc), once, for every
+// backend, before anything is sent: a null buffer with a non-zero count, a count above the backend's
 // limit, a root or peer outside the group, a length that does not match the
 // group, send and recv buffers that overlap without being the same, an
 // average of integers. Each is InvalidArgument with one text for all
@@ -42,10 +42,9 @@
 //                      thread MPI does not allow)
 //   Internal           a library error that is none of the above
 //
-// Data types: float32/64, int32/64, int8, uint8, and the 16-bit floats
-// bfloat16 and float16 (half.h) on every backend; the CPU backends reduce
-// 16-bit floats in fp32 and round once per combining step. Reductions: sum,
-// prod, min, max, avg (floating types only).
+// Data types and reductions: data_type.h (every type on every backend). An
+// operation as a backend receives it: operation.h. The backend names:
+// backend.h.
 //
 // Ownership: communicators are shared (std::shared_ptr). A mesh, its
 // sub-meshes, any caller and any unfinished Work may hold the same one; it
@@ -79,127 +78,22 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "vemesh/comm/backend.h"
+#include "vemesh/comm/data_type.h"
 #include "vemesh/comm/half.h"
+#include "vemesh/comm/operation.h"
 #include "vemesh/comm/work.h"
 
 namespace vemesh {
 
-
-enum class DataType {
-  kFloat32,
-  kFloat64,
-  kInt32,
-  kInt64,
-  kBFloat16,
-  kFloat16,
-  kInt8,
-  kUInt8,
-};
-enum class ReduceOp { kSum, kProd, kMin, kMax, kAvg };
-
-size_t SizeOf(DataType type);
-absl::string_view DataTypeName(DataType type);
-absl::string_view ReduceOpName(ReduceOp op);
-bool IsFloatingPoint(DataType type);
-
 // How many Communicator objects (of any backend) are alive in this process.
 int64_t LiveCommunicatorCount();
-
-// The DataType of a C++ element type, at compile time.
-template <typename T>
-constexpr DataType DataTypeOf() {
-  if constexpr (std::is_same_v<T, float>) return DataType::kFloat32;
-  if constexpr (std::is_same_v<T, double>) return DataType::kFloat64;
-  if constexpr (std::is_same_v<T, int32_t>) return DataType::kInt32;
-  if constexpr (std::is_same_v<T, int64_t>) return DataType::kInt64;
-  if constexpr (std::is_same_v<T, BFloat16>) return DataType::kBFloat16;
-  if constexpr (std::is_same_v<T, Float16>) return DataType::kFloat16;
-  if constexpr (std::is_same_v<T, int8_t>) return DataType::kInt8;
-  if constexpr (std::is_same_v<T, uint8_t>) return DataType::kUInt8;
-  static_assert(
-      std::is_same_v<T, float> || std::is_same_v<T, double> ||
-          std::is_same_v<T, int32_t> || std::is_same_v<T, int64_t> ||
-          std::is_same_v<T, BFloat16> || std::is_same_v<T, Float16> ||
-          std::is_same_v<T, int8_t> || std::is_same_v<T, uint8_t>,
-      "vemesh communicators carry float, double, int32_t, int64_t, "
-      "BFloat16, Float16, int8_t and uint8_t");
-}
 
 // A peer named by its global (world) rank instead of its rank in the group:
 // what the mesh's neighbour queries answer.
 struct GlobalRank {
   explicit GlobalRank(int64_t r) : value(r) {}
   int64_t value;
-};
-
-// One send or receive of a batch (`batch_isend_irecv`, PyTorch's P2POp).
-// `peer` is a group rank.
-struct P2POp {
-  enum class Kind { kSend, kRecv };
-  Kind kind = Kind::kSend;
-  void* data = nullptr;  // read for a send, written for a receive
-  size_t count = 0;
-  DataType type = DataType::kFloat32;
-  int peer = 0;
-
-  static P2POp Send(const void* data, size_t count, DataType type, int peer) {
-    return {Kind::kSend, const_cast<void*>(data), count, type, peer};
-  }
-  static P2POp Recv(void* data, size_t count, DataType type, int peer) {
-    return {Kind::kRecv, data, count, type, peer};
-  }
-  template <typename T>
-  static P2POp Send(absl::Span<const T> data, int peer) {
-    return Send(data.data(), data.size(), DataTypeOf<T>(), peer);
-  }
-  template <typename T>
-  static P2POp Recv(absl::Span<T> data, int peer) {
-    return Recv(data.data(), data.size(), DataTypeOf<T>(), peer);
-  }
-};
-
-// Every operation a backend implements, as one checked description.
-enum class OpKind {
-  kBarrier,
-  kBroadcast,       // recv: the data (in at root, out elsewhere); count
-  kAllReduce,       // send, recv (same pointer: in place); count
-  kReduce,          // send; recv at root only; count; root
-  kAllGather,       // send: count; recv: size() * count
-  kAllGatherV,      // send: recv_counts[rank()]; recv: sum(recv_counts)
-  kReduceScatter,   // send: size() * count; recv: count
-  kReduceScatterV,  // send: sum(recv_counts); recv: recv_counts[rank()]
-  kGather,          // send: count; recv at root: size() * count
-  kScatter,         // send at root: size() * count; recv: count
-  kAllToAll,        // send and recv: size() * count, block i for/from rank i
-  kAllToAllV,       // send: send_counts per peer; recv: recv_counts per peer
-  kBatch,           // p2p: sends and receives completed together
-};
-absl::string_view OpKindName(OpKind kind);
-
-// What a backend hook receives. Blocks of the `V` forms are contiguous, in
-// rank order. The description owns its count lists, so an asynchronous
-// backend may keep it until the operation ends.
-struct Operation {
-  OpKind kind = OpKind::kBarrier;
-  const void* send = nullptr;
-  void* recv = nullptr;
-  size_t count = 0;
-  DataType type = DataType::kFloat32;
-  ReduceOp op = ReduceOp::kSum;
-  int root = 0;
-  std::vector<size_t> send_counts;
-  std::vector<size_t> recv_counts;
-  std::vector<P2POp> p2p;
-  // NCCL: the cudaStream_t to enqueue on (null: the communicator's own).
-  void* stream = nullptr;
-  // The public operation's name when it is not the kind's ("send_recv" is
-  // a kBatch); a string literal. Empty: OpKindName(kind).
-  absl::string_view name;
-
-  absl::string_view Name() const;
-
-  // "all_reduce of 1024 bfloat16", for messages.
-  std::string Describe() const;
 };
 
 // The library object behind a communicator, for code that calls MPI, NCCL

@@ -29,6 +29,7 @@
 #include "gloo/transport/unbound_buffer.h"
 #include "vemesh/comm/gloo/internal/gloo_error.h"
 #include "vemesh/comm/gloo/internal/gloo_store.h"
+#include "vemesh/comm/internal/host_reduce.h"
 #include "vemesh/rendezvous/prefix_store.h"
 #include "vemesh/base/status_macros.h"
 
@@ -63,105 +64,18 @@ bool Overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
   return a_bytes > 0 && b_bytes > 0 && x < y + b_bytes && y < x + a_bytes;
 }
 
-// Calls `f(T{})` with the C++ type of `type`.
-template <typename F>
-void WithType(DataType type, F&& f) {
-  switch (type) {
-    case DataType::kFloat32:
-      return f(float{});
-    case DataType::kFloat64:
-      return f(double{});
-    case DataType::kInt32:
-      return f(int32_t{});
-    case DataType::kInt64:
-      return f(int64_t{});
-    case DataType::kBFloat16:
-      return f(BFloat16{});
-    case DataType::kFloat16:
-      return f(Float16{});
-    case DataType::kInt8:
-      return f(int8_t{});
-    case DataType::kUInt8:
-      return f(uint8_t{});
-  }
-  throw std::invalid_argument("unknown vemesh DataType");
+// The host reduction of `op` (comm/internal/host_reduce.h). The base
+// class refuses unknown types and ops before a Job runs.
+HostCombineFn ReduceFunction(const Operation& op) {
+  const HostCombineFn combine = HostCombiner(op.type, op.op);
+  if (combine == nullptr) throw std::invalid_argument("unknown vemesh ReduceOp");
+  return combine;
 }
 
-template <typename T>
-constexpr bool kIsHalf =
-    std::is_same_v<T, BFloat16> || std::is_same_v<T, Float16>;
-
-// One combining step, x op y. avg combines as sum (the division by size()
-// comes once, at the end). Integers wrap around as two's complement instead
-// of overflowing (undefined for signed types). 16-bit floats combine in
-// float and round back at once, as the other backends do.
-template <typename T, ReduceOp kOp>
-T CombineOne(T x, T y) {
-  if constexpr (kIsHalf<T>) {
-    return T(CombineOne<float, kOp>(static_cast<float>(x),
-                                    static_cast<float>(y)));
-  } else if constexpr (kOp == ReduceOp::kMin) {
-    return std::min(x, y);
-  } else if constexpr (kOp == ReduceOp::kMax) {
-    return std::max(x, y);
-  } else if constexpr (std::is_integral_v<T>) {
-    // Unsigned int at least, so that no operand is promoted to signed int.
-    using U = std::common_type_t<std::make_unsigned_t<T>, unsigned int>;
-    const U a = static_cast<U>(x);
-    const U b = static_cast<U>(y);
-    return static_cast<T>(kOp == ReduceOp::kProd ? a * b : a + b);
-  } else {
-    return kOp == ReduceOp::kProd ? x * y : x + y;
-  }
-}
-
-// Gloo's reduction signature: c[i] = a[i] op b[i] (c may alias a or b).
-template <typename T, ReduceOp kOp>
-void Combine(void* c, const void* a, const void* b, size_t n) {
-  T* out = static_cast<T*>(c);
-  const T* x = static_cast<const T*>(a);
-  const T* y = static_cast<const T*>(b);
-  for (size_t i = 0; i < n; ++i) out[i] = CombineOne<T, kOp>(x[i], y[i]);
-}
-
-using CombineFn = void (*)(void*, const void*, const void*, size_t);
-
-template <typename T>
-CombineFn Reduction(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAvg:
-      return &Combine<T, ReduceOp::kSum>;
-    case ReduceOp::kProd:
-      return &Combine<T, ReduceOp::kProd>;
-    case ReduceOp::kMax:
-      return &Combine<T, ReduceOp::kMax>;
-    case ReduceOp::kMin:
-      return &Combine<T, ReduceOp::kMin>;
-  }
-  throw std::invalid_argument("unknown vemesh ReduceOp");
-}
-
-// The end of an avg: divides a sum by the group size (in float for 16-bit
-// types; the base refuses avg of integers).
-template <typename T>
-void DivideBySize(void* data, size_t count, int size) {
-  if constexpr (std::is_floating_point_v<T>) {
-    T* x = static_cast<T*>(data);
-    for (size_t i = 0; i < count; ++i) x[i] /= static_cast<T>(size);
-  } else if constexpr (kIsHalf<T>) {
-    T* x = static_cast<T*>(data);
-    for (size_t i = 0; i < count; ++i) {
-      x[i] = T(static_cast<float>(x[i]) / static_cast<float>(size));
-    }
-  }
-}
-
+// The end of an avg: divides a sum by the group size.
 void FinishAverage(const Operation& op, void* data, size_t count, int size) {
   if (op.op != ReduceOp::kAvg || count == 0) return;
-  WithType(op.type, [&](auto zero) {
-    DivideBySize<decltype(zero)>(data, count, size);
-  });
+  HostDivide(data, count, op.type, size);
 }
 
 // Element counts as byte counts, as Gloo's all_to_all_v takes them.
@@ -410,7 +324,7 @@ void GlooCommunicator::RunCollective(const Operation& op) {
     }
     case OpKind::kAllReduce: {
       if (bytes == 0) return;
-      WithType(op.type, [&](auto zero) {
+      WithHostType(op.type, [&](auto zero) {
         using T = decltype(zero);
         gloo::AllreduceOptions opts(context_);
         // Without an input Gloo reduces the output in place.
@@ -418,7 +332,7 @@ void GlooCommunicator::RunCollective(const Operation& op) {
           opts.setInput(reinterpret_cast<T*>(Bytes(op.send)), op.count);
         }
         opts.setOutput(static_cast<T*>(op.recv), op.count);
-        opts.setReduceFunction(Reduction<T>(op.op));
+        opts.setReduceFunction(ReduceFunction(op));
         opts.setTag(tag);
         gloo::allreduce(opts);
       });
@@ -434,7 +348,7 @@ void GlooCommunicator::RunCollective(const Operation& op) {
         scratch.resize(bytes);
         out = scratch.data();
       }
-      WithType(op.type, [&](auto zero) {
+      WithHostType(op.type, [&](auto zero) {
         using T = decltype(zero);
         gloo::ReduceOptions opts(context_);
         if (op.send != out) {
@@ -442,7 +356,7 @@ void GlooCommunicator::RunCollective(const Operation& op) {
         }
         opts.setOutput(static_cast<T*>(out), op.count);
         opts.setRoot(op.root);
-        opts.setReduceFunction(Reduction<T>(op.op));
+        opts.setReduceFunction(ReduceFunction(op));
         opts.setTag(tag);
         gloo::reduce(opts);
       });
@@ -515,12 +429,10 @@ void GlooCommunicator::RunCollective(const Operation& op) {
       if (mine == 0) return;
       const size_t block = mine * width;
       std::memcpy(op.recv, blocks.data(), block);
-      WithType(op.type, [&](auto zero) {
-        const CombineFn combine = Reduction<decltype(zero)>(op.op);
-        for (int r = 1; r < size_; ++r) {
-          combine(op.recv, op.recv, blocks.data() + r * block, mine);
-        }
-      });
+      const HostCombineFn combine = ReduceFunction(op);
+      for (int r = 1; r < size_; ++r) {
+        combine(op.recv, op.recv, blocks.data() + r * block, mine);
+      }
       FinishAverage(op, op.recv, mine, size_);
       return;
     }
@@ -825,7 +737,7 @@ absl::StatusOr<std::shared_ptr<Communicator>> GlooCommunicator::split(
 }
 
 NativeHandle GlooCommunicator::native_handle() const {
-  return NativeHandle{"gloo", context_.get()};
+  return NativeHandle{BackendName(Backend::kGloo), context_.get()};
 }
 
 }  // namespace vemesh

@@ -124,7 +124,9 @@ class GlooCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   absl::Span<const int> ranks() const override { return ranks_; }
-  absl::string_view backend() const override { return "gloo"; }
+  absl::string_view backend() const override {
+    return BackendName(Backend::kGloo);
+  }
   const std::string& prefix() const { return prefix_; }
   // Gloo's bound on the rendezvous and on each wait inside an operation
   // (not Communicator::timeout(), the bound of blocking forms).

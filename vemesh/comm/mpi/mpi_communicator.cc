@@ -14,6 +14,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "vemesh/comm/internal/host_reduce.h"
+#include "vemesh/comm/mpi/internal/mpi_datatypes.h"
 #include "vemesh/comm/mpi/mpi_environment.h"
 #include "vemesh/comm/mpi/mpi_request.h"
 #include "vemesh/base/log.h"
@@ -30,215 +32,6 @@ constexpr int kTag = 0;
 void FreeQuietly(MPI_Comm* comm) {
   if (*comm != MPI_COMM_NULL && MpiIsUsable()) MPI_Comm_free(comm);
 }
-
-// -- 16-bit floats --------------------------------------------------------------
-// MPI has no bfloat16 or float16: each is a derived datatype of two bytes
-// with user operators that combine in float and round back once per pair.
-
-using Widen = float (*)(uint16_t);
-using Narrow = uint16_t (*)(float);
-
-template <Widen kWiden, Narrow kNarrow, ReduceOp kOp>
-void Combine16(void* in, void* inout, int* len, MPI_Datatype*) {
-  const auto* a = static_cast<const uint16_t*>(in);
-  auto* b = static_cast<uint16_t*>(inout);
-  for (int i = 0; i < *len; ++i) {
-    const float x = kWiden(a[i]);
-    const float y = kWiden(b[i]);
-    float r = 0.0f;
-    if constexpr (kOp == ReduceOp::kProd) {
-      r = x * y;
-    } else if constexpr (kOp == ReduceOp::kMin) {
-      r = std::min(x, y);
-    } else if constexpr (kOp == ReduceOp::kMax) {
-      r = std::max(x, y);
-    } else {
-      r = x + y;  // sum, and avg's sum
-    }
-    b[i] = kNarrow(r);
-  }
-}
-
-// The operators of one 16-bit type, by ReduceOp (avg shares sum's).
-constexpr int kOps = 4;  // sum, prod, min, max
-int OpIndex(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kProd:
-      return 1;
-    case ReduceOp::kMin:
-      return 2;
-    case ReduceOp::kMax:
-      return 3;
-    case ReduceOp::kSum:
-    case ReduceOp::kAvg:
-      break;
-  }
-  return 0;
-}
-
-struct Half {
-  MPI_Datatype type = MPI_DATATYPE_NULL;
-  MPI_Op ops[kOps] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
-};
-struct Halves {
-  Half bf16;
-  Half fp16;
-  absl::Status status;
-};
-
-// Made once, then only read: the handles are plain values that MPI keeps
-// valid until they are freed, which happens inside MPI_Finalize (below).
-// Not made (and not latched as failed) while MPI is not running.
-Halves halves;
-std::atomic<bool> halves_made{false};
-std::mutex halves_mu;
-
-// Runs at the start of MPI_Finalize (attributes of MPI_COMM_SELF are
-// deleted first, MPI 3.1 8.7.1): gives the types and operators back while
-// MPI is still alive, so that leak checkers see nothing of ours. Nothing
-// can use them afterwards: every MPI call is refused after finalisation.
-int FreeHalves(MPI_Comm, int, void*, void*) {
-  for (Half* h : {&halves.bf16, &halves.fp16}) {
-    for (MPI_Op& op : h->ops) {
-      if (op != MPI_OP_NULL) MPI_Op_free(&op);
-    }
-    if (h->type != MPI_DATATYPE_NULL) MPI_Type_free(&h->type);
-  }
-  return MPI_SUCCESS;
-}
-
-template <Widen kWiden, Narrow kNarrow>
-absl::Status MakeHalf(Half* h) {
-  VEMESH_RETURN_IF_ERROR(MpiStatus(MPI_Type_contiguous(2, MPI_BYTE, &h->type),
-                                   "MPI_Type_contiguous"));
-  VEMESH_RETURN_IF_ERROR(MpiStatus(MPI_Type_commit(&h->type), "MPI_Type_commit"));
-  MPI_User_function* fns[kOps] = {
-      &Combine16<kWiden, kNarrow, ReduceOp::kSum>,
-      &Combine16<kWiden, kNarrow, ReduceOp::kProd>,
-      &Combine16<kWiden, kNarrow, ReduceOp::kMin>,
-      &Combine16<kWiden, kNarrow, ReduceOp::kMax>};
-  for (int i = 0; i < kOps; ++i) {
-    VEMESH_RETURN_IF_ERROR(MpiStatus(
-        MPI_Op_create(fns[i], /*commute=*/1, &h->ops[i]), "MPI_Op_create"));
-  }
-  return absl::OkStatus();
-}
-
-const Halves& GetHalves() {
-  if (halves_made.load(std::memory_order_acquire)) return halves;
-  std::lock_guard<std::mutex> lock(halves_mu);
-  if (halves_made.load(std::memory_order_relaxed)) return halves;
-  if (!MpiIsUsable()) {
-    static const Halves* const not_yet = [] {
-      auto* h = new Halves;
-      h->status = absl::FailedPreconditionError(
-          "the 16-bit MPI datatypes need a running MPI");
-      return h;
-    }();
-    return *not_yet;
-  }
-  halves.status =
-      MakeHalf<BFloat16BitsToFloat, FloatToBFloat16Bits>(&halves.bf16);
-  if (halves.status.ok()) {
-    halves.status =
-        MakeHalf<Float16BitsToFloat, FloatToFloat16Bits>(&halves.fp16);
-  }
-  int key = MPI_KEYVAL_INVALID;
-  if (MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, FreeHalves, &key,
-                             nullptr) == MPI_SUCCESS) {
-    MPI_Comm_set_attr(MPI_COMM_SELF, key, nullptr);
-  }
-  halves_made.store(true, std::memory_order_release);
-  return halves;
-}
-
-const Half* HalfOf(DataType type) {
-  if (type != DataType::kBFloat16 && type != DataType::kFloat16) return nullptr;
-  const Halves& h = GetHalves();
-  if (!h.status.ok()) return nullptr;
-  return type == DataType::kBFloat16 ? &h.bf16 : &h.fp16;
-}
-
-// -- Operations ------------------------------------------------------------------
-
-// Divides `count` elements of `type` at `data` by `n` (avg's last step).
-void DivideBy(void* data, size_t count, DataType type, int n) {
-  const float nf = static_cast<float>(n);
-  switch (type) {
-    case DataType::kFloat32: {
-      auto* x = static_cast<float*>(data);
-      for (size_t i = 0; i < count; ++i) x[i] /= nf;
-      return;
-    }
-    case DataType::kFloat64: {
-      auto* x = static_cast<double*>(data);
-      for (size_t i = 0; i < count; ++i) x[i] /= n;
-      return;
-    }
-    case DataType::kBFloat16: {
-      auto* x = static_cast<uint16_t*>(data);
-      for (size_t i = 0; i < count; ++i) {
-        x[i] = FloatToBFloat16Bits(BFloat16BitsToFloat(x[i]) / nf);
-      }
-      return;
-    }
-    case DataType::kFloat16: {
-      auto* x = static_cast<uint16_t*>(data);
-      for (size_t i = 0; i < count; ++i) {
-        x[i] = FloatToFloat16Bits(Float16BitsToFloat(x[i]) / nf);
-      }
-      return;
-    }
-    default:
-      return;  // the base refuses avg of integers
-  }
-}
-
-}  // namespace
-
-MPI_Datatype MpiDataType(DataType type) {
-  switch (type) {
-    case DataType::kFloat32:
-      return MPI_FLOAT;
-    case DataType::kFloat64:
-      return MPI_DOUBLE;
-    case DataType::kInt32:
-      return MPI_INT32_T;
-    case DataType::kInt64:
-      return MPI_INT64_T;
-    case DataType::kInt8:
-      return MPI_INT8_T;
-    case DataType::kUInt8:
-      return MPI_UINT8_T;
-    case DataType::kBFloat16:
-    case DataType::kFloat16: {
-      const Half* h = HalfOf(type);
-      return h == nullptr ? MPI_DATATYPE_NULL : h->type;
-    }
-  }
-  return MPI_DATATYPE_NULL;
-}
-
-MPI_Op MpiReduceOp(ReduceOp op, DataType type) {
-  if (type == DataType::kBFloat16 || type == DataType::kFloat16) {
-    const Half* h = HalfOf(type);
-    return h == nullptr ? MPI_OP_NULL : h->ops[OpIndex(op)];
-  }
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAvg:
-      return MPI_SUM;
-    case ReduceOp::kProd:
-      return MPI_PROD;
-    case ReduceOp::kMax:
-      return MPI_MAX;
-    case ReduceOp::kMin:
-      return MPI_MIN;
-  }
-  return MPI_OP_NULL;
-}
-
-namespace {
 
 // What a started operation's requests use, kept together so that an
 // abandoned operation (aborted, past its deadline, its Work let go of
@@ -400,7 +193,7 @@ Communicator::WorkOr MpiCommunicator::Start(const Operation& op) {
   if (type == MPI_DATATYPE_NULL) {
     return absl::InternalError(absl::StrCat(
         op.Describe(), ": MPI could not make a datatype for ",
-        DataTypeName(op.type), ": ", GetHalves().status.message()));
+        DataTypeName(op.type), ": ", MpiHalfTypesStatus().message()));
   }
   const MPI_Op reduce = MpiReduceOp(op.op, op.type);
   auto work = std::make_shared<MpiWork>(Self(), op, size_);
@@ -504,7 +297,7 @@ Communicator::WorkOr MpiCommunicator::Start(const Operation& op) {
         if (t == MPI_DATATYPE_NULL) {
           return absl::InternalError(absl::StrCat(
               op.Describe(), ": MPI could not make a datatype for ",
-              DataTypeName(p.type), ": ", GetHalves().status.message()));
+              DataTypeName(p.type), ": ", MpiHalfTypesStatus().message()));
         }
         MPI_Request one = MPI_REQUEST_NULL;
         if (p.kind == P2POp::Kind::kSend) {
@@ -549,7 +342,7 @@ Communicator::WorkOr MpiCommunicator::Start(const Operation& op) {
     if (op.kind == OpKind::kReduceScatterV) elements = op.recv_counts[me];
     if (elements > 0) {
       work->set_finish([elements, n](MpiWork& w) {
-        DivideBy(w.op().recv, elements, w.op().type, n);
+        HostDivide(w.op().recv, elements, w.op().type, n);
         return absl::OkStatus();
       });
     }
@@ -650,7 +443,7 @@ absl::StatusOr<std::shared_ptr<Communicator>> MpiCommunicator::split(
 }
 
 NativeHandle MpiCommunicator::native_handle() const {
-  return NativeHandle{"mpi", const_cast<MPI_Comm*>(&comm_)};
+  return NativeHandle{BackendName(Backend::kMpi), const_cast<MPI_Comm*>(&comm_)};
 }
 
 

@@ -45,7 +45,8 @@
 // Data types: MPI_FLOAT, MPI_DOUBLE, MPI_INT32_T, MPI_INT64_T, MPI_INT8_T
 // and MPI_UINT8_T; bfloat16 and float16 are two derived datatypes of two
 // bytes each, with their own commutative reduction operators that widen
-// each pair of elements to float, combine them and round back once. avg is
+// each pair of elements to float, combine them and round back once
+// (internal/mpi_datatypes.h, over comm/internal/host_reduce.h). avg is
 // a sum divided by size() when the operation completes (in float for the
 // 16-bit types); prod is MPI_PROD on the native types.
 //
@@ -104,7 +105,9 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   absl::Span<const int> ranks() const override { return ranks_; }
-  absl::string_view backend() const override { return "mpi"; }
+  absl::string_view backend() const override {
+    return BackendName(Backend::kMpi);
+  }
 
   // A negative color gives nullptr (MPI_UNDEFINED).
   absl::StatusOr<std::shared_ptr<Communicator>> split(int color,
@@ -140,17 +143,6 @@ class MpiCommunicator final : public Communicator {
   int size_;
   std::vector<int> ranks_;
 };
-
-// The MPI datatype of a vemesh DataType. The 16-bit floats' derived
-// datatypes are made on first use (a few local MPI calls, once per process,
-// thread-safe; call from a thread that may call MPI) and freed when MPI is
-// finalised; MPI_DATATYPE_NULL if MPI could not make them.
-MPI_Datatype MpiDataType(DataType type);
-// The MPI reduction that combines elements of `type` by `op`: MPI's own
-// operators for the native types, vemesh's user operators (fp32 inside) for
-// bfloat16 and float16. avg is MPI_SUM (or the 16-bit sum): the caller
-// divides by the group size afterwards.
-MPI_Op MpiReduceOp(ReduceOp op, DataType type = DataType::kFloat32);
 
 }  // namespace vemesh
 

@@ -952,7 +952,7 @@ absl::Status NcclCommunicator::AwaitSplits(
 
 NativeHandle NcclCommunicator::native_handle() const {
   std::lock_guard<std::mutex> lock(comm_mu_);
-  return NativeHandle{"nccl", comm_};
+  return NativeHandle{BackendName(Backend::kNccl), comm_};
 }
 
 }  // namespace vemesh

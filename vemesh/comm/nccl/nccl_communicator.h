@@ -114,7 +114,9 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return twin_->rank(); }
   int size() const override { return twin_->size(); }
   absl::Span<const int> ranks() const override { return twin_->ranks(); }
-  absl::string_view backend() const override { return "nccl"; }
+  absl::string_view backend() const override {
+    return BackendName(Backend::kNccl);
+  }
 
   // split_many with one request.
   absl::StatusOr<std::shared_ptr<Communicator>> split(int color,

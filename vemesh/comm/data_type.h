@@ -1,0 +1,70 @@
+// vemesh/comm/data_type.h
+//
+// What a communicator's buffers hold, and how reductions combine them.
+//
+//   static_assert(DataTypeOf<BFloat16>() == DataType::kBFloat16);
+//   size_t bytes = 1024 * SizeOf(DataType::kFloat32);        // 4096
+//   absl::string_view name = DataTypeName(DataType::kInt8);  // "int8"
+//   bool avg_ok = IsFloatingPoint(DataType::kInt32);         // false
+//   absl::string_view op = ReduceOpName(ReduceOp::kAvg);     // "avg"
+//
+// Every backend carries every type: float32/64, int32/64, int8, uint8, and
+// the 16-bit floats bfloat16 and float16 (half.h); the CPU backends reduce
+// 16-bit floats in fp32 and round once per combining step. Reductions: sum,
+// prod, min, max, avg (floating types only).
+
+#ifndef VEMESH_COMM_DATA_TYPE_H_
+#define VEMESH_COMM_DATA_TYPE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "absl/strings/string_view.h"
+#include "vemesh/comm/half.h"
+
+namespace vemesh {
+
+enum class DataType {
+  kFloat32,
+  kFloat64,
+  kInt32,
+  kInt64,
+  kBFloat16,
+  kFloat16,
+  kInt8,
+  kUInt8,
+};
+enum class ReduceOp { kSum, kProd, kMin, kMax, kAvg };
+
+// Bytes per element; 0 for a value outside the enum.
+size_t SizeOf(DataType type);
+// "float32", "bfloat16", ...; "unknown" outside the enum.
+absl::string_view DataTypeName(DataType type);
+// "sum", "avg", ...; "unknown" outside the enum.
+absl::string_view ReduceOpName(ReduceOp op);
+bool IsFloatingPoint(DataType type);
+
+// The DataType of a C++ element type, at compile time.
+template <typename T>
+constexpr DataType DataTypeOf() {
+  if constexpr (std::is_same_v<T, float>) return DataType::kFloat32;
+  if constexpr (std::is_same_v<T, double>) return DataType::kFloat64;
+  if constexpr (std::is_same_v<T, int32_t>) return DataType::kInt32;
+  if constexpr (std::is_same_v<T, int64_t>) return DataType::kInt64;
+  if constexpr (std::is_same_v<T, BFloat16>) return DataType::kBFloat16;
+  if constexpr (std::is_same_v<T, Float16>) return DataType::kFloat16;
+  if constexpr (std::is_same_v<T, int8_t>) return DataType::kInt8;
+  if constexpr (std::is_same_v<T, uint8_t>) return DataType::kUInt8;
+  static_assert(
+      std::is_same_v<T, float> || std::is_same_v<T, double> ||
+          std::is_same_v<T, int32_t> || std::is_same_v<T, int64_t> ||
+          std::is_same_v<T, BFloat16> || std::is_same_v<T, Float16> ||
+          std::is_same_v<T, int8_t> || std::is_same_v<T, uint8_t>,
+      "vemesh communicators carry float, double, int32_t, int64_t, "
+      "BFloat16, Float16, int8_t and uint8_t");
+}
+
+}  // namespace vemesh
+
+#endif  // VEMESH_COMM_DATA_TYPE_H_
