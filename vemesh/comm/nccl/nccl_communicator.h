@@ -54,6 +54,12 @@
 // anything else Internal with NCCL's message. An asynchronous NCCL error
 // ends the Work with that status and aborts the communicator (NCCL's rule:
 // a failed communicator cannot be used again).
+//
+// Sources: nccl_lifecycle.cc (create, destroy, abort, state), nccl_ops.cc
+// (operations and their Work), nccl_split.cc (split, split_many); under
+// internal/: nccl_status.h (return codes as Status), cuda_resources.h (the
+// current device, the stream), nccl_poll.h (waiting on a non-blocking
+// communicator), nccl_api.h (the calls, replaceable by tests).
 
 #ifndef VEMESH_COMM_NCCL_NCCL_COMMUNICATOR_H_
 #define VEMESH_COMM_NCCL_NCCL_COMMUNICATOR_H_
