@@ -1,0 +1,254 @@
+// Making a DeviceMesh: a meta mesh (no communication), one over groups the
+// caller made (FromGroups), or a new one (Create: bootstrap, agreement,
+// backends' worlds, one split_many per world), and init_device_mesh,
+// PyTorch's entry point.
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "vemesh/base/log.h"
+#include "vemesh/base/status_macros.h"
+#include "vemesh/bootstrap/agreement.h"
+#include "vemesh/bootstrap/bootstrap_over.h"
+#include "vemesh/bootstrap/launch.h"
+#include "vemesh/mesh/device_mesh.h"
+#include "vemesh/mesh/internal/mesh_backends.h"
+#include "vemesh/mesh/internal/mesh_shared.h"
+
+namespace vemesh {
+namespace {
+
+std::string ShapeText(absl::Span<const int64_t> shape) {
+  return absl::StrCat("(", absl::StrJoin(shape, ", "), ")");
+}
+
+std::string RankListText(const MeshLayout& layout) {
+  if (!layout.has_rank_table()) return "arange";
+  return absl::StrCat("[", absl::StrJoin(layout.ranks(), ", "), "]");
+}
+
+}  // namespace
+
+DeviceMesh DeviceMesh::Meta(MeshLayout layout, int64_t global_rank) {
+  auto shared =
+      std::make_shared<Shared>(DeviceType::kMeta, layout, global_rank);
+  return DeviceMesh(std::move(shared), std::move(layout));
+}
+
+absl::StatusOr<DeviceMesh> DeviceMesh::FromGroups(
+    DeviceType device_type, MeshLayout layout, int64_t global_rank,
+    std::vector<std::shared_ptr<Communicator>> groups, int host_local_rank,
+    int host_size) {
+  if (device_type == DeviceType::kMeta) {
+    return absl::InvalidArgumentError(
+        "DeviceMesh::FromGroups: a meta mesh has no communicators to adopt");
+  }
+  if (static_cast<int64_t>(groups.size()) != layout.ndim()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DeviceMesh::FromGroups: ", groups.size(), " groups for ",
+        layout.ToString(), ": expected one per dimension (", layout.ndim(),
+        ")"));
+  }
+  if (host_size < 1 || host_local_rank < 0 || host_local_rank >= host_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DeviceMesh::FromGroups: host-local rank ", host_local_rank,
+        " of a host of ", host_size, ": expected 0 <= rank < size"));
+  }
+  VEMESH_ASSIGN_OR_RETURN(auto coord, layout.coordinate_of(global_rank));
+  for (int64_t d = 0; d < layout.ndim(); ++d) {
+    const std::string& name = layout.dim_name(d);
+    const Communicator* g = groups[d].get();
+    if (g == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "DeviceMesh::FromGroups: no group for dimension '", name, "'"));
+    }
+    const int64_t size = layout.dim_size(d).value_or(-1);
+    if (g->size() != size || g->rank() != coord[d]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("DeviceMesh::FromGroups: the group of '", name,
+                       "' has rank ", g->rank(), " of ", g->size(),
+                       ": expected rank ", coord[d], " of ", size));
+    }
+    Coordinate at = coord;
+    for (int64_t i = 0; i < size; ++i) {
+      at[d] = i;
+      VEMESH_ASSIGN_OR_RETURN(auto expected, layout.rank_at(at));
+      if (g->ranks()[i] != expected) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "DeviceMesh::FromGroups: the group of '", name, "' holds rank ",
+            g->ranks()[i], " at index ", i, ": expected ", expected));
+      }
+    }
+  }
+  auto shared = std::make_shared<Shared>(device_type, layout, global_rank);
+  shared->host_local_rank = host_local_rank;
+  shared->host_size = host_size;
+  shared->dims = std::move(groups);
+  return DeviceMesh(std::move(shared), std::move(layout));
+}
+
+absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
+                                              MeshLayout layout,
+                                              const MeshOptions& options) {
+  if (device_type == DeviceType::kMeta) {
+    return Meta(std::move(layout), LauncherRank());
+  }
+  if (options.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MeshOptions.timeout is ", absl::FormatDuration(options.timeout),
+        ": expected a positive duration"));
+  }
+  const absl::Time deadline = absl::Now() + options.timeout;
+
+  // (1) The bootstrap.
+  std::shared_ptr<Bootstrap> bootstrap = options.bootstrap;
+  if (bootstrap == nullptr && options.world != nullptr) {
+    VEMESH_ASSIGN_OR_RETURN(auto made, MakeBootstrapOver(*options.world, deadline));
+    bootstrap = std::move(made);
+  }
+  if (bootstrap == nullptr) {
+    VEMESH_ASSIGN_OR_RETURN(auto launched, LaunchBootstrap(deadline));
+    bootstrap = std::move(launched);
+  }
+  const int world_rank = bootstrap->rank();
+  const int world_size = bootstrap->size();
+
+  // Each dimension's backend, decided locally and checked in the agreement.
+  VEMESH_ASSIGN_OR_RETURN(
+      auto plan, PlanBackends(device_type, layout, *bootstrap, options));
+
+  // (2) Agreement, host identities and the bootstrap's host world in one
+  // step (under MPI: one all-gather, closed by the world's MPI_Comm_idup).
+  const std::vector<AgreementField> fields = {
+      {"device type", std::string(DeviceTypeName(device_type))},
+      {"shape", ShapeText(layout.shape())},
+      {"dim names",
+       absl::StrCat("[", absl::StrJoin(layout.dim_names(), ", "), "]")},
+      {"ranks", RankListText(layout)},
+      {"backends", absl::StrJoin(plan.dims, ", ")},
+  };
+  VEMESH_ASSIGN_OR_RETURN(
+      AgreedWorld agreed,
+      AgreeAndMakeWorld(*bootstrap, "DeviceMesh::Create", fields,
+                        HostIdentity(), deadline, options.timeout));
+  const std::vector<std::string>& hosts = agreed.payloads;
+
+  // (3) The mesh fits the world (the same answer on every rank now).
+  if (layout.size() > world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "mesh ", layout.ToString(), " has ", layout.size(),
+        " ranks but the world has only ", world_size));
+  }
+  if (layout.has_rank_table()) {
+    for (int64_t r : layout.ranks()) {
+      if (r >= world_size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("mesh ", layout.ToString(), " holds rank ", r,
+                         " but the world has ranks 0..", world_size - 1));
+      }
+    }
+  }
+
+  auto shared = std::make_shared<Shared>(device_type, layout, world_rank);
+  shared->timeout = options.timeout;
+  shared->bootstrap = bootstrap;
+
+  // (4) Where this rank sits on its host (the GPU it binds for cuda).
+  const std::string& mine = hosts[world_rank];
+  for (int r = 0; r < world_size; ++r) {
+    if (hosts[r] != mine) continue;
+    if (r < world_rank) ++shared->host_local_rank;
+  }
+  shared->host_size =
+      static_cast<int>(std::count(hosts.begin(), hosts.end(), mine));
+  shared->world_hosts = std::make_shared<const std::vector<std::string>>(hosts);
+  const LauncherLocal launcher = LauncherLocalRank();
+  if (options.world == nullptr && launcher.rank >= 0 &&
+      launcher.rank != shared->host_local_rank) {
+    LogWarning(absl::StrCat("rank ", world_rank, ": ", launcher.variable, "=",
+                            launcher.rank, " says local rank ", launcher.rank,
+                            " but the host identities say ",
+                            shared->host_local_rank, "; using ",
+                            shared->host_local_rank));
+  }
+
+  // (5) The backends' worlds.
+  auto backends = MeshBackends::Create(
+      *bootstrap, std::move(plan), std::move(agreed.world),
+      CudaDeviceRequest{options.cuda_device, shared->host_local_rank,
+                        shared->host_size},
+      shared->host_size == world_size, deadline, options.timeout,
+      options.nccl);
+  if (!backends.ok()) return backends.status();
+  shared->backends = *std::move(backends);
+  shared->device_world = shared->backends->default_world();
+  for (int64_t d = 0; d < layout.ndim(); ++d) shared->backend_dim.push_back(d);
+
+  // (6) The dimensions' groups: one split_many per backend world, worlds in
+  // the order of their first dimension (the same calls in the same order on
+  // every rank). NCCL builds all its dimensions' communicators in one group.
+  const bool member = layout.contains(world_rank);
+  const int64_t ndim = layout.ndim();
+  std::vector<SplitRequest> requests(static_cast<size_t>(ndim));
+  for (int64_t d = 0; d < ndim; ++d) {
+    VEMESH_ASSIGN_OR_RETURN(
+        requests[d],
+        DimSplitRequest(layout, layout.dim_name(d), world_rank, member));
+  }
+  shared->dims.resize(static_cast<size_t>(ndim));
+  std::vector<bool> made(static_cast<size_t>(ndim), false);
+  for (int64_t d = 0; d < ndim; ++d) {
+    if (made[d]) continue;
+    const std::shared_ptr<Communicator>& world =
+        shared->backends->world_of_dim(d);
+    std::vector<int64_t> dims;
+    std::vector<SplitRequest> batch;
+    for (int64_t e = d; e < ndim; ++e) {
+      if (shared->backends->world_of_dim(e) != world) continue;
+      dims.push_back(e);
+      batch.push_back(requests[e]);
+      made[e] = true;
+    }
+    VEMESH_ASSIGN_OR_RETURN(auto groups, world->split_many(batch, deadline));
+    for (size_t i = 0; i < dims.size(); ++i) {
+      shared->dims[dims[i]] = std::move(groups[i]);
+    }
+  }
+  // (7) Placement warnings, once per job: from global rank 0, after every
+  // rank made its groups (so the mesh works whatever is said).
+  if (world_rank == 0 && !options.latency_sensitive_dims.empty()) {
+    auto placement = ComputePlacement(layout, *shared->world_hosts);
+    if (placement.ok()) {
+      for (const std::string& warning : PlacementWarnings(
+               *placement, layout, options.latency_sensitive_dims)) {
+        LogWarning(warning);
+      }
+    }
+  }
+  return DeviceMesh(std::move(shared), std::move(layout));
+}
+
+absl::StatusOr<DeviceMesh> init_device_mesh(
+    absl::string_view device_type, absl::Span<const int64_t> mesh_shape,
+    absl::Span<const std::string> mesh_dim_names, const MeshOptions& options) {
+  VEMESH_ASSIGN_OR_RETURN(auto parsed, ParseDeviceType(device_type));
+  if (!parsed.warning.empty()) {
+    LogWarning(parsed.warning);
+  }
+  VEMESH_ASSIGN_OR_RETURN(
+      auto layout,
+      MeshLayout::Create(mesh_shape, mesh_dim_names, options.ranks));
+  if (parsed.index < 0) {
+    return DeviceMesh::Create(parsed.type, std::move(layout), options);
+  }
+  MeshOptions with_device = options;  // "cuda:N": device N on this rank
+  with_device.cuda_device = parsed.index;
+  return DeviceMesh::Create(parsed.type, std::move(layout), with_device);
+}
+
+}  // namespace vemesh

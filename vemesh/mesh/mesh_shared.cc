@@ -1,0 +1,61 @@
+#include "vemesh/mesh/internal/mesh_shared.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "vemesh/base/status_macros.h"
+
+namespace vemesh {
+
+absl::StatusOr<MeshLayout> DeviceMesh::Shared::Resolve(
+    MeshLayout layout, absl::Span<const std::string> names, int depth) {
+  for (const std::string& name : names) {
+    if (layout.find_dim(name).has_value()) continue;
+    std::vector<std::string> parts;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = flat_names.find(name);
+      if (it == flat_names.end()) continue;
+      parts = it->second.dims;
+    }
+    // Each flattening names only earlier ones: the depth is bounded by
+    // their number; the bound guards a corrupted map.
+    if (depth > static_cast<int>(MeshLayout::kMaxDims) * 2) {
+      return absl::InternalError(
+          absl::StrCat("flatten name '", name, "' nests too deeply"));
+    }
+    VEMESH_ASSIGN_OR_RETURN(layout,
+                            Resolve(std::move(layout), parts, depth + 1));
+    for (const std::string& part : parts) {
+      if (!layout.find_dim(part).has_value()) {
+        return absl::NotFoundError(absl::StrCat(
+            "mesh dimension '", name, "' is the flattening of [",
+            absl::StrJoin(parts, ", "), "], and ", layout.ToString(),
+            " lacks '", part, "': expected a mesh that holds all of them"));
+      }
+    }
+    VEMESH_ASSIGN_OR_RETURN(layout, layout.flatten(parts, name));
+  }
+  return layout;
+}
+
+absl::StatusOr<SplitRequest> DimSplitRequest(const MeshLayout& layout,
+                                             const std::string& name,
+                                             int64_t rank, bool member) {
+  SplitRequest request;
+  request.name = name;
+  if (member) {
+    VEMESH_ASSIGN_OR_RETURN(auto pos, layout.group_position({name}, rank));
+    request.color = static_cast<int>(pos.group);
+    request.key = static_cast<int>(pos.index);
+  }
+  return request;
+}
+
+absl::Status NotMember(const MeshLayout& layout, int64_t rank,
+                       absl::string_view what) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("rank ", rank, " is not a member of ", layout.ToString(),
+                   ": it has no ", what));
+}
+
+}  // namespace vemesh
