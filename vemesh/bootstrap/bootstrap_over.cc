@@ -12,7 +12,7 @@ namespace vemesh {
 absl::StatusOr<std::shared_ptr<Bootstrap>> MakeBootstrapOver(
     const Communicator& world, absl::Time deadline) {
   const NativeHandle native = world.native_handle();
-  if (native.backend != "mpi") {
+  if (native.backend != BackendName(Backend::kMpi)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "MeshOptions.world must be an MPI communicator (one that can bootstrap "
         "a mesh); got backend '", world.backend(), "'"));

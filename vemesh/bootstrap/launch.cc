@@ -16,9 +16,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "vemesh/bootstrap/mpi/mpi_bootstrap.h"
+#include "vemesh/bootstrap/rank0_store.h"
 #include "vemesh/bootstrap/store_bootstrap.h"
 #include "vemesh/comm/mpi/mpi_environment.h"
-#include "vemesh/rendezvous/tcp/tcp_store.h"
 #include "vemesh/rendezvous/tcp/tcp_store_server.h"
 #include "vemesh/base/status_macros.h"
 
@@ -103,46 +103,6 @@ struct EnvLaunch {
 
 absl::StatusOr<std::shared_ptr<Bootstrap>> MakeEnvBootstrap(
     const LaunchInfo& info, absl::Time deadline, EnvLaunch* keep) {
-  if (info.rank == 0) {
-    // Bind MASTER_ADDR itself when it is a loopback name (a one-host job:
-    // nothing outside this machine can reach the store), else every
-    // interface, as PyTorch's TCPStore does: a hostname often resolves to
-    // a loopback address on its own host (Debian's 127.0.1.1) that the
-    // other hosts could not reach.
-    auto bind = IsLoopback(info.master_addr) ? info.master_addr
-                                             : std::string("0.0.0.0");
-    auto server = TcpStoreServer::Start(bind, info.master_port);
-    if (!server.ok()) {
-      return absl::Status(
-          server.status().code(),
-          absl::StrCat("env:// launch: rank 0 could not host the store at "
-                       "MASTER_ADDR:MASTER_PORT = ", info.master_addr, ":",
-                       info.master_port, ": ", server.status().message()));
-    }
-    keep->server = *std::move(server);
-  }
-  // Each store call is bounded by the launch's own timeout, so that a port
-  // answered by something that is not rank 0's store cannot stall a rank.
-  TcpStoreOptions store_options;
-  store_options.timeout =
-      std::max(deadline - absl::Now(), absl::Seconds(1));
-  auto store = TcpStore::Connect(info.master_addr, info.master_port, deadline,
-                                 store_options);
-  if (!store.ok()) {
-    return absl::Status(
-        store.status().code(),
-        absl::StrCat("env:// launch: rank ", info.rank,
-                     " could not reach the store of rank 0 at MASTER_ADDR:"
-                     "MASTER_PORT = ", info.master_addr, ":", info.master_port,
-                     ": ", store.status().message()));
-  }
-  std::string gloo_host = "127.0.0.1";
-  if (const char* host = Env("VEMESH_GLOO_HOST")) {
-    gloo_host = host;
-  } else {
-    VEMESH_ASSIGN_OR_RETURN(auto local, LocalAddressTowards(info.master_addr));
-    gloo_host = local;
-  }
   std::string prefix = "vemesh";
   if (!info.run_id.empty()) {
     absl::StrAppend(&prefix, "/", info.run_id);
@@ -150,9 +110,25 @@ absl::StatusOr<std::shared_ptr<Bootstrap>> MakeEnvBootstrap(
       absl::StrAppend(&prefix, "/restart", restart);
     }
   }
-  auto bootstrap = std::make_shared<StoreBootstrap>(
-      std::shared_ptr<Store>(*std::move(store)), info.rank, info.world_size,
-      prefix, info.reason, gloo_host);
+  Rank0StoreSpec spec;
+  spec.rank = info.rank;
+  spec.size = info.world_size;
+  // Rank 0 binds MASTER_ADDR itself when it is a loopback name (a one-host
+  // job: nothing outside this machine can reach the store), else every
+  // interface, as PyTorch's TCPStore does: a hostname often resolves to a
+  // loopback address on its own host (Debian's 127.0.1.1) that the other
+  // hosts could not reach.
+  spec.bind = IsLoopback(info.master_addr) ? info.master_addr
+                                           : std::string("0.0.0.0");
+  spec.host = info.master_addr;
+  spec.port = info.master_port;
+  spec.prefix = prefix;
+  spec.reason = info.reason;
+  spec.context = "env:// launch";
+  spec.address_name = "MASTER_ADDR:MASTER_PORT";
+  VEMESH_ASSIGN_OR_RETURN(Rank0Store store, StartRank0Store(spec, deadline));
+  keep->server = std::move(store.server);
+  std::shared_ptr<StoreBootstrap> bootstrap = std::move(store.bootstrap);
   // Every rank reached the store and agrees on WORLD_SIZE before any mesh
   // is made: a rank with another WORLD_SIZE is named here.
   auto sizes = bootstrap->all_gather(absl::StrCat(info.world_size), deadline);

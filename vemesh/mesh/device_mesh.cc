@@ -238,7 +238,7 @@ absl::StatusOr<std::string> DeviceMesh::backend(absl::string_view dim) const {
   if (plan_dim < 0) {
     return std::string(view_->shared->device_world->backend());
   }
-  return view_->shared->backends->dim_backend(plan_dim);
+  return std::string(BackendName(view_->shared->backends->dim_backend(plan_dim)));
 }
 
 int DeviceMesh::host_local_rank() const { return view_->shared->host_local_rank; }

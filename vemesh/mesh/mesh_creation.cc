@@ -130,7 +130,7 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
       {"dim names",
        absl::StrCat("[", absl::StrJoin(layout.dim_names(), ", "), "]")},
       {"ranks", RankListText(layout)},
-      {"backends", absl::StrJoin(plan.dims, ", ")},
+      {"backends", DimBackendsText(plan)},
   };
   VEMESH_ASSIGN_OR_RETURN(
       AgreedWorld agreed,

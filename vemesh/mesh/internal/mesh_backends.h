@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "vemesh/bootstrap/bootstrap.h"
+#include "vemesh/comm/backend.h"
 #include "vemesh/comm/communicator.h"
 #include "vemesh/comm/nccl/cuda_device.h"
 #include "vemesh/comm/nccl/nccl_options.h"
@@ -45,12 +46,16 @@ namespace vemesh {
 class TcpStoreServer;
 
 struct BackendPlan {
-  std::string default_backend;    // the mesh's backend (flatten uses it)
-  std::vector<std::string> dims;  // each root dimension's backend
-  std::string reason;             // why the default was chosen
+  Backend default_backend = Backend::kMpi;  // the mesh's (flatten uses it)
+  std::vector<Backend> dims;                // each root dimension's backend
+  std::string reason;                       // why the default was chosen
 };
 
-// InvalidArgument for an unknown backend or an override naming no
+// The dimensions' backends as the agreement step compares them: "mpi, gloo".
+std::string DimBackendsText(const BackendPlan& plan);
+
+// Parses MeshOptions' backend names (once, here). InvalidArgument for an
+// unknown backend or an override naming no
 // dimension; FailedPrecondition for a backend this job cannot use ("mpi"
 // without an MPI launcher, "nccl" for a cpu mesh).
 absl::StatusOr<BackendPlan> PlanBackends(DeviceType device_type,
@@ -74,7 +79,7 @@ class MeshBackends {
 
   const std::shared_ptr<Communicator>& default_world() const;
   const std::shared_ptr<Communicator>& world_of_dim(int64_t dim) const;
-  const std::string& dim_backend(int64_t dim) const { return plan_.dims[dim]; }
+  Backend dim_backend(int64_t dim) const { return plan_.dims[dim]; }
   // "backend=gloo (RANK/WORLD_SIZE are set ...)"; per-dimension backends
   // are listed when they differ.
   std::string ToString() const;
@@ -83,7 +88,7 @@ class MeshBackends {
   MeshBackends() = default;
 
   BackendPlan plan_;
-  std::map<std::string, std::shared_ptr<Communicator>> worlds_;
+  std::map<Backend, std::shared_ptr<Communicator>> worlds_;
   // Gloo under an MPI launcher: rank 0's store and the bootstrap over it.
   std::unique_ptr<TcpStoreServer> server_;
   std::shared_ptr<Bootstrap> gloo_bootstrap_;
