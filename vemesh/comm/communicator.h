@@ -32,15 +32,8 @@
 // limit, a root or peer outside the group, a length that does not match the
 // group, send and recv buffers that overlap without being the same, an
 // average of integers. Each is InvalidArgument with one text for all
-// backends. Failures say what happened:
-//   Unavailable        a peer was lost or cannot be reached
-//   DeadlineExceeded   the operation did not finish by its deadline (the
-//                      communicator is then aborted)
-//   Aborted            `abort()` was called (from any thread), or an earlier
-//                      deadline aborted the communicator
-//   FailedPrecondition the backend cannot be used here (MPI finalised, a
-//                      thread MPI does not allow)
-//   Internal           a library error that is none of the above
+// backends. Other failures (a lost peer, a deadline, abort()) and whether to
+// retry: the table in vemesh/base/status_codes.h.
 //
 // Data types: float32/64, int32/64, int8, uint8, and the 16-bit floats
 // bfloat16 and float16 (half.h) on every backend; the CPU backends reduce
