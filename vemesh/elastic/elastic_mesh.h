@@ -46,9 +46,6 @@
 // (PP, TP) comes before the step's first DP operation. A rank whose DP
 // operation failed goes straight to end_step; its partners must not be
 // waiting for it in a PP or TP collective by then.
-//
-// Process-wide: Create sets SIGPIPE to ignored when it has its default
-// action (a write to a dead peer must be an error, not this process's end).
 
 #ifndef VEMESH_ELASTIC_ELASTIC_MESH_H_
 #define VEMESH_ELASTIC_ELASTIC_MESH_H_

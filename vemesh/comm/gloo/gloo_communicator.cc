@@ -30,6 +30,7 @@
 #include "vemesh/comm/gloo/internal/gloo_error.h"
 #include "vemesh/comm/gloo/internal/gloo_store.h"
 #include "vemesh/rendezvous/prefix_store.h"
+#include "vemesh/base/sigpipe.h"
 #include "vemesh/base/status_macros.h"
 
 namespace vemesh {
@@ -641,7 +642,10 @@ Communicator::WorkOr GlooCommunicator::Start(const Operation& op) {
     self_taken_ += recvs;
   }
   auto job = std::make_shared<Job>(op);
-  if (op.kind == OpKind::kBatch) PostSends(*job);
+  if (op.kind == OpKind::kBatch) {
+    ScopedSigpipeBlock no_sigpipe;  // Gloo may write on this thread
+    PostSends(*job);
+  }
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     if (!worker_.joinable()) {
@@ -660,6 +664,7 @@ Communicator::WorkOr GlooCommunicator::Start(const Operation& op) {
 }
 
 void GlooCommunicator::WorkerLoop() {
+  BlockSigpipeOnThisThread();  // a lost peer is an error, not SIGPIPE
   for (;;) {
     std::shared_ptr<Job> job;
     {
@@ -747,6 +752,8 @@ absl::StatusOr<std::shared_ptr<GlooCommunicator>> GlooCommunicator::Create(
                      absl::FormatDuration(timeout), " is below 1ms"));
   }
   std::shared_ptr<gloo::transport::Device> device;
+  // The device's I/O thread, started here, inherits SIGPIPE blocked.
+  ScopedSigpipeBlock no_sigpipe;
   absl::Status status = RunGloo("gloo tcp device", [&] {
     gloo::transport::tcp::attr attr;
     attr.hostname = std::string(hostname);
@@ -764,6 +771,7 @@ absl::StatusOr<std::shared_ptr<GlooCommunicator>> GlooCommunicator::Connect(
     std::shared_ptr<gloo::transport::Device> device) {
   GlooStore rendezvous(std::make_shared<PrefixStore>(store, prefix), timeout);
   std::shared_ptr<gloo::rendezvous::Context> context;
+  ScopedSigpipeBlock no_sigpipe;  // connecting and the barrier write here
   absl::Status status = RunGloo(
       absl::StrCat("gloo rendezvous of rank ", rank, " of ", size, " under '",
                    prefix, "'"),
