@@ -57,8 +57,9 @@ void StatusCodesExample(std::shared_ptr<Communicator> comm,
 }
 
 // vemesh/base/status_macros.h
-absl::StatusOr<DeviceMesh> Build();
-absl::Status Connect();
+// The caller's own functions that the example calls.
+absl::StatusOr<DeviceMesh> Build() { return absl::UnimplementedError("stub"); }
+absl::Status Connect() { return absl::OkStatus(); }
 absl::Status StatusMacrosExample() {
   VEMESH_RETURN_IF_ERROR(Connect());
   VEMESH_ASSIGN_OR_RETURN(auto mesh, Build());
@@ -79,7 +80,6 @@ void LogExample() {
 absl::Status CommunicatorExample(std::shared_ptr<Communicator> tp,
                                  std::shared_ptr<Communicator> dp,
                                  std::shared_ptr<Communicator> pp,
-                                 const DeviceMesh& mesh,
                                  std::vector<float> bucket,
                                  std::vector<float> act) {
   std::vector<float> grad(1024, 1.0f);
@@ -91,8 +91,8 @@ absl::Status CommunicatorExample(std::shared_ptr<Communicator> tp,
   auto w = dp->iall_reduce(absl::MakeSpan(bucket), ReduceOp::kAvg);
   s = (*w)->wait();
 
-  s = pp->send(absl::MakeConstSpan(act),
-               GlobalRank(*mesh.get_next_stage_peer()));
+  std::optional<int64_t> next = *VESCALE_DEVICE_MESH.get_next_stage_peer();
+  if (next) s = pp->send(absl::MakeConstSpan(act), GlobalRank(*next));
   return s;
 }
 
@@ -198,15 +198,15 @@ absl::Status TcpStoreServerExample() {
 void DeviceMeshExample() {
   absl::StatusOr<DeviceMesh> mesh =
       init_device_mesh("cpu", {2, 2, 2}, {"PP", "DP", "TP"});
-  mesh->get_coordinate();
-  mesh->get_local_rank("TP");
-  mesh->get_group("TP");
-  (*mesh)["TP"];
-  mesh->slice({"DP", "TP"});
-  mesh->flatten({"DP", "TP"}, "DPTP");
-  mesh->flatten_mesh({"DP", "TP"}, "DPTP");
-  (*mesh)["DPTP"];
-  mesh->slice({"PP", "DPTP"});
+  (void)mesh->get_coordinate();
+  (void)mesh->get_local_rank("TP");
+  (void)mesh->get_group("TP");
+  (void)(*mesh)["TP"];
+  (void)mesh->slice({"DP", "TP"});
+  (void)mesh->flatten({"DP", "TP"}, "DPTP");
+  (void)mesh->flatten_mesh({"DP", "TP"}, "DPTP");
+  (void)(*mesh)["DPTP"];
+  (void)mesh->slice({"PP", "DPTP"});
 }
 
 // vemesh/mesh/mesh_options.h
@@ -223,14 +223,14 @@ absl::Status RegistryExample() {
   auto mesh = VESCALE_DEVICE_MESH.init_device_mesh("cpu", {2, 2, 2},
                                                    {"PP", "DP", "TP"});
   if (!mesh.ok()) return mesh.status();
-  VESCALE_DEVICE_MESH.get_strategy_size("TP");
-  VESCALE_DEVICE_MESH.get_strategy_coordinate();
-  VESCALE_DEVICE_MESH.get_strategy_coordinate(3);
-  VESCALE_DEVICE_MESH.lookup_rank("DP");
-  VESCALE_DEVICE_MESH.get_tensor_parallel_mesh();
-  VESCALE_DEVICE_MESH.get_data_parallel_dim_groups();
-  VESCALE_DEVICE_MESH.get_prev_stage();
-  VESCALE_DEVICE_MESH.is_last_stage();
+  (void)VESCALE_DEVICE_MESH.get_strategy_size("TP");
+  (void)VESCALE_DEVICE_MESH.get_strategy_coordinate();
+  (void)VESCALE_DEVICE_MESH.get_strategy_coordinate(3);
+  (void)VESCALE_DEVICE_MESH.lookup_rank("DP");
+  (void)VESCALE_DEVICE_MESH.get_tensor_parallel_mesh();
+  (void)VESCALE_DEVICE_MESH.get_data_parallel_dim_groups();
+  (void)VESCALE_DEVICE_MESH.get_prev_stage();
+  (void)VESCALE_DEVICE_MESH.is_last_stage();
   return absl::OkStatus();
 }
 
@@ -244,15 +244,22 @@ void PlacementExample() {
 }
 
 // vemesh/elastic/elastic_mesh.h
-absl::Status TrainStep(int64_t step);
-void RestoreStartOfStep();
-void RestorePreviousStep();
-void BroadcastParameters(int root);
+// The training loop's own functions that the example calls.
+absl::Status TrainStep(int64_t step) { return absl::OkStatus(); }
+void RestoreStartOfStep() {}
+void RestorePreviousStep() {}
+void BroadcastParameters(int root) {}
 absl::Status ElasticExample(int k, int64_t steps) {
   InitOptions o;
+  // GCC 12 warns (-Wmissing-field-initializers) about the fields a C++20
+  // designated initializer leaves to their defaults; that is the point here.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
   o.elastic = ElasticOptions{.store = "redis://127.0.0.1:6379", .replica = k};
-  VESCALE_DEVICE_MESH.init_device_mesh("cpu", {2, 3, 2}, {"PP", "DP", "TP"},
-                                       o);
+#pragma GCC diagnostic pop
+  auto mesh = VESCALE_DEVICE_MESH.init_device_mesh("cpu", {2, 3, 2},
+                                                   {"PP", "DP", "TP"}, o);
+  if (!mesh.ok()) return mesh.status();
   ElasticMesh& el = *VESCALE_DEVICE_MESH.elastic();
   int64_t step = el.last_recovery().resume_step;
   while (step < steps) {

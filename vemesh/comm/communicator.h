@@ -17,8 +17,9 @@
 //   ... compute ...
 //   s = (*w)->wait();
 //
-//   // Point to point by global rank, as the mesh answers neighbours.
-//   s = pp->send(absl::MakeConstSpan(act), GlobalRank(mesh.get_next_stage_peer()));
+//   // Point to point by global rank, as the registry answers neighbours.
+//   std::optional<int64_t> next = *VESCALE_DEVICE_MESH.get_next_stage_peer();
+//   if (next) s = pp->send(absl::MakeConstSpan(act), GlobalRank(*next));
 //
 // Operations are collective over the group unless they say otherwise
 // (send/recv/batch are point to point). Buffers are host memory for MPI and
