@@ -5,12 +5,12 @@
 // NcclApi, reached through Nccl(). Entry points check LoadNccl() first, so
 // a missing library is a Status, never a crash:
 //
-//   VEMESH_ASSIGN_OR_RETURN(const NcclApi* api, LoadNccl());
+//   VEMESH_RETURN_IF_ERROR(LoadNccl().status());  // Unavailable: missing
 //   Nccl().ncclCommSplit(parent, color, key, &child, &config);
 //
 // Nothing links libnccl or libcudart: one build of vemesh serves CPU-only
-// and GPU hosts (as cupy and nccl4py do), and a CPU-only program never
-// loads either. In a program that installs nothing, the table is the real
+// and GPU hosts (as cupy and nccl4py do), and a program that never asks
+// for a GPU never loads either. In a program that installs nothing, the table is the real
 // one, bound with dlopen/dlsym once, thread-safely, at the first use (the
 // first "cuda" mesh, CudaDeviceCount()):
 //
