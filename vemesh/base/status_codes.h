@@ -66,7 +66,9 @@
 //   A peer or service is gone or cannot be reached: a lost Gloo or NCCL peer
 //   (connection reset, closed), a store or Redis that refuses, stops or
 //   resets the connection (named host:port; the store's next call tries one
-//   fresh connection), an elastic control plane that is lost. A
+//   fresh connection), an elastic control plane that is lost; NCCL or the
+//   CUDA runtime that cannot be loaded (every cuda entry point, naming the
+//   file: install it or set VEMESH_NCCL_LIBRARY / VEMESH_CUDART_LIBRARY). A
 //   communicator that saw a lost peer stays broken with this code; an
 //   elastic job recovers by recover() into a new epoch.
 //
@@ -83,7 +85,7 @@
 //
 // Unimplemented (retry: fix)
 //   A feature this build or this object does not have: NCCL in a build
-//   without CUDA and NCCL; an elastic mesh on a device other than cpu;
+//   without NCCL's and CUDA's headers; an elastic mesh on a device other than cpu;
 //   split of an elastic epoch's group; set_lease on a store without expiring
 //   keys (use RedisStore or MemoryStore).
 //
