@@ -53,7 +53,9 @@ namespace header_examples {
 void StatusCodesExample(std::shared_ptr<Communicator> comm,
                         std::vector<float> grad) {
   absl::Status s = comm->all_reduce(absl::MakeSpan(grad), ReduceOp::kSum);
-  if (absl::IsUnavailable(s)) { /* a peer is gone: rebuild the group */ }
+  if (absl::IsUnavailable(s)) {
+    // A peer is gone: this communicator is finished; make a new group.
+  }
 }
 
 // vemesh/base/status_macros.h
@@ -266,11 +268,17 @@ absl::Status ElasticExample(int k, int64_t steps) {
     absl::Status s = TrainStep(step);
     absl::StatusOr<StepVerdict> v = el.end_step(s);
     if (!v.ok()) return v.status();
-    if (v->committed) ++step; else RestoreStartOfStep();
+    if (v->committed)
+      ++step;
+    else
+      RestoreStartOfStep();
     if (v->recover) {
       absl::StatusOr<Recovery> r = el.recover(step);
       if (r->evicted) return absl::OkStatus();
-      if (r->resume_step == step - 1) { RestorePreviousStep(); --step; }
+      if (r->resume_step == step - 1) {
+        RestorePreviousStep();
+        --step;
+      }
       if (r->transfer_state) BroadcastParameters(r->state_root);
     }
   }
@@ -291,8 +299,7 @@ TEST(HeaderExamples, MeshLayout) {
   ASSERT_TRUE(layout.ok()) << layout.status();
   EXPECT_EQ(*layout->coordinate_of(5), (Coordinate{1, 0, 1}));
   EXPECT_EQ(*layout->rank_at({1, 0, 1}), 5);
-  EXPECT_EQ(layout->submesh({"TP"}, 5)->ranks(),
-            (std::vector<int64_t>{4, 5}));
+  EXPECT_EQ(layout->submesh({"TP"}, 5)->ranks(), (std::vector<int64_t>{4, 5}));
   EXPECT_EQ(*layout->groups({"DP"}), (std::vector<std::vector<int64_t>>{
                                          {0, 2}, {1, 3}, {4, 6}, {5, 7}}));
   EXPECT_EQ(*layout->neighbor("PP", 5, -1), std::optional<int64_t>(1));

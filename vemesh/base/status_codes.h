@@ -8,13 +8,15 @@
 // people read the message.
 //
 //   absl::Status s = comm->all_reduce(absl::MakeSpan(grad), ReduceOp::kSum);
-//   if (absl::IsUnavailable(s)) { /* a peer is gone: rebuild the group */ }
+//   if (absl::IsUnavailable(s)) {
+//     // A peer is gone: this communicator is finished; make a new group.
+//   }
 //
-// Retry column: "same call" means the identical call may succeed later with
-// nothing else changed; "rebuild" means the object that failed (the
-// communicator, the bootstrap, the mesh) is finished and a new one must be
-// made; "fix" means the call is wrong and will fail the same way until the
-// caller changes it.
+// After each code, "retry" says what the caller may do: "same call" means
+// the identical call may succeed later with nothing else changed; "rebuild"
+// means the object that failed (the communicator, the bootstrap, the mesh)
+// is finished and a new one must be made; "fix" means the call is wrong and
+// will fail the same way until the caller changes it.
 //
 // InvalidArgument (retry: fix)
 //   A bad value from the caller, named with what was expected: a mesh shape,
@@ -85,9 +87,9 @@
 //
 // Unimplemented (retry: fix)
 //   A feature this build or this object does not have: NCCL in a build
-//   without NCCL's and CUDA's headers; an elastic mesh on a device other than cpu;
-//   split of an elastic epoch's group; set_lease on a store without expiring
-//   keys (use RedisStore or MemoryStore).
+//   without NCCL's and CUDA's headers; an elastic mesh on a device other than
+//   cpu; split of an elastic epoch's group; set_lease on a store without
+//   expiring keys (use RedisStore or MemoryStore).
 //
 // Internal (retry: rebuild; report it)
 //   A library error that is none of the above (an MPI, NCCL, CUDA, Gloo or
