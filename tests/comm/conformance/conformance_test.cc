@@ -758,7 +758,7 @@ TEST_P(Conformance, AbortFromAnotherThreadReleasesABlockedRecv) {
     EXPECT_THAT(std::string(s.message()),
                 HasSubstr("aborted by a second thread"));
     EXPECT_GE(took, absl::Milliseconds(150));
-    EXPECT_LT(took, absl::Seconds(10));
+    EXPECT_LT(took, absl::Seconds(5));
     EXPECT_TRUE(comm->aborted());
     // Later operations are refused without running.
     const absl::Status later = comm->barrier();
