@@ -82,8 +82,8 @@ Json JobJson(const MeshLayout& layout, const std::vector<int64_t>& host_of,
   return j;
 }
 
-JobPlacement Parse(const Json& j) {
-  absl::StatusOr<JobPlacement> p = ParseJobPlacement(j.dump(), "job.json");
+Placement Parse(const Json& j) {
+  absl::StatusOr<Placement> p = Placement::FromJson(j.dump(), "job.json");
   EXPECT_TRUE(p.ok()) << p.status();
   return *p;
 }
@@ -210,7 +210,7 @@ TEST(PlacementCheck, MatchingTextAndHostNamesThatDiffer) {
   // Hosts listed in another order than their lowest rank: same partition.
   job["hosts"] = {"second", "first"};
   job["rank_hosts"] = {1, 1, 1, 1, 0, 0, 0, 0};
-  const JobPlacement p = Parse(job);
+  const Placement p = Parse(job);
   const PlacementCheck c = CheckPlacement(plan, p).value();
   EXPECT_TRUE(c.matches);
   EXPECT_EQ(RenderCheck(plan, p, c),
@@ -340,7 +340,7 @@ TEST(PlacementCheck, MalformedFilesNameTheField) {
        "'dims[1].group_count'");
   with("top array", [](Json& j) { j = Json::array(); }, "'(top level)'");
   for (const Bad& b : bad) {
-    absl::StatusOr<JobPlacement> p = ParseJobPlacement(b.j.dump(), "job.json");
+    absl::StatusOr<Placement> p = Placement::FromJson(b.j.dump(), "job.json");
     ASSERT_FALSE(p.ok()) << b.what;
     EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(std::string(p.status().message()),
@@ -352,17 +352,17 @@ TEST(PlacementCheck, MalformedFilesNameTheField) {
 TEST(PlacementCheck, NotJsonTooDeepOrTooBigIsRefused) {
   for (const std::string& text : {std::string(""), std::string("{\"vemesh_"),
                                   std::string("[1, 2")}) {
-    absl::StatusOr<JobPlacement> p = ParseJobPlacement(text, "x.json");
+    absl::StatusOr<Placement> p = Placement::FromJson(text, "x.json");
     ASSERT_FALSE(p.ok());
     EXPECT_THAT(std::string(p.status().message()),
                 HasSubstr("placement file 'x.json' is not JSON"));
   }
   const std::string deep(100000, '[');
-  absl::StatusOr<JobPlacement> d = ParseJobPlacement(deep, "deep.json");
+  absl::StatusOr<Placement> d = Placement::FromJson(deep, "deep.json");
   ASSERT_FALSE(d.ok());
   EXPECT_THAT(std::string(d.status().message()), HasSubstr("nests 100000 levels"));
-  const std::string big(static_cast<size_t>(kMaxPlacementFileBytes + 1), ' ');
-  absl::StatusOr<JobPlacement> b = ParseJobPlacement(big, "big.json");
+  const std::string big(static_cast<size_t>(kMaxPlacementJsonBytes + 1), ' ');
+  absl::StatusOr<Placement> b = Placement::FromJson(big, "big.json");
   ASSERT_FALSE(b.ok());
   EXPECT_THAT(std::string(b.status().message()), HasSubstr("expected at most"));
 }
