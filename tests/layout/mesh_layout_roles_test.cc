@@ -6,10 +6,13 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "small_shapes.h"
 #include "vemesh/layout/mesh_layout.h"
 
 namespace vemesh {
 namespace {
+
+using ::vemesh::testing::SmallShapes;
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
@@ -48,23 +51,9 @@ TEST(MeshLayoutRoles, TwoDimensionsDifferingOnlyByCaseAreAmbiguous) {
                     HasSubstr("[tp, Tp]")));
 }
 
-std::vector<std::vector<int64_t>> Shapes() {
-  std::vector<std::vector<int64_t>> out;
-  for (int64_t a = 1; a <= 6; ++a) {
-    out.push_back({a});
-    for (int64_t b = 1; b <= 6; ++b) {
-      out.push_back({a, b});
-      for (int64_t c = 1; c <= 4; ++c) {
-        if (a * b * c <= 48) out.push_back({a, b, c});
-      }
-    }
-  }
-  return out;
-}
-
 // (Was tools/plan's GroupMembers test, HostLocality.GroupMembersMatchLayoutGroups.)
 TEST(MeshLayoutGroupMember, GroupMembersMatchLayoutGroups) {
-  for (const auto& shape : Shapes()) {
+  for (const auto& shape : SmallShapes()) {
     const MeshLayout layout = MeshLayout::Create(shape).value();
     for (int64_t d = 0; d < layout.ndim(); ++d) {
       const auto groups = layout.groups({layout.dim_name(d)}).value();

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "small_shapes.h"
 #include "vemesh/layout/mesh_layout.h"
 #include "vemesh/placement/host_locality.h"
 #include "vemesh/placement/host_map.h"
@@ -14,22 +15,10 @@
 namespace vemesh {
 namespace {
 
-std::vector<std::vector<int64_t>> Shapes() {
-  std::vector<std::vector<int64_t>> out;
-  for (int64_t a = 1; a <= 6; ++a) {
-    out.push_back({a});
-    for (int64_t b = 1; b <= 6; ++b) {
-      out.push_back({a, b});
-      for (int64_t c = 1; c <= 4; ++c) {
-        if (a * b * c <= 48) out.push_back({a, b, c});
-      }
-    }
-  }
-  return out;
-}
+using ::vemesh::testing::SmallShapes;
 
 TEST(HostLocality, ArithmeticMatchesScan) {
-  for (const auto& shape : Shapes()) {
+  for (const auto& shape : SmallShapes()) {
     const MeshLayout layout = MeshLayout::Create(shape).value();
     ASSERT_TRUE(IsDefaultLayout(layout));
     for (int64_t h = 1; h <= 13; ++h) {

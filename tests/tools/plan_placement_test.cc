@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
+#include "small_shapes.h"
 #include "tools/plan/dim_order.h"
 #include "tools/plan/group_summary.h"
 #include "vemesh/layout/mesh_layout.h"
@@ -22,19 +23,7 @@
 namespace vemesh::plan {
 namespace {
 
-std::vector<std::vector<int64_t>> Shapes() {
-  std::vector<std::vector<int64_t>> out;
-  for (int64_t a = 1; a <= 6; ++a) {
-    out.push_back({a});
-    for (int64_t b = 1; b <= 6; ++b) {
-      out.push_back({a, b});
-      for (int64_t c = 1; c <= 4; ++c) {
-        if (a * b * c <= 48) out.push_back({a, b, c});
-      }
-    }
-  }
-  return out;
-}
+using ::vemesh::testing::SmallShapes;
 
 // The launchers, rank by rank. Block: fill a host with per_host ranks, then
 // the next. Cyclic: deal ranks to the hosts in turn. Slots: fill each host's
@@ -180,7 +169,7 @@ TEST(HostMap, NamesAndDescriptions) {
 }
 
 TEST(HostLocality, EveryPolicyCountsCrossingGroupsAsTheReference) {
-  for (const auto& shape : Shapes()) {
+  for (const auto& shape : SmallShapes()) {
     const MeshLayout layout = MeshLayout::Create(shape).value();
     for (const Case& c : Cases(layout.size())) {
       for (int64_t d = 0; d < layout.ndim(); ++d) {
@@ -199,7 +188,7 @@ TEST(HostLocality, EveryPolicyCountsCrossingGroupsAsTheReference) {
 }
 
 TEST(GroupSummary, ElidedHostCountMatchesTheReferenceUnderEveryPolicy) {
-  for (const auto& shape : Shapes()) {
+  for (const auto& shape : SmallShapes()) {
     const MeshLayout layout = MeshLayout::Create(shape).value();
     for (const Case& c : Cases(layout.size())) {
       for (int64_t d = 0; d < layout.ndim(); ++d) {
@@ -224,7 +213,7 @@ TEST(GroupSummary, ElidedHostCountMatchesTheReferenceUnderEveryPolicy) {
 // inside, found by trying every order against the reference.
 TEST(DimOrder, SuggestionsUnderEveryPolicyAreProvenAndComplete) {
   const std::vector<std::string> names = {"PP", "TP", "DP"};
-  for (const auto& shape : Shapes()) {
+  for (const auto& shape : SmallShapes()) {
     if (shape.size() != 3) continue;
     const MeshLayout layout = MeshLayout::Create(shape, names).value();
     for (const Case& c : Cases(layout.size())) {
@@ -294,7 +283,7 @@ TEST(HostLocality, HugeWorldsUnderCyclicAndSlots) {
 // An elided group's host count is arithmetic (first member, stride, size);
 // it must equal the count of distinct hosts over every member.
 TEST(GroupSummary, ElidedHostCountMatchesEveryMember) {
-  for (const auto& shape : Shapes()) {
+  for (const auto& shape : SmallShapes()) {
     const MeshLayout layout = MeshLayout::Create(shape).value();
     for (int64_t h = 1; h <= 13; ++h) {
       const HostMap hosts{h, layout.size()};
@@ -330,7 +319,7 @@ TEST(GroupSummary, AHugeGroupIsSummarisedFromItsEnds) {
 }
 
 TEST(DimOrder, EverySuggestionIsVerified) {
-  for (const auto& shape : Shapes()) {
+  for (const auto& shape : SmallShapes()) {
     if (shape.size() != 3) continue;
     const MeshLayout layout =
         MeshLayout::Create(shape, {"PP", "TP", "DP"}).value();
