@@ -1,6 +1,6 @@
 #include "vemesh/comm/nccl/nccl_communicator.h"
 
-#include <cuda_runtime.h>
+#include <cuda_runtime_api.h>
 #include <nccl.h>
 #include <sched.h>
 
@@ -357,6 +357,10 @@ class NcclWork final : public Work {
 };
 
 absl::StatusOr<int> CudaDeviceCount() {
+  // The first use of the backend loads libcudart and libnccl: every path
+  // into it (ChooseCudaDeviceHere, NcclCommunicator::Create) comes here
+  // first, so a missing library is Unavailable saying which and why.
+  VEMESH_RETURN_IF_ERROR(LoadNccl().status());
   int count = 0;
   cudaError_t code = Nccl().cudaGetDeviceCount(&count);
   if (code != cudaSuccess) {
