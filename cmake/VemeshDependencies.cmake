@@ -8,6 +8,9 @@ find_package(Threads REQUIRED)
 find_package(Gloo REQUIRED)
 # hiredis (Debian libhiredis-dev): the client of RedisStore, the control
 # plane of elastic jobs. Debian ships no CMake config for it, only a .pc.
+# nlohmann/json (Debian nlohmann-json3-dev, header-only): Placement::FromJson
+# reads a placement back; the `vemesh` tool renders its JSON with it.
+find_package(nlohmann_json 3.2 REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)
 

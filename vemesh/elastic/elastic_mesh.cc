@@ -46,8 +46,8 @@ absl::Status CheckOptions(DeviceType device_type, const MeshLayout& layout,
   }
   if (layout.has_rank_table()) {
     return absl::InvalidArgumentError(
-        "an elastic mesh numbers its ranks itself: InitOptions.ranks must be "
-        "empty");
+        "an elastic mesh numbers its ranks itself: InitOptions.mesh.ranks "
+        "must be empty");
   }
   if (o.heartbeat_ttl < absl::Milliseconds(20) ||
       o.heartbeat_ttl > absl::Hours(1)) {
