@@ -1,5 +1,5 @@
 # Finds what vemesh builds on. All of it comes from Debian (scripts/setup.sh);
-# CUDA and NCCL are optional and looked for under /usr/local/cuda.
+# CUDA's and NCCL's headers are optional and looked for under /usr/local/cuda.
 find_package(absl REQUIRED)
 set(MPI_CXX_SKIP_MPICXX ON)
 find_package(MPI REQUIRED COMPONENTS CXX)
@@ -8,9 +8,17 @@ find_package(Threads REQUIRED)
 find_package(Gloo REQUIRED)
 # hiredis (Debian libhiredis-dev): the client of RedisStore, the control
 # plane of elastic jobs. Debian ships no CMake config for it, only a .pc.
+# nlohmann/json (Debian nlohmann-json3-dev, header-only): Placement::FromJson
+# reads a placement back; the `vemesh` tool renders its JSON with it.
+find_package(nlohmann_json 3.2 REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)
 
+# The NCCL backend builds on NCCL's and the CUDA runtime's headers alone:
+# libvemesh loads libnccl and libcudart with dlopen at the first use
+# (vemesh/comm/nccl/internal/nccl_api.h), so one build serves CPU-only and
+# GPU hosts and no consumer links them. VEMESH_HAVE_NCCL: the headers were
+# found; VEMESH_NCCL_INCLUDE_DIRS: where.
 set(VEMESH_HAVE_NCCL OFF)
 if(NOT VEMESH_WITH_NCCL STREQUAL "OFF")
   if(NOT CUDAToolkit_ROOT AND EXISTS /usr/local/cuda)
@@ -18,15 +26,25 @@ if(NOT VEMESH_WITH_NCCL STREQUAL "OFF")
   endif()
   find_package(CUDAToolkit QUIET)
   find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
-  find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
-  if(CUDAToolkit_FOUND AND NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
+  find_path(CUDART_INCLUDE_DIR cuda_runtime_api.h
+            HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
+  if(NCCL_INCLUDE_DIR AND CUDART_INCLUDE_DIR)
     set(VEMESH_HAVE_NCCL ON)
-    message(STATUS "vemesh: NCCL backend ON (${NCCL_LIBRARY}, CUDA ${CUDAToolkit_VERSION})")
+    set(VEMESH_NCCL_INCLUDE_DIRS ${NCCL_INCLUDE_DIR} ${CUDART_INCLUDE_DIR})
+    list(REMOVE_DUPLICATES VEMESH_NCCL_INCLUDE_DIRS)
+    message(STATUS "vemesh: NCCL backend ON (headers in ${VEMESH_NCCL_INCLUDE_DIRS}; "
+                   "libnccl and libcudart are loaded at run time)")
   elseif(VEMESH_WITH_NCCL STREQUAL "ON")
-    message(FATAL_ERROR "VEMESH_WITH_NCCL=ON but CUDA/NCCL were not found under /usr/local/cuda")
+    message(FATAL_ERROR "VEMESH_WITH_NCCL=ON but nccl.h and cuda_runtime_api.h "
+                        "were not found under /usr/local/cuda/include (set CUDAToolkit_ROOT)")
   else()
-    message(STATUS "vemesh: NCCL backend OFF (CUDA or NCCL not found)")
+    message(STATUS "vemesh: NCCL backend OFF (nccl.h or cuda_runtime_api.h not found)")
   endif()
+  # Only for the in-tree programs that call CUDA or NCCL themselves (a GPU
+  # test's cudaMalloc, a benchmark's raw ncclAllReduce): libvemesh never
+  # links these.
+  find_library(NCCL_LIBRARY nccl
+               HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib /usr/local/cuda/lib64)
 endif()
 
 # Multi-rank tests and tools run under this launcher.

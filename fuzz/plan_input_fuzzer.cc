@@ -1,6 +1,7 @@
 // libFuzzer target: the two files `vemesh plan` reads from users and jobs —
 // an Open MPI hostfile (--placement hostfile:FILE) and a job's placement
-// JSON (--check FILE). The first byte picks the parser; the rest is the text.
+// JSON (--check FILE, read by vemesh::Placement::FromJson). The first byte
+// picks the parser; the rest is the text.
 //
 // Invariants checked on every input (a violation aborts, which libFuzzer
 // reports as a crash with the input saved):
@@ -22,13 +23,13 @@
 #include "tools/plan/hostfile.h"
 #include "tools/plan/placement_check.h"
 #include "tools/plan/plan.h"
+#include "vemesh/placement/placement.h"
 
 namespace {
 
 using vemesh::plan::CheckPlacement;
 using vemesh::plan::HostMapFromHostfile;
 using vemesh::plan::ParseHostfile;
-using vemesh::plan::ParseJobPlacement;
 
 // Past any interesting file: longer inputs only cost time.
 constexpr size_t kMaxInput = 64 * 1024;
@@ -58,14 +59,14 @@ void FuzzHostfile(absl::string_view text) {
 }
 
 void FuzzPlacement(absl::string_view text) {
-  auto job = ParseJobPlacement(text, "fuzz.json");
+  auto job = vemesh::Placement::FromJson(text, "fuzz.json");
   if (!job.ok()) {
     FUZZ_CHECK(job.status().code() == absl::StatusCode::kInvalidArgument);
     FUZZ_CHECK(!job.status().message().empty());
     return;
   }
   FUZZ_CHECK(static_cast<int64_t>(job->rank_hosts.size()) == job->world_size);
-  for (int64_t h : job->rank_hosts) {
+  for (const int64_t h : job->rank_hosts) {
     FUZZ_CHECK(h >= 0 && h < static_cast<int64_t>(job->hosts.size()));
   }
   FUZZ_CHECK(job->dim_names.size() == job->shape.size());

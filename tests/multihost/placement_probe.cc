@@ -76,7 +76,7 @@ absl::StatusOr<std::string> ProbeLine(const ProbeFlags& flags) {
   absl::StatusOr<vemesh::MeshSpec> spec = vemesh::ParseMeshSpec(flags.mesh);
   if (!spec.ok()) return spec.status();
   vemesh::InitOptions options;
-  options.timeout = absl::Seconds(flags.timeout_s);
+  options.mesh.timeout = absl::Seconds(flags.timeout_s);
   absl::StatusOr<vemesh::DeviceMesh> mesh = VESCALE_DEVICE_MESH.init_device_mesh(
       "cpu", spec->shape, spec->names, options);
   if (!mesh.ok()) return mesh.status();

@@ -128,8 +128,9 @@ TEST(PlacementRolesMpiTest, TheRoleListChoosesWhatWarns) {
   for (const bool tp_listed : {false, true}) {
     CapturedLog log;
     InitOptions options;
-    options.latency_sensitive_dims = tp_listed ? std::vector<std::string>{"dp", "tp"}
-                                               : std::vector<std::string>{"DP"};
+    options.mesh.latency_sensitive_dims =
+        tp_listed ? std::vector<std::string>{"dp", "tp"}
+                  : std::vector<std::string>{"DP"};
     auto mesh = VESCALE_DEVICE_MESH.init_device_mesh(
         "cpu", {2, n / 2}, {"TP", "DP"}, options);
     ASSERT_TRUE(mesh.ok()) << mesh.status();

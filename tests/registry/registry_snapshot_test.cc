@@ -124,12 +124,12 @@ std::vector<int64_t> Reversed(int n) {
 
 absl::Status InitA(VeDeviceMesh& r) {
   InitOptions o;
-  o.ranks = Reversed(8);
+  o.mesh.ranks = Reversed(8);
   return r.init_device_mesh("meta", {2, 4}, {"PP", "TP"}, o).status();
 }
 absl::Status InitB(VeDeviceMesh& r) {
   InitOptions o;
-  o.ranks = Reversed(8);
+  o.mesh.ranks = Reversed(8);
   return r.init_device_mesh("meta", {4, 2}, {"PP", "TP"}, o).status();
 }
 

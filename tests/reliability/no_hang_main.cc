@@ -98,7 +98,7 @@ struct Scenario {
 
 InitOptions WithTimeout(absl::Duration timeout) {
   InitOptions o;
-  o.timeout = timeout;
+  o.mesh.timeout = timeout;
   return o;
 }
 

@@ -11,11 +11,11 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "tools/plan/host_locality.h"
 #include "tools/plan/plan.h"
 #include "tools/plan/render_json.h"
 #include "tools/plan/render_table.h"
 #include "vemesh/layout/mesh_layout.h"
+#include "vemesh/placement/host_locality.h"
 
 namespace vemesh::plan {
 namespace {

@@ -13,28 +13,17 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
+#include "small_shapes.h"
 #include "tools/plan/dim_order.h"
 #include "tools/plan/group_summary.h"
-#include "tools/plan/host_locality.h"
-#include "tools/plan/host_map.h"
 #include "vemesh/layout/mesh_layout.h"
+#include "vemesh/placement/host_locality.h"
+#include "vemesh/placement/host_map.h"
 
 namespace vemesh::plan {
 namespace {
 
-std::vector<std::vector<int64_t>> Shapes() {
-  std::vector<std::vector<int64_t>> out;
-  for (int64_t a = 1; a <= 6; ++a) {
-    out.push_back({a});
-    for (int64_t b = 1; b <= 6; ++b) {
-      out.push_back({a, b});
-      for (int64_t c = 1; c <= 4; ++c) {
-        if (a * b * c <= 48) out.push_back({a, b, c});
-      }
-    }
-  }
-  return out;
-}
+using ::vemesh::testing::SmallShapes;
 
 // The launchers, rank by rank. Block: fill a host with per_host ranks, then
 // the next. Cyclic: deal ranks to the hosts in turn. Slots: fill each host's
@@ -180,7 +169,7 @@ TEST(HostMap, NamesAndDescriptions) {
 }
 
 TEST(HostLocality, EveryPolicyCountsCrossingGroupsAsTheReference) {
-  for (const auto& shape : Shapes()) {
+  for (const auto& shape : SmallShapes()) {
     const MeshLayout layout = MeshLayout::Create(shape).value();
     for (const Case& c : Cases(layout.size())) {
       for (int64_t d = 0; d < layout.ndim(); ++d) {
@@ -199,7 +188,7 @@ TEST(HostLocality, EveryPolicyCountsCrossingGroupsAsTheReference) {
 }
 
 TEST(GroupSummary, ElidedHostCountMatchesTheReferenceUnderEveryPolicy) {
-  for (const auto& shape : Shapes()) {
+  for (const auto& shape : SmallShapes()) {
     const MeshLayout layout = MeshLayout::Create(shape).value();
     for (const Case& c : Cases(layout.size())) {
       for (int64_t d = 0; d < layout.ndim(); ++d) {
@@ -224,7 +213,7 @@ TEST(GroupSummary, ElidedHostCountMatchesTheReferenceUnderEveryPolicy) {
 // inside, found by trying every order against the reference.
 TEST(DimOrder, SuggestionsUnderEveryPolicyAreProvenAndComplete) {
   const std::vector<std::string> names = {"PP", "TP", "DP"};
-  for (const auto& shape : Shapes()) {
+  for (const auto& shape : SmallShapes()) {
     if (shape.size() != 3) continue;
     const MeshLayout layout = MeshLayout::Create(shape, names).value();
     for (const Case& c : Cases(layout.size())) {
@@ -288,6 +277,85 @@ TEST(HostLocality, HugeWorldsUnderCyclicAndSlots) {
   EXPECT_EQ(AnalyzeDimLocality(layout, 2, slots).crossing_groups, 0);
   const GroupSummary g = SummarizeGroup(layout, 0, 0, HostMap::Cyclic(16, world));
   EXPECT_EQ(g.host_count, 1);
+}
+
+// (From host_locality_test.cc, whose engine moved to vemesh/placement/.)
+// An elided group's host count is arithmetic (first member, stride, size);
+// it must equal the count of distinct hosts over every member.
+TEST(GroupSummary, ElidedHostCountMatchesEveryMember) {
+  for (const auto& shape : SmallShapes()) {
+    const MeshLayout layout = MeshLayout::Create(shape).value();
+    for (int64_t h = 1; h <= 13; ++h) {
+      const HostMap hosts{h, layout.size()};
+      for (int64_t d = 0; d < layout.ndim(); ++d) {
+        const auto groups = layout.groups({layout.dim_name(d)}).value();
+        for (size_t g = 0; g < groups.size(); ++g) {
+          std::vector<int64_t> seen;
+          for (int64_t r : groups[g]) seen.push_back(hosts.host_of(r));
+          std::sort(seen.begin(), seen.end());
+          const int64_t distinct =
+              std::unique(seen.begin(), seen.end()) - seen.begin();
+          const GroupSummary s = SummarizeGroup(
+              layout, d, static_cast<int64_t>(g), hosts, /*max_listed=*/1);
+          ASSERT_EQ(s.host_count, distinct)
+              << layout.ToString() << " dim " << d << " group " << g
+              << " h " << h;
+        }
+      }
+    }
+  }
+}
+
+// A group of 2^62 members is summarised without visiting them.
+TEST(GroupSummary, AHugeGroupIsSummarisedFromItsEnds) {
+  const MeshLayout layout =
+      MeshLayout::Create({int64_t{1} << 62}, {"TP"}).value();
+  const GroupSummary s = SummarizeGroup(
+      layout, 0, 0, HostMap{8, layout.size()});
+  EXPECT_EQ(s.size, int64_t{1} << 62);
+  EXPECT_EQ(s.ranks, (std::vector<int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(s.tail.back(), (int64_t{1} << 62) - 1);
+  EXPECT_EQ(s.host_count, int64_t{1} << 59);
+}
+
+TEST(DimOrder, EverySuggestionIsVerified) {
+  for (const auto& shape : SmallShapes()) {
+    if (shape.size() != 3) continue;
+    const MeshLayout layout =
+        MeshLayout::Create(shape, {"PP", "TP", "DP"}).value();
+    for (int64_t h = 1; h <= 12; ++h) {
+      const HostMap hosts{h, layout.size()};
+      const OrderSuggestion s =
+          SuggestOrderKeepingInHost(layout, "TP", hosts).value();
+      if (!s.found) {
+        EXPECT_FALSE(s.reason.empty());
+        continue;
+      }
+      std::vector<int64_t> reordered;
+      for (const std::string& n : s.order) {
+        reordered.push_back(layout.dim_size(n).value());
+      }
+      const MeshLayout fixed = MeshLayout::Create(reordered, s.order).value();
+      EXPECT_EQ(AnalyzeDimLocality(fixed, fixed.dim_index("TP").value(), hosts)
+                    .crossing_groups,
+                0)
+          << layout.ToString() << " -> " << s.mesh_spec << " h " << h;
+    }
+  }
+}
+
+TEST(DimOrder, MovesTpInnermostAndExplainsTheImpossible) {
+  const MeshLayout layout =
+      MeshLayout::Create({4, 8, 2}, {"PP", "TP", "DP"}).value();
+  const OrderSuggestion s =
+      SuggestOrderKeepingInHost(layout, "TP", HostMap{8, 64}).value();
+  ASSERT_TRUE(s.found);
+  EXPECT_EQ(s.mesh_spec, "PP=4,DP=2,TP=8");
+  const OrderSuggestion none =
+      SuggestOrderKeepingInHost(layout, "TP", HostMap{4, 64}).value();
+  EXPECT_FALSE(none.found);
+  EXPECT_NE(none.reason.find("TP=8"), std::string::npos);
+  EXPECT_FALSE(SuggestOrderKeepingInHost(layout, "EP", HostMap{4, 64}).ok());
 }
 
 }  // namespace

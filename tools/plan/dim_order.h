@@ -28,8 +28,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "tools/plan/host_locality.h"
 #include "vemesh/layout/mesh_layout.h"
+#include "vemesh/placement/host_locality.h"
 
 namespace vemesh::plan {
 

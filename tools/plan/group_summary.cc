@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
-#include "tools/plan/group_members.h"
+#include "vemesh/placement/host_locality.h"
 
 namespace vemesh::plan {
 namespace {
@@ -57,7 +57,7 @@ GroupSummary SummarizeGroup(const MeshLayout& layout, int64_t dim,
       complete ? SampleIndices(out.size, out.size, 0)
                : SampleIndices(out.size, kSummaryMembers, kSummaryMembers);
   for (int64_t k : shown) {
-    const int64_t rank = GroupMember(layout, dim, group, k);
+    const int64_t rank = layout.group_member(dim, group, k);
     if (complete || k < kSummaryMembers) {
       out.ranks.push_back(rank);
     } else {
@@ -80,11 +80,22 @@ GroupSummary SummarizeGroup(const MeshLayout& layout, int64_t dim,
     // refuses such layouts above kMaxScannedRanks).
     std::vector<int64_t> seen;
     for (int64_t k = 0; k < out.size; ++k) {
-      seen.push_back(hosts.host_of(GroupMember(layout, dim, group, k)));
+      seen.push_back(hosts.host_of(layout.group_member(dim, group, k)));
     }
     std::sort(seen.begin(), seen.end());
     out.host_count = std::unique(seen.begin(), seen.end()) - seen.begin();
   }
+  return out;
+}
+
+std::vector<int64_t> SampleIndices(int64_t total, int64_t head, int64_t tail) {
+  std::vector<int64_t> out;
+  if (total <= head + tail) {
+    for (int64_t i = 0; i < total; ++i) out.push_back(i);
+    return out;
+  }
+  for (int64_t i = 0; i < head; ++i) out.push_back(i);
+  for (int64_t i = total - tail; i < total; ++i) out.push_back(i);
   return out;
 }
 

@@ -18,8 +18,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "tools/plan/host_locality.h"
 #include "vemesh/layout/mesh_layout.h"
+#include "vemesh/placement/host_map.h"
 
 namespace vemesh::plan {
 
@@ -44,6 +44,10 @@ struct GroupSummary {
 GroupSummary SummarizeGroup(const MeshLayout& layout, int64_t dim,
                             int64_t group, const HostMap& hosts,
                             int64_t max_listed = kMaxListedMembers);
+
+// Indices 0..total-1 when total <= head + tail, otherwise the first `head`
+// and the last `tail`: what a summary shows.
+std::vector<int64_t> SampleIndices(int64_t total, int64_t head, int64_t tail);
 
 }  // namespace vemesh::plan
 

@@ -28,7 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "tools/plan/host_map.h"
+#include "vemesh/placement/host_map.h"
 
 namespace vemesh::plan {
 

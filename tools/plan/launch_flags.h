@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
-#include "tools/plan/host_map.h"
+#include "vemesh/placement/host_map.h"
 
 namespace vemesh::plan {
 

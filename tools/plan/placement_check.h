@@ -9,7 +9,7 @@
 //    "dims": [{"name": "PP", "group_count": 4, "group_size": 2,
 //              "crossing_groups": 4}, ...]}
 //
-//   absl::StatusOr<JobPlacement> job = LoadJobPlacement("placement.json");
+//   absl::StatusOr<Placement> job = LoadJobPlacement("placement.json");
 //   PlacementCheck c = CheckPlacement(*plan, *job);
 //   c.matches;       // false
 //   c.differences;   // {"TP: plan 0 crossing groups, job 4", ...}
@@ -17,8 +17,10 @@
 //
 // Host names may differ between plan and job (a plan numbers its hosts):
 // what is compared is which ranks share a host, the mesh, the world size and
-// every dimension's crossing-group count. Malformed files are
-// InvalidArgument naming the field; sizes are bounded before anything is
+// every dimension's crossing-group count. The file is read by
+// Placement::FromJson (vemesh/placement/placement.h), beside the writer:
+// malformed files are InvalidArgument naming the field; sizes are bounded
+// (kMaxPlacementJsonBytes, kMaxPlacementJsonRanks) before anything is
 // allocated for them.
 
 #ifndef VEMESH_TOOLS_PLAN_PLACEMENT_CHECK_H_
@@ -31,36 +33,15 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "tools/plan/plan.h"
+#include "vemesh/placement/placement.h"
 
 namespace vemesh::plan {
 
-// The largest placement file and world --check reads: a world of 2^22 ranks
-// writes about 10 MB of rank_hosts.
-inline constexpr int64_t kMaxPlacementFileBytes = int64_t{64} << 20;
-inline constexpr int64_t kMaxCheckedRanks = int64_t{1} << 22;
 // Ranks that differ, named one by one before "... and N more".
 inline constexpr int64_t kMaxNamedRanks = 3;
 
-struct JobPlacement {
-  struct Dim {
-    std::string name;
-    int64_t group_count = 0;
-    int64_t group_size = 0;
-    int64_t crossing_groups = 0;
-  };
-  int64_t world_size = 0;
-  std::vector<std::string> dim_names;
-  std::vector<int64_t> shape;
-  std::vector<std::string> hosts;
-  std::vector<int64_t> rank_hosts;
-  std::vector<Dim> dims;
-};
-
-// `source` names the file in messages.
-absl::StatusOr<JobPlacement> ParseJobPlacement(absl::string_view text,
-                                               absl::string_view source);
-// Reads at most kMaxPlacementFileBytes of `path`, then parses it.
-absl::StatusOr<JobPlacement> LoadJobPlacement(const std::string& path);
+// Reads at most kMaxPlacementJsonBytes of `path`, then Placement::FromJson.
+absl::StatusOr<Placement> LoadJobPlacement(const std::string& path);
 
 struct PlacementCheck {
   bool matches = true;
@@ -70,14 +51,14 @@ struct PlacementCheck {
   std::string hint;
 };
 
-// The plan's world must be at most kMaxCheckedRanks (InvalidArgument
+// The plan's world must be at most kMaxPlacementJsonRanks (InvalidArgument
 // otherwise): every rank's host is compared.
 absl::StatusOr<PlacementCheck> CheckPlacement(const Plan& plan,
-                                              const JobPlacement& job);
+                                              const Placement& job);
 
 // The check as text: "plan matches the job's placement: ..." or the
 // differences and the hint.
-std::string RenderCheck(const Plan& plan, const JobPlacement& job,
+std::string RenderCheck(const Plan& plan, const Placement& job,
                         const PlacementCheck& check);
 // {"matches": bool, "differences": [...], "hint": "..." or null}.
 std::string RenderCheckJson(const PlacementCheck& check);

@@ -7,7 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "tools/plan/group_members.h"
+#include "tools/plan/group_summary.h"
 #include "vemesh/layout/mesh_spec.h"
 
 namespace vemesh::plan {
@@ -148,33 +148,27 @@ std::optional<PlanWarning> CrossingWarning(const Plan& plan, int64_t d) {
   return w;
 }
 
-// The dimension a role names: exactly, else ignoring case (as the runtime's
-// MeshOptions::latency_sensitive_dims matches roles).
-std::optional<int64_t> FindRole(const MeshLayout& layout,
-                                absl::string_view role) {
-  if (std::optional<int64_t> d = layout.find_dim(role)) return d;
-  for (int64_t d = 0; d < layout.ndim(); ++d) {
-    if (absl::EqualsIgnoreCase(layout.dim_name(d), role)) return d;
-  }
-  return std::nullopt;
-}
-
 // The dimensions to warn about, in mesh order.
 absl::StatusOr<std::vector<int64_t>> LatencySensitiveDims(
     const MeshLayout& layout, const PlanSettings& settings,
     absl::string_view spec) {
   std::vector<int64_t> dims;
   if (!settings.latency_sensitive.has_value()) {
-    if (std::optional<int64_t> tp = FindRole(layout, kTensorParallelDim)) {
+    // Roles match names ignoring case (MeshLayout::find_role, as the
+    // runtime's MeshOptions::latency_sensitive_dims do).
+    if (absl::StatusOr<int64_t> tp = layout.find_role(kTensorParallelDim);
+        tp.ok()) {
       dims.push_back(*tp);
     }
     return dims;
   }
   std::vector<std::string> unknown;
   for (const std::string& name : *settings.latency_sensitive) {
-    std::optional<int64_t> d = FindRole(layout, name);
-    if (!d.has_value()) {
+    absl::StatusOr<int64_t> d = layout.find_role(name);
+    if (absl::IsNotFound(d.status())) {
       unknown.push_back(name);
+    } else if (!d.ok()) {
+      return d.status();  // two dimensions differ from `name` only by case
     } else if (std::find(dims.begin(), dims.end(), *d) == dims.end()) {
       dims.push_back(*d);
     }

@@ -67,7 +67,7 @@ int RunPlanCommand(absl::Span<const std::string> args, std::ostream& out,
              "table or json, got svg\n";
       return kExitUsage;
     }
-    absl::StatusOr<JobPlacement> job = LoadJobPlacement(*options->check);
+    absl::StatusOr<Placement> job = LoadJobPlacement(*options->check);
     absl::StatusOr<PlacementCheck> check =
         job.ok() ? CheckPlacement(*plan, *job)
                  : absl::StatusOr<PlacementCheck>(job.status());

@@ -24,8 +24,8 @@
 #include <vector>
 
 #include "tools/plan/group_summary.h"
-#include "tools/plan/host_locality.h"
 #include "vemesh/layout/mesh_layout.h"
+#include "vemesh/placement/host_locality.h"
 
 namespace vemesh::plan {
 

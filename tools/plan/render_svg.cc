@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "tools/plan/group_members.h"
+#include "tools/plan/group_summary.h"
 #include "tools/plan/palette.h"
 
 namespace vemesh::plan {
@@ -223,7 +223,7 @@ std::string RenderSvg(const Plan& plan) {
     std::vector<int64_t> members;
     const int64_t n = layout.shape()[color_dim];
     for (int64_t k : SampleIndices(n, 3, 1)) {
-      members.push_back(GroupMember(layout, color_dim, g, k));
+      members.push_back(layout.group_member(color_dim, g, k));
     }
     std::string list = absl::StrJoin(members.begin(), members.end() - (n > 4),
                                      ", ");

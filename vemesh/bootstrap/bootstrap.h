@@ -11,7 +11,8 @@
 //                    scripts: a Store hosted by rank 0 at
 //                    MASTER_ADDR:MASTER_PORT (vemesh/bootstrap/)
 //
-//   absl::StatusOr<std::shared_ptr<Bootstrap>> boot = BootstrapFromLaunch();
+//   absl::StatusOr<std::shared_ptr<Bootstrap>> boot =
+//       LaunchBootstrap(absl::Now() + absl::Seconds(60));  // launch.h
 //   auto all = (*boot)->all_gather("hello", absl::Now() + absl::Seconds(30));
 //   // (*all)[r] is what rank r passed.
 //

@@ -17,8 +17,9 @@
 //   ... compute ...
 //   s = (*w)->wait();
 //
-//   // Point to point by global rank, as the mesh answers neighbours.
-//   s = pp->send(absl::MakeConstSpan(act), GlobalRank(mesh.get_next_stage_peer()));
+//   // Point to point by global rank, as the registry answers neighbours.
+//   std::optional<int64_t> next = *VESCALE_DEVICE_MESH.get_next_stage_peer();
+//   if (next) s = pp->send(absl::MakeConstSpan(act), GlobalRank(*next));
 //
 // Operations are collective over the group unless they say otherwise
 // (send/recv/batch are point to point). Buffers are host memory for MPI and
@@ -32,15 +33,8 @@
 // limit, a root or peer outside the group, a length that does not match the
 // group, send and recv buffers that overlap without being the same, an
 // average of integers. Each is InvalidArgument with one text for all
-// backends. Failures say what happened:
-//   Unavailable        a peer was lost or cannot be reached
-//   DeadlineExceeded   the operation did not finish by its deadline (the
-//                      communicator is then aborted)
-//   Aborted            `abort()` was called (from any thread), or an earlier
-//                      deadline aborted the communicator
-//   FailedPrecondition the backend cannot be used here (MPI finalised, a
-//                      thread MPI does not allow)
-//   Internal           a library error that is none of the above
+// backends. Other failures (a lost peer, a deadline, abort()) and whether to
+// retry: the table in vemesh/base/status_codes.h.
 //
 // Data types and reductions: data_type.h (every type on every backend). An
 // operation as a backend receives it: operation.h. The backend names:

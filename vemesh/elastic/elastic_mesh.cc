@@ -1,7 +1,5 @@
 #include "vemesh/elastic/elastic_mesh.h"
 
-#include <signal.h>
-
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -48,8 +46,8 @@ absl::Status CheckOptions(DeviceType device_type, const MeshLayout& layout,
   }
   if (layout.has_rank_table()) {
     return absl::InvalidArgumentError(
-        "an elastic mesh numbers its ranks itself: InitOptions.ranks must be "
-        "empty");
+        "an elastic mesh numbers its ranks itself: InitOptions.mesh.ranks "
+        "must be empty");
   }
   if (o.heartbeat_ttl < absl::Milliseconds(20) ||
       o.heartbeat_ttl > absl::Hours(1)) {
@@ -143,15 +141,8 @@ absl::StatusOr<std::unique_ptr<ElasticMesh>> ElasticMesh::Create(
   if (absl::Status s = CheckOptions(device_type, requested, options); !s.ok()) {
     return s;
   }
-  // Gloo writes to its peers with writev: a write to a replica that just
-  // died raises SIGPIPE, whose default action would end this survivor. A
-  // lost peer must surface as Unavailable instead, so an elastic process
-  // ignores SIGPIPE (a handler the program installed is left alone).
-  struct sigaction current = {};
-  if (sigaction(SIGPIPE, nullptr, &current) == 0 &&
-      current.sa_handler == SIG_DFL) {
-    signal(SIGPIPE, SIG_IGN);
-  }
+  // A write to a replica that just died is Unavailable, not SIGPIPE: the Gloo
+  // backend writes with SIGPIPE blocked (vemesh/base/sigpipe.h).
   std::unique_ptr<ElasticMesh> el(
       new ElasticMesh(device_type, requested, options));
   el->replica_dim_ = *requested.find_dim(options.replica_dim);

@@ -8,7 +8,9 @@
 //   InitOptions o;
 //   o.elastic = ElasticOptions{.store = "redis://127.0.0.1:6379",
 //                              .replica = k};
-//   VESCALE_DEVICE_MESH.init_device_mesh("cpu", {2, 3, 2}, {"PP", "DP", "TP"}, o);
+//   auto mesh = VESCALE_DEVICE_MESH.init_device_mesh("cpu", {2, 3, 2},
+//                                                    {"PP", "DP", "TP"}, o);
+//   if (!mesh.ok()) return mesh.status();
 //   ElasticMesh& el = *VESCALE_DEVICE_MESH.elastic();
 //   int64_t step = el.last_recovery().resume_step;   // 0 for a fresh job
 //   while (step < steps) {
@@ -18,7 +20,7 @@
 //     if (v->committed) ++step; else RestoreStartOfStep();
 //     if (v->recover) {
 //       absl::StatusOr<Recovery> r = el.recover(step);
-//       if (r->evicted) return;                      // not a member any more
+//       if (r->evicted) return absl::OkStatus();     // not a member any more
 //       if (r->resume_step == step - 1) { RestorePreviousStep(); --step; }
 //       if (r->transfer_state) BroadcastParameters(r->state_root);
 //     }
@@ -46,9 +48,6 @@
 // (PP, TP) comes before the step's first DP operation. A rank whose DP
 // operation failed goes straight to end_step; its partners must not be
 // waiting for it in a PP or TP collective by then.
-//
-// Process-wide: Create sets SIGPIPE to ignored when it has its default
-// action (a write to a dead peer must be an error, not this process's end).
 
 #ifndef VEMESH_ELASTIC_ELASTIC_MESH_H_
 #define VEMESH_ELASTIC_ELASTIC_MESH_H_

@@ -5,6 +5,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "vemesh/base/status_macros.h"
@@ -154,6 +155,28 @@ absl::StatusOr<int64_t> MeshLayout::dim_index(absl::string_view name) const {
   return absl::NotFoundError(absl::StrCat("mesh dimension '", name,
                                           "' does not exist: expected one of ",
                                           JoinNames(dim_names())));
+}
+
+absl::StatusOr<int64_t> MeshLayout::find_role(absl::string_view role) const {
+  if (auto exact = find_dim(role)) return *exact;
+  int64_t found = -1;
+  for (int64_t i = 0; i < ndim(); ++i) {
+    if (!absl::EqualsIgnoreCase(dims_[i].name, role)) continue;
+    if (found >= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "role '", role, "' matches both dimension '", dims_[found].name,
+          "' and '", dims_[i].name, "' of ", ToString(),
+          " (roles match dimension names ignoring case): expected one; name "
+          "the role exactly as one of ",
+          JoinNames(dim_names())));
+    }
+    found = i;
+  }
+  if (found >= 0) return found;
+  return absl::NotFoundError(absl::StrCat(
+      ToString(), " has no dimension '", role,
+      "' (roles match dimension names ignoring case): expected one of ",
+      JoinNames(dim_names())));
 }
 
 absl::StatusOr<int64_t> MeshLayout::dim_size(int64_t dim) const {
@@ -429,6 +452,35 @@ absl::StatusOr<MeshLayout::GroupPosition> MeshLayout::group_position(
   }
   pos.group_count = size_ / pos.group_size;
   return pos;
+}
+
+int64_t MeshLayout::group_member(int64_t dim, int64_t group,
+                                 int64_t k) const {
+  if (dim < 0 || dim >= ndim() || group < 0 ||
+      group >= size_ / dims_[dim].size) {
+    return -1;
+  }
+  Coordinate coord(dims_.size(), 0);
+  // Decode `group` row-major over the other dimensions (last fastest).
+  for (int64_t d = ndim() - 1; d >= 0; --d) {
+    if (d == dim) continue;
+    coord[d] = group % dims_[d].size;
+    group /= dims_[d].size;
+  }
+  coord[dim] = k;
+  return rank_at(coord).value_or(-1);
+}
+
+std::vector<int64_t> MeshLayout::group_members(int64_t dim,
+                                               int64_t group) const {
+  std::vector<int64_t> members;
+  if (dim < 0 || dim >= ndim()) return members;
+  const int64_t n = dims_[dim].size;
+  members.reserve(static_cast<size_t>(n));
+  for (int64_t k = 0; k < n; ++k) {
+    members.push_back(group_member(dim, group, k));
+  }
+  return members;
 }
 
 absl::StatusOr<std::vector<std::vector<int64_t>>> MeshLayout::groups(

@@ -11,6 +11,8 @@
 //   layout->rank_at({1, 0, 1});        // 5
 //   layout->submesh({"TP"}, 5);        // the TP group of rank 5: ranks [4, 5]
 //   layout->groups({"DP"});            // [[0,2], [1,3], [4,6], [5,7]]
+//   layout->group_members(1, 3);       // [5, 7]: DP group 3 alone
+//   layout->find_role("tp");           // 2 (roles ignore case)
 //   layout->neighbor("PP", 5, -1);     // rank 1 (the previous pipeline stage)
 //   layout->flatten({"DP", "TP"}, "DPTP");
 //
@@ -92,6 +94,12 @@ class MeshLayout {
     return std::nullopt;
   }
   const std::string& dim_name(int64_t dim) const { return dims_[dim].name; }
+  // The dimension that plays `role` (the registry's roles, the planner's
+  // --latency-sensitive names): the one named exactly `role`, else the one
+  // whose name equals it ignoring ASCII case ("tp" plays "TP"). NotFound
+  // when none does; InvalidArgument naming both when two dimensions differ
+  // from `role` only by case (and neither matches exactly). O(ndim).
+  absl::StatusOr<int64_t> find_role(absl::string_view role) const;
   // The root dimensions (of the shape the layout was created with) that
   // dimension `dim` spans, outermost first: one for a plain dimension, the
   // flattened ones, in the order its index runs over them, for a flattened
@@ -187,6 +195,15 @@ class MeshLayout {
   };
   absl::StatusOr<GroupPosition> group_position(
       absl::Span<const std::string> dims, int64_t global_rank) const;
+  // One group along the single dimension `dim`, by number, without listing
+  // the others (groups() builds all of them): the `k`-th member of group
+  // `group`, numbered as groups() and group_position() number them
+  // (row-major over the other dimensions). O(ndim). Indices must be in range
+  // (dim < ndim(), group < size() / dim size, k < dim size); -1 otherwise.
+  //   layout.group_member(/*dim=*/2, /*group=*/3, /*k=*/0);  // 6 in 2x2x2
+  int64_t group_member(int64_t dim, int64_t group, int64_t k) const;
+  // Every member of that group, in order along `dim`. O(group size * ndim).
+  std::vector<int64_t> group_members(int64_t dim, int64_t group) const;
 
   // -- Neighbours --------------------------------------------------------------
   // The rank `shift` steps away from `global_rank` along `dim`, as

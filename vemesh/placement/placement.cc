@@ -1,86 +1,19 @@
 #include "vemesh/placement/placement.h"
 
 #include <algorithm>
-#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "vemesh/placement/host_locality.h"
 
 namespace vemesh {
-namespace {
-
-// A JSON string: quotes, backslashes and control characters escaped (host
-// names come from the machines and are not trusted to be plain).
-void AppendJsonString(std::string* out, absl::string_view text) {
-  out->push_back('"');
-  for (const char c : text) {
-    const auto u = static_cast<unsigned char>(c);
-    if (c == '"' || c == '\\') {
-      out->push_back('\\');
-      out->push_back(c);
-    } else if (u < 0x20) {
-      absl::StrAppend(out, "\\u00", absl::Hex(u, absl::kZeroPad2));
-    } else {
-      out->push_back(c);
-    }
-  }
-  out->push_back('"');
-}
-
-template <typename T>
-std::string JsonIntArray(const std::vector<T>& values) {
-  return absl::StrCat("[", absl::StrJoin(values, ", "), "]");
-}
-
-// The dimension of `layout` whose name is `role` ignoring case; nullopt when
-// none or more than one matches (the registry refuses the ambiguous case).
-std::optional<int64_t> FindRole(const MeshLayout& layout, absl::string_view role) {
-  if (auto exact = layout.find_dim(role)) return exact;
-  std::optional<int64_t> found;
-  for (int64_t d = 0; d < layout.ndim(); ++d) {
-    if (!absl::EqualsIgnoreCase(layout.dim_name(d), role)) continue;
-    if (found.has_value()) return std::nullopt;
-    found = d;
-  }
-  return found;
-}
-
-}  // namespace
 
 const DimPlacement* Placement::dim(absl::string_view name) const {
   for (const DimPlacement& d : dims) {
     if (d.name == name) return &d;
   }
   return nullptr;
-}
-
-std::string Placement::ToJson() const {
-  std::string out = absl::StrCat("{\"vemesh_placement\": 1, \"world_size\": ",
-                                 world_size, ", \"mesh\": {\"dim_names\": [");
-  for (size_t i = 0; i < dim_names.size(); ++i) {
-    if (i > 0) out += ", ";
-    AppendJsonString(&out, dim_names[i]);
-  }
-  absl::StrAppend(&out, "], \"shape\": ", JsonIntArray(shape), "}, \"hosts\": [");
-  for (size_t i = 0; i < hosts.size(); ++i) {
-    if (i > 0) out += ", ";
-    AppendJsonString(&out, hosts[i]);
-  }
-  absl::StrAppend(&out, "], \"rank_hosts\": ", JsonIntArray(rank_hosts),
-                  ", \"dims\": [");
-  for (size_t i = 0; i < dims.size(); ++i) {
-    if (i > 0) out += ", ";
-    out += "{\"name\": ";
-    AppendJsonString(&out, dims[i].name);
-    absl::StrAppend(&out, ", \"group_count\": ", dims[i].group_count,
-                    ", \"group_size\": ", dims[i].group_size,
-                    ", \"crossing_groups\": ", dims[i].crossing_groups, "}");
-  }
-  out += "]}";
-  return out;
 }
 
 absl::StatusOr<Placement> ComputePlacement(
@@ -106,27 +39,12 @@ absl::StatusOr<Placement> ComputePlacement(
           " is outside the world of ", p.world_size, " ranks"));
     }
   }
-  // Along dimension d, the flat index i = (outer, k, inner) belongs to the
-  // group (outer, inner): one pass over the ranks per dimension.
-  const int64_t size = layout.size();
-  int64_t stride = size;
+  // One pass over the ranks per dimension (host_locality.h).
   for (int64_t d = 0; d < layout.ndim(); ++d) {
-    const int64_t n = p.shape[d];
-    stride /= n;  // product of the sizes after d
-    DimPlacement dim{layout.dim_name(d), size / n, n, 0};
-    std::vector<int32_t> first(static_cast<size_t>(dim.group_count), -1);
-    std::vector<char> crosses(static_cast<size_t>(dim.group_count), 0);
-    for (int64_t i = 0; i < size; ++i) {
-      const int64_t group = (i / (stride * n)) * stride + i % stride;
-      const int32_t host = p.rank_hosts[ranks[i]];
-      if (first[group] < 0) {
-        first[group] = host;
-      } else if (first[group] != host) {
-        crosses[group] = 1;
-      }
-    }
-    dim.crossing_groups = std::count(crosses.begin(), crosses.end(), 1);
-    p.dims.push_back(std::move(dim));
+    const DimLocality loc = ScanDimLocality(
+        layout, ranks, d, [&p](int64_t r) { return p.rank_hosts[r]; });
+    p.dims.push_back(DimPlacement{layout.dim_name(d), loc.group_count,
+                                  loc.group_size, loc.crossing_groups});
   }
   return p;
 }
@@ -141,8 +59,10 @@ std::vector<std::string> PlacementWarnings(const Placement& placement,
   for (int64_t r : ranks) ++share[placement.host_of(r)];
   std::vector<bool> warned(static_cast<size_t>(layout.ndim()), false);
   for (const std::string& role : roles) {
-    const std::optional<int64_t> d = FindRole(layout, role);
-    if (!d.has_value() || warned[*d]) continue;
+    // Roles the mesh lacks, or that two dimensions match (the registry
+    // refuses those), are skipped.
+    const absl::StatusOr<int64_t> d = layout.find_role(role);
+    if (!d.ok() || warned[*d]) continue;
     const DimPlacement& dim = placement.dims[*d];
     if (dim.crossing_groups == 0 || dim.group_size < 2) continue;
     bool fits = true;

@@ -9,13 +9,20 @@
 //   p->host_of(5);                  // 1 (an index into hosts)
 //   p->dim("TP")->crossing_groups;  // 0: every TP group inside one host
 //   p->ToJson();                    // what `vemesh plan --check FILE` reads
+//   Placement::FromJson(text, "placement.json");  // and back
 //
 // A latency-sensitive dimension (TP by default; MeshOptions::
 // latency_sensitive_dims, by role) whose groups cross hosts although a block
 // placement with that dimension innermost would keep them inside gets one
 // warning, logged by global rank 0 through vemesh/base/log.h at creation.
 //
-// JSON (keys in this order; docs/MULTIHOST.md):
+// Crossing groups are counted by host_locality.h's ScanDimLocality, the
+// count `vemesh plan` makes for a planned placement.
+//
+// JSON (keys in this order; docs/MULTIHOST.md). ToJson writes it, FromJson
+// reads it back (both in placement_json.cc); FromJson refuses malformed text
+// with InvalidArgument naming the field, and bounds every size before
+// allocating for it:
 //   {"vemesh_placement": 1, "world_size": 8,
 //    "mesh": {"dim_names": ["PP", "DP", "TP"], "shape": [2, 2, 2]},
 //    "hosts": ["node0", "node1"], "rank_hosts": [0, 0, 0, 0, 1, 1, 1, 1],
@@ -43,6 +50,11 @@ struct DimPlacement {
   int64_t crossing_groups = 0;  // groups whose ranks sit on more than one host
 };
 
+// The largest placement JSON that FromJson reads, and the largest world: a
+// world of 2^22 ranks writes about 10 MB of rank_hosts.
+inline constexpr int64_t kMaxPlacementJsonBytes = int64_t{64} << 20;
+inline constexpr int64_t kMaxPlacementJsonRanks = int64_t{1} << 22;
+
 struct Placement {
   int64_t world_size = 0;
   std::vector<std::string> dim_names;
@@ -58,6 +70,11 @@ struct Placement {
   // The dimension named `name` exactly; null when the mesh has none.
   const DimPlacement* dim(absl::string_view name) const;
   std::string ToJson() const;
+  // The JSON that ToJson writes (hand-edited files included: hosts need not
+  // be numbered by their lowest rank). `source` names the text in messages
+  // ("placement file 'job.json': field 'dims[1].name': expected ...").
+  static absl::StatusOr<Placement> FromJson(absl::string_view text,
+                                            absl::string_view source);
 };
 
 // The placement of `layout` over a world whose rank r runs on host

@@ -83,29 +83,14 @@ bool IsKnownRole(absl::string_view name) {
          absl::EqualsIgnoreCase(name, "TP");
 }
 
-// The dimension that plays `role`, by name, whatever the case: a dimension
-// named exactly `role` first, else the one whose name equals it ignoring
-// ASCII case ("tp" plays "TP"). Two dimensions that differ from `role` only
-// by case (and neither exactly) make the question ambiguous: InvalidArgument
-// naming them. A 1-D mesh named neither DP nor TP (in any case) serves as
-// both (veScale's rule). -1 when the mesh lacks the role.
+// The dimension that plays `role` (MeshLayout::find_role: by name, whatever
+// the case; two dimensions that differ from it only by case are
+// InvalidArgument). A 1-D mesh named neither DP nor TP (in any case) serves
+// as both (veScale's rule). -1 when the mesh lacks the role.
 absl::StatusOr<int64_t> RoleDim(const MeshLayout& layout,
                                 absl::string_view role) {
-  if (auto d = layout.find_dim(role)) return *d;
-  int64_t found = -1;
-  for (int64_t i = 0; i < layout.ndim(); ++i) {
-    if (!absl::EqualsIgnoreCase(layout.dim_name(i), role)) continue;
-    if (found >= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "role '", role, "' matches both dimension '", layout.dim_name(found),
-          "' and '", layout.dim_name(i), "' of ", layout.ToString(),
-          " (roles match dimension names ignoring case): expected one; name "
-          "the role exactly as one of [",
-          absl::StrJoin(layout.dim_names(), ", "), "]"));
-    }
-    found = i;
-  }
-  if (found >= 0) return found;
+  absl::StatusOr<int64_t> found = layout.find_role(role);
+  if (found.ok() || !absl::IsNotFound(found.status())) return found;
   if (layout.ndim() == 1 &&
       (absl::EqualsIgnoreCase(role, "DP") ||
        absl::EqualsIgnoreCase(role, "TP")) &&
@@ -183,19 +168,12 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::init_device_mesh(
     VEMESH_RETURN_IF_ERROR(CheckMpiThread(absl::StrCat(
         "VESCALE_DEVICE_MESH.init_device_mesh(\"", device_type, "\")")));
   }
-  MeshOptions mesh_options;
-  mesh_options.ranks = std::move(options.ranks);
-  mesh_options.timeout = options.timeout;
-  mesh_options.world = std::move(options.world);
-  mesh_options.backend = std::move(options.backend);
-  mesh_options.backend_override = std::move(options.backend_override);
-  mesh_options.latency_sensitive_dims =
-      std::move(options.latency_sensitive_dims);
+  MeshOptions mesh_options = std::move(options.mesh);
   if (options.elastic.has_value()) {
     if (!mesh_options.ranks.empty()) {
       return absl::InvalidArgumentError(
-          "an elastic mesh numbers its ranks itself: InitOptions.ranks must "
-          "be empty");
+          "an elastic mesh numbers its ranks itself: InitOptions.mesh.ranks "
+          "must be empty");
     }
     VEMESH_ASSIGN_OR_RETURN(auto parsed, ParseDeviceType(device_type));
     mesh_options.cuda_device = parsed.index;  // "cuda:N"

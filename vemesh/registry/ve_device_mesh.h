@@ -82,35 +82,37 @@
 #include "absl/types/span.h"
 #include "vemesh/comm/communicator.h"
 #include "vemesh/mesh/device_mesh.h"
+#include "vemesh/mesh/mesh_options.h"
 #include "vemesh/elastic/elastic_mesh.h"
 #include "vemesh/layout/mesh_layout.h"
 
 namespace vemesh {
 
+// How init_device_mesh builds the registry's mesh: the MeshOptions that
+// DeviceMesh::Create takes (one home for them: rank list, timeout, world,
+// bootstrap, backends, NCCL settings, latency-sensitive roles), plus what
+// only the registry does.
+//
+//   InitOptions o;
+//   o.mesh.timeout = absl::Seconds(10);
+//   o.mesh.backend_override = {{"DP", "gloo"}};
+//   o.check_uniqueness = true;
+//   VESCALE_DEVICE_MESH.init_device_mesh("cpu", {2, 4}, {"DP", "TP"}, o);
+//
+// mesh.cuda_device is set from the device type ("cuda:N"), as
+// vemesh::init_device_mesh sets it. (Until issue 25, InitOptions repeated six
+// of these fields as its own; write o.mesh.timeout where o.timeout was.)
 struct InitOptions {
+  MeshOptions mesh;
   // veScale's check_uniqueness: a second init_device_mesh is an error
   // (AlreadyExists) instead of replacing the mesh.
   bool check_uniqueness = false;
-  // Explicit row-major rank list (PyTorch's `mesh` tensor); empty = arange.
-  std::vector<int64_t> ranks;
-  // How long init waits for every rank before failing (DeadlineExceeded).
-  absl::Duration timeout = absl::Seconds(60);
-  // The group to build over (an MPI communicator); null = the launcher's
-  // world (mpirun, srun, torchrun / env://).
-  std::shared_ptr<Communicator> world;
-  // Backend choice (see MeshOptions in vemesh/mesh/device_mesh.h): "mpi", "gloo"
-  // or "nccl" for every dimension, or empty to pick by device type and
-  // launcher; per-dimension overrides by name.
-  std::string backend;
-  std::map<std::string, std::string> backend_override;
-  // Roles whose groups should stay inside one host: rank 0 warns (through
-  // vemesh/base/log.h) when one crosses hosts needlessly (MeshOptions).
-  std::vector<std::string> latency_sensitive_dims = {"TP"};
   // An elastic job (vemesh/elastic/elastic_mesh.h, docs/ELASTIC.md): the
   // dimension `elastic->replica_dim` spans one launch per replica through
   // the control plane, and shrinks and grows with membership. The shape's
   // size for it is the number of replicas that start the job; the launch
   // that runs this process holds one replica (the product of the others).
+  // mesh.ranks must then be empty.
   std::optional<ElasticOptions> elastic;
 };
 

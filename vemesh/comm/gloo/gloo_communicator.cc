@@ -31,6 +31,7 @@
 #include "vemesh/comm/gloo/internal/gloo_store.h"
 #include "vemesh/comm/internal/host_reduce.h"
 #include "vemesh/rendezvous/prefix_store.h"
+#include "vemesh/base/sigpipe.h"
 #include "vemesh/base/status_macros.h"
 
 namespace vemesh {
@@ -553,7 +554,10 @@ Communicator::WorkOr GlooCommunicator::Start(const Operation& op) {
     self_taken_ += recvs;
   }
   auto job = std::make_shared<Job>(op);
-  if (op.kind == OpKind::kBatch) PostSends(*job);
+  if (op.kind == OpKind::kBatch) {
+    ScopedSigpipeBlock no_sigpipe;  // Gloo may write on this thread
+    PostSends(*job);
+  }
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     if (!worker_.joinable()) {
@@ -572,6 +576,7 @@ Communicator::WorkOr GlooCommunicator::Start(const Operation& op) {
 }
 
 void GlooCommunicator::WorkerLoop() {
+  BlockSigpipeOnThisThread();  // a lost peer is an error, not SIGPIPE
   for (;;) {
     std::shared_ptr<Job> job;
     {
@@ -659,6 +664,8 @@ absl::StatusOr<std::shared_ptr<GlooCommunicator>> GlooCommunicator::Create(
                      absl::FormatDuration(timeout), " is below 1ms"));
   }
   std::shared_ptr<gloo::transport::Device> device;
+  // The device's I/O thread, started here, inherits SIGPIPE blocked.
+  ScopedSigpipeBlock no_sigpipe;
   absl::Status status = RunGloo("gloo tcp device", [&] {
     gloo::transport::tcp::attr attr;
     attr.hostname = std::string(hostname);
@@ -676,6 +683,7 @@ absl::StatusOr<std::shared_ptr<GlooCommunicator>> GlooCommunicator::Connect(
     std::shared_ptr<gloo::transport::Device> device) {
   GlooStore rendezvous(std::make_shared<PrefixStore>(store, prefix), timeout);
   std::shared_ptr<gloo::rendezvous::Context> context;
+  ScopedSigpipeBlock no_sigpipe;  // connecting and the barrier write here
   absl::Status status = RunGloo(
       absl::StrCat("gloo rendezvous of rank ", rank, " of ", size, " under '",
                    prefix, "'"),

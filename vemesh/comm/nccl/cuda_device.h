@@ -63,7 +63,8 @@ absl::StatusOr<int> ChooseCudaDevice(const DeviceChoiceInput& in);
 
 // The same choice for this process: the visible count from
 // CudaDeviceCount() (FailedPrecondition "no usable GPU" when CUDA finds
-// none or has no driver; Unimplemented without NCCL support) and
+// none or has no driver; Unavailable when libcudart or libnccl cannot be
+// loaded; Unimplemented without NCCL support) and
 // CUDA_VISIBLE_DEVICES from the environment.
 absl::StatusOr<int> ChooseCudaDeviceHere(const CudaDeviceRequest& request);
 

@@ -2,8 +2,12 @@
 //
 // The NCCL backend of Communicator: device buffers, bootstrapped over a host
 // communicator (MPI under mpirun, Gloo under torchrun / env://). Built when
-// CUDA and NCCL are found (VEMESH_HAVE_NCCL); otherwise nccl_stub.cc beside
-// this file gives the two functions below, and they answer Unimplemented.
+// NCCL's and CUDA's headers are found (VEMESH_HAVE_NCCL); otherwise
+// nccl_stub.cc beside this file gives the two functions below, and they
+// answer Unimplemented. libnccl and libcudart are loaded at the first call,
+// never linked (internal/nccl_api.h: VEMESH_NCCL_LIBRARY,
+// VEMESH_CUDART_LIBRARY): where they are missing, both functions answer
+// Unavailable saying which library and what to do.
 //
 //   absl::StatusOr<int> gpus = CudaDeviceCount();   // error when no GPU
 //   std::shared_ptr<Communicator> host_world = ...;  // MPI or Gloo
@@ -78,8 +82,9 @@
 namespace vemesh {
 
 // The number of CUDA devices this process sees. An error (FailedPrecondition
-// with CUDA's message, or Unimplemented without NCCL support) when there is
-// none: tests skip with `GTEST_SKIP() << "no GPU: " << status`.
+// with CUDA's message, Unavailable when libcudart or libnccl cannot be
+// loaded, or Unimplemented without NCCL support) when there is none: tests
+// skip with `GTEST_SKIP() << "no GPU: " << status`.
 absl::StatusOr<int> CudaDeviceCount();
 
 // Collective over `twin`: an NCCL communicator with the same members, on

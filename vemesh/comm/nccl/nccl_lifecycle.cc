@@ -3,7 +3,7 @@
 // destroyed or aborted (ncclCommAbort, from any thread), and its state
 // looked at in between.
 
-#include <cuda_runtime.h>
+#include <cuda_runtime_api.h>
 #include <nccl.h>
 
 #include <cstdint>
@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "vemesh/base/log.h"
+#include "vemesh/base/status_macros.h"
 #include "vemesh/comm/nccl/internal/cuda_resources.h"
 #include "vemesh/comm/nccl/internal/nccl_api.h"
 #include "vemesh/comm/nccl/internal/nccl_poll.h"
@@ -27,6 +28,10 @@
 namespace vemesh {
 
 absl::StatusOr<int> CudaDeviceCount() {
+  // The first use of the backend loads libcudart and libnccl: every path
+  // into it (ChooseCudaDeviceHere, NcclCommunicator::Create) comes here
+  // first, so a missing library is Unavailable saying which and why.
+  VEMESH_RETURN_IF_ERROR(LoadNccl().status());
   int count = 0;
   cudaError_t code = Nccl().cudaGetDeviceCount(&count);
   if (code != cudaSuccess) {

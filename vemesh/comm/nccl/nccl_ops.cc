@@ -3,7 +3,7 @@
 // communicator's own, and finished by a Work that polls the CUDA event
 // recorded after it (nccl_communicator.h says how each maps to NCCL).
 
-#include <cuda_runtime.h>
+#include <cuda_runtime_api.h>
 #include <nccl.h>
 
 #include <optional>

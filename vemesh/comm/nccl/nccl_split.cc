@@ -2,7 +2,7 @@
 // ncclCommSplit (in one NCCL group from 2.27 on), the children polled
 // together until all are ready (nccl_communicator.h).
 
-#include <cuda_runtime.h>
+#include <cuda_runtime_api.h>
 #include <nccl.h>
 
 #include <algorithm>

@@ -1,8 +1,6 @@
 #include "vemesh/rendezvous/redis/redis_store.h"
 
 #include <hiredis/hiredis.h>
-#include <pthread.h>
-#include <signal.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -18,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "vemesh/rendezvous/memory_store.h"
 #include "vemesh/rendezvous/tcp/socket.h"
+#include "vemesh/base/sigpipe.h"
 #include "vemesh/base/status_macros.h"
 
 namespace vemesh {
@@ -132,45 +131,9 @@ timeval Timeval(absl::Duration d) {
   return absl::ToTimeval(std::max(d, absl::Milliseconds(1)));
 }
 
-// hiredis writes with write(), so a Redis that went away mid-command would
-// raise SIGPIPE, which ends the process. Blocks it on this thread for one
-// command and swallows the one that command raised.
-class ScopedSigpipeBlock {
- public:
-  ScopedSigpipeBlock() {
-    sigemptyset(&pipe_);
-    sigaddset(&pipe_, SIGPIPE);
-    sigset_t pending;
-    sigemptyset(&pending);
-    sigpending(&pending);
-    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
-    blocked_ = pthread_sigmask(SIG_BLOCK, &pipe_, &old_) == 0;
-  }
-  ~ScopedSigpipeBlock() {
-    if (!blocked_) return;
-    const int saved_errno = errno;
-    if (!was_pending_) {
-      sigset_t pending;
-      sigemptyset(&pending);
-      sigpending(&pending);
-      if (sigismember(&pending, SIGPIPE) == 1) {
-        const timespec zero{0, 0};
-        while (sigtimedwait(&pipe_, nullptr, &zero) < 0 && errno == EINTR) {
-        }
-      }
-    }
-    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
-    errno = saved_errno;
-  }
-  ScopedSigpipeBlock(const ScopedSigpipeBlock&) = delete;
-  ScopedSigpipeBlock& operator=(const ScopedSigpipeBlock&) = delete;
-
- private:
-  sigset_t pipe_;
-  sigset_t old_;
-  bool was_pending_ = false;
-  bool blocked_ = false;
-};
+// hiredis writes with write(): every command runs under ScopedSigpipeBlock
+// (vemesh/base/sigpipe.h), so a Redis that went away mid-command is an
+// error, not the end of the process.
 
 // Whether a command on `c` returned no reply because the socket timeout
 // ran out; `err` is errno right after it.

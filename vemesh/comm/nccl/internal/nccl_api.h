@@ -2,14 +2,34 @@
 //
 // The seam between the NCCL backend and the libraries under it: every NCCL
 // and CUDA runtime function that nccl_communicator.cc calls is one entry of
-// NcclApi, reached through Nccl(). In a program that installs nothing, the
-// table is bound to libnccl and libcudart, and a call costs one load of the
-// table pointer and one indirect call.
+// NcclApi, reached through Nccl(). Entry points check LoadNccl() first, so
+// a missing library is a Status, never a crash:
 //
+//   VEMESH_RETURN_IF_ERROR(LoadNccl().status());  // Unavailable: missing
 //   Nccl().ncclCommSplit(parent, color, key, &child, &config);
 //
+// Nothing links libnccl or libcudart: one build of vemesh serves CPU-only
+// and GPU hosts (as cupy and nccl4py do), and a program that never asks
+// for a GPU never loads either. In a program that installs nothing, the table is the real
+// one, bound with dlopen/dlsym once, thread-safely, at the first use (the
+// first "cuda" mesh, CudaDeviceCount()):
+//
+//   libnccl.so.2                     or the path in VEMESH_NCCL_LIBRARY
+//   libcudart.so.<CUDA major of the headers built against> (13), then
+//   libcudart.so                     or the path in VEMESH_CUDART_LIBRARY
+//
+// Bare names are searched as the dynamic loader does (LD_LIBRARY_PATH,
+// ld.so.cache, the runpath); a variable's value is used as given, without
+// fallback, and is read once, at the first use. When a library or one of
+// its symbols is missing, LoadNccl() is Unavailable naming the library, the
+// symbol, dlerror()'s text and what to do, and so is every entry point
+// that needs the backend (the table's entries then answer
+// ncclSystemError / cudaErrorSharedObjectInitFailed instead of crashing).
+// After loading, a call costs one load of the table pointer, a branch, and
+// one indirect call.
+//
 // A test installs a table of its own for a scope, so that the backend runs
-// without a GPU and the test sees every call it makes:
+// without a GPU, or without the libraries at all, and sees every call:
 //
 //   NcclApi fake = NcclApi::Real();        // start from the real one
 //   fake.ncclCommSplit = &RecordSplit;     // replace what the test watches
@@ -20,8 +40,8 @@
 // pointers (no state): a fake keeps its state in its own globals.
 //
 // Internal to the library and its tests: it needs nccl.h and
-// cuda_runtime_api.h, which vemesh's public headers never include. Only in
-// builds with NCCL (VEMESH_HAVE_NCCL).
+// cuda_runtime_api.h (headers only), which vemesh's public headers never
+// include. Only in builds that found them (VEMESH_HAVE_NCCL).
 
 #ifndef VEMESH_COMM_NCCL_INTERNAL_NCCL_API_H_
 #define VEMESH_COMM_NCCL_INTERNAL_NCCL_API_H_
@@ -31,6 +51,8 @@
 
 #include <atomic>
 #include <cstddef>
+
+#include "absl/status/statusor.h"
 
 namespace vemesh {
 
@@ -94,19 +116,29 @@ struct NcclApi {
   cudaError_t (*cudaEventQuery)(cudaEvent_t event);
   cudaError_t (*cudaEventDestroy)(cudaEvent_t event);
 
-  // The table bound to the linked libnccl and libcudart.
+  // The table bound to libnccl and libcudart, loaded at the first call
+  // (see the file comment). Always complete: an entry the loader could not
+  // bind answers an error; LoadNccl() says why.
   static const NcclApi& Real();
 };
 
+// The table in use, ready for calls: the installed one when a test
+// installed one, else the real one, loaded at the first call. Unavailable
+// when a library or a symbol of the real one is missing (see the file
+// comment).
+absl::StatusOr<const NcclApi*> LoadNccl();
+
 namespace nccl_internal {
-// The table in use; never null. Constant-initialised to the real one, so it
-// is valid before any static constructor runs.
+// The table a test installed; null for the real one. Constant-initialised,
+// so it is valid before any static constructor runs.
 extern std::atomic<const NcclApi*> installed;
 }  // namespace nccl_internal
 
 // The table every NCCL and CUDA call of the backend goes through.
 inline const NcclApi& Nccl() {
-  return *nccl_internal::installed.load(std::memory_order_acquire);
+  const NcclApi* api =
+      nccl_internal::installed.load(std::memory_order_acquire);
+  return api != nullptr ? *api : NcclApi::Real();
 }
 
 // Installs `api` (which must outlive the scope) for the life of this object,

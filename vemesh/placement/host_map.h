@@ -1,4 +1,4 @@
-// tools/plan/host_map.h
+// vemesh/placement/host_map.h
 //
 // Where each rank of a job lands: the placement policy a launcher applies,
 // as a value the planner asks "which host holds rank r, and which slot?".
@@ -12,12 +12,12 @@
 //   slots.host_of(5);     // 1    (an Open MPI hostfile, --map-by slot)
 //
 // Block and cyclic are arithmetic, O(1) per query whatever the world.
-// Slots keeps one start per host (bounded by kMaxHostfileHosts) and answers
-// host_of by binary search. Hosts are numbered in the order of their lowest
+// Slots keeps one start per host (the planner bounds them by
+// kMaxHostfileHosts) and answers host_of by binary search. Hosts are numbered in the order of their lowest
 // rank, as get_placement() numbers them.
 
-#ifndef VEMESH_TOOLS_PLAN_HOST_MAP_H_
-#define VEMESH_TOOLS_PLAN_HOST_MAP_H_
+#ifndef VEMESH_PLACEMENT_HOST_MAP_H_
+#define VEMESH_PLACEMENT_HOST_MAP_H_
 
 #include <cstdint>
 #include <string>
@@ -25,7 +25,7 @@
 
 #include "absl/strings/string_view.h"
 
-namespace vemesh::plan {
+namespace vemesh {
 
 enum class PlacementPolicy {
   kBlock,     // consecutive ranks fill a host, then the next
@@ -84,6 +84,6 @@ class HostMap {
   std::vector<int64_t> starts_;
 };
 
-}  // namespace vemesh::plan
+}  // namespace vemesh
 
-#endif  // VEMESH_TOOLS_PLAN_HOST_MAP_H_
+#endif  // VEMESH_PLACEMENT_HOST_MAP_H_

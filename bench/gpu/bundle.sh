@@ -1,22 +1,24 @@
 #!/usr/bin/env bash
-# Packs what the lent GPU machine needs to run vemesh's NCCL path into .gpu/
-# (ignored by git; name it in the device tool's `carry`), then run there:
+# Packs what a GPU machine needs to run vemesh's NCCL tests and timings into
+# .gpu/ (ignored by git), to be copied there and run:
 #
-#   bash scripts/gpu_bundle.sh            # here, after a release build with NCCL
-#   device run: bash .gpu/run.sh          # there (scripts/gpu_run.sh, copied in)
+#   bash bench/gpu/bundle.sh     # on the build machine, after a release build with NCCL
+#   bash .gpu/run.sh             # on the GPU machine (bench/gpu/run.sh, copied in);
+#                                # logs go to $OUT (default: the current folder)
 #
-# The GPU image has CUDA and NCCL but none of our Debian packages: the test
-# and benchmark binaries travel with the shared libraries they load (Abseil,
-# Open MPI and its plugins, hwloc, libevent, PMIx, Gloo), and Open MPI's tree
-# is unpacked where Debian puts it, so its plugins are found.
+# The GPU machine is expected to have CUDA and NCCL but none of the Debian
+# packages: the test and benchmark binaries travel with the shared libraries
+# they load (Abseil, Open MPI and its plugins, hwloc, libevent, PMIx, Gloo),
+# and Open MPI's tree is unpacked where Debian puts it, so its plugins are
+# found. Earlier logs (one H100) are in bench/gpu/logs/.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 b=build/release
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || { mkdir -p .git/info; echo '/.gpu/' >> .git/info/exclude; }
 rm -rf .gpu && mkdir -p .gpu/bin .gpu/lib
 cp "$b/tests/comm/nccl_communicator_test" "$b/bench/nccl_init" .gpu/bin/
 cp tests/launch/spawn_env.sh .gpu/
-cp scripts/gpu_run.sh .gpu/run.sh
+cp bench/gpu/run.sh .gpu/run.sh
 skip='/libc.so|/libm.so|libstdc|libgcc_s|ld-linux|libcuda|libnccl|libcudart|libpthread|libdl.so|librt.so'
 { for f in .gpu/bin/* /usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3/*.so; do ldd "$f"; done; } 2>/dev/null |
   awk '/=>/{print $3}' | sort -u | grep -v -E "$skip" | while read -r lib; do cp -Ln "$lib" .gpu/lib/; done

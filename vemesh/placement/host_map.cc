@@ -1,11 +1,11 @@
-#include "tools/plan/host_map.h"
+#include "vemesh/placement/host_map.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
-namespace vemesh::plan {
+namespace vemesh {
 
 absl::string_view PlacementPolicyName(PlacementPolicy policy) {
   switch (policy) {
@@ -132,4 +132,4 @@ std::string HostMap::Describe() const {
   return "";
 }
 
-}  // namespace vemesh::plan
+}  // namespace vemesh

@@ -1,11 +1,14 @@
-// tools/plan/host_locality.h
+// vemesh/placement/host_locality.h
 //
-// Which groups of a mesh dimension stay inside one host, under a placement
-// (HostMap: block, cyclic or a hostfile's slots).
+// Which groups of a mesh dimension stay inside one host: the count that both
+// `vemesh plan` (under a HostMap: block, cyclic or a hostfile's slots) and a
+// live mesh's get_placement() (placement.h: every rank's host as reported)
+// make.
 //
 //   HostMap hosts = HostMap::Block(/*ranks_per_host=*/4, /*world_size=*/8);
 //   hosts.host_of(5);                 // 1
-//   DimLocality tp = AnalyzeDimLocality(layout, layout.dim_index("TP"), hosts);
+//   DimLocality tp = AnalyzeDimLocality(layout, layout.dim_index("TP").value(),
+//                                       hosts);
 //   tp.locality;                      // Locality::kIntraHost
 //   tp.crossing_groups;               // 0
 //
@@ -13,19 +16,22 @@
 // O(ndim + min(outer groups, ranks_per_host)), so a world of 2^62 ranks takes
 // microseconds. Cyclic placement is O(ndim); a hostfile's slots O(ndim +
 // hosts). Other layouts (a rank table, a slice or flattened mesh that is not
-// an arange) are scanned: O(world).
+// an arange), and hosts known rank by rank (ScanDimLocality), are scanned:
+// O(size) per dimension.
 
-#ifndef VEMESH_TOOLS_PLAN_HOST_LOCALITY_H_
-#define VEMESH_TOOLS_PLAN_HOST_LOCALITY_H_
+#ifndef VEMESH_PLACEMENT_HOST_LOCALITY_H_
+#define VEMESH_PLACEMENT_HOST_LOCALITY_H_
 
 #include <cstdint>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/string_view.h"
-#include "tools/plan/host_map.h"
+#include "absl/types/span.h"
 #include "vemesh/layout/mesh_layout.h"
+#include "vemesh/placement/host_map.h"
 
-namespace vemesh::plan {
+namespace vemesh {
 
 enum class Locality {
   kIntraHost,  // every group lies inside one host
@@ -61,6 +67,13 @@ DimLocality AnalyzeDimLocality(const MeshLayout& layout, int64_t dim,
 DimLocality AnalyzeDimLocalityByScan(const MeshLayout& layout, int64_t dim,
                                      const HostMap& hosts);
 
-}  // namespace vemesh::plan
+// The count from each member's host, whatever the placement: `ranks` is
+// layout.ranks() (passed in so that a caller scanning every dimension lists
+// them once) and `host_of` maps a rank of it to its host. One pass: O(size).
+DimLocality ScanDimLocality(const MeshLayout& layout,
+                            absl::Span<const int64_t> ranks, int64_t dim,
+                            absl::FunctionRef<int64_t(int64_t)> host_of);
 
-#endif  // VEMESH_TOOLS_PLAN_HOST_LOCALITY_H_
+}  // namespace vemesh
+
+#endif  // VEMESH_PLACEMENT_HOST_LOCALITY_H_

@@ -1,7 +1,9 @@
 #!/bin/bash
-# Runs on the lent GPU machine (scripts/gpu_bundle.sh packs it as .gpu/run.sh):
-# the NCCL tests (MPI singleton, then env:// with one rank) and the timings.
+# Runs on a GPU machine from the folder bench/gpu/bundle.sh packed (as
+# .gpu/run.sh): the NCCL tests (MPI singleton, then env:// with one rank) and
+# the NCCL start-up timings, each log also written to $OUT.
 cd "$(dirname "$0")"
+OUT=${OUT:-$PWD}
 tar xzf ompi.tgz -C / 2>/dev/null
 export LD_LIBRARY_PATH=$PWD/lib
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_ess_singleton_isolated=1

@@ -1,11 +1,10 @@
-#include "tools/plan/host_locality.h"
+#include "vemesh/placement/host_locality.h"
 
 #include <algorithm>
 #include <numeric>
 
-#include "tools/plan/group_members.h"
 
-namespace vemesh::plan {
+namespace vemesh {
 namespace {
 
 Locality Classify(int64_t crossing, int64_t groups) {
@@ -142,21 +141,36 @@ DimLocality AnalyzeDimLocality(const MeshLayout& layout, int64_t dim,
 
 DimLocality AnalyzeDimLocalityByScan(const MeshLayout& layout, int64_t dim,
                                      const HostMap& hosts) {
+  return ScanDimLocality(layout, layout.ranks(), dim,
+                         [&hosts](int64_t rank) { return hosts.host_of(rank); });
+}
+
+DimLocality ScanDimLocality(const MeshLayout& layout,
+                            absl::Span<const int64_t> ranks, int64_t dim,
+                            absl::FunctionRef<int64_t(int64_t)> host_of) {
   DimLocality out;
+  const int64_t size = layout.size();
   const int64_t n = layout.shape()[dim];
   out.group_size = n;
-  out.group_count = layout.size() / n;
-  for (int64_t g = 0; g < out.group_count; ++g) {
-    const int64_t host = hosts.host_of(GroupMember(layout, dim, g, 0));
-    for (int64_t k = 1; k < n; ++k) {
-      if (hosts.host_of(GroupMember(layout, dim, g, k)) != host) {
-        ++out.crossing_groups;
-        break;
-      }
+  out.group_count = size / n;
+  // Along dimension `dim`, the row-major index i = (outer, k, inner) belongs
+  // to group outer * stride + inner (numbered as MeshLayout::groups()): one
+  // pass, remembering each group's first host.
+  const int64_t stride = RowMajorStrides(layout)[dim];
+  std::vector<int64_t> first(static_cast<size_t>(out.group_count), -1);
+  std::vector<char> crosses(static_cast<size_t>(out.group_count), 0);
+  for (int64_t i = 0; i < size; ++i) {
+    const int64_t group = (i / (stride * n)) * stride + i % stride;
+    const int64_t host = host_of(ranks[i]);
+    if (first[group] < 0) {
+      first[group] = host;
+    } else if (first[group] != host) {
+      crosses[group] = 1;
     }
   }
+  out.crossing_groups = std::count(crosses.begin(), crosses.end(), 1);
   out.locality = Classify(out.crossing_groups, out.group_count);
   return out;
 }
 
-}  // namespace vemesh::plan
+}  // namespace vemesh
