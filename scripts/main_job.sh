@@ -14,14 +14,21 @@
 #       torchrun --no_python --standalone (env://, Gloo; no MPI at all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+# What building and running the job needs (not the tests' extras).
+if [[ "${VEMESH_LAUNCHER:-mpirun}" == torchrun ]]; then
+  bash scripts/setup.sh --torch
+else
+  bash scripts/setup.sh
+fi
 # Open MPI refuses root and more ranks than cores unless told; this runs as
 # root on 2 cores.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 # One host: Open MPI's TCP traffic stays on loopback.
 export OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
-cmake --preset release >/dev/null
+# Tests and benchmarks off: their libraries (GTest, Google Benchmark) come
+# with `setup.sh --test`; `cmake --preset release` turns them on again.
+cmake --preset release -DVEMESH_BUILD_TESTS=OFF -DVEMESH_BUILD_BENCH=OFF >/dev/null
 cmake --build --preset release --target train_nd
 
 mesh=${1:-PP=2,DP=2,TP=2}

@@ -1,28 +1,50 @@
 #!/usr/bin/env bash
-# Installs what a fresh Debian 12 machine lacks to build and test vemesh.
+# Installs what a fresh Debian 12 machine lacks for vemesh.
+#
+#   bash scripts/setup.sh          # build the library, examples and tools, run the main job
+#   bash scripts/setup.sh --torch  # ... and run it under torchrun (python3-torch)
+#   bash scripts/setup.sh --test   # ... and build and run every test (scripts/test.sh)
+#
 # Idempotent: packages already present are not touched, and `apt-get update`
 # runs at most once, only when something is missing. CUDA and NCCL are optional
 # and never installed here (they are found under /usr/local/cuda when present).
 set -euo pipefail
 
+# The library (absl, MPI, Gloo, hiredis), the strategies (Eigen), the tool
+# (nlohmann-json) and the main job's launcher (openmpi-bin; procps for the
+# scripts' process handling).
 packages=(
-  cmake g++ clang make pkg-config
-  libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
+  cmake g++ make pkg-config
+  libabsl-dev
   libopenmpi-dev openmpi-bin
   libgloo-dev
-  libhiredis-dev redis-server
-  procps
-  iproute2 util-linux
-  python3-torch
+  libhiredis-dev
   libeigen3-dev
-  librsvg2-bin
   nlohmann-json3-dev
-  libclang-rt-14-dev
+  procps
+)
+# torchrun, the other launcher of the main job (VEMESH_LAUNCHER=torchrun).
+torch=(python3-torch)
+# The tests, benchmarks and fuzzers on top.
+test_extras=(
+  libgtest-dev libgmock-dev libbenchmark-dev
+  clang libclang-rt-14-dev   # sanitizer presets and libFuzzer
+  redis-server               # RedisStore and elastic tests
+  librsvg2-bin               # the planner's SVG checks
+  iproute2 util-linux        # emulated hosts (namespaces, veth)
+  ccache                     # scripts/test.sh compiles through it when present
   # Multi-host tests: Slurm 22.05 on emulated hosts (tests/multihost/slurm.sh).
   # slurm-wlm-basic-plugins holds srun's mpi_pmix_v4.so, which dlopens the
   # unversioned libpmix.so that only libpmix-dev ships.
   slurmctld slurmd slurm-client munge slurm-wlm-basic-plugins libpmix-dev
 )
+for arg in "$@"; do
+  case "$arg" in
+    --torch) packages+=("${torch[@]}") ;;
+    --test) packages+=("${torch[@]}" "${test_extras[@]}") ;;
+    *) echo "setup: unknown argument '$arg' (expected --torch or --test)" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${packages[@]}"; do

@@ -5,7 +5,15 @@
 # TSan), then the fuzzers (scripts/fuzz.sh). Prints each step's time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --test
+
+# ccache when present: a rebuild, or a clone in another folder (paths under
+# CCACHE_BASEDIR are hashed relative to it), compiles only what changed.
+launcher=()
+if command -v ccache >/dev/null; then
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
+fi
 
 # Open MPI refuses root and more ranks than cores unless told; CI runs as root
 # on 2 cores.
@@ -22,7 +30,7 @@ trap 'rm -f "$log"' EXIT
 for preset in $presets; do
   echo "=== vemesh: build and test, preset '$preset'"
   start=$SECONDS
-  cmake --preset "$preset" >/dev/null
+  cmake --preset "$preset" "${launcher[@]}" >/dev/null
   cmake --build --preset "$preset"
   built=$SECONDS
   rc=0

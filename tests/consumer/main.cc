@@ -1,10 +1,10 @@
 // Uses the installed headers and library: plans a mesh and prints a rank,
 // and parses a Redis address (which links hiredis, a private dependency a
-// static libvemesh still needs: the package config must find it).
+// static libvemesh still needs: the package config must find it). Includes
+// the umbrella header, which must compile from the installed tree alone.
 #include <cstdio>
 
-#include "vemesh/layout/mesh_layout.h"
-#include "vemesh/rendezvous/redis/redis_store.h"
+#include "vemesh/vemesh.h"
 
 int main() {
   auto layout = vemesh::MeshLayout::Create({2, 2, 2});
