@@ -26,8 +26,9 @@
 #include "vemesh/comm/mpi/mpi_environment.h"
 #include "vemesh/mesh/device_mesh.h"
 
-ABSL_FLAG(std::string, shape, "",
-          "DP x TP shape, e.g. 2x4; default 2x(N/2) for an even world, else Nx1");
+ABSL_FLAG(
+    std::string, shape, "",
+    "DP x TP shape, e.g. 2x4; default 2x(N/2) for an even world, else Nx1");
 ABSL_FLAG(int, reps, 11, "paired samples per row");
 ABSL_FLAG(bool, smoke, false, "one repetition, one call per size");
 
@@ -62,8 +63,8 @@ void Run(const std::vector<int64_t>& shape, int reps, bool smoke) {
   if (rank == 0) {
     std::printf("backends: %d ranks, mesh DP x TP = %s, %d paired samples\n\n",
                 size, ShapeText(shape).c_str(), reps);
-    std::printf("| %-26s | %13s | %13s | %6s |\n", "what", "mpi",
-                "gloo", "gloo/mpi");
+    std::printf("| %-26s | %13s | %13s | %6s |\n", "what", "mpi", "gloo",
+                "gloo/mpi");
     std::printf("|%s|%s|%s|%s|\n", std::string(28, '-').c_str(),
                 std::string(15, '-').c_str(), std::string(15, '-').c_str(),
                 std::string(8, '-').c_str());
@@ -128,9 +129,8 @@ int main(int argc, char** argv) {
   if (!mpi.status().ok()) return 1;
   int size = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  std::vector<int64_t> shape = size % 2 == 0
-                                   ? std::vector<int64_t>{2, size / 2}
-                                   : std::vector<int64_t>{size, 1};
+  std::vector<int64_t> shape = size % 2 == 0 ? std::vector<int64_t>{2, size / 2}
+                                             : std::vector<int64_t>{size, 1};
   if (!absl::GetFlag(FLAGS_shape).empty()) {
     auto parsed = vemesh::bench::ParseShape(absl::GetFlag(FLAGS_shape));
     if (!parsed.ok() || parsed->size() != 2) {

@@ -16,10 +16,12 @@ CallCounts g_counts;
 void Count(Call c) { ++g_counts.n[static_cast<size_t>(c)]; }
 
 const char* const kNames[] = {
-    "Comm_split", "Comm_split_type", "Comm_dup", "Comm_idup", "Comm_create",
-    "Comm_create_group", "Cart_create", "Cart_sub", "Allreduce",
-    "Iallreduce", "Allgather", "Iallgather", "Iallgatherv", "Bcast",
-    "Ibcast", "Barrier", "Ibarrier"};
+    "Comm_split",  "Comm_split_type", "Comm_dup",
+    "Comm_idup",   "Comm_create",     "Comm_create_group",
+    "Cart_create", "Cart_sub",        "Allreduce",
+    "Iallreduce",  "Allgather",       "Iallgather",
+    "Iallgatherv", "Bcast",           "Ibcast",
+    "Barrier",     "Ibarrier"};
 static_assert(sizeof(kNames) / sizeof(kNames[0]) ==
               static_cast<size_t>(Call::kCount));
 

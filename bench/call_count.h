@@ -23,9 +23,23 @@
 namespace vemesh::bench {
 
 enum class Call {
-  kCommSplit, kCommSplitType, kCommDup, kCommIdup, kCommCreate,
-  kCommCreateGroup, kCartCreate, kCartSub, kAllreduce, kIallreduce,
-  kAllgather, kIallgather, kIallgatherv, kBcast, kIbcast, kBarrier, kIbarrier,
+  kCommSplit,
+  kCommSplitType,
+  kCommDup,
+  kCommIdup,
+  kCommCreate,
+  kCommCreateGroup,
+  kCartCreate,
+  kCartSub,
+  kAllreduce,
+  kIallreduce,
+  kAllgather,
+  kIallgather,
+  kIallgatherv,
+  kBcast,
+  kIbcast,
+  kBarrier,
+  kIbarrier,
   kCount  // number of kinds
 };
 

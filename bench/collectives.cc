@@ -27,8 +27,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "bench/mpi_bench.h"
-#include "vemesh/registry/ve_device_mesh.h"
 #include "vemesh/comm/communicator.h"
+#include "vemesh/registry/ve_device_mesh.h"
 
 ABSL_FLAG(std::string, shape, "",
           "mesh shape with DP and TP dimensions, e.g. 2x2x2 (PP,DP,TP) or "
@@ -60,7 +60,8 @@ void Run(const std::vector<int64_t>& shape, int reps, bool smoke) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   const std::vector<std::string> names = RoleNames(shape.size());
   auto mesh = VESCALE_DEVICE_MESH.init_device_mesh("cpu", shape, names);
-  if (!mesh.ok()) Die(absl::StrCat("init_device_mesh: ", mesh.status().ToString()));
+  if (!mesh.ok())
+    Die(absl::StrCat("init_device_mesh: ", mesh.status().ToString()));
 
   const HandMesh hand(shape);
   std::vector<Group> groups;
@@ -81,7 +82,8 @@ void Run(const std::vector<int64_t>& shape, int reps, bool smoke) {
     auto members = g.mesh->ranks();
     if (std::vector<int>(members.begin(), members.end()) !=
         WorldRanksOf(g.hand)) {
-      Die(absl::StrCat("the registry's ", role, " group differs from the "
+      Die(absl::StrCat("the registry's ", role,
+                       " group differs from the "
                        "hand-made one"));
     }
     groups.push_back(g);
@@ -91,9 +93,10 @@ void Run(const std::vector<int64_t>& shape, int reps, bool smoke) {
     std::printf("\nworld %lld, mesh %s (%s), %d paired samples\n\n",
                 static_cast<long long>(hand.size()), ShapeText(shape).c_str(),
                 absl::StrJoin(names, ",").c_str(), reps);
-    std::printf("| group | size | buffer | vemesh median us | MPI median us "
-                "| ratio of medians | median paired ratio | control: MPI/MPI "
-                "paired |\n");
+    std::printf(
+        "| group | size | buffer | vemesh median us | MPI median us "
+        "| ratio of medians | median paired ratio | control: MPI/MPI "
+        "paired |\n");
     std::printf("|---|---:|---|---:|---:|---:|---:|---:|\n");
   }
   for (Group& g : groups) {

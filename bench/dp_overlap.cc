@@ -48,7 +48,7 @@ using strategies::Parameter;
 
 struct Model {
   std::vector<Parameter> params;
-  Matrix a, b, c;  // the compute of one layer's backward
+  Matrix a, b, c;   // the compute of one layer's backward
   double sink = 0;  // keeps the compute from being optimised away
 
   // Layer l's backward: compute, then its gradient.
@@ -82,7 +82,8 @@ void Run(int reps, bool smoke) {
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   auto mesh = VESCALE_DEVICE_MESH.init_device_mesh("cpu", {world}, {"DP"});
-  if (!mesh.ok()) Die(absl::StrCat("init_device_mesh: ", mesh.status().ToString()));
+  if (!mesh.ok())
+    Die(absl::StrCat("init_device_mesh: ", mesh.status().ToString()));
 
   const int layers = smoke ? 2 : absl::GetFlag(FLAGS_layers);
   const int64_t elements = smoke ? 1000 : absl::GetFlag(FLAGS_elements);
@@ -97,10 +98,10 @@ void Run(int reps, bool smoke) {
   }
   m.a = Matrix::Constant(work, work, 0.5);
   m.b = Matrix::Constant(work, work, 0.25);
-  DataParallel overlap({.bucket_elements = bucket, .overlap = true,
-                        .gradient_type = type});
-  DataParallel blocking({.bucket_elements = bucket, .overlap = false,
-                         .gradient_type = type});
+  DataParallel overlap(
+      {.bucket_elements = bucket, .overlap = true, .gradient_type = type});
+  DataParallel blocking(
+      {.bucket_elements = bucket, .overlap = false, .gradient_type = type});
 
   Step(m, &overlap, Mode::kOverlap);  // warm-up: buffers, connections
   Step(m, &blocking, Mode::kBlocking);
@@ -125,8 +126,8 @@ void Run(int reps, bool smoke) {
         "dp_overlap: DP=%d, %d layers x %lld %s gradient values, buckets of "
         "%zu, backward %dx%d matmul per layer, %d paired samples\n",
         world, layers, static_cast<long long>(elements),
-        type == GradientType::kBFloat16 ? "bf16" : "double", bucket, work,
-        work, reps);
+        type == GradientType::kBFloat16 ? "bf16" : "double", bucket, work, work,
+        reps);
     std::printf("| step | median ms | min ms |\n|---|---:|---:|\n");
     auto row = [](const char* what, const std::vector<double>& v) {
       std::printf("| %s | %.3f | %.3f |\n", what, 1e3 * Median(v),
@@ -136,7 +137,8 @@ void Run(int reps, bool smoke) {
     row("DP sync only (no compute)", comm);
     row("blocking: backward, then all_reduce", off);
     row("overlap: all_reduce during backward", on);
-    std::printf("median paired ratio overlap / blocking: %.3f\n", Median(ratio));
+    std::printf("median paired ratio overlap / blocking: %.3f\n",
+                Median(ratio));
     std::fflush(stdout);
   }
   VESCALE_DEVICE_MESH.reset();

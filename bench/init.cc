@@ -72,7 +72,8 @@ int WorldRank() {
 Made ByVemesh(const HandMesh& hand) {
   auto mesh = VESCALE_DEVICE_MESH.init_device_mesh(
       "cpu", hand.shape, RoleNames(hand.shape.size()));
-  if (!mesh.ok()) Die(absl::StrCat("init_device_mesh: ", mesh.status().ToString()));
+  if (!mesh.ok())
+    Die(absl::StrCat("init_device_mesh: ", mesh.status().ToString()));
   Made made;
   made.registry = true;
   return made;
@@ -187,7 +188,8 @@ Made ByCreateGroup(const HandMesh& hand) {
   MPI_Comm_group(world, &all);
   for (size_t d = 0; d < hand.shape.size(); ++d) {
     const std::vector<std::vector<int>> groups = hand.groups(d);
-    const std::vector<int>& ranks = groups[static_cast<size_t>(hand.color(rank, d))];
+    const std::vector<int>& ranks =
+        groups[static_cast<size_t>(hand.color(rank, d))];
     MPI_Group group;
     MPI_Group_incl(all, static_cast<int>(ranks.size()), ranks.data(), &group);
     MPI_Comm comm;
@@ -242,7 +244,8 @@ void CheckSameGroups(const std::vector<Method>& methods, const HandMesh& hand) {
       if (!mesh.ok()) Die(absl::StrCat("registry: ", mesh.status().ToString()));
       for (size_t d = 0; d < hand.shape.size(); ++d) {
         auto group = mesh->get_group(static_cast<int64_t>(d));
-        if (!group.ok()) Die(absl::StrCat("get_group: ", group.status().ToString()));
+        if (!group.ok())
+          Die(absl::StrCat("get_group: ", group.status().ToString()));
         auto ranks = (*group)->ranks();
         got.emplace_back(ranks.begin(), ranks.end());
       }
@@ -284,16 +287,14 @@ void RunShape(const std::vector<int64_t>& shape, int reps, int warmup) {
     Die(absl::StrCat("mesh ", ShapeText(shape), " has ", hand.size(),
                      " ranks but the world has ", world));
   }
-  const std::vector<Method> methods = {{"split (floor)", BySplit},
-                                       {"vemesh", ByVemesh},
-                                       {"cart", ByCart},
-                                       {"every-group", ByEveryGroup},
-                                       {"vemesh's MPI calls by hand",
-                                        BySameCalls},
-                                       {"same, polled like vemesh",
-                                        BySameCallsPolling},
-                                       {"prototype: create_group per dim",
-                                        ByCreateGroup}};
+  const std::vector<Method> methods = {
+      {"split (floor)", BySplit},
+      {"vemesh", ByVemesh},
+      {"cart", ByCart},
+      {"every-group", ByEveryGroup},
+      {"vemesh's MPI calls by hand", BySameCalls},
+      {"same, polled like vemesh", BySameCallsPolling},
+      {"prototype: create_group per dim", ByCreateGroup}};
   CheckSameGroups(methods, hand);
 
   std::vector<Result> results(methods.size());
@@ -320,7 +321,9 @@ void RunShape(const std::vector<int64_t>& shape, int reps, int warmup) {
   std::printf("\nworld %d, mesh %s (%s), %d repetitions\n\n", world,
               ShapeText(shape).c_str(),
               absl::StrJoin(RoleNames(shape.size()), ",").c_str(), reps);
-  std::printf("| method | median ms | min ms | / floor | collective calls per rank |\n");
+  std::printf(
+      "| method | median ms | min ms | / floor | collective calls per rank "
+      "|\n");
   std::printf("|---|---:|---:|---:|---|\n");
   for (size_t m = 0; m < methods.size(); ++m) {
     const double median = Median(results[m].seconds);
@@ -333,17 +336,21 @@ void RunShape(const std::vector<int64_t>& shape, int reps, int warmup) {
   }
   const double vemesh = Median(results[1].seconds);
   const double every = Median(results[3].seconds);
-  std::printf("\nevery-group / vemesh: %.2fx; every-group makes %lld "
-              "world-collective creations per rank for this mesh\n",
-              vemesh > 0 ? every / vemesh : 0,
-              static_cast<long long>(EveryGroupCalls(shape)));
+  std::printf(
+      "\nevery-group / vemesh: %.2fx; every-group makes %lld "
+      "world-collective creations per rank for this mesh\n",
+      vemesh > 0 ? every / vemesh : 0,
+      static_cast<long long>(EveryGroupCalls(shape)));
 }
 
 std::vector<std::vector<int64_t>> DefaultShapes(int world) {
   switch (world) {
-    case 4: return {{2, 2}, {1, 2, 2}};
-    case 8: return {{2, 4}, {2, 2, 2}};
-    case 16: return {{4, 4}, {2, 4, 2}};
+    case 4:
+      return {{2, 2}, {1, 2, 2}};
+    case 8:
+      return {{2, 4}, {2, 2, 2}};
+    case 16:
+      return {{4, 4}, {2, 4, 2}};
     default:
       if (world % 2 == 0) return {{world / 2, 2}, {1, world / 2, 2}};
       return {{world, 1}, {1, world, 1}};

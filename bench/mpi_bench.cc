@@ -16,15 +16,16 @@ absl::StatusOr<std::vector<int64_t>> ParseShape(absl::string_view text) {
   for (absl::string_view part : absl::StrSplit(text, 'x')) {
     int64_t n = 0;
     if (!absl::SimpleAtoi(part, &n) || n < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "mesh shape '", text, "': expected sizes >= 1 joined by 'x', "
-          "such as 2x4x2"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("mesh shape '", text,
+                       "': expected sizes >= 1 joined by 'x', "
+                       "such as 2x4x2"));
     }
     shape.push_back(n);
   }
   if (shape.empty() || shape.size() > 3) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "mesh shape '", text, "': expected 1 to 3 dimensions"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("mesh shape '", text, "': expected 1 to 3 dimensions"));
   }
   return shape;
 }

@@ -12,7 +12,8 @@
 //   (d) MPI_Iallreduce + MPI_Wait against MPI_Allreduce, by plain MPI: how
 //       much of (c) is MPI's own non-blocking algorithm rather than vemesh.
 //
-//   mpirun --oversubscribe --bind-to none -n 4 build/release/bench/mpi_ops --reps=31
+//   mpirun --oversubscribe --bind-to none -n 4 build/release/bench/mpi_ops
+//   --reps=31
 //
 // As bench/collectives: each repetition takes one sample of A and two of B
 // in an order rotated by the repetition; a sample is the slowest rank's mean
@@ -67,9 +68,10 @@ void Header(const char* title, const char* a, const char* b) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank != 0) return;
-  std::printf("\n%s\n\n| row | buffer | %s median us | %s median us | median "
-              "paired ratio | control: paired %s/%s |\n",
-              title, a, b, b, b);
+  std::printf(
+      "\n%s\n\n| row | buffer | %s median us | %s median us | median "
+      "paired ratio | control: paired %s/%s |\n",
+      title, a, b, b, b);
   std::printf("|---|---|---:|---:|---:|---:|\n");
 }
 
@@ -84,12 +86,12 @@ void Run(int reps, bool smoke) {
   }
 
   // (a) bf16 against fp32, the same bytes.
-  const Size reduce_sizes[] = {{"4 KiB", 4 << 10, 200},
-                               {"1 MiB", 1 << 20, 20},
-                               {"16 MiB", 16 << 20, 3}};
-  Header("(a) all_reduce sum through vemesh: bf16 against fp32 of the same "
-         "bytes",
-         "bf16", "fp32");
+  const Size reduce_sizes[] = {
+      {"4 KiB", 4 << 10, 200}, {"1 MiB", 1 << 20, 20}, {"16 MiB", 16 << 20, 3}};
+  Header(
+      "(a) all_reduce sum through vemesh: bf16 against fp32 of the same "
+      "bytes",
+      "bf16", "fp32");
   for (const Size& size : reduce_sizes) {
     // Zeros: sums stay exact and finite however many calls.
     std::vector<BFloat16> half(size.bytes / 2, BFloat16(0.0f));
@@ -100,7 +102,8 @@ void Run(int reps, bool smoke) {
     if (static_cast<float>(ones[7]) != static_cast<float>(n)) {
       Die("bf16 all_reduce gave a wrong sum");
     }
-    Row("bf16 / fp32", size, reps, smoke,
+    Row(
+        "bf16 / fp32", size, reps, smoke,
         [&] {
           Check(comm->all_reduce(absl::MakeSpan(half), ReduceOp::kSum),
                 "all_reduce bf16");
@@ -112,9 +115,8 @@ void Run(int reps, bool smoke) {
   }
 
   // (b) all_to_all against MPI_Alltoall: the whole buffer is `bytes`.
-  const Size a2a_sizes[] = {{"4 KiB", 4 << 10, 200},
-                            {"1 MiB", 1 << 20, 20},
-                            {"16 MiB", 16 << 20, 3}};
+  const Size a2a_sizes[] = {
+      {"4 KiB", 4 << 10, 200}, {"1 MiB", 1 << 20, 20}, {"16 MiB", 16 << 20, 3}};
   Header("(b) all_to_all of float blocks: vemesh against MPI_Alltoall",
          "vemesh", "MPI");
   for (const Size& size : a2a_sizes) {
@@ -127,15 +129,17 @@ void Run(int reps, bool smoke) {
     Check(comm->all_to_all(absl::MakeConstSpan(send), absl::MakeSpan(recv)),
           "all_to_all");
     for (int p = 0; p < n; ++p) {
-      if (block > 0 && recv[p * block] != static_cast<float>(p * n + comm->rank())) {
+      if (block > 0 &&
+          recv[p * block] != static_cast<float>(p * n + comm->rank())) {
         Die("vemesh all_to_all delivered a wrong block");
       }
     }
-    Row("all_to_all", size, reps, smoke,
+    Row(
+        "all_to_all", size, reps, smoke,
         [&] {
-          Check(comm->all_to_all(absl::MakeConstSpan(send),
-                                 absl::MakeSpan(recv)),
-                "all_to_all");
+          Check(
+              comm->all_to_all(absl::MakeConstSpan(send), absl::MakeSpan(recv)),
+              "all_to_all");
         },
         [&] {
           MPI_Alltoall(send.data(), static_cast<int>(block), MPI_FLOAT,
@@ -148,12 +152,14 @@ void Run(int reps, bool smoke) {
                               {"256 B", 256, 2000},
                               {"4 KiB", 4 << 10, 200},
                               {"1 MiB", 1 << 20, 20}};
-  Header("(c) blocking all_reduce sum of floats: vemesh (MPI_Iallreduce + "
-         "Work::wait) against MPI_Allreduce",
-         "vemesh", "MPI");
+  Header(
+      "(c) blocking all_reduce sum of floats: vemesh (MPI_Iallreduce + "
+      "Work::wait) against MPI_Allreduce",
+      "vemesh", "MPI");
   for (const Size& size : small_sizes) {
     std::vector<float> x(size.bytes / 4, 0.0f);
-    Row("all_reduce", size, reps, smoke,
+    Row(
+        "all_reduce", size, reps, smoke,
         [&] {
           Check(comm->all_reduce(absl::MakeSpan(x), ReduceOp::kSum),
                 "all_reduce");
@@ -169,7 +175,8 @@ void Run(int reps, bool smoke) {
          "Iallreduce", "Allreduce");
   for (const Size& size : small_sizes) {
     std::vector<float> x(size.bytes / 4, 0.0f);
-    Row("all_reduce", size, reps, smoke,
+    Row(
+        "all_reduce", size, reps, smoke,
         [&] {
           MPI_Request request;
           MPI_Iallreduce(MPI_IN_PLACE, x.data(), static_cast<int>(x.size()),

@@ -57,20 +57,23 @@ int main(int argc, char** argv) {
   for (int i = 0; i < reps; ++i) {
     for (const char* device : {"cuda", "cpu"}) {
       const absl::Time start = absl::Now();
-      auto mesh = vemesh::init_device_mesh(device, {1, 1, 1}, {"PP", "DP", "TP"});
+      auto mesh =
+          vemesh::init_device_mesh(device, {1, 1, 1}, {"PP", "DP", "TP"});
       const double ms = absl::ToDoubleMilliseconds(absl::Now() - start);
       if (!mesh.ok()) {
         std::printf("nccl_init: %s mesh failed: %s\n", device,
                     mesh.status().ToString().c_str());
         return 1;
       }
-      if (i == 0 && device[1] == 'u') std::printf("%s\n", mesh->ToString().c_str());
+      if (i == 0 && device[1] == 'u')
+        std::printf("%s\n", mesh->ToString().c_str());
       (device[1] == 'u' ? cuda_ms : cpu_ms).push_back(ms);
     }
   }
   std::printf("| what | median | baseline | ratio |\n|---|---:|---:|---:|\n");
-  std::printf("| create (1,1,1) cuda vs cpu mesh | %.2f ms | %.2f ms | %.1f |\n",
-              Median(cuda_ms), Median(cpu_ms), Median(cuda_ms) / Median(cpu_ms));
+  std::printf(
+      "| create (1,1,1) cuda vs cpu mesh | %.2f ms | %.2f ms | %.1f |\n",
+      Median(cuda_ms), Median(cpu_ms), Median(cuda_ms) / Median(cpu_ms));
 #ifdef VEMESH_HAVE_NCCL
   auto mesh = vemesh::init_device_mesh("cuda", {1}, {"DP"});
   if (!mesh.ok()) return 1;
@@ -84,7 +87,10 @@ int main(int argc, char** argv) {
   std::vector<double> ours, theirs;
   for (int i = 0; i < reps + 1; ++i) {
     absl::Time start = absl::Now();
-    if (!dp->all_reduce(x, x, n, vemesh::DataType::kFloat32, vemesh::ReduceOp::kSum).ok()) return 1;
+    if (!dp->all_reduce(x, x, n, vemesh::DataType::kFloat32,
+                        vemesh::ReduceOp::kSum)
+             .ok())
+      return 1;
     const double a = absl::ToDoubleMicroseconds(absl::Now() - start);
     start = absl::Now();
     ncclAllReduce(x, x, n, ncclFloat32, ncclSum, raw, stream);
@@ -95,8 +101,10 @@ int main(int argc, char** argv) {
       theirs.push_back(b);
     }
   }
-  std::printf("| all_reduce 64 MiB f32, vemesh vs raw NCCL | %.1f us | %.1f us | %.2f |\n",
-              Median(ours), Median(theirs), Median(ours) / Median(theirs));
+  std::printf(
+      "| all_reduce 64 MiB f32, vemesh vs raw NCCL | %.1f us | %.1f us | %.2f "
+      "|\n",
+      Median(ours), Median(theirs), Median(ours) / Median(theirs));
   cudaFree(x);
   cudaStreamDestroy(stream);
 #endif
@@ -109,8 +117,9 @@ int main(int argc, char** argv) {
   one_by_one.group_splits = false;
   vemesh::NcclOptions shared;
   shared.split_share = true;
-  const std::vector<Variant> variants = {
-      {"grouped", {}}, {"one by one", one_by_one}, {"grouped, splitShare", shared}};
+  const std::vector<Variant> variants = {{"grouped", {}},
+                                         {"one by one", one_by_one},
+                                         {"grouped, splitShare", shared}};
   const std::vector<vemesh::SplitRequest> requests = {
       {0, 0, "PP"}, {0, 0, "DP"}, {0, 0, "TP"}};
   // Parents made once per variant; each keeps the variant's options.
@@ -134,8 +143,8 @@ int main(int argc, char** argv) {
       auto children = parents[v]->split_many(requests);
       const double split = absl::ToDoubleMilliseconds(absl::Now() - start);
       if (!children.ok()) {
-        std::printf("nccl_init: split_many (%s) failed: %s\n",
-                    variants[v].what, children.status().ToString().c_str());
+        std::printf("nccl_init: split_many (%s) failed: %s\n", variants[v].what,
+                    children.status().ToString().c_str());
         return 1;
       }
       children->clear();
@@ -146,8 +155,8 @@ int main(int argc, char** argv) {
                                            {"PP", "DP", "TP"}, options);
       const double whole = absl::ToDoubleMilliseconds(absl::Now() - start);
       if (!mesh.ok()) {
-        std::printf("nccl_init: cuda mesh (%s) failed: %s\n",
-                    variants[v].what, mesh.status().ToString().c_str());
+        std::printf("nccl_init: cuda mesh (%s) failed: %s\n", variants[v].what,
+                    mesh.status().ToString().c_str());
         return 1;
       }
       if (i > 0) {  // the first round is warm-up
@@ -157,12 +166,15 @@ int main(int argc, char** argv) {
     }
   }
   for (size_t v = 1; v < variants.size(); ++v) {
-    std::printf("| 3 ncclCommSplit (split_many), %s vs %s | %.2f ms | %.2f ms | %.2f |\n",
-                variants[0].what, variants[v].what, Median(split_ms[0]),
-                Median(split_ms[v]), Median(split_ms[0]) / Median(split_ms[v]));
-    std::printf("| create (1,1,1) cuda mesh, %s vs %s | %.2f ms | %.2f ms | %.2f |\n",
-                variants[0].what, variants[v].what, Median(mesh_ms[0]),
-                Median(mesh_ms[v]), Median(mesh_ms[0]) / Median(mesh_ms[v]));
+    std::printf(
+        "| 3 ncclCommSplit (split_many), %s vs %s | %.2f ms | %.2f ms | %.2f "
+        "|\n",
+        variants[0].what, variants[v].what, Median(split_ms[0]),
+        Median(split_ms[v]), Median(split_ms[0]) / Median(split_ms[v]));
+    std::printf(
+        "| create (1,1,1) cuda mesh, %s vs %s | %.2f ms | %.2f ms | %.2f |\n",
+        variants[0].what, variants[v].what, Median(mesh_ms[0]),
+        Median(mesh_ms[v]), Median(mesh_ms[0]) / Median(mesh_ms[v]));
   }
   return 0;
 }

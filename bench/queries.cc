@@ -22,8 +22,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "bench/bench_worlds.h"
-#include "vemesh/registry/ve_device_mesh.h"
 #include "vemesh/layout/mesh_layout.h"
+#include "vemesh/registry/ve_device_mesh.h"
 
 namespace vemesh::bench {
 namespace {
@@ -36,8 +36,7 @@ const MeshLayout& LayoutOf(int64_t world) {
   for (const auto& [w, layout] : *cache) {
     if (w == world) return layout;
   }
-  cache->emplace_back(world,
-                      *MeshLayout::Create(ShapeOf(world), MeshNames()));
+  cache->emplace_back(world, *MeshLayout::Create(ShapeOf(world), MeshNames()));
   return cache->back().second;
 }
 
@@ -53,7 +52,8 @@ bool InitRegistry(benchmark::State& state, int64_t world) {
   return true;
 }
 
-// -- The baseline: veScale's O(world) scan --------------------------------------
+// -- The baseline: veScale's O(world) scan
+// --------------------------------------
 
 // The coordinate of `rank` found as veScale finds it: walk the row-major rank
 // tensor until the rank turns up, then unravel the flat index. (veScale's
@@ -83,7 +83,8 @@ void BM_Baseline_ScanCoordinate(benchmark::State& state) {
   }
 }
 
-// -- The layout ------------------------------------------------------------------
+// -- The layout
+// ------------------------------------------------------------------
 
 void BM_Layout_CoordinateOf(benchmark::State& state) {
   const MeshLayout& layout = LayoutOf(state.range(0));
@@ -101,7 +102,8 @@ void BM_Layout_CoordinateOfSpan(benchmark::State& state) {
   const absl::Span<int64_t> out(coord, static_cast<size_t>(layout.ndim()));
   size_t i = 0;
   for (auto _ : state) {
-    benchmark::DoNotOptimize(layout.coordinate_of(probes[i++ & (kProbes - 1)], out));
+    benchmark::DoNotOptimize(
+        layout.coordinate_of(probes[i++ & (kProbes - 1)], out));
     benchmark::DoNotOptimize(coord);
   }
 }
@@ -114,12 +116,12 @@ void BM_Layout_RankAt(benchmark::State& state) {
   }
   size_t i = 0;
   for (auto _ : state) {
-    benchmark::DoNotOptimize(
-        layout.rank_at(coordinates[i++ & (kProbes - 1)]));
+    benchmark::DoNotOptimize(layout.rank_at(coordinates[i++ & (kProbes - 1)]));
   }
 }
 
-// -- The registry (VESCALE_DEVICE_MESH) -----------------------------------------
+// -- The registry (VESCALE_DEVICE_MESH)
+// -----------------------------------------
 
 // Not a query of the list: the registry's fixed cost (find the
 // current state, wrap the answer in a StatusOr), to read the others against.
@@ -183,8 +185,8 @@ void BM_Registry_GetGlobalRank(benchmark::State& state) {
   }
   size_t i = 0;
   for (auto _ : state) {
-    benchmark::DoNotOptimize(VESCALE_DEVICE_MESH.get_global_rank(
-        coordinates[i++ & (kProbes - 1)]));
+    benchmark::DoNotOptimize(
+        VESCALE_DEVICE_MESH.get_global_rank(coordinates[i++ & (kProbes - 1)]));
   }
 }
 

@@ -30,13 +30,14 @@
 #include <vector>
 
 #include "bench/bench_worlds.h"
-#include "vemesh/registry/ve_device_mesh.h"
 #include "vemesh/layout/mesh_layout.h"
+#include "vemesh/registry/ve_device_mesh.h"
 
-// -- Heap accounting -------------------------------------------------------------
-// Every allocation of this program goes through here, so the heap an object
-// keeps is "live bytes after it is built" minus "live bytes before". Sizes are
-// malloc's usable sizes, counted the same way on allocation and release.
+// -- Heap accounting
+// ------------------------------------------------------------- Every
+// allocation of this program goes through here, so the heap an object keeps is
+// "live bytes after it is built" minus "live bytes before". Sizes are malloc's
+// usable sizes, counted the same way on allocation and release.
 
 namespace {
 std::atomic<int64_t> g_live_bytes{0};
@@ -137,7 +138,8 @@ void BM_Layout_CreateExplicit(benchmark::State& state) {
 void BM_Registry_InitMeta(benchmark::State& state) {
   const std::vector<int64_t> shape = ShapeOf(state.range(0));
   for (auto _ : state) {
-    auto mesh = VESCALE_DEVICE_MESH.init_device_mesh("meta", shape, MeshNames());
+    auto mesh =
+        VESCALE_DEVICE_MESH.init_device_mesh("meta", shape, MeshNames());
     if (!mesh.ok()) {
       state.SkipWithError(std::string(mesh.status().message()).c_str());
       return;
@@ -146,7 +148,8 @@ void BM_Registry_InitMeta(benchmark::State& state) {
   VESCALE_DEVICE_MESH.reset();
   const int64_t before = LiveBytes();
   {
-    auto mesh = VESCALE_DEVICE_MESH.init_device_mesh("meta", shape, MeshNames());
+    auto mesh =
+        VESCALE_DEVICE_MESH.init_device_mesh("meta", shape, MeshNames());
     benchmark::DoNotOptimize(VESCALE_DEVICE_MESH.lookup_rank("TP"));
   }
   state.counters["heap_bytes"] = static_cast<double>(LiveBytes() - before);
@@ -217,29 +220,36 @@ void BM_Registry_GlobalTensorParallelMeshesAtBound(benchmark::State& state) {
     benchmark::DoNotOptimize(meshes);
   }
   state.counters["groups"] = static_cast<double>(groups);
-  state.counters["ns_per_mesh"] = benchmark::Counter(
-      static_cast<double>(groups) * 1e-9,
-      benchmark::Counter::kIsIterationInvariantRate |
-          benchmark::Counter::kInvert);
+  state.counters["ns_per_mesh"] =
+      benchmark::Counter(static_cast<double>(groups) * 1e-9,
+                         benchmark::Counter::kIsIterationInvariantRate |
+                             benchmark::Counter::kInvert);
   VESCALE_DEVICE_MESH.reset();
 }
 
 void Register() {
   BENCHMARK(BM_Layout_CreateDefault)->Apply(AllWorlds);
-  BENCHMARK(BM_Layout_CreateExplicit)->Apply(TableWorlds)
+  BENCHMARK(BM_Layout_CreateExplicit)
+      ->Apply(TableWorlds)
       ->Unit(benchmark::kMicrosecond);
-  BENCHMARK(BM_Registry_InitMeta)->Apply(AllWorlds)
+  BENCHMARK(BM_Registry_InitMeta)
+      ->Apply(AllWorlds)
       ->Unit(benchmark::kMicrosecond);
-  BENCHMARK(BM_Layout_GroupsTP)->Apply(AllWorlds)
+  BENCHMARK(BM_Layout_GroupsTP)
+      ->Apply(AllWorlds)
       ->Unit(benchmark::kMillisecond);
-  BENCHMARK(BM_Layout_GroupsDP)->Apply(AllWorlds)
+  BENCHMARK(BM_Layout_GroupsDP)
+      ->Apply(AllWorlds)
       ->Unit(benchmark::kMillisecond);
   // One DeviceMesh per TP group: 2^21 of them at 2^24 would be GBs; stop at
   // 2^20.
-  BENCHMARK(BM_Registry_GlobalTensorParallelMeshes)->Apply(TableWorlds)
+  BENCHMARK(BM_Registry_GlobalTensorParallelMeshes)
+      ->Apply(TableWorlds)
       ->Unit(benchmark::kMillisecond);
-  BENCHMARK(BM_Registry_GlobalTensorParallelMeshesAtBound)->Arg(20)
-      ->ArgName("world_log2")->Unit(benchmark::kMillisecond);
+  BENCHMARK(BM_Registry_GlobalTensorParallelMeshesAtBound)
+      ->Arg(20)
+      ->ArgName("world_log2")
+      ->Unit(benchmark::kMillisecond);
 }
 
 }  // namespace

@@ -44,7 +44,8 @@
 
 ABSL_FLAG(int, clients, 1024, "client threads, one TcpStore connection each");
 ABSL_FLAG(int, reps, 5, "repetitions of each rendezvous pattern (median)");
-ABSL_FLAG(int, round_trips, 20000, "iterations of each op in the round-trip loop");
+ABSL_FLAG(int, round_trips, 20000,
+          "iterations of each op in the round-trip loop");
 ABSL_FLAG(int, value_bytes, 64, "bytes each client sets in a rendezvous");
 
 namespace vemesh::bench {
@@ -138,7 +139,8 @@ PatternTimes RunPatterns(int n, int reps, const std::string& value,
     const absl::Time now = absl::Now();
     const double ms = absl::ToDoubleMilliseconds(now - mark);
     if (phase == 0) {
-      if (connect_ms != nullptr) *connect_ms = absl::ToDoubleMilliseconds(now - start);
+      if (connect_ms != nullptr)
+        *connect_ms = absl::ToDoubleMilliseconds(now - start);
     } else if (phase % 2 == 1) {
       times.all_gather_ms.push_back(ms);
     } else {
@@ -178,10 +180,12 @@ OpTimes RoundTrips(Store& store, int iterations) {
   for (int i = 0; i < iterations; ++i) Check(store.set("rt/key", value), "set");
   t.set_us = absl::ToDoubleMicroseconds(absl::Now() - start) / iterations;
   start = absl::Now();
-  for (int i = 0; i < iterations; ++i) Check(store.get("rt/key").status(), "get");
+  for (int i = 0; i < iterations; ++i)
+    Check(store.get("rt/key").status(), "get");
   t.get_us = absl::ToDoubleMicroseconds(absl::Now() - start) / iterations;
   start = absl::Now();
-  for (int i = 0; i < iterations; ++i) Check(store.add("rt/n", 1).status(), "add");
+  for (int i = 0; i < iterations; ++i)
+    Check(store.add("rt/n", 1).status(), "add");
   t.add_us = absl::ToDoubleMicroseconds(absl::Now() - start) / iterations;
   return t;
 }
@@ -202,14 +206,16 @@ int Main() {
   const PatternTimes tcp = RunPatterns(
       n, reps, value,
       [port](int) -> std::shared_ptr<Store> {
-        auto store = TcpStore::Connect("127.0.0.1", port, absl::Now() + kDeadline);
+        auto store =
+            TcpStore::Connect("127.0.0.1", port, absl::Now() + kDeadline);
         Check(store.status(), "connect");
         return std::shared_ptr<Store>(*std::move(store));
       },
       &connect_ms);
   auto memory = std::make_shared<MemoryStore>();
   const PatternTimes mem = RunPatterns(
-      n, reps, value, [&](int) -> std::shared_ptr<Store> { return memory; }, nullptr);
+      n, reps, value, [&](int) -> std::shared_ptr<Store> { return memory; },
+      nullptr);
 
   absl::StatusOr<std::unique_ptr<TcpStore>> one =
       TcpStore::Connect("127.0.0.1", port, absl::Now() + kDeadline);
@@ -227,19 +233,23 @@ int Main() {
              std::min(mem_ops.get_us, mem_ops2.get_us),
              std::min(mem_ops.add_us, mem_ops2.add_us)};
 
-  std::printf("store rendezvous: %d clients (threads), one TcpStoreServer thread, "
-              "127.0.0.1, %d-byte values, median of %d\n",
-              n, static_cast<int>(value.size()), reps);
-  std::printf("  %-34s %12s %14s %8s\n", "pattern", "TcpStore ms", "MemoryStore ms",
-              "ratio");
-  std::printf("  %-34s %12.2f %14s %8s\n", "connect all clients", connect_ms, "-", "-");
+  std::printf(
+      "store rendezvous: %d clients (threads), one TcpStoreServer thread, "
+      "127.0.0.1, %d-byte values, median of %d\n",
+      n, static_cast<int>(value.size()), reps);
+  std::printf("  %-34s %12s %14s %8s\n", "pattern", "TcpStore ms",
+              "MemoryStore ms", "ratio");
+  std::printf("  %-34s %12.2f %14s %8s\n", "connect all clients", connect_ms,
+              "-", "-");
   const double tag = Median(tcp.all_gather_ms), mag = Median(mem.all_gather_ms);
   const double tc = Median(tcp.combine_ms), mc = Median(mem.combine_ms);
-  std::printf("  %-34s %12.2f %14.2f %8.1f\n", "all-gather (set + wait_get all)", tag,
-              mag, mag > 0 ? tag / mag : 0.0);
+  std::printf("  %-34s %12.2f %14.2f %8.1f\n",
+              "all-gather (set + wait_get all)", tag, mag,
+              mag > 0 ? tag / mag : 0.0);
   std::printf("  %-34s %12.2f %14.2f %8.1f\n", "rank 0 combines", tc, mc,
               mc > 0 ? tc / mc : 0.0);
-  std::printf("\nround trips: one client, %d of each op, best of 2\n", iterations);
+  std::printf("\nround trips: one client, %d of each op, best of 2\n",
+              iterations);
   std::printf("  %-6s %12s %12s %14s %8s\n", "op", "TcpStore us", "ops/s",
               "MemoryStore us", "ratio");
   auto row = [](const char* op, double tcp_us, double mem_us) {

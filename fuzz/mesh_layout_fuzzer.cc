@@ -39,8 +39,8 @@ constexpr int64_t kScanCap = 512;
 constexpr int64_t kTableCap = 1024;
 constexpr int kMaxOps = 48;
 
-const char* const kNamePool[] = {"PP", "DP", "TP", "EP", "CP", "SP",
-                                 "X",  "DP_TP", "", "PP"};
+const char* const kNamePool[] = {"PP", "DP", "TP",    "EP", "CP",
+                                 "SP", "X",  "DP_TP", "",   "PP"};
 
 template <typename T>
 void CheckError(const absl::StatusOr<T>& result) {
@@ -392,8 +392,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzedDataProvider in(data, size);
 
   // Shape: usually 1..6 small dims; sometimes anything up to 34 dims.
-  const size_t ndim = in.ConsumeBool() ? in.ConsumeIntegralInRange<size_t>(1, 6)
-                                       : in.ConsumeIntegralInRange<size_t>(0, 34);
+  const size_t ndim = in.ConsumeBool()
+                          ? in.ConsumeIntegralInRange<size_t>(1, 6)
+                          : in.ConsumeIntegralInRange<size_t>(0, 34);
   std::vector<int64_t> shape;
   for (size_t i = 0; i < ndim; ++i) shape.push_back(ConsumeSize(in));
 
@@ -412,8 +413,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   bool valid_shape = !shape.empty() && shape.size() <= MeshLayout::kMaxDims;
   int64_t product = 1;
   for (int64_t s : shape) {
-    valid_shape = valid_shape && s >= 1 &&
-                  !__builtin_mul_overflow(product, s, &product);
+    valid_shape =
+        valid_shape && s >= 1 && !__builtin_mul_overflow(product, s, &product);
   }
   const int table_mode = in.ConsumeIntegralInRange<int>(0, 3);
   if (table_mode == 1 && valid_shape && product <= kTableCap) {

@@ -42,9 +42,11 @@ void FuzzHostfile(absl::string_view text) {
     return;
   }
   FUZZ_CHECK(h->names.size() == h->slots.size());
-  FUZZ_CHECK(static_cast<int64_t>(h->names.size()) <= vemesh::plan::kMaxHostfileHosts);
+  FUZZ_CHECK(static_cast<int64_t>(h->names.size()) <=
+             vemesh::plan::kMaxHostfileHosts);
   for (size_t i = 0; i < h->slots.size(); ++i) {
-    FUZZ_CHECK(h->slots[i] >= 1 && h->slots[i] <= vemesh::plan::kMaxSlotsPerHost);
+    FUZZ_CHECK(h->slots[i] >= 1 &&
+               h->slots[i] <= vemesh::plan::kMaxSlotsPerHost);
     FUZZ_CHECK(!h->names[i].empty());
   }
   const int64_t total = h->total_slots();
@@ -94,7 +96,8 @@ void FuzzPlacement(absl::string_view text) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1 || size > kMaxInput) return 0;
-  const absl::string_view text(reinterpret_cast<const char*>(data) + 1, size - 1);
+  const absl::string_view text(reinterpret_cast<const char*>(data) + 1,
+                               size - 1);
   if (data[0] % 2 == 0) {
     FuzzHostfile(text);
   } else {

@@ -29,6 +29,7 @@ torch=(python3-torch)
 test_extras=(
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev   # sanitizer presets and libFuzzer
+  clang-format               # scripts/check_format.sh
   redis-server               # RedisStore and elastic tests
   librsvg2-bin               # the planner's SVG checks
   iproute2 util-linux        # emulated hosts (namespaces, veth)

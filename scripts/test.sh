@@ -7,12 +7,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --test
 
+# The tree is formatted as .clang-format says (vemesh/ and tools/); a
+# difference fails at once, naming the files.
+bash scripts/check_format.sh
+
 # ccache when present: a rebuild, or a clone in another folder (paths under
 # CCACHE_BASEDIR are hashed relative to it), compiles only what changed.
+# CMake takes the launcher from the environment for every preset configured
+# below, the fuzz preset and the consumer check's scratch builds included.
 launcher=()
 if command -v ccache >/dev/null; then
-  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  export CMAKE_CXX_COMPILER_LAUNCHER=ccache
   export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 fi
 
 # Open MPI refuses root and more ranks than cores unless told; CI runs as root

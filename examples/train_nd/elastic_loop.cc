@@ -38,10 +38,10 @@ absl::StatusOr<Fault> ParseFault(const std::string& text) {
   Fault f;
   if (text.empty()) return f;
   std::vector<std::string> parts = absl::StrSplit(text, ':');
-  const bool known = parts.size() >= 2 &&
-                     (parts[1] == "dp" || parts[1] == "tp" ||
-                      parts[1] == "stop" || parts[1] == "establish" ||
-                      parts[1] == "recovery");
+  const bool known =
+      parts.size() >= 2 &&
+      (parts[1] == "dp" || parts[1] == "tp" || parts[1] == "stop" ||
+       parts[1] == "establish" || parts[1] == "recovery");
   if (parts.size() < 2 || parts.size() > 3 || !known ||
       !absl::SimpleAtoi(parts[0], &f.step) ||
       (parts.size() == 3 && !absl::SimpleAtoi(parts[2], &f.rank))) {
@@ -95,24 +95,25 @@ int64_t Digest(const std::vector<Parameter*>& params) {
 void PrintMembership(bool leader, const vemesh::Recovery& r, int replica,
                      absl::string_view why) {
   if (!leader) return;
-  std::printf("membership: epoch %lld, DP=%d [%s] (replica %d is DP rank %d; "
-              "%s; resume at step %lld%s) agreed in %.1f ms, built in %.1f ms, "
-              "at %lld ms\n",
-              static_cast<long long>(r.epoch), r.dp_size,
-              absl::StrJoin(r.replicas, ", ").c_str(), replica, r.dp_rank,
-              std::string(why).c_str(), static_cast<long long>(r.resume_step),
-              r.transfer_state ? ", state sent to the new replicas" : "",
-              absl::ToDoubleMilliseconds(r.agree_time),
-              absl::ToDoubleMilliseconds(r.build_time),
-              static_cast<long long>(absl::ToUnixMillis(absl::Now())));
+  std::printf(
+      "membership: epoch %lld, DP=%d [%s] (replica %d is DP rank %d; "
+      "%s; resume at step %lld%s) agreed in %.1f ms, built in %.1f ms, "
+      "at %lld ms\n",
+      static_cast<long long>(r.epoch), r.dp_size,
+      absl::StrJoin(r.replicas, ", ").c_str(), replica, r.dp_rank,
+      std::string(why).c_str(), static_cast<long long>(r.resume_step),
+      r.transfer_state ? ", state sent to the new replicas" : "",
+      absl::ToDoubleMilliseconds(r.agree_time),
+      absl::ToDoubleMilliseconds(r.build_time),
+      static_cast<long long>(absl::ToUnixMillis(absl::Now())));
   std::fflush(stdout);
 }
 
 // One step on the current epoch's mesh: the loss, or the first error.
 absl::StatusOr<double> Step(const TrainPlan& plan, ParallelMlpStage& stage,
                             const std::vector<Parameter*>& params,
-                            DataParallel& dp, int step,
-                            const Fault& fault, int launch_rank) {
+                            DataParallel& dp, int step, const Fault& fault,
+                            int launch_rank) {
   for (Parameter* p : params) p->ZeroGrad();
   // A failed step may have left its loss sum behind.
   (void)stage.TakeSquaredError();
@@ -139,8 +140,8 @@ absl::StatusOr<double> Step(const TrainPlan& plan, ParallelMlpStage& stage,
 
 int Fail(int replica, int rank, absl::string_view what,
          const absl::Status& status) {
-  std::fprintf(stderr, "[replica %d rank %d] train_nd: %s: %s\n", replica,
-               rank, std::string(what).c_str(), status.ToString().c_str());
+  std::fprintf(stderr, "[replica %d rank %d] train_nd: %s: %s\n", replica, rank,
+               std::string(what).c_str(), status.ToString().c_str());
   return 1;
 }
 
@@ -165,10 +166,10 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
     Inject(f, launch_rank, point, -1);
   };
   // The epoch-1 mesh is not kept: the registry hands out each epoch's.
-  if (absl::Status s = VESCALE_DEVICE_MESH
-                           .init_device_mesh("cpu", plan0.mesh.shape,
-                                             plan0.mesh.names, init)
-                           .status();
+  if (absl::Status s =
+          VESCALE_DEVICE_MESH
+              .init_device_mesh("cpu", plan0.mesh.shape, plan0.mesh.names, init)
+              .status();
       !s.ok()) {
     return Fail(replica, launch_rank, "init_device_mesh", s);
   }
@@ -279,10 +280,12 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
       Restore(before_step, params);
       --step;
     } else if (r->resume_step != step) {
-      return Fail(replica, launch_rank, "recover",
-                  absl::InternalError(absl::StrCat(
-                      "resume at step ", r->resume_step, " but this replica "
-                      "committed ", step)));
+      return Fail(
+          replica, launch_rank, "recover",
+          absl::InternalError(absl::StrCat("resume at step ", r->resume_step,
+                                           " but this replica "
+                                           "committed ",
+                                           step)));
     }
     losses.erase(losses.lower_bound(step), losses.end());
     before_step = Save(params);
@@ -306,8 +309,8 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
   double worst = 0;
   int64_t worst_step = -1;
   for (const auto& [s, value] : losses) {
-    const double rel = std::abs(value - serial[s]) /
-                       std::max(std::abs(serial[s]), 1e-300);
+    const double rel =
+        std::abs(value - serial[s]) / std::max(std::abs(serial[s]), 1e-300);
     if (!(rel <= worst)) {
       worst = rel;
       worst_step = s;

@@ -35,13 +35,13 @@
 namespace train_nd {
 
 struct ElasticSettings {
-  std::string store;       // redis://HOST:PORT
+  std::string store;  // redis://HOST:PORT
   int replica = -1;
   int min_replicas = 1;
   std::string job = "train_nd";
   absl::Duration heartbeat_ttl = absl::Seconds(1);
   absl::Duration op_timeout = absl::Seconds(3);
-  std::string fault;       // STEP:WHERE[:RANK], empty = none
+  std::string fault;  // STEP:WHERE[:RANK], empty = none
   // Each step lasts at least this long (demos, and fault tests that act
   // from outside at a moment of their choosing).
   absl::Duration pace = absl::ZeroDuration();

@@ -28,15 +28,15 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "elastic_loop.h"
 #include "parallel_mlp_stage.h"
 #include "serial_mlp.h"
 #include "synthetic_data.h"
-#include "elastic_loop.h"
 #include "train_options.h"
 #include "train_step.h"
-#include "vemesh/registry/ve_device_mesh.h"
 #include "vemesh/bootstrap/launch.h"
 #include "vemesh/comm/mpi/mpi_environment.h"
+#include "vemesh/registry/ve_device_mesh.h"
 #include "vemesh/strategies/data_parallel.h"
 #include "vemesh/strategies/pipeline_runner.h"
 #include "vemesh/strategies/role_group.h"
@@ -163,7 +163,8 @@ absl::StatusOr<std::vector<double>> Train(const TrainPlan& plan, bool print) {
     if (!avg.ok()) return avg.status();
     for (Parameter* p : params) p->SgdStep(plan.options.lr);
     for (Parameter* p : experts) p->SgdStep(plan.options.lr);
-    absl::StatusOr<double> loss = GlobalLoss(plan, (*stage)->TakeSquaredError());
+    absl::StatusOr<double> loss =
+        GlobalLoss(plan, (*stage)->TakeSquaredError());
     if (!loss.ok()) return loss.status();
     losses.push_back(*loss);
     if (print) {
@@ -187,16 +188,18 @@ absl::Status ReportPlacement(const std::string& path) {
                     d.group_count);
   }
   std::printf("train_nd: placement: %zu host%s; groups crossing hosts:%s\n",
-              p->hosts.size(), p->hosts.size() == 1 ? "" : "s", crossing.c_str());
+              p->hosts.size(), p->hosts.size() == 1 ? "" : "s",
+              crossing.c_str());
   std::fflush(stdout);
   if (path.empty()) return absl::OkStatus();
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (f == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--placement_out '", path, "': cannot open it for writing"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--placement_out '", path, "': cannot open it for writing"));
   }
   const std::string json = p->ToJson() + "\n";
-  const bool written = std::fwrite(json.data(), 1, json.size(), f) == json.size();
+  const bool written =
+      std::fwrite(json.data(), 1, json.size(), f) == json.size();
   if (std::fclose(f) != 0 || !written) {
     return absl::DataLossError(
         absl::StrCat("--placement_out '", path, "': the write failed"));
@@ -207,7 +210,8 @@ absl::Status ReportPlacement(const std::string& path) {
 int Fail(int rank, absl::string_view what, const absl::Status& status,
          int code) {
   std::fprintf(stderr, "[rank %d] train_nd: %s: %s\n", rank,
-               std::string(what).c_str(), std::string(status.message()).c_str());
+               std::string(what).c_str(),
+               std::string(status.message()).c_str());
   return code;
 }
 
@@ -234,8 +238,9 @@ int Run() {
     return RunElastic(*plan, e, world_rank);
   }
 
-  absl::StatusOr<vemesh::DeviceMesh> mesh = VESCALE_DEVICE_MESH.init_device_mesh(
-      "cpu", plan->mesh.shape, plan->mesh.names);
+  absl::StatusOr<vemesh::DeviceMesh> mesh =
+      VESCALE_DEVICE_MESH.init_device_mesh("cpu", plan->mesh.shape,
+                                           plan->mesh.names);
   if (!mesh.ok()) return Fail(world_rank, "init_device_mesh", mesh.status(), 1);
   const bool print = world_rank == 0;
   if (print) {
@@ -249,14 +254,16 @@ int Run() {
         plan->dp, plan->tp, static_cast<long long>(s.input_dim),
         static_cast<long long>(s.hidden), s.layers,
         static_cast<long long>(s.output_dim),
-        static_cast<long long>(plan->options.batch), plan->options.micro_batches,
+        static_cast<long long>(plan->options.batch),
+        plan->options.micro_batches,
         std::string(vemesh::strategies::PipelineScheduleName(plan->schedule))
             .c_str(),
         plan->options.steps, plan->options.experts,
         plan->options.overlap ? "on" : "off",
         plan->options.grad_bf16 ? "bf16" : "double");
     std::fflush(stdout);
-    if (absl::Status placed = ReportPlacement(absl::GetFlag(FLAGS_placement_out));
+    if (absl::Status placed =
+            ReportPlacement(absl::GetFlag(FLAGS_placement_out));
         !placed.ok()) {
       return Fail(world_rank, "placement", placed, 1);
     }

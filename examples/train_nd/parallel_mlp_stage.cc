@@ -13,9 +13,9 @@ namespace train_nd {
 using vemesh::strategies::ColumnParallelLinear;
 using vemesh::strategies::ExpertInit;
 using vemesh::strategies::ExpertParallelMoe;
+using vemesh::strategies::Parameter;
 using vemesh::strategies::RoleGroup;
 using vemesh::strategies::RoleGroupFrom;
-using vemesh::strategies::Parameter;
 using vemesh::strategies::RowParallelLinear;
 
 ParallelMlpStage::ParallelMlpStage(const TrainPlan& plan, MlpShape::Range range,
@@ -30,7 +30,8 @@ ParallelMlpStage::ParallelMlpStage(const TrainPlan& plan, MlpShape::Range range,
 }
 
 absl::Status ParallelMlpStage::Rebind(const TrainPlan& plan) {
-  absl::StatusOr<int64_t> dp_rank = VESCALE_DEVICE_MESH.get_data_parallel_rank();
+  absl::StatusOr<int64_t> dp_rank =
+      VESCALE_DEVICE_MESH.get_data_parallel_rank();
   if (!dp_rank.ok()) return dp_rank.status();
   plan_ = plan;
   dp_rank_ = *dp_rank;
@@ -44,7 +45,8 @@ absl::StatusOr<std::unique_ptr<ParallelMlpStage>> ParallelMlpStage::Create(
   if (!pp_rank.ok()) return pp_rank.status();
   absl::StatusOr<int64_t> pp_size = VESCALE_DEVICE_MESH.get_role_size("PP");
   if (!pp_size.ok()) return pp_size.status();
-  absl::StatusOr<int64_t> dp_rank = VESCALE_DEVICE_MESH.get_data_parallel_rank();
+  absl::StatusOr<int64_t> dp_rank =
+      VESCALE_DEVICE_MESH.get_data_parallel_rank();
   if (!dp_rank.ok()) return dp_rank.status();
   absl::StatusOr<int64_t> tp_size = VESCALE_DEVICE_MESH.get_role_size("TP");
   if (!tp_size.ok()) return tp_size.status();
@@ -53,10 +55,10 @@ absl::StatusOr<std::unique_ptr<ParallelMlpStage>> ParallelMlpStage::Create(
   if (!tp_rank.ok()) return tp_rank.status();
 
   const MlpShape& shape = plan.shape;
-  const MlpShape::Range range = shape.stage_layers(
-      static_cast<int>(*pp_rank), static_cast<int>(*pp_size));
-  std::unique_ptr<ParallelMlpStage> stage(new ParallelMlpStage(
-      plan, range, *dp_rank, static_cast<int>(*tp_size)));
+  const MlpShape::Range range = shape.stage_layers(static_cast<int>(*pp_rank),
+                                                   static_cast<int>(*pp_size));
+  std::unique_ptr<ParallelMlpStage> stage(
+      new ParallelMlpStage(plan, range, *dp_rank, static_cast<int>(*tp_size)));
   stage->tp_rank_ = static_cast<int>(*tp_rank);
   if (shape.experts > 0) {
     // The expert-parallel group: this stage's DP x TP, flattened. Every
@@ -78,8 +80,8 @@ absl::StatusOr<std::unique_ptr<ParallelMlpStage>> ParallelMlpStage::Create(
     if (range.begin <= MlpShape::kMoeLayer && MlpShape::kMoeLayer < range.end) {
       const int64_t width = shape.out_features(MlpShape::kMoeLayer);
       const uint64_t seed = plan.options.seed;
-      absl::StatusOr<ExpertParallelMoe> moe = ExpertParallelMoe::Create(
-          "moe", shape.experts, ep, [&](int e) {
+      absl::StatusOr<ExpertParallelMoe> moe =
+          ExpertParallelMoe::Create("moe", shape.experts, ep, [&](int e) {
             return ExpertInit{InitialExpertWeight(seed, e, width),
                               InitialExpertBias(seed, e, width)};
           });
@@ -145,8 +147,8 @@ namespace {
 // Every TP rank's share of the rows, in TP order (shares may differ by one
 // row: all_gather_v).
 absl::StatusOr<Matrix> GatherOverTp(const Matrix& share, int64_t rows) {
-  absl::StatusOr<RoleGroup> tp = RoleGroupFrom(
-      VESCALE_DEVICE_MESH.get_tensor_parallel_dim_groups(), "TP");
+  absl::StatusOr<RoleGroup> tp =
+      RoleGroupFrom(VESCALE_DEVICE_MESH.get_tensor_parallel_dim_groups(), "TP");
   if (!tp.ok()) return tp.status();
   if (tp->size == 1) return share;
   std::vector<size_t> counts(tp->size);
@@ -172,11 +174,11 @@ absl::StatusOr<Matrix> ParallelMlpStage::MoeForward(int mb, const Matrix& h) {
     ids.push_back(dp_rank_ * plan_.rows_per_replica +
                   mb * plan_.rows_per_micro_batch + i);
   }
-  absl::StatusOr<Matrix> y = moe_->Forward(
-      h.middleRows(begin, end - begin),
-      vemesh::strategies::RouteByHash(ids, moe_->num_experts(),
-                                      plan_.options.seed),
-      &moe_dispatch_[mb]);
+  absl::StatusOr<Matrix> y =
+      moe_->Forward(h.middleRows(begin, end - begin),
+                    vemesh::strategies::RouteByHash(ids, moe_->num_experts(),
+                                                    plan_.options.seed),
+                    &moe_dispatch_[mb]);
   if (!y.ok()) return y.status();
   absl::StatusOr<Matrix> all = GatherOverTp(*y, h.rows());
   if (!all.ok()) return all.status();
@@ -187,8 +189,8 @@ absl::StatusOr<Matrix> ParallelMlpStage::MoeForward(int mb, const Matrix& h) {
 absl::StatusOr<Matrix> ParallelMlpStage::MoeBackward(int mb,
                                                      const Matrix& grad) {
   const auto [begin, end] = TpShare(grad.rows());
-  absl::StatusOr<Matrix> dx = moe_->Backward(
-      moe_dispatch_[mb], grad.middleRows(begin, end - begin));
+  absl::StatusOr<Matrix> dx =
+      moe_->Backward(moe_dispatch_[mb], grad.middleRows(begin, end - begin));
   if (!dx.ok()) return dx.status();
   absl::StatusOr<Matrix> all = GatherOverTp(*dx, grad.rows());
   if (!all.ok()) return all.status();
@@ -234,8 +236,8 @@ absl::StatusOr<Matrix> ParallelMlpStage::Forward(int mb, const Matrix& input) {
 
 absl::StatusOr<Matrix> ParallelMlpStage::LossGradient(int mb,
                                                       const Matrix& output) {
-  const Matrix target = replica_.y.middleRows(
-      mb * plan_.rows_per_micro_batch, plan_.rows_per_micro_batch);
+  const Matrix target = replica_.y.middleRows(mb * plan_.rows_per_micro_batch,
+                                              plan_.rows_per_micro_batch);
   const Matrix diff = output - target;
   squared_error_ += diff.squaredNorm();
   // d/d(output) of sum(diff^2) / (replica rows * outputs): this replica's
@@ -276,8 +278,8 @@ absl::StatusOr<Matrix> ParallelMlpStage::Backward(int mb,
     if (!g.ok()) return g.status();
     grad = *std::move(g);
     if (last && gradient_ready_) {
-      std::vector<Parameter*> done = std::visit(
-          [](auto& l) { return l.parameters(); }, layers_[i]);
+      std::vector<Parameter*> done =
+          std::visit([](auto& l) { return l.parameters(); }, layers_[i]);
       for (Parameter* p : done) {
         absl::Status s = gradient_ready_(p);
         if (!s.ok()) return s;

@@ -34,8 +34,8 @@ absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
         InRange("micro_batches", o.micro_batches, 1, kMaxMicroBatches),
         InRange("steps", o.steps, 1, kMaxSteps),
         InRange("bucket_elements", o.bucket_elements, 1, kMaxBucketElements),
-        InRange("experts", o.experts, 0, kMaxExperts),
-        Positive("lr", o.lr), Positive("tolerance", o.tolerance)}) {
+        InRange("experts", o.experts, 0, kMaxExperts), Positive("lr", o.lr),
+        Positive("tolerance", o.tolerance)}) {
     if (!s.ok()) return s;
   }
   // Each flag is bounded, so these products stay far below 2^63.
@@ -46,14 +46,17 @@ absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
     weights += (shape.in_features(l) + 1) * shape.out_features(l);
     features += shape.out_features(l);
   }
-  const std::string sizes =
-      absl::StrCat("--layers=", o.layers, " --hidden=", o.hidden,
-                   " --input_dim=", o.input_dim, " --output_dim=", o.output_dim);
+  const std::string sizes = absl::StrCat(
+      "--layers=", o.layers, " --hidden=", o.hidden,
+      " --input_dim=", o.input_dim, " --output_dim=", o.output_dim);
   if (weights > kMaxModelElements) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        sizes, ": the model has ", weights, " weights and biases; expected at "
-        "most ", kMaxModelElements, " (every rank holds the whole serial "
-        "reference model)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(sizes, ": the model has ", weights,
+                     " weights and biases; expected at "
+                     "most ",
+                     kMaxModelElements,
+                     " (every rank holds the whole serial "
+                     "reference model)"));
   }
   if (o.batch * features > kMaxActivationElements) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -82,7 +85,7 @@ absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
   for (size_t i = 0; i < mesh->names.size(); ++i) {
     const std::string& name = mesh->names[i];
     const int64_t size = mesh->shape[i];
-    int* role = name == "PP" ? &plan.pp
+    int* role = name == "PP"   ? &plan.pp
                 : name == "DP" ? &plan.dp
                 : name == "TP" ? &plan.tp
                                : nullptr;
@@ -125,20 +128,23 @@ absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
     }
     if (!o.elastic.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--experts=", o.experts, " with --elastic: expert parallelism spans "
+          "--experts=", o.experts,
+          " with --elastic: expert parallelism spans "
           "DP, which an elastic job resizes; expected --experts=0"));
     }
     if (o.experts % (plan.dp * plan.tp) != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--experts=", o.experts, " is not divisible by DP x TP = ",
-          plan.dp * plan.tp, ": the experts are spread evenly over the "
-          "expert-parallel group (DP x TP of each stage)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--experts=", o.experts,
+                       " is not divisible by DP x TP = ", plan.dp * plan.tp,
+                       ": the experts are spread evenly over the "
+                       "expert-parallel group (DP x TP of each stage)"));
     }
   }
   if (plan.pp > o.layers) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--mesh=", o.mesh, " has PP=", plan.pp, " pipeline stages but --layers=",
-        o.layers, ": every stage needs at least one layer"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--mesh=", o.mesh, " has PP=", plan.pp,
+                     " pipeline stages but --layers=", o.layers,
+                     ": every stage needs at least one layer"));
   }
   for (int l = 0; l < o.layers; ++l) {
     const int64_t split = plan.shape.split_features(l);
@@ -146,8 +152,8 @@ absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
       const bool column = MlpShape::column_parallel(l);
       const bool is_output = column && l + 1 == o.layers;
       const char* flag = l == 0 && !column ? "input_dim"
-                         : is_output        ? "output_dim"
-                                            : "hidden";
+                         : is_output       ? "output_dim"
+                                           : "hidden";
       return absl::InvalidArgumentError(absl::StrCat(
           "--", flag, "=", split, " is not divisible by TP=", plan.tp,
           ": layer ", l, " (", column ? "column" : "row",
@@ -162,8 +168,8 @@ absl::StatusOr<TrainPlan> Replan(const TrainPlan& plan, int dp) {
   const TrainOptions& o = plan.options;
   if (dp < 1 || o.batch % (int64_t{dp} * o.micro_batches) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--batch=", o.batch, " is not divisible by DP x --micro_batches = ",
-        dp, " x ", o.micro_batches, " = ", int64_t{dp} * o.micro_batches,
+        "--batch=", o.batch, " is not divisible by DP x --micro_batches = ", dp,
+        " x ", o.micro_batches, " = ", int64_t{dp} * o.micro_batches,
         ": every micro-batch of every replica must have the same rows"));
   }
   TrainPlan next = plan;

@@ -80,8 +80,8 @@ struct TrainPlan {
   MlpShape shape;
   vemesh::strategies::PipelineSchedule schedule =
       vemesh::strategies::PipelineSchedule::k1F1B;
-  int64_t rows_per_replica = 0;     // batch / DP
-  int64_t rows_per_micro_batch = 0; // batch / (DP * micro_batches)
+  int64_t rows_per_replica = 0;      // batch / DP
+  int64_t rows_per_micro_batch = 0;  // batch / (DP * micro_batches)
 };
 
 absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& options,

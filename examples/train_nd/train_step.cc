@@ -28,8 +28,8 @@ absl::StatusOr<double> PipelineSquaredError(double squared_error) {
 
 absl::StatusOr<double> DataParallelLoss(const TrainPlan& plan,
                                         double replica_squared_error) {
-  absl::StatusOr<RoleGroup> dp = RoleGroupFrom(
-      VESCALE_DEVICE_MESH.get_data_parallel_dim_groups(), "DP");
+  absl::StatusOr<RoleGroup> dp =
+      RoleGroupFrom(VESCALE_DEVICE_MESH.get_data_parallel_dim_groups(), "DP");
   if (!dp.ok()) return dp.status();
   if (dp->size > 1) {
     absl::Status s = dp->comm->all_reduce(

@@ -1,6 +1,6 @@
-// VEMESH_RETURN_IF_ERROR and VEMESH_ASSIGN_OR_RETURN (vemesh/base/status_macros.h):
-// the error is returned unchanged, the value is moved out, and the right-hand
-// side is evaluated exactly once.
+// VEMESH_RETURN_IF_ERROR and VEMESH_ASSIGN_OR_RETURN
+// (vemesh/base/status_macros.h): the error is returned unchanged, the value is
+// moved out, and the right-hand side is evaluated exactly once.
 #include "vemesh/base/status_macros.h"
 
 #include <memory>

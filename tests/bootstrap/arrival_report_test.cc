@@ -1,6 +1,6 @@
-// Who never arrived (vemesh/bootstrap/mpi/internal/arrival_report.h): the verdict's
-// text, and the report exchange itself on four MPI ranks with one rank
-// staying away (rank 3, then rank 0, which one collector stands in for).
+// Who never arrived (vemesh/bootstrap/mpi/internal/arrival_report.h): the
+// verdict's text, and the report exchange itself on four MPI ranks with one
+// rank staying away (rank 3, then rank 0, which one collector stands in for).
 // The exchange runs on a private duplicate per test that is never freed:
 // a missing rank leaves messages on it, as at a real deadline.
 
@@ -29,8 +29,8 @@ TEST(RankRanges, RunsOfRanksAreRanges) {
 }
 
 TEST(ArrivalVerdict, NamesTheMissingRanksAndWhereTheOthersAre) {
-  EXPECT_EQ(ArrivalVerdict({"node0", "node0", "node0", "", "node1", "node1",
-                            "node1", ""}),
+  EXPECT_EQ(ArrivalVerdict(
+                {"node0", "node0", "node0", "", "node1", "node1", "node1", ""}),
             "ranks 3, 7 never arrived (the ranks that did: node0: 0-2; "
             "node1: 4-6)");
   EXPECT_EQ(ArrivalVerdict({"", "a", "a", "b"}),
@@ -88,10 +88,12 @@ TEST(ReportArrival, EveryRankThatCameNamesTheMissingOne) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank == 3) return;
-  EXPECT_EQ(verdict, "rank 3 never arrived (the ranks that did: h0: 0-1; h1: 2)");
+  EXPECT_EQ(verdict,
+            "rank 3 never arrived (the ranks that did: h0: 0-1; h1: 2)");
   // Bounded: a collector's grace plus its answers' half grace; a reporter's
   // answer comes then.
-  EXPECT_LE(took, absl::Seconds(1) + absl::Milliseconds(500) + absl::Seconds(2));
+  EXPECT_LE(took,
+            absl::Seconds(1) + absl::Milliseconds(500) + absl::Seconds(2));
 }
 
 TEST(ReportArrival, AMissingRankZeroIsNamedByRankOne) {
@@ -101,8 +103,10 @@ TEST(ReportArrival, AMissingRankZeroIsNamedByRankOne) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank == 0) return;
-  EXPECT_EQ(verdict, "rank 0 never arrived (the ranks that did: h0: 1; h1: 2-3)");
-  EXPECT_LE(took, absl::Seconds(1) + absl::Milliseconds(500) + absl::Seconds(2));
+  EXPECT_EQ(verdict,
+            "rank 0 never arrived (the ranks that did: h0: 1; h1: 2-3)");
+  EXPECT_LE(took,
+            absl::Seconds(1) + absl::Milliseconds(500) + absl::Seconds(2));
 }
 
 TEST(ReportArrival, ARankAloneSaysTheOthersGaveUpOrNeverCame) {

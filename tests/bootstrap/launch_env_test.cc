@@ -11,9 +11,9 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "vemesh/base/log.h"
 #include "vemesh/bootstrap/store_bootstrap.h"
 #include "vemesh/mesh/device_mesh.h"
-#include "vemesh/base/log.h"
 #include "vemesh/rendezvous/memory_store.h"
 
 namespace vemesh {
@@ -103,7 +103,8 @@ TEST_F(LaunchEnv, BadVariablesAreNamed) {
       {"WORLD_SIZE", "0", "WORLD_SIZE='0': expected an integer in [1, "},
       {"MASTER_PORT", "70000", "MASTER_PORT='70000'"},
       {"LOCAL_RANK", "9", "LOCAL_RANK='9'"},
-      {"VEMESH_BOOTSTRAP", "ssh", "VEMESH_BOOTSTRAP='ssh': expected 'mpi' or 'env'"},
+      {"VEMESH_BOOTSTRAP", "ssh",
+       "VEMESH_BOOTSTRAP='ssh': expected 'mpi' or 'env'"},
   };
   for (const Case& c : cases) {
     SetUp();
@@ -130,7 +131,8 @@ TEST_F(LaunchEnv, AnAgentHostedStoreIsRefusedSayingSo) {
               HasSubstr("TORCHELASTIC_USE_AGENT_STORE=True"));
 }
 
-// -- LauncherLocalRank ----------------------------------------------------------
+// -- LauncherLocalRank
+// ----------------------------------------------------------
 
 TEST_F(LaunchEnv, MpirunsLocalRankWinsOverTheDaemonsSlurmStep) {
   // salloc + mpirun: Open MPI's daemons are one srun step, one task per

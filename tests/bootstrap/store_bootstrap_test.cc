@@ -66,7 +66,8 @@ TEST(StoreBootstrap, AMissingRankIsNamedOnEveryRankAndTheLateRankLearnsIt) {
     outcome[rank] =
         boot.all_gather("x", absl::Now() + absl::Milliseconds(300)).status();
     // A failed round leaves the bootstrap refusing further rounds.
-    absl::Status again = boot.all_gather("y", absl::Now() + absl::Seconds(1)).status();
+    absl::Status again =
+        boot.all_gather("y", absl::Now() + absl::Seconds(1)).status();
     EXPECT_TRUE(absl::IsFailedPrecondition(again)) << again;
   });
   for (int rank = 0; rank < kSize; ++rank) {
@@ -110,8 +111,8 @@ TEST(StoreBootstrap, AgreementOverTheStoreNamesTheDifferingRank) {
     StoreBootstrap boot(store, rank, kSize, "t");
     std::vector<AgreementField> fields = {
         {"shape", rank == 2 ? "(3)" : "(1, 3)"}};
-    outcome[rank] = CheckAgreement(boot, "init", fields,
-                                   absl::Now() + absl::Seconds(20));
+    outcome[rank] =
+        CheckAgreement(boot, "init", fields, absl::Now() + absl::Seconds(20));
   });
   for (int rank = 0; rank < kSize; ++rank) {
     EXPECT_TRUE(absl::IsInvalidArgument(outcome[rank])) << outcome[rank];
@@ -133,8 +134,8 @@ TEST(StoreBootstrap, PayloadsComeBackWhenTheRanksAgree) {
     got[rank] = *hosts;
   });
   for (int rank = 0; rank < kSize; ++rank) {
-    EXPECT_THAT(got[rank], ::testing::ElementsAre("hostA", "hostA", "hostB",
-                                                  "hostB"));
+    EXPECT_THAT(got[rank],
+                ::testing::ElementsAre("hostA", "hostA", "hostB", "hostB"));
   }
 }
 

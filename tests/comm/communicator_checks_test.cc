@@ -91,16 +91,18 @@ void ExpectInvalid(const absl::Status& s, const std::string& text) {
 TEST(CommunicatorChecks, NullBufferIsRefusedByName) {
   auto c = Group();
   float x[4];
-  ExpectInvalid(c->all_reduce(nullptr, x, 4, DataType::kFloat32, ReduceOp::kSum),
-                "all_reduce: the send buffer is null for 4 elements");
+  ExpectInvalid(
+      c->all_reduce(nullptr, x, 4, DataType::kFloat32, ReduceOp::kSum),
+      "all_reduce: the send buffer is null for 4 elements");
   ExpectInvalid(c->broadcast(nullptr, 3, DataType::kInt8, 0),
                 "broadcast: the data buffer is null for 3 elements");
   ExpectInvalid(c->send(nullptr, 2, DataType::kFloat16, 0),
                 "send: the send buffer is null for 2 elements");
   EXPECT_EQ(c->started, 0) << "nothing reaches the backend";
   // A null buffer of zero elements is fine.
-  EXPECT_TRUE(c->all_reduce(nullptr, nullptr, 0, DataType::kFloat32,
-                            ReduceOp::kSum).ok());
+  EXPECT_TRUE(
+      c->all_reduce(nullptr, nullptr, 0, DataType::kFloat32, ReduceOp::kSum)
+          .ok());
 }
 
 TEST(CommunicatorChecks, RootAndPeerOutsideTheGroup) {
@@ -123,8 +125,9 @@ TEST(CommunicatorChecks, OverlappingBuffers) {
   auto c = Group();
   std::vector<float> x(64);
   // In place (the same pointer) is allowed for all_reduce...
-  EXPECT_TRUE(c->all_reduce(x.data(), x.data(), 8, DataType::kFloat32,
-                            ReduceOp::kSum).ok());
+  EXPECT_TRUE(
+      c->all_reduce(x.data(), x.data(), 8, DataType::kFloat32, ReduceOp::kSum)
+          .ok());
   // ...but a shifted overlap is not.
   ExpectInvalid(c->all_reduce(x.data(), x.data() + 4, 8, DataType::kFloat32,
                               ReduceOp::kSum),
@@ -136,15 +139,17 @@ TEST(CommunicatorChecks, OverlappingBuffers) {
   std::vector<P2POp> batch = {
       P2POp::Recv(x.data(), 8, DataType::kFloat32, 0),
       P2POp::Send(x.data() + 4, 8, DataType::kFloat32, 2)};
-  ExpectInvalid(c->batch_send_recv(batch),
-                "the recv buffer of transfer 0 overlaps the buffer of transfer 1");
+  ExpectInvalid(
+      c->batch_send_recv(batch),
+      "the recv buffer of transfer 0 overlaps the buffer of transfer 1");
 }
 
 TEST(CommunicatorChecks, AverageNeedsAFloatingPointType) {
   auto c = Group();
   int32_t x[2] = {};
-  ExpectInvalid(c->all_reduce(absl::MakeSpan(x), ReduceOp::kAvg),
-                "all_reduce: ReduceOp avg needs a floating-point type; got int32");
+  ExpectInvalid(
+      c->all_reduce(absl::MakeSpan(x), ReduceOp::kAvg),
+      "all_reduce: ReduceOp avg needs a floating-point type; got int32");
   BFloat16 h[2];
   EXPECT_TRUE(c->all_reduce(absl::MakeSpan(h), ReduceOp::kAvg).ok());
   EXPECT_EQ(c->last->type, DataType::kBFloat16);
@@ -154,10 +159,12 @@ TEST(CommunicatorChecks, AverageNeedsAFloatingPointType) {
 TEST(CommunicatorChecks, UnknownEnumsAreRefused) {
   auto c = Group();
   float x[2] = {};
-  ExpectInvalid(c->all_reduce(x, x, 2, static_cast<DataType>(99), ReduceOp::kSum),
-                "unknown data type 99");
-  ExpectInvalid(c->all_reduce(x, x, 2, DataType::kFloat32, static_cast<ReduceOp>(42)),
-                "unknown reduce op 42");
+  ExpectInvalid(
+      c->all_reduce(x, x, 2, static_cast<DataType>(99), ReduceOp::kSum),
+      "unknown data type 99");
+  ExpectInvalid(
+      c->all_reduce(x, x, 2, DataType::kFloat32, static_cast<ReduceOp>(42)),
+      "unknown reduce op 42");
 }
 
 TEST(CommunicatorChecks, CountsAboveTheBackendLimit) {
@@ -171,20 +178,23 @@ TEST(CommunicatorChecks, CountsAboveTheBackendLimit) {
   ExpectInvalid(c->all_gather(x.data(), x.data() + 500, 26, DataType::kFloat32),
                 "the recv buffer of 4 x 26 elements is above");
   const size_t huge = static_cast<size_t>(-1) / 2;
-  ExpectInvalid(c->all_to_all(x.data(), x.data() + 500, huge, DataType::kFloat32),
-                "is above the recording backend's limit");
+  ExpectInvalid(
+      c->all_to_all(x.data(), x.data() + 500, huge, DataType::kFloat32),
+      "is above the recording backend's limit");
 }
 
 TEST(CommunicatorChecks, UnevenCountLists) {
   auto c = Group(/*rank=*/1);
   std::vector<float> send(10), recv(10);
   const std::vector<size_t> three = {1, 2, 3};
-  ExpectInvalid(c->all_gather_v(send.data(), recv.data(), three, DataType::kFloat32),
-                "all_gather_v: recv_counts has 3 entries: expected one per rank "
-                "of the group (4)");
+  ExpectInvalid(
+      c->all_gather_v(send.data(), recv.data(), three, DataType::kFloat32),
+      "all_gather_v: recv_counts has 3 entries: expected one per rank "
+      "of the group (4)");
   const std::vector<size_t> counts = {1, 0, 3, 2};
-  ASSERT_TRUE(c->all_gather_v(send.data(), recv.data(), counts,
-                              DataType::kFloat32).ok());
+  ASSERT_TRUE(
+      c->all_gather_v(send.data(), recv.data(), counts, DataType::kFloat32)
+          .ok());
   EXPECT_EQ(c->last->kind, OpKind::kAllGatherV);
   EXPECT_EQ(c->last->count, 0u) << "rank 1 sends recv_counts[1]";
   EXPECT_EQ(c->last->recv_counts, counts);
@@ -242,7 +252,8 @@ TEST(CommunicatorWork, StatusBeforeAndAfterCompletion) {
   EXPECT_FALSE((*w)->test());
   EXPECT_FALSE((*w)->is_completed());
   EXPECT_TRUE(absl::IsFailedPrecondition((*w)->status()));
-  EXPECT_THAT(std::string((*w)->status().message()), HasSubstr("still running"));
+  EXPECT_THAT(std::string((*w)->status().message()),
+              HasSubstr("still running"));
   c->finish->store(true);
   EXPECT_TRUE((*w)->test());
   EXPECT_TRUE((*w)->status().ok());
@@ -347,7 +358,8 @@ TEST(HalfPrecision, Float16RoundsToNearestEven) {
     if (i % 2 == 0) {
       f = std::ldexp(std::frexp(f, &exponent), static_cast<int>(x % 44) - 26);
     }
-    ASSERT_EQ(double{Float16BitsToFloat(FloatToFloat16Bits(f))}, Float16Reference(f))
+    ASSERT_EQ(double{Float16BitsToFloat(FloatToFloat16Bits(f))},
+              Float16Reference(f))
         << f;
   }
 }
@@ -359,7 +371,8 @@ TEST(HalfPrecision, BFloat16RoundsToNearestEven) {
   EXPECT_EQ(static_cast<float>(BFloat16(1.0f + 0x1p-8f)), 1.0f);
   // 1 + 3 * 2^-8 is halfway between 1 + 2^-7 and 1 + 2^-6: even is 1 + 2^-6.
   EXPECT_EQ(static_cast<float>(BFloat16(1.0f + 3 * 0x1p-8f)), 1.0f + 0x1p-6f);
-  EXPECT_EQ(static_cast<float>(BFloat16(1.0f + 0x1p-8f + 0x1p-20f)), 1.0f + 0x1p-7f);
+  EXPECT_EQ(static_cast<float>(BFloat16(1.0f + 0x1p-8f + 0x1p-20f)),
+            1.0f + 0x1p-7f);
   EXPECT_TRUE(std::isnan(static_cast<float>(BFloat16(std::nanf("")))));
   EXPECT_TRUE(std::isinf(static_cast<float>(BFloat16(3.4e38f))))
       << "the largest floats round up past bf16's largest finite value";
@@ -374,7 +387,9 @@ TEST(HalfPrecision, BFloat16RoundsToNearestEven) {
     const uint16_t hi = static_cast<uint16_t>(lo + 1);
     const double dl = std::fabs(double{BFloat16BitsToFloat(lo)} - f);
     const double dh = std::fabs(double{BFloat16BitsToFloat(hi)} - f);
-    const uint16_t expected = dl < dh ? lo : dh < dl ? hi : ((lo & 1) ? hi : lo);
+    const uint16_t expected = dl < dh   ? lo
+                              : dh < dl ? hi
+                                        : ((lo & 1) ? hi : lo);
     ASSERT_EQ(FloatToBFloat16Bits(f), expected) << f;
   }
 }

@@ -38,7 +38,8 @@ std::string Message(const absl::StatusOr<int>& s) {
   return std::string(s.status().message());
 }
 
-// -- "cuda:N" ------------------------------------------------------------------
+// -- "cuda:N"
+// ------------------------------------------------------------------
 
 TEST(ChooseCudaDevice, AnIndexIsThatDeviceWhateverTheHostLocalRank) {
   EXPECT_EQ(*ChooseCudaDevice(Input(8, std::nullopt, 5, 0, 8)), 5);
@@ -56,9 +57,9 @@ TEST(ChooseCudaDevice, AnIndexPastTheVisibleDevicesNamesBothAndTheMask) {
                                 HasSubstr("cuda:0 to cuda:1")));
   auto unset = ChooseCudaDevice(Input(4, std::nullopt, 9, 0, 1));
   EXPECT_EQ(unset.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(Message(unset), AllOf(HasSubstr("'cuda:9'"),
-                                    HasSubstr("sees 4 CUDA device(s)"),
-                                    HasSubstr("CUDA_VISIBLE_DEVICES is not set")));
+  EXPECT_THAT(Message(unset),
+              AllOf(HasSubstr("'cuda:9'"), HasSubstr("sees 4 CUDA device(s)"),
+                    HasSubstr("CUDA_VISIBLE_DEVICES is not set")));
 }
 
 TEST(ChooseCudaDevice, ANegativeIndexIsRefused) {
@@ -67,7 +68,8 @@ TEST(ChooseCudaDevice, ANegativeIndexIsRefused) {
   EXPECT_THAT(Message(s), HasSubstr("N >= 0"));
 }
 
-// -- plain "cuda" --------------------------------------------------------------
+// -- plain "cuda"
+// --------------------------------------------------------------
 
 TEST(ChooseCudaDevice, PlainCudaIsTheHostLocalRank) {
   for (int r = 0; r < 4; ++r) {
@@ -97,9 +99,10 @@ TEST(ChooseCudaDevice, ARankPastTheVisibleDevicesNamesBothNumbers) {
   // One GPU and no mask: the ranks would share it; refused, not shared.
   auto shared = ChooseCudaDevice(Input(1, std::nullopt, -1, 1, 2));
   EXPECT_EQ(shared.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(Message(shared), AllOf(HasSubstr("host-local rank 1 (of 2"),
-                                     HasSubstr("sees only 1 device(s)"),
-                                     HasSubstr("CUDA_VISIBLE_DEVICES is not set")));
+  EXPECT_THAT(Message(shared),
+              AllOf(HasSubstr("host-local rank 1 (of 2"),
+                    HasSubstr("sees only 1 device(s)"),
+                    HasSubstr("CUDA_VISIBLE_DEVICES is not set")));
 }
 
 TEST(ChooseCudaDevice, NoVisibleDeviceIsNoGpu) {

@@ -176,7 +176,13 @@ class FakeNccl {
   struct Event {
     std::vector<std::shared_ptr<Item>> waits_for;
   };
-  enum class Coll { kAllReduce, kBroadcast, kReduce, kAllGather, kReduceScatter };
+  enum class Coll {
+    kAllReduce,
+    kBroadcast,
+    kReduce,
+    kAllGather,
+    kReduceScatter
+  };
   // One rank's part of a collective.
   struct Part {
     int comm = -1;
@@ -237,8 +243,8 @@ class FakeNccl {
   }
   void Record(absl::string_view fn, int comm) {
     if (!record_calls.load(std::memory_order_relaxed)) return;
-    calls_.push_back({std::this_thread::get_id(), std::string(fn),
-                      group_depth_ > 0, comm});
+    calls_.push_back(
+        {std::this_thread::get_id(), std::string(fn), group_depth_ > 0, comm});
   }
   int NewComm(FakeComm comm) {
     comm.id = static_cast<int>(comms_.size());
@@ -335,7 +341,8 @@ class FakeNccl {
     }
     if (!agree) {
       // Ranks that disagree: NCCL's result is undefined; the fake says so.
-      for (const auto& p : slot.parts) states_[p->comm].error = ncclInvalidUsage;
+      for (const auto& p : slot.parts)
+        states_[p->comm].error = ncclInvalidUsage;
     } else {
       const size_t count = first.count;
       const ncclDataType_t type = first.type;
@@ -371,7 +378,8 @@ class FakeNccl {
       };
       auto store = [&](void* to, const std::vector<double>& values) {
         if (to == nullptr) return;
-        for (size_t i = 0; i < values.size(); ++i) Store(type, to, i, values[i]);
+        for (size_t i = 0; i < values.size(); ++i)
+          Store(type, to, i, values[i]);
       };
       std::vector<double> values;
       switch (slot.kind) {
@@ -451,8 +459,8 @@ class FakeNccl {
     }
     Transfer mine{id, data, count * Bytes(type), std::make_shared<Item>()};
     StreamOf(stream).issued.push_back(mine.item);
-    const auto key = is_send ? std::make_pair(st.rank, peer)
-                             : std::make_pair(peer, st.rank);
+    const auto key =
+        is_send ? std::make_pair(st.rank, peer) : std::make_pair(peer, st.rank);
     auto& waiting = is_send ? st.clique->recvs[key] : st.clique->sends[key];
     if (waiting.empty()) {
       (is_send ? st.clique->sends[key] : st.clique->recvs[key])
@@ -484,11 +492,10 @@ class FakeNccl {
     }
     for (auto* queues : {&c.sends, &c.recvs}) {
       for (auto& [key, queue] : *queues) {
-        queue.erase(std::remove_if(queue.begin(), queue.end(),
-                                   [id](const Transfer& t) {
-                                     return t.comm == id;
-                                   }),
-                    queue.end());
+        queue.erase(
+            std::remove_if(queue.begin(), queue.end(),
+                           [id](const Transfer& t) { return t.comm == id; }),
+            queue.end());
       }
     }
   }
@@ -560,9 +567,9 @@ class FakeNccl {
                          ncclComm_t* child, ncclConfig_t* config) {
       FakeNccl& f = Self();
       std::lock_guard<std::mutex> lock(f.mu_);
-      const std::string name =
-          config != nullptr && config->commName != nullptr ? config->commName
-                                                           : "";
+      const std::string name = config != nullptr && config->commName != nullptr
+                                   ? config->commName
+                                   : "";
       ++f.splits_in_group_;
       if (name == f.fail_on_issue && !name.empty()) {
         f.Record("ncclCommSplit", -1);
@@ -604,10 +611,12 @@ class FakeNccl {
       FakeComm& c = f.comms_[Id(comm)];
       const State& st = f.states_[Id(comm)];
       f.Record("ncclCommGetAsyncError", c.id);
-      if (c.aborted + c.destroyed > 0) return ncclInvalidUsage;  // use after free
+      if (c.aborted + c.destroyed > 0)
+        return ncclInvalidUsage;  // use after free
       if (st.error != ncclSuccess) {
         *state = st.error;
-      } else if (st.clique == nullptr || st.clique->joined < st.clique->nranks) {
+      } else if (st.clique == nullptr ||
+                 st.clique->joined < st.clique->nranks) {
         *state = ncclInProgress;  // the other ranks have not all come
       } else if (c.polls_left > 0) {
         if (c.polls_left != INT_MAX) --c.polls_left;
@@ -650,9 +659,10 @@ class FakeNccl {
       // Non-blocking communicators: the group's splits go on in the
       // background.
       return f.group_depth_ == 0 && f.splits_in_group_ > 0 ? ncclInProgress
-                                                          : ncclSuccess;
+                                                           : ncclSuccess;
     };
-    // -- Operations -------------------------------------------------------------
+    // -- Operations
+    // -------------------------------------------------------------
     t.ncclAllReduce = [](const void* send, void* recv, size_t count,
                          ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
                          cudaStream_t stream) {
@@ -669,8 +679,9 @@ class FakeNccl {
     t.ncclReduce = [](const void* send, void* recv, size_t count,
                       ncclDataType_t type, ncclRedOp_t op, int root,
                       ncclComm_t comm, cudaStream_t stream) {
-      return Self().Collective(Coll::kReduce, "ncclReduce", comm, stream,
-                               {-1, send, recv, count, type, op, root, nullptr});
+      return Self().Collective(
+          Coll::kReduce, "ncclReduce", comm, stream,
+          {-1, send, recv, count, type, op, root, nullptr});
     };
     t.ncclAllGather = [](const void* send, void* recv, size_t count,
                          ncclDataType_t type, ncclComm_t comm,
@@ -695,7 +706,8 @@ class FakeNccl {
                     ncclComm_t comm, cudaStream_t stream) {
       return Self().PointToPoint(false, recv, count, type, peer, comm, stream);
     };
-    // -- CUDA: eight devices; streams, events and buffers from the heap ---------
+    // -- CUDA: eight devices; streams, events and buffers from the heap
+    // ---------
     t.cudaGetDeviceCount = [](int* n) {
       *n = Self().visible_devices;
       return cudaSuccess;

@@ -103,9 +103,9 @@ TEST_P(GlooCommunicatorTest, ExchangeWithOneself) {
     const int me = comm->rank();
     std::vector<int64_t> out = {me, 2 * me, 3 * me};
     std::vector<int64_t> in(3, -1);
-    ASSERT_TRUE(comm->send_recv(absl::MakeConstSpan(out), me,
-                                absl::MakeSpan(in), me)
-                    .ok());
+    ASSERT_TRUE(
+        comm->send_recv(absl::MakeConstSpan(out), me, absl::MakeSpan(in), me)
+            .ok());
     EXPECT_EQ(in, out);
     // A send to oneself waits for the recv from oneself, in order.
     std::vector<int64_t> first = {1}, second = {2, 2};
@@ -204,8 +204,8 @@ TEST(GlooFailure, SilentPeerTimesOutAnOperation) {
   auto store = std::make_shared<MemoryStore>();
   std::atomic<bool> done{false};
   std::thread silent([&] {
-    auto comm = GlooCommunicator::Create(store, "silent", 1, 2, GlobalRanks(2),
-                                         kShort);
+    auto comm =
+        GlooCommunicator::Create(store, "silent", 1, 2, GlobalRanks(2), kShort);
     ASSERT_TRUE(comm.ok()) << comm.status();
     // Holds its end open without taking part, until rank 0 gave up.
     const absl::Time limit = absl::Now() + absl::Seconds(15);
@@ -213,8 +213,8 @@ TEST(GlooFailure, SilentPeerTimesOutAnOperation) {
       absl::SleepFor(absl::Milliseconds(10));
     }
   });
-  auto comm = GlooCommunicator::Create(store, "silent", 0, 2, GlobalRanks(2),
-                                       kShort);
+  auto comm =
+      GlooCommunicator::Create(store, "silent", 0, 2, GlobalRanks(2), kShort);
   ASSERT_TRUE(comm.ok()) << comm.status();
   const absl::Time start = absl::Now();
   absl::Status s = (*comm)->barrier();
@@ -251,8 +251,8 @@ void PeerLeavesMidCollective(int n) {
   });
   for (int r = 1; r < n; ++r) {
     EXPECT_FALSE(results[r].ok()) << "rank " << r;
-    EXPECT_TRUE(IsTimeoutOrLost(results[r])) << "rank " << r << ": "
-                                             << results[r];
+    EXPECT_TRUE(IsTimeoutOrLost(results[r]))
+        << "rank " << r << ": " << results[r];
     EXPECT_LT(took[r], absl::Seconds(10)) << "rank " << r;
   }
 }
@@ -261,24 +261,27 @@ TEST(GlooFailure, PeerLeavesMidCollectiveOfTwo) { PeerLeavesMidCollective(2); }
 TEST(GlooFailure, PeerLeavesMidCollectiveOfFour) { PeerLeavesMidCollective(4); }
 
 TEST(GlooAsync, WorkWaitedAfterAbortIsAborted) {
-  OnRanks(2, [&](std::shared_ptr<GlooCommunicator> comm) {
-    if (comm->rank() == 1) {
-      // Takes part in nothing: rank 0's collective cannot finish.
-      absl::SleepFor(absl::Milliseconds(300));
-      return;
-    }
-    std::vector<float> data(16, 1.0f);
-    auto w = comm->iall_reduce(absl::MakeSpan(data), ReduceOp::kSum);
-    ASSERT_TRUE(w.ok()) << w.status();
-    comm->abort("the test stops it");
-    const absl::Time start = absl::Now();
-    absl::Status s = (*w)->wait(absl::Now() + absl::Seconds(20));
-    EXPECT_TRUE(absl::IsAborted(s)) << s;
-    EXPECT_THAT(std::string(s.message()), HasSubstr("the test stops it"));
-    EXPECT_LT(absl::Now() - start, absl::Seconds(1));
-    // Later operations are refused without running.
-    EXPECT_TRUE(absl::IsAborted(comm->barrier()));
-  }, absl::Seconds(3));
+  OnRanks(
+      2,
+      [&](std::shared_ptr<GlooCommunicator> comm) {
+        if (comm->rank() == 1) {
+          // Takes part in nothing: rank 0's collective cannot finish.
+          absl::SleepFor(absl::Milliseconds(300));
+          return;
+        }
+        std::vector<float> data(16, 1.0f);
+        auto w = comm->iall_reduce(absl::MakeSpan(data), ReduceOp::kSum);
+        ASSERT_TRUE(w.ok()) << w.status();
+        comm->abort("the test stops it");
+        const absl::Time start = absl::Now();
+        absl::Status s = (*w)->wait(absl::Now() + absl::Seconds(20));
+        EXPECT_TRUE(absl::IsAborted(s)) << s;
+        EXPECT_THAT(std::string(s.message()), HasSubstr("the test stops it"));
+        EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+        // Later operations are refused without running.
+        EXPECT_TRUE(absl::IsAborted(comm->barrier()));
+      },
+      absl::Seconds(3));
 }
 
 // A peer that destroys its communicator: the survivor's receive from it and

@@ -11,10 +11,10 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "vemesh/registry/ve_device_mesh.h"
 #include "vemesh/bootstrap/bootstrap_over.h"
 #include "vemesh/comm/mpi/mpi_communicator.h"
 #include "vemesh/comm/mpi/mpi_environment.h"
+#include "vemesh/registry/ve_device_mesh.h"
 
 namespace vemesh {
 namespace {
@@ -36,12 +36,13 @@ void ExpectEveryOpRefused(Communicator& c) {
   std::vector<double> a(2, 1.0), b(2 * c.size(), 0.0);
   ExpectFinalised(c.barrier(), "barrier");
   ExpectFinalised(c.broadcast(absl::MakeSpan(a), 0), "broadcast");
-  ExpectFinalised(c.all_reduce(absl::MakeSpan(a), ReduceOp::kSum), "all_reduce");
+  ExpectFinalised(c.all_reduce(absl::MakeSpan(a), ReduceOp::kSum),
+                  "all_reduce");
   ExpectFinalised(c.all_gather(absl::MakeConstSpan(a), absl::MakeSpan(b)),
                   "all_gather");
-  ExpectFinalised(
-      c.reduce_scatter(absl::MakeConstSpan(b), absl::MakeSpan(a), ReduceOp::kSum),
-      "reduce_scatter");
+  ExpectFinalised(c.reduce_scatter(absl::MakeConstSpan(b), absl::MakeSpan(a),
+                                   ReduceOp::kSum),
+                  "reduce_scatter");
   ExpectFinalised(c.send(absl::MakeConstSpan(a), 0), "send");
   ExpectFinalised(c.recv(absl::MakeSpan(a), 0), "recv");
   ExpectFinalised(c.send_recv(absl::MakeConstSpan(a), 0, absl::MakeSpan(a), 0),

@@ -56,7 +56,8 @@ bool TestUntilDone(Work& work) {
   if (!TestUntilDone(**w)) {
     return ::testing::AssertionFailure() << (*w)->name() << " did not finish";
   }
-  if (!(*w)->status().ok()) return ::testing::AssertionFailure() << (*w)->status();
+  if (!(*w)->status().ok())
+    return ::testing::AssertionFailure() << (*w)->status();
   return ::testing::AssertionSuccess();
 }
 
@@ -112,7 +113,8 @@ TEST(MpiCommunicator, WorldMatchesMpi) {
   EXPECT_TRUE(TestedOk(world->ibarrier()));
 }
 
-// -- Rounding of 16-bit floats, with a tolerance -------------------------------------
+// -- Rounding of 16-bit floats, with a tolerance
+// -------------------------------------
 
 // Values that bfloat16 cannot hold exactly. The backend rounds the partial
 // sum to bfloat16 after each of the size()-1 combining steps. bfloat16 has
@@ -147,7 +149,8 @@ TEST(MpiCommunicator, BFloat16SumWithinRoundingBound) {
   }
 }
 
-// -- Misuse ---------------------------------------------------------------------------
+// -- Misuse
+// ---------------------------------------------------------------------------
 
 // MPI counts are int: INT_MAX + 1 elements is refused before any MPI call.
 // (The base class's other checks reach every backend: the conformance
@@ -164,7 +167,6 @@ TEST(MpiCommunicator, CountsAboveIntMaxAreRefused) {
               HasSubstr(absl::StrCat("limit of ", INT_MAX)));
   EXPECT_TRUE(world->barrier().ok());  // the group is still usable
 }
-
 
 TEST(MpiCommunicator, NonMemberGlobalRankIsNotFound) {
   auto world = World();
@@ -214,7 +216,8 @@ TEST(MpiCommunicator, ReceiveCountMismatchNamesBothCounts) {
   EXPECT_TRUE(world->barrier().ok());
 }
 
-// -- Groups --------------------------------------------------------------------------
+// -- Groups
+// --------------------------------------------------------------------------
 
 TEST(MpiCommunicator, DestroyingFreesEveryCommunicator) {
   const int64_t before = LiveCommunicatorCount();

@@ -31,9 +31,9 @@
 namespace vemesh {
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                    \
-  do {                                                        \
-    absl::StatusOr<int> gpus = CudaDeviceCount();             \
+#define SKIP_WITHOUT_GPU()                                       \
+  do {                                                           \
+    absl::StatusOr<int> gpus = CudaDeviceCount();                \
     if (!gpus.ok()) GTEST_SKIP() << "no GPU: " << gpus.status(); \
   } while (0)
 
@@ -104,9 +104,9 @@ TEST(NcclCommunicator, OneRankEndToEnd) {
 
     DeviceBuffer<double> in({5.0, 6.0});
     DeviceBuffer<double> out({0.0, 0.0});
-    ASSERT_TRUE(comm.send_recv(in.data(), 2, 0, out.data(), 2, 0,
-                               DataType::kFloat64)
-                    .ok());
+    ASSERT_TRUE(
+        comm.send_recv(in.data(), 2, 0, out.data(), 2, 0, DataType::kFloat64)
+            .ok());
     EXPECT_EQ(out.Read(), (std::vector<double>{5.0, 6.0}));
 
     auto child = comm.split(0, 0);
@@ -140,23 +140,25 @@ TEST(NcclCommunicator, CudaDeviceMeshOnOneRank) {
   ASSERT_TRUE(tp.ok()) << tp.status();
   EXPECT_EQ((*tp)->backend(), "nccl");
   DeviceBuffer<float> x({2.f});
-  ASSERT_TRUE(
-      (*tp)->all_reduce(x.data(), x.data(), 1, DataType::kFloat32,
-                        ReduceOp::kSum)
-          .ok());
+  ASSERT_TRUE((*tp)
+                  ->all_reduce(x.data(), x.data(), 1, DataType::kFloat32,
+                               ReduceOp::kSum)
+                  .ok());
   EXPECT_EQ(x.Read(), (std::vector<float>{2.f}));
   auto flat = mesh->flatten({"DP", "TP"});
   ASSERT_TRUE(flat.ok()) << flat.status();
   EXPECT_EQ((*flat)->size(), 1);
-  EXPECT_THAT(mesh->ToString(), ::testing::HasSubstr("backend=nccl (device type cuda; unique id over the "));
+  EXPECT_THAT(mesh->ToString(),
+              ::testing::HasSubstr(
+                  "backend=nccl (device type cuda; unique id over the "));
   std::printf("vemesh: %s\n", mesh->ToString().c_str());
 }
 
 // A one-rank NCCL communicator over a one-rank Gloo twin (no MPI needed).
 absl::StatusOr<std::shared_ptr<Communicator>> OneRankNccl() {
   auto store = std::make_shared<MemoryStore>();
-  auto twin = GlooCommunicator::Create(store, "nccl-one", 0, 1, {0},
-                                       absl::Seconds(30));
+  auto twin =
+      GlooCommunicator::Create(store, "nccl-one", 0, 1, {0}, absl::Seconds(30));
   if (!twin.ok()) return twin.status();
   return CreateNcclCommunicator(*twin, 0);
 }
@@ -194,7 +196,7 @@ template <typename T>
 void EveryOperation(Communicator& comm) {
   const DataType type = DataTypeOf<T>();
   SCOPED_TRACE(std::string(DataTypeName(type)));
-  const std::vector<T> in = Ramp<T>(4, 3);       // 3 4 5 6
+  const std::vector<T> in = Ramp<T>(4, 3);         // 3 4 5 6
   const std::vector<T> sentinel = Ramp<T>(4, 90);  // never an answer
   const std::vector<double> want = AsDoubles(in);
   std::vector<ReduceOp> reductions = {ReduceOp::kSum, ReduceOp::kProd,
@@ -215,9 +217,9 @@ void EveryOperation(Communicator& comm) {
     EXPECT_EQ(AsDoubles(scattered.Read()), want) << "reduce_scatter";
     DeviceBuffer<T> scattered_v(sentinel);
     const std::vector<size_t> counts = {4};
-    ASSERT_TRUE(comm.reduce_scatter_v(send.data(), scattered_v.data(), counts,
-                                      type, op)
-                    .ok());
+    ASSERT_TRUE(
+        comm.reduce_scatter_v(send.data(), scattered_v.data(), counts, type, op)
+            .ok());
     EXPECT_EQ(AsDoubles(scattered_v.Read()), want) << "reduce_scatter_v";
     // In place: the answer overwrites the input.
     DeviceBuffer<T> same(in);
@@ -237,13 +239,12 @@ void EveryOperation(Communicator& comm) {
     EXPECT_EQ(AsDoubles(recv.Read()), want) << what;
   };
   const std::vector<size_t> four = {4};
-  moved("all_gather", [&](T* r) {
-    return comm.all_gather(send.data(), r, 4, type);
-  });
-  moved("all_gather_v", [&](T* r) {
-    return comm.all_gather_v(send.data(), r, four, type);
-  });
-  moved("gather", [&](T* r) { return comm.gather(send.data(), r, 4, type, 0); });
+  moved("all_gather",
+        [&](T* r) { return comm.all_gather(send.data(), r, 4, type); });
+  moved("all_gather_v",
+        [&](T* r) { return comm.all_gather_v(send.data(), r, four, type); });
+  moved("gather",
+        [&](T* r) { return comm.gather(send.data(), r, 4, type, 0); });
   moved("scatter",
         [&](T* r) { return comm.scatter(send.data(), r, 4, type, 0); });
   moved("all_to_all",
@@ -251,9 +252,8 @@ void EveryOperation(Communicator& comm) {
   moved("all_to_all_v", [&](T* r) {
     return comm.all_to_all_v(send.data(), four, r, four, type);
   });
-  moved("send_recv with oneself", [&](T* r) {
-    return comm.send_recv(send.data(), 4, 0, r, 4, 0, type);
-  });
+  moved("send_recv with oneself",
+        [&](T* r) { return comm.send_recv(send.data(), 4, 0, r, 4, 0, type); });
   moved("batch_send_recv", [&](T* r) {
     const std::vector<P2POp> ops = {P2POp::Send(send.data(), 4, type, 0),
                                     P2POp::Recv(r, 4, type, 0)};
@@ -263,9 +263,9 @@ void EveryOperation(Communicator& comm) {
   {
     DeviceBuffer<T> untouched(sentinel);
     const std::vector<size_t> none = {0};
-    ASSERT_TRUE(comm.all_to_all_v(send.data(), none, untouched.data(), none,
-                                  type)
-                    .ok());
+    ASSERT_TRUE(
+        comm.all_to_all_v(send.data(), none, untouched.data(), none, type)
+            .ok());
     EXPECT_EQ(AsDoubles(untouched.Read()), AsDoubles(sentinel));
   }
   EXPECT_TRUE(comm.barrier().ok());
@@ -383,13 +383,15 @@ TEST(NcclCommunicator, CudaMeshOfThreeDimensionsWithAGlooDimension) {
   options.backend_override = {{"DP", "gloo"}};
   auto mesh = init_device_mesh("cuda", {1, 1, 1}, {"PP", "DP", "TP"}, options);
   ASSERT_TRUE(mesh.ok()) << mesh.status();
-  EXPECT_THAT(mesh->ToString(), ::testing::HasSubstr("backend=nccl [dim 1:gloo]"));
+  EXPECT_THAT(mesh->ToString(),
+              ::testing::HasSubstr("backend=nccl [dim 1:gloo]"));
   EXPECT_EQ((*mesh->get_group("TP"))->backend(), "nccl");
   EXPECT_EQ((*mesh->get_group("PP"))->backend(), "nccl");
   EXPECT_EQ((*mesh->get_group("DP"))->backend(), "gloo");
   std::vector<float> host = {1.5f};
-  ASSERT_TRUE((*mesh->get_group("DP"))->all_reduce(absl::MakeSpan(host),
-                                                   ReduceOp::kSum).ok());
+  ASSERT_TRUE((*mesh->get_group("DP"))
+                  ->all_reduce(absl::MakeSpan(host), ReduceOp::kSum)
+                  .ok());
   EXPECT_EQ(host[0], 1.5f);
 }
 

@@ -34,18 +34,19 @@ struct Missing {
 };
 
 std::optional<Missing> MissingLibrary() {
-  for (const char* variable : {"VEMESH_NCCL_LIBRARY", "VEMESH_CUDART_LIBRARY"}) {
+  for (const char* variable :
+       {"VEMESH_NCCL_LIBRARY", "VEMESH_CUDART_LIBRARY"}) {
     const char* path = std::getenv(variable);
     if (path != nullptr && *path != '\0') return Missing{variable, path};
   }
   return std::nullopt;
 }
 
-#define SKIP_UNLESS_MISSING(missing)                                      \
-  std::optional<Missing> missing = MissingLibrary();                      \
-  if (!missing.has_value()) {                                             \
-    GTEST_SKIP() << "run by ctest with VEMESH_NCCL_LIBRARY or "           \
-                    "VEMESH_CUDART_LIBRARY naming a missing file";        \
+#define SKIP_UNLESS_MISSING(missing)                               \
+  std::optional<Missing> missing = MissingLibrary();               \
+  if (!missing.has_value()) {                                      \
+    GTEST_SKIP() << "run by ctest with VEMESH_NCCL_LIBRARY or "    \
+                    "VEMESH_CUDART_LIBRARY naming a missing file"; \
   }
 
 // What every entry point answers: Unavailable naming the path, the
@@ -87,8 +88,8 @@ TEST(NcclLoader, TheUnboundEntriesAnswerErrors) {
 TEST(NcclLoader, CreateNcclCommunicatorNamesTheMissingLibrary) {
   SKIP_UNLESS_MISSING(missing);
   auto store = std::make_shared<MemoryStore>();
-  auto twin = GlooCommunicator::Create(store, "loader", 0, 1, {0},
-                                       absl::Seconds(30));
+  auto twin =
+      GlooCommunicator::Create(store, "loader", 0, 1, {0}, absl::Seconds(30));
   ASSERT_TRUE(twin.ok()) << twin.status();
   auto nccl = CreateNcclCommunicator(*twin, CudaDeviceRequest{});
   ExpectNamesTheLibrary(nccl.status(), *missing);

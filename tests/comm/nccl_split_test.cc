@@ -1,8 +1,8 @@
 // How the NCCL backend creates a mesh's per-dimension communicators, seen
-// through the NCCL seam (vemesh/comm/nccl/internal/nccl_api.h) with no GPU: a fake
-// NCCL and CUDA stand behind it and record every call. The ranks are threads
-// of this process; their host twins are real Gloo communicators meeting in
-// a MemoryStore, so the host side of each split really happens.
+// through the NCCL seam (vemesh/comm/nccl/internal/nccl_api.h) with no GPU: a
+// fake NCCL and CUDA stand behind it and record every call. The ranks are
+// threads of this process; their host twins are real Gloo communicators meeting
+// in a MemoryStore, so the host side of each split really happens.
 //
 // What a user of a "cuda" mesh relies on and can check here:
 //   * one ncclGroupStart/ncclGroupEnd per mesh, with the three dimensions'
@@ -28,9 +28,9 @@
 #include <thread>
 #include <vector>
 
-#include "gmock/gmock.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "vemesh/comm/nccl/nccl_communicator.h"
 
@@ -38,8 +38,8 @@
 #include "fake_nccl.h"
 #include "vemesh/bootstrap/store_bootstrap.h"
 #include "vemesh/comm/gloo/gloo_communicator.h"
-#include "vemesh/mesh/device_mesh.h"
 #include "vemesh/layout/mesh_layout.h"
+#include "vemesh/mesh/device_mesh.h"
 #include "vemesh/rendezvous/memory_store.h"
 #endif
 
@@ -97,11 +97,12 @@ std::vector<SplitRequest> OneRankRequests() {
   return {{0, 0, "PP"}, {0, 0, "DP"}, {0, 0, "TP"}};
 }
 
-// -- A (2, 2, 2) cuda mesh on eight thread-ranks -------------------------------
+// -- A (2, 2, 2) cuda mesh on eight thread-ranks
+// -------------------------------
 
 struct MeshRun {
   std::vector<std::thread::id> threads;
-  std::vector<std::vector<SplitRequest>> expected;  // per rank, per dim
+  std::vector<std::vector<SplitRequest> > expected;  // per rank, per dim
 };
 
 // Creates a cuda mesh (2, 2, 2) on eight thread-ranks, checks it and keeps
@@ -119,8 +120,8 @@ MeshRun CreateMesh(const MeshOptions& base) {
     for (const std::string& name : kNames) {
       auto pos = layout->group_position({name}, r);
       ASSERT_TRUE(pos.ok());
-      run.expected[r].push_back({static_cast<int>(pos->group),
-                                 static_cast<int>(pos->index), name});
+      run.expected[r].push_back(
+          {static_cast<int>(pos->group), static_cast<int>(pos->index), name});
     }
     MeshOptions options = base;
     options.timeout = kTimeout;
@@ -154,8 +155,8 @@ TEST(NcclSplitMesh, ThreeDimensionsAreOneGroupOfThreeNamedSplits) {
     for (const Call& c : fake.CallsOf(t)) {
       if (c.in_group) in_group.push_back(c.fn);
     }
-    EXPECT_THAT(in_group, ElementsAre("ncclCommSplit", "ncclCommSplit",
-                                      "ncclCommSplit"));
+    EXPECT_THAT(in_group,
+                ElementsAre("ncclCommSplit", "ncclCommSplit", "ncclCommSplit"));
     // Each split: the dimension's color and key, named after it,
     // non-blocking, no resource sharing unless asked.
     const std::vector<FakeComm> splits = fake.SplitsOf(t);
@@ -192,8 +193,10 @@ std::vector<int> WorldDevices(FakeNccl& fake, const MeshOptions& base,
     threads[r] = std::this_thread::get_id();
     MeshOptions options = base;
     options.timeout = kTimeout;
-    options.bootstrap = std::make_shared<StoreBootstrap>(store, r, kRanks, "job");
-    (*out)[r] = DeviceMesh::Create(DeviceType::kCuda, *layout, options).status();
+    options.bootstrap =
+        std::make_shared<StoreBootstrap>(store, r, kRanks, "job");
+    (*out)[r] =
+        DeviceMesh::Create(DeviceType::kCuda, *layout, options).status();
   });
   std::vector<int> devices;
   for (int r = 0; r < kRanks; ++r) {
@@ -272,7 +275,8 @@ TEST(NcclDeviceChoice, MoreRanksThanDevicesFailsEveryRankNamingBoth) {
     const std::string text(status[r].message());
     EXPECT_THAT(text, HasSubstr("rank(s) 4, 5, 6, 7 could not prepare"));
     if (r >= 4) {
-      EXPECT_THAT(text, HasSubstr(absl::StrCat("host-local rank ", r, " (of 8")));
+      EXPECT_THAT(text,
+                  HasSubstr(absl::StrCat("host-local rank ", r, " (of 8")));
       EXPECT_THAT(text, HasSubstr("sees only 4 device(s)"));
       EXPECT_THAT(text, HasSubstr("CUDA_VISIBLE_DEVICES='0,1,2,3'"));
     }
@@ -289,7 +293,8 @@ TEST(NcclDeviceChoice, CudaColonNPastTheDevicesIsInvalidArgument) {
   std::vector<absl::Status> status;
   WorldDevices(fake, options, &status);
   for (int r = 0; r < 8; ++r) {
-    EXPECT_EQ(status[r].code(), absl::StatusCode::kInvalidArgument) << status[r];
+    EXPECT_EQ(status[r].code(), absl::StatusCode::kInvalidArgument)
+        << status[r];
     EXPECT_THAT(std::string(status[r].message()),
                 HasSubstr("'cuda:2' does not exist: this process sees 2"));
   }
@@ -332,7 +337,8 @@ TEST(NcclSplitMesh, OneByOneWhenGroupingIsTurnedOff) {
   }
 }
 
-// -- split_many on one rank: versions, errors, deadline, abort -----------------
+// -- split_many on one rank: versions, errors, deadline, abort
+// -----------------
 
 TEST(NcclSplitMany, NcclOlderThan227SplitsOneAtATime) {
   FakeNccl fake;

@@ -140,7 +140,8 @@ class RedisServer {
   static absl::StatusOr<std::string> FindBinary() {
     std::vector<std::string> candidates;
     if (const char* path = ::getenv("PATH")) {
-      for (absl::string_view dir : absl::StrSplit(path, ':', absl::SkipEmpty())) {
+      for (absl::string_view dir :
+           absl::StrSplit(path, ':', absl::SkipEmpty())) {
         candidates.push_back(absl::StrCat(dir, "/redis-server"));
       }
     }
@@ -157,7 +158,9 @@ class RedisServer {
   // A port the kernel just handed out and took back.
   static absl::StatusOr<int> FreePort() {
     const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+    if (fd < 0)
+      return absl::InternalError(
+          absl::StrCat("socket: ", std::strerror(errno)));
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -170,7 +173,8 @@ class RedisServer {
     const int err = errno;
     ::close(fd);
     if (port <= 0) {
-      return absl::InternalError(absl::StrCat("no free port on 127.0.0.1: ", std::strerror(err)));
+      return absl::InternalError(
+          absl::StrCat("no free port on 127.0.0.1: ", std::strerror(err)));
     }
     return port;
   }
@@ -183,15 +187,26 @@ class RedisServer {
   // Starts the server on port_ and waits until it answers PING.
   absl::Status Launch() {
     const std::string port = absl::StrCat(port_);
-    const std::vector<std::string> args = {
-        binary_,         "--port",       port,  "--bind",
-        "127.0.0.1",     "--save",       "",    "--appendonly",
-        "no",            "--protected-mode", "no", "--daemonize",
-        "no",            "--logfile",    log_path_.empty() ? "" : log_path_};
+    const std::vector<std::string> args = {binary_,
+                                           "--port",
+                                           port,
+                                           "--bind",
+                                           "127.0.0.1",
+                                           "--save",
+                                           "",
+                                           "--appendonly",
+                                           "no",
+                                           "--protected-mode",
+                                           "no",
+                                           "--daemonize",
+                                           "no",
+                                           "--logfile",
+                                           log_path_.empty() ? "" : log_path_};
     // Everything the child touches is made before fork: after it, only
     // async-signal-safe calls until exec.
     std::vector<char*> argv;
-    for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+    for (const std::string& arg : args)
+      argv.push_back(const_cast<char*>(arg.c_str()));
     argv.push_back(nullptr);
     const int devnull = ::open("/dev/null", O_RDWR | O_CLOEXEC);
     const pid_t parent = ::getpid();
@@ -237,10 +252,13 @@ class RedisServer {
   }
 
   // Connects, sends `request`, and reads the reply's first line.
-  static absl::StatusOr<std::string> Exchange(int port, absl::string_view request,
+  static absl::StatusOr<std::string> Exchange(int port,
+                                              absl::string_view request,
                                               absl::Time deadline) {
     const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+    if (fd < 0)
+      return absl::InternalError(
+          absl::StrCat("socket: ", std::strerror(errno)));
     struct Closer {
       int fd;
       ~Closer() { ::close(fd); }
@@ -250,25 +268,32 @@ class RedisServer {
     addr.sin_port = htons(static_cast<uint16_t>(port));
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-      return absl::UnavailableError(absl::StrCat("connect: ", std::strerror(errno)));
+      return absl::UnavailableError(
+          absl::StrCat("connect: ", std::strerror(errno)));
     }
     while (!request.empty()) {
-      const ssize_t n = ::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+      const ssize_t n =
+          ::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
       if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return absl::UnavailableError(absl::StrCat("send: ", std::strerror(errno)));
+      if (n <= 0)
+        return absl::UnavailableError(
+            absl::StrCat("send: ", std::strerror(errno)));
       request.remove_prefix(static_cast<size_t>(n));
     }
     std::string reply;
     char buffer[4096];
     while (reply.find("\r\n") == std::string::npos) {
       const absl::Duration left = deadline - absl::Now();
-      if (left <= absl::ZeroDuration()) return absl::DeadlineExceededError("no reply");
+      if (left <= absl::ZeroDuration())
+        return absl::DeadlineExceededError("no reply");
       pollfd pfd{fd, POLLIN, 0};
-      const int ready = ::poll(&pfd, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
+      const int ready = ::poll(
+          &pfd, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
       if (ready < 0 && errno == EINTR) continue;
       if (ready <= 0) return absl::DeadlineExceededError("no reply");
       const ssize_t n = ::recv(fd, buffer, sizeof(buffer), 0);
-      if (n <= 0) return absl::UnavailableError("connection closed before a reply");
+      if (n <= 0)
+        return absl::UnavailableError("connection closed before a reply");
       reply.append(buffer, static_cast<size_t>(n));
     }
     return reply.substr(0, reply.find("\r\n"));

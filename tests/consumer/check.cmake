@@ -12,9 +12,13 @@
 #     CMAKE_CXX_COMPILER, CMAKE_CXX_COMPILER_LAUNCHER (may be empty), JOBS.
 # $ENV{VEMESH_CONSUMER_CONFIGURE_ARGS}: more arguments for the library's
 # configure (a ;-list), e.g. -DVEMESH_WITH_NCCL=OFF.
+# The library is built in the scratch folder itself, which sits at the depth
+# of the test's own build (build/<preset>_consumer_<kind>): with
+# CCACHE_BASEDIR set, every compile line is then the same as there, and
+# ccache serves the objects. The prefix and the consumers go inside it.
 set(scratch ${VEMESH_SCRATCH})
 file(REMOVE_RECURSE ${scratch})
-set(prefix ${scratch}/prefix)
+set(prefix ${scratch}/_prefix)
 
 # Failed checks are collected and reported together at the end; a step that
 # cannot go on (configure, build, run) stops at once.
@@ -47,7 +51,7 @@ endif()
 string(TIMESTAMP start "%s")
 # -B overrides the preset's binaryDir; the preset is read from the source dir.
 execute_process(COMMAND ${CMAKE_COMMAND} --preset install -S ${VEMESH_SOURCE_DIR}
-                        -B ${scratch}/vemesh -DBUILD_SHARED_LIBS=${SHARED}
+                        -B ${scratch} -DBUILD_SHARED_LIBS=${SHARED}
                         -DCMAKE_CXX_COMPILER=${CMAKE_CXX_COMPILER} ${launcher}
                         $ENV{VEMESH_CONSUMER_CONFIGURE_ARGS}
                 WORKING_DIRECTORY ${VEMESH_SOURCE_DIR}
@@ -55,8 +59,8 @@ execute_process(COMMAND ${CMAKE_COMMAND} --preset install -S ${VEMESH_SOURCE_DIR
 if(rc)
   message(FATAL_ERROR "configuring vemesh (preset install) failed (${rc}):\n${out}")
 endif()
-run("building vemesh" ${CMAKE_COMMAND} --build ${scratch}/vemesh --parallel ${JOBS})
-run("installing vemesh" ${CMAKE_COMMAND} --install ${scratch}/vemesh --prefix ${prefix})
+run("building vemesh" ${CMAKE_COMMAND} --build ${scratch} --parallel ${JOBS})
+run("installing vemesh" ${CMAKE_COMMAND} --install ${scratch} --prefix ${prefix})
 string(TIMESTAMP built "%s")
 math(EXPR seconds "${built} - ${start}")
 message(STATUS "vemesh (BUILD_SHARED_LIBS=${SHARED}) built and installed in ${seconds} s")
@@ -81,9 +85,22 @@ foreach(file IN LISTS cmake_files)
   endforeach()
 endforeach()
 
+# The installed libraries themselves need no CUDA or NCCL (NEEDED entries):
+# a consumer's ldd shows only what it links, not what a floor would pull in.
+file(GLOB installed_libs ${prefix}/lib*/libvemesh_*.so*)
+foreach(lib IN LISTS installed_libs)
+  run("readelf ${lib}" readelf -d ${lib})
+  if(output MATCHES "NEEDED[^\n]*(libcudart|libnccl)")
+    fail("${lib} needs CUDA or NCCL:\n${output}")
+  endif()
+endforeach()
+if(SHARED AND NOT installed_libs)
+  fail("BUILD_SHARED_LIBS=ON installed no libvemesh_*.so under ${prefix}")
+endif()
+
 # Builds one consumer, runs it and returns its ldd output in `libraries`.
 function(consumer name layout_only)
-  set(dir ${scratch}/${name})
+  set(dir ${scratch}/_${name})
   run("configuring ${name}" ${CMAKE_COMMAND} -S ${VEMESH_CONSUMER_SOURCE} -B ${dir}
       -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_CXX_COMPILER=${CMAKE_CXX_COMPILER}
       -DCMAKE_BUILD_TYPE=Release -DVEMESH_CONSUMER_LAYOUT_ONLY=${layout_only})

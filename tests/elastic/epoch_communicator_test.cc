@@ -77,15 +77,16 @@ std::vector<OpResult> EveryOp(Communicator& c) {
   std::vector<OpResult> out;
   std::vector<float> a(4, 1.0f), b(4, 0.0f);
   out.push_back({"barrier", c.barrier()});
-  out.push_back({"broadcast", c.broadcast(a.data(), a.size(),
-                                          DataType::kFloat32, 0)});
-  out.push_back({"all_reduce", c.all_reduce(a.data(), b.data(), a.size(),
-                                            DataType::kFloat32, ReduceOp::kSum)});
+  out.push_back(
+      {"broadcast", c.broadcast(a.data(), a.size(), DataType::kFloat32, 0)});
+  out.push_back(
+      {"all_reduce", c.all_reduce(a.data(), b.data(), a.size(),
+                                  DataType::kFloat32, ReduceOp::kSum)});
   out.push_back({"all_gather", c.all_gather(a.data(), b.data(), a.size(),
                                             DataType::kFloat32)});
-  out.push_back({"reduce_scatter",
-                 c.reduce_scatter(a.data(), b.data(), a.size(),
-                                  DataType::kFloat32, ReduceOp::kSum)});
+  out.push_back(
+      {"reduce_scatter", c.reduce_scatter(a.data(), b.data(), a.size(),
+                                          DataType::kFloat32, ReduceOp::kSum)});
   out.push_back({"send", c.send(a.data(), a.size(), DataType::kFloat32, 0)});
   out.push_back({"recv", c.recv(b.data(), b.size(), DataType::kFloat32, 0)});
   out.push_back({"send_recv", c.send_recv(a.data(), a.size(), 0, b.data(),
@@ -190,9 +191,8 @@ TEST(EpochCommunicatorTest, RetireRefusesEveryOperationAndFreesTheGroup) {
   ASSERT_NE(gloo, nullptr);
   const int64_t mine = 8;
   auto current = CurrentEpoch(mine);
-  auto c = std::make_shared<EpochCommunicator>(std::move(gloo),
-                                               std::vector<int>{9}, mine,
-                                               current);
+  auto c = std::make_shared<EpochCommunicator>(
+      std::move(gloo), std::vector<int>{9}, mine, current);
   ASSERT_TRUE(c->barrier().ok());
   EXPECT_FALSE(c->retired());
 

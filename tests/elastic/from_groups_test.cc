@@ -14,8 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "vemesh/mesh/device_mesh.h"
 #include "vemesh/layout/mesh_layout.h"
+#include "vemesh/mesh/device_mesh.h"
 
 namespace vemesh {
 namespace {
@@ -83,7 +83,7 @@ std::shared_ptr<Communicator> TpGroup(int g) {
 class FromGroupsEveryRankTest : public ::testing::TestWithParam<int> {};
 
 INSTANTIATE_TEST_SUITE_P(Ranks, FromGroupsEveryRankTest,
-                         ::testing::Range(0, kDp * kTp),
+                         ::testing::Range(0, kDp* kTp),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return absl::StrCat("rank", info.param);
                          });
@@ -192,8 +192,8 @@ TEST(FromGroupsTest, FlattenOfSeveralDimensionsIsFailedPrecondition) {
 
 TEST(FromGroupsTest, FlattenOfOneDimensionIsThatGroup) {
   auto tp = TpGroup(1);
-  auto mesh = DeviceMesh::FromGroups(DeviceType::kCpu, Layout(), 1,
-                                     {DpGroup(1), tp});
+  auto mesh =
+      DeviceMesh::FromGroups(DeviceType::kCpu, Layout(), 1, {DpGroup(1), tp});
   ASSERT_TRUE(mesh.ok()) << mesh.status();
   auto flat = mesh->flatten({"TP"}, "T");
   ASSERT_TRUE(flat.ok()) << flat.status();
@@ -203,7 +203,8 @@ TEST(FromGroupsTest, FlattenOfOneDimensionIsThatGroup) {
   EXPECT_EQ(by_name->get(), tp.get());
 }
 
-// -- Wrong groups --------------------------------------------------------------
+// -- Wrong groups
+// --------------------------------------------------------------
 
 struct BadGroups {
   const char* why;
@@ -228,16 +229,25 @@ std::vector<BadGroups> BadCatalogue() {
        .groups = [] { return Groups{DpGroup(4)}; },
        .named = {"1 groups", "one per dimension (2)"}},
       {.why = "ThreeGroupsForTwoDims",
-       .groups = [] { return Groups{DpGroup(4), TpGroup(4), TpGroup(4)}; },
+       .groups =
+           [] {
+             return Groups{DpGroup(4), TpGroup(4), TpGroup(4)};
+           },
        .named = {"3 groups", "one per dimension (2)"}},
       {.why = "NoGroups",
        .groups = [] { return Groups{}; },
        .named = {"0 groups"}},
       {.why = "NullTpGroup",
-       .groups = [] { return Groups{DpGroup(4), nullptr}; },
+       .groups =
+           [] {
+             return Groups{DpGroup(4), nullptr};
+           },
        .named = {"no group for dimension 'TP'"}},
       {.why = "NullDpGroup",
-       .groups = [] { return Groups{nullptr, TpGroup(4)}; },
+       .groups =
+           [] {
+             return Groups{nullptr, TpGroup(4)};
+           },
        .named = {"no group for dimension 'DP'"}},
       {.why = "TpGroupTooSmall",
        .groups =
@@ -247,7 +257,10 @@ std::vector<BadGroups> BadCatalogue() {
            },
        .named = {"group of 'TP'", "rank 1 of 2", "expected rank 1 of 3"}},
       {.why = "GroupsSwapped",
-       .groups = [] { return Groups{TpGroup(4), DpGroup(4)}; },
+       .groups =
+           [] {
+             return Groups{TpGroup(4), DpGroup(4)};
+           },
        .named = {"group of 'DP'", "rank 1 of 3", "expected rank 1 of 2"}},
       {.why = "DpRankIsNotTheCoordinate",
        .groups =
@@ -259,7 +272,10 @@ std::vector<BadGroups> BadCatalogue() {
        .named = {"group of 'DP'", "rank 0 of 2", "expected rank 1 of 2"}},
       {.why = "GroupOfAnotherRank",
        // Rank 3's groups: TP has the same members but rank 0, not 1.
-       .groups = [] { return Groups{DpGroup(4), TpGroup(3)}; },
+       .groups =
+           [] {
+             return Groups{DpGroup(4), TpGroup(3)};
+           },
        .named = {"group of 'TP'", "rank 0 of 3", "expected rank 1 of 3"}},
       {.why = "TpRanksOutOfOrder",
        .groups =
@@ -277,23 +293,35 @@ std::vector<BadGroups> BadCatalogue() {
            },
        .named = {"group of 'DP'", "holds rank 2 at index 0", "expected 1"}},
       {.why = "HostLocalRankPastHostSize",
-       .groups = [] { return Groups{DpGroup(4), TpGroup(4)}; },
+       .groups =
+           [] {
+             return Groups{DpGroup(4), TpGroup(4)};
+           },
        .host_local_rank = 2,
        .host_size = 2,
        .named = {"host-local rank 2 of a host of 2"}},
       {.why = "NegativeHostLocalRank",
-       .groups = [] { return Groups{DpGroup(4), TpGroup(4)}; },
+       .groups =
+           [] {
+             return Groups{DpGroup(4), TpGroup(4)};
+           },
        .host_local_rank = -1,
        .host_size = 2,
        .named = {"host-local rank -1 of a host of 2"}},
       {.why = "EmptyHost",
-       .groups = [] { return Groups{DpGroup(4), TpGroup(4)}; },
+       .groups =
+           [] {
+             return Groups{DpGroup(4), TpGroup(4)};
+           },
        .host_local_rank = 0,
        .host_size = 0,
        .named = {"host-local rank 0 of a host of 0"}},
       {.why = "MetaDevice",
        .device_type = DeviceType::kMeta,
-       .groups = [] { return Groups{DpGroup(4), TpGroup(4)}; },
+       .groups =
+           [] {
+             return Groups{DpGroup(4), TpGroup(4)};
+           },
        .named = {"meta"}},
   };
 }
@@ -311,9 +339,9 @@ TEST_P(FromGroupsBadTest, IsInvalidArgumentNamingWhatDiffers) {
   const int calls_before = g_collective_calls.load();
   const int64_t before = LiveCommunicatorCount();
   {
-    auto mesh =
-        DeviceMesh::FromGroups(bad.device_type, Layout(), bad.global_rank,
-                               bad.groups(), bad.host_local_rank, bad.host_size);
+    auto mesh = DeviceMesh::FromGroups(bad.device_type, Layout(),
+                                       bad.global_rank, bad.groups(),
+                                       bad.host_local_rank, bad.host_size);
     ASSERT_FALSE(mesh.ok()) << mesh->ToString();
     EXPECT_EQ(mesh.status().code(), absl::StatusCode::kInvalidArgument)
         << mesh.status();

@@ -32,7 +32,8 @@ TEST(MembershipTest, EmptyTextIsEpochZeroWithNobody) {
 }
 
 TEST(MembershipTest, EncodesTheDocumentedForm) {
-  const MembershipRecord r{.epoch = 4, .members = {0, 2}, .pending = {1}, .incarnations = {}};
+  const MembershipRecord r{
+      .epoch = 4, .members = {0, 2}, .pending = {1}, .incarnations = {}};
   EXPECT_EQ(EncodeMembership(r), "e=4;m=0,2;p=1");
   // Nobody at all still names every field, and parses back to epoch 0.
   EXPECT_EQ(EncodeMembership(MembershipRecord{}), "e=0;m=;p=");
@@ -49,8 +50,14 @@ TEST(MembershipTest, EncodeThenParseGivesTheSameRecord) {
       {.epoch = 4, .members = {0, 2}, .pending = {1}, .incarnations = {}},
       {.epoch = 9, .members = {}, .pending = {5, 3}, .incarnations = {}},
       // Admission order, not sorted order: DP rank 0 is replica 7.
-      {.epoch = 123456789012345, .members = {7, 1, 4}, .pending = {0, 6}, .incarnations = {}},
-      {.epoch = 2, .members = {kMaxReplicas - 1}, .pending = {0}, .incarnations = {}},
+      {.epoch = 123456789012345,
+       .members = {7, 1, 4},
+       .pending = {0, 6},
+       .incarnations = {}},
+      {.epoch = 2,
+       .members = {kMaxReplicas - 1},
+       .pending = {0},
+       .incarnations = {}},
       // The most a record may hold: every id once.
       {.epoch = 3, .members = many, .pending = {}, .incarnations = {}},
       {.epoch = 3,
@@ -85,7 +92,8 @@ TEST(MembershipTest, ParsesEveryFieldInOrder) {
 TEST(MembershipTest, QueriesFollowTheListsAndDpOrder) {
   const std::vector<int> members = {5, 2, 9, 0};
   const std::vector<int> pending = {7, 3};
-  const MembershipRecord r{.epoch = 6, .members = members, .pending = pending, .incarnations = {}};
+  const MembershipRecord r{
+      .epoch = 6, .members = members, .pending = pending, .incarnations = {}};
   for (int id = 0; id < 12; ++id) {
     int expected_dp = -1;
     for (size_t i = 0; i < members.size(); ++i) {
@@ -105,7 +113,8 @@ TEST(MembershipTest, QueriesFollowTheListsAndDpOrder) {
 }
 
 TEST(MembershipTest, EqualityComparesEveryField) {
-  const MembershipRecord r{.epoch = 4, .members = {0, 2}, .pending = {1}, .incarnations = {}};
+  const MembershipRecord r{
+      .epoch = 4, .members = {0, 2}, .pending = {1}, .incarnations = {}};
   MembershipRecord other = r;
   EXPECT_EQ(r, other);
   other.epoch = 5;
@@ -119,16 +128,20 @@ TEST(MembershipTest, EqualityComparesEveryField) {
 }
 
 TEST(MembershipTest, TextNamesEpochDpSizeMembersAndPending) {
-  EXPECT_EQ(MembershipText({.epoch = 4, .members = {0, 2}, .pending = {1}, .incarnations = {}}),
-            "epoch 4, DP=2 [0, 2], pending [1]");
+  EXPECT_EQ(
+      MembershipText(
+          {.epoch = 4, .members = {0, 2}, .pending = {1}, .incarnations = {}}),
+      "epoch 4, DP=2 [0, 2], pending [1]");
   EXPECT_EQ(MembershipText(MembershipRecord{}), "epoch 0, DP=0 [], pending []");
-  const MembershipRecord r{.epoch = 11, .members = {3, 1, 8}, .pending = {}, .incarnations = {}};
+  const MembershipRecord r{
+      .epoch = 11, .members = {3, 1, 8}, .pending = {}, .incarnations = {}};
   EXPECT_EQ(MembershipText(r),
             absl::StrCat("epoch ", r.epoch, ", DP=", r.members.size(), " [",
                          absl::StrJoin(r.members, ", "), "], pending []"));
 }
 
-// -- Malformed records ---------------------------------------------------------
+// -- Malformed records
+// ---------------------------------------------------------
 
 struct BadRecord {
   const char* why;  // the test's name
@@ -154,12 +167,14 @@ std::vector<BadRecord> BadRecords() {
   const std::string range = absl::StrCat("[0, ", kMaxReplicas, ")");
   return {
       {"MissingPending", "e=1;m=0", {"'e=1;m=0'", format}},
-      {"IncarnationOfAnUnlistedReplica", "e=1;m=0;p=;i=3:1f",
+      {"IncarnationOfAnUnlistedReplica",
+       "e=1;m=0;p=;i=3:1f",
        {"membership incarnation '3:1f'", inc}},
       {"ZeroIncarnation", "e=1;m=0;p=;i=0:0", {"'0:0'", inc}},
       {"NonHexIncarnation", "e=1;m=0;p=;i=0:xyz", {"'0:xyz'", inc}},
       {"IncarnationTwice", "e=1;m=0;p=;i=0:1,0:2", {"'0:2'", inc}},
-      {"SeventeenDigitIncarnation", "e=1;m=0;p=;i=0:11111111111111111",
+      {"SeventeenDigitIncarnation",
+       "e=1;m=0;p=;i=0:11111111111111111",
        {"'0:11111111111111111'", inc}},
       {"IncarnationWithoutId", "e=1;m=0;p=;i=1f", {"'1f'", inc}},
       {"MissingMembers", "e=1;p=0", {"'e=1;p=0'", format}},
@@ -170,9 +185,13 @@ std::vector<BadRecord> BadRecords() {
       {"MembersFirst", "m=0;e=1;p=", {"'m=0;e=1;p='", format}},
       {"PendingBeforeMembers", "e=1;p=2;m=0", {"'e=1;p=2;m=0'", format}},
       {"UpperCaseKey", "E=1;m=0;p=", {"'E=1;m=0;p='", format}},
-      {"NonNumericEpoch", "e=x;m=0;p=", {"membership epoch 'x'", "non-negative"}},
+      {"NonNumericEpoch",
+       "e=x;m=0;p=",
+       {"membership epoch 'x'", "non-negative"}},
       {"EmptyEpoch", "e=;m=0;p=", {"membership epoch ''", "non-negative"}},
-      {"NegativeEpoch", "e=-1;m=0;p=", {"membership epoch '-1'", "non-negative"}},
+      {"NegativeEpoch",
+       "e=-1;m=0;p=",
+       {"membership epoch '-1'", "non-negative"}},
       {"EpochTooBig",
        "e=99999999999999999999;m=0;p=",
        {"membership epoch '99999999999999999999'"}},
@@ -240,9 +259,9 @@ TEST(MembershipTest, LongMalformedRecordIsQuotedOnlyInPart) {
 TEST(MembershipTest, AtTheLimitIsAccepted) {
   // kMaxReplicas entries split over both lists is allowed; one more is not
   // (TooManyTogether above).
-  const std::string text = absl::StrCat("e=2;m=", IdList(0, kMaxReplicas / 2),
-                                        ";p=", IdList(kMaxReplicas / 2,
-                                                      kMaxReplicas / 2));
+  const std::string text =
+      absl::StrCat("e=2;m=", IdList(0, kMaxReplicas / 2),
+                   ";p=", IdList(kMaxReplicas / 2, kMaxReplicas / 2));
   auto r = ParseMembership(text);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->members.size() + r->pending.size(),

@@ -64,10 +64,10 @@ int main(int argc, char** argv) {
   }
   auto group = mesh->get_group("DP");
   int64_t value = rank + 1;
-  absl::Status status = group.ok() ? (*group)->all_reduce(
-                                         absl::MakeSpan(&value, 1),
-                                         vemesh::ReduceOp::kSum)
-                                   : group.status();
+  absl::Status status = group.ok()
+                            ? (*group)->all_reduce(absl::MakeSpan(&value, 1),
+                                                   vemesh::ReduceOp::kSum)
+                            : group.status();
   if (status.ok() && value != n * (n + 1) / 2) {
     status = absl::InternalError("all_reduce gave a wrong sum");
   }

@@ -16,9 +16,9 @@ TEST(FastDividerTest, MatchesHardwareDivision) {
   divisors.push_back(1ull << 31);
   for (uint64_t d : divisors) {
     const FastDivider div(d);
-    for (uint64_t n : std::vector<uint64_t>{0, 1, d - 1, d, d + 1, 2 * d - 1, 0xFFFFFFFFull,
-                       0xFFFFFFFEull, (0xFFFFFFFFull / d) * d,
-                       (0xFFFFFFFFull / d) * d - 1}) {
+    for (uint64_t n : std::vector<uint64_t>{
+             0, 1, d - 1, d, d + 1, 2 * d - 1, 0xFFFFFFFFull, 0xFFFFFFFEull,
+             (0xFFFFFFFFull / d) * d, (0xFFFFFFFFull / d) * d - 1}) {
       if (n > 0xFFFFFFFFull) continue;
       ASSERT_EQ(div.quotient(n), n / d) << n << " / " << d;
     }

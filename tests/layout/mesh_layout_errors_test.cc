@@ -11,14 +11,13 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-#define EXPECT_ERROR(expr, want, ...)                                  \
-  do {                                                                 \
-    auto _result = (expr);                                             \
-    ASSERT_FALSE(_result.ok()) << #expr;                               \
-    EXPECT_EQ(_result.status().code(), absl::StatusCode::want) << #expr \
-                                                 << _result.status();  \
-    EXPECT_THAT(std::string(_result.status().message()),               \
-                AllOf(__VA_ARGS__));                                   \
+#define EXPECT_ERROR(expr, want, ...)                                         \
+  do {                                                                        \
+    auto _result = (expr);                                                    \
+    ASSERT_FALSE(_result.ok()) << #expr;                                      \
+    EXPECT_EQ(_result.status().code(), absl::StatusCode::want)                \
+        << #expr << _result.status();                                         \
+    EXPECT_THAT(std::string(_result.status().message()), AllOf(__VA_ARGS__)); \
   } while (0)
 
 const std::vector<std::string> kPDT = {"PP", "DP", "TP"};

@@ -97,9 +97,9 @@ TEST(MeshLayoutPropertyTest, GroupsPartitionTheWorldAndMatchSubmeshes) {
       for (const auto& group : *groups) {
         for (int64_t r : group) ++seen[r];
       }
-      ASSERT_TRUE(std::all_of(seen.begin(), seen.end(),
-                              [](int n) { return n == 1; }))
-          << "groups do not partition the world";
+      ASSERT_TRUE(std::all_of(seen.begin(), seen.end(), [](int n) {
+        return n == 1;
+      })) << "groups do not partition the world";
       for (int64_t r = 0; r < layout->size(); ++r) {
         auto pos = layout->group_position(dims, r);
         ASSERT_TRUE(pos.ok());
@@ -161,7 +161,8 @@ TEST(MeshLayoutPropertyTest, FlattenPreservesMembership) {
       auto flat = layout->flatten(dims, "F");
       ASSERT_TRUE(flat.ok()) << flat.status();
       ASSERT_EQ(flat->size(), layout->size());
-      ASSERT_EQ(flat->ndim(), layout->ndim() - static_cast<int64_t>(dims.size()) + 1);
+      ASSERT_EQ(flat->ndim(),
+                layout->ndim() - static_cast<int64_t>(dims.size()) + 1);
       // Groups along the new dimension are the groups along `dims`.
       ASSERT_EQ(*flat->groups({"F"}), *layout->groups(dims));
       for (int64_t r = 0; r < layout->size(); ++r) {

@@ -31,8 +31,7 @@ TEST(MeshLayoutRoles, ExactNameFirstThenIgnoringCase) {
 }
 
 TEST(MeshLayoutRoles, MissingRoleIsNotFoundNamingTheDimensions) {
-  const MeshLayout layout =
-      MeshLayout::Create({2, 2}, {"DP", "TP"}).value();
+  const MeshLayout layout = MeshLayout::Create({2, 2}, {"DP", "TP"}).value();
   const absl::StatusOr<int64_t> ep = layout.find_role("EP");
   ASSERT_FALSE(ep.ok());
   EXPECT_EQ(ep.status().code(), absl::StatusCode::kNotFound);
@@ -41,8 +40,7 @@ TEST(MeshLayoutRoles, MissingRoleIsNotFoundNamingTheDimensions) {
 }
 
 TEST(MeshLayoutRoles, TwoDimensionsDifferingOnlyByCaseAreAmbiguous) {
-  const MeshLayout layout =
-      MeshLayout::Create({2, 2}, {"tp", "Tp"}).value();
+  const MeshLayout layout = MeshLayout::Create({2, 2}, {"tp", "Tp"}).value();
   const absl::StatusOr<int64_t> tp = layout.find_role("TP");
   ASSERT_FALSE(tp.ok());
   EXPECT_EQ(tp.status().code(), absl::StatusCode::kInvalidArgument);
@@ -51,7 +49,8 @@ TEST(MeshLayoutRoles, TwoDimensionsDifferingOnlyByCaseAreAmbiguous) {
                     HasSubstr("[tp, Tp]")));
 }
 
-// (Was tools/plan's GroupMembers test, HostLocality.GroupMembersMatchLayoutGroups.)
+// (Was tools/plan's GroupMembers test,
+// HostLocality.GroupMembersMatchLayoutGroups.)
 TEST(MeshLayoutGroupMember, GroupMembersMatchLayoutGroups) {
   for (const auto& shape : SmallShapes()) {
     const MeshLayout layout = MeshLayout::Create(shape).value();
@@ -65,9 +64,8 @@ TEST(MeshLayoutGroupMember, GroupMembersMatchLayoutGroups) {
 }
 
 TEST(MeshLayoutGroupMember, RankTablesSubMeshesAndBadIndices) {
-  const MeshLayout table = MeshLayout::Create({2, 2}, {"DP", "TP"},
-                                              {3, 2, 1, 0})
-                               .value();
+  const MeshLayout table =
+      MeshLayout::Create({2, 2}, {"DP", "TP"}, {3, 2, 1, 0}).value();
   EXPECT_EQ(table.group_members(1, 0), (std::vector<int64_t>{3, 2}));
   EXPECT_EQ(table.group_members(0, 1), (std::vector<int64_t>{2, 0}));
   const MeshLayout layout =
@@ -75,8 +73,7 @@ TEST(MeshLayoutGroupMember, RankTablesSubMeshesAndBadIndices) {
   EXPECT_EQ(layout.group_member(2, 3, 0), 6);
   EXPECT_EQ(layout.group_members(1, 3), (std::vector<int64_t>{5, 7}));
   const MeshLayout dp_tp = layout.submesh({"DP", "TP"}, 5).value();
-  EXPECT_EQ(dp_tp.group_members(1, 1),
-            dp_tp.groups({"TP"}).value()[1]);
+  EXPECT_EQ(dp_tp.group_members(1, 1), dp_tp.groups({"TP"}).value()[1]);
   EXPECT_EQ(layout.group_member(3, 0, 0), -1);  // no such dimension
   EXPECT_EQ(layout.group_member(2, 4, 0), -1);  // no such group
   EXPECT_EQ(layout.group_member(2, 0, 2), -1);  // no such member

@@ -129,9 +129,8 @@ TEST(MeshLayoutArangeTest, AgreesWithTheListedRanks) {
     return l.ranks() == expected;
   };
   const std::vector<std::string> names = {"PP", "DP", "TP"};
-  for (const std::vector<int64_t>& shape :
-       std::vector<std::vector<int64_t>>{{2, 3, 4}, {1, 3, 2}, {3, 1, 1},
-                                         {2, 2, 2}, {1, 1, 5}}) {
+  for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{
+           {2, 3, 4}, {1, 3, 2}, {3, 1, 1}, {2, 2, 2}, {1, 1, 5}}) {
     const MeshLayout root = Make(shape, names);
     EXPECT_TRUE(root.is_arange());
     std::vector<std::vector<std::string>> subsets;

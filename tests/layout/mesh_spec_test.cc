@@ -44,7 +44,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BadSpec{"PP=0", "'0'"}, BadSpec{"PP=-3", "'-3'"},
                       BadSpec{"PP=x", "'x'"}, BadSpec{"PP=2,,TP=2", "''"},
                       BadSpec{"2=2", "'2'"}, BadSpec{"P-P=2", "'P-P'"},
-                      BadSpec{"TP=99999999999999999999", "99999999999999999999"},
+                      BadSpec{"TP=99999999999999999999",
+                              "99999999999999999999"},
                       BadSpec{"PP=2,", "without '='"}));
 
 }  // namespace

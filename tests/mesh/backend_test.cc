@@ -42,7 +42,8 @@ TEST(Backend, GlooForEveryDimensionUnderMpirun) {
   if (JobSize() % 2 != 0) GTEST_SKIP() << "needs an even world";
   MeshOptions options;
   options.backend = "gloo";
-  auto mesh = init_device_mesh("cpu", {2, JobSize() / 2}, {"DP", "TP"}, options);
+  auto mesh =
+      init_device_mesh("cpu", {2, JobSize() / 2}, {"DP", "TP"}, options);
   ASSERT_TRUE(mesh.ok()) << mesh.status();
   for (const char* dim : {"DP", "TP"}) {
     EXPECT_EQ(*mesh->backend(dim), "gloo");
@@ -61,7 +62,8 @@ TEST(Backend, PerDimensionOverrideMixesBackends) {
   if (JobSize() % 2 != 0) GTEST_SKIP() << "needs an even world";
   MeshOptions options;
   options.backend_override = {{"DP", "gloo"}};
-  auto mesh = init_device_mesh("cpu", {2, JobSize() / 2}, {"DP", "TP"}, options);
+  auto mesh =
+      init_device_mesh("cpu", {2, JobSize() / 2}, {"DP", "TP"}, options);
   ASSERT_TRUE(mesh.ok()) << mesh.status();
   EXPECT_EQ(*mesh->backend("DP"), "gloo");
   EXPECT_EQ(*mesh->backend("TP"), "mpi");
@@ -108,8 +110,8 @@ TEST(Backend, AHugeMeshIsRefusedBeforeMemoryIsSpent) {
   auto mesh = init_device_mesh("cpu", {1000000, 1000000}, {"DP", "TP"});
   EXPECT_TRUE(absl::IsInvalidArgument(mesh.status())) << mesh.status();
   EXPECT_THAT(std::string(mesh.status().message()),
-              HasSubstr(absl::StrCat("1000000000000 ranks but the world has only ",
-                                     JobSize())));
+              HasSubstr(absl::StrCat(
+                  "1000000000000 ranks but the world has only ", JobSize())));
   EXPECT_LT(absl::Now() - start, absl::Seconds(20));
 }
 

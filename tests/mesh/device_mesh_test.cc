@@ -57,9 +57,9 @@ void ExpectReductions(Communicator& group, const std::vector<int64_t>& members,
     max = std::max(max, static_cast<T>(r + 1));
     min = std::min(min, static_cast<T>(r + 1));
   }
-  for (auto [op, expected] : {std::pair{ReduceOp::kSum, sum},
-                              std::pair{ReduceOp::kMax, max},
-                              std::pair{ReduceOp::kMin, min}}) {
+  for (auto [op, expected] :
+       {std::pair{ReduceOp::kSum, sum}, std::pair{ReduceOp::kMax, max},
+        std::pair{ReduceOp::kMin, min}}) {
     T value = static_cast<T>(me + 1);
     ASSERT_TRUE(group.all_reduce(absl::MakeSpan(&value, 1), op).ok());
     EXPECT_EQ(value, expected)
@@ -90,10 +90,9 @@ void ExpectGroupsMatchLayout(const DeviceMesh& mesh) {
     EXPECT_EQ(group.rank(), (*coord)[d]);
     EXPECT_EQ(mesh.get_local_rank(name).value_or(-1), (*coord)[d]);
     std::vector<int64_t> gathered(group.size());
-    ASSERT_TRUE(group
-                    .all_gather(absl::MakeConstSpan(&me, 1),
-                                absl::MakeSpan(gathered))
-                    .ok());
+    ASSERT_TRUE(
+        group.all_gather(absl::MakeConstSpan(&me, 1), absl::MakeSpan(gathered))
+            .ok());
     EXPECT_EQ(gathered, members);
     ExpectReductions<float>(group, members, me);
     ExpectReductions<double>(group, members, me);
@@ -110,15 +109,14 @@ std::vector<std::string> NamesFor(size_t ndim) {
 TEST(DeviceMesh, EveryShapeOfThisWorld) {
   const int world = WorldSize();
   const std::vector<std::vector<int64_t>> shapes = {
-      {1},    {1, 1},    {2},       {1, 2},    {2, 1},       {4},
-      {2, 2}, {1, 4},    {2, 1, 2}, {6},       {2, 3},       {3, 2},
-      {1, 2, 3}, {8},    {2, 2, 2}, {4, 1, 2}, {2, 1, 4},    {2, 2, 1, 2},
-      {1, 2, 1, 3}};
+      {1},       {1, 1},    {2},          {1, 2},      {2, 1},
+      {4},       {2, 2},    {1, 4},       {2, 1, 2},   {6},
+      {2, 3},    {3, 2},    {1, 2, 3},    {8},         {2, 2, 2},
+      {4, 1, 2}, {2, 1, 4}, {2, 2, 1, 2}, {1, 2, 1, 3}};
   int tried = 0;
   for (const auto& shape : shapes) {
-    const int64_t size =
-        std::accumulate(shape.begin(), shape.end(), int64_t{1},
-                        std::multiplies<int64_t>());
+    const int64_t size = std::accumulate(shape.begin(), shape.end(), int64_t{1},
+                                         std::multiplies<int64_t>());
     if (size != world) continue;
     SCOPED_TRACE(absl::StrCat("shape (", absl::StrJoin(shape, ", "), ")"));
     auto mesh = init_device_mesh("cpu", shape, NamesFor(shape.size()));
@@ -171,7 +169,8 @@ TEST(DeviceMesh, SmallerThanTheWorld) {
       EXPECT_TRUE(absl::IsNotFound(mesh->get_coordinate().status()));
       auto group = mesh->get_group("DP");
       EXPECT_TRUE(absl::IsFailedPrecondition(group.status())) << group.status();
-      EXPECT_THAT(std::string(group.status().message()), HasSubstr("not a member"));
+      EXPECT_THAT(std::string(group.status().message()),
+                  HasSubstr("not a member"));
       EXPECT_TRUE(absl::IsFailedPrecondition((*mesh)["DP"].status()));
       EXPECT_THAT(mesh->ToString(), HasSubstr("not a member"));
     } else {
@@ -256,10 +255,10 @@ TEST(DeviceMesh, FlattenIsCachedAndOrdered) {
   ASSERT_TRUE(group.ok());
   EXPECT_EQ(Int64s((*transposed)->ranks()), group->ranks());
   std::vector<int64_t> gathered((*transposed)->size());
-  ASSERT_TRUE((*transposed)
-                  ->all_gather(absl::MakeConstSpan(&me, 1),
-                               absl::MakeSpan(gathered))
-                  .ok());
+  ASSERT_TRUE(
+      (*transposed)
+          ->all_gather(absl::MakeConstSpan(&me, 1), absl::MakeSpan(gathered))
+          .ok());
   EXPECT_EQ(gathered, group->ranks());
 
   // Bad names fail alike on every rank, before any communication.
@@ -276,12 +275,13 @@ TEST(DeviceMesh, MismatchedArgumentsFailOnEveryRank) {
   options.timeout = absl::Seconds(20);
   const absl::Time start = absl::Now();
   // Rank 1 transposes the shape.
-  std::vector<int64_t> shape = me == 1 ? std::vector<int64_t>{world, 1}
-                                       : std::vector<int64_t>{1, world};
+  std::vector<int64_t> shape =
+      me == 1 ? std::vector<int64_t>{world, 1} : std::vector<int64_t>{1, world};
   auto mesh = init_device_mesh("cpu", shape, {}, options);
   ASSERT_FALSE(mesh.ok());
   EXPECT_TRUE(absl::IsInvalidArgument(mesh.status())) << mesh.status();
-  EXPECT_THAT(std::string(mesh.status().message()), HasSubstr("rank 1 passed shape"));
+  EXPECT_THAT(std::string(mesh.status().message()),
+              HasSubstr("rank 1 passed shape"));
   EXPECT_THAT(std::string(mesh.status().message()),
               HasSubstr(absl::StrCat("(", world, ", 1)")));
 
@@ -297,11 +297,13 @@ TEST(DeviceMesh, MismatchedArgumentsFailOnEveryRank) {
 
   // Different explicit rank lists.
   MeshOptions reversed = options;
-  for (int r = 0; r < world; ++r) reversed.ranks.push_back(me == 0 ? r : world - 1 - r);
+  for (int r = 0; r < world; ++r)
+    reversed.ranks.push_back(me == 0 ? r : world - 1 - r);
   mesh = init_device_mesh("cpu", {world}, {"DP"}, reversed);
   if (world > 1) {
     ASSERT_FALSE(mesh.ok());
-    EXPECT_THAT(std::string(mesh.status().message()), HasSubstr("passed ranks"));
+    EXPECT_THAT(std::string(mesh.status().message()),
+                HasSubstr("passed ranks"));
   }
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
 
@@ -315,15 +317,16 @@ TEST(DeviceMesh, TooLargeForTheWorldFailsOnEveryRank) {
   const int world = WorldSize();
   auto mesh = init_device_mesh("cpu", {world + 1});
   EXPECT_TRUE(absl::IsInvalidArgument(mesh.status())) << mesh.status();
-  EXPECT_THAT(std::string(mesh.status().message()), HasSubstr("world has only"));
+  EXPECT_THAT(std::string(mesh.status().message()),
+              HasSubstr("world has only"));
   MeshOptions options;
   options.ranks = {world};
   mesh = init_device_mesh("cpu", {1}, {"DP"}, options);
   EXPECT_TRUE(absl::IsInvalidArgument(mesh.status())) << mesh.status();
   EXPECT_THAT(std::string(mesh.status().message()), HasSubstr("holds rank"));
   // Bad input that never reaches communication.
-  EXPECT_TRUE(absl::IsInvalidArgument(
-      init_device_mesh("tpu", {world}).status()));
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(init_device_mesh("tpu", {world}).status()));
   EXPECT_FALSE(init_device_mesh("cpu", {0}).ok());
 }
 
@@ -355,8 +358,7 @@ TEST(DeviceMesh, HostPlacement) {
   if (const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")) {
     EXPECT_EQ(mesh->host_local_rank(), std::atoi(local));
   }
-  EXPECT_THAT(mesh->ToString(),
-              HasSubstr(absl::StrCat("rank=", WorldRank())));
+  EXPECT_THAT(mesh->ToString(), HasSubstr(absl::StrCat("rank=", WorldRank())));
 }
 
 TEST(DeviceMesh, CudaWithoutAGpuFailsOnEveryRank) {

@@ -10,8 +10,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "vemesh/registry/ve_device_mesh.h"
 #include "vemesh/mesh/device_mesh.h"
+#include "vemesh/registry/ve_device_mesh.h"
 
 namespace vemesh {
 namespace {

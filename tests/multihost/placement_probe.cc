@@ -5,7 +5,8 @@
 // ranks of each of its dimension groups:
 //
 //   placement_probe --mesh PP=2,DP=2,TP=2 [--timeout SECONDS]
-//   PROBE rank=5 hostname=node1 host_local_rank=1 host_size=4 group.PP=1,5 group.DP=5,7 group.TP=4,5
+//   PROBE rank=5 hostname=node1 host_local_rank=1 host_size=4 group.PP=1,5
+//   group.DP=5,7 group.TP=4,5
 //
 // Rank 0 also prints vemesh's own account, get_placement() as JSON:
 //
@@ -27,11 +28,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
-#include "vemesh/registry/ve_device_mesh.h"
 #include "vemesh/bootstrap/launch.h"
 #include "vemesh/comm/mpi/mpi_environment.h"
 #include "vemesh/layout/mesh_spec.h"
 #include "vemesh/placement/placement.h"
+#include "vemesh/registry/ve_device_mesh.h"
 
 namespace {
 
@@ -77,18 +78,19 @@ absl::StatusOr<std::string> ProbeLine(const ProbeFlags& flags) {
   if (!spec.ok()) return spec.status();
   vemesh::InitOptions options;
   options.mesh.timeout = absl::Seconds(flags.timeout_s);
-  absl::StatusOr<vemesh::DeviceMesh> mesh = VESCALE_DEVICE_MESH.init_device_mesh(
-      "cpu", spec->shape, spec->names, options);
+  absl::StatusOr<vemesh::DeviceMesh> mesh =
+      VESCALE_DEVICE_MESH.init_device_mesh("cpu", spec->shape, spec->names,
+                                           options);
   if (!mesh.ok()) return mesh.status();
 
   char host[HOST_NAME_MAX + 1] = {};
   if (gethostname(host, sizeof(host) - 1) != 0) {
     return absl::InternalError("gethostname failed");
   }
-  std::string line = absl::StrCat(
-      "PROBE rank=", mesh->global_rank(), " hostname=", host,
-      " host_local_rank=", mesh->host_local_rank(),
-      " host_size=", mesh->host_size());
+  std::string line =
+      absl::StrCat("PROBE rank=", mesh->global_rank(), " hostname=", host,
+                   " host_local_rank=", mesh->host_local_rank(),
+                   " host_size=", mesh->host_size());
   for (const std::string& dim : mesh->mesh_dim_names()) {
     auto group = mesh->get_group(dim);
     if (!group.ok()) return group.status();

@@ -22,12 +22,12 @@ using ::testing::HasSubstr;
 using Json = nlohmann::ordered_json;
 
 TEST(PlacementJson, ReadsBackWhatToJsonWrites) {
-  const MeshLayout layout =
-      MeshLayout::Create({2, 2, 2}, {"PP", "DP", "TP"}, {7, 6, 5, 4, 3, 2, 1, 0})
-          .value();
+  const MeshLayout layout = MeshLayout::Create({2, 2, 2}, {"PP", "DP", "TP"},
+                                               {7, 6, 5, 4, 3, 2, 1, 0})
+                                .value();
   // A world larger than the mesh, hosts dealt cyclically, a name to escape.
-  const std::vector<std::string> hosts = {"a\"b", "c", "a\"b", "c", "a\"b",
-                                          "c", "a\"b", "c", "a\"b", "c"};
+  const std::vector<std::string> hosts = {"a\"b", "c", "a\"b", "c", "a\"b", "c",
+                                          "a\"b", "c", "a\"b", "c"};
   const Placement p = ComputePlacement(layout, hosts).value();
   const Placement back = Placement::FromJson(p.ToJson(), "p.json").value();
   EXPECT_EQ(back.world_size, 10);
@@ -47,13 +47,12 @@ TEST(PlacementJson, ReadsBackWhatToJsonWrites) {
 
 // Each malformed file: the field its message must name.
 TEST(PlacementJson, MalformedFilesNameTheField) {
-  const MeshLayout layout =
-      MeshLayout::Create({2, 2}, {"DP", "TP"}).value();
+  const MeshLayout layout = MeshLayout::Create({2, 2}, {"DP", "TP"}).value();
   // Ranks 0, 1 on node0, ranks 2, 3 on node1.
-  const Json good = Json::parse(
-      ComputePlacement(layout, {"node0", "node0", "node1", "node1"})
-          .value()
-          .ToJson());
+  const Json good =
+      Json::parse(ComputePlacement(layout, {"node0", "node0", "node1", "node1"})
+                      .value()
+                      .ToJson());
   struct Bad {
     std::string what;
     Json j;
@@ -65,57 +64,99 @@ TEST(PlacementJson, MalformedFilesNameTheField) {
     mutate(j);
     bad.push_back({std::move(what), std::move(j), std::move(field)});
   };
-  with("version", [](Json& j) { j["vemesh_placement"] = 2; }, "'vemesh_placement'");
-  with("no version", [](Json& j) { j.erase("vemesh_placement"); },
-       "'vemesh_placement' is missing");
-  with("world string", [](Json& j) { j["world_size"] = "4"; }, "'world_size'");
-  with("world 0", [](Json& j) { j["world_size"] = 0; }, "'world_size'");
-  with("world huge", [](Json& j) { j["world_size"] = int64_t{1} << 40; },
-       "'world_size': expected an integer from 1 to 4194304");
-  with("world float", [](Json& j) { j["world_size"] = 4.0; }, "'world_size'");
-  with("mesh", [](Json& j) { j["mesh"] = 3; }, "'mesh'");
-  with("names", [](Json& j) { j["mesh"]["dim_names"] = {"DP", 7}; },
-       "'mesh.dim_names[1]'");
-  with("shape 0", [](Json& j) { j["mesh"]["shape"] = {0, 4}; },
-       "'mesh.shape[0]'");
-  with("shape product", [](Json& j) { j["mesh"]["shape"] = {2, 3}; },
-       "'mesh.shape': expected sizes whose product is at most world_size 4, "
-       "got [2,3]");
-  with("shape size", [](Json& j) { j["mesh"]["shape"] = {2, 5}; },
-       "'mesh.shape[1]': expected an integer from 1 to 4");
-  with("shape count", [](Json& j) { j["mesh"]["shape"] = {4}; },
-       "'mesh.shape': expected one size per name");
-  with("hosts empty", [](Json& j) { j["hosts"] = Json::array(); }, "'hosts'");
-  with("host name", [](Json& j) { j["hosts"][0] = ""; }, "'hosts[0]'");
-  with("rank_hosts short", [](Json& j) { j["rank_hosts"] = {0, 0, 1}; },
-       "'rank_hosts': expected an array of world_size (4)");
-  with("rank_hosts index", [](Json& j) { j["rank_hosts"][3] = 2; },
-       "'rank_hosts[3] (an index into hosts)': expected an integer from 0 to 1, got 2");
-  with("rank_hosts negative", [](Json& j) { j["rank_hosts"][0] = -1; },
-       "'rank_hosts[0]");
-  with("dims count", [](Json& j) { j["dims"].erase(1); }, "'dims'");
-  with("dim name", [](Json& j) { j["dims"][1]["name"] = "EP"; },
-       "'dims[1].name': expected 'TP'");
-  with("crossing missing", [](Json& j) { j["dims"][0].erase("crossing_groups"); },
-       "'dims[0].crossing_groups' is missing");
-  with("crossing > groups", [](Json& j) { j["dims"][0]["crossing_groups"] = 3; },
-       "'dims[0].crossing_groups': expected at most group_count (2)");
-  with("group count", [](Json& j) { j["dims"][1]["group_count"] = "2"; },
-       "'dims[1].group_count'");
-  with("top array", [](Json& j) { j = Json::array(); }, "'(top level)'");
+  with(
+      "version", [](Json& j) { j["vemesh_placement"] = 2; },
+      "'vemesh_placement'");
+  with(
+      "no version", [](Json& j) { j.erase("vemesh_placement"); },
+      "'vemesh_placement' is missing");
+  with(
+      "world string", [](Json& j) { j["world_size"] = "4"; }, "'world_size'");
+  with(
+      "world 0", [](Json& j) { j["world_size"] = 0; }, "'world_size'");
+  with(
+      "world huge", [](Json& j) { j["world_size"] = int64_t{1} << 40; },
+      "'world_size': expected an integer from 1 to 4194304");
+  with(
+      "world float", [](Json& j) { j["world_size"] = 4.0; }, "'world_size'");
+  with(
+      "mesh", [](Json& j) { j["mesh"] = 3; }, "'mesh'");
+  with(
+      "names",
+      [](Json& j) {
+        j["mesh"]["dim_names"] = {"DP", 7};
+      },
+      "'mesh.dim_names[1]'");
+  with(
+      "shape 0",
+      [](Json& j) {
+        j["mesh"]["shape"] = {0, 4};
+      },
+      "'mesh.shape[0]'");
+  with(
+      "shape product",
+      [](Json& j) {
+        j["mesh"]["shape"] = {2, 3};
+      },
+      "'mesh.shape': expected sizes whose product is at most world_size 4, "
+      "got [2,3]");
+  with(
+      "shape size",
+      [](Json& j) {
+        j["mesh"]["shape"] = {2, 5};
+      },
+      "'mesh.shape[1]': expected an integer from 1 to 4");
+  with(
+      "shape count", [](Json& j) { j["mesh"]["shape"] = {4}; },
+      "'mesh.shape': expected one size per name");
+  with(
+      "hosts empty", [](Json& j) { j["hosts"] = Json::array(); }, "'hosts'");
+  with(
+      "host name", [](Json& j) { j["hosts"][0] = ""; }, "'hosts[0]'");
+  with(
+      "rank_hosts short",
+      [](Json& j) {
+        j["rank_hosts"] = {0, 0, 1};
+      },
+      "'rank_hosts': expected an array of world_size (4)");
+  with(
+      "rank_hosts index", [](Json& j) { j["rank_hosts"][3] = 2; },
+      "'rank_hosts[3] (an index into hosts)': expected an integer from 0 to 1, "
+      "got 2");
+  with(
+      "rank_hosts negative", [](Json& j) { j["rank_hosts"][0] = -1; },
+      "'rank_hosts[0]");
+  with(
+      "dims count", [](Json& j) { j["dims"].erase(1); }, "'dims'");
+  with(
+      "dim name", [](Json& j) { j["dims"][1]["name"] = "EP"; },
+      "'dims[1].name': expected 'TP'");
+  with(
+      "crossing missing",
+      [](Json& j) { j["dims"][0].erase("crossing_groups"); },
+      "'dims[0].crossing_groups' is missing");
+  with(
+      "crossing > groups", [](Json& j) { j["dims"][0]["crossing_groups"] = 3; },
+      "'dims[0].crossing_groups': expected at most group_count (2)");
+  with(
+      "group count", [](Json& j) { j["dims"][1]["group_count"] = "2"; },
+      "'dims[1].group_count'");
+  with(
+      "top array", [](Json& j) { j = Json::array(); }, "'(top level)'");
   for (const Bad& b : bad) {
     absl::StatusOr<Placement> p = Placement::FromJson(b.j.dump(), "job.json");
     ASSERT_FALSE(p.ok()) << b.what;
     EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(std::string(p.status().message()),
-                AllOf(HasSubstr("placement file 'job.json'"), HasSubstr(b.field)))
+    EXPECT_THAT(
+        std::string(p.status().message()),
+        AllOf(HasSubstr("placement file 'job.json'"), HasSubstr(b.field)))
         << b.what;
   }
 }
 
 TEST(PlacementJson, NotJsonTooDeepOrTooBigIsRefused) {
-  for (const std::string& text : {std::string(""), std::string("{\"vemesh_"),
-                                  std::string("[1, 2")}) {
+  for (const std::string& text :
+       {std::string(""), std::string("{\"vemesh_"), std::string("[1, 2")}) {
     absl::StatusOr<Placement> p = Placement::FromJson(text, "x.json");
     ASSERT_FALSE(p.ok());
     EXPECT_THAT(std::string(p.status().message()),
@@ -124,7 +165,8 @@ TEST(PlacementJson, NotJsonTooDeepOrTooBigIsRefused) {
   const std::string deep(100000, '[');
   absl::StatusOr<Placement> d = Placement::FromJson(deep, "deep.json");
   ASSERT_FALSE(d.ok());
-  EXPECT_THAT(std::string(d.status().message()), HasSubstr("nests 100000 levels"));
+  EXPECT_THAT(std::string(d.status().message()),
+              HasSubstr("nests 100000 levels"));
   const std::string big(static_cast<size_t>(kMaxPlacementJsonBytes + 1), ' ');
   absl::StatusOr<Placement> b = Placement::FromJson(big, "big.json");
   ASSERT_FALSE(b.ok());

@@ -13,8 +13,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "job_world.h"
-#include "vemesh/registry/ve_device_mesh.h"
 #include "vemesh/base/log.h"
+#include "vemesh/registry/ve_device_mesh.h"
 
 namespace vemesh {
 namespace {
@@ -75,7 +75,8 @@ TEST_P(PlacementMpiTest, PlacementAndWarningFollowTheHosts) {
   ASSERT_EQ(setenv("VEMESH_HOST_ID", HostName(me, cyclic).c_str(), 1), 0);
   CapturedLog log;
   const std::vector<int64_t> shape = {2, n / 4, 2};
-  auto mesh = VESCALE_DEVICE_MESH.init_device_mesh("cpu", shape, {"PP", "DP", "TP"});
+  auto mesh =
+      VESCALE_DEVICE_MESH.init_device_mesh("cpu", shape, {"PP", "DP", "TP"});
   ASSERT_TRUE(mesh.ok()) << mesh.status();
 
   auto p = VESCALE_DEVICE_MESH.get_placement();
@@ -87,7 +88,8 @@ TEST_P(PlacementMpiTest, PlacementAndWarningFollowTheHosts) {
   }
   // Host-local rank and host size from the same names.
   int local = 0;
-  for (int r = 0; r < me; ++r) local += HostName(r, cyclic) == HostName(me, cyclic);
+  for (int r = 0; r < me; ++r)
+    local += HostName(r, cyclic) == HostName(me, cyclic);
   EXPECT_EQ(*VESCALE_DEVICE_MESH.get_local_rank(), local);
   EXPECT_EQ(mesh->host_size(), n / 2);
   // Crossing groups counted from the groups' members.
@@ -97,7 +99,8 @@ TEST_P(PlacementMpiTest, PlacementAndWarningFollowTheHosts) {
     int64_t crossing = 0;
     for (const auto& g : *groups) {
       bool crosses = false;
-      for (int64_t r : g) crosses |= HostName(r, cyclic) != HostName(g[0], cyclic);
+      for (int64_t r : g)
+        crosses |= HostName(r, cyclic) != HostName(g[0], cyclic);
       crossing += crosses;
     }
     EXPECT_EQ(p->dim(dim)->crossing_groups, crossing) << dim;
@@ -131,13 +134,14 @@ TEST(PlacementRolesMpiTest, TheRoleListChoosesWhatWarns) {
     options.mesh.latency_sensitive_dims =
         tp_listed ? std::vector<std::string>{"dp", "tp"}
                   : std::vector<std::string>{"DP"};
-    auto mesh = VESCALE_DEVICE_MESH.init_device_mesh(
-        "cpu", {2, n / 2}, {"TP", "DP"}, options);
+    auto mesh = VESCALE_DEVICE_MESH.init_device_mesh("cpu", {2, n / 2},
+                                                     {"TP", "DP"}, options);
     ASSERT_TRUE(mesh.ok()) << mesh.status();
     const auto warnings = WithSubstr(log.lines(), "latency-sensitive");
     if (tp_listed && me == 0) {
       ASSERT_THAT(warnings, SizeIs(1));
-      EXPECT_THAT(warnings[0], HasSubstr("make TP the innermost (last) dimension"));
+      EXPECT_THAT(warnings[0],
+                  HasSubstr("make TP the innermost (last) dimension"));
     } else {
       EXPECT_THAT(warnings, IsEmpty());
     }
@@ -150,7 +154,8 @@ TEST(PlacementStateMpiTest, BeforeInitAndOnMetaMeshesIsFailedPrecondition) {
   VESCALE_DEVICE_MESH.reset();
   EXPECT_EQ(VESCALE_DEVICE_MESH.get_placement().status().code(),
             absl::StatusCode::kFailedPrecondition);
-  auto meta = VESCALE_DEVICE_MESH.init_device_mesh("meta", {WorldSize()}, {"DP"});
+  auto meta =
+      VESCALE_DEVICE_MESH.init_device_mesh("meta", {WorldSize()}, {"DP"});
   ASSERT_TRUE(meta.ok());
   auto p = VESCALE_DEVICE_MESH.get_placement();
   EXPECT_EQ(p.status().code(), absl::StatusCode::kFailedPrecondition);

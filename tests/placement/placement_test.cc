@@ -1,5 +1,5 @@
-// Placement (vemesh/placement/placement.h) against counts done by hand here, its JSON
-// text, the placement warnings, and the log sink they go through.
+// Placement (vemesh/placement/placement.h) against counts done by hand here,
+// its JSON text, the placement warnings, and the log sink they go through.
 #include "vemesh/placement/placement.h"
 
 #include <string>
@@ -28,14 +28,16 @@ MeshLayout Layout(std::vector<int64_t> shape, std::vector<std::string> names,
 // World ranks placed host by host: ranks_per_host consecutive ranks each.
 std::vector<std::string> Block(int world, int per_host) {
   std::vector<std::string> hosts;
-  for (int r = 0; r < world; ++r) hosts.push_back("node" + std::to_string(r / per_host));
+  for (int r = 0; r < world; ++r)
+    hosts.push_back("node" + std::to_string(r / per_host));
   return hosts;
 }
 
 // Round robin over `host_count` hosts (srun --distribution=cyclic).
 std::vector<std::string> Cyclic(int world, int host_count) {
   std::vector<std::string> hosts;
-  for (int r = 0; r < world; ++r) hosts.push_back("node" + std::to_string(r % host_count));
+  for (int r = 0; r < world; ++r)
+    hosts.push_back("node" + std::to_string(r % host_count));
   return hosts;
 }
 
@@ -86,8 +88,7 @@ TEST(PlacementTest, EveryDimensionMatchesTheGroupsCountedByHand) {
       {{2, 3, 2}, {"PP", "DP", "TP"}, {}, Block(12, 3)},
       // Uneven hosts (a hostfile with slots 4, 2, 2) and a world larger
       // than the mesh.
-      {{2, 3}, {"DP", "TP"}, {},
-       {"a", "a", "a", "a", "b", "b", "c", "c"}},
+      {{2, 3}, {"DP", "TP"}, {}, {"a", "a", "a", "a", "b", "b", "c", "c"}},
       // A rank table (PyTorch's mesh tensor).
       {{2, 2}, {"DP", "TP"}, {3, 0, 2, 1}, Block(4, 2)},
   };
@@ -100,7 +101,8 @@ TEST(PlacementTest, EveryDimensionMatchesTheGroupsCountedByHand) {
       EXPECT_EQ(p->hosts[p->host_of(static_cast<int64_t>(r))], c.hosts[r]);
     }
     for (const std::string& name : c.names) {
-      EXPECT_EQ(p->dim(name)->crossing_groups, CrossingByHand(layout, name, c.hosts))
+      EXPECT_EQ(p->dim(name)->crossing_groups,
+                CrossingByHand(layout, name, c.hosts))
           << layout.ToString() << " along " << name;
     }
   }
@@ -110,7 +112,8 @@ TEST(PlacementTest, RankOutsideTheWorldIsInvalidArgument) {
   const MeshLayout layout = Layout({2, 2}, {"DP", "TP"});
   auto p = ComputePlacement(layout, Block(3, 3));
   EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(p.status().message(), HasSubstr("rank 3 is outside the world of 3"));
+  EXPECT_THAT(p.status().message(),
+              HasSubstr("rank 3 is outside the world of 3"));
 }
 
 TEST(PlacementTest, JsonIsTheDocumentedSchema) {
@@ -140,7 +143,9 @@ TEST(PlacementWarningsTest, CyclicTensorParallelWarnsWithTheFix) {
   const std::vector<std::string> roles = {"TP"};
   auto warnings = PlacementWarnings(*p, layout, roles);
   ASSERT_THAT(warnings, SizeIs(1));
-  EXPECT_THAT(warnings[0], HasSubstr("TP is latency-sensitive but 4 of its 4 groups cross hosts"));
+  EXPECT_THAT(
+      warnings[0],
+      HasSubstr("TP is latency-sensitive but 4 of its 4 groups cross hosts"));
   EXPECT_THAT(warnings[0], HasSubstr("srun --distribution=block"));
   // TP is already innermost: only the placement is to change.
   EXPECT_THAT(warnings[0], ::testing::Not(HasSubstr("innermost")));
@@ -175,7 +180,8 @@ TEST(PlacementWarningsTest, RolesMatchIgnoringCaseAndAnyRoleCanBeListed) {
   EXPECT_THAT(PlacementWarnings(*p, layout, ep_only), IsEmpty());
   const std::vector<std::string> both = {"EP", "TP", "CP", "tp"};
   auto warnings = PlacementWarnings(*p, layout, both);
-  ASSERT_THAT(warnings, SizeIs(1));  // CP is absent; tp named twice, warned once
+  ASSERT_THAT(warnings,
+              SizeIs(1));  // CP is absent; tp named twice, warned once
   EXPECT_THAT(warnings[0], HasSubstr("tp is latency-sensitive"));
 }
 

@@ -14,9 +14,9 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "vemesh/registry/ve_device_mesh.h"
 #include "vemesh/comm/communicator.h"
 #include "vemesh/comm/mpi/mpi_environment.h"
+#include "vemesh/registry/ve_device_mesh.h"
 
 namespace vemesh {
 namespace {
@@ -44,7 +44,8 @@ TEST(RegistryFunneledTest, TheProgramChoseFunneled) {
 TEST(RegistryFunneledTest, InitFromAWorkerThreadIsRefusedBeforeMpi) {
   VeDeviceMesh reg;
   absl::Status status;
-  OnWorker([&] { status = reg.init_device_mesh("cpu", {WorldSize()}).status(); });
+  OnWorker(
+      [&] { status = reg.init_device_mesh("cpu", {WorldSize()}).status(); });
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
   EXPECT_THAT(std::string(status.message()), HasSubstr("MPI_THREAD_FUNNELED"));
   EXPECT_THAT(std::string(status.message()), HasSubstr("init_device_mesh"));
@@ -148,7 +149,9 @@ int main(int argc, char** argv) {
   if (rank != 0) {
     // Rank 0 prints the report; the others only their failures.
     delete ::testing::UnitTest::GetInstance()->listeners().Release(
-        ::testing::UnitTest::GetInstance()->listeners().default_result_printer());
+        ::testing::UnitTest::GetInstance()
+            ->listeners()
+            .default_result_printer());
   }
   int failed = RUN_ALL_TESTS();
   // The job fails when any rank failed.

@@ -1,6 +1,7 @@
 // VESCALE_DEVICE_MESH on real communicators with 4 or 8 ranks: MPI under
-// mpiexec, Gloo under torchrun and the env:// spawner (tests/launch/). Every answer is compared with arithmetic done here
-// (registry_expectations.h) and, for communicators, with real traffic.
+// mpiexec, Gloo under torchrun and the env:// spawner (tests/launch/). Every
+// answer is compared with arithmetic done here (registry_expectations.h) and,
+// for communicators, with real traffic.
 #include <mpi.h>
 
 #include <numeric>
@@ -11,8 +12,8 @@
 #include "gtest/gtest.h"
 #include "job_world.h"
 #include "registry_expectations.h"
-#include "vemesh/registry/ve_device_mesh.h"
 #include "vemesh/bootstrap/launch.h"
+#include "vemesh/registry/ve_device_mesh.h"
 
 namespace vemesh {
 namespace {
@@ -38,13 +39,19 @@ struct Case {
 // The meshes each world size is tested on (the list).
 std::vector<Case> CasesFor(int world) {
   if (world == 8) {
-    return {{{2, 2, 2}, {"PP", "DP", "TP"}}, {{4, 1, 2}, {"PP", "DP", "TP"}},
-            {{2, 1, 4}, {"PP", "DP", "TP"}}, {{4, 2}, {"DP", "TP"}},
+    return {{{2, 2, 2}, {"PP", "DP", "TP"}},
+            {{4, 1, 2}, {"PP", "DP", "TP"}},
+            {{2, 1, 4}, {"PP", "DP", "TP"}},
+            {{4, 2}, {"DP", "TP"}},
             {{2, 2, 1, 2}, {"PP", "DP", "EP", "TP"}},
             {{2, 2, 2}, {"PP", "EP", "TP"}}};
   }
-  return {{{2, 2}, {"DP", "TP"}}, {{4}, {"PP"}}, {{4}, {"DP"}}, {{4}, {"TP"}},
-          {{4}, {"EP"}},          {{2, 2}, {"PP", "TP"}},
+  return {{{2, 2}, {"DP", "TP"}},
+          {{4}, {"PP"}},
+          {{4}, {"DP"}},
+          {{4}, {"TP"}},
+          {{4}, {"EP"}},
+          {{2, 2}, {"PP", "TP"}},
           {{2, 1, 2, 1}, {"PP", "DP", "EP", "TP"}}};
 }
 
@@ -56,9 +63,9 @@ void ExpectGroup(const std::shared_ptr<Communicator>& comm,
   EXPECT_EQ(V(comm->ranks()), expected);
   std::vector<int64_t> gathered(comm->size());
   const int64_t me = WorldRank();
-  ASSERT_TRUE(comm->all_gather(absl::MakeConstSpan(&me, 1),
-                               absl::MakeSpan(gathered))
-                  .ok());
+  ASSERT_TRUE(
+      comm->all_gather(absl::MakeConstSpan(&me, 1), absl::MakeSpan(gathered))
+          .ok());
   EXPECT_EQ(gathered, expected);
 }
 
@@ -174,7 +181,8 @@ void CheckEveryMethod(const Case& c) {
     EXPECT_EQ((*stage_meshes)[s].mesh(), expected) << "stage " << s;
   }
   for (int64_t shift : {-1, +1}) {
-    auto peer = shift < 0 ? reg.get_prev_stage_peer() : reg.get_next_stage_peer();
+    auto peer =
+        shift < 0 ? reg.get_prev_stage_peer() : reg.get_next_stage_peer();
     auto neighbour = shift < 0 ? reg.get_prev_stage() : reg.get_next_stage();
     ASSERT_TRUE(peer.ok() && neighbour.ok());
     const int64_t target = stage + shift;
@@ -242,10 +250,12 @@ TEST(RegistryMpiTest, WorkedExample222) {
               ElementsAre(4, 5));
   EXPECT_THAT(VESCALE_DEVICE_MESH.get_data_parallel_mesh()->mesh(),
               ElementsAre(5, 7));
-  EXPECT_THAT(V((*VESCALE_DEVICE_MESH.get_pipeline_parallel_dim_groups())->ranks()),
-              ElementsAre(1, 5));
-  EXPECT_THAT(V((*VESCALE_DEVICE_MESH.get_tensor_parallel_dim_groups())->ranks()),
-              ElementsAre(4, 5));
+  EXPECT_THAT(
+      V((*VESCALE_DEVICE_MESH.get_pipeline_parallel_dim_groups())->ranks()),
+      ElementsAre(1, 5));
+  EXPECT_THAT(
+      V((*VESCALE_DEVICE_MESH.get_tensor_parallel_dim_groups())->ranks()),
+      ElementsAre(4, 5));
   EXPECT_EQ(**VESCALE_DEVICE_MESH.get_prev_stage_peer(), 1);
   EXPECT_FALSE(VESCALE_DEVICE_MESH.get_next_stage_peer()->has_value());
   EXPECT_EQ(**VESCALE_DEVICE_MESH.get_next_stage_peer(/*wrap=*/true), 1);
@@ -294,8 +304,8 @@ TEST(RegistryMpiTest, LowerCaseNamesPlayTheirRoles) {
 
 TEST(RegistryMpiTest, ReinitReplacesAndOldMeshesStayUsable) {
   const int world = WorldSize();
-  auto first = VESCALE_DEVICE_MESH.init_device_mesh("cpu", {2, world / 2},
-                                                    {"DP", "TP"});
+  auto first =
+      VESCALE_DEVICE_MESH.init_device_mesh("cpu", {2, world / 2}, {"DP", "TP"});
   ASSERT_TRUE(first.ok()) << first.status();
   auto old_tp = VESCALE_DEVICE_MESH.get_tensor_parallel_dim_groups();
   ASSERT_TRUE(old_tp.ok());
@@ -310,13 +320,14 @@ TEST(RegistryMpiTest, ReinitReplacesAndOldMeshesStayUsable) {
               HasSubstr("stale"));
   // The old communicator is still alive and still talks.
   int64_t one = 1;
-  ASSERT_TRUE((*old_tp)->all_reduce(absl::MakeSpan(&one, 1), ReduceOp::kSum).ok());
+  ASSERT_TRUE(
+      (*old_tp)->all_reduce(absl::MakeSpan(&one, 1), ReduceOp::kSum).ok());
   EXPECT_EQ(one, world / 2);
   // check_uniqueness refuses a second init and leaves the mesh alone.
   InitOptions unique;
   unique.check_uniqueness = true;
-  auto third = VESCALE_DEVICE_MESH.init_device_mesh("cpu", {2, world / 2}, {},
-                                                    unique);
+  auto third =
+      VESCALE_DEVICE_MESH.init_device_mesh("cpu", {2, world / 2}, {}, unique);
   EXPECT_EQ(third.status().code(), absl::StatusCode::kAlreadyExists);
   EXPECT_EQ(*VESCALE_DEVICE_MESH.get_strategy_size("TP"), world);
   VESCALE_DEVICE_MESH.reset();

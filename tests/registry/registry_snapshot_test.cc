@@ -32,7 +32,9 @@ std::string Text(const DeviceMesh& m) {
 std::string Text(int64_t v) { return absl::StrCat(v); }
 std::string Text(bool v) { return v ? "true" : "false"; }
 std::string Text(const Coordinate& c) { return absl::StrJoin(c, ","); }
-std::string Text(const std::vector<int64_t>& v) { return absl::StrJoin(v, ","); }
+std::string Text(const std::vector<int64_t>& v) {
+  return absl::StrJoin(v, ",");
+}
 std::string Text(const std::vector<std::string>& v) {
   return absl::StrJoin(v, ",");
 }
@@ -53,7 +55,8 @@ std::string Text(const std::optional<StageNeighbor>& v) {
 }
 template <typename T>
 std::string Text(const absl::StatusOr<T>& r) {
-  if (!r.ok()) return absl::StrCat("error ", absl::StatusCodeToString(r.status().code()));
+  if (!r.ok())
+    return absl::StrCat("error ", absl::StatusCodeToString(r.status().code()));
   return Text(*r);
 }
 
@@ -67,12 +70,16 @@ std::vector<Query> EveryQuery() {
       [](const VeDeviceMesh& r) { return Text(r["TP"]); },
       [tp](const VeDeviceMesh& r) { return Text(r.get_submesh(tp)); },
       [](const VeDeviceMesh& r) { return Text(r.get_strategy_size("TP")); },
-      [](const VeDeviceMesh& r) { return Text(r.get_strategy_size(int64_t{0})); },
+      [](const VeDeviceMesh& r) {
+        return Text(r.get_strategy_size(int64_t{0}));
+      },
       [](const VeDeviceMesh& r) { return Text(r.get_strategy_coordinate()); },
       [](const VeDeviceMesh& r) { return Text(r.get_strategy_coordinate(5)); },
       [](const VeDeviceMesh& r) { return Text(r.lookup_rank("PP")); },
       [](const VeDeviceMesh& r) { return Text(r.lookup_rank(int64_t{1})); },
-      [](const VeDeviceMesh& r) { return Text(r.get_global_rank({1, 1})); },
+      [](const VeDeviceMesh& r) {
+        return Text(r.get_global_rank({1, 1}));
+      },
       [](const VeDeviceMesh& r) { return Text(r.get_rank()); },
       [](const VeDeviceMesh& r) { return Text(r.get_local_rank()); },
       [](const VeDeviceMesh& r) { return Text(r.get_coordinate()); },
@@ -86,17 +93,25 @@ std::vector<Query> EveryQuery() {
       [](const VeDeviceMesh& r) { return Text(r.get_role_rank("TP")); },
       [](const VeDeviceMesh& r) { return Text(r.get_role_mesh("PP")); },
       [](const VeDeviceMesh& r) { return Text(r.get_role_dim_groups("TP")); },
-      [](const VeDeviceMesh& r) { return Text(r.get_global_role_meshes("PP")); },
-      [](const VeDeviceMesh& r) { return Text(r.get_pipeline_parallel_rank()); },
+      [](const VeDeviceMesh& r) {
+        return Text(r.get_global_role_meshes("PP"));
+      },
+      [](const VeDeviceMesh& r) {
+        return Text(r.get_pipeline_parallel_rank());
+      },
       [](const VeDeviceMesh& r) { return Text(r.get_data_parallel_rank()); },
       [](const VeDeviceMesh& r) { return Text(r.get_tensor_parallel_rank()); },
-      [](const VeDeviceMesh& r) { return Text(r.get_pipeline_parallel_mesh()); },
+      [](const VeDeviceMesh& r) {
+        return Text(r.get_pipeline_parallel_mesh());
+      },
       [](const VeDeviceMesh& r) { return Text(r.get_data_parallel_mesh()); },
       [](const VeDeviceMesh& r) { return Text(r.get_tensor_parallel_mesh()); },
       [](const VeDeviceMesh& r) {
         return Text(r.get_pipeline_parallel_dim_groups());
       },
-      [](const VeDeviceMesh& r) { return Text(r.get_data_parallel_dim_groups()); },
+      [](const VeDeviceMesh& r) {
+        return Text(r.get_data_parallel_dim_groups());
+      },
       [](const VeDeviceMesh& r) {
         return Text(r.get_tensor_parallel_dim_groups());
       },
@@ -172,7 +187,8 @@ TEST(RegistrySnapshotTest, EveryQueryAnswersFromOneMeshDuringReinits) {
     });
   }
   // Bounded in re-inits and in time (TSan is ~10x slower).
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(8);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(8);
   int reinits = 0;
   bool init_failed = false;
   for (; reinits < 20000 && std::chrono::steady_clock::now() < deadline;

@@ -57,7 +57,8 @@ TEST_F(RegistryTest, MetaMeshAnswersForAnyRankWithoutCommunicators) {
   EXPECT_THAT(V(*reg_.get_strategy_coordinate(45)), ElementsAre(2, 1, 5));
   EXPECT_EQ(*reg_.get_global_rank({2, 1, 5}), 45);
   EXPECT_EQ(*reg_.get_strategy_size("DP"), 2);
-  // This process is rank 0 (no MPI): TP mesh [0..7], DP [0, 8], PP [0,16,32,48].
+  // This process is rank 0 (no MPI): TP mesh [0..7], DP [0, 8], PP
+  // [0,16,32,48].
   EXPECT_THAT(reg_.get_tensor_parallel_mesh()->mesh(),
               ElementsAre(0, 1, 2, 3, 4, 5, 6, 7));
   EXPECT_THAT(reg_.get_data_parallel_mesh()->mesh(), ElementsAre(0, 8));
@@ -80,10 +81,10 @@ TEST_F(RegistryTest, BadArgumentsNameTheValueAndLeaveTheRegistryAlone) {
   EXPECT_THAT(
       std::string(reg_.init_device_mesh("meta", {2, 0}).status().message()),
       HasSubstr("size 0"));
-  EXPECT_THAT(std::string(reg_.init_device_mesh("meta", {2, 2}, {"DP"})
-                              .status()
-                              .message()),
-              HasSubstr("1 names"));
+  EXPECT_THAT(
+      std::string(
+          reg_.init_device_mesh("meta", {2, 2}, {"DP"}).status().message()),
+      HasSubstr("1 names"));
   // Still the (2, 4) mesh.
   EXPECT_THAT(*reg_.shape(), ElementsAre(2, 4));
   EXPECT_EQ(reg_.get_strategy_size("EP").status().code(),
@@ -92,7 +93,8 @@ TEST_F(RegistryTest, BadArgumentsNameTheValueAndLeaveTheRegistryAlone) {
               HasSubstr("'EP'"));
   EXPECT_EQ(reg_.get_strategy_size(2).status().code(),
             absl::StatusCode::kOutOfRange);
-  EXPECT_EQ(reg_.lookup_rank(-1).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(reg_.lookup_rank(-1).status().code(),
+            absl::StatusCode::kOutOfRange);
   EXPECT_THAT(std::string(reg_.get_strategy_coordinate(8).status().message()),
               HasSubstr("rank 8"));
   EXPECT_THAT(std::string(reg_.get_global_rank({1, 4}).status().message()),

@@ -21,11 +21,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
-#include "vemesh/registry/ve_device_mesh.h"
 #include "vemesh/comm/communicator.h"
-#include "vemesh/mesh/device_mesh.h"
 #include "vemesh/layout/mesh_layout.h"
 #include "vemesh/layout/mesh_spec.h"
+#include "vemesh/mesh/device_mesh.h"
+#include "vemesh/registry/ve_device_mesh.h"
 
 namespace vemesh {
 namespace {
@@ -33,9 +33,9 @@ namespace {
 using absl::StatusCode;
 
 struct Entry {
-  std::string name;        // the gtest parameter name
-  std::string area;        // layout, spec, device_mesh, registry
-  StatusCode code;         // expected code
+  std::string name;                   // the gtest parameter name
+  std::string area;                   // layout, spec, device_mesh, registry
+  StatusCode code;                    // expected code
   std::vector<std::string> mentions;  // substrings the message must hold
   std::function<absl::Status()> call;
 };
@@ -192,12 +192,16 @@ std::vector<Entry> Catalogue() {
       [] { return Cpu1().get_group("EP").status(); });
   add("device_mesh_local_rank_index", "device_mesh", kRange, {"dimension 3"},
       [] { return Cpu1().get_local_rank(int64_t{3}).status(); });
-  add("device_mesh_slice_twice", "device_mesh", kArg, {"'TP' twice"},
-      [] { return Cpu1().slice({"TP", "TP"}).status(); });
+  add("device_mesh_slice_twice", "device_mesh", kArg, {"'TP' twice"}, [] {
+    return Cpu1().slice({"TP", "TP"}).status();
+  });
   add("device_mesh_flatten_unknown_dim", "device_mesh", kNotFound, {"'XX'"},
-      [] { return Cpu1().flatten({"DP", "XX"}).status(); });
-  add("device_mesh_flatten_name_clash", "device_mesh", kArg, {"'PP'"},
-      [] { return Cpu1().flatten({"DP", "TP"}, "PP").status(); });
+      [] {
+        return Cpu1().flatten({"DP", "XX"}).status();
+      });
+  add("device_mesh_flatten_name_clash", "device_mesh", kArg, {"'PP'"}, [] {
+    return Cpu1().flatten({"DP", "TP"}, "PP").status();
+  });
   add("device_mesh_child_unknown_dim", "device_mesh", kNotFound, {"'EP'"},
       [] { return Cpu1()["EP"].status(); });
   add("device_mesh_meta_has_no_group", "device_mesh", kPrecond,
@@ -209,32 +213,31 @@ std::vector<Entry> Catalogue() {
       });
 
   // -- Registry: misuse ------------------------------------------------------
-  add("registry_query_before_init", "registry", kPrecond,
-      {"init_device_mesh"},
+  add("registry_query_before_init", "registry", kPrecond, {"init_device_mesh"},
       ST(VESCALE_DEVICE_MESH.get_strategy_size("TP")));
   add("registry_coordinate_before_init", "registry", kPrecond,
       {"init_device_mesh"}, [] {
         VeDeviceMesh r;
         return r.get_strategy_coordinate().status();
       });
-  add("registry_group_before_init", "registry", kPrecond,
-      {"init_device_mesh"}, [] {
+  add("registry_group_before_init", "registry", kPrecond, {"init_device_mesh"},
+      [] {
         VeDeviceMesh r;
         return r.get_tensor_parallel_dim_groups().status();
       });
-  add("registry_stage_before_init", "registry", kPrecond,
-      {"init_device_mesh"}, [] {
+  add("registry_stage_before_init", "registry", kPrecond, {"init_device_mesh"},
+      [] {
         VeDeviceMesh r;
         return r.get_next_stage().status();
       });
-  add("registry_query_after_reset", "registry", kPrecond,
-      {"init_device_mesh"}, [] {
+  add("registry_query_after_reset", "registry", kPrecond, {"init_device_mesh"},
+      [] {
         auto r = MetaRegistry();
         r->reset();
         return r->lookup_rank("DP").status();
       });
-  add("registry_mesh_after_reset", "registry", kPrecond,
-      {"init_device_mesh"}, [] {
+  add("registry_mesh_after_reset", "registry", kPrecond, {"init_device_mesh"},
+      [] {
         auto r = MetaRegistry();
         r->reset();
         return r->get_data_parallel_mesh().status();
@@ -250,8 +253,7 @@ std::vector<Entry> Catalogue() {
       });
   // After reset there is no current mesh: the answer says to init first.
   add("registry_stale_mesh_after_reset", "registry", kPrecond,
-      {"init_device_mesh"},
-      [] {
+      {"init_device_mesh"}, [] {
         auto r = MetaRegistry();
         auto mesh = r->get();
         if (!mesh.ok()) return mesh.status();
@@ -286,16 +288,16 @@ std::vector<Entry> Catalogue() {
     VeDeviceMesh r;
     return r.init_device_mesh("cpu", {2, 2, 2}).status();
   });
-  add("registry_unknown_dim_size", "registry", kNotFound, {"'EP'"}, [] {
-    return MetaRegistry()->get_strategy_size("EP").status();
-  });
+  add("registry_unknown_dim_size", "registry", kNotFound, {"'EP'"},
+      [] { return MetaRegistry()->get_strategy_size("EP").status(); });
   add("registry_dim_index_out_of_range", "registry", kRange, {"index 3"},
       [] { return MetaRegistry()->get_strategy_size(int64_t{3}).status(); });
   add("registry_coordinate_of_rank", "registry", kRange, {"rank 99"},
       [] { return MetaRegistry()->get_strategy_coordinate(99).status(); });
   add("registry_global_rank_of_coordinate", "registry", kRange,
-      {"index 5", "'DP'"},
-      [] { return MetaRegistry()->get_global_rank({0, 5, 0}).status(); });
+      {"index 5", "'DP'"}, [] {
+        return MetaRegistry()->get_global_rank({0, 5, 0}).status();
+      });
   add("registry_lookup_rank_index", "registry", kRange, {"index 7"},
       [] { return MetaRegistry()->lookup_rank(int64_t{7}).status(); });
   add("registry_role_mesh_missing", "registry", kNotFound, {"'EP'"},
@@ -306,8 +308,7 @@ std::vector<Entry> Catalogue() {
   // get_global_* lists of a huge meta mesh: refused before allocating
   // (this aborted with bad_alloc: 2^20 lists of 2^20 ranks).
   add("registry_global_tp_meshes_too_many", "registry",
-      StatusCode::kResourceExhausted, {"1048576 meshes", "at most 65536"},
-      [] {
+      StatusCode::kResourceExhausted, {"1048576 meshes", "at most 65536"}, [] {
         VeDeviceMesh r;
         auto mesh = r.init_device_mesh(
             "meta", {int64_t{1} << 20, int64_t{1} << 20}, {"DP", "TP"});
@@ -315,8 +316,7 @@ std::vector<Entry> Catalogue() {
         return r.get_global_tensor_parallel_meshes().status();
       });
   add("registry_global_pp_meshes_too_many", "registry",
-      StatusCode::kResourceExhausted, {"1048576 meshes", "at most 65536"},
-      [] {
+      StatusCode::kResourceExhausted, {"1048576 meshes", "at most 65536"}, [] {
         VeDeviceMesh r;
         auto mesh = r.init_device_mesh(
             "meta", {int64_t{1} << 20, int64_t{1} << 20}, {"PP", "TP"});
@@ -342,9 +342,11 @@ TEST_P(BadInputCatalogue, FailsWithCodeNamingTheValue) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Catalogue, BadInputCatalogue, ::testing::ValuesIn(Catalogue()),
-    [](const ::testing::TestParamInfo<Entry>& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Catalogue, BadInputCatalogue,
+                         ::testing::ValuesIn(Catalogue()),
+                         [](const ::testing::TestParamInfo<Entry>& info) {
+                           return info.param.name;
+                         });
 
 // The catalogue covers every library entry point, and is as big as the
 // reliability promise says (docs/RELIABILITY.md).

@@ -68,7 +68,8 @@ ProcessResult RunProgram(const std::vector<std::string>& argv,
     close(out_pipe[1]);
     close(err_pipe[1]);
     std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    for (const std::string& a : argv)
+      args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
     execv(args[0], args.data());
     _exit(127);
@@ -106,9 +107,9 @@ ProcessResult RunProgram(const std::vector<std::string>& argv,
   }
   int status = 0;
   waitpid(pid, &status, 0);
-  run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                              started)
-                    .count();
+  run.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started)
+          .count();
   if (!run.timed_out && WIFEXITED(status)) run.exit_code = WEXITSTATUS(status);
   return run;
 }
@@ -136,106 +137,214 @@ std::vector<Entry> Catalogue() {
       {"cli_no_command", "cli", {}, 2, {"Usage: vemesh"}},
       {"cli_unknown_command", "cli", {"frob"}, 2, {"'frob'"}},
       {"plan_missing_mesh", "cli", {"plan"}, 2, {"--mesh is required"}},
-      {"plan_mesh_without_value", "cli", {"plan", "--mesh"}, 2,
+      {"plan_mesh_without_value",
+       "cli",
+       {"plan", "--mesh"},
+       2,
        {"--mesh needs a value"}},
       {"plan_zero_size", "cli", {"plan", "--mesh", "PP=0"}, 2, {"'0'"}},
       {"plan_bad_spec", "cli", {"plan", "--mesh", "PP2"}, 2, {"'PP2'"}},
-      {"plan_duplicate_dim", "cli", {"plan", "--mesh", "TP=2,TP=2"}, 2,
+      {"plan_duplicate_dim",
+       "cli",
+       {"plan", "--mesh", "TP=2,TP=2"},
+       2,
        {"'TP'"}},
-      {"plan_overflow", "cli",
-       {"plan", "--mesh", "A=4294967296,B=4294967296"}, 2, {"4294967296"}},
-      {"plan_rank_out_of_range", "cli",
-       {"plan", "--mesh", "PP=2,TP=2", "--rank", "9"}, 2, {"--rank 9"}},
-      {"plan_rank_not_a_number", "cli",
-       {"plan", "--mesh", "PP=2", "--rank", "abc"}, 2, {"--rank", "'abc'"}},
-      {"plan_bad_format", "cli", {"plan", "--mesh", "PP=2", "--format", "xml"},
-       2, {"--format", "'xml'"}},
-      {"plan_zero_ranks_per_host", "cli",
-       {"plan", "--mesh", "PP=2", "--ranks-per-host", "0"}, 2,
+      {"plan_overflow",
+       "cli",
+       {"plan", "--mesh", "A=4294967296,B=4294967296"},
+       2,
+       {"4294967296"}},
+      {"plan_rank_out_of_range",
+       "cli",
+       {"plan", "--mesh", "PP=2,TP=2", "--rank", "9"},
+       2,
+       {"--rank 9"}},
+      {"plan_rank_not_a_number",
+       "cli",
+       {"plan", "--mesh", "PP=2", "--rank", "abc"},
+       2,
+       {"--rank", "'abc'"}},
+      {"plan_bad_format",
+       "cli",
+       {"plan", "--mesh", "PP=2", "--format", "xml"},
+       2,
+       {"--format", "'xml'"}},
+      {"plan_zero_ranks_per_host",
+       "cli",
+       {"plan", "--mesh", "PP=2", "--ranks-per-host", "0"},
+       2,
        {"--ranks-per-host", "got 0"}},
-      {"plan_color_by_unknown_dim", "cli",
-       {"plan", "--mesh", "PP=2,TP=2", "--color-by", "EP"}, 2,
+      {"plan_color_by_unknown_dim",
+       "cli",
+       {"plan", "--mesh", "PP=2,TP=2", "--color-by", "EP"},
+       2,
        {"--color-by 'EP'"}},
-      {"plan_unknown_flag", "cli", {"plan", "--mesh", "PP=2", "--bogus"}, 2,
+      {"plan_unknown_flag",
+       "cli",
+       {"plan", "--mesh", "PP=2", "--bogus"},
+       2,
        {"'--bogus'"}},
-      {"plan_output_unwritable", "cli",
-       {"plan", "--mesh", "PP=2", "--output", "/nonexistent-dir/plan.svg"}, 1,
+      {"plan_output_unwritable",
+       "cli",
+       {"plan", "--mesh", "PP=2", "--output", "/nonexistent-dir/plan.svg"},
+       1,
        {"/nonexistent-dir/plan.svg"}},
-      {"plan_ranks_per_host_too_big", "cli",
-       {"plan", "--mesh", "PP=2", "--ranks-per-host", "4097"}, 2,
+      {"plan_ranks_per_host_too_big",
+       "cli",
+       {"plan", "--mesh", "PP=2", "--ranks-per-host", "4097"},
+       2,
        {"--ranks-per-host", "4097", "4096"}},
       // A full or closed stdout is an I/O error, not a silent success.
-      {"plan_stdout_full", "cli", {"plan", "--mesh", "PP=2,TP=2"}, 1,
-       {"cannot write", "stdout"}, Stdout::kDevFull},
-      {"plan_stdout_closed", "cli", {"plan", "--mesh", "PP=2,TP=2"}, 1,
-       {"cannot write", "stdout"}, Stdout::kClosed},
-      {"plan_json_stdout_full", "cli",
-       {"plan", "--mesh", "PP=2,TP=2", "--format", "json"}, 1,
-       {"cannot write", "stdout"}, Stdout::kDevFull},
-      {"plan_help_stdout_closed", "cli", {"plan", "--help"}, 1,
-       {"cannot write", "stdout"}, Stdout::kClosed},
-      {"cli_help_stdout_full", "cli", {"--help"}, 1, {"cannot write", "stdout"},
+      {"plan_stdout_full",
+       "cli",
+       {"plan", "--mesh", "PP=2,TP=2"},
+       1,
+       {"cannot write", "stdout"},
+       Stdout::kDevFull},
+      {"plan_stdout_closed",
+       "cli",
+       {"plan", "--mesh", "PP=2,TP=2"},
+       1,
+       {"cannot write", "stdout"},
+       Stdout::kClosed},
+      {"plan_json_stdout_full",
+       "cli",
+       {"plan", "--mesh", "PP=2,TP=2", "--format", "json"},
+       1,
+       {"cannot write", "stdout"},
+       Stdout::kDevFull},
+      {"plan_help_stdout_closed",
+       "cli",
+       {"plan", "--help"},
+       1,
+       {"cannot write", "stdout"},
+       Stdout::kClosed},
+      {"cli_help_stdout_full",
+       "cli",
+       {"--help"},
+       1,
+       {"cannot write", "stdout"},
        Stdout::kDevFull},
       // Huge worlds are planned arithmetically: exit 0 within 2 s. (They used
       // to walk every rank: 10^10 aborted after 103 s, 2^62 never ended.)
-      {"plan_huge_1e10", "cli", {"plan", "--mesh", "TP=10000000000"}, 0, {},
-       Stdout::kPipe, 2},
-      {"plan_huge_2e62", "cli", {"plan", "--mesh", kTwoTo62}, 0, {},
-       Stdout::kPipe, 2},
-      {"plan_huge_2e62_rank_view", "cli",
-       {"plan", "--mesh", kTwoTo62, "--rank", "4611686018427387903"}, 0, {},
-       Stdout::kPipe, 2},
-      {"plan_huge_int64_max_svg", "cli",
-       {"plan", "--mesh", kInt64Max, "--format", "svg"}, 0, {}, Stdout::kPipe,
+      {"plan_huge_1e10",
+       "cli",
+       {"plan", "--mesh", "TP=10000000000"},
+       0,
+       {},
+       Stdout::kPipe,
        2},
-      {"plan_huge_square_json_rank", "cli",
+      {"plan_huge_2e62",
+       "cli",
+       {"plan", "--mesh", kTwoTo62},
+       0,
+       {},
+       Stdout::kPipe,
+       2},
+      {"plan_huge_2e62_rank_view",
+       "cli",
+       {"plan", "--mesh", kTwoTo62, "--rank", "4611686018427387903"},
+       0,
+       {},
+       Stdout::kPipe,
+       2},
+      {"plan_huge_int64_max_svg",
+       "cli",
+       {"plan", "--mesh", kInt64Max, "--format", "svg"},
+       0,
+       {},
+       Stdout::kPipe,
+       2},
+      {"plan_huge_square_json_rank",
+       "cli",
        {"plan", "--mesh", kSquareBelow63, "--format", "json", "--rank",
         "9223372030926249000", "--ranks-per-host", "4096"},
-       0, {}, Stdout::kPipe, 2},
-      {"plan_huge_tp_warning_search", "cli",
-       {"plan", "--mesh", "PP=3,TP=7,DP=439208192231179800",
-        "--ranks-per-host", "4095"},
-       0, {}, Stdout::kPipe, 2},
+       0,
+       {},
+       Stdout::kPipe,
+       2},
+      {"plan_huge_tp_warning_search",
+       "cli",
+       {"plan", "--mesh", "PP=3,TP=7,DP=439208192231179800", "--ranks-per-host",
+        "4095"},
+       0,
+       {},
+       Stdout::kPipe,
+       2},
       // -- train_nd flags (exit 2 from its validation; absl flags exit 1) --
-      {"train_mesh_bigger_than_job", "train_nd", {"--mesh", "PP=2,DP=2,TP=2"},
-       2, {"PP=2,DP=2,TP=2"}},
-      {"train_mesh_unparsable", "train_nd", {"--mesh", "PP=2,TP"}, 2,
+      {"train_mesh_bigger_than_job",
+       "train_nd",
+       {"--mesh", "PP=2,DP=2,TP=2"},
+       2,
+       {"PP=2,DP=2,TP=2"}},
+      {"train_mesh_unparsable",
+       "train_nd",
+       {"--mesh", "PP=2,TP"},
+       2,
        {"--mesh", "'TP'"}},
       {"train_unknown_role", "train_nd", {"--mesh", "XP=1"}, 2, {"'XP'"}},
-      {"train_bad_schedule", "train_nd", {"--mesh", "TP=1", "--schedule",
-       "zigzag"}, 2, {"zigzag"}},
-      {"train_zero_steps", "train_nd", {"--mesh", "TP=1", "--steps", "0"}, 2,
+      {"train_bad_schedule",
+       "train_nd",
+       {"--mesh", "TP=1", "--schedule", "zigzag"},
+       2,
+       {"zigzag"}},
+      {"train_zero_steps",
+       "train_nd",
+       {"--mesh", "TP=1", "--steps", "0"},
+       2,
        {"--steps=0"}},
-      {"train_negative_lr", "train_nd", {"--mesh", "TP=1", "--lr", "-1"}, 2,
+      {"train_negative_lr",
+       "train_nd",
+       {"--mesh", "TP=1", "--lr", "-1"},
+       2,
        {"--lr=-1"}},
-      {"train_flag_not_a_number", "train_nd", {"--mesh", "TP=1", "--layers",
-       "many"}, 1, {"many"}},
+      {"train_flag_not_a_number",
+       "train_nd",
+       {"--mesh", "TP=1", "--layers", "many"},
+       1,
+       {"many"}},
       // Sizes past memory: refused by name before anything is allocated
       // (they used to end in bad_alloc on every rank).
-      {"train_batch_too_big", "train_nd",
-       {"--mesh", "TP=1", "--batch", "1000000000000"}, 2,
+      {"train_batch_too_big",
+       "train_nd",
+       {"--mesh", "TP=1", "--batch", "1000000000000"},
+       2,
        {"--batch=1000000000000", "1048576"}},
-      {"train_hidden_too_big", "train_nd",
-       {"--mesh", "TP=1", "--hidden", "1000000000"}, 2,
+      {"train_hidden_too_big",
+       "train_nd",
+       {"--mesh", "TP=1", "--hidden", "1000000000"},
+       2,
        {"--hidden=1000000000", "65536"}},
-      {"train_layers_too_big", "train_nd",
-       {"--mesh", "TP=1", "--layers", "1000000"}, 2,
+      {"train_layers_too_big",
+       "train_nd",
+       {"--mesh", "TP=1", "--layers", "1000000"},
+       2,
        {"--layers=1000000", "1024"}},
-      {"train_micro_batches_too_big", "train_nd",
-       {"--mesh", "TP=1", "--micro_batches", "2147483647"}, 2,
+      {"train_micro_batches_too_big",
+       "train_nd",
+       {"--mesh", "TP=1", "--micro_batches", "2147483647"},
+       2,
        {"--micro_batches=2147483647", "4096"}},
-      {"train_steps_too_big", "train_nd",
-       {"--mesh", "TP=1", "--steps", "2000000000"}, 2,
+      {"train_steps_too_big",
+       "train_nd",
+       {"--mesh", "TP=1", "--steps", "2000000000"},
+       2,
        {"--steps=2000000000", "1000000"}},
-      {"train_bucket_too_big", "train_nd",
-       {"--mesh", "TP=1", "--bucket_elements", "4294967296"}, 2,
+      {"train_bucket_too_big",
+       "train_nd",
+       {"--mesh", "TP=1", "--bucket_elements", "4294967296"},
+       2,
        {"--bucket_elements=4294967296", "16777216"}},
-      {"train_model_too_big", "train_nd",
-       {"--mesh", "TP=1", "--hidden", "65536", "--layers", "4"}, 2,
+      {"train_model_too_big",
+       "train_nd",
+       {"--mesh", "TP=1", "--hidden", "65536", "--layers", "4"},
+       2,
        {"--hidden=65536", "weights", "16777216"}},
-      {"train_activations_too_big", "train_nd",
-       {"--mesh", "TP=1", "--batch", "1048576", "--hidden", "4096",
-        "--layers", "2"}, 2,
+      {"train_activations_too_big",
+       "train_nd",
+       {"--mesh", "TP=1", "--batch", "1048576", "--hidden", "4096", "--layers",
+        "2"},
+       2,
        {"--batch=1048576", "activations", "16777216"}},
   };
 }
@@ -260,8 +369,8 @@ TEST_P(CliCatalogue, ExitsWithCodeNamingTheValue) {
 #else
     // One rank: flag validation happens on every rank before any
     // collective, so one rank shows it.
-    argv = {VEMESH_MPIEXEC, "-n", "1", "--oversubscribe", "--bind-to", "none",
-            VEMESH_TRAIN_ND};
+    argv = {VEMESH_MPIEXEC, "-n",           "1", "--oversubscribe", "--bind-to",
+            "none",         VEMESH_TRAIN_ND};
     setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
     setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
     // One host: Open MPI's TCP (data and out-of-band) stays on loopback.
@@ -270,10 +379,11 @@ TEST_P(CliCatalogue, ExitsWithCodeNamingTheValue) {
     // Under LeakSanitizer an MPI process needs full unwinding for the Open
     // MPI suppressions to match (see tests/CMakeLists.txt).
     if (const char* lsan = std::getenv("LSAN_OPTIONS");
-        lsan != nullptr && std::string(lsan).find("fast_unwind") ==
-                               std::string::npos) {
+        lsan != nullptr &&
+        std::string(lsan).find("fast_unwind") == std::string::npos) {
       setenv("LSAN_OPTIONS",
-             (std::string(lsan) + ":fast_unwind_on_malloc=0:use_tls=0").c_str(), 1);
+             (std::string(lsan) + ":fast_unwind_on_malloc=0:use_tls=0").c_str(),
+             1);
     }
 #endif
   }
@@ -283,7 +393,8 @@ TEST_P(CliCatalogue, ExitsWithCodeNamingTheValue) {
   const std::string cmd = absl::StrJoin(argv, " ");
   ASSERT_FALSE(run.timed_out) << cmd << " hung";
   EXPECT_EQ(run.exit_code, e.exit_code) << cmd << "\nstderr: " << run.err;
-  EXPECT_LT(run.seconds, e.max_seconds) << cmd << " took " << run.seconds << " s";
+  EXPECT_LT(run.seconds, e.max_seconds)
+      << cmd << " took " << run.seconds << " s";
   if (e.exit_code == 0) {
     EXPECT_TRUE(run.err.empty()) << cmd << ": " << run.err;
     EXPECT_FALSE(run.out.empty()) << cmd << " printed nothing";
@@ -294,8 +405,10 @@ TEST_P(CliCatalogue, ExitsWithCodeNamingTheValue) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Catalogue, CliCatalogue, ::testing::ValuesIn(Catalogue()),
-    [](const ::testing::TestParamInfo<Entry>& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Catalogue, CliCatalogue,
+                         ::testing::ValuesIn(Catalogue()),
+                         [](const ::testing::TestParamInfo<Entry>& info) {
+                           return info.param.name;
+                         });
 
 }  // namespace

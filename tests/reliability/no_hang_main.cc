@@ -11,9 +11,9 @@
 // and the driver requires N PASS lines and a bounded wall time.
 //
 // Exit: a DeadlineExceeded leaves an MPI collective pending that can never
-// complete (see vemesh/bootstrap/mpi/mpi_bootstrap.h), so MPI cannot be finalised
-// safely. Scenarios that expect it wait until a common end time (so that
-// mpiexec does not kill a rank before it has spoken) and leave with
+// complete (see vemesh/bootstrap/mpi/mpi_bootstrap.h), so MPI cannot be
+// finalised safely. Scenarios that expect it wait until a common end time (so
+// that mpiexec does not kill a rank before it has spoken) and leave with
 // _exit(0); the others finalise MPI as usual.
 #include <unistd.h>
 
@@ -31,9 +31,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "vemesh/registry/ve_device_mesh.h"
 #include "vemesh/bootstrap/launch.h"
 #include "vemesh/comm/mpi/mpi_environment.h"
+#include "vemesh/registry/ve_device_mesh.h"
 
 namespace {
 
@@ -45,7 +45,9 @@ struct Outcome {
   Outcome(absl::Status s, StatusCode e,
           absl::Duration slept_for = absl::ZeroDuration(),
           std::string says = "")
-      : status(std::move(s)), expected(e), slept(slept_for),
+      : status(std::move(s)),
+        expected(e),
+        slept(slept_for),
         must_say(std::move(says)) {}
 
   absl::Status status;
@@ -73,8 +75,9 @@ Outcome DeadlineThenRefused(const char* scenario, int rank,
       first.message().find(first_says) == absl::string_view::npos) {
     return Outcome{first, StatusCode::kDeadlineExceeded, slept, first_says};
   }
-  return Outcome{second(), StatusCode::kFailedPrecondition, slept,
-                 "MPI was abandoned at an earlier deadline in this process (at "};
+  return Outcome{
+      second(), StatusCode::kFailedPrecondition, slept,
+      "MPI was abandoned at an earlier deadline in this process (at "};
 }
 
 // A fixed pause for a late rank: past the others' deadline, their report
@@ -105,9 +108,8 @@ InitOptions WithTimeout(absl::Duration timeout) {
 absl::StatusOr<DeviceMesh> Init(std::vector<int64_t> shape,
                                 std::vector<std::string> names,
                                 absl::Duration timeout) {
-  return VESCALE_DEVICE_MESH.init_device_mesh("cpu", std::move(shape),
-                                              std::move(names),
-                                              WithTimeout(timeout));
+  return VESCALE_DEVICE_MESH.init_device_mesh(
+      "cpu", std::move(shape), std::move(names), WithTimeout(timeout));
 }
 
 const std::map<std::string, Scenario>& Scenarios() {
@@ -117,8 +119,8 @@ const std::map<std::string, Scenario>& Scenarios() {
       {"disagree_shape",
        {false,
         [](int rank, absl::Duration t) {
-          auto mesh = rank == 1 ? Init({4}, {"TP"}, t)
-                                : Init({2, 2}, {"DP", "TP"}, t);
+          auto mesh =
+              rank == 1 ? Init({4}, {"TP"}, t) : Init({2, 2}, {"DP", "TP"}, t);
           return Outcome{mesh.status(), StatusCode::kInvalidArgument};
         }}},
       // The last rank calls a dimension by another name.
@@ -177,9 +179,9 @@ const std::map<std::string, Scenario>& Scenarios() {
           // collective: the bootstrap's MPI_Comm_idup over MPI_COMM_WORLD).
           return Outcome{Init({size}, {"DP"}, t).status(),
                          StatusCode::kDeadlineExceeded, slept,
-                         rank == size - 1
-                             ? ""
-                             : absl::StrCat("rank ", size - 1, " never arrived")};
+                         rank == size - 1 ? ""
+                                          : absl::StrCat("rank ", size - 1,
+                                                         " never arrived")};
         }}},
       // After a DeadlineExceeded, a second init is refused without entering
       // MPI (it used to crash in MPI_Comm_dup), and the ranks that timed out
@@ -196,9 +198,10 @@ const std::map<std::string, Scenario>& Scenarios() {
             Outcome skipped{
                 VESCALE_DEVICE_MESH.get_tensor_parallel_mesh().status(),
                 StatusCode::kFailedPrecondition};
-            std::fprintf(stdout, "no_hang[reinit_after_timeout] rank 0/%d: %s %s\n",
-                         4, skipped.status.code() == skipped.expected ? "PASS" : "FAIL",
-                         skipped.status.ToString().c_str());
+            std::fprintf(
+                stdout, "no_hang[reinit_after_timeout] rank 0/%d: %s %s\n", 4,
+                skipped.status.code() == skipped.expected ? "PASS" : "FAIL",
+                skipped.status.ToString().c_str());
             std::fflush(stdout);
             absl::SleepFor(absl::Seconds(120));  // past the driver's limit
             _exit(0);
@@ -206,7 +209,9 @@ const std::map<std::string, Scenario>& Scenarios() {
           return DeadlineThenRefused(
               "reinit_after_timeout", rank,
               Init({2, 2}, {"DP", "TP"}, t).status(), "rank 0 never arrived",
-              [t] { return Init({2, 2}, {"DP", "TP"}, t).status(); },
+              [t] {
+                return Init({2, 2}, {"DP", "TP"}, t).status();
+              },
               absl::ZeroDuration());
         },
         /*lazy_mpi=*/false, /*returns_after_deadline=*/true,
@@ -231,7 +236,10 @@ const std::map<std::string, Scenario>& Scenarios() {
           return DeadlineThenRefused(
               "late_rank_after_reinit", rank, first,
               rank == 1 ? "" : "rank 1 never arrived (the ranks that did: ",
-              [t] { return Init({2, 2}, {"DP", "TP"}, t).status(); }, slept);
+              [t] {
+                return Init({2, 2}, {"DP", "TP"}, t).status();
+              },
+              slept);
         },
         /*lazy_mpi=*/false, /*returns_after_deadline=*/true,
         /*returns_after=*/absl::Seconds(3) * 3 + kLateBy + absl::Seconds(6)}},
@@ -256,9 +264,10 @@ const std::map<std::string, Scenario>& Scenarios() {
           const DeviceMesh kept = *mesh;
           return DeadlineThenRefused(
               "missing_after_init", rank, first,
-              rank == size - 1 ? ""
-                               : absl::StrCat("rank ", size - 1,
-                                              " never arrived (the ranks that did: "),
+              rank == size - 1
+                  ? ""
+                  : absl::StrCat("rank ", size - 1,
+                                 " never arrived (the ranks that did: "),
               [t, kept] {
                 absl::Status again = Init({4}, {"DP"}, t).status();
                 if (!absl::IsFailedPrecondition(again)) return again;
@@ -347,12 +356,11 @@ int main(int argc, char** argv) {
                name.c_str(), rank, size, pass ? "PASS" : "FAIL",
                outcome.status.ToString().c_str(), absl::ToDoubleSeconds(took));
   if (!pass) {
-    std::fprintf(stdout,
-                 "no_hang[%s] rank %d: expected %s saying '%s' within %.1f s\n",
-                 name.c_str(), rank,
-                 absl::StatusCodeToString(outcome.expected).c_str(),
-                 outcome.must_say.c_str(),
-                 absl::ToDoubleSeconds(timeout + absl::Seconds(5)));
+    std::fprintf(
+        stdout, "no_hang[%s] rank %d: expected %s saying '%s' within %.1f s\n",
+        name.c_str(), rank, absl::StatusCodeToString(outcome.expected).c_str(),
+        outcome.must_say.c_str(),
+        absl::ToDoubleSeconds(timeout + absl::Seconds(5)));
   }
   std::fflush(stdout);
 

@@ -71,19 +71,38 @@ class RedisStoreTest : public ::testing::Test {
 };
 
 TEST(RedisStoreAddressTest, MalformedAddressesAreInvalidArgumentNamingThem) {
-  for (const char* address :
-       {"", "localhost", "redis://", "redis://host", "host:", ":6379",
-        "host:0", "host:65536", "host:-1", "host:+80", "host:12a",
-        "host:6379 ", " host:6379", "http://host:6379", "redis://host:6379/0",
-        "redis://user@host:6379", "redis://:pw@host:6379", "::1:6379",
-        "[::1", "[::1]", "[::1]6379", "[]:6379", "[host]:6379",
-        "host:99999999999"}) {
+  for (const char* address : {"",
+                              "localhost",
+                              "redis://",
+                              "redis://host",
+                              "host:",
+                              ":6379",
+                              "host:0",
+                              "host:65536",
+                              "host:-1",
+                              "host:+80",
+                              "host:12a",
+                              "host:6379 ",
+                              " host:6379",
+                              "http://host:6379",
+                              "redis://host:6379/0",
+                              "redis://user@host:6379",
+                              "redis://:pw@host:6379",
+                              "::1:6379",
+                              "[::1",
+                              "[::1]",
+                              "[::1]6379",
+                              "[]:6379",
+                              "[host]:6379",
+                              "host:99999999999"}) {
     SCOPED_TRACE(address);
     auto store = RedisStore::Connect(address);
     EXPECT_EQ(store.status().code(), absl::StatusCode::kInvalidArgument)
         << store.status();
-    EXPECT_THAT(store.status().message(), HasSubstr(absl::StrCat("'", address, "'")));
-    EXPECT_THAT(store.status().message(), HasSubstr("redis://HOST:PORT or HOST:PORT"));
+    EXPECT_THAT(store.status().message(),
+                HasSubstr(absl::StrCat("'", address, "'")));
+    EXPECT_THAT(store.status().message(),
+                HasSubstr("redis://HOST:PORT or HOST:PORT"));
   }
 }
 
@@ -118,7 +137,8 @@ TEST(RedisStoreConnectTest, RefusedIsUnavailableNamingTheAddress) {
   options.connect_timeout = absl::Seconds(2);
   const absl::Time start = absl::Now();
   auto store = RedisStore::Connect(address, options);
-  EXPECT_EQ(store.status().code(), absl::StatusCode::kUnavailable) << store.status();
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kUnavailable)
+      << store.status();
   EXPECT_THAT(store.status().message(), HasSubstr(address));
   EXPECT_LT(absl::Now() - start, absl::Seconds(2) + absl::Seconds(5));
 }
@@ -141,7 +161,8 @@ TEST(RedisStoreConnectTest, SilentServerIsUnavailableWithinTheOpTimeout) {
   auto store = RedisStore::Connect(address, options);
   const absl::Duration took = absl::Now() - start;
   ::close(fd);
-  EXPECT_EQ(store.status().code(), absl::StatusCode::kUnavailable) << store.status();
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kUnavailable)
+      << store.status();
   EXPECT_THAT(store.status().message(), HasSubstr(address));
   EXPECT_THAT(store.status().message(), HasSubstr("no answer within 300ms"));
   EXPECT_LT(took, absl::Seconds(10));
@@ -156,7 +177,8 @@ TEST_F(RedisStoreTest, KilledServerIsUnavailableAndEachCallReconnectsOnce) {
 
   const absl::Time start = absl::Now();
   absl::StatusOr<std::string> value = store->get("k");
-  EXPECT_EQ(value.status().code(), absl::StatusCode::kUnavailable) << value.status();
+  EXPECT_EQ(value.status().code(), absl::StatusCode::kUnavailable)
+      << value.status();
   EXPECT_THAT(value.status().message(), HasSubstr(server_->address()));
   // The next call tries one fresh connection, which is refused.
   absl::Status status = store->set("k", "2");
@@ -197,7 +219,8 @@ TEST_F(RedisStoreTest, StoppedServerIsUnavailableAfterTheOpTimeout) {
   absl::StatusOr<std::string> value = store->get("k");
   const absl::Duration took = absl::Now() - start;
   ::kill(server_->pid(), SIGCONT);
-  EXPECT_EQ(value.status().code(), absl::StatusCode::kUnavailable) << value.status();
+  EXPECT_EQ(value.status().code(), absl::StatusCode::kUnavailable)
+      << value.status();
   EXPECT_THAT(value.status().message(), HasSubstr("no answer within 300ms"));
   EXPECT_LT(took, absl::Seconds(10));
   // The connection was dropped; the next call makes a fresh one.
@@ -210,7 +233,8 @@ TEST_F(RedisStoreTest, WaitOnAStoppedServerEndsByItsDeadlineNotTheOpTimeout) {
   ASSERT_NE(store, nullptr);
   ASSERT_EQ(::kill(server_->pid(), SIGSTOP), 0);
   const absl::Time start = absl::Now();
-  absl::Status status = store->wait({"never"}, absl::Now() + absl::Milliseconds(300));
+  absl::Status status =
+      store->wait({"never"}, absl::Now() + absl::Milliseconds(300));
   const absl::Duration took = absl::Now() - start;
   ::kill(server_->pid(), SIGCONT);
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
@@ -257,7 +281,8 @@ TEST_F(RedisStoreTest, AddTakesWhatIncrbyRefusesLikeMemoryStore) {
   EXPECT_EQ(*store->add("signed", 1), 6);
   EXPECT_EQ(*store->get("signed"), "6");
   // Past int64 it wraps, and a leased counter keeps its lease.
-  ASSERT_TRUE(store->set_lease("max", absl::StrCat(INT64_MAX), absl::Seconds(30)).ok());
+  ASSERT_TRUE(
+      store->set_lease("max", absl::StrCat(INT64_MAX), absl::Seconds(30)).ok());
   EXPECT_EQ(*store->add("max", 1), INT64_MIN);
   const std::string pttl = server_->RawCommand("PTTL max").value_or("");
   EXPECT_NE(pttl, ":-1");
@@ -273,14 +298,16 @@ TEST_F(RedisStoreTest, RedisErrorsAreInternalWithRedisText) {
   // A key holding a list, which no Store method makes.
   ASSERT_EQ(server_->RawCommand("LPUSH list x").value_or(""), ":1");
   absl::StatusOr<std::string> value = store->get("list");
-  EXPECT_EQ(value.status().code(), absl::StatusCode::kInternal) << value.status();
+  EXPECT_EQ(value.status().code(), absl::StatusCode::kInternal)
+      << value.status();
   EXPECT_THAT(value.status().message(), HasSubstr("WRONGTYPE"));
   EXPECT_THAT(value.status().message(), HasSubstr("GET 'list'"));
   absl::StatusOr<int64_t> n = store->add("list", 1);
   EXPECT_EQ(n.status().code(), absl::StatusCode::kInternal) << n.status();
   EXPECT_THAT(n.status().message(), HasSubstr("WRONGTYPE"));
   absl::StatusOr<std::string> swapped = store->compare_set("list", "", "x");
-  EXPECT_EQ(swapped.status().code(), absl::StatusCode::kInternal) << swapped.status();
+  EXPECT_EQ(swapped.status().code(), absl::StatusCode::kInternal)
+      << swapped.status();
   EXPECT_THAT(swapped.status().message(), HasSubstr("WRONGTYPE"));
   // The connection is fine after an error reply.
   EXPECT_TRUE(store->set("k", "1").ok());
@@ -334,7 +361,8 @@ TEST_F(RedisStoreTest, ConcurrentCompareSetFromEightThreadsIsExact) {
             ASSERT_TRUE(absl::SimpleAtoi(parts[0], &count)) << current;
           }
           const std::string desired = absl::StrCat(count + 1, "/", t, "/", i);
-          absl::StatusOr<std::string> now = store.compare_set("counter", current, desired);
+          absl::StatusOr<std::string> now =
+              store.compare_set("counter", current, desired);
           ASSERT_TRUE(now.ok()) << now.status();
           current = *now;
           if (*now == desired) break;

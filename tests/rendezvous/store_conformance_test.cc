@@ -106,7 +106,8 @@ class RedisBackend : public Backend {
 
 class PrefixBackend : public Backend {
  public:
-  explicit PrefixBackend(std::unique_ptr<Backend> base) : base_(std::move(base)) {}
+  explicit PrefixBackend(std::unique_ptr<Backend> base)
+      : base_(std::move(base)) {}
   std::shared_ptr<Store> NewClient() override {
     std::shared_ptr<Store> base = base_->NewClient();
     if (base == nullptr) return nullptr;
@@ -143,7 +144,8 @@ class StoreConformanceTest : public ::testing::TestWithParam<BackendCase> {
     absl::Status status = store_->set_lease("lease", "1", absl::Seconds(1));
     EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented) << status;
     EXPECT_THAT(status.message(), HasSubstr("no expiring keys"));
-    EXPECT_EQ(store_->get("lease").status().code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ(store_->get("lease").status().code(),
+              absl::StatusCode::kNotFound);
     return false;
   }
   // Polls get() until `key` is absent, for at most `limit`.
@@ -235,11 +237,13 @@ TEST_P(StoreConformanceTest, WaitGetReturnsValuesInKeyOrder) {
   ASSERT_NE(other, nullptr);
   std::thread setter([&] {
     for (int i = 3; i >= 0; --i) {
-      EXPECT_TRUE(other->set(absl::StrCat("rank/", i), absl::StrCat("v", i)).ok());
+      EXPECT_TRUE(
+          other->set(absl::StrCat("rank/", i), absl::StrCat("v", i)).ok());
     }
   });
-  absl::StatusOr<std::vector<std::string>> values = store_->wait_get(
-      {"rank/0", "rank/1", "rank/2", "rank/3"}, absl::Now() + absl::Seconds(20));
+  absl::StatusOr<std::vector<std::string>> values =
+      store_->wait_get({"rank/0", "rank/1", "rank/2", "rank/3"},
+                       absl::Now() + absl::Seconds(20));
   setter.join();
   ASSERT_TRUE(values.ok()) << values.status();
   EXPECT_THAT(*values, ::testing::ElementsAre("v0", "v1", "v2", "v3"));
@@ -268,7 +272,8 @@ TEST_P(StoreConformanceTest, AddOnEmptyValueCountsFromZero) {
   EXPECT_EQ(*store_->get("e"), "2");
 }
 
-TEST_P(StoreConformanceTest, AddOnNonCounterIsInvalidArgumentAndChangesNothing) {
+TEST_P(StoreConformanceTest,
+       AddOnNonCounterIsInvalidArgumentAndChangesNothing) {
   ASSERT_TRUE(store_->set("s", "hello").ok());
   absl::StatusOr<int64_t> n = store_->add("s", 1);
   EXPECT_EQ(n.status().code(), absl::StatusCode::kInvalidArgument);
@@ -310,11 +315,14 @@ TEST_P(StoreConformanceTest, RemoveSaysWhetherTheKeyExisted) {
 TEST_P(StoreConformanceTest, BoundsAreRefusedAsInvalidArgument) {
   const std::string long_key(kMaxStoreKeyBytes + 1, 'k');
   EXPECT_EQ(store_->set("", "v").code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(store_->set(long_key, "v").code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(store_->get("").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->set(long_key, "v").code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->get("").status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(store_->add(long_key, 1).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(store_->remove("").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->remove("").status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(store_->wait({"ok", ""}, absl::Now() + absl::Seconds(1)).code(),
             absl::StatusCode::kInvalidArgument);
   const std::vector<std::string> too_many(kMaxStoreKeysPerCall + 1, "k");
@@ -358,7 +366,8 @@ TEST_P(StoreConformanceTest, ConcurrentAddsFromManyClientsAreAtomic) {
 TEST_P(StoreConformanceTest, LeaseIsThereThenExpires) {
   if (!HasLeasesOrIsUnimplemented()) return;
   const absl::Time set_at = absl::Now();
-  ASSERT_TRUE(store_->set_lease("heartbeat", "alive", absl::Milliseconds(200)).ok());
+  ASSERT_TRUE(
+      store_->set_lease("heartbeat", "alive", absl::Milliseconds(200)).ok());
   absl::StatusOr<std::string> value = store_->get("heartbeat");
   // Unless this thread stalled for most of the ttl in between.
   if (absl::Now() - set_at < absl::Milliseconds(150)) {
@@ -433,13 +442,14 @@ TEST_P(StoreConformanceTest, LeaseReleasesAWaiter) {
 
 TEST_P(StoreConformanceTest, LeaseBoundsAreRefusedAsInvalidArgument) {
   if (!HasLeasesOrIsUnimplemented()) return;
-  for (absl::Duration ttl : {absl::ZeroDuration(), absl::Seconds(-1),
-                             kMaxStoreLease + absl::Milliseconds(1),
-                             absl::InfiniteDuration()}) {
+  for (absl::Duration ttl :
+       {absl::ZeroDuration(), absl::Seconds(-1),
+        kMaxStoreLease + absl::Milliseconds(1), absl::InfiniteDuration()}) {
     absl::Status status = store_->set_lease("bad", "1", ttl);
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << ttl;
-    EXPECT_THAT(status.message(), HasSubstr(absl::StrCat("lease ttl ",
-                                                         absl::FormatDuration(ttl))));
+    EXPECT_THAT(
+        status.message(),
+        HasSubstr(absl::StrCat("lease ttl ", absl::FormatDuration(ttl))));
   }
   EXPECT_EQ(store_->get("bad").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(store_->set_lease("", "1", absl::Seconds(1)).code(),
@@ -473,7 +483,9 @@ INSTANTIATE_TEST_SUITE_P(
                       return std::make_unique<PrefixBackend>(
                           std::make_unique<RedisBackend>());
                     }}),
-    [](const ::testing::TestParamInfo<BackendCase>& info) { return info.param.name; });
+    [](const ::testing::TestParamInfo<BackendCase>& info) {
+      return info.param.name;
+    });
 
 TEST(PrefixStoreTest, KeysLandUnderThePrefixAndPrefixesDoNotMix) {
   auto base = std::make_shared<MemoryStore>();

@@ -29,7 +29,9 @@ std::string I64(int64_t v) {
   return out;
 }
 std::string Str(const std::string& s) { return U32(s.size()) + s; }
-std::string Frame(const std::string& payload) { return U32(payload.size()) + payload; }
+std::string Frame(const std::string& payload) {
+  return U32(payload.size()) + payload;
+}
 std::string Op(StoreOp op) { return std::string(1, static_cast<char>(op)); }
 
 StoreRequest Request(StoreOp op, std::vector<std::string> keys) {
@@ -100,7 +102,8 @@ TEST(StoreWireTest, BackToBackFramesParseOneAtATime) {
   ParsedRequest first = ParseRequest(both);
   ASSERT_EQ(first.outcome, ParsedRequest::kComplete);
   EXPECT_EQ(first.consumed, a.size());
-  ParsedRequest second = ParseRequest(absl::string_view(both).substr(first.consumed));
+  ParsedRequest second =
+      ParseRequest(absl::string_view(both).substr(first.consumed));
   ASSERT_EQ(second.outcome, ParsedRequest::kComplete);
   EXPECT_EQ(second.message.op, StoreOp::kPing);
 }
@@ -126,23 +129,25 @@ TEST(StoreWireTest, MalformedPayloadsSayWhy) {
       {"empty frame", U32(0), "empty frame"},
       {"unknown op", Frame("\x63"), "unknown op byte 99"},
       {"op zero", Frame(std::string(1, '\0')), "unknown op byte 0"},
-      {"key longer than the frame", Frame(Op(StoreOp::kRemove) + U32(100) + "abc"),
-       "only 3 left"},
+      {"key longer than the frame",
+       Frame(Op(StoreOp::kRemove) + U32(100) + "abc"), "only 3 left"},
       {"key over the bound",
-       Frame(Op(StoreOp::kRemove) + Str(std::string(kMaxStoreKeyBytes + 1, 'k'))),
+       Frame(Op(StoreOp::kRemove) +
+             Str(std::string(kMaxStoreKeyBytes + 1, 'k'))),
        "expected at most 4096"},
       {"empty key", Frame(Op(StoreOp::kRemove) + Str("")), "empty key"},
-      {"key count over the bound", Frame(Op(StoreOp::kGet) + U32(kMaxStoreKeysPerCall + 1)),
+      {"key count over the bound",
+       Frame(Op(StoreOp::kGet) + U32(kMaxStoreKeysPerCall + 1)),
        "expected at most 65536"},
-      {"key count past the frame", Frame(Op(StoreOp::kGet) + U32(1000) + Str("a")),
-       "cannot fit"},
+      {"key count past the frame",
+       Frame(Op(StoreOp::kGet) + U32(1000) + Str("a")), "cannot fit"},
       {"trailing bytes", Frame(Op(StoreOp::kPing) + "x"), "1 trailing bytes"},
       {"negative wait", Frame(Op(StoreOp::kWait) + U32(1) + Str("k") + I64(-1)),
        "expected >= 0"},
-      {"add without delta", Frame(Op(StoreOp::kAdd) + Str("n") + "abc"),
-       "i64"},
+      {"add without delta", Frame(Op(StoreOp::kAdd) + Str("n") + "abc"), "i64"},
       {"value length past the frame",
-       Frame(Op(StoreOp::kSet) + Str("k") + U32(0x7fffffff)), "expected at most"},
+       Frame(Op(StoreOp::kSet) + Str("k") + U32(0x7fffffff)),
+       "expected at most"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -159,9 +164,11 @@ TEST(StoreWireTest, EncodeRefusesWhatTheParserWouldRefuse) {
             absl::StatusCode::kInvalidArgument);
   StoreRequest wait = Request(StoreOp::kWait, {"k"});
   wait.timeout_ms = -1;
-  EXPECT_EQ(EncodeRequest(wait).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(EncodeRequest(wait).status().code(),
+            absl::StatusCode::kInvalidArgument);
   StoreRequest bad_op = Request(static_cast<StoreOp>(42), {});
-  EXPECT_EQ(EncodeRequest(bad_op).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(EncodeRequest(bad_op).status().code(),
+            absl::StatusCode::kInvalidArgument);
   // Two values that are each in bounds but not together in one frame.
   StoreRequest cas = Request(StoreOp::kCompareSet, {"k"});
   cas.expected.assign(kMaxStoreFrameBytes / 2 + 1, 'e');
@@ -195,7 +202,8 @@ TEST(StoreWireTest, RepliesRoundTrip) {
 
 TEST(StoreWireTest, ReplyOverTheFrameBoundBecomesResourceExhausted) {
   StoreReply big;
-  big.values = {std::string(kMaxStoreValueBytes, 'a'), std::string(1 << 20, 'b')};
+  big.values = {std::string(kMaxStoreValueBytes, 'a'),
+                std::string(1 << 20, 'b')};
   ParsedReply p = ParseReply(EncodeReply(big));
   ASSERT_EQ(p.outcome, ParsedReply::kComplete) << p.error;
   EXPECT_EQ(p.message.code, absl::StatusCode::kResourceExhausted);
@@ -203,8 +211,9 @@ TEST(StoreWireTest, ReplyOverTheFrameBoundBecomesResourceExhausted) {
 }
 
 TEST(StoreWireTest, MalformedRepliesAreRefused) {
-  EXPECT_EQ(ParseReply(Frame(std::string(1, '\x11') + Str("") + U32(0))).outcome,
-            ParsedReply::kMalformed);  // status code 17
+  EXPECT_EQ(
+      ParseReply(Frame(std::string(1, '\x11') + Str("") + U32(0))).outcome,
+      ParsedReply::kMalformed);  // status code 17
   EXPECT_EQ(ParseReply(Frame(std::string(1, '\0') + Str("") + U32(5))).outcome,
             ParsedReply::kMalformed);  // 5 values in 0 bytes
   EXPECT_EQ(ParseReply(U32(0xfffffff0u)).outcome, ParsedReply::kMalformed);

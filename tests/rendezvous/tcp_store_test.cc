@@ -34,7 +34,8 @@ using ::testing::HasSubstr;
 
 constexpr char kHost[] = "127.0.0.1";
 
-std::unique_ptr<TcpStoreServer> StartServer(TcpStoreServerOptions options = {}) {
+std::unique_ptr<TcpStoreServer> StartServer(
+    TcpStoreServerOptions options = {}) {
   auto server = TcpStoreServer::Start(kHost, 0, options);
   EXPECT_TRUE(server.ok()) << server.status();
   return server.ok() ? *std::move(server) : nullptr;
@@ -59,7 +60,8 @@ UniqueFd RawConnect(int port) {
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  EXPECT_EQ(
+      ::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
   const int one = 1;
   ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   return fd;
@@ -96,7 +98,8 @@ Received ReadUntilClosed(int fd, absl::Duration timeout) {
 }
 
 // Replies parsed from `bytes` until `count` or the bytes run out.
-std::vector<StoreReply> ReadReplies(int fd, size_t count, absl::Duration timeout) {
+std::vector<StoreReply> ReadReplies(int fd, size_t count,
+                                    absl::Duration timeout) {
   std::vector<StoreReply> replies;
   std::string in;
   const absl::Time deadline = absl::Now() + timeout;
@@ -160,10 +163,12 @@ TEST(TcpStoreServerTest, BadPortsAreInvalidArgument) {
 TEST(TcpStoreTest, ClosedPortIsUnavailableWithinTheDeadline) {
   const int port = ClosedPort();
   const absl::Time start = absl::Now();
-  auto store = TcpStore::Connect(kHost, port, absl::Now() + absl::Milliseconds(300));
+  auto store =
+      TcpStore::Connect(kHost, port, absl::Now() + absl::Milliseconds(300));
   const absl::Duration took = absl::Now() - start;
   EXPECT_EQ(store.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(store.status().message(), HasSubstr(absl::StrCat("127.0.0.1:", port)));
+  EXPECT_THAT(store.status().message(),
+              HasSubstr(absl::StrCat("127.0.0.1:", port)));
   EXPECT_GE(took, absl::Milliseconds(250));  // it kept trying
   EXPECT_LT(took, absl::Seconds(3));
 }
@@ -197,7 +202,8 @@ TEST(TcpStoreTest, ServerStoppedWhileClientWaitsIsUnavailable) {
   absl::Status status = store->wait({"never"}, absl::Now() + absl::Seconds(30));
   stopper.join();
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
-  EXPECT_THAT(status.message(), HasSubstr(absl::StrCat("127.0.0.1:", server->port())));
+  EXPECT_THAT(status.message(),
+              HasSubstr(absl::StrCat("127.0.0.1:", server->port())));
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   // Later calls fail fast too: one reconnection attempt, refused.
   const absl::Time again = absl::Now();
@@ -267,7 +273,8 @@ TEST(TcpStoreServerTest, PipelinedAndByteByByteRequestsAreAnsweredInOrder) {
   const std::string frames =
       *EncodeRequest(set) + *EncodeRequest(get) + *EncodeRequest(missing);
   SendRaw(raw.get(), frames);  // all three in one write
-  std::vector<StoreReply> replies = ReadReplies(raw.get(), 3, absl::Seconds(10));
+  std::vector<StoreReply> replies =
+      ReadReplies(raw.get(), 3, absl::Seconds(10));
   ASSERT_EQ(replies.size(), 3u);
   EXPECT_EQ(replies[0].code, absl::StatusCode::kOk);
   EXPECT_THAT(replies[1].values, ::testing::ElementsAre("v"));
@@ -325,8 +332,9 @@ TEST(TcpStoreTest, OneSetReleasesEveryWaiterAndTimeoutsAreIndependent) {
   // A short wait on another key times out while the others are parked.
   std::unique_ptr<TcpStore> impatient = Client(server->port());
   ASSERT_NE(impatient, nullptr);
-  EXPECT_EQ(impatient->wait({"other"}, absl::Now() + absl::Milliseconds(50)).code(),
-            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(
+      impatient->wait({"other"}, absl::Now() + absl::Milliseconds(50)).code(),
+      absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(released.load(), 0);
   EXPECT_TRUE(impatient->set("go", "now").ok());
   for (std::thread& t : waiters) t.join();
@@ -363,7 +371,8 @@ TEST(TcpStoreTest, LargeValuesCrossInPieces) {
   std::unique_ptr<TcpStore> store = Client(server->port());
   ASSERT_NE(store, nullptr);
   std::string value(8 << 20, '\0');
-  for (size_t i = 0; i < value.size(); ++i) value[i] = static_cast<char>(i * 131);
+  for (size_t i = 0; i < value.size(); ++i)
+    value[i] = static_cast<char>(i * 131);
   ASSERT_TRUE(store->set("blob", value).ok());
   EXPECT_EQ(*store->get("blob"), value);
 }
@@ -400,7 +409,8 @@ TEST(TcpStoreServerTest, ConnectionsBeyondTheBoundAreClosed) {
   ASSERT_TRUE(b->ping().ok());
   std::unique_ptr<TcpStore> c = Client(server->port());  // TCP connects...
   ASSERT_NE(c, nullptr);
-  EXPECT_EQ(c->ping().code(), absl::StatusCode::kUnavailable);  // ...then closed
+  EXPECT_EQ(c->ping().code(),
+            absl::StatusCode::kUnavailable);  // ...then closed
   b.reset();
   // Once the server has seen b go, c's reconnection is taken.
   EXPECT_TRUE(Eventually([&] { return server->connections() == 1; }));

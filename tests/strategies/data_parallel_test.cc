@@ -26,7 +26,8 @@ std::vector<Parameter> MakeParams(int rank) {
   ps.emplace_back("a", Deterministic(3, 4, rank));
   ps.emplace_back("b", Deterministic(1, 5, rank + 0.5));
   ps.emplace_back("c", Deterministic(7, 3, rank + 0.25));
-  for (Parameter& p : ps) p.grad = Deterministic(p.value.rows(), p.value.cols(), 10 * rank + 1);
+  for (Parameter& p : ps)
+    p.grad = Deterministic(p.value.rows(), p.value.cols(), 10 * rank + 1);
   return ps;
 }
 
@@ -47,33 +48,37 @@ void CheckOnCurrentMesh() {
   const std::vector<int64_t> members = DpMembers();
   const int g = static_cast<int>(members.size());
   for (bool overlap : {true, false})
-  for (size_t bucket : {size_t{1}, size_t{7}, size_t{38}, size_t{1000}}) {
-    SCOPED_TRACE(::testing::Message() << "bucket " << bucket << ", DP " << g
-                                      << (overlap ? ", overlap" : ", blocking"));
-    std::vector<Parameter> ps = MakeParams(WorldRank());
-    DataParallel dp({.bucket_elements = bucket, .overlap = overlap});
+    for (size_t bucket : {size_t{1}, size_t{7}, size_t{38}, size_t{1000}}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "bucket " << bucket << ", DP " << g
+                   << (overlap ? ", overlap" : ", blocking"));
+      std::vector<Parameter> ps = MakeParams(WorldRank());
+      DataParallel dp({.bucket_elements = bucket, .overlap = overlap});
 
-    absl::StatusOr<BucketStats> b = dp.BroadcastParameters(Pointers(ps));
-    ASSERT_TRUE(b.ok()) << b.status();
-    const std::vector<Parameter> root = MakeParams(static_cast<int>(members[0]));
-    for (size_t i = 0; i < ps.size(); ++i) {
-      EXPECT_TRUE(Close(ps[i].value, root[i].value, 0)) << ps[i].name;
-    }
+      absl::StatusOr<BucketStats> b = dp.BroadcastParameters(Pointers(ps));
+      ASSERT_TRUE(b.ok()) << b.status();
+      const std::vector<Parameter> root =
+          MakeParams(static_cast<int>(members[0]));
+      for (size_t i = 0; i < ps.size(); ++i) {
+        EXPECT_TRUE(Close(ps[i].value, root[i].value, 0)) << ps[i].name;
+      }
 
-    absl::StatusOr<BucketStats> a = dp.AverageGradients(Pointers(ps));
-    ASSERT_TRUE(a.ok()) << a.status();
-    EXPECT_EQ(a->dp_size, g);
-    EXPECT_EQ(a->elements, 38u);
-    const int buckets = g == 1 ? 0 : static_cast<int>((38 + bucket - 1) / bucket);
-    EXPECT_EQ(a->collectives, buckets);
-    EXPECT_EQ(b->collectives, buckets);
-    for (size_t i = 0; i < ps.size(); ++i) {
-      Matrix want = Matrix::Zero(ps[i].grad.rows(), ps[i].grad.cols());
-      for (int64_t r : members) want += MakeParams(static_cast<int>(r))[i].grad;
-      want /= g;
-      EXPECT_TRUE(Close(ps[i].grad, want, 1e-12)) << ps[i].name;
+      absl::StatusOr<BucketStats> a = dp.AverageGradients(Pointers(ps));
+      ASSERT_TRUE(a.ok()) << a.status();
+      EXPECT_EQ(a->dp_size, g);
+      EXPECT_EQ(a->elements, 38u);
+      const int buckets =
+          g == 1 ? 0 : static_cast<int>((38 + bucket - 1) / bucket);
+      EXPECT_EQ(a->collectives, buckets);
+      EXPECT_EQ(b->collectives, buckets);
+      for (size_t i = 0; i < ps.size(); ++i) {
+        Matrix want = Matrix::Zero(ps[i].grad.rows(), ps[i].grad.cols());
+        for (int64_t r : members)
+          want += MakeParams(static_cast<int>(r))[i].grad;
+        want /= g;
+        EXPECT_TRUE(Close(ps[i].grad, want, 1e-12)) << ps[i].name;
+      }
     }
-  }
 }
 
 TEST(DataParallelTest, WholeWorldAsDp) {
@@ -112,7 +117,8 @@ Expected ExpectedAverage(const std::vector<int64_t>& members, size_t i,
   for (int64_t r : members) {
     Matrix grad = MakeParams(static_cast<int>(r))[i].grad;
     if (salt_step > 0) {
-      grad = Deterministic(grad.rows(), grad.cols(), 10 * r + 1 + 0.1 * salt_step);
+      grad =
+          Deterministic(grad.rows(), grad.cols(), 10 * r + 1 + 0.1 * salt_step);
     }
     if (e.mean.size() == 0) {
       e.mean = Matrix::Zero(grad.rows(), grad.cols());
@@ -256,8 +262,8 @@ TEST(DataParallelTest, Bf16MasterWeightsTrackDoubleOverSteps) {
     want.push_back(p.value);
     bound.push_back(Matrix::Zero(p.value.rows(), p.value.cols()));
   }
-  DataParallel dp({.bucket_elements = 16,
-                   .gradient_type = GradientType::kBFloat16});
+  DataParallel dp(
+      {.bucket_elements = 16, .gradient_type = GradientType::kBFloat16});
   for (int step = 1; step <= kSteps; ++step) {
     for (Parameter& p : ps) {
       p.grad = Deterministic(p.value.rows(), p.value.cols(),

@@ -24,7 +24,8 @@ constexpr int64_t kIn = 5;
 constexpr int64_t kOut = 3;
 
 ExpertInit Expert(int e) {
-  return {Deterministic(kIn, kOut, 100.0 + e), Deterministic(1, kOut, 200.0 + e)};
+  return {Deterministic(kIn, kOut, 100.0 + e),
+          Deterministic(1, kOut, 200.0 + e)};
 }
 
 // EP member r's tokens: an uneven row count (0 for member 1, so an empty
@@ -38,8 +39,7 @@ std::vector<int> RouteOf(int r, int experts) {
   return RouteByHash(ids, experts, /*seed=*/7);
 }
 
-void CheckAgainstSerial(const std::shared_ptr<Communicator>& ep,
-                        int experts) {
+void CheckAgainstSerial(const std::shared_ptr<Communicator>& ep, int experts) {
   const int g = ep->size();
   const int me = ep->rank();
   SCOPED_TRACE(::testing::Message() << experts << " experts over EP " << g);
@@ -96,7 +96,8 @@ void CheckAgainstSerial(const std::shared_ptr<Communicator>& ep,
   ASSERT_EQ(params.size(), static_cast<size_t>(2 * moe->local_experts()));
   for (int j = 0; j < moe->local_experts(); ++j) {
     const int e = moe->first_expert() + j;
-    EXPECT_TRUE(Close(params[2 * j]->grad, want_dw[e], 1e-12)) << "expert " << e;
+    EXPECT_TRUE(Close(params[2 * j]->grad, want_dw[e], 1e-12))
+        << "expert " << e;
     EXPECT_TRUE(Close(params[2 * j + 1]->grad, want_db[e], 1e-12))
         << "expert " << e;
   }
@@ -141,7 +142,8 @@ TEST(ExpertParallelTest, WholeWorldAndSingleRank) {
 
 TEST(ExpertParallelTest, BadInputIsNamed) {
   ASSERT_TRUE(InitMesh({WorldSize()}, {"EP"}));
-  std::shared_ptr<Communicator> ep = *VESCALE_DEVICE_MESH.get()->get_group("EP");
+  std::shared_ptr<Communicator> ep =
+      *VESCALE_DEVICE_MESH.get()->get_group("EP");
   if (WorldSize() > 1) {
     absl::StatusOr<ExpertParallelMoe> uneven =
         ExpertParallelMoe::Create("moe", WorldSize() + 1, ep, Expert);

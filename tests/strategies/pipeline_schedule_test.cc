@@ -134,10 +134,10 @@ TEST(PipelineScheduleTest, OneF1BOnTwoStagesInterleaves) {
        BuildStageSchedule(PipelineSchedule::k1F1B, 2, 0, 3)) {
     got.push_back(PipelineOpToString(op));
   }
-  EXPECT_EQ(got, (std::vector<std::string>{
-                     "fwd 0", "send-act 0", "fwd 1", "send-act 1",
-                     "recv-grad 0", "bwd 0", "fwd 2", "send-act 2",
-                     "recv-grad 1", "bwd 1", "recv-grad 2", "bwd 2"}));
+  EXPECT_EQ(got, (std::vector<std::string>{"fwd 0", "send-act 0", "fwd 1",
+                                           "send-act 1", "recv-grad 0", "bwd 0",
+                                           "fwd 2", "send-act 2", "recv-grad 1",
+                                           "bwd 1", "recv-grad 2", "bwd 2"}));
 }
 
 TEST(PipelineScheduleTest, SingleStageIsForwardThenBackward) {

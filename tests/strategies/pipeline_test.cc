@@ -32,8 +32,12 @@ Linear MakeLayer(int i) {
 class ChainStage : public PipelineStageModel {
  public:
   ChainStage(int stage, bool last, int mbs, Matrix x, Matrix y)
-      : layer_(MakeLayer(stage)), last_(last), x_(std::move(x)),
-        y_(std::move(y)), inputs_(mbs), outputs_(mbs) {}
+      : layer_(MakeLayer(stage)),
+        last_(last),
+        x_(std::move(x)),
+        y_(std::move(y)),
+        inputs_(mbs),
+        outputs_(mbs) {}
 
   int64_t InputRows(int) const override { return kRows; }
   int64_t InputCols() const override { return kWidth; }
@@ -55,7 +59,8 @@ class ChainStage : public PipelineStageModel {
   absl::StatusOr<Matrix> Backward(int mb, const Matrix& g,
                                   bool need_input_grad) override {
     Matrix grad = g;
-    if (!last_) grad = (grad.array() * (1 - outputs_[mb].array().square())).matrix();
+    if (!last_)
+      grad = (grad.array() * (1 - outputs_[mb].array().square())).matrix();
     Matrix dx = layer_.Backward(inputs_[mb], grad);
     return need_input_grad ? dx : Matrix();
   }
@@ -70,7 +75,8 @@ class ChainStage : public PipelineStageModel {
 TEST(PipelineTest, MatchesSerialForBothSchedules) {
   const int n = WorldSize();
   ASSERT_TRUE(InitMesh({n}, {"PP"}));
-  const int stage = static_cast<int>(*VESCALE_DEVICE_MESH.get_pipeline_parallel_rank());
+  const int stage =
+      static_cast<int>(*VESCALE_DEVICE_MESH.get_pipeline_parallel_rank());
   for (PipelineSchedule schedule :
        {PipelineSchedule::kGPipe, PipelineSchedule::k1F1B}) {
     for (int mbs : {1, 3, 2 * n + 1}) {
@@ -94,7 +100,8 @@ TEST(PipelineTest, MatchesSerialForBothSchedules) {
         const Matrix diff = acts.back() - y;
         Matrix g = (2.0 / static_cast<double>(y.size())) * diff;
         for (int i = n - 1; i >= 0; --i) {
-          if (i + 1 < n) g = (g.array() * (1 - acts[i + 1].array().square())).matrix();
+          if (i + 1 < n)
+            g = (g.array() * (1 - acts[i + 1].array().square())).matrix();
           g = ref[i].Backward(acts[i], g);
         }
 
@@ -114,10 +121,12 @@ TEST(PipelineTest, MatchesSerialForBothSchedules) {
         } else {
           EXPECT_EQ(st->max_in_flight, mbs);
         }
-        EXPECT_TRUE(Close(model.layer_.weight().grad, ref[stage].weight().grad));
+        EXPECT_TRUE(
+            Close(model.layer_.weight().grad, ref[stage].weight().grad));
         EXPECT_TRUE(Close(model.layer_.bias().grad, ref[stage].bias().grad));
         if (stage == n - 1) {
-          EXPECT_NEAR(model.sse_, diff.squaredNorm(), 1e-9 * diff.squaredNorm());
+          EXPECT_NEAR(model.sse_, diff.squaredNorm(),
+                      1e-9 * diff.squaredNorm());
         }
       }
     }
@@ -127,7 +136,8 @@ TEST(PipelineTest, MatchesSerialForBothSchedules) {
 TEST(PipelineTest, RejectsZeroMicroBatches) {
   ASSERT_TRUE(InitMesh({WorldSize()}, {"PP"}));
   ChainStage model(0, true, 1, Matrix(), Matrix());
-  absl::StatusOr<PipelineStats> st = RunPipeline(model, {.num_micro_batches = 0});
+  absl::StatusOr<PipelineStats> st =
+      RunPipeline(model, {.num_micro_batches = 0});
   EXPECT_EQ(st.status().code(), absl::StatusCode::kInvalidArgument);
 }
 

@@ -50,7 +50,8 @@ TEST(RegistryFollowTest, DataParallelUsesTheNewDpGroupAfterReinit) {
   ASSERT_TRUE(InitMesh({n / 2, 2}, {"PP", "DP"}));
   std::tie(mean, size) = AverageRank(dp);
   EXPECT_EQ(size, 2);
-  EXPECT_DOUBLE_EQ(mean, MeanOf((*VESCALE_DEVICE_MESH.get_data_parallel_mesh()).mesh()));
+  EXPECT_DOUBLE_EQ(
+      mean, MeanOf((*VESCALE_DEVICE_MESH.get_data_parallel_mesh()).mesh()));
   EXPECT_DOUBLE_EQ(mean, (WorldRank() / 2) * 2 + 0.5);
 }
 
@@ -61,13 +62,22 @@ TEST(RegistryFollowTest, PipelineUsesTheNewStagesAfterReinit) {
    public:
     int64_t InputRows(int) const override { return 1; }
     int64_t InputCols() const override { return 2; }
-    absl::StatusOr<Matrix> FirstStageInput(int) override { return Matrix::Ones(1, 2); }
-    absl::StatusOr<Matrix> Forward(int, const Matrix& in) override { return in; }
-    absl::StatusOr<Matrix> LossGradient(int, const Matrix& out) override { return out; }
-    absl::StatusOr<Matrix> Backward(int, const Matrix& g, bool) override { return g; }
+    absl::StatusOr<Matrix> FirstStageInput(int) override {
+      return Matrix::Ones(1, 2);
+    }
+    absl::StatusOr<Matrix> Forward(int, const Matrix& in) override {
+      return in;
+    }
+    absl::StatusOr<Matrix> LossGradient(int, const Matrix& out) override {
+      return out;
+    }
+    absl::StatusOr<Matrix> Backward(int, const Matrix& g, bool) override {
+      return g;
+    }
   } model;
   ASSERT_TRUE(InitMesh({n}, {"PP"}));
-  absl::StatusOr<PipelineStats> st = RunPipeline(model, {.num_micro_batches = 2});
+  absl::StatusOr<PipelineStats> st =
+      RunPipeline(model, {.num_micro_batches = 2});
   ASSERT_TRUE(st.ok()) << st.status();
   EXPECT_EQ(st->num_stages, n);
   EXPECT_EQ(st->stage, WorldRank());
@@ -85,7 +95,8 @@ TEST(RegistryFollowTest, TensorParallelLayerRefusesAStaleSplit) {
   if (n < 2) GTEST_SKIP() << "needs 2 ranks";
   ASSERT_TRUE(InitMesh({n}, {"TP"}));
   const Matrix w = Deterministic(4, 8 * n, 1), b = Deterministic(1, 8 * n, 2);
-  absl::StatusOr<ColumnParallelLinear> fc = ColumnParallelLinear::Create("fc", w, b);
+  absl::StatusOr<ColumnParallelLinear> fc =
+      ColumnParallelLinear::Create("fc", w, b);
   ASSERT_TRUE(fc.ok()) << fc.status();
   ASSERT_TRUE(fc->Forward(Deterministic(2, 4, 3)).ok());
 

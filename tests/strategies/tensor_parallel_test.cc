@@ -50,8 +50,8 @@ TEST(ColumnParallelLinearTest, MatchesSerialWithAndWithoutGather) {
   for (auto [dp, tp] : Shapes()) {
     ASSERT_TRUE(InitMesh({dp, tp}, {"DP", "TP"}));
     for (bool gather : {true, false}) {
-      SCOPED_TRACE(::testing::Message() << "DP=" << dp << " TP=" << tp
-                                        << " gather=" << gather);
+      SCOPED_TRACE(::testing::Message()
+                   << "DP=" << dp << " TP=" << tp << " gather=" << gather);
       absl::StatusOr<ColumnParallelLinear> fc = ColumnParallelLinear::Create(
           "fc", ref.w, ref.b, {.gather_output = gather});
       ASSERT_TRUE(fc.ok()) << fc.status();
@@ -85,9 +85,9 @@ TEST(RowParallelLinearTest, MatchesSerialWithSplitAndWholeInput) {
   for (auto [dp, tp] : Shapes()) {
     ASSERT_TRUE(InitMesh({dp, tp}, {"DP", "TP"}));
     for (bool parallel_input : {true, false}) {
-      SCOPED_TRACE(::testing::Message() << "DP=" << dp << " TP=" << tp
-                                        << " input_is_parallel="
-                                        << parallel_input);
+      SCOPED_TRACE(::testing::Message()
+                   << "DP=" << dp << " TP=" << tp
+                   << " input_is_parallel=" << parallel_input);
       absl::StatusOr<RowParallelLinear> fc = RowParallelLinear::Create(
           "fc", ref.w, ref.b, {.input_is_parallel = parallel_input});
       ASSERT_TRUE(fc.ok()) << fc.status();
@@ -101,8 +101,8 @@ TEST(RowParallelLinearTest, MatchesSerialWithSplitAndWholeInput) {
 
       absl::StatusOr<Matrix> dx = fc->Backward(x, ref.dy);
       ASSERT_TRUE(dx.ok()) << dx.status();
-      EXPECT_TRUE(Close(*dx, parallel_input ? Matrix(ref.dx.middleCols(r0, r))
-                                            : ref.dx));
+      EXPECT_TRUE(Close(
+          *dx, parallel_input ? Matrix(ref.dx.middleCols(r0, r)) : ref.dx));
       EXPECT_TRUE(Close(fc->weight().grad, ref.dw.middleRows(r0, r)));
       EXPECT_TRUE(Close(fc->bias().grad, ref.db));
     }
@@ -111,22 +111,27 @@ TEST(RowParallelLinearTest, MatchesSerialWithSplitAndWholeInput) {
 
 TEST(TensorParallelTest, ColumnThenRowIsTheSerialMlp) {
   // Megatron's pairing: column (no gather) -> tanh -> row, against serial.
-  const Matrix w1 = Deterministic(kIn, kOut, 5.0), b1 = Deterministic(1, kOut, 6.0);
-  const Matrix w2 = Deterministic(kOut, kIn, 7.0), b2 = Deterministic(1, kIn, 8.0);
+  const Matrix w1 = Deterministic(kIn, kOut, 5.0),
+               b1 = Deterministic(1, kOut, 6.0);
+  const Matrix w2 = Deterministic(kOut, kIn, 7.0),
+               b2 = Deterministic(1, kIn, 8.0);
   const Matrix x = Deterministic(kBatch, kIn, 9.0);
   const Matrix dz = Deterministic(kBatch, kIn, 10.0);
   Linear s1("s1", w1, b1), s2("s2", w2, b2);
   const Matrix h = s1.Forward(x).array().tanh().matrix();
   const Matrix z = s2.Forward(h);
   const Matrix dh = s2.Backward(h, dz);
-  const Matrix dx = s1.Backward(
-      x, (dh.array() * (1 - h.array().square())).matrix());
+  const Matrix dx =
+      s1.Backward(x, (dh.array() * (1 - h.array().square())).matrix());
 
   const int n = WorldSize();
-  if (kOut % n != 0) GTEST_SKIP() << kOut << " hidden units do not split " << n << " ways";
+  if (kOut % n != 0)
+    GTEST_SKIP() << kOut << " hidden units do not split " << n << " ways";
   ASSERT_TRUE(InitMesh({n}, {"TP"}));
-  absl::StatusOr<ColumnParallelLinear> p1 = ColumnParallelLinear::Create("p1", w1, b1);
-  absl::StatusOr<RowParallelLinear> p2 = RowParallelLinear::Create("p2", w2, b2);
+  absl::StatusOr<ColumnParallelLinear> p1 =
+      ColumnParallelLinear::Create("p1", w1, b1);
+  absl::StatusOr<RowParallelLinear> p2 =
+      RowParallelLinear::Create("p2", w2, b2);
   ASSERT_TRUE(p1.ok() && p2.ok());
   absl::StatusOr<Matrix> a = p1->Forward(x);
   ASSERT_TRUE(a.ok());
@@ -136,8 +141,8 @@ TEST(TensorParallelTest, ColumnThenRowIsTheSerialMlp) {
   EXPECT_TRUE(Close(*zp, z));
   absl::StatusOr<Matrix> dhp = p2->Backward(hp, dz);
   ASSERT_TRUE(dhp.ok());
-  absl::StatusOr<Matrix> dxp = p1->Backward(
-      x, (dhp->array() * (1 - hp.array().square())).matrix());
+  absl::StatusOr<Matrix> dxp =
+      p1->Backward(x, (dhp->array() * (1 - hp.array().square())).matrix());
   ASSERT_TRUE(dxp.ok());
   EXPECT_TRUE(Close(*dxp, dx));
   const int64_t c0 = p1->shard().begin(), c = p1->shard().size();

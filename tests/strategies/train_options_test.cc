@@ -38,7 +38,8 @@ TEST(TrainOptionsTest, AbsentRolesAreOne) {
 
 TEST(TrainOptionsTest, NamesTheBadValue) {
   TrainOptions o;
-  EXPECT_NE(ErrorOf(o, 4).find("has 8 ranks but the job has 4"), std::string::npos);
+  EXPECT_NE(ErrorOf(o, 4).find("has 8 ranks but the job has 4"),
+            std::string::npos);
 
   o = {};
   o.mesh = "PP=2,DP=2,TP=";

@@ -131,9 +131,10 @@ TEST(PlacementCheck, AJobPlacedAsPlannedMatchesUnderEveryPolicy) {
               .value();
       EXPECT_TRUE(b.matches) << ::testing::PrintToString(b.differences);
       const Plan cyclic = MakePlan(layout, Cyclic(h));
-      const PlacementCheck c = CheckPlacement(
-          cyclic, Parse(JobJson(layout, PlaceCyclic(h, world), "gpu-")))
-                                   .value();
+      const PlacementCheck c =
+          CheckPlacement(cyclic,
+                         Parse(JobJson(layout, PlaceCyclic(h, world), "gpu-")))
+              .value();
       EXPECT_TRUE(c.matches) << ::testing::PrintToString(c.differences);
     }
   }
@@ -154,18 +155,16 @@ TEST(PlacementCheck, BlockPlanAgainstCyclicJobDiffersExactlyWhenHostsDiffer) {
       const std::vector<int64_t> cyclic = PlaceCyclic(hosts, world);
       const std::vector<int64_t> block = PlaceBlock(per_host, world);
       const bool same = SamePartition(block, cyclic);
-      const PlacementCheck c =
-          CheckPlacement(MakePlan(layout, Block(per_host)),
-                         Parse(JobJson(layout, cyclic)))
-              .value();
+      const PlacementCheck c = CheckPlacement(MakePlan(layout, Block(per_host)),
+                                              Parse(JobJson(layout, cyclic)))
+                                   .value();
       EXPECT_EQ(c.matches, same);
       if (!same) {
         EXPECT_THAT(c.hint, HasSubstr("the job's placement is cyclic"));
       }
-      const PlacementCheck r =
-          CheckPlacement(MakePlan(layout, Cyclic(hosts)),
-                         Parse(JobJson(layout, block)))
-              .value();
+      const PlacementCheck r = CheckPlacement(MakePlan(layout, Cyclic(hosts)),
+                                              Parse(JobJson(layout, block)))
+                                   .value();
       EXPECT_EQ(r.matches, same);
       if (!same) {
         EXPECT_THAT(r.hint, HasSubstr("the job's placement is block"));
@@ -183,17 +182,18 @@ TEST(PlacementCheck, CyclicJobAgainstBlockPlanSaysWhatAndHow) {
   EXPECT_FALSE(c.matches);
   EXPECT_THAT(c.differences, Contains("TP: plan 0 crossing groups, job 4"));
   EXPECT_THAT(c.differences, Contains("PP: plan 4 crossing groups, job 0"));
-  EXPECT_THAT(c.differences,
-              Contains("rank 1: the plan puts it on host 0 with ranks "
-                       "0,1,2,3; the job ran it on 'node1' with ranks 1,3,5,7"));
+  EXPECT_THAT(
+      c.differences,
+      Contains("rank 1: the plan puts it on host 0 with ranks "
+               "0,1,2,3; the job ran it on 'node1' with ranks 1,3,5,7"));
   EXPECT_THAT(c.differences,
               Contains(HasSubstr("... and 5 more ranks whose host holds other "
                                  "ranks than planned (8 of 8 in all)")));
-  EXPECT_THAT(c.hint,
-              AllOf(HasSubstr("the job's placement is cyclic over 2 hosts"),
-                    HasSubstr("--distribution=block"),
-                    HasSubstr("--map-by slot"),
-                    HasSubstr("--placement cyclic --hosts 2")));
+  EXPECT_THAT(
+      c.hint,
+      AllOf(HasSubstr("the job's placement is cyclic over 2 hosts"),
+            HasSubstr("--distribution=block"), HasSubstr("--map-by slot"),
+            HasSubstr("--placement cyclic --hosts 2")));
   const std::string text =
       RenderCheck(plan, Parse(JobJson(layout, PlaceCyclic(2, 8))), c);
   EXPECT_THAT(text, HasSubstr("plan and job placement differ"));
@@ -225,7 +225,8 @@ TEST(PlacementCheck, UnevenJobAgainstHostfilePlan) {
   s.hostfile = ParseHostfile("n0 slots=2\nn1 slots=4\n", "hf").value();
   const Plan plan = MakePlan(layout, s);
   const std::vector<int64_t> uneven = {0, 0, 1, 1, 1, 1};
-  EXPECT_TRUE(CheckPlacement(plan, Parse(JobJson(layout, uneven))).value().matches);
+  EXPECT_TRUE(
+      CheckPlacement(plan, Parse(JobJson(layout, uneven))).value().matches);
   // The same job against a block plan of 3 per host: names the uneven sizes.
   const PlacementCheck c =
       CheckPlacement(MakePlan(layout, Block(3)), Parse(JobJson(layout, uneven)))
@@ -301,34 +302,34 @@ TEST(PlacementCheck, CommandExitCodes) {
     return code;
   };
   std::string text;
-  EXPECT_EQ(run({"--mesh", "PP=2,DP=2,TP=2", "--ranks-per-host", "4",
-                 "--check", cyclic},
+  EXPECT_EQ(run({"--mesh", "PP=2,DP=2,TP=2", "--ranks-per-host", "4", "--check",
+                 cyclic},
                 &text),
             kExitMismatch);
   EXPECT_THAT(text, AllOf(HasSubstr("TP: plan 0 crossing groups, job 4"),
                           HasSubstr("srun -N 2 -n 8 --ntasks-per-node=4 "
                                     "--distribution=block")));
-  EXPECT_EQ(run({"--mesh", "PP=2,DP=2,TP=2", "--placement", "cyclic",
-                 "--hosts", "2", "--check", cyclic},
+  EXPECT_EQ(run({"--mesh", "PP=2,DP=2,TP=2", "--placement", "cyclic", "--hosts",
+                 "2", "--check", cyclic},
                 &text),
             kExitOk);
   EXPECT_THAT(text, HasSubstr("plan matches the job's placement"));
-  EXPECT_EQ(run({"--mesh", "PP=2,DP=2,TP=2", "--placement=cyclic",
-                 "--check", cyclic, "--format", "json"},
+  EXPECT_EQ(run({"--mesh", "PP=2,DP=2,TP=2", "--placement=cyclic", "--check",
+                 cyclic, "--format", "json"},
                 &text),
             kExitMismatch);  // 8 per host by default: one host, not two
   EXPECT_EQ(nlohmann::json::parse(text)["matches"], false);
   EXPECT_EQ(run({"--mesh", "PP=2,DP=2,TP=2", "--check", bad}, &text),
             kExitUsage);
   EXPECT_THAT(text, HasSubstr("field 'world_size' is missing"));
-  EXPECT_EQ(run({"--mesh", "PP=2,DP=2,TP=2", "--check", dir + "/nope.json"},
-                &text),
-            kExitUsage);
+  EXPECT_EQ(
+      run({"--mesh", "PP=2,DP=2,TP=2", "--check", dir + "/nope.json"}, &text),
+      kExitUsage);
   EXPECT_THAT(text, HasSubstr("cannot open placement file"));
-  EXPECT_EQ(run({"--mesh", "PP=2,DP=2,TP=2", "--check", cyclic, "--format",
-                 "svg"},
-                &text),
-            kExitUsage);
+  EXPECT_EQ(
+      run({"--mesh", "PP=2,DP=2,TP=2", "--check", cyclic, "--format", "svg"},
+          &text),
+      kExitUsage);
   std::remove(cyclic.c_str());
   std::remove(bad.c_str());
 }

@@ -59,11 +59,11 @@ TEST(Hostfile, BadLinesNameFileLineTextAndExpectation) {
     absl::StatusOr<Hostfile> h = ParseHostfile(c.text, "hf.txt");
     ASSERT_FALSE(h.ok()) << c.text;
     EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(std::string(h.status().message()),
-                AllOf(HasSubstr("hostfile 'hf.txt'"),
-                      HasSubstr(absl::StrCat("line ", c.line, ":")),
-                      HasSubstr(c.shown), HasSubstr("expected"),
-                      HasSubstr(c.expected)))
+    EXPECT_THAT(
+        std::string(h.status().message()),
+        AllOf(HasSubstr("hostfile 'hf.txt'"),
+              HasSubstr(absl::StrCat("line ", c.line, ":")), HasSubstr(c.shown),
+              HasSubstr("expected"), HasSubstr(c.expected)))
         << c.text;
   }
 }

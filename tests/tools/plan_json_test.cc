@@ -36,8 +36,7 @@ json PlanJson(const std::vector<int64_t>& shape,
               std::optional<int64_t> rank = std::nullopt) {
   absl::StatusOr<MeshLayout> layout = MeshLayout::Create(shape, names);
   EXPECT_TRUE(layout.ok()) << layout.status();
-  absl::StatusOr<Plan> plan =
-      BuildPlan(*layout, Settings(per_host, rank));
+  absl::StatusOr<Plan> plan = BuildPlan(*layout, Settings(per_host, rank));
   EXPECT_TRUE(plan.ok()) << plan.status();
   return json::parse(RenderJson(*plan));
 }
@@ -53,8 +52,8 @@ TEST(PlanJson, MatchesLayoutForSmallMeshes) {
     absl::StatusOr<MeshLayout> layout = MeshLayout::Create(shape, names);
     ASSERT_TRUE(layout.ok());
     for (int64_t per_host : {1, 3, 4, 8, 100}) {
-      SCOPED_TRACE(layout->ToString() + " per_host=" +
-                   std::to_string(per_host));
+      SCOPED_TRACE(layout->ToString() +
+                   " per_host=" + std::to_string(per_host));
       const json j = PlanJson(shape, names, per_host);
       EXPECT_EQ(j["schema"], "vemesh.plan/1");
       EXPECT_EQ(j["mesh"]["world_size"], layout->size());
@@ -62,7 +61,8 @@ TEST(PlanJson, MatchesLayoutForSmallMeshes) {
       EXPECT_EQ(j["hosts"]["count"],
                 (layout->size() + per_host - 1) / per_host);
       // Every rank, its coordinate and host.
-      ASSERT_EQ(j["ranks"]["items"].size(), static_cast<size_t>(layout->size()));
+      ASSERT_EQ(j["ranks"]["items"].size(),
+                static_cast<size_t>(layout->size()));
       for (const json& r : j["ranks"]["items"]) {
         const int64_t rank = r["rank"];
         const Coordinate c = layout->coordinate_of(rank).value();
@@ -92,9 +92,9 @@ TEST(PlanJson, MatchesLayoutForSmallMeshes) {
         }
         EXPECT_EQ(d["crossing_groups"], crossing);
         const std::string expected =
-            crossing == 0 ? "intra-host"
+            crossing == 0                                     ? "intra-host"
             : crossing == static_cast<int64_t>(groups.size()) ? "cross-host"
-                                                             : "mixed";
+                                                              : "mixed";
         EXPECT_EQ(d["locality"], expected);
       }
       EXPECT_TRUE(j["rank_view"].is_null());
@@ -170,8 +170,7 @@ TEST(PlanJson, MillionRanksAreSummarised) {
     EXPECT_EQ(d["groups"]["items"][0]["complete"], false);
   }
   EXPECT_EQ(j["dims"][2]["groups"]["items"].back()["index"], 8191);
-  EXPECT_EQ(j["rank_view"]["coordinate"],
-            (std::vector<int64_t>{61, 4, 64}));
+  EXPECT_EQ(j["rank_view"]["coordinate"], (std::vector<int64_t>{61, 4, 64}));
 }
 
 TEST(PlanErrors, NameTheBadValue) {
@@ -206,13 +205,13 @@ TEST(PlanErrors, AHugeLayoutThatIsNotAnArangeIsRefused) {
   ASSERT_FALSE(reversed.is_arange());
   absl::StatusOr<Plan> p = BuildPlan(reversed, Settings(8));
   ASSERT_FALSE(p.ok());
-  EXPECT_NE(p.status().message().find(absl::StrCat(
-                "has ", 2 * kMaxScannedRanks, " ranks")),
+  EXPECT_NE(p.status().message().find(
+                absl::StrCat("has ", 2 * kMaxScannedRanks, " ranks")),
             absl::string_view::npos)
       << p.status();
-  EXPECT_NE(p.status().message().find(absl::StrCat("at most ",
-                                                   kMaxScannedRanks)),
-            absl::string_view::npos);
+  EXPECT_NE(
+      p.status().message().find(absl::StrCat("at most ", kMaxScannedRanks)),
+      absl::string_view::npos);
   const MeshLayout small = MeshLayout::Create({2, 64}, {"DP", "TP"})
                                .value()
                                .flatten({"TP", "DP"}, "F")
@@ -256,9 +255,9 @@ TEST(PlanPlacement, RankHostsFollowThePlacement) {
   }
   PlanSettings s;
   s.placement = PlacementPolicy::kHostfile;
-  s.hostfile = ParseHostfile("big slots=7\nsmall slots=3\nspare slots=9\n",
-                             "hosts.txt")
-                   .value();
+  s.hostfile =
+      ParseHostfile("big slots=7\nsmall slots=3\nspare slots=9\n", "hosts.txt")
+          .value();
   const json j = json::parse(RenderJson(BuildPlan(layout, s).value()));
   EXPECT_EQ(j["placement"]["hostfile"], "hosts.txt");
   EXPECT_EQ(j["placement"]["host_names"],
@@ -267,7 +266,9 @@ TEST(PlanPlacement, RankHostsFollowThePlacement) {
   for (const json& r : j["ranks"]["items"]) {
     const int64_t rank = r["rank"];
     EXPECT_EQ(r["host"], rank < 7 ? 0 : rank < 10 ? 1 : 2);
-    EXPECT_EQ(r["local_rank"], rank < 7 ? rank : rank < 10 ? rank - 7 : rank - 10);
+    EXPECT_EQ(r["local_rank"], rank < 7    ? rank
+                               : rank < 10 ? rank - 7
+                                           : rank - 10);
     EXPECT_EQ(r["host_name"], rank < 7 ? "big" : rank < 10 ? "small" : "spare");
   }
 }
@@ -283,8 +284,7 @@ TEST(PlanPlacement, RankViewFollowsThePlacement) {
   EXPECT_EQ(plan.rank_view->host, 1);
   EXPECT_EQ(plan.rank_view->local, 2);
   // TP group of rank 5 is {4, 5}: hosts 0 and 1.
-  EXPECT_EQ(plan.rank_view->dims[2].group.hosts,
-            (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(plan.rank_view->dims[2].group.hosts, (std::vector<int64_t>{0, 1}));
 }
 
 TEST(PlanPlacement, LaunchFlagsStateThePlacement) {
@@ -326,8 +326,9 @@ TEST(PlanPlacement, LaunchFlagsStateThePlacement) {
                                     "--map-by slot"),
             std::string::npos);
   EXPECT_TRUE(slots.launch[2].command.empty());  // uneven: no torchrun
-  h.hostfile = ParseHostfile("a slots=4\nb slots=4\nc slots=4\n",
-                             "/etc/hosts.d/gpu").value();
+  h.hostfile =
+      ParseHostfile("a slots=4\nb slots=4\nc slots=4\n", "/etc/hosts.d/gpu")
+          .value();
   const Plan even = BuildPlan(layout, h).value();
   EXPECT_EQ(even.launch[0].command,
             "mpirun -n 8 --hostfile /etc/hosts.d/gpu --map-by slot");
@@ -411,8 +412,7 @@ TEST(PlanPlacement, LatencySensitiveDimensionsWarnWithAProvenFix) {
 
 TEST(PlanPlacement, RoleListDefaultsAndTurnsOff) {
   // EP crosses on hosts of 2, but only TP is latency-sensitive by default.
-  const MeshLayout layout =
-      MeshLayout::Create({4, 2}, {"EP", "TP"}).value();
+  const MeshLayout layout = MeshLayout::Create({4, 2}, {"EP", "TP"}).value();
   PlanSettings s;
   s.ranks_per_host = 2;
   EXPECT_TRUE(BuildPlan(layout, s).value().warnings.empty());

@@ -15,8 +15,8 @@ namespace {
 
 TEST(PlanOptions, ParsesBothFlagForms) {
   const std::vector<std::string> args = {
-      "--mesh", "PP=2,TP=4", "--rank=3", "--ranks-per-host", "4",
-      "--format=svg", "--color-by", "PP", "--output", "x.svg"};
+      "--mesh",       "PP=2,TP=4",  "--rank=3", "--ranks-per-host", "4",
+      "--format=svg", "--color-by", "PP",       "--output",         "x.svg"};
   const PlanOptions o = ParsePlanArgs(args).value();
   EXPECT_EQ(o.mesh, "PP=2,TP=4");
   EXPECT_EQ(o.rank, 3);
@@ -28,8 +28,9 @@ TEST(PlanOptions, ParsesBothFlagForms) {
 
 TEST(PlanOptions, ParsesPlacementHostsRolesAndCheck) {
   const std::vector<std::string> args = {
-      "--mesh", "PP=2,TP=4", "--placement=cyclic", "--hosts", "2",
-      "--latency-sensitive", "TP,PP", "--check", "job.json"};
+      "--mesh",  "PP=2,TP=4", "--placement=cyclic",
+      "--hosts", "2",         "--latency-sensitive",
+      "TP,PP",   "--check",   "job.json"};
   const PlanOptions o = ParsePlanArgs(args).value();
   EXPECT_EQ(o.placement, PlacementPolicy::kCyclic);
   EXPECT_EQ(o.hosts, 2);
@@ -37,9 +38,9 @@ TEST(PlanOptions, ParsesPlacementHostsRolesAndCheck) {
   EXPECT_EQ(o.latency_sensitive, (std::vector<std::string>{"TP", "PP"}));
   EXPECT_EQ(o.check, "job.json");
   const PlanOptions h =
-      ParsePlanArgs(std::vector<std::string>{
-                        "--mesh", "TP=2", "--placement", "hostfile:a:b.txt",
-                        "--latency-sensitive="})
+      ParsePlanArgs(std::vector<std::string>{"--mesh", "TP=2", "--placement",
+                                             "hostfile:a:b.txt",
+                                             "--latency-sensitive="})
           .value();
   EXPECT_EQ(h.placement, PlacementPolicy::kHostfile);
   EXPECT_EQ(h.hostfile, "a:b.txt");
@@ -109,9 +110,9 @@ TEST(PlanCommand, BadInputsExitWithAMessage) {
 TEST(PlanCommand, GoodRunsPrintEveryFormat) {
   for (const std::string fmt : {"table", "json", "svg"}) {
     std::ostringstream out, err;
-    EXPECT_EQ(RunPlanCommand({"--mesh", "PP=2,DP=2,TP=2", "--format", fmt},
-                             out, err),
-              kExitOk);
+    EXPECT_EQ(
+        RunPlanCommand({"--mesh", "PP=2,DP=2,TP=2", "--format", fmt}, out, err),
+        kExitOk);
     EXPECT_FALSE(out.str().empty());
     EXPECT_TRUE(err.str().empty()) << err.str();
   }
@@ -131,8 +132,7 @@ TEST(PlanCommand, HugeWorldsArePlannedInWellUnderASecond) {
       {"--mesh", "DP=3037000499,TP=3037000499", "--rank",
        "9223372030926249000"},
       // TP crosses hosts: the order search runs on a huge world too.
-      {"--mesh", "PP=3,TP=7,DP=439208192231179800", "--ranks-per-host",
-       "4095"},
+      {"--mesh", "PP=3,TP=7,DP=439208192231179800", "--ranks-per-host", "4095"},
       // Six dimensions: every order is tried, at the largest host size.
       {"--mesh", "A=3,B=5,TP=7,C=11,D=13,E=1000000000000", "--ranks-per-host",
        "4096"},

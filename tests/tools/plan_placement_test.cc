@@ -56,8 +56,8 @@ std::vector<int64_t> PlaceSlots(const std::vector<int64_t>& slots,
                                 int64_t world) {
   std::vector<int64_t> host;
   for (size_t h = 0; h < slots.size(); ++h) {
-    for (int64_t s = 0; s < slots[h] && static_cast<int64_t>(host.size()) < world;
-         ++s) {
+    for (int64_t s = 0;
+         s < slots[h] && static_cast<int64_t>(host.size()) < world; ++s) {
       host.push_back(static_cast<int64_t>(h));
     }
   }
@@ -78,7 +78,8 @@ std::vector<int64_t> UsedSlots(const std::vector<int64_t>& slots,
 
 HostMap SlotsMap(const std::vector<int64_t>& sizes) {
   std::vector<std::string> names;
-  for (size_t i = 0; i < sizes.size(); ++i) names.push_back(absl::StrCat("n", i));
+  for (size_t i = 0; i < sizes.size(); ++i)
+    names.push_back(absl::StrCat("n", i));
   return HostMap::Slots(names, sizes);
 }
 
@@ -175,7 +176,8 @@ TEST(HostLocality, EveryPolicyCountsCrossingGroupsAsTheReference) {
       for (int64_t d = 0; d < layout.ndim(); ++d) {
         const auto groups = layout.groups({layout.dim_name(d)}).value();
         int64_t crossing = 0;
-        for (const auto& g : groups) crossing += DistinctHosts(g, c.reference) > 1;
+        for (const auto& g : groups)
+          crossing += DistinctHosts(g, c.reference) > 1;
         const DimLocality fast = AnalyzeDimLocality(layout, d, c.hosts);
         ASSERT_EQ(fast.crossing_groups, crossing)
             << layout.ToString() << " dim " << d << " " << c.name;
@@ -196,8 +198,8 @@ TEST(GroupSummary, ElidedHostCountMatchesTheReferenceUnderEveryPolicy) {
         for (size_t g = 0; g < groups.size(); ++g) {
           const GroupSummary elided = SummarizeGroup(
               layout, d, static_cast<int64_t>(g), c.hosts, /*max_listed=*/1);
-          const GroupSummary listed = SummarizeGroup(
-              layout, d, static_cast<int64_t>(g), c.hosts);
+          const GroupSummary listed =
+              SummarizeGroup(layout, d, static_cast<int64_t>(g), c.hosts);
           const int64_t distinct = DistinctHosts(groups[g], c.reference);
           ASSERT_EQ(elided.host_count, distinct)
               << layout.ToString() << " dim " << d << " group " << g << " "
@@ -267,15 +269,18 @@ TEST(HostLocality, HugeWorldsUnderCyclicAndSlots) {
       MeshLayout::Create({int64_t{1} << 20, int64_t{1} << 12, 256},
                          {"PP", "DP", "TP"})
           .value();
-  const DimLocality tp = AnalyzeDimLocality(layout, 2, HostMap::Cyclic(16, world));
+  const DimLocality tp =
+      AnalyzeDimLocality(layout, 2, HostMap::Cyclic(16, world));
   EXPECT_EQ(tp.crossing_groups, tp.group_count);
-  const DimLocality pp = AnalyzeDimLocality(layout, 0, HostMap::Cyclic(16, world));
+  const DimLocality pp =
+      AnalyzeDimLocality(layout, 0, HostMap::Cyclic(16, world));
   EXPECT_EQ(pp.crossing_groups, 0);  // stride 2^20 is a multiple of 16
   const HostMap slots = HostMap::Slots({"a", "b"}, {world / 2, world / 2});
   const DimLocality pp_slots = AnalyzeDimLocality(layout, 0, slots);
   EXPECT_EQ(pp_slots.crossing_groups, pp_slots.group_count);
   EXPECT_EQ(AnalyzeDimLocality(layout, 2, slots).crossing_groups, 0);
-  const GroupSummary g = SummarizeGroup(layout, 0, 0, HostMap::Cyclic(16, world));
+  const GroupSummary g =
+      SummarizeGroup(layout, 0, 0, HostMap::Cyclic(16, world));
   EXPECT_EQ(g.host_count, 1);
 }
 
@@ -297,9 +302,8 @@ TEST(GroupSummary, ElidedHostCountMatchesEveryMember) {
               std::unique(seen.begin(), seen.end()) - seen.begin();
           const GroupSummary s = SummarizeGroup(
               layout, d, static_cast<int64_t>(g), hosts, /*max_listed=*/1);
-          ASSERT_EQ(s.host_count, distinct)
-              << layout.ToString() << " dim " << d << " group " << g
-              << " h " << h;
+          ASSERT_EQ(s.host_count, distinct) << layout.ToString() << " dim " << d
+                                            << " group " << g << " h " << h;
         }
       }
     }
@@ -310,8 +314,8 @@ TEST(GroupSummary, ElidedHostCountMatchesEveryMember) {
 TEST(GroupSummary, AHugeGroupIsSummarisedFromItsEnds) {
   const MeshLayout layout =
       MeshLayout::Create({int64_t{1} << 62}, {"TP"}).value();
-  const GroupSummary s = SummarizeGroup(
-      layout, 0, 0, HostMap{8, layout.size()});
+  const GroupSummary s =
+      SummarizeGroup(layout, 0, 0, HostMap{8, layout.size()});
   EXPECT_EQ(s.size, int64_t{1} << 62);
   EXPECT_EQ(s.ranks, (std::vector<int64_t>{0, 1, 2, 3}));
   EXPECT_EQ(s.tail.back(), (int64_t{1} << 62) - 1);

@@ -63,8 +63,8 @@ absl::StatusOr<OrderSuggestion> SuggestOrderKeepingInHost(
   const int64_t h = hosts.max_host_size();
   if (shape[target] > h) {
     out.reason = absl::StrCat(names[target], "=", shape[target],
-                              " has more ranks than a host holds (",
-                              h, "): no order keeps its groups in one host");
+                              " has more ranks than a host holds (", h,
+                              "): no order keeps its groups in one host");
     return out;
   }
 

@@ -4,7 +4,8 @@
 //
 // Tensor parallelism exchanges activations every layer, so its groups want the
 // fast links inside one host. When `PP=2,TP=4,DP=2` on hosts of 4 puts each TP
-// group across two hosts, reordering the mesh (same sizes, same names) fixes it:
+// group across two hosts, reordering the mesh (same sizes, same names) fixes
+// it:
 //
 //   absl::StatusOr<OrderSuggestion> s =
 //       SuggestOrderKeepingInHost(layout, "TP", hosts);

@@ -33,7 +33,8 @@ int64_t HostsOfStridedGroup(int64_t first, int64_t stride, int64_t n,
       for (int64_t j = hosts.host_of(first); j <= hosts.host_of(last); ++j) {
         const int64_t a = hosts.starts()[j];
         const int64_t b = hosts.starts()[j + 1];
-        const int64_t k_min = a <= first ? 0 : (a - first + stride - 1) / stride;
+        const int64_t k_min =
+            a <= first ? 0 : (a - first + stride - 1) / stride;
         const int64_t k_max = (b - 1 - first) / stride;
         if (k_min <= k_max && k_min < n) ++count;
       }

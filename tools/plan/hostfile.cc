@@ -5,21 +5,21 @@
 #include <sstream>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 
 namespace vemesh::plan {
 namespace {
 
 absl::Status LineError(absl::string_view path, int64_t line,
                        absl::string_view text, absl::string_view expected) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("hostfile '", path, "' line ", line, ": '", text,
-                   "': expected ", expected));
+  return absl::InvalidArgumentError(absl::StrCat("hostfile '", path, "' line ",
+                                                 line, ": '", text,
+                                                 "': expected ", expected));
 }
 
 // "slots=4" -> 4; the key must match.
@@ -66,10 +66,10 @@ absl::StatusOr<Hostfile> ParseHostfile(absl::string_view text,
       if (absl::StartsWith(tokens[i], "slots=")) {
         if (!ParseCount(tokens[i], "slots", &v) || v < 1 ||
             v > kMaxSlotsPerHost) {
-          return LineError(path, line_no, shown,
-                           absl::StrCat("slots=N with N from 1 to ",
-                                        kMaxSlotsPerHost, ", got '", tokens[i],
-                                        "'"));
+          return LineError(
+              path, line_no, shown,
+              absl::StrCat("slots=N with N from 1 to ", kMaxSlotsPerHost,
+                           ", got '", tokens[i], "'"));
         }
         slots = v;
       } else if (absl::StartsWith(tokens[i], "max_slots=") ||
@@ -79,27 +79,29 @@ absl::StatusOr<Hostfile> ParseHostfile(absl::string_view text,
         if (!ParseCount(tokens[i], tokens[i].substr(0, tokens[i].find('=')),
                         &v) ||
             v < 1) {
-          return LineError(path, line_no, shown,
-                           absl::StrCat("max_slots=N with N >= 1, got '",
-                                        tokens[i], "'"));
+          return LineError(
+              path, line_no, shown,
+              absl::StrCat("max_slots=N with N >= 1, got '", tokens[i], "'"));
         }
       } else {
-        return LineError(path, line_no, shown,
-                         absl::StrCat("'HOST slots=N [max_slots=M]'; '",
-                                      tokens[i], "' is not slots= or max_slots="));
+        return LineError(
+            path, line_no, shown,
+            absl::StrCat("'HOST slots=N [max_slots=M]'; '", tokens[i],
+                         "' is not slots= or max_slots="));
       }
     }
     if (slots < 0) {
       return LineError(
           path, line_no, shown,
-          absl::StrCat("'", name, " slots=N': without slots Open MPI counts "
+          absl::StrCat("'", name,
+                       " slots=N': without slots Open MPI counts "
                        "the host's cores, which the planner cannot know"));
     }
     if (auto it = first_line.find(name); it != first_line.end()) {
-      return LineError(path, line_no, shown,
-                       absl::StrCat("each host once; '", name,
-                                    "' is already on line ", it->second,
-                                    " (merge the two lines' slots)"));
+      return LineError(
+          path, line_no, shown,
+          absl::StrCat("each host once; '", name, "' is already on line ",
+                       it->second, " (merge the two lines' slots)"));
     }
     if (static_cast<int64_t>(out.names.size()) >= kMaxHostfileHosts) {
       return LineError(path, line_no, shown,
@@ -110,9 +112,10 @@ absl::StatusOr<Hostfile> ParseHostfile(absl::string_view text,
     out.slots.push_back(slots);
   }
   if (out.names.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "hostfile '", path, "' lists no hosts: expected lines like "
-        "'node0 slots=4'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("hostfile '", path,
+                     "' lists no hosts: expected lines like "
+                     "'node0 slots=4'"));
   }
   return out;
 }
@@ -130,8 +133,8 @@ absl::StatusOr<Hostfile> LoadHostfile(const std::string& path) {
   text.resize(static_cast<size_t>(in.gcount()));
   if (static_cast<int64_t>(text.size()) > kMaxHostfileBytes) {
     return absl::InvalidArgumentError(
-        absl::StrCat("hostfile '", path, "' is larger than ",
-                     kMaxHostfileBytes, " bytes: expected a hostfile"));
+        absl::StrCat("hostfile '", path, "' is larger than ", kMaxHostfileBytes,
+                     " bytes: expected a hostfile"));
   }
   return ParseHostfile(text, path);
 }
@@ -141,9 +144,9 @@ absl::StatusOr<HostMap> HostMapFromHostfile(const Hostfile& hostfile,
   const int64_t total = hostfile.total_slots();
   if (total < world_size) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "hostfile '", hostfile.path, "' has ", total, " slots but the mesh has ",
-        world_size, " ranks: expected at least ", world_size,
-        " slots (Open MPI refuses this without --oversubscribe)"));
+        "hostfile '", hostfile.path, "' has ", total,
+        " slots but the mesh has ", world_size, " ranks: expected at least ",
+        world_size, " slots (Open MPI refuses this without --oversubscribe)"));
   }
   std::vector<std::string> names;
   std::vector<int64_t> sizes;

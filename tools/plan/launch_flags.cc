@@ -7,10 +7,10 @@ namespace {
 
 // A path as a shell word: as is when it is plain, else in single quotes.
 std::string ShellWord(absl::string_view path) {
-  const bool plain =
-      !path.empty() &&
-      path.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUV"
-                             "WXYZ0123456789_-./:=+,@%") == absl::string_view::npos;
+  const bool plain = !path.empty() &&
+                     path.find_first_not_of(
+                         "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUV"
+                         "WXYZ0123456789_-./:=+,@%") == absl::string_view::npos;
   if (plain) return std::string(path);
   std::string out = "'";
   for (char c : path) {
@@ -44,17 +44,17 @@ std::vector<LaunchLine> LaunchFlags(const HostMap& hosts,
                                   " --distribution=block"),
                      ""});
       if (world % per_host == 0) {
-        out.push_back({"torchrun",
-                       absl::StrCat("torchrun --nnodes=", nodes,
-                                    " --nproc_per_node=", per_host),
-                       "node_rank 0.." + absl::StrCat(nodes - 1) +
-                           " in host order"});
+        out.push_back(
+            {"torchrun",
+             absl::StrCat("torchrun --nnodes=", nodes,
+                          " --nproc_per_node=", per_host),
+             "node_rank 0.." + absl::StrCat(nodes - 1) + " in host order"});
       } else {
-        out.push_back({"torchrun", "",
-                       absl::StrCat("torchrun gives every node the same "
-                                    "--nproc_per_node; ",
-                                    world, " ranks do not fill hosts of ",
-                                    per_host)});
+        out.push_back(
+            {"torchrun", "",
+             absl::StrCat("torchrun gives every node the same "
+                          "--nproc_per_node; ",
+                          world, " ranks do not fill hosts of ", per_host)});
       }
       break;
     }
@@ -75,25 +75,25 @@ std::vector<LaunchLine> LaunchFlags(const HostMap& hosts,
     case PlacementPolicy::kHostfile:
       out.push_back({"mpirun",
                      absl::StrCat("mpirun -n ", world, " --hostfile ",
-                                   ShellWord(hostfile_path), " --map-by slot"),
+                                  ShellWord(hostfile_path), " --map-by slot"),
                      ""});
       out.push_back(
-          {"srun",
-           absl::StrCat("srun -n ", world, " --distribution=arbitrary"),
+          {"srun", absl::StrCat("srun -n ", world, " --distribution=arbitrary"),
            absl::StrCat("with SLURM_HOSTFILE naming each rank's host, one "
-                        "line per rank (", hosts.names().front(), " ",
-                        hosts.host_size(0), " times, ...)")});
+                        "line per rank (",
+                        hosts.names().front(), " ", hosts.host_size(0),
+                        " times, ...)")});
       // Hosts of one size are torchrun's blocks.
       bool even = true;
       for (int64_t h = 1; h < nodes; ++h) {
         even &= hosts.host_size(h) == hosts.host_size(0);
       }
       if (even) {
-        out.push_back({"torchrun",
-                       absl::StrCat("torchrun --nnodes=", nodes,
-                                    " --nproc_per_node=", hosts.host_size(0)),
-                       absl::StrCat("node_rank 0..", nodes - 1,
-                                    " in hostfile order")});
+        out.push_back(
+            {"torchrun",
+             absl::StrCat("torchrun --nnodes=", nodes,
+                          " --nproc_per_node=", hosts.host_size(0)),
+             absl::StrCat("node_rank 0..", nodes - 1, " in hostfile order")});
       } else {
         out.push_back({"torchrun", "",
                        "torchrun gives every node the same --nproc_per_node: "

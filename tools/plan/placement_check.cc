@@ -51,15 +51,14 @@ JobShape ClassifyJob(const std::vector<int64_t>& host_by_first) {
     uniform &= sizes[hosts - 1] <= sizes[0];
     if (uniform) {
       out.description = absl::StrCat("block, ", sizes[0], " ranks per host");
-      out.plan_flags = absl::StrCat("--placement block --ranks-per-host ",
-                                    sizes[0]);
+      out.plan_flags =
+          absl::StrCat("--placement block --ranks-per-host ", sizes[0]);
     } else {
       std::vector<int64_t> shown(sizes.begin(),
                                  sizes.begin() + std::min<int64_t>(hosts, 8));
-      out.description =
-          absl::StrCat("block over hosts of uneven sizes (",
-                       absl::StrJoin(shown, ","), hosts > 8 ? ",..." : "",
-                       "): a hostfile's slots");
+      out.description = absl::StrCat(
+          "block over hosts of uneven sizes (", absl::StrJoin(shown, ","),
+          hosts > 8 ? ",..." : "", "): a hostfile's slots");
       out.plan_flags = "--placement hostfile:FILE with those slots";
     }
     out.policy = PlacementPolicy::kBlock;
@@ -100,19 +99,19 @@ absl::StatusOr<PlacementCheck> CheckPlacement(const Plan& plan,
   const MeshLayout& layout = plan.layout;
   const int64_t world = layout.size();
   if (world > kMaxPlacementJsonRanks) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--check compares every rank: expected a mesh of at most ",
-        kMaxPlacementJsonRanks, " ranks, got ", plan.mesh_spec, " (", world,
-        " ranks)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--check compares every rank: expected a mesh of at most ",
+                     kMaxPlacementJsonRanks, " ranks, got ", plan.mesh_spec,
+                     " (", world, " ranks)"));
   }
   PlacementCheck out;
   const HostMap& hosts = plan.hosts;
   const bool same_mesh =
       job.dim_names == layout.dim_names() && job.shape == layout.shape();
   if (!same_mesh) {
-    out.differences.push_back(absl::StrCat(
-        "mesh: plan ", plan.mesh_spec, ", job ",
-        FormatMeshSpec(MeshSpec{job.shape, job.dim_names})));
+    out.differences.push_back(
+        absl::StrCat("mesh: plan ", plan.mesh_spec, ", job ",
+                     FormatMeshSpec(MeshSpec{job.shape, job.dim_names})));
   }
   if (job.world_size != world) {
     int64_t job_mesh = 1;
@@ -142,8 +141,8 @@ absl::StatusOr<PlacementCheck> CheckPlacement(const Plan& plan,
   std::vector<int64_t> job_size(static_cast<size_t>(job_hosts), 0);
   for (int64_t h : job_host) ++job_size[h];
   if (job_hosts != hosts.host_count()) {
-    out.differences.push_back(absl::StrCat("hosts: plan ", hosts.host_count(),
-                                           ", job ", job_hosts));
+    out.differences.push_back(
+        absl::StrCat("hosts: plan ", hosts.host_count(), ", job ", job_hosts));
   }
 
   // Crossing groups, dimension by dimension (only comparable on one mesh).
@@ -157,9 +156,9 @@ absl::StatusOr<PlacementCheck> CheckPlacement(const Plan& plan,
             ", job ", jd.group_count, " of ", jd.group_size));
       }
       if (p.crossing_groups != jd.crossing_groups) {
-        out.differences.push_back(absl::StrCat(
-            jd.name, ": plan ", p.crossing_groups, " crossing groups, job ",
-            jd.crossing_groups));
+        out.differences.push_back(
+            absl::StrCat(jd.name, ": plan ", p.crossing_groups,
+                         " crossing groups, job ", jd.crossing_groups));
       }
     }
   }
@@ -169,8 +168,7 @@ absl::StatusOr<PlacementCheck> CheckPlacement(const Plan& plan,
   // every rank of the job host on that one plan host. One pass marks the
   // hosts whose ranks are split (O(world), arrays, no hashing).
   constexpr int64_t kSplit = -2;
-  std::vector<int64_t> plan_to_job(static_cast<size_t>(hosts.host_count()),
-                                   -1);
+  std::vector<int64_t> plan_to_job(static_cast<size_t>(hosts.host_count()), -1);
   std::vector<int64_t> job_to_plan(static_cast<size_t>(job_hosts), -1);
   for (int64_t r = 0; r < world; ++r) {
     const int64_t p = hosts.host_of(r);
@@ -196,8 +194,8 @@ absl::StatusOr<PlacementCheck> CheckPlacement(const Plan& plan,
       plan_ranks.push_back(hosts.rank_on(ph, i));
     }
     std::vector<int64_t> job_ranks;
-    for (int64_t q = 0; q < world && static_cast<int64_t>(job_ranks.size()) <
-                                         kListedHostRanks;
+    for (int64_t q = 0;
+         q < world && static_cast<int64_t>(job_ranks.size()) < kListedHostRanks;
          ++q) {
       if (job_host[q] == job_host[r]) job_ranks.push_back(q);
     }
@@ -212,10 +210,10 @@ absl::StatusOr<PlacementCheck> CheckPlacement(const Plan& plan,
         ListRanks(job_ranks, job_size[job_host[r]])));
   }
   if (moved_count > kMaxNamedRanks) {
-    out.differences.push_back(absl::StrCat(
-        "... and ", moved_count - kMaxNamedRanks,
-        " more ranks whose host holds other ranks than planned (",
-        moved_count, " of ", world, " in all)"));
+    out.differences.push_back(
+        absl::StrCat("... and ", moved_count - kMaxNamedRanks,
+                     " more ranks whose host holds other ranks than planned (",
+                     moved_count, " of ", world, " in all)"));
   }
 
   out.matches = out.differences.empty();
@@ -228,11 +226,10 @@ absl::StatusOr<PlacementCheck> CheckPlacement(const Plan& plan,
         launch.push_back(absl::StrCat("`", l.command, "`"));
       }
     }
-    out.hint = absl::StrCat("the job's placement is ", shape.description,
-                            "; the plan assumes ",
-                            PlacementPolicyName(hosts.policy()), ", ",
-                            hosts.Describe(), ". Launch as planned with ",
-                            absl::StrJoin(launch, " or "));
+    out.hint = absl::StrCat(
+        "the job's placement is ", shape.description, "; the plan assumes ",
+        PlacementPolicyName(hosts.policy()), ", ", hosts.Describe(),
+        ". Launch as planned with ", absl::StrJoin(launch, " or "));
     if (!shape.plan_flags.empty()) {
       absl::StrAppend(&out.hint, "; or plan what the job did with ",
                       shape.plan_flags);
@@ -253,10 +250,10 @@ std::string RenderCheck(const Plan& plan, const Placement& job,
                         plan.mesh_spec, ", crossing groups ",
                         absl::StrJoin(crossing, ", "), "\n");
   }
-  std::string out = absl::StrCat("plan and job placement differ (plan: ",
-                                 plan.mesh_spec, ", ",
-                                 PlacementPolicyName(plan.hosts.policy()), ", ",
-                                 plan.hosts.Describe(), "):\n");
+  std::string out =
+      absl::StrCat("plan and job placement differ (plan: ", plan.mesh_spec,
+                   ", ", PlacementPolicyName(plan.hosts.policy()), ", ",
+                   plan.hosts.Describe(), "):\n");
   for (const std::string& d : check.differences) {
     absl::StrAppend(&out, "  ", d, "\n");
   }

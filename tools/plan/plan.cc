@@ -23,14 +23,14 @@ int64_t CeilDiv(int64_t a, int64_t b) { return a / b + (a % b != 0); }
 absl::StatusOr<HostMap> MakeHostMap(const PlanSettings& s, int64_t world) {
   if (s.ranks_per_host.has_value() &&
       (*s.ranks_per_host < 1 || *s.ranks_per_host > kMaxRanksPerHost)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--ranks-per-host expects an integer from 1 to ", kMaxRanksPerHost,
-        ", got ", *s.ranks_per_host));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--ranks-per-host expects an integer from 1 to ",
+                     kMaxRanksPerHost, ", got ", *s.ranks_per_host));
   }
   if (s.hosts.has_value() && (*s.hosts < 1 || *s.hosts > world)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--hosts expects an integer from 1 to the mesh's ", world,
-        " ranks, got ", *s.hosts));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--hosts expects an integer from 1 to the mesh's ", world,
+                     " ranks, got ", *s.hosts));
   }
   if (s.placement == PlacementPolicy::kHostfile) {
     if (s.ranks_per_host.has_value() || s.hosts.has_value()) {
@@ -54,19 +54,18 @@ absl::StatusOr<HostMap> MakeHostMap(const PlanSettings& s, int64_t world) {
         " hosts; expected one of the two flags, or matching values"));
   }
   if (s.placement == PlacementPolicy::kCyclic) {
-    const int64_t hosts =
-        s.hosts.value_or(CeilDiv(world, s.ranks_per_host.value_or(
-                                            kDefaultRanksPerHost)));
+    const int64_t hosts = s.hosts.value_or(
+        CeilDiv(world, s.ranks_per_host.value_or(kDefaultRanksPerHost)));
     return HostMap::Cyclic(hosts, world);
   }
   int64_t per_host = s.ranks_per_host.value_or(kDefaultRanksPerHost);
   if (!s.ranks_per_host.has_value() && s.hosts.has_value()) {
     per_host = CeilDiv(world, *s.hosts);
     if (per_host > kMaxRanksPerHost) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--hosts ", *s.hosts, " puts ", per_host, " of the ", world,
-          " ranks on a host: expected at most ", kMaxRanksPerHost,
-          " per host (pass more hosts)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--hosts ", *s.hosts, " puts ", per_host, " of the ",
+                       world, " ranks on a host: expected at most ",
+                       kMaxRanksPerHost, " per host (pass more hosts)"));
     }
     if (CeilDiv(world, per_host) != *s.hosts) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -127,7 +126,8 @@ std::optional<PlanWarning> CrossingWarning(const Plan& plan, int64_t d) {
       " groups cross hosts (", plan.hosts.Describe(), "); ",
       absl::EqualsIgnoreCase(name, kTensorParallelDim)
           ? "tensor parallelism wants"
-          : absl::StrCat(name, " is latency-sensitive (--latency-sensitive) "
+          : absl::StrCat(name,
+                         " is latency-sensitive (--latency-sensitive) "
                          "and wants"),
       " the fast links inside a host. ");
   if (w.suggestion.found) {
@@ -174,12 +174,12 @@ absl::StatusOr<std::vector<int64_t>> LatencySensitiveDims(
     }
   }
   if (!unknown.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--latency-sensitive names ", absl::StrJoin(unknown, ", "),
-        unknown.size() == 1 ? ", which is not a dimension"
-                            : ", which are not dimensions",
-        " of ", spec, "; expected names from ",
-        absl::StrJoin(layout.dim_names(), ", ")));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--latency-sensitive names ", absl::StrJoin(unknown, ", "),
+                     unknown.size() == 1 ? ", which is not a dimension"
+                                         : ", which are not dimensions",
+                     " of ", spec, "; expected names from ",
+                     absl::StrJoin(layout.dim_names(), ", ")));
   }
   std::sort(dims.begin(), dims.end());
   return dims;
@@ -226,9 +226,9 @@ absl::StatusOr<Plan> BuildPlan(const MeshLayout& layout,
   if (settings.rank.has_value()) {
     const int64_t r = *settings.rank;
     if (!layout.contains(r)) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "--rank ", r, " is out of range: ", plan.mesh_spec, " has ranks 0..",
-          layout.size() - 1));
+      return absl::OutOfRangeError(
+          absl::StrCat("--rank ", r, " is out of range: ", plan.mesh_spec,
+                       " has ranks 0..", layout.size() - 1));
     }
     plan.rank_view = BuildRankView(layout, plan.hosts, r);
   }
@@ -261,8 +261,7 @@ absl::StatusOr<Plan> BuildPlan(const MeshLayout& layout,
     dim.locality = AnalyzeDimLocality(layout, d, plan.hosts);
     const int64_t groups_each_end =
         plan.summarized ? kSummaryGroups : kListLimit;
-    const int64_t max_listed =
-        plan.summarized ? kMaxListedMembers : kListLimit;
+    const int64_t max_listed = plan.summarized ? kMaxListedMembers : kListLimit;
     for (int64_t g : SampleIndices(dim.locality.group_count, groups_each_end,
                                    groups_each_end)) {
       dim.groups.push_back(
@@ -288,9 +287,9 @@ absl::StatusOr<Plan> BuildPlanFromOptions(const PlanOptions& options) {
   absl::StatusOr<MeshLayout> layout =
       MeshLayout::Create(spec->shape, spec->names);
   if (!layout.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--mesh '", options.mesh, "' is not a valid mesh: ",
-        layout.status().message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--mesh '", options.mesh,
+                     "' is not a valid mesh: ", layout.status().message()));
   }
   PlanSettings settings{
       .ranks_per_host = options.ranks_per_host,

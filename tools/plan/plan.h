@@ -34,10 +34,10 @@
 
 #include "absl/status/statusor.h"
 #include "tools/plan/dim_order.h"
+#include "tools/plan/group_summary.h"
 #include "tools/plan/hostfile.h"
 #include "tools/plan/launch_flags.h"
 #include "tools/plan/plan_options.h"
-#include "tools/plan/group_summary.h"
 #include "tools/plan/rank_view.h"
 #include "vemesh/layout/mesh_layout.h"
 #include "vemesh/placement/host_locality.h"

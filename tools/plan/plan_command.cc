@@ -83,9 +83,15 @@ int RunPlanCommand(absl::Span<const std::string> args, std::ostream& out,
     return check->matches ? kExitOk : kExitMismatch;
   }
   switch (options->format) {
-    case OutputFormat::kTable: text = RenderTable(*plan); break;
-    case OutputFormat::kJson: text = RenderJson(*plan); break;
-    case OutputFormat::kSvg: text = RenderSvg(*plan); break;
+    case OutputFormat::kTable:
+      text = RenderTable(*plan);
+      break;
+    case OutputFormat::kJson:
+      text = RenderJson(*plan);
+      break;
+    case OutputFormat::kSvg:
+      text = RenderSvg(*plan);
+      break;
   }
   return Emit(text, options->output, out, err);
 }

@@ -35,8 +35,7 @@ int RunPlanCommand(absl::Span<const std::string> args, std::ostream& out,
 // Writes `text` to `out` and flushes it: kExitOk, or kExitIoError with a
 // message on `err` when the stream refuses it (`> /dev/full`, a closed
 // stdout). Every subcommand's stdout goes through here.
-int WriteToStream(absl::string_view text, std::ostream& out,
-                  std::ostream& err);
+int WriteToStream(absl::string_view text, std::ostream& out, std::ostream& err);
 
 }  // namespace vemesh::plan
 

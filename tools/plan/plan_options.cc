@@ -17,8 +17,8 @@ absl::StatusOr<int64_t> ParseInt(absl::string_view flag,
                                  absl::string_view expected) {
   int64_t n = 0;
   if (!absl::SimpleAtoi(value, &n)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        flag, " expects ", expected, ", got '", value, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " expects ", expected, ", got '", value, "'"));
   }
   return n;
 }
@@ -35,9 +35,12 @@ absl::StatusOr<OutputFormat> ParseOutputFormat(absl::string_view text) {
 
 absl::string_view OutputFormatName(OutputFormat format) {
   switch (format) {
-    case OutputFormat::kTable: return "table";
-    case OutputFormat::kJson: return "json";
-    case OutputFormat::kSvg: return "svg";
+    case OutputFormat::kTable:
+      return "table";
+    case OutputFormat::kJson:
+      return "json";
+    case OutputFormat::kSvg:
+      return "svg";
   }
   return "table";
 }
@@ -52,9 +55,10 @@ absl::StatusOr<PlanOptions> ParsePlanArgs(absl::Span<const std::string> args) {
       continue;
     }
     if (!absl::StartsWith(arg, "--")) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unexpected argument '", arg, "'; `vemesh plan` takes only flags "
-          "(see `vemesh plan --help`)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("unexpected argument '", arg,
+                       "'; `vemesh plan` takes only flags "
+                       "(see `vemesh plan --help`)"));
     }
     // Split "--flag=value"; otherwise the value is the next argument.
     absl::string_view flag = arg;
@@ -64,9 +68,10 @@ absl::StatusOr<PlanOptions> ParsePlanArgs(absl::Span<const std::string> args) {
       value = arg.substr(eq + 1);
     }
     static constexpr absl::string_view kFlags[] = {
-        "--mesh",     "--rank",   "--ranks-per-host", "--placement",
-        "--hosts",    "--latency-sensitive", "--check", "--format",
-        "--color-by", "--output"};
+        "--mesh",      "--rank",   "--ranks-per-host",
+        "--placement", "--hosts",  "--latency-sensitive",
+        "--check",     "--format", "--color-by",
+        "--output"};
     bool known = false;
     for (absl::string_view f : kFlags) known = known || f == flag;
     if (!known) {
@@ -76,8 +81,7 @@ absl::StatusOr<PlanOptions> ParsePlanArgs(absl::Span<const std::string> args) {
     }
     if (!value.has_value()) {
       if (i + 1 >= args.size()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(flag, " needs a value"));
+        return absl::InvalidArgumentError(absl::StrCat(flag, " needs a value"));
       }
       value = args[++i];
     }
@@ -89,18 +93,17 @@ absl::StatusOr<PlanOptions> ParsePlanArgs(absl::Span<const std::string> args) {
           ParseInt(flag, *value, "a global rank (an integer >= 0)");
       if (!r.ok()) return r.status();
       if (*r < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--rank ", *r, " is out of range: ranks are >= 0"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("--rank ", *r, " is out of range: ranks are >= 0"));
       }
       opts.rank = *r;
     } else if (flag == "--ranks-per-host") {
-      absl::StatusOr<int64_t> n =
-          ParseInt(flag, *value, "an integer >= 1");
+      absl::StatusOr<int64_t> n = ParseInt(flag, *value, "an integer >= 1");
       if (!n.ok()) return n.status();
       if (*n < 1 || *n > kMaxRanksPerHost) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--ranks-per-host expects an integer from 1 to ", kMaxRanksPerHost,
-            ", got ", *n));
+        return absl::InvalidArgumentError(
+            absl::StrCat("--ranks-per-host expects an integer from 1 to ",
+                         kMaxRanksPerHost, ", got ", *n));
       }
       opts.ranks_per_host = *n;
     } else if (flag == "--placement") {
@@ -114,8 +117,8 @@ absl::StatusOr<PlanOptions> ParsePlanArgs(absl::Span<const std::string> args) {
         opts.hostfile = std::string(value->substr(9));
       } else {
         return absl::InvalidArgumentError(absl::StrCat(
-            "--placement expects block, cyclic or hostfile:FILE, got '",
-            *value, "'"));
+            "--placement expects block, cyclic or hostfile:FILE, got '", *value,
+            "'"));
       }
     } else if (flag == "--hosts") {
       absl::StatusOr<int64_t> n =
@@ -134,7 +137,8 @@ absl::StatusOr<PlanOptions> ParsePlanArgs(absl::Span<const std::string> args) {
           if (name.empty()) {
             return absl::InvalidArgumentError(absl::StrCat(
                 "--latency-sensitive expects dimension names separated by "
-                "commas, e.g. TP,EP, got '", *value, "'"));
+                "commas, e.g. TP,EP, got '",
+                *value, "'"));
           }
           names.emplace_back(name);
         }
@@ -185,7 +189,8 @@ std::string PlanUsage() {
       "  --rank R               show the view of global rank R: coordinate,\n"
       "                         host, groups, peers, pipeline neighbours\n"
       "  --ranks-per-host N     ranks on one host (default ",
-      kDefaultRanksPerHost, ", at most ", kMaxRanksPerHost, ")\n"
+      kDefaultRanksPerHost, ", at most ", kMaxRanksPerHost,
+      ")\n"
       "  --placement P          how the launcher places ranks on hosts:\n"
       "                         block (default): host = rank / N\n"
       "                           (srun --distribution=block, mpirun --map-by "
@@ -199,7 +204,8 @@ std::string PlanUsage() {
       "  --hosts H              the host count (block, cyclic); default: the\n"
       "                         hosts that --ranks-per-host fills\n"
       "  --latency-sensitive L  dimensions whose groups should stay inside a\n"
-      "                         host, e.g. TP,EP,CP (default TP; '' for none):\n"
+      "                         host, e.g. TP,EP,CP (default TP; '' for "
+      "none):\n"
       "                         a warning names the order or placement that\n"
       "                         keeps them inside\n"
       "  --check FILE           compare the plan with the placement a job\n"

@@ -42,8 +42,8 @@ inline constexpr int64_t kDefaultRanksPerHost = 8;
 inline constexpr int64_t kMaxRanksPerHost = int64_t{1} << 12;
 
 struct PlanOptions {
-  std::string mesh;                    // --mesh, e.g. "PP=2,DP=2,TP=2"
-  std::optional<int64_t> rank;         // --rank: show this rank's view
+  std::string mesh;             // --mesh, e.g. "PP=2,DP=2,TP=2"
+  std::optional<int64_t> rank;  // --rank: show this rank's view
   // --ranks-per-host; unset: kDefaultRanksPerHost, or from --hosts.
   std::optional<int64_t> ranks_per_host;
   // --placement block|cyclic|hostfile:FILE (FILE kept in `hostfile`).
@@ -53,7 +53,7 @@ struct PlanOptions {
   // --latency-sensitive TP,EP,CP; unset: TP (when the mesh has it).
   std::optional<std::vector<std::string>> latency_sensitive;
   std::optional<std::string> check;  // --check FILE: a job's placement JSON
-  OutputFormat format = OutputFormat::kTable;     // --format
+  OutputFormat format = OutputFormat::kTable;  // --format
   std::optional<std::string> color_by;  // --color-by (default: TP, else last)
   std::optional<std::string> output;    // --output FILE (default: stdout)
   bool help = false;                    // --help / -h

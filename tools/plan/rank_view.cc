@@ -3,8 +3,8 @@
 namespace vemesh::plan {
 namespace {
 
-std::optional<int64_t> Step(const MeshLayout& layout, int64_t dim,
-                            int64_t rank, int64_t shift) {
+std::optional<int64_t> Step(const MeshLayout& layout, int64_t dim, int64_t rank,
+                            int64_t shift) {
   absl::StatusOr<std::optional<int64_t>> n =
       layout.neighbor(layout.dim_name(dim), rank, shift, /*periodic=*/false);
   return n.ok() ? *n : std::nullopt;

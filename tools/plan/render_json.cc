@@ -34,8 +34,8 @@ Json HostName(const HostMap& hosts, int64_t host) {
 Json RankViewJson(const RankView& v, const HostMap& hosts) {
   Json j;
   j["rank"] = v.rank;
-  j["coordinate"] = std::vector<int64_t>(v.coordinate.begin(),
-                                         v.coordinate.end());
+  j["coordinate"] =
+      std::vector<int64_t>(v.coordinate.begin(), v.coordinate.end());
   j["host"] = v.host;
   j["host_name"] = HostName(hosts, v.host);
   j["local_rank"] = v.local;
@@ -181,8 +181,9 @@ std::string RenderJson(const Plan& plan) {
   }
   j["warnings"] = std::move(warnings);
 
-  j["rank_view"] =
-      plan.rank_view.has_value() ? RankViewJson(*plan.rank_view, plan.hosts) : Json(nullptr);
+  j["rank_view"] = plan.rank_view.has_value()
+                       ? RankViewJson(*plan.rank_view, plan.hosts)
+                       : Json(nullptr);
   return j.dump(2) + "\n";
 }
 

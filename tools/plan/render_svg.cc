@@ -30,11 +30,20 @@ std::string Escape(absl::string_view text) {
   std::string out;
   for (char c : text) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -43,8 +52,8 @@ std::string Escape(absl::string_view text) {
 std::string Text(int x, int y, absl::string_view text, int size,
                  absl::string_view extra = "") {
   return absl::StrCat("<text x=\"", x, "\" y=\"", y, "\" font-size=\"", size,
-                      "\"", extra.empty() ? "" : " ", extra, ">",
-                      Escape(text), "</text>\n");
+                      "\"", extra.empty() ? "" : " ", extra, ">", Escape(text),
+                      "</text>\n");
 }
 
 // Greedy word wrap for the legend (SVG 1.1 text does not wrap).
@@ -102,8 +111,9 @@ std::string RenderSvg(const Plan& plan) {
   std::vector<HostSlot> slots;
   {
     const std::vector<int64_t> shown =
-        plan.summarized ? SampleIndices(hosts.host_count(), 2, 1)
-                        : SampleIndices(hosts.host_count(), hosts.host_count(), 0);
+        plan.summarized
+            ? SampleIndices(hosts.host_count(), 2, 1)
+            : SampleIndices(hosts.host_count(), hosts.host_count(), 0);
     for (size_t i = 0; i < shown.size(); ++i) {
       if (i > 0 && shown[i] != shown[i - 1] + 1) {
         slots.push_back(SkippedHosts{shown[i] - shown[i - 1] - 1});
@@ -129,10 +139,11 @@ std::string RenderSvg(const Plan& plan) {
   const int host_w = 2 * kHostPad + cols * cell_w + (cols - 1) * kGap;
   const int host_h =
       kHostTitle + kHostPad + rows * (kCellHeight + kGap) - kGap + kHostPad;
-  const int per_row = std::max(
-      1, std::min(static_cast<int>(slots.size()),
-                  (kMaxRowWidth + kHostGap) / (host_w + kHostGap)));
-  const int grid_rows = (static_cast<int>(slots.size()) + per_row - 1) / per_row;
+  const int per_row =
+      std::max(1, std::min(static_cast<int>(slots.size()),
+                           (kMaxRowWidth + kHostGap) / (host_w + kHostGap)));
+  const int grid_rows =
+      (static_cast<int>(slots.size()) + per_row - 1) / per_row;
   const int grid_w = per_row * host_w + (per_row - 1) * kHostGap;
   const int grid_h = grid_rows * host_h + (grid_rows - 1) * kHostGap;
 
@@ -153,7 +164,8 @@ std::string RenderSvg(const Plan& plan) {
   };
 
   for (size_t s = 0; s < slots.size(); ++s) {
-    const int x0 = kMargin + static_cast<int>(s % per_row) * (host_w + kHostGap);
+    const int x0 =
+        kMargin + static_cast<int>(s % per_row) * (host_w + kHostGap);
     const int y0 =
         kTitleHeight + static_cast<int>(s / per_row) * (host_h + kHostGap);
     if (const SkippedHosts* skip = std::get_if<SkippedHosts>(&slots[s])) {
@@ -161,7 +173,7 @@ std::string RenderSvg(const Plan& plan) {
                       host_w, "\" height=\"", host_h,
                       "\" rx=\"10\" fill=\"#fafafa\" stroke=\"#999\" "
                       "stroke-dasharray=\"6 4\"/>\n");
-      body += Text(x0 + host_w / 2, y0 + host_h / 2, 
+      body += Text(x0 + host_w / 2, y0 + host_h / 2,
                    absl::StrCat("... ", skip->count, " more hosts ..."), 15,
                    "text-anchor=\"middle\" fill=\"#555\"");
       continue;
@@ -176,7 +188,8 @@ std::string RenderSvg(const Plan& plan) {
                  "font-weight=\"bold\" fill=\"#223\"");
     const bool elided = on_host > cells_per_host;
     for (int64_t i = 0; i < std::min(on_host, cells_per_host); ++i) {
-      const int cx = x0 + kHostPad + static_cast<int>(i % cols) * (cell_w + kGap);
+      const int cx =
+          x0 + kHostPad + static_cast<int>(i % cols) * (cell_w + kGap);
       const int cy = y0 + kHostTitle + kHostPad +
                      static_cast<int>(i / cols) * (kCellHeight + kGap);
       if (elided && i == cells_per_host - 1) {
@@ -195,13 +208,13 @@ std::string RenderSvg(const Plan& plan) {
           layout.group_position(color_dims, rank);
       if (!coord.ok() || !pos.ok()) continue;  // not a member (rank table)
       note_group(pos->group);
-      const bool picked = plan.rank_view.has_value() &&
-                          plan.rank_view->rank == rank;
+      const bool picked =
+          plan.rank_view.has_value() && plan.rank_view->rank == rank;
       absl::StrAppend(&body, "<rect x=\"", cx, "\" y=\"", cy, "\" width=\"",
-                      cell_w, "\" height=\"", kCellHeight, "\" rx=\"5\" fill=\"",
-                      GroupColor(pos->group), "\" stroke=\"",
-                      picked ? "#000" : "#667", "\" stroke-width=\"",
-                      picked ? 4 : 1, "\"/>\n");
+                      cell_w, "\" height=\"", kCellHeight,
+                      "\" rx=\"5\" fill=\"", GroupColor(pos->group),
+                      "\" stroke=\"", picked ? "#000" : "#667",
+                      "\" stroke-width=\"", picked ? 4 : 1, "\"/>\n");
       body += Text(cx + cell_w / 2, cy + 19, absl::StrCat("rank ", rank), 13,
                    "text-anchor=\"middle\" font-weight=\"bold\" fill=\"#111\"");
       body += Text(cx + cell_w / 2, cy + 37, CoordLabel(*coord), 12,
@@ -225,24 +238,27 @@ std::string RenderSvg(const Plan& plan) {
     for (int64_t k : SampleIndices(n, 3, 1)) {
       members.push_back(layout.group_member(color_dim, g, k));
     }
-    std::string list = absl::StrJoin(members.begin(), members.end() - (n > 4),
-                                     ", ");
+    std::string list =
+        absl::StrJoin(members.begin(), members.end() - (n > 4), ", ");
     if (n > 4) absl::StrAppend(&list, ", ..., ", members.back());
-    legend += Text(lx + 24, ly, absl::StrCat(color_name, " #", g, ": ranks ", list),
-                   13, "fill=\"#222\"");
+    legend +=
+        Text(lx + 24, ly, absl::StrCat(color_name, " #", g, ": ranks ", list),
+             13, "fill=\"#222\"");
     ly += kLineHeight + 2;
   }
   if (legend_overflow > 0) {
-    legend += Text(lx, ly, absl::StrCat("... and ", legend_overflow,
-                                        " more groups drawn"), 13, "fill=\"#555\"");
+    legend += Text(
+        lx, ly, absl::StrCat("... and ", legend_overflow, " more groups drawn"),
+        13, "fill=\"#555\"");
     ly += kLineHeight;
   }
   ly += 10;
-  legend += Text(lx, ly, "dimensions", 14, "font-weight=\"bold\" fill=\"#223\"");
+  legend +=
+      Text(lx, ly, "dimensions", 14, "font-weight=\"bold\" fill=\"#223\"");
   ly += kLineHeight + 2;
   for (const DimPlan& d : plan.dims) {
-    const bool bad = d.locality.crossing_groups > 0 &&
-                     d.name == kTensorParallelDim;
+    const bool bad =
+        d.locality.crossing_groups > 0 && d.name == kTensorParallelDim;
     legend += Text(lx, ly,
                    absl::StrCat(d.name, "=", d.size, ": ",
                                 LocalityName(d.locality.locality), " (",
@@ -253,7 +269,8 @@ std::string RenderSvg(const Plan& plan) {
   }
   for (const PlanWarning& w : plan.warnings) {
     ly += 10;
-    legend += Text(lx, ly, "WARNING", 14, "font-weight=\"bold\" fill=\"#b00020\"");
+    legend +=
+        Text(lx, ly, "WARNING", 14, "font-weight=\"bold\" fill=\"#b00020\"");
     ly += kLineHeight;
     for (const std::string& line : Wrap(w.message)) {
       legend += Text(lx, ly, line, 12, "fill=\"#b00020\"");
@@ -274,12 +291,12 @@ std::string RenderSvg(const Plan& plan) {
                            " ranks on ", hosts.host_count(), " hosts, ",
                            hosts.Describe()),
               18, "font-weight=\"bold\" fill=\"#111\"");
-  svg += Text(kMargin, 50,
-              absl::StrCat("cell: rank and coordinate (",
-                           absl::StrJoin(layout.dim_names(), ","), ")",
-                           plan.summarized ? "; summarised: not every host is drawn"
-                                           : ""),
-              13, "fill=\"#444\"");
+  svg += Text(
+      kMargin, 50,
+      absl::StrCat(
+          "cell: rank and coordinate (", absl::StrJoin(layout.dim_names(), ","),
+          ")", plan.summarized ? "; summarised: not every host is drawn" : ""),
+      13, "fill=\"#444\"");
   absl::StrAppend(&svg, body, legend, "</svg>\n");
   return svg;
 }

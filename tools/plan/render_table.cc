@@ -12,7 +12,9 @@ namespace {
 // Left-aligned columns, two spaces apart.
 class TextTable {
  public:
-  void Row(std::vector<std::string> cells) { rows_.push_back(std::move(cells)); }
+  void Row(std::vector<std::string> cells) {
+    rows_.push_back(std::move(cells));
+  }
   // A line printed as is, not aligned (the "..." of a summary).
   void Note(std::string line) { rows_.push_back({"\x01" + line}); }
 
@@ -83,7 +85,8 @@ void AppendHeader(const Plan& plan, std::string& out) {
   const HostMap& hosts = plan.hosts;
   absl::StrAppend(&out, "mesh ", plan.mesh_spec, ": ", plan.layout.size(),
                   plan.layout.size() == 1 ? " rank" : " ranks", " on ",
-                  hosts.host_count(), hosts.host_count() == 1 ? " host" : " hosts");
+                  hosts.host_count(),
+                  hosts.host_count() == 1 ? " host" : " hosts");
   switch (hosts.policy()) {
     case PlacementPolicy::kBlock:
       absl::StrAppend(&out, " of ", hosts.ranks_per_host(), " ranks\n");
@@ -141,8 +144,7 @@ void AppendGroups(const Plan& plan, std::string& out) {
     for (size_t i = 0; i < d.groups.size(); ++i) {
       const GroupSummary& g = d.groups[i];
       if (i > 0 && g.index != d.groups[i - 1].index + 1) {
-        t.Note(absl::StrCat("... ",
-                            d.locality.group_count - d.groups.size(),
+        t.Note(absl::StrCat("... ", d.locality.group_count - d.groups.size(),
                             " groups not shown ..."));
       }
       t.Row({absl::StrCat("#", g.index), Hosts(g), Members(g)});
@@ -153,12 +155,10 @@ void AppendGroups(const Plan& plan, std::string& out) {
 
 void AppendRankView(const Plan& plan, const RankView& v, std::string& out) {
   absl::StrAppend(&out, "\nrank ", v.rank, ": coordinate ", Coord(v.coordinate),
-                  " (", absl::StrJoin(plan.layout.dim_names(), ","),
-                  "), host ", HostLabel(plan, v.host), ", local rank ",
-                  v.local, "\n");
+                  " (", absl::StrJoin(plan.layout.dim_names(), ","), "), host ",
+                  HostLabel(plan, v.host), ", local rank ", v.local, "\n");
   TextTable t;
-  t.Row({"dim", "index", "group", "hosts", "prev", "next", "members",
-         "peers"});
+  t.Row({"dim", "index", "group", "hosts", "prev", "next", "members", "peers"});
   for (const RankView::DimView& d : v.dims) {
     // Peers: the group without this rank, elided like the group.
     GroupSummary peers = d.group;

@@ -35,7 +35,9 @@ void set_log_sink(LogSink sink);
 
 // Sends one message to the current sink.
 void Log(LogLevel level, absl::string_view text);
-inline void LogWarning(absl::string_view text) { Log(LogLevel::kWarning, text); }
+inline void LogWarning(absl::string_view text) {
+  Log(LogLevel::kWarning, text);
+}
 inline void LogNote(absl::string_view text) { Log(LogLevel::kNote, text); }
 
 }  // namespace vemesh

@@ -5,8 +5,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "vemesh/comm/communicator.h"
 #include "vemesh/base/status_macros.h"
+#include "vemesh/comm/communicator.h"
 
 namespace vemesh {
 namespace {
@@ -82,19 +82,21 @@ absl::StatusOr<std::vector<std::string>> Verdict(
     const std::string& message, const std::string& mine,
     absl::StatusOr<std::vector<std::string>> gathered, absl::Time deadline) {
   if (!gathered.ok()) {
-    return absl::Status(gathered.status().code(),
-                        absl::StrCat(operation, ": ", gathered.status().message()));
+    return absl::Status(
+        gathered.status().code(),
+        absl::StrCat(operation, ": ", gathered.status().message()));
   }
   std::vector<std::string> payloads;
   payloads.reserve(gathered->size());
   bool agree = true;
   for (const std::string& m : *gathered) {
     if (m.size() < kFingerprintBytes) {
-      return absl::InternalError(absl::StrCat(
-          operation, ": a rank sent ", m.size(),
-          " bytes to the agreement check: expected at least 8"));
+      return absl::InternalError(
+          absl::StrCat(operation, ": a rank sent ", m.size(),
+                       " bytes to the agreement check: expected at least 8"));
     }
-    agree = agree && std::memcmp(m.data(), message.data(), kFingerprintBytes) == 0;
+    agree =
+        agree && std::memcmp(m.data(), message.data(), kFingerprintBytes) == 0;
     payloads.push_back(m.substr(kFingerprintBytes));
   }
   if (agree) return payloads;
@@ -132,8 +134,8 @@ absl::StatusOr<std::vector<std::string>> Verdict(
                     Shorten(zero_fields[i].value));
   }
   if (detail.empty()) {
-    detail = absl::StrCat("rank ", other,
-                          " passed different arguments from rank 0");
+    detail =
+        absl::StrCat("rank ", other, " passed different arguments from rank 0");
   }
   return absl::InvalidArgumentError(absl::StrCat(
       operation,
@@ -149,7 +151,8 @@ absl::StatusOr<std::vector<std::string>> AgreeAndGather(
     absl::Span<const AgreementField> fields, absl::string_view payload,
     absl::Time deadline) {
   std::string mine;
-  const std::string message = AgreementMessage(operation, fields, payload, &mine);
+  const std::string message =
+      AgreementMessage(operation, fields, payload, &mine);
   return Verdict(bootstrap, operation, message, mine,
                  bootstrap.all_gather(message, deadline), deadline);
 }
@@ -159,16 +162,16 @@ absl::StatusOr<AgreedWorld> AgreeAndMakeWorld(
     absl::Span<const AgreementField> fields, absl::string_view payload,
     absl::Time deadline, absl::Duration op_timeout) {
   std::string mine;
-  const std::string message = AgreementMessage(operation, fields, payload, &mine);
+  const std::string message =
+      AgreementMessage(operation, fields, payload, &mine);
   auto both = bootstrap.all_gather_and_world(message, deadline, op_timeout);
   absl::StatusOr<std::vector<std::string>> gathered =
-      both.ok() ? absl::StatusOr<std::vector<std::string>>(
-                      std::move(both->gathered))
-                : both.status();
-  VEMESH_ASSIGN_OR_RETURN(
-      auto payloads,
-      Verdict(bootstrap, operation, message, mine, std::move(gathered),
-              deadline));
+      both.ok()
+          ? absl::StatusOr<std::vector<std::string>>(std::move(both->gathered))
+          : both.status();
+  VEMESH_ASSIGN_OR_RETURN(auto payloads,
+                          Verdict(bootstrap, operation, message, mine,
+                                  std::move(gathered), deadline));
   return AgreedWorld{std::move(payloads), std::move(both->world)};
 }
 

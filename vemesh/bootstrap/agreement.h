@@ -47,8 +47,8 @@ absl::StatusOr<std::vector<std::string>> AgreeAndGather(
     absl::Time deadline);
 
 struct AgreedWorld {
-  std::vector<std::string> payloads;     // payloads[r]: rank r's
-  std::shared_ptr<Communicator> world;   // the bootstrap's host world
+  std::vector<std::string> payloads;    // payloads[r]: rank r's
+  std::shared_ptr<Communicator> world;  // the bootstrap's host world
 };
 
 // The check and Bootstrap::all_gather_and_world in one step. On a

@@ -15,13 +15,14 @@ absl::StatusOr<std::shared_ptr<Bootstrap>> MakeBootstrapOver(
   if (native.backend != BackendName(Backend::kMpi)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "MeshOptions.world must be an MPI communicator (one that can bootstrap "
-        "a mesh); got backend '", world.backend(), "'"));
+        "a mesh); got backend '",
+        world.backend(), "'"));
   }
   VEMESH_RETURN_IF_ERROR(MpiUsable("MakeBootstrapOver", world.size()));
   VEMESH_ASSIGN_OR_RETURN(
-      auto boot,
-      MpiBootstrap::Create(*static_cast<MPI_Comm*>(native.handle),
-                           "MeshOptions.world (an MPI communicator)", deadline));
+      auto boot, MpiBootstrap::Create(*static_cast<MPI_Comm*>(native.handle),
+                                      "MeshOptions.world (an MPI communicator)",
+                                      deadline));
   return std::shared_ptr<Bootstrap>(std::move(boot));
 }
 

@@ -15,12 +15,12 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "vemesh/base/status_macros.h"
 #include "vemesh/bootstrap/mpi/mpi_bootstrap.h"
 #include "vemesh/bootstrap/rank0_store.h"
 #include "vemesh/bootstrap/store_bootstrap.h"
 #include "vemesh/comm/mpi/mpi_environment.h"
 #include "vemesh/rendezvous/tcp/tcp_store_server.h"
-#include "vemesh/base/status_macros.h"
 
 namespace vemesh {
 namespace {
@@ -34,9 +34,10 @@ const char* Env(const char* name) {
 absl::StatusOr<int> IntVar(const char* name, int min, int max) {
   const char* value = Env(name);
   if (value == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("env:// launch: ", name, " is not set: expected an "
-                     "integer in [", min, ", ", max, "]"));
+    return absl::InvalidArgumentError(absl::StrCat("env:// launch: ", name,
+                                                   " is not set: expected an "
+                                                   "integer in [",
+                                                   min, ", ", max, "]"));
   }
   int parsed = 0;
   if (!absl::SimpleAtoi(value, &parsed) || parsed < min || parsed > max) {
@@ -118,8 +119,8 @@ absl::StatusOr<std::shared_ptr<Bootstrap>> MakeEnvBootstrap(
   // interface, as PyTorch's TCPStore does: a hostname often resolves to a
   // loopback address on its own host (Debian's 127.0.1.1) that the other
   // hosts could not reach.
-  spec.bind = IsLoopback(info.master_addr) ? info.master_addr
-                                           : std::string("0.0.0.0");
+  spec.bind =
+      IsLoopback(info.master_addr) ? info.master_addr : std::string("0.0.0.0");
   spec.host = info.master_addr;
   spec.port = info.master_port;
   spec.prefix = prefix;
@@ -133,8 +134,9 @@ absl::StatusOr<std::shared_ptr<Bootstrap>> MakeEnvBootstrap(
   // is made: a rank with another WORLD_SIZE is named here.
   auto sizes = bootstrap->all_gather(absl::StrCat(info.world_size), deadline);
   if (!sizes.ok()) {
-    return absl::Status(sizes.status().code(),
-                        absl::StrCat("env:// launch: ", sizes.status().message()));
+    return absl::Status(
+        sizes.status().code(),
+        absl::StrCat("env:// launch: ", sizes.status().message()));
   }
   for (size_t r = 0; r < sizes->size(); ++r) {
     if ((*sizes)[r] != (*sizes)[0]) {

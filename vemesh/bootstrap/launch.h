@@ -56,8 +56,7 @@ absl::StatusOr<LaunchInfo> DetectLaunch();
 // the job calls it) and kept for the life of the process, since under
 // env:// rank 0's store must outlive every mesh. A failed attempt is not
 // kept: the next call tries again.
-absl::StatusOr<std::shared_ptr<Bootstrap>> LaunchBootstrap(
-    absl::Time deadline);
+absl::StatusOr<std::shared_ptr<Bootstrap>> LaunchBootstrap(absl::Time deadline);
 
 // The global rank the launcher gave this process, without communicating
 // (for meta meshes): RANK, OMPI_COMM_WORLD_RANK, PMIX_RANK or PMI_RANK; 0

@@ -16,14 +16,14 @@ namespace {
 // "MASTER_ADDR:MASTER_PORT = 10.0.0.1:29500", or "10.0.0.1:29500".
 std::string AddressText(const Rank0StoreSpec& spec, const std::string& host,
                         int port) {
-  return absl::StrCat(spec.address_name,
-                      spec.address_name.empty() ? "" : " = ", host, ":", port);
+  return absl::StrCat(spec.address_name, spec.address_name.empty() ? "" : " = ",
+                      host, ":", port);
 }
 
 absl::Status Wrapped(const absl::Status& status, absl::string_view context,
                      absl::string_view what) {
-  return absl::Status(status.code(), absl::StrCat(context, ": ", what, ": ",
-                                                  status.message()));
+  return absl::Status(
+      status.code(), absl::StrCat(context, ": ", what, ": ", status.message()));
 }
 
 }  // namespace
@@ -31,14 +31,15 @@ absl::Status Wrapped(const absl::Status& status, absl::string_view context,
 absl::StatusOr<Rank0Store> StartRank0Store(const Rank0StoreSpec& spec,
                                            absl::Time deadline) {
   if (spec.rank < 0 || spec.rank >= spec.size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        spec.context, ": rank ", spec.rank, " of ", spec.size,
-        ": expected 0 <= rank < size"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(spec.context, ": rank ", spec.rank, " of ", spec.size,
+                     ": expected 0 <= rank < size"));
   }
   if (spec.port == 0 && spec.announce == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        spec.context, ": rank 0's store takes an ephemeral port, and nothing "
-        "announces it to the other ranks"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(spec.context,
+                     ": rank 0's store takes an ephemeral port, and nothing "
+                     "announces it to the other ranks"));
   }
   Rank0Store out;
   std::string host = spec.host;
@@ -55,7 +56,8 @@ absl::StatusOr<Rank0Store> StartRank0Store(const Rank0StoreSpec& spec,
   if (spec.port == 0) {
     const std::string mine =
         spec.rank == 0 ? absl::StrCat(host, " ", out.server->port()) : "";
-    VEMESH_ASSIGN_OR_RETURN(auto all, spec.announce->all_gather(mine, deadline));
+    VEMESH_ASSIGN_OR_RETURN(auto all,
+                            spec.announce->all_gather(mine, deadline));
     const std::string& zero = all[0];
     const size_t space = zero.find(' ');
     if (space == std::string::npos ||

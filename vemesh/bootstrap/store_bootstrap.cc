@@ -9,8 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "vemesh/comm/gloo/gloo_communicator.h"
 #include "vemesh/base/status_macros.h"
+#include "vemesh/comm/gloo/gloo_communicator.h"
 
 namespace vemesh {
 namespace {
@@ -46,9 +46,11 @@ absl::StatusOr<std::vector<std::string>> Split(absl::string_view verdict,
   std::memcpy(&count, verdict.data(), sizeof(count));
   verdict.remove_prefix(sizeof(count));
   if (count != static_cast<uint64_t>(size)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank 0 collected ", count, " ranks but this rank was told the job "
-        "has ", size, " (WORLD_SIZE differs between ranks?)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank 0 collected ", count,
+                     " ranks but this rank was told the job "
+                     "has ",
+                     size, " (WORLD_SIZE differs between ranks?)"));
   }
   for (int r = 0; r < size; ++r) {
     uint64_t n = 0;
@@ -68,11 +70,14 @@ absl::StatusOr<std::vector<std::string>> Split(absl::string_view verdict,
 
 }  // namespace
 
-StoreBootstrap::StoreBootstrap(std::shared_ptr<Store> store, int rank,
-                               int size, std::string prefix,
-                               std::string reason, std::string gloo_host)
-    : store_(std::move(store)), rank_(rank), size_(size),
-      prefix_(std::move(prefix)), reason_(std::move(reason)),
+StoreBootstrap::StoreBootstrap(std::shared_ptr<Store> store, int rank, int size,
+                               std::string prefix, std::string reason,
+                               std::string gloo_host)
+    : store_(std::move(store)),
+      rank_(rank),
+      size_(size),
+      prefix_(std::move(prefix)),
+      reason_(std::move(reason)),
       gloo_host_(std::move(gloo_host)) {}
 
 absl::StatusOr<std::vector<std::string>> StoreBootstrap::all_gather(
@@ -104,7 +109,8 @@ absl::StatusOr<std::vector<std::string>> StoreBootstrap::Round(
     if (!status.ok() && !absl::IsDeadlineExceeded(status)) return status;
     if (absl::IsDeadlineExceeded(status)) {
       proposal = absl::StrCat(
-          "E", "rank 0 (which collects the ranks) gave no verdict before the "
+          "E",
+          "rank 0 (which collects the ranks) gave no verdict before the "
           "deadline: rank 0 never arrived, or some rank did not; rank ",
           rank_, " gave up and every rank gets this error");
     }
@@ -132,11 +138,12 @@ absl::StatusOr<std::vector<std::string>> StoreBootstrap::Round(
     for (int r = 0; r < size_; ++r) {
       (store_->get(keys[r]).ok() ? arrived : missing).push_back(r);
     }
-    if (!arrived.empty() && arrived.front() == 0) arrived.erase(arrived.begin());
+    if (!arrived.empty() && arrived.front() == 0)
+      arrived.erase(arrived.begin());
     // Everybody came just after the deadline: the round is whole after all.
-    auto late = missing.empty() ? store_->wait_get(keys, absl::Now() + grace_)
-                                : absl::StatusOr<std::vector<std::string>>(
-                                      values.status());
+    auto late = missing.empty()
+                    ? store_->wait_get(keys, absl::Now() + grace_)
+                    : absl::StatusOr<std::vector<std::string>>(values.status());
     proposal = late.ok() ? Combine(*late)
                          : absl::StrCat(
                                "E", "rank(s) ", absl::StrJoin(missing, ", "),

@@ -6,9 +6,12 @@ namespace vemesh {
 
 absl::string_view BackendName(Backend backend) {
   switch (backend) {
-    case Backend::kMpi: return "mpi";
-    case Backend::kGloo: return "gloo";
-    case Backend::kNccl: return "nccl";
+    case Backend::kMpi:
+      return "mpi";
+    case Backend::kGloo:
+      return "gloo";
+    case Backend::kNccl:
+      return "nccl";
   }
   return "unknown";
 }
@@ -18,8 +21,8 @@ absl::StatusOr<Backend> ParseBackend(absl::string_view name,
   for (Backend b : {Backend::kMpi, Backend::kGloo, Backend::kNccl}) {
     if (name == BackendName(b)) return b;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      what, " '", name, "': expected 'mpi', 'gloo' or 'nccl'"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " '", name, "': expected 'mpi', 'gloo' or 'nccl'"));
 }
 
 }  // namespace vemesh

@@ -48,27 +48,30 @@ absl::StatusOr<int> Communicator::group_rank(int64_t global) const {
     absl::StrAppend(&listed, i == 0 ? "" : ", ", members[i]);
   }
   if (members.size() > 8) absl::StrAppend(&listed, ", ...");
-  return absl::NotFoundError(absl::StrCat(
-      "global rank ", global, " is not a member of this group of ",
-      members.size(), " ranks (global ranks ", listed, ")"));
+  return absl::NotFoundError(
+      absl::StrCat("global rank ", global, " is not a member of this group of ",
+                   members.size(), " ranks (global ranks ", listed, ")"));
 }
 
 absl::StatusOr<int> Communicator::PeerOf(absl::string_view op,
                                          GlobalRank peer) const {
   absl::StatusOr<int> local = group_rank(peer.value);
   if (!local.ok()) {
-    return absl::NotFoundError(absl::StrCat(op, ": ", local.status().message()));
+    return absl::NotFoundError(
+        absl::StrCat(op, ": ", local.status().message()));
   }
   return local;
 }
 
-// -- Deadlines and abort --------------------------------------------------------
+// -- Deadlines and abort
+// --------------------------------------------------------
 
 void Communicator::set_timeout(absl::Duration timeout) {
-  timeout_ns_.store(timeout == absl::InfiniteDuration() || timeout < absl::ZeroDuration()
-                        ? -1
-                        : absl::ToInt64Nanoseconds(timeout),
-                    std::memory_order_relaxed);
+  timeout_ns_.store(
+      timeout == absl::InfiniteDuration() || timeout < absl::ZeroDuration()
+          ? -1
+          : absl::ToInt64Nanoseconds(timeout),
+      std::memory_order_relaxed);
 }
 
 absl::Duration Communicator::timeout() const {
@@ -92,13 +95,13 @@ absl::Status Communicator::AbortedError(absl::string_view op) const {
     std::lock_guard<std::mutex> lock(abort_mu_);
     reason = abort_reason_;
   }
-  return absl::AbortedError(absl::StrCat(op, " on a ", backend(),
-                                         " communicator of ", size(),
-                                         " ranks: it was aborted (", reason,
-                                         ")"));
+  return absl::AbortedError(
+      absl::StrCat(op, " on a ", backend(), " communicator of ", size(),
+                   " ranks: it was aborted (", reason, ")"));
 }
 
-// -- Any operation -----------------------------------------------------------------
+// -- Any operation
+// -----------------------------------------------------------------
 
 Communicator::WorkOr Communicator::start(Operation op) {
   if (aborted()) return AbortedError(op.Name());
@@ -115,7 +118,8 @@ absl::Status Communicator::run(Operation op) {
   return work->wait(deadline);
 }
 
-// -- Named forms -------------------------------------------------------------------
+// -- Named forms
+// -------------------------------------------------------------------
 
 namespace {
 
@@ -164,7 +168,9 @@ std::vector<size_t> Counts(absl::Span<const size_t> counts) {
 
 }  // namespace
 
-absl::Status Communicator::barrier() { return run(Make(OpKind::kBarrier, nullptr, nullptr, 0, DataType::kFloat32)); }
+absl::Status Communicator::barrier() {
+  return run(Make(OpKind::kBarrier, nullptr, nullptr, 0, DataType::kFloat32));
+}
 
 absl::Status Communicator::broadcast(void* data, size_t count, DataType type,
                                      int root) {
@@ -266,13 +272,14 @@ absl::Status Communicator::send_recv(const void* send_data, size_t send_count,
                                      int dest, void* recv_data,
                                      size_t recv_count, int source,
                                      DataType type) {
-  return run(Batch("send_recv",
-                   {P2POp::Send(send_data, send_count, type, dest),
-                    P2POp::Recv(recv_data, recv_count, type, source)}));
+  return run(
+      Batch("send_recv", {P2POp::Send(send_data, send_count, type, dest),
+                          P2POp::Recv(recv_data, recv_count, type, source)}));
 }
 
 absl::Status Communicator::batch_send_recv(absl::Span<const P2POp> ops) {
-  return run(Batch("batch_send_recv", std::vector<P2POp>(ops.begin(), ops.end())));
+  return run(
+      Batch("batch_send_recv", std::vector<P2POp>(ops.begin(), ops.end())));
 }
 
 Communicator::WorkOr Communicator::ibarrier() {
@@ -282,8 +289,8 @@ Communicator::WorkOr Communicator::ibarrier() {
 Communicator::WorkOr Communicator::ibroadcast(void* data, size_t count,
                                               DataType type, int root,
                                               const AsyncOptions& options) {
-  return start(Streamed(Rooted(OpKind::kBroadcast, data, data, count, type, root),
-                        options));
+  return start(Streamed(
+      Rooted(OpKind::kBroadcast, data, data, count, type, root), options));
 }
 
 Communicator::WorkOr Communicator::iall_reduce(const void* send, void* recv,
@@ -306,8 +313,8 @@ Communicator::WorkOr Communicator::ireduce(const void* send, void* recv,
 Communicator::WorkOr Communicator::iall_gather(const void* send, void* recv,
                                                size_t count, DataType type,
                                                const AsyncOptions& options) {
-  return start(Streamed(Make(OpKind::kAllGather, send, recv, count, type),
-                        options));
+  return start(
+      Streamed(Make(OpKind::kAllGather, send, recv, count, type), options));
 }
 
 Communicator::WorkOr Communicator::iall_gather_v(
@@ -355,8 +362,8 @@ Communicator::WorkOr Communicator::iscatter(const void* send, void* recv,
 Communicator::WorkOr Communicator::iall_to_all(const void* send, void* recv,
                                                size_t count, DataType type,
                                                const AsyncOptions& options) {
-  return start(Streamed(Make(OpKind::kAllToAll, send, recv, count, type),
-                        options));
+  return start(
+      Streamed(Make(OpKind::kAllToAll, send, recv, count, type), options));
 }
 
 Communicator::WorkOr Communicator::iall_to_all_v(
@@ -410,18 +417,16 @@ std::string SplitRequestName(const SplitRequest& request, size_t index) {
 }
 
 absl::StatusOr<std::vector<std::shared_ptr<Communicator>>>
-Communicator::split_many(absl::Span<const SplitRequest> requests,
-                         absl::Time) {
+Communicator::split_many(absl::Span<const SplitRequest> requests, absl::Time) {
   std::vector<std::shared_ptr<Communicator>> groups;
   groups.reserve(requests.size());
   for (size_t i = 0; i < requests.size(); ++i) {
     const SplitRequest& request = requests[i];
     auto group = split(request.color, request.key);
     if (!group.ok()) {
-      return absl::Status(
-          group.status().code(),
-          absl::StrCat("split ", SplitRequestName(request, i), ": ",
-                       group.status().message()));
+      return absl::Status(group.status().code(),
+                          absl::StrCat("split ", SplitRequestName(request, i),
+                                       ": ", group.status().message()));
     }
     groups.push_back(*std::move(group));
   }

@@ -29,12 +29,12 @@
 // the communicator's timeout (`set_timeout`, none by default).
 //
 // Arguments are checked here (operation_checks.cc), once, for every
-// backend, before anything is sent: a null buffer with a non-zero count, a count above the backend's
-// limit, a root or peer outside the group, a length that does not match the
-// group, send and recv buffers that overlap without being the same, an
-// average of integers. Each is InvalidArgument with one text for all
-// backends. Other failures (a lost peer, a deadline, abort()) and whether to
-// retry: the table in vemesh/base/status_codes.h.
+// backend, before anything is sent: a null buffer with a non-zero count, a
+// count above the backend's limit, a root or peer outside the group, a length
+// that does not match the group, send and recv buffers that overlap without
+// being the same, an average of integers. Each is InvalidArgument with one text
+// for all backends. Other failures (a lost peer, a deadline, abort()) and
+// whether to retry: the table in vemesh/base/status_codes.h.
 //
 // Data types and reductions: data_type.h (every type on every backend). An
 // operation as a backend receives it: operation.h. The backend names:
@@ -139,10 +139,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // member. O(1) after the first call.
   absl::StatusOr<int> group_rank(int64_t global) const;
 
-  // -- Deadlines and abort -----------------------------------------------------
-  // How long a blocking operation may take (InfiniteDuration: no limit, the
-  // default). Past it the operation is DeadlineExceeded and the communicator
-  // aborted.
+  // -- Deadlines and abort
+  // ----------------------------------------------------- How long a blocking
+  // operation may take (InfiniteDuration: no limit, the default). Past it the
+  // operation is DeadlineExceeded and the communicator aborted.
   void set_timeout(absl::Duration timeout);
   absl::Duration timeout() const;
   // Any thread: makes every blocked and later operation of this
@@ -154,9 +154,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // communicator aborted: <reason>").
   absl::Status AbortedError(absl::string_view op) const;
 
-  // -- Any operation, checked ---------------------------------------------------
-  // Checks `op` and starts it; the named forms below build an Operation
-  // and call this.
+  // -- Any operation, checked
+  // --------------------------------------------------- Checks `op` and starts
+  // it; the named forms below build an Operation and call this.
   WorkOr start(Operation op);
   // `start` and wait until the timeout.
   absl::Status run(Operation op);
@@ -166,8 +166,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   absl::Status broadcast(void* data, size_t count, DataType type, int root);
   absl::Status all_reduce(const void* send, void* recv, size_t count,
                           DataType type, ReduceOp op);
-  absl::Status reduce(const void* send, void* recv, size_t count,
-                      DataType type, ReduceOp op, int root);
+  absl::Status reduce(const void* send, void* recv, size_t count, DataType type,
+                      ReduceOp op, int root);
   absl::Status all_gather(const void* send, void* recv, size_t count,
                           DataType type);
   absl::Status all_gather_v(const void* send, void* recv,
@@ -178,8 +178,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   absl::Status reduce_scatter_v(const void* send, void* recv,
                                 absl::Span<const size_t> recv_counts,
                                 DataType type, ReduceOp op);
-  absl::Status gather(const void* send, void* recv, size_t count,
-                      DataType type, int root);
+  absl::Status gather(const void* send, void* recv, size_t count, DataType type,
+                      int root);
   absl::Status scatter(const void* send, void* recv, size_t count,
                        DataType type, int root);
   absl::Status all_to_all(const void* send, void* recv, size_t count,
@@ -255,12 +255,11 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // others take as long as their split takes. On failure no group is
   // returned (those made are freed), and the status names the request
   // that failed.
-  virtual absl::StatusOr<std::vector<std::shared_ptr<Communicator>>>
-  split_many(absl::Span<const SplitRequest> requests,
-             absl::Time deadline = absl::InfiniteFuture());
+  virtual absl::StatusOr<std::vector<std::shared_ptr<Communicator>>> split_many(
+      absl::Span<const SplitRequest> requests,
+      absl::Time deadline = absl::InfiniteFuture());
 
   virtual NativeHandle native_handle() const = 0;
-
 
   // -- Typed operations: the element type and the lengths are checked --------
   template <typename T>
@@ -300,8 +299,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   template <typename T>
   absl::Status all_to_all(absl::Span<const T> send, absl::Span<T> recv) {
     if (send.size() != recv.size() || send.size() % size() != 0) {
-      return absl::InvalidArgumentError(AllToAllLengthText(send.size(),
-                                                           recv.size()));
+      return absl::InvalidArgumentError(
+          AllToAllLengthText(send.size(), recv.size()));
     }
     return all_to_all(send.data(), recv.data(), send.size() / size(),
                       DataTypeOf<T>());
@@ -346,8 +345,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
     return irecv(data.data(), data.size(), DataTypeOf<T>(), peer, options);
   }
   template <typename T>
-  absl::Status send_recv(absl::Span<const T> send, int dest,
-                         absl::Span<T> recv, int source) {
+  absl::Status send_recv(absl::Span<const T> send, int dest, absl::Span<T> recv,
+                         int source) {
     return send_recv(send.data(), send.size(), dest, recv.data(), recv.size(),
                      source, DataTypeOf<T>());
   }
@@ -377,7 +376,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // InvalidArgument when a span of `length` elements does not hold exactly
   // the sum of `counts`.
   static absl::Status TotalError(absl::string_view op, absl::string_view what,
-                                 size_t length, absl::Span<const size_t> counts);
+                                 size_t length,
+                                 absl::Span<const size_t> counts);
 
  private:
   absl::Status Check(const Operation& op) const;

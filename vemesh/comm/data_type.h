@@ -56,13 +56,12 @@ constexpr DataType DataTypeOf() {
   if constexpr (std::is_same_v<T, Float16>) return DataType::kFloat16;
   if constexpr (std::is_same_v<T, int8_t>) return DataType::kInt8;
   if constexpr (std::is_same_v<T, uint8_t>) return DataType::kUInt8;
-  static_assert(
-      std::is_same_v<T, float> || std::is_same_v<T, double> ||
-          std::is_same_v<T, int32_t> || std::is_same_v<T, int64_t> ||
-          std::is_same_v<T, BFloat16> || std::is_same_v<T, Float16> ||
-          std::is_same_v<T, int8_t> || std::is_same_v<T, uint8_t>,
-      "vemesh communicators carry float, double, int32_t, int64_t, "
-      "BFloat16, Float16, int8_t and uint8_t");
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> ||
+                    std::is_same_v<T, int32_t> || std::is_same_v<T, int64_t> ||
+                    std::is_same_v<T, BFloat16> || std::is_same_v<T, Float16> ||
+                    std::is_same_v<T, int8_t> || std::is_same_v<T, uint8_t>,
+                "vemesh communicators carry float, double, int32_t, int64_t, "
+                "BFloat16, Float16, int8_t and uint8_t");
 }
 
 }  // namespace vemesh

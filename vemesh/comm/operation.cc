@@ -36,19 +36,32 @@ std::string Operation::Describe() const {
 
 absl::string_view OpKindName(OpKind kind) {
   switch (kind) {
-    case OpKind::kBarrier: return "barrier";
-    case OpKind::kBroadcast: return "broadcast";
-    case OpKind::kAllReduce: return "all_reduce";
-    case OpKind::kReduce: return "reduce";
-    case OpKind::kAllGather: return "all_gather";
-    case OpKind::kAllGatherV: return "all_gather_v";
-    case OpKind::kReduceScatter: return "reduce_scatter";
-    case OpKind::kReduceScatterV: return "reduce_scatter_v";
-    case OpKind::kGather: return "gather";
-    case OpKind::kScatter: return "scatter";
-    case OpKind::kAllToAll: return "all_to_all";
-    case OpKind::kAllToAllV: return "all_to_all_v";
-    case OpKind::kBatch: return "batch_send_recv";
+    case OpKind::kBarrier:
+      return "barrier";
+    case OpKind::kBroadcast:
+      return "broadcast";
+    case OpKind::kAllReduce:
+      return "all_reduce";
+    case OpKind::kReduce:
+      return "reduce";
+    case OpKind::kAllGather:
+      return "all_gather";
+    case OpKind::kAllGatherV:
+      return "all_gather_v";
+    case OpKind::kReduceScatter:
+      return "reduce_scatter";
+    case OpKind::kReduceScatterV:
+      return "reduce_scatter_v";
+    case OpKind::kGather:
+      return "gather";
+    case OpKind::kScatter:
+      return "scatter";
+    case OpKind::kAllToAll:
+      return "all_to_all";
+    case OpKind::kAllToAllV:
+      return "all_to_all_v";
+    case OpKind::kBatch:
+      return "batch_send_recv";
   }
   return "unknown";
 }

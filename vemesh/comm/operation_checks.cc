@@ -27,7 +27,9 @@ bool IsReduction(OpKind kind) {
 
 }  // namespace
 
-size_t Communicator::MaxCount() const { return std::numeric_limits<size_t>::max(); }
+size_t Communicator::MaxCount() const {
+  return std::numeric_limits<size_t>::max();
+}
 
 absl::Status Communicator::CheckUsable(absl::string_view) const {
   return absl::OkStatus();
@@ -36,9 +38,9 @@ absl::Status Communicator::CheckUsable(absl::string_view) const {
 absl::Status Communicator::LengthError(absl::string_view op,
                                        absl::string_view what, size_t got,
                                        size_t expected) {
-  return absl::InvalidArgumentError(absl::StrCat(
-      op, ": the ", what, " buffer has ", got, " elements: expected ",
-      expected));
+  return absl::InvalidArgumentError(
+      absl::StrCat(op, ": the ", what, " buffer has ", got,
+                   " elements: expected ", expected));
 }
 
 absl::Status Communicator::TotalError(absl::string_view op,
@@ -53,9 +55,9 @@ absl::Status Communicator::TotalError(absl::string_view op,
     total += c;
   }
   if (total == length) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      op, ": the ", what, " buffer has ", length,
-      " elements: expected the sum of its counts, ", total));
+  return absl::InvalidArgumentError(
+      absl::StrCat(op, ": the ", what, " buffer has ", length,
+                   " elements: expected the sum of its counts, ", total));
 }
 
 std::string Communicator::AllToAllLengthText(size_t send, size_t recv) const {
@@ -66,17 +68,18 @@ std::string Communicator::AllToAllLengthText(size_t send, size_t recv) const {
 }
 
 absl::Status Communicator::CheckBuffer(const Operation& op,
-                                       absl::string_view what,
-                                       const void* data, size_t count) const {
+                                       absl::string_view what, const void* data,
+                                       size_t count) const {
   if (count > MaxCount()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        op.Name(), ": the ", what, " buffer of ", count, " elements is above "
-        "the ", backend(), " backend's limit of ", MaxCount()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(op.Name(), ": the ", what, " buffer of ", count,
+                     " elements is above "
+                     "the ",
+                     backend(), " backend's limit of ", MaxCount()));
   }
   if (data == nullptr && count > 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        op.Name(), ": the ", what, " buffer is null for ", count,
-        " elements"));
+        op.Name(), ": the ", what, " buffer is null for ", count, " elements"));
   }
   return absl::OkStatus();
 }
@@ -85,10 +88,9 @@ absl::Status Communicator::CheckRank(const Operation& op,
                                      absl::string_view what,
                                      int64_t rank) const {
   if (rank < 0 || rank >= size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op.Name(), ": ", what, " ", rank,
-                     " is outside the group of ", size(), " ranks (0..",
-                     size() - 1, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        op.Name(), ": ", what, " ", rank, " is outside the group of ", size(),
+        " ranks (0..", size() - 1, ")"));
   }
   return absl::OkStatus();
 }
@@ -117,18 +119,18 @@ absl::Status Communicator::CheckCounts(const Operation& op,
 absl::Status Communicator::Check(const Operation& op) const {
   const absl::string_view name = op.Name();
   if (SizeOf(op.type) == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        name, ": unknown data type ", static_cast<int>(op.type)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": unknown data type ", static_cast<int>(op.type)));
   }
   if (IsReduction(op.kind)) {
     if (ReduceOpName(op.op) == "unknown") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          name, ": unknown reduce op ", static_cast<int>(op.op)));
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": unknown reduce op ", static_cast<int>(op.op)));
     }
     if (op.op == ReduceOp::kAvg && !IsFloatingPoint(op.type)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          name, ": ReduceOp avg needs a floating-point type; got ",
-          DataTypeName(op.type), " (use sum and divide)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": ReduceOp avg needs a floating-point type; got ",
+                       DataTypeName(op.type), " (use sum and divide)"));
     }
   }
   const size_t n = static_cast<size_t>(size());
@@ -137,10 +139,10 @@ absl::Status Communicator::Check(const Operation& op) const {
   // before anything multiplies it.
   auto blocks = [&](absl::string_view what) -> absl::StatusOr<size_t> {
     if (op.count > MaxCount() / n) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          name, ": the ", what, " buffer of ", n, " x ", op.count,
-          " elements is above the ", backend(), " backend's limit of ",
-          MaxCount()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": the ", what, " buffer of ", n, " x ", op.count,
+                       " elements is above the ", backend(),
+                       " backend's limit of ", MaxCount()));
     }
     return op.count * n;
   };
@@ -148,7 +150,8 @@ absl::Status Communicator::Check(const Operation& op) const {
     if (op.send != op.recv &&
         Overlap(op.send, send_count * width, op.recv, recv_count * width)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          name, ": the send and recv buffers overlap without being the same "
+          name,
+          ": the send and recv buffers overlap without being the same "
           "buffer"));
     }
     return absl::OkStatus();
@@ -156,7 +159,8 @@ absl::Status Communicator::Check(const Operation& op) const {
   auto apart = [&](size_t send_count, size_t recv_count) -> absl::Status {
     if (Overlap(op.send, send_count * width, op.recv, recv_count * width)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          name, ": the send and recv buffers overlap (this operation cannot "
+          name,
+          ": the send and recv buffers overlap (this operation cannot "
           "work in place)"));
     }
     return absl::OkStatus();
@@ -186,12 +190,12 @@ absl::Status Communicator::Check(const Operation& op) const {
     }
     case OpKind::kAllGatherV: {
       size_t total = 0;
-      VEMESH_RETURN_IF_ERROR(CheckCounts(op, "recv_counts", op.recv_counts, &total));
+      VEMESH_RETURN_IF_ERROR(
+          CheckCounts(op, "recv_counts", op.recv_counts, &total));
       if (op.count != op.recv_counts[rank()]) {
         return absl::InvalidArgumentError(absl::StrCat(
-            name, ": this rank sends ", op.count,
-            " elements but recv_counts[", rank(), "] is ",
-            op.recv_counts[rank()]));
+            name, ": this rank sends ", op.count, " elements but recv_counts[",
+            rank(), "] is ", op.recv_counts[rank()]));
       }
       VEMESH_RETURN_IF_ERROR(CheckBuffer(op, "send", op.send, op.count));
       VEMESH_RETURN_IF_ERROR(CheckBuffer(op, "recv", op.recv, total));
@@ -205,7 +209,8 @@ absl::Status Communicator::Check(const Operation& op) const {
     }
     case OpKind::kReduceScatterV: {
       size_t total = 0;
-      VEMESH_RETURN_IF_ERROR(CheckCounts(op, "recv_counts", op.recv_counts, &total));
+      VEMESH_RETURN_IF_ERROR(
+          CheckCounts(op, "recv_counts", op.recv_counts, &total));
       const size_t mine = op.recv_counts[rank()];
       VEMESH_RETURN_IF_ERROR(CheckBuffer(op, "send", op.send, total));
       VEMESH_RETURN_IF_ERROR(CheckBuffer(op, "recv", op.recv, mine));
@@ -236,8 +241,10 @@ absl::Status Communicator::Check(const Operation& op) const {
     case OpKind::kAllToAllV: {
       size_t sent = 0;
       size_t received = 0;
-      VEMESH_RETURN_IF_ERROR(CheckCounts(op, "send_counts", op.send_counts, &sent));
-      VEMESH_RETURN_IF_ERROR(CheckCounts(op, "recv_counts", op.recv_counts, &received));
+      VEMESH_RETURN_IF_ERROR(
+          CheckCounts(op, "send_counts", op.send_counts, &sent));
+      VEMESH_RETURN_IF_ERROR(
+          CheckCounts(op, "recv_counts", op.recv_counts, &received));
       VEMESH_RETURN_IF_ERROR(CheckBuffer(op, "send", op.send, sent));
       VEMESH_RETURN_IF_ERROR(CheckBuffer(op, "recv", op.recv, received));
       return apart(sent, received);
@@ -247,21 +254,23 @@ absl::Status Communicator::Check(const Operation& op) const {
         const P2POp& p = op.p2p[i];
         const bool sends = p.kind == P2POp::Kind::kSend;
         if (SizeOf(p.type) == 0) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              name, ": transfer ", i, " has unknown data type ",
-              static_cast<int>(p.type)));
+          return absl::InvalidArgumentError(
+              absl::StrCat(name, ": transfer ", i, " has unknown data type ",
+                           static_cast<int>(p.type)));
         }
-        VEMESH_RETURN_IF_ERROR(CheckRank(op, sends ? "dest" : "source", p.peer));
-        VEMESH_RETURN_IF_ERROR(CheckBuffer(op, sends ? "send" : "recv", p.data, p.count));
+        VEMESH_RETURN_IF_ERROR(
+            CheckRank(op, sends ? "dest" : "source", p.peer));
+        VEMESH_RETURN_IF_ERROR(
+            CheckBuffer(op, sends ? "send" : "recv", p.data, p.count));
         if (sends) continue;
         // A receive must not write over another transfer's buffer.
         for (size_t j = 0; j < op.p2p.size(); ++j) {
           const P2POp& q = op.p2p[j];
           if (j != i && Overlap(p.data, p.count * SizeOf(p.type), q.data,
                                 q.count * SizeOf(q.type))) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                name, ": the recv buffer of transfer ", i,
-                " overlaps the buffer of transfer ", j));
+            return absl::InvalidArgumentError(
+                absl::StrCat(name, ": the recv buffer of transfer ", i,
+                             " overlaps the buffer of transfer ", j));
           }
         }
       }

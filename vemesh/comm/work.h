@@ -5,7 +5,8 @@
 // final status.
 //
 //   VEMESH_ASSIGN_OR_RETURN(std::shared_ptr<Work> w,
-//                           dp->iall_reduce(absl::MakeSpan(bucket), ReduceOp::kAvg));
+//                           dp->iall_reduce(absl::MakeSpan(bucket),
+//                           ReduceOp::kAvg));
 //   ... backward of the next layer ...
 //   VEMESH_RETURN_IF_ERROR(w->wait(absl::Now() + absl::Seconds(30)));
 //

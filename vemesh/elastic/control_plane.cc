@@ -98,12 +98,12 @@ absl::Status Heartbeat::lost() const {
   // By the age of the last renewal alone: a renewal blocked in the store
   // has no error yet, and its lease may be gone already.
   if (absl::Now() - last_success_ < ttl_) return absl::OkStatus();
-  return absl::UnavailableError(absl::StrCat(
-      "this rank's lease '", key_, "' was not renewed for ",
-      absl::FormatDuration(absl::Now() - last_success_), " (TTL ",
-      absl::FormatDuration(ttl_), "): ",
-      last_error_.ok() ? "a renewal is still waiting for the store"
-                       : std::string(last_error_.message())));
+  return absl::UnavailableError(
+      absl::StrCat("this rank's lease '", key_, "' was not renewed for ",
+                   absl::FormatDuration(absl::Now() - last_success_), " (TTL ",
+                   absl::FormatDuration(ttl_), "): ",
+                   last_error_.ok() ? "a renewal is still waiting for the store"
+                                    : std::string(last_error_.message())));
 }
 
 void Heartbeat::Run() {

@@ -97,9 +97,9 @@ class Heartbeat {
   const absl::Duration ttl_;
   mutable std::mutex mu_;
   std::condition_variable wake_;
-  bool stop_ = false;            // under mu_
-  absl::Status last_error_;      // under mu_
-  absl::Time last_success_;      // under mu_
+  bool stop_ = false;        // under mu_
+  absl::Status last_error_;  // under mu_
+  absl::Time last_success_;  // under mu_
   std::thread thread_;
 };
 

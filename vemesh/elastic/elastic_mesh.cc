@@ -40,9 +40,9 @@ absl::Status CheckOptions(DeviceType device_type, const MeshLayout& layout,
                      ": expected an id in [0, ", kMaxReplicas, ")"));
   }
   if (!layout.find_dim(o.replica_dim).has_value()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ElasticOptions.replica_dim '", o.replica_dim,
-        "' is not a dimension of ", layout.ToString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ElasticOptions.replica_dim '", o.replica_dim,
+                     "' is not a dimension of ", layout.ToString()));
   }
   if (layout.has_rank_table()) {
     return absl::InvalidArgumentError(
@@ -51,19 +51,18 @@ absl::Status CheckOptions(DeviceType device_type, const MeshLayout& layout,
   }
   if (o.heartbeat_ttl < absl::Milliseconds(20) ||
       o.heartbeat_ttl > absl::Hours(1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ElasticOptions.heartbeat_ttl is ",
-                     absl::FormatDuration(o.heartbeat_ttl),
-                     ": expected 20ms to 1h"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ElasticOptions.heartbeat_ttl is ",
+        absl::FormatDuration(o.heartbeat_ttl), ": expected 20ms to 1h"));
   }
   for (const auto& [name, d] :
        {std::pair<const char*, absl::Duration>{"op_timeout", o.op_timeout},
         {"recovery_timeout", o.recovery_timeout},
         {"form_timeout", o.form_timeout}}) {
     if (d <= absl::ZeroDuration() || d == absl::InfiniteDuration()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ElasticOptions.", name, " is ", absl::FormatDuration(d),
-          ": expected a positive, finite time"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("ElasticOptions.", name, " is ", absl::FormatDuration(d),
+                       ": expected a positive, finite time"));
     }
   }
   if (o.min_replicas < 1 || o.min_replicas > kMaxReplicas) {
@@ -171,8 +170,9 @@ absl::StatusOr<std::unique_ptr<ElasticMesh>> ElasticMesh::Create(
   // The replica's agreement runs on a communicator of its own, never on one
   // the training step uses: a rank that left its step early must not meet
   // its partner inside another collective.
-  auto replica_comm = names.size() == 1 ? inner->get_group(names[0])
-                                        : inner->flatten(names, kReplicaDimName);
+  auto replica_comm = names.size() == 1
+                          ? inner->get_group(names[0])
+                          : inner->flatten(names, kReplicaDimName);
   if (!replica_comm.ok()) return replica_comm.status();
   if (names.size() == 1) {
     replica_comm = (*replica_comm)->split(0, (*replica_comm)->rank());
@@ -217,8 +217,8 @@ absl::StatusOr<std::unique_ptr<ElasticMesh>> ElasticMesh::Create(
   }
   std::unique_ptr<Heartbeat> heartbeat;
   if (connected.ok()) {
-    el->control_ = std::make_unique<ControlPlane>(store, options.job,
-                                                  el->inner_size_);
+    el->control_ =
+        std::make_unique<ControlPlane>(store, options.job, el->inner_size_);
     auto hb = Heartbeat::Start(
         beat_store,
         el->control_->LeaseKey(options.replica, el->incarnation_,
@@ -244,10 +244,10 @@ absl::StatusOr<std::unique_ptr<ElasticMesh>> ElasticMesh::Create(
         options.store, "'"));
   }
 
-  auto record = el->ShareRecord(el->inner_rank_ == 0
-                                    ? el->Join()
-                                    : absl::StatusOr<MembershipRecord>(
-                                          MembershipRecord{}));
+  auto record = el->ShareRecord(
+      el->inner_rank_ == 0
+          ? el->Join()
+          : absl::StatusOr<MembershipRecord>(MembershipRecord{}));
   if (!record.ok()) return record.status();
   // The first epoch's members start together from their initial state (a
   // replica that saw the job unformed and was admitted to epoch 1); a
@@ -255,27 +255,25 @@ absl::StatusOr<std::unique_ptr<ElasticMesh>> ElasticMesh::Create(
   // Only rank 0 joined: its view is the replica's.
   int64_t stateful =
       el->inner_rank_ == 0 && record->epoch == 1 && el->joined_unformed_;
-  if (absl::Status s = el->ReplicaMax(absl::MakeSpan(&stateful, 1));
-      !s.ok()) {
+  if (absl::Status s = el->ReplicaMax(absl::MakeSpan(&stateful, 1)); !s.ok()) {
     return s;
   }
   el->has_state_ = stateful == 1;
   auto first = el->Rebuild(record->epoch - 1, *record, el->has_state_ ? 0 : -1);
   if (!first.ok()) return first.status();
   if (first->evicted) {
-    return absl::UnavailableError(absl::StrCat(
-        "replica ", options.replica, " was admitted to ",
-        MembershipText(*record), " but left out of epoch ", first->epoch,
-        " before it could build its groups"));
+    return absl::UnavailableError(
+        absl::StrCat("replica ", options.replica, " was admitted to ",
+                     MembershipText(*record), " but left out of epoch ",
+                     first->epoch, " before it could build its groups"));
   }
   return el;
 }
 
 absl::Status ElasticMesh::ReplicaMax(absl::Span<int64_t> values) {
   if (inner_size_ == 1) return absl::OkStatus();
-  return replica_comm_->all_reduce(values.data(), values.data(),
-                                   values.size(), DataType::kInt64,
-                                   ReduceOp::kMax);
+  return replica_comm_->all_reduce(values.data(), values.data(), values.size(),
+                                   DataType::kInt64, ReduceOp::kMax);
 }
 
 absl::StatusOr<MembershipRecord> ElasticMesh::ShareRecord(
@@ -295,8 +293,8 @@ absl::StatusOr<MembershipRecord> ElasticMesh::ShareRecord(
     return s;
   }
   if (head[1] < 0 || head[1] > int64_t{1} << 20) {
-    return absl::InternalError(absl::StrCat(
-        "replica leader sent a record of ", head[1], " bytes"));
+    return absl::InternalError(
+        absl::StrCat("replica leader sent a record of ", head[1], " bytes"));
   }
   std::vector<int64_t> words((head[1] + 7) / 8, 0);
   if (inner_rank_ == 0 && !text.empty()) {
@@ -370,8 +368,9 @@ absl::StatusOr<MembershipRecord> ElasticMesh::Join() {
       absl::FormatDuration(deadline - start), "; the record is ",
       last.ok() ? MembershipText(last->record) : last.status().ToString(),
       " (a running job admits a replica at its next step boundary; a new "
-      "job forms once all ", starting, " starting replicas are alive, or ",
-      options_.min_replicas, " after form_timeout)"));
+      "job forms once all ",
+      starting, " starting replicas are alive, or ", options_.min_replicas,
+      " after form_timeout)"));
 }
 
 absl::StatusOr<MembershipRecord> ElasticMesh::ChooseEpoch(int64_t failed,
@@ -385,10 +384,12 @@ absl::StatusOr<MembershipRecord> ElasticMesh::ChooseEpoch(int64_t failed,
     if (!now.ok()) return now.status();
     const MembershipRecord& rec = now->record;
     if (rec.epoch < failed) {
-      return absl::UnavailableError(absl::StrCat(
-          "the elastic control plane '", store_name_, "' lost its record: it "
-          "holds epoch ", rec.epoch, " but this job reached epoch ", failed,
-          " (was Redis restarted without persistence?)"));
+      return absl::UnavailableError(
+          absl::StrCat("the elastic control plane '", store_name_,
+                       "' lost its record: it "
+                       "holds epoch ",
+                       rec.epoch, " but this job reached epoch ", failed,
+                       " (was Redis restarted without persistence?)"));
     }
     // The others went on without this launch: it is evicted, whoever is
     // alive now.
@@ -412,8 +413,8 @@ absl::StatusOr<MembershipRecord> ElasticMesh::ChooseEpoch(int64_t failed,
       if (static_cast<int>(next.members.size()) < options_.min_replicas) {
         return absl::UnavailableError(absl::StrCat(
             "only ", next.members.size(), " replica(s) alive [",
-            absl::StrJoin(next.members, ", "), "] after ",
-            MembershipText(rec), ": min_replicas is ", options_.min_replicas));
+            absl::StrJoin(next.members, ", "), "] after ", MembershipText(rec),
+            ": min_replicas is ", options_.min_replicas));
       }
       if (auto t = control_->Transition(*now, next); !t.ok()) {
         return t.status();
@@ -422,22 +423,21 @@ absl::StatusOr<MembershipRecord> ElasticMesh::ChooseEpoch(int64_t failed,
     }
     absl::SleepFor(kPollPeriod);
   }
-  return absl::DeadlineExceededError(absl::StrCat(
-      "no epoch after ", failed, " could be agreed before the recovery "
-      "deadline (ElasticOptions.recovery_timeout ",
-      absl::FormatDuration(options_.recovery_timeout), ")"));
+  return absl::DeadlineExceededError(
+      absl::StrCat("no epoch after ", failed,
+                   " could be agreed before the recovery "
+                   "deadline (ElasticOptions.recovery_timeout ",
+                   absl::FormatDuration(options_.recovery_timeout), ")"));
 }
 
-int64_t ElasticMesh::FullRank(int inner_rank, int dp_index,
-                              int dp_size) const {
+int64_t ElasticMesh::FullRank(int inner_rank, int dp_index, int dp_size) const {
   auto inner_or = inner_->layout().coordinate_of(inner_rank);
   if (!inner_or.ok()) return -1;  // not reached: the launch's ranks fit
   const Coordinate& inner = *inner_or;
   int64_t rank = 0;
   for (int64_t d = 0; d < requested_.ndim(); ++d) {
     const bool is_dp = d == replica_dim_;
-    const int64_t size =
-        is_dp ? dp_size : requested_.dim_size(d).value_or(1);
+    const int64_t size = is_dp ? dp_size : requested_.dim_size(d).value_or(1);
     const int64_t at = is_dp ? dp_index : inner[inner_dim_of_[d]];
     rank = rank * size + at;
   }
@@ -473,9 +473,9 @@ absl::StatusOr<DeviceMesh> ElasticMesh::FullMesh(
     if (d == replica_dim_) dp_ = comm;
     groups.push_back(std::move(comm));
   }
-  return DeviceMesh::FromGroups(
-      device_type_, *std::move(layout), FullRank(inner_rank_, me, n),
-      std::move(groups), inner_->host_local_rank(), inner_->host_size());
+  return DeviceMesh::FromGroups(device_type_, *std::move(layout),
+                                FullRank(inner_rank_, me, n), std::move(groups),
+                                inner_->host_local_rank(), inner_->host_size());
 }
 
 absl::StatusOr<Recovery> ElasticMesh::Establish(const MembershipRecord& record,
@@ -498,10 +498,9 @@ absl::StatusOr<Recovery> ElasticMesh::Establish(const MembershipRecord& record,
   // always op_timeout, even when that runs past the recovery deadline by
   // up to one op_timeout (a shorter one would fail the epoch's operations).
   absl::StatusOr<std::shared_ptr<GlooCommunicator>> group =
-      GlooCommunicator::Create(control_->store(),
-                               control_->GroupPrefix(record.epoch, inner_rank_),
-                               me, n, ranks, options_.op_timeout,
-                               options_.gloo_host);
+      GlooCommunicator::Create(
+          control_->store(), control_->GroupPrefix(record.epoch, inner_rank_),
+          me, n, ranks, options_.op_timeout, options_.gloo_host);
   // Agree on the step to resume: the least that a member with state has
   // committed (one may be a step ahead), and whether anyone lacks state.
   absl::Status status = group.status();
@@ -510,12 +509,12 @@ absl::StatusOr<Recovery> ElasticMesh::Establish(const MembershipRecord& record,
                       has_state_ ? me : kNoState};
   int64_t most[2] = {has_state_ ? 0 : 1, has_state_ ? committed : -1};
   if (status.ok() && n > 1) {
-    status = (*group)->all_reduce(least, least, 2, DataType::kInt64,
-                                  ReduceOp::kMin);
+    status =
+        (*group)->all_reduce(least, least, 2, DataType::kInt64, ReduceOp::kMin);
   }
   if (status.ok() && n > 1) {
-    status = (*group)->all_reduce(most, most, 2, DataType::kInt64,
-                                  ReduceOp::kMax);
+    status =
+        (*group)->all_reduce(most, most, 2, DataType::kInt64, ReduceOp::kMax);
   }
   int64_t failed = status.ok() ? 0 : 1;
   if (absl::Status s = ReplicaMax(absl::MakeSpan(&failed, 1)); !s.ok()) {
@@ -526,11 +525,10 @@ absl::StatusOr<Recovery> ElasticMesh::Establish(const MembershipRecord& record,
       status = absl::UnavailableError(
           "another rank of this replica could not join its DP group");
     }
-    return absl::Status(status.code(),
-                        absl::StrCat("epoch ", record.epoch, " (",
-                                     MembershipText(record),
-                                     "): DP group not built: ",
-                                     status.message()));
+    return absl::Status(
+        status.code(),
+        absl::StrCat("epoch ", record.epoch, " (", MembershipText(record),
+                     "): DP group not built: ", status.message()));
   }
   if (least[0] == kNoState) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -538,10 +536,10 @@ absl::StatusOr<Recovery> ElasticMesh::Establish(const MembershipRecord& record,
         " holds the training state: every replica that trained is gone"));
   }
   if (has_state_ && (committed < least[0] || committed > least[0] + 1)) {
-    return absl::InternalError(absl::StrCat(
-        "replica ", options_.replica, " committed ", committed,
-        " steps but the members resume at ", least[0],
-        ": more than one step apart"));
+    return absl::InternalError(
+        absl::StrCat("replica ", options_.replica, " committed ", committed,
+                     " steps but the members resume at ", least[0],
+                     ": more than one step apart"));
   }
   current_epoch_->store(record.epoch);
   auto mesh = FullMesh(record, *std::move(group));
@@ -578,10 +576,10 @@ absl::StatusOr<Recovery> ElasticMesh::Rebuild(
       record = *std::move(first);
       first.reset();
     } else {
-      auto shared = ShareRecord(inner_rank_ == 0
-                                    ? ChooseEpoch(failed, deadline)
-                                    : absl::StatusOr<MembershipRecord>(
-                                          MembershipRecord{}));
+      auto shared = ShareRecord(
+          inner_rank_ == 0
+              ? ChooseEpoch(failed, deadline)
+              : absl::StatusOr<MembershipRecord>(MembershipRecord{}));
       if (!shared.ok()) return shared.status();
       record = *std::move(shared);
     }
@@ -609,10 +607,10 @@ absl::StatusOr<Recovery> ElasticMesh::Rebuild(
     RetireEpoch();
     failed = record.epoch;
   }
-  return absl::DeadlineExceededError(absl::StrCat(
-      "replica ", options_.replica, ": no epoch after ", failed,
-      " could be built within ElasticOptions.recovery_timeout (",
-      absl::FormatDuration(options_.recovery_timeout), ")"));
+  return absl::DeadlineExceededError(
+      absl::StrCat("replica ", options_.replica, ": no epoch after ", failed,
+                   " could be built within ElasticOptions.recovery_timeout (",
+                   absl::FormatDuration(options_.recovery_timeout), ")"));
 }
 
 void ElasticMesh::RetireEpoch() {
@@ -640,9 +638,9 @@ absl::StatusOr<StepVerdict> ElasticMesh::end_step(
     auto now = control_->Read();
     if (!now.ok()) now = control_->Read();  // one retry: a blip is not a loss
     if (now.ok() && now->record.epoch < epoch()) {
-      now = absl::UnavailableError(absl::StrCat(
-          "it lost its record (epoch ", now->record.epoch, " < ", epoch(),
-          "; was Redis restarted without persistence?)"));
+      now = absl::UnavailableError(
+          absl::StrCat("it lost its record (epoch ", now->record.epoch, " < ",
+                       epoch(), "; was Redis restarted without persistence?)"));
     }
     if (!now.ok()) {
       lost = 1;
@@ -652,8 +650,7 @@ absl::StatusOr<StepVerdict> ElasticMesh::end_step(
       // DP rank 0's leader admits the replicas waiting to join, here at a
       // step boundary, by making the next epoch.
       const MembershipRecord& rec = now->record;
-      if (rec.epoch == epoch() && !rec.pending.empty() &&
-          last_.dp_rank == 0) {
+      if (rec.epoch == epoch() && !rec.pending.empty() && last_.dp_rank == 0) {
         auto joiners = control_->AliveOf(rec, rec.pending);
         if (joiners.ok() && !joiners->empty()) {
           const MembershipRecord next =
@@ -667,8 +664,8 @@ absl::StatusOr<StepVerdict> ElasticMesh::end_step(
   int64_t agreed[3] = {failed, seen, lost};
   if (failed == 0 && dp_ != nullptr) {
     int64_t dp_view[2] = {seen, lost};
-    absl::Status s = dp_->all_reduce(dp_view, dp_view, 2, DataType::kInt64,
-                                     ReduceOp::kMax);
+    absl::Status s =
+        dp_->all_reduce(dp_view, dp_view, 2, DataType::kInt64, ReduceOp::kMax);
     if (s.ok()) {
       agreed[1] = dp_view[0];
       agreed[2] = dp_view[1];
@@ -681,10 +678,10 @@ absl::StatusOr<StepVerdict> ElasticMesh::end_step(
     return s;
   }
   if (agreed[2] != 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "the elastic control plane '", store_name_, "' is lost: ",
-        lost_status.ok() ? "another rank could not reach it"
-                         : std::string(lost_status.message())));
+    return absl::UnavailableError(
+        absl::StrCat("the elastic control plane '", store_name_, "' is lost: ",
+                     lost_status.ok() ? "another rank could not reach it"
+                                      : std::string(lost_status.message())));
   }
   StepVerdict v;
   v.committed = agreed[0] == 0;
@@ -694,9 +691,9 @@ absl::StatusOr<StepVerdict> ElasticMesh::end_step(
 
 absl::StatusOr<Recovery> ElasticMesh::recover(int64_t committed_steps) {
   if (last_.evicted) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "replica ", options_.replica, " was evicted in epoch ", last_.epoch,
-        ": launch it again to rejoin"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("replica ", options_.replica, " was evicted in epoch ",
+                     last_.epoch, ": launch it again to rejoin"));
   }
   const int64_t failed = epoch();
   RetireEpoch();

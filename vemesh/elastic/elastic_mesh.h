@@ -63,9 +63,9 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "vemesh/comm/communicator.h"
-#include "vemesh/mesh/device_mesh.h"
 #include "vemesh/elastic/control_plane.h"
 #include "vemesh/elastic/epoch_communicator.h"
+#include "vemesh/mesh/device_mesh.h"
 #include "vemesh/rendezvous/store.h"
 
 namespace vemesh {
@@ -193,10 +193,10 @@ class ElasticMesh {
   int64_t FullRank(int inner_rank, int dp_index, int dp_size) const;
 
   const DeviceType device_type_;
-  const MeshLayout requested_;   // the shape asked for (DP = starting count)
+  const MeshLayout requested_;  // the shape asked for (DP = starting count)
   const ElasticOptions options_;
   int64_t replica_dim_ = 0;
-  std::optional<DeviceMesh> inner_;  // the replica's launch: all dims but DP
+  std::optional<DeviceMesh> inner_;    // the replica's launch: all dims but DP
   std::vector<int64_t> inner_dim_of_;  // full dim -> inner dim, -1 for DP
   std::shared_ptr<Communicator> replica_comm_;  // every rank of the replica
   int inner_rank_ = 0;
@@ -210,9 +210,9 @@ class ElasticMesh {
   Recovery last_;
   bool has_state_ = false;
   std::function<absl::Status(const DeviceMesh&)> publish_;
-  uint64_t incarnation_ = 0;     // this launch's (membership.h)
-  bool joined_unformed_ = false; // Join saw the job before its first epoch
-  std::string store_name_;       // for messages
+  uint64_t incarnation_ = 0;      // this launch's (membership.h)
+  bool joined_unformed_ = false;  // Join saw the job before its first epoch
+  std::string store_name_;        // for messages
 };
 
 }  // namespace vemesh

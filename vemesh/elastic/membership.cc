@@ -21,9 +21,9 @@ absl::Status ParseList(absl::string_view field, absl::string_view text,
   if (text.empty()) return absl::OkStatus();
   for (absl::string_view item : absl::StrSplit(text, ',')) {
     if (out.size() >= static_cast<size_t>(kMaxReplicas)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "membership field '", field, "' lists more than ", kMaxReplicas,
-          " replicas"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("membership field '", field, "' lists more than ",
+                       kMaxReplicas, " replicas"));
     }
     int id = -1;
     if (!absl::SimpleAtoi(item, &id) || id < 0 || id >= kMaxReplicas) {
@@ -79,17 +79,17 @@ absl::StatusOr<MembershipRecord> ParseMembership(absl::string_view text) {
   if (text.empty()) return r;
   const std::vector<absl::string_view> parts = absl::StrSplit(text, ';');
   if (parts.size() < 3 || parts.size() > 4 ||
-      !absl::StartsWith(parts[0], "e=") ||
-      !absl::StartsWith(parts[1], "m=") || !absl::StartsWith(parts[2], "p=") ||
+      !absl::StartsWith(parts[0], "e=") || !absl::StartsWith(parts[1], "m=") ||
+      !absl::StartsWith(parts[2], "p=") ||
       (parts.size() == 4 && !absl::StartsWith(parts[3], "i="))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "membership record '", text.substr(0, 200),
-        "': expected 'e=EPOCH;m=IDS;p=IDS[;i=ID:HEX,...]'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("membership record '", text.substr(0, 200),
+                     "': expected 'e=EPOCH;m=IDS;p=IDS[;i=ID:HEX,...]'"));
   }
   if (!absl::SimpleAtoi(parts[0].substr(2), &r.epoch) || r.epoch < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "membership epoch '", parts[0].substr(2, 40),
-        "': expected a non-negative integer"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("membership epoch '", parts[0].substr(2, 40),
+                     "': expected a non-negative integer"));
   }
   if (absl::Status s = ParseList("m", parts[1].substr(2), r.members); !s.ok()) {
     return s;
@@ -106,9 +106,9 @@ absl::StatusOr<MembershipRecord> ParseMembership(absl::string_view text) {
   for (const std::vector<int>* list : {&r.members, &r.pending}) {
     for (int id : *list) {
       if (!seen.insert(id).second) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "membership record lists replica ", id,
-            " twice: each replica is a member or pending, once"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("membership record lists replica ", id,
+                         " twice: each replica is a member or pending, once"));
       }
     }
   }
@@ -117,9 +117,8 @@ absl::StatusOr<MembershipRecord> ParseMembership(absl::string_view text) {
       const std::vector<absl::string_view> kv = absl::StrSplit(item, ':');
       int id = -1;
       uint64_t inc = 0;
-      if (kv.size() != 2 || !absl::SimpleAtoi(kv[0], &id) ||
-          kv[1].empty() || kv[1].size() > 16 ||
-          !absl::SimpleHexAtoi(kv[1], &inc) || inc == 0 ||
+      if (kv.size() != 2 || !absl::SimpleAtoi(kv[0], &id) || kv[1].empty() ||
+          kv[1].size() > 16 || !absl::SimpleHexAtoi(kv[1], &inc) || inc == 0 ||
           !seen.contains(id) || r.incarnations.contains(id)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "membership incarnation '", item.substr(0, 40),

@@ -64,28 +64,28 @@ absl::StatusOr<MeshLayout> MeshLayout::Create(
   absl::flat_hash_set<absl::string_view> seen;
   for (size_t i = 0; i < dim_names.size(); ++i) {
     if (dim_names[i].empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "mesh dimension ", i, " has an empty name in ", JoinNames(dim_names),
-          ": expected a non-empty name"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("mesh dimension ", i, " has an empty name in ",
+                       JoinNames(dim_names), ": expected a non-empty name"));
     }
     if (!seen.insert(dim_names[i]).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("mesh dimension name '", dim_names[i],
-                       "' appears twice in ", JoinNames(dim_names),
-                       ": expected unique names"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "mesh dimension name '", dim_names[i], "' appears twice in ",
+          JoinNames(dim_names), ": expected unique names"));
     }
   }
   int64_t product = 1;
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] < 1) {
       return absl::InvalidArgumentError(
-          absl::StrCat("mesh dimension ", i, " ('", dim_names[i], "') has size ",
-                       shape[i], ": expected a size >= 1"));
+          absl::StrCat("mesh dimension ", i, " ('", dim_names[i],
+                       "') has size ", shape[i], ": expected a size >= 1"));
     }
     if (__builtin_mul_overflow(product, shape[i], &product)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "mesh shape [", absl::StrJoin(shape, ", "),
-          "] has more ranks than int64 can count: expected a product below 2^63"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("mesh shape [", absl::StrJoin(shape, ", "),
+                       "] has more ranks than int64 can count: expected a "
+                       "product below 2^63"));
     }
   }
 
@@ -98,8 +98,8 @@ absl::StatusOr<MeshLayout> MeshLayout::Create(
   if (static_cast<uint64_t>(product) < FastDivider::kMaxOperand) {
     for (int64_t n : shape) layout.dividers_.emplace_back(n);
   }
-  layout.spanned_ = (shape.size() == 64) ? ~uint64_t{0}
-                                         : (uint64_t{1} << shape.size()) - 1;
+  layout.spanned_ =
+      (shape.size() == 64) ? ~uint64_t{0} : (uint64_t{1} << shape.size()) - 1;
   layout.dims_.reserve(shape.size());
   for (size_t i = 0; i < shape.size(); ++i) {
     const uint64_t key = NameKey(dim_names[i]);
@@ -181,9 +181,9 @@ absl::StatusOr<int64_t> MeshLayout::find_role(absl::string_view role) const {
 
 absl::StatusOr<int64_t> MeshLayout::dim_size(int64_t dim) const {
   if (dim < 0 || dim >= ndim()) {
-    return absl::OutOfRangeError(absl::StrCat("mesh dimension index ", dim,
-                                              " is out of range: expected 0 to ",
-                                              ndim() - 1));
+    return absl::OutOfRangeError(
+        absl::StrCat("mesh dimension index ", dim,
+                     " is out of range: expected 0 to ", ndim() - 1));
   }
   return dims_[dim].size;
 }
@@ -303,7 +303,8 @@ bool MeshLayout::contains(int64_t global_rank) const {
   return true;
 }
 
-absl::StatusOr<Coordinate> MeshLayout::coordinate_of(int64_t global_rank) const {
+absl::StatusOr<Coordinate> MeshLayout::coordinate_of(
+    int64_t global_rank) const {
   // The common case, a default layout as created, without a StatusOr hop.
   if (identity_ && table_ == nullptr && global_rank >= 0 &&
       global_rank < root_size_) {
@@ -325,9 +326,8 @@ absl::StatusOr<Coordinate> MeshLayout::coordinate_of(int64_t global_rank) const 
   if (size_ != root_size_) {
     for (size_t r = 0; r < rc.size(); ++r) {
       if (!(spanned_ & (uint64_t{1} << r)) && rc[r] != anchor_[r]) {
-        return absl::NotFoundError(absl::StrCat("rank ", global_rank,
-                                                " is not a member of ",
-                                                ToString()));
+        return absl::NotFoundError(absl::StrCat(
+            "rank ", global_rank, " is not a member of ", ToString()));
       }
     }
   }
@@ -339,9 +339,9 @@ absl::StatusOr<Coordinate> MeshLayout::coordinate_of(int64_t global_rank) const 
 absl::Status MeshLayout::CoordinateOfSlow(int64_t global_rank,
                                           absl::Span<int64_t> out) const {
   if (out.size() != dims_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "coordinate_of: the output holds ", out.size(), " entries: expected ",
-        dims_.size(), " for ", ToString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("coordinate_of: the output holds ", out.size(),
+                     " entries: expected ", dims_.size(), " for ", ToString()));
   }
   VEMESH_ASSIGN_OR_RETURN(Coordinate coord, coordinate_of(global_rank));
   std::copy(coord.begin(), coord.end(), out.begin());
@@ -351,22 +351,23 @@ absl::Status MeshLayout::CoordinateOfSlow(int64_t global_rank,
 absl::StatusOr<int64_t> MeshLayout::RankAtSlow(
     absl::Span<const int64_t> coordinate) const {
   if (coordinate.size() != dims_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "coordinate [", absl::StrJoin(coordinate, ", "), "] has ",
-        coordinate.size(), " entries: expected ", dims_.size(), " for ",
-        ToString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("coordinate [", absl::StrJoin(coordinate, ", "), "] has ",
+                     coordinate.size(), " entries: expected ", dims_.size(),
+                     " for ", ToString()));
   }
   for (size_t i = 0; i < dims_.size(); ++i) {
     if (coordinate[i] < 0 || coordinate[i] >= dims_[i].size) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "coordinate [", absl::StrJoin(coordinate, ", "), "] has index ",
-          coordinate[i], " along '", dims_[i].name, "': expected 0 to ",
-          dims_[i].size - 1));
+      return absl::OutOfRangeError(
+          absl::StrCat("coordinate [", absl::StrJoin(coordinate, ", "),
+                       "] has index ", coordinate[i], " along '", dims_[i].name,
+                       "': expected 0 to ", dims_[i].size - 1));
     }
   }
   if (identity_) return global_rank_of(root_index(coordinate));
   Coordinate rc = anchor_;
-  for (size_t i = 0; i < dims_.size(); ++i) scatter(dims_[i], coordinate[i], rc);
+  for (size_t i = 0; i < dims_.size(); ++i)
+    scatter(dims_[i], coordinate[i], rc);
   return global_rank_of(root_index(rc));
 }
 
@@ -454,8 +455,7 @@ absl::StatusOr<MeshLayout::GroupPosition> MeshLayout::group_position(
   return pos;
 }
 
-int64_t MeshLayout::group_member(int64_t dim, int64_t group,
-                                 int64_t k) const {
+int64_t MeshLayout::group_member(int64_t dim, int64_t group, int64_t k) const {
   if (dim < 0 || dim >= ndim() || group < 0 ||
       group >= size_ / dims_[dim].size) {
     return -1;
@@ -528,10 +528,10 @@ absl::StatusOr<MeshLayout> MeshLayout::flatten(
   if (auto clash = find_dim(name);
       clash &&
       std::find(picked.begin(), picked.end(), *clash) == picked.end()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "flatten would name the new dimension '", name,
-        "', which another dimension of ", ToString(),
-        " already has: expected a new name"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("flatten would name the new dimension '", name,
+                     "', which another dimension of ", ToString(),
+                     " already has: expected a new name"));
   }
   Dim merged{std::string(name), NameKey(name), 1, {}};
   for (int64_t i : picked) {
@@ -583,8 +583,8 @@ std::string MeshLayout::ToString() const {
 }
 
 size_t MeshLayout::memory_bytes() const {
-  size_t bytes = root_shape_.capacity() * sizeof(int64_t) +
-                 dims_.capacity() * sizeof(Dim);
+  size_t bytes =
+      root_shape_.capacity() * sizeof(int64_t) + dims_.capacity() * sizeof(Dim);
   for (const Dim& d : dims_) {
     bytes += d.name.capacity() > 15 ? d.name.capacity() : 0;
     bytes += d.roots.size() > 2 ? d.roots.capacity() * sizeof(int) : 0;

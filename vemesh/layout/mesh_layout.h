@@ -39,8 +39,8 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
+#include "absl/strings/string_view.h"
 
 #include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
@@ -70,8 +70,7 @@ class MeshLayout {
   // empty or duplicate names, a rank list of the wrong length, with a
   // negative or a duplicate rank.
   static absl::StatusOr<MeshLayout> Create(
-      absl::Span<const int64_t> shape,
-      absl::Span<const std::string> names = {},
+      absl::Span<const int64_t> shape, absl::Span<const std::string> names = {},
       absl::Span<const int64_t> ranks = {});
 
   // -- Shape -----------------------------------------------------------------
@@ -118,8 +117,9 @@ class MeshLayout {
   // a layout is O(size) for a layout derived differently.
   bool is_arange() const;
 
-  // -- Ranks and coordinates ---------------------------------------------------
-  // Whether `global_rank` is a member of this (possibly sliced) layout.
+  // -- Ranks and coordinates
+  // --------------------------------------------------- Whether `global_rank`
+  // is a member of this (possibly sliced) layout.
   bool contains(int64_t global_rank) const;
   // The coordinate of a member. OutOfRange for a rank outside the root grid,
   // NotFound for a rank of the root grid that this sub-layout does not hold.
@@ -128,7 +128,8 @@ class MeshLayout {
   // length is InvalidArgument): no coordinate built and returned. The hot
   // path (a layout as created, a rank in range) is inline, a few ns.
   //   int64_t coord[MeshLayout::kMaxDims];
-  //   absl::Status s = layout.coordinate_of(rank, absl::MakeSpan(coord, layout.ndim()));
+  //   absl::Status s = layout.coordinate_of(rank, absl::MakeSpan(coord,
+  //   layout.ndim()));
   absl::Status coordinate_of(int64_t global_rank,
                              absl::Span<int64_t> out) const {
     if (identity_ && table_ == nullptr && !dividers_.empty() &&
@@ -148,8 +149,8 @@ class MeshLayout {
   // OutOfRange for an index outside its dimension. Inline for a layout as
   // created.
   absl::StatusOr<int64_t> rank_at(absl::Span<const int64_t> coordinate) const {
-    if (identity_ && table_ == nullptr &&
-        coordinate.size() == dims_.size()) [[likely]] {
+    if (identity_ && table_ == nullptr && coordinate.size() == dims_.size())
+        [[likely]] {
       int64_t index = 0;
       bool inside = true;
       for (size_t r = 0; r < dims_.size() && inside; ++r) {
@@ -160,16 +161,18 @@ class MeshLayout {
         // overflowed here, found by mesh_layout_fuzzer).
         if (inside) index = index * root_shape_[r] + i;
       }
-      if (inside) [[likely]] return index;
+      if (inside) [[likely]]
+        return index;
     }
     return RankAtSlow(coordinate);
   }
   // All member ranks, row-major. O(size).
   std::vector<int64_t> ranks() const;
 
-  // -- Derived layouts ---------------------------------------------------------
-  // The layout along `dims` (in the order given) that contains `global_rank`.
-  // Errors: empty or duplicate dims, an unknown name, a rank not held.
+  // -- Derived layouts
+  // --------------------------------------------------------- The layout along
+  // `dims` (in the order given) that contains `global_rank`. Errors: empty or
+  // duplicate dims, an unknown name, a rank not held.
   absl::StatusOr<MeshLayout> submesh(absl::Span<const std::string> dims,
                                      int64_t global_rank) const;
   // Every group along `dims`: the member ranks of each, in the order of
@@ -188,8 +191,8 @@ class MeshLayout {
   // (row-major over the other dimensions, 0 .. size/group_size-1) and where
   // the rank stands inside it. O(ndim).
   struct GroupPosition {
-    int64_t group = 0;     // the split's color
-    int64_t index = 0;     // the split's key
+    int64_t group = 0;  // the split's color
+    int64_t index = 0;  // the split's key
     int64_t group_size = 0;
     int64_t group_count = 0;
   };
@@ -205,10 +208,11 @@ class MeshLayout {
   // Every member of that group, in order along `dim`. O(group size * ndim).
   std::vector<int64_t> group_members(int64_t dim, int64_t group) const;
 
-  // -- Neighbours --------------------------------------------------------------
-  // The rank `shift` steps away from `global_rank` along `dim`, as
-  // MPI_Cart_shift defines it: with `periodic` the index wraps, otherwise a
-  // step past either edge gives std::nullopt (MPI_PROC_NULL).
+  // -- Neighbours
+  // -------------------------------------------------------------- The rank
+  // `shift` steps away from `global_rank` along `dim`, as MPI_Cart_shift
+  // defines it: with `periodic` the index wraps, otherwise a step past either
+  // edge gives std::nullopt (MPI_PROC_NULL).
   absl::StatusOr<std::optional<int64_t>> neighbor(absl::string_view dim,
                                                   int64_t global_rank,
                                                   int64_t shift,
@@ -252,7 +256,8 @@ class MeshLayout {
   // The general cases of the inline queries above (and their errors).
   absl::Status CoordinateOfSlow(int64_t global_rank,
                                 absl::Span<int64_t> out) const;
-  absl::StatusOr<int64_t> RankAtSlow(absl::Span<const int64_t> coordinate) const;
+  absl::StatusOr<int64_t> RankAtSlow(
+      absl::Span<const int64_t> coordinate) const;
 
   // Root coordinate of a root-grid index, and back.
   Coordinate root_coordinate(int64_t root_index) const;

@@ -39,8 +39,10 @@ absl::StatusOr<MeshSpec> ParseMeshSpec(absl::string_view text) {
           absl::StrCat("mesh spec '", text, "' has the part '", part,
                        "' without '=': expected NAME=SIZE, e.g. TP=2"));
     }
-    const absl::string_view name = absl::StripAsciiWhitespace(part.substr(0, eq));
-    const absl::string_view size = absl::StripAsciiWhitespace(part.substr(eq + 1));
+    const absl::string_view name =
+        absl::StripAsciiWhitespace(part.substr(0, eq));
+    const absl::string_view size =
+        absl::StripAsciiWhitespace(part.substr(eq + 1));
     if (!IsName(name)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "mesh spec '", text, "' has the dimension name '", name,

@@ -26,7 +26,9 @@ DeviceMesh::DeviceMesh(std::shared_ptr<Shared> shared, MeshLayout layout) {
       View{std::move(shared), std::move(layout), has_self});
 }
 
-DeviceType DeviceMesh::device_type() const { return view_->shared->device_type; }
+DeviceType DeviceMesh::device_type() const {
+  return view_->shared->device_type;
+}
 const MeshLayout& DeviceMesh::layout() const { return view_->layout; }
 int64_t DeviceMesh::global_rank() const { return view_->shared->global_rank; }
 bool DeviceMesh::has_self() const { return view_->has_self; }
@@ -52,9 +54,9 @@ std::vector<int64_t> DeviceMesh::mesh() const { return view_->layout.ranks(); }
 
 absl::StatusOr<Coordinate> DeviceMesh::get_coordinate() const {
   if (!has_self()) {
-    return absl::NotFoundError(
-        absl::StrCat("rank ", view_->shared->global_rank, " is not a member of ",
-                     view_->layout.ToString()));
+    return absl::NotFoundError(absl::StrCat("rank ", view_->shared->global_rank,
+                                            " is not a member of ",
+                                            view_->layout.ToString()));
   }
   return view_->layout.coordinate_of(view_->shared->global_rank);
 }
@@ -76,8 +78,8 @@ absl::StatusOr<int64_t> DeviceMesh::get_local_rank(
 
 absl::StatusOr<int64_t> DeviceMesh::get_local_rank(int64_t dim) const {
   if (dim < 0 || dim >= ndim()) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "dimension ", dim, " is outside a ", ndim(), "-D mesh"));
+    return absl::OutOfRangeError(
+        absl::StrCat("dimension ", dim, " is outside a ", ndim(), "-D mesh"));
   }
   VEMESH_ASSIGN_OR_RETURN(auto coord, get_coordinate());
   return coord[dim];
@@ -125,14 +127,13 @@ absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::get_group(
 absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::get_group(
     int64_t dim) const {
   if (dim < 0 || dim >= ndim()) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "dimension ", dim, " is outside a ", ndim(), "-D mesh"));
+    return absl::OutOfRangeError(
+        absl::StrCat("dimension ", dim, " is outside a ", ndim(), "-D mesh"));
   }
   return get_group(view_->layout.dim_name(dim));
 }
 
-absl::StatusOr<DeviceMesh> DeviceMesh::operator[](
-    absl::string_view dim) const {
+absl::StatusOr<DeviceMesh> DeviceMesh::operator[](absl::string_view dim) const {
   const std::string name(dim);
   return slice(absl::MakeConstSpan(&name, 1));
 }
@@ -213,9 +214,9 @@ size_t DeviceMesh::hash_value() const {
   const MeshLayout& layout = view_->layout;
   const Coordinate zero(layout.ndim(), 0);
   const int64_t first = layout.rank_at(zero).value_or(-1);
-  return absl::Hash<std::tuple<const void *, std::vector<std::string>,
+  return absl::Hash<std::tuple<const void*, std::vector<std::string>,
                                std::vector<int64_t>, int64_t>>{}(
-      std::make_tuple(static_cast<const void *>(view_->shared.get()),
+      std::make_tuple(static_cast<const void*>(view_->shared.get()),
                       layout.dim_names(), layout.shape(), first));
 }
 
@@ -238,10 +239,13 @@ absl::StatusOr<std::string> DeviceMesh::backend(absl::string_view dim) const {
   if (plan_dim < 0) {
     return std::string(view_->shared->device_world->backend());
   }
-  return std::string(BackendName(view_->shared->backends->dim_backend(plan_dim)));
+  return std::string(
+      BackendName(view_->shared->backends->dim_backend(plan_dim)));
 }
 
-int DeviceMesh::host_local_rank() const { return view_->shared->host_local_rank; }
+int DeviceMesh::host_local_rank() const {
+  return view_->shared->host_local_rank;
+}
 int DeviceMesh::host_size() const { return view_->shared->host_size; }
 
 absl::StatusOr<Placement> DeviceMesh::get_placement() const {
@@ -259,7 +263,8 @@ std::string DeviceMesh::ToString() const {
   std::string out = absl::StrCat("DeviceMesh(", DeviceTypeName(device_type()));
   for (int64_t d = 0; d < ndim(); ++d) {
     auto size = view_->layout.dim_size(d);
-    absl::StrAppend(&out, ", ", view_->layout.dim_name(d), "=", size.value_or(0));
+    absl::StrAppend(&out, ", ", view_->layout.dim_name(d), "=",
+                    size.value_or(0));
   }
   absl::StrAppend(&out, ", rank=", global_rank());
   if (view_->shared->backends != nullptr) {

@@ -6,11 +6,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "vemesh/base/status_macros.h"
 #include "vemesh/bootstrap/launch.h"
 #include "vemesh/bootstrap/rank0_store.h"
 #include "vemesh/comm/nccl/nccl_communicator.h"
 #include "vemesh/rendezvous/tcp/tcp_store_server.h"
-#include "vemesh/base/status_macros.h"
 
 namespace vemesh {
 namespace {
@@ -24,14 +24,15 @@ absl::StatusOr<Backend> CheckBackend(absl::string_view what,
   VEMESH_ASSIGN_OR_RETURN(const Backend backend, ParseBackend(name, what));
   if (backend == Backend::kMpi && bootstrap.kind() != "mpi") {
     return absl::FailedPreconditionError(absl::StrCat(
-        what, " 'mpi' needs an MPI launcher (mpirun, srun --mpi=pmix), but "
-        "this job was started without one (", bootstrap.reason(),
-        "): use 'gloo'"));
+        what,
+        " 'mpi' needs an MPI launcher (mpirun, srun --mpi=pmix), but "
+        "this job was started without one (",
+        bootstrap.reason(), "): use 'gloo'"));
   }
   if (backend == Backend::kNccl && device_type != DeviceType::kCuda) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, " 'nccl' needs device type 'cuda', not '",
-        DeviceTypeName(device_type), "'"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " 'nccl' needs device type 'cuda', not '",
+                     DeviceTypeName(device_type), "'"));
   }
   return backend;
 }
@@ -73,15 +74,14 @@ absl::StatusOr<BackendPlan> PlanBackends(DeviceType device_type,
   BackendPlan plan;
   if (!options.backend.empty()) {
     VEMESH_ASSIGN_OR_RETURN(plan.default_backend,
-                            CheckBackend("MeshOptions.backend",
-                                         options.backend, device_type,
-                                         bootstrap));
+                            CheckBackend("MeshOptions.backend", options.backend,
+                                         device_type, bootstrap));
     plan.reason = "MeshOptions.backend";
   } else if (device_type == DeviceType::kCuda) {
     plan.default_backend = Backend::kNccl;
-    plan.reason = absl::StrCat("device type cuda; unique id over the ",
-                               bootstrap.kind(), " bootstrap: ",
-                               bootstrap.reason());
+    plan.reason =
+        absl::StrCat("device type cuda; unique id over the ", bootstrap.kind(),
+                     " bootstrap: ", bootstrap.reason());
   } else {
     plan.default_backend = NaturalHostBackend(bootstrap);
     plan.reason = bootstrap.reason();
@@ -111,9 +111,8 @@ std::string DimBackendsText(const BackendPlan& plan) {
 absl::StatusOr<std::unique_ptr<MeshBackends>> MeshBackends::Create(
     Bootstrap& bootstrap, BackendPlan plan,
     std::shared_ptr<Communicator> host_world,
-    const CudaDeviceRequest& cuda_device, bool one_host,
-    absl::Time deadline, absl::Duration op_timeout,
-    const NcclOptions& nccl_options) {
+    const CudaDeviceRequest& cuda_device, bool one_host, absl::Time deadline,
+    absl::Duration op_timeout, const NcclOptions& nccl_options) {
   std::unique_ptr<MeshBackends> out(new MeshBackends());
   std::set<Backend> used(plan.dims.begin(), plan.dims.end());
   used.insert(plan.default_backend);
@@ -135,8 +134,8 @@ absl::StatusOr<std::unique_ptr<MeshBackends>> MeshBackends::Create(
   }
   if (used.count(Backend::kNccl) > 0) {
     VEMESH_ASSIGN_OR_RETURN(
-        auto nccl, CreateNcclCommunicator(out->worlds_[host], cuda_device,
-                                          nccl_options));
+        auto nccl,
+        CreateNcclCommunicator(out->worlds_[host], cuda_device, nccl_options));
     out->worlds_[Backend::kNccl] = std::move(nccl);
   }
   out->plan_ = std::move(plan);
@@ -164,10 +163,12 @@ std::string MeshBackends::ToString() const {
   std::vector<std::string> others;
   for (size_t d = 0; d < plan_.dims.size(); ++d) {
     if (plan_.dims[d] != plan_.default_backend) {
-      others.push_back(absl::StrCat("dim ", d, ":", BackendName(plan_.dims[d])));
+      others.push_back(
+          absl::StrCat("dim ", d, ":", BackendName(plan_.dims[d])));
     }
   }
-  if (!others.empty()) absl::StrAppend(&out, " [", absl::StrJoin(others, ", "), "]");
+  if (!others.empty())
+    absl::StrAppend(&out, " [", absl::StrJoin(others, ", "), "]");
   absl::StrAppend(&out, " (", plan_.reason, ")");
   return out;
 }

@@ -49,10 +49,10 @@ absl::StatusOr<DeviceMesh> DeviceMesh::FromGroups(
         "DeviceMesh::FromGroups: a meta mesh has no communicators to adopt");
   }
   if (static_cast<int64_t>(groups.size()) != layout.ndim()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "DeviceMesh::FromGroups: ", groups.size(), " groups for ",
-        layout.ToString(), ": expected one per dimension (", layout.ndim(),
-        ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("DeviceMesh::FromGroups: ", groups.size(), " groups for ",
+                     layout.ToString(), ": expected one per dimension (",
+                     layout.ndim(), ")"));
   }
   if (host_size < 1 || host_local_rank < 0 || host_local_rank >= host_size) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -108,7 +108,8 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
   // (1) The bootstrap.
   std::shared_ptr<Bootstrap> bootstrap = options.bootstrap;
   if (bootstrap == nullptr && options.world != nullptr) {
-    VEMESH_ASSIGN_OR_RETURN(auto made, MakeBootstrapOver(*options.world, deadline));
+    VEMESH_ASSIGN_OR_RETURN(auto made,
+                            MakeBootstrapOver(*options.world, deadline));
     bootstrap = std::move(made);
   }
   if (bootstrap == nullptr) {
@@ -140,9 +141,9 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
 
   // (3) The mesh fits the world (the same answer on every rank now).
   if (layout.size() > world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "mesh ", layout.ToString(), " has ", layout.size(),
-        " ranks but the world has only ", world_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("mesh ", layout.ToString(), " has ", layout.size(),
+                     " ranks but the world has only ", world_size));
   }
   if (layout.has_rank_table()) {
     for (int64_t r : layout.ranks()) {
@@ -170,11 +171,10 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
   const LauncherLocal launcher = LauncherLocalRank();
   if (options.world == nullptr && launcher.rank >= 0 &&
       launcher.rank != shared->host_local_rank) {
-    LogWarning(absl::StrCat("rank ", world_rank, ": ", launcher.variable, "=",
-                            launcher.rank, " says local rank ", launcher.rank,
-                            " but the host identities say ",
-                            shared->host_local_rank, "; using ",
-                            shared->host_local_rank));
+    LogWarning(absl::StrCat(
+        "rank ", world_rank, ": ", launcher.variable, "=", launcher.rank,
+        " says local rank ", launcher.rank, " but the host identities say ",
+        shared->host_local_rank, "; using ", shared->host_local_rank));
   }
 
   // (5) The backends' worlds.
@@ -182,8 +182,7 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
       *bootstrap, std::move(plan), std::move(agreed.world),
       CudaDeviceRequest{options.cuda_device, shared->host_local_rank,
                         shared->host_size},
-      shared->host_size == world_size, deadline, options.timeout,
-      options.nccl);
+      shared->host_size == world_size, deadline, options.timeout, options.nccl);
   if (!backends.ok()) return backends.status();
   shared->backends = *std::move(backends);
   shared->device_world = shared->backends->default_world();

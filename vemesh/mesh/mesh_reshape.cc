@@ -32,9 +32,9 @@ absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::flatten(
                           shared.Resolve(view_->layout, dims));
   VEMESH_ASSIGN_OR_RETURN(MeshLayout flat, resolved.flatten(dims, flat_name));
   if (shared.device_type == DeviceType::kMeta) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "a meta mesh has no communicators: cannot flatten [",
-        absl::StrJoin(dims, ", "), "]"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("a meta mesh has no communicators: cannot flatten [",
+                     absl::StrJoin(dims, ", "), "]"));
   }
   // The root dimensions spanned, in the order the flattened index runs.
   VEMESH_ASSIGN_OR_RETURN(int64_t flat_dim, flat.dim_index(flat_name));
@@ -97,10 +97,9 @@ absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::flatten(
     }
     // split_many of one: the same split, named for NCCL's logs.
     const SplitRequest request{color, split_key, flat_name};
-    VEMESH_ASSIGN_OR_RETURN(
-        auto groups,
-        shared.device_world->split_many(absl::MakeConstSpan(&request, 1),
-                                        absl::Now() + shared.timeout));
+    VEMESH_ASSIGN_OR_RETURN(auto groups, shared.device_world->split_many(
+                                             absl::MakeConstSpan(&request, 1),
+                                             absl::Now() + shared.timeout));
     known = std::move(groups[0]);
   }
   {
@@ -252,10 +251,9 @@ absl::StatusOr<DeviceMesh> DeviceMesh::unflatten(
           requests[j],
           DimSplitRequest(root, names[j], shared.global_rank, member));
     }
-    VEMESH_ASSIGN_OR_RETURN(
-        std::vector<std::shared_ptr<Communicator>> made,
-        shared.backends->world_of_dim(b)->split_many(
-            requests, absl::Now() + shared.timeout));
+    VEMESH_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Communicator>> made,
+                            shared.backends->world_of_dim(b)->split_many(
+                                requests, absl::Now() + shared.timeout));
     for (int64_t i = 0; i < shared.root.ndim(); ++i) {
       if (i == r) {
         next->dims.insert(next->dims.end(), made.begin(), made.end());
@@ -268,10 +266,10 @@ absl::StatusOr<DeviceMesh> DeviceMesh::unflatten(
     // Flattenings carry over (remapped), and the dimension that was split
     // stays a name: the flattening of its parts, with its communicator.
     std::lock_guard<std::mutex> lock(shared.mu);
-    for (const auto &[key, comm] : shared.flattened) {
+    for (const auto& [key, comm] : shared.flattened) {
       next->flattened.emplace(remap(key), comm);
     }
-    for (const auto &[name, flat] : shared.flat_names) {
+    for (const auto& [name, flat] : shared.flat_names) {
       next->flat_names.emplace(name,
                                Shared::FlatName{remap(flat.key), flat.dims});
     }
@@ -403,15 +401,14 @@ absl::StatusOr<DeviceMesh> DeviceMesh::view(
     std::vector<SplitRequest> requests;
     for (int64_t d = 0; d < layout.ndim(); ++d) {
       if (!is_new[d]) continue;
-      VEMESH_ASSIGN_OR_RETURN(
-          SplitRequest request,
-          DimSplitRequest(layout, layout.dim_name(d), shared.global_rank,
-                          member));
+      VEMESH_ASSIGN_OR_RETURN(SplitRequest request,
+                              DimSplitRequest(layout, layout.dim_name(d),
+                                              shared.global_rank, member));
       requests.push_back(std::move(request));
     }
-    VEMESH_ASSIGN_OR_RETURN(
-        auto made, shared.device_world->split_many(
-                       requests, absl::Now() + shared.timeout));
+    VEMESH_ASSIGN_OR_RETURN(auto made,
+                            shared.device_world->split_many(
+                                requests, absl::Now() + shared.timeout));
     size_t next_new = 0;
     for (int64_t d = 0; d < layout.ndim(); ++d) {
       next->dims.push_back(is_new[d] ? std::move(made[next_new++]) : known[d]);

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <numeric>
 
-
 namespace vemesh {
 namespace {
 
@@ -24,9 +23,12 @@ uint64_t CountAtOrAbove(uint64_t x, uint64_t h, uint64_t t) {
 
 absl::string_view LocalityName(Locality locality) {
   switch (locality) {
-    case Locality::kIntraHost: return "intra-host";
-    case Locality::kMixed: return "mixed";
-    case Locality::kCrossHost: return "cross-host";
+    case Locality::kIntraHost:
+      return "intra-host";
+    case Locality::kMixed:
+      return "mixed";
+    case Locality::kCrossHost:
+      return "cross-host";
   }
   return "intra-host";
 }
@@ -71,7 +73,8 @@ int64_t CrossingUnderBlock(int64_t n, int64_t stride, int64_t world,
     const uint64_t per_block =
         CountAtOrAbove(r + s, hu, t) - CountAtOrAbove(r, hu, t);
     // Outer indices o, o + period, ... all share this residue.
-    const uint64_t repeats = static_cast<uint64_t>((outer - 1 - o) / period + 1);
+    const uint64_t repeats =
+        static_cast<uint64_t>((outer - 1 - o) / period + 1);
     crossing += per_block * repeats;
     residue = (residue + step) % h;
   }
@@ -141,8 +144,9 @@ DimLocality AnalyzeDimLocality(const MeshLayout& layout, int64_t dim,
 
 DimLocality AnalyzeDimLocalityByScan(const MeshLayout& layout, int64_t dim,
                                      const HostMap& hosts) {
-  return ScanDimLocality(layout, layout.ranks(), dim,
-                         [&hosts](int64_t rank) { return hosts.host_of(rank); });
+  return ScanDimLocality(layout, layout.ranks(), dim, [&hosts](int64_t rank) {
+    return hosts.host_of(rank);
+  });
 }
 
 DimLocality ScanDimLocality(const MeshLayout& layout,

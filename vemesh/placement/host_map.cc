@@ -9,9 +9,12 @@ namespace vemesh {
 
 absl::string_view PlacementPolicyName(PlacementPolicy policy) {
   switch (policy) {
-    case PlacementPolicy::kBlock: return "block";
-    case PlacementPolicy::kCyclic: return "cyclic";
-    case PlacementPolicy::kHostfile: return "hostfile";
+    case PlacementPolicy::kBlock:
+      return "block";
+    case PlacementPolicy::kCyclic:
+      return "cyclic";
+    case PlacementPolicy::kHostfile:
+      return "hostfile";
   }
   return "block";
 }
@@ -29,8 +32,7 @@ HostMap HostMap::Cyclic(int64_t host_count, int64_t world_size) {
   m.world_size_ = world_size;
   m.cyclic_hosts_ = host_count;
   // (Not (world + hosts - 1) / hosts: that overflows near 2^63.)
-  m.ranks_per_host_ =
-      world_size / host_count + (world_size % host_count != 0);
+  m.ranks_per_host_ = world_size / host_count + (world_size % host_count != 0);
   return m;
 }
 
@@ -57,7 +59,8 @@ int64_t HostMap::host_count() const {
       // (Not (world + per_host - 1) / per_host: that overflows near 2^63.)
       return world_size_ / ranks_per_host_ +
              (world_size_ % ranks_per_host_ != 0);
-    case PlacementPolicy::kCyclic: return cyclic_hosts_;
+    case PlacementPolicy::kCyclic:
+      return cyclic_hosts_;
     case PlacementPolicy::kHostfile:
       return static_cast<int64_t>(starts_.size()) - 1;
   }
@@ -70,8 +73,10 @@ int64_t HostMap::max_host_size() const {
 
 int64_t HostMap::host_of(int64_t rank) const {
   switch (policy_) {
-    case PlacementPolicy::kBlock: return rank / ranks_per_host_;
-    case PlacementPolicy::kCyclic: return rank % cyclic_hosts_;
+    case PlacementPolicy::kBlock:
+      return rank / ranks_per_host_;
+    case PlacementPolicy::kCyclic:
+      return rank % cyclic_hosts_;
     case PlacementPolicy::kHostfile: {
       // The last start <= rank.
       auto it = std::upper_bound(starts_.begin(), starts_.end() - 1, rank);
@@ -83,9 +88,12 @@ int64_t HostMap::host_of(int64_t rank) const {
 
 int64_t HostMap::local_of(int64_t rank) const {
   switch (policy_) {
-    case PlacementPolicy::kBlock: return rank % ranks_per_host_;
-    case PlacementPolicy::kCyclic: return rank / cyclic_hosts_;
-    case PlacementPolicy::kHostfile: return rank - starts_[host_of(rank)];
+    case PlacementPolicy::kBlock:
+      return rank % ranks_per_host_;
+    case PlacementPolicy::kCyclic:
+      return rank / cyclic_hosts_;
+    case PlacementPolicy::kHostfile:
+      return rank - starts_[host_of(rank)];
   }
   return 0;
 }
@@ -97,8 +105,7 @@ int64_t HostMap::host_size(int64_t host) const {
       return std::min(ranks_per_host_, world_size_ - first);
     }
     case PlacementPolicy::kCyclic:
-      return world_size_ / cyclic_hosts_ +
-             (host < world_size_ % cyclic_hosts_);
+      return world_size_ / cyclic_hosts_ + (host < world_size_ % cyclic_hosts_);
     case PlacementPolicy::kHostfile:
       return starts_[host + 1] - starts_[host];
   }
@@ -107,9 +114,12 @@ int64_t HostMap::host_size(int64_t host) const {
 
 int64_t HostMap::rank_on(int64_t host, int64_t local) const {
   switch (policy_) {
-    case PlacementPolicy::kBlock: return host * ranks_per_host_ + local;
-    case PlacementPolicy::kCyclic: return local * cyclic_hosts_ + host;
-    case PlacementPolicy::kHostfile: return starts_[host] + local;
+    case PlacementPolicy::kBlock:
+      return host * ranks_per_host_ + local;
+    case PlacementPolicy::kCyclic:
+      return local * cyclic_hosts_ + host;
+    case PlacementPolicy::kHostfile:
+      return starts_[host] + local;
   }
   return 0;
 }

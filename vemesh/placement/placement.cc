@@ -34,9 +34,9 @@ absl::StatusOr<Placement> ComputePlacement(
   const std::vector<int64_t> ranks = layout.ranks();
   for (int64_t r : ranks) {
     if (r < 0 || r >= p.world_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "placement of ", layout.ToString(), ": rank ", r,
-          " is outside the world of ", p.world_size, " ranks"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("placement of ", layout.ToString(), ": rank ", r,
+                       " is outside the world of ", p.world_size, " ranks"));
     }
   }
   // One pass over the ranks per dimension (host_locality.h).
@@ -49,9 +49,9 @@ absl::StatusOr<Placement> ComputePlacement(
   return p;
 }
 
-std::vector<std::string> PlacementWarnings(const Placement& placement,
-                                           const MeshLayout& layout,
-                                           absl::Span<const std::string> roles) {
+std::vector<std::string> PlacementWarnings(
+    const Placement& placement, const MeshLayout& layout,
+    absl::Span<const std::string> roles) {
   std::vector<std::string> warnings;
   // Each host's share of the mesh's ranks.
   std::vector<int64_t> share(placement.hosts.size(), 0);
@@ -77,13 +77,19 @@ std::vector<std::string> PlacementWarnings(const Placement& placement,
     const bool innermost = *d == layout.ndim() - 1;
     warnings.push_back(absl::StrCat(
         dim.name, " is latency-sensitive but ", dim.crossing_groups, " of its ",
-        dim.group_count, " groups cross hosts, although every host holds a "
-        "multiple of ", dim.group_size, " of the mesh's ranks (the smallest "
-        "share is ", smallest, "): ",
-        innermost ? "" : absl::StrCat("make ", dim.name,
-                                      " the innermost (last) dimension and "),
+        dim.group_count,
+        " groups cross hosts, although every host holds a "
+        "multiple of ",
+        dim.group_size,
+        " of the mesh's ranks (the smallest "
+        "share is ",
+        smallest, "): ",
+        innermost ? ""
+                  : absl::StrCat("make ", dim.name,
+                                 " the innermost (last) dimension and "),
         "place ranks in blocks, host by host (mpirun --map-by slot, srun "
-        "--distribution=block, torchrun's node ranks), and every ", dim.name,
+        "--distribution=block, torchrun's node ranks), and every ",
+        dim.name,
         " group stays inside one host. get_placement() shows where each rank "
         "ran"));
   }

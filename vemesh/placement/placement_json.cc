@@ -83,18 +83,15 @@ class FieldReader {
   absl::StatusOr<int64_t> Int(const Json& v, absl::string_view field,
                               int64_t lo, int64_t hi) const {
     if (!v.is_number_integer()) {
-      return Error(field, absl::StrCat("an integer from ", lo, " to ", hi),
-                   &v);
+      return Error(field, absl::StrCat("an integer from ", lo, " to ", hi), &v);
     }
     // Unsigned values above INT64_MAX are out of range either way.
     if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(hi)) {
-      return Error(field, absl::StrCat("an integer from ", lo, " to ", hi),
-                   &v);
+      return Error(field, absl::StrCat("an integer from ", lo, " to ", hi), &v);
     }
     const int64_t n = v.get<int64_t>();
     if (n < lo || n > hi) {
-      return Error(field, absl::StrCat("an integer from ", lo, " to ", hi),
-                   &v);
+      return Error(field, absl::StrCat("an integer from ", lo, " to ", hi), &v);
     }
     return n;
   }
@@ -147,13 +144,15 @@ int MaxDepth(absl::string_view text) {
 }  // namespace
 
 std::string Placement::ToJson() const {
-  std::string out = absl::StrCat("{\"vemesh_placement\": 1, \"world_size\": ",
-                                 world_size, ", \"mesh\": {\"dim_names\": [");
+  std::string out =
+      absl::StrCat("{\"vemesh_placement\": 1, \"world_size\": ", world_size,
+                   ", \"mesh\": {\"dim_names\": [");
   for (size_t i = 0; i < dim_names.size(); ++i) {
     if (i > 0) out += ", ";
     AppendJsonString(&out, dim_names[i]);
   }
-  absl::StrAppend(&out, "], \"shape\": ", JsonIntArray(shape), "}, \"hosts\": [");
+  absl::StrAppend(&out, "], \"shape\": ", JsonIntArray(shape),
+                  "}, \"hosts\": [");
   for (size_t i = 0; i < hosts.size(); ++i) {
     if (i > 0) out += ", ";
     AppendJsonString(&out, hosts[i]);
@@ -176,22 +175,23 @@ absl::StatusOr<Placement> Placement::FromJson(absl::string_view text,
                                               absl::string_view source) {
   const FieldReader f(source);
   if (static_cast<int64_t>(text.size()) > kMaxPlacementJsonBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "placement file '", source, "' has ", text.size(),
-        " bytes: expected at most ", kMaxPlacementJsonBytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("placement file '", source, "' has ", text.size(),
+                     " bytes: expected at most ", kMaxPlacementJsonBytes));
   }
   if (const int depth = MaxDepth(text); depth > kMaxDepth) {
     return absl::InvalidArgumentError(absl::StrCat(
         "placement file '", source, "' nests ", depth,
         " levels deep: expected the JSON of DeviceMesh::get_placement() "
-        "(at most ", kMaxDepth, ")"));
+        "(at most ",
+        kMaxDepth, ")"));
   }
   Json j;
   try {
     j = Json::parse(text.begin(), text.end());
   } catch (const Json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "placement file '", source, "' is not JSON: ", e.what()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("placement file '", source, "' is not JSON: ", e.what()));
   }
   if (!j.is_object()) {
     return f.Error("(top level)", "a JSON object", &j);
@@ -229,8 +229,7 @@ absl::StatusOr<Placement> Placement::FromJson(absl::string_view text,
   }
   v = f.Member(mesh, "mesh", "shape");
   if (!v.ok()) return v.status();
-  if (absl::Status s = f.Array(**v, "mesh.shape", kMaxDims, "sizes");
-      !s.ok()) {
+  if (absl::Status s = f.Array(**v, "mesh.shape", kMaxDims, "sizes"); !s.ok()) {
     return s;
   }
   int64_t product = 1;
@@ -309,10 +308,10 @@ absl::StatusOr<Placement> Placement::FromJson(absl::string_view text,
     if (!name.ok()) return name.status();
     dim.name = *std::move(name);
     if (dim.name != out.dim_names[i]) {
-      return f.Error(field + ".name",
-                     absl::StrCat("'", out.dim_names[i],
-                                  "' (mesh.dim_names[", i, "])"),
-                     *m);
+      return f.Error(
+          field + ".name",
+          absl::StrCat("'", out.dim_names[i], "' (mesh.dim_names[", i, "])"),
+          *m);
     }
     int64_t* targets[] = {&dim.group_count, &dim.group_size,
                           &dim.crossing_groups};
@@ -320,16 +319,16 @@ absl::StatusOr<Placement> Placement::FromJson(absl::string_view text,
     for (int k = 0; k < 3; ++k) {
       m = f.Member(d, field, keys[k]);
       if (!m.ok()) return m.status();
-      absl::StatusOr<int64_t> n = f.Int(
-          **m, absl::StrCat(field, ".", keys[k]), k == 2 ? 0 : 1, *world);
+      absl::StatusOr<int64_t> n =
+          f.Int(**m, absl::StrCat(field, ".", keys[k]), k == 2 ? 0 : 1, *world);
       if (!n.ok()) return n.status();
       *targets[k] = *n;
     }
     if (dim.crossing_groups > dim.group_count) {
-      return f.Error(field + ".crossing_groups",
-                     absl::StrCat("at most group_count (", dim.group_count,
-                                  ")"),
-                     &d["crossing_groups"]);
+      return f.Error(
+          field + ".crossing_groups",
+          absl::StrCat("at most group_count (", dim.group_count, ")"),
+          &d["crossing_groups"]);
     }
     out.dims.push_back(std::move(dim));
   }

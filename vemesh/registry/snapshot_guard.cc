@@ -31,9 +31,7 @@ constexpr bool kSanitizingThreads = false;
 constexpr bool kSanitizingThreads = false;
 #endif
 
-long Membarrier(int command) {
-  return syscall(__NR_membarrier, command, 0, 0);
-}
+long Membarrier(int command) { return syscall(__NR_membarrier, command, 0, 0); }
 
 // Registers the process for expedited private membarriers, once, before
 // main (and so before any reader): success lets readers skip their fence.

@@ -6,9 +6,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "vemesh/registry/internal/snapshot_guard.h"
-#include "vemesh/comm/mpi/mpi_environment.h"
 #include "vemesh/base/status_macros.h"
+#include "vemesh/comm/mpi/mpi_environment.h"
+#include "vemesh/registry/internal/snapshot_guard.h"
 
 namespace vemesh {
 
@@ -57,11 +57,11 @@ constexpr int64_t kMaxGlobalMeshes = int64_t{1} << 16;
 
 absl::Status TooManyMeshes(absl::string_view call, int64_t count,
                            const MeshLayout& layout) {
-  return absl::ResourceExhaustedError(absl::StrCat(
-      call, " would build ", count, " meshes of ", layout.ToString(),
-      ": expected at most ", kMaxGlobalMeshes,
-      "; ask for this rank's own (get_role_mesh, get_prev_stage / "
-      "get_next_stage) or compute members with get_global_rank"));
+  return absl::ResourceExhaustedError(
+      absl::StrCat(call, " would build ", count, " meshes of ",
+                   layout.ToString(), ": expected at most ", kMaxGlobalMeshes,
+                   "; ask for this rank's own (get_role_mesh, get_prev_stage / "
+                   "get_next_stage) or compute members with get_global_rank"));
 }
 
 absl::Status NotInitialized() {
@@ -72,9 +72,9 @@ absl::Status NotInitialized() {
 }
 
 absl::Status NotMember(const DeviceMesh& mesh) {
-  return absl::NotFoundError(absl::StrCat(
-      "global rank ", mesh.global_rank(), " is not a member of ",
-      mesh.ToString(), ": the mesh is smaller than the world"));
+  return absl::NotFoundError(
+      absl::StrCat("global rank ", mesh.global_rank(), " is not a member of ",
+                   mesh.ToString(), ": the mesh is smaller than the world"));
 }
 
 bool IsKnownRole(absl::string_view name) {
@@ -107,10 +107,10 @@ absl::StatusOr<std::optional<int64_t>> StagePeer(const DeviceMesh& mesh,
                                                  bool wrap);
 
 absl::Status MissingRole(const MeshLayout& layout, absl::string_view role) {
-  return absl::NotFoundError(absl::StrCat(
-      "the device mesh ", layout.ToString(), " has no '", role,
-      "' dimension: expected one of [", absl::StrJoin(layout.dim_names(), ", "),
-      "]"));
+  return absl::NotFoundError(
+      absl::StrCat("the device mesh ", layout.ToString(), " has no '", role,
+                   "' dimension: expected one of [",
+                   absl::StrJoin(layout.dim_names(), ", "), "]"));
 }
 
 // Names of every dimension except `skip`.
@@ -352,7 +352,8 @@ absl::Status VeDeviceMesh::get_strategy_coordinate(
     int64_t global_rank, absl::Span<int64_t> out) const {
   const Snapshot snap(*this);
   const State* s = snap.get();
-  if (s == nullptr) [[unlikely]] return NotInitialized();
+  if (s == nullptr) [[unlikely]]
+    return NotInitialized();
   return s->layout().coordinate_of(global_rank, out);
 }
 
@@ -451,7 +452,8 @@ absl::StatusOr<DeviceType> VeDeviceMesh::device_type() const {
   return s->mesh.device_type();
 }
 
-// -- Roles ---------------------------------------------------------------------
+// -- Roles
+// ---------------------------------------------------------------------
 
 absl::StatusOr<int64_t> VeDeviceMesh::get_role_size(
     absl::string_view role) const {
@@ -606,7 +608,8 @@ absl::StatusOr<bool> VeDeviceMesh::is_last_stage() const {
          (*s->coordinate)[s->pp_dim] == s->shape[s->pp_dim] - 1;
 }
 
-// -- Pipeline neighbours -------------------------------------------------------
+// -- Pipeline neighbours
+// -------------------------------------------------------
 
 namespace {
 

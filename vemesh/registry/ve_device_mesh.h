@@ -81,10 +81,10 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "vemesh/comm/communicator.h"
-#include "vemesh/mesh/device_mesh.h"
-#include "vemesh/mesh/mesh_options.h"
 #include "vemesh/elastic/elastic_mesh.h"
 #include "vemesh/layout/mesh_layout.h"
+#include "vemesh/mesh/device_mesh.h"
+#include "vemesh/mesh/mesh_options.h"
 
 namespace vemesh {
 
@@ -138,12 +138,12 @@ class VeDeviceMesh {
   VeDeviceMesh(const VeDeviceMesh&) = delete;
   VeDeviceMesh& operator=(const VeDeviceMesh&) = delete;
 
-  // -- Life cycle ---------------------------------------------------------------
-  // Collective. Builds the global mesh and makes it current, replacing any
-  // earlier one (or failing with AlreadyExists under check_uniqueness).
-  // device_type: "cpu", "cuda", "cuda:N" (device N on this rank) or "meta"
-  // (layout only, no communicators, no communication). On error the
-  // registry is unchanged.
+  // -- Life cycle
+  // --------------------------------------------------------------- Collective.
+  // Builds the global mesh and makes it current, replacing any earlier one (or
+  // failing with AlreadyExists under check_uniqueness). device_type: "cpu",
+  // "cuda", "cuda:N" (device N on this rank) or "meta" (layout only, no
+  // communicators, no communication). On error the registry is unchanged.
   absl::StatusOr<DeviceMesh> init_device_mesh(
       absl::string_view device_type, std::vector<int64_t> mesh_shape,
       std::vector<std::string> mesh_dim_names = {}, InitOptions options = {});
@@ -163,7 +163,8 @@ class VeDeviceMesh {
   // FailedPrecondition naming the mesh when !is_current(mesh).
   absl::Status check_current(const DeviceMesh& mesh) const;
 
-  // -- The mesh and its sub-meshes ---------------------------------------------
+  // -- The mesh and its sub-meshes
+  // ---------------------------------------------
   absl::StatusOr<DeviceMesh> get() const;
   // The 1-D sub-mesh along `dim` that contains this rank.
   absl::StatusOr<DeviceMesh> operator[](absl::string_view dim) const;
@@ -176,7 +177,8 @@ class VeDeviceMesh {
   absl::StatusOr<DeviceMesh> get_submesh(
       absl::Span<const std::string> dims) const;
 
-  // -- Shape and coordinates ---------------------------------------------------
+  // -- Shape and coordinates
+  // ---------------------------------------------------
   absl::StatusOr<int64_t> get_strategy_size(absl::string_view dim) const;
   absl::StatusOr<int64_t> get_strategy_size(int64_t dim) const;
   // This rank's coordinate / any global rank's coordinate (O(ndim)).
@@ -199,7 +201,8 @@ class VeDeviceMesh {
   // The device index on this host (host-local rank), not a mesh coordinate.
   absl::StatusOr<int64_t> get_local_rank() const;
   // Each rank's host and, per dimension, how many groups cross hosts
-  // (vemesh/placement/placement.h; ToJson() is what `vemesh plan --check` reads).
+  // (vemesh/placement/placement.h; ToJson() is what `vemesh plan --check`
+  // reads).
   absl::StatusOr<Placement> get_placement() const;
   absl::StatusOr<Coordinate> get_coordinate() const;
   absl::StatusOr<int64_t> size() const;
@@ -211,8 +214,9 @@ class VeDeviceMesh {
   absl::StatusOr<std::vector<std::string>> mesh_dim_names() const;
   absl::StatusOr<DeviceType> device_type() const;
 
-  // -- Roles by name (PP, DP, TP, EP, CP, ...) ---------------------------------
-  // Size and this rank's index: 1 and 0 for a role the mesh lacks.
+  // -- Roles by name (PP, DP, TP, EP, CP, ...)
+  // --------------------------------- Size and this rank's index: 1 and 0 for a
+  // role the mesh lacks.
   absl::StatusOr<int64_t> get_role_size(absl::string_view role) const;
   absl::StatusOr<int64_t> get_role_rank(absl::string_view role) const;
   // The 1-D sub-mesh / communicator of a role; NotFound if the mesh lacks it.
@@ -226,7 +230,8 @@ class VeDeviceMesh {
   absl::StatusOr<std::vector<DeviceMesh>> get_global_role_meshes(
       absl::string_view role) const;
 
-  // -- The veScale role getters -------------------------------------------------
+  // -- The veScale role getters
+  // -------------------------------------------------
   absl::StatusOr<int64_t> get_pipeline_parallel_rank() const;
   absl::StatusOr<int64_t> get_data_parallel_rank() const;
   absl::StatusOr<int64_t> get_tensor_parallel_rank() const;
@@ -237,20 +242,21 @@ class VeDeviceMesh {
   get_pipeline_parallel_dim_groups() const;
   absl::StatusOr<std::shared_ptr<Communicator>> get_data_parallel_dim_groups()
       const;
-  absl::StatusOr<std::shared_ptr<Communicator>>
-  get_tensor_parallel_dim_groups() const;
+  absl::StatusOr<std::shared_ptr<Communicator>> get_tensor_parallel_dim_groups()
+      const;
   // Every TP row, row-major.
   absl::StatusOr<std::vector<DeviceMesh>> get_global_tensor_parallel_meshes()
       const;
   // One mesh per pipeline stage (every dimension but PP), in stage order.
-  absl::StatusOr<std::vector<DeviceMesh>>
-  get_global_pipeline_parallel_meshes() const;
+  absl::StatusOr<std::vector<DeviceMesh>> get_global_pipeline_parallel_meshes()
+      const;
   absl::StatusOr<bool> is_first_stage() const;
   absl::StatusOr<bool> is_last_stage() const;
 
-  // -- Pipeline neighbours (beyond veScale) -------------------------------------
-  // The previous / next stage and this rank's peer in it. std::nullopt at the
-  // first / last stage unless `wrap` (virtual, interleaved pipelines).
+  // -- Pipeline neighbours (beyond veScale)
+  // ------------------------------------- The previous / next stage and this
+  // rank's peer in it. std::nullopt at the first / last stage unless `wrap`
+  // (virtual, interleaved pipelines).
   absl::StatusOr<std::optional<StageNeighbor>> get_prev_stage(
       bool wrap = false) const;
   absl::StatusOr<std::optional<StageNeighbor>> get_next_stage(
@@ -270,8 +276,8 @@ class VeDeviceMesh {
   // state and frees it here, or keeps it in `retired_` when this thread may
   // not call MPI. Under init_mu_.
   void replace(std::unique_ptr<const State> next);
-  absl::StatusOr<std::optional<StageNeighbor>> stage_neighbor(
-      int64_t shift, bool wrap) const;
+  absl::StatusOr<std::optional<StageNeighbor>> stage_neighbor(int64_t shift,
+                                                              bool wrap) const;
   absl::StatusOr<std::optional<int64_t>> stage_peer(int64_t shift,
                                                     bool wrap) const;
   // The registry's state for `mesh`: its sub-meshes and stage peers.

@@ -82,18 +82,17 @@ absl::Status MemoryStore::wait(absl::Span<const std::string> keys,
       // so that only what is really absent is named.
       const absl::Time now = absl::Now();
       for (const std::string& key : keys) ExpireLocked(key, now);
-      return absl::DeadlineExceededError(absl::StrCat(
-          "store keys never set before the deadline: ",
-          MissingKeysText(keys, values_)));
+      return absl::DeadlineExceededError(
+          absl::StrCat("store keys never set before the deadline: ",
+                       MissingKeysText(keys, values_)));
     }
-    changed_.wait_for(lock, absl::ToChronoMilliseconds(left) +
-                                std::chrono::milliseconds(1));
+    changed_.wait_for(
+        lock, absl::ToChronoMilliseconds(left) + std::chrono::milliseconds(1));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> MemoryStore::add(absl::string_view key,
-                                         int64_t delta) {
+absl::StatusOr<int64_t> MemoryStore::add(absl::string_view key, int64_t delta) {
   absl::Status status = CheckStoreKey(key);
   if (!status.ok()) return status;
   int64_t value = 0;
@@ -121,8 +120,9 @@ absl::StatusOr<std::string> MemoryStore::compare_set(
     std::lock_guard<std::mutex> lock(mu_);
     ExpireLocked(key, absl::Now());
     auto it = values_.find(key);
-    const absl::string_view current =
-        it == values_.end() ? absl::string_view() : absl::string_view(it->second);
+    const absl::string_view current = it == values_.end()
+                                          ? absl::string_view()
+                                          : absl::string_view(it->second);
     if (current != expected) return std::string(current);
     values_[key] = std::string(desired);
     expiries_.erase(key);

@@ -49,8 +49,9 @@ class MemoryStore final : public Store {
 };
 
 // The keys of `keys` that `has` says are absent, joined for an error text.
-std::string MissingKeysText(absl::Span<const std::string> keys,
-                            const absl::flat_hash_map<std::string, std::string>& values);
+std::string MissingKeysText(
+    absl::Span<const std::string> keys,
+    const absl::flat_hash_map<std::string, std::string>& values);
 
 // Parses a counter value; InvalidArgument naming the key otherwise.
 absl::StatusOr<int64_t> ParseCounter(absl::string_view key,

@@ -36,8 +36,7 @@ absl::Status PrefixStore::wait(absl::Span<const std::string> keys,
   if (absl::Status s = CheckStoreKeys(keys); !s.ok()) return s;
   return base_->wait(Keys(keys), deadline);
 }
-absl::StatusOr<int64_t> PrefixStore::add(absl::string_view key,
-                                         int64_t delta) {
+absl::StatusOr<int64_t> PrefixStore::add(absl::string_view key, int64_t delta) {
   if (absl::Status s = CheckStoreKey(key); !s.ok()) return s;
   return base_->add(Key(key), delta);
 }

@@ -7,11 +7,12 @@
 //
 //   std::shared_ptr<Store> store = ...;        // TcpStore, MemoryStore, ...
 //   absl::Status s = store->set("rank/3/addr", "10.0.0.7:4242");
-//   s = store->wait({"rank/0/addr", "rank/1/addr"}, absl::Now() + absl::Seconds(30));
-//   absl::StatusOr<std::string> addr = store->get("rank/0/addr");
-//   absl::StatusOr<int64_t> n = store->add("arrived", 1);   // counter
-//   auto prev = store->compare_set("epoch", "7", "8");      // CAS
-//   s = store->set_lease("alive/3", "1", absl::Seconds(10)); // heartbeat
+//   s = store->wait({"rank/0/addr", "rank/1/addr"}, absl::Now() +
+//   absl::Seconds(30)); absl::StatusOr<std::string> addr =
+//   store->get("rank/0/addr"); absl::StatusOr<int64_t> n =
+//   store->add("arrived", 1);   // counter auto prev =
+//   store->compare_set("epoch", "7", "8");      // CAS s =
+//   store->set_lease("alive/3", "1", absl::Seconds(10)); // heartbeat
 //
 // Semantics every implementation keeps:
 //   * set        stores (or replaces) a value.
@@ -72,11 +73,10 @@ class Store {
   virtual absl::StatusOr<std::string> get(absl::string_view key) = 0;
   virtual absl::Status wait(absl::Span<const std::string> keys,
                             absl::Time deadline) = 0;
-  virtual absl::StatusOr<int64_t> add(absl::string_view key,
-                                      int64_t delta) = 0;
-  virtual absl::StatusOr<std::string> compare_set(absl::string_view key,
-                                                  absl::string_view expected,
-                                                  absl::string_view desired) = 0;
+  virtual absl::StatusOr<int64_t> add(absl::string_view key, int64_t delta) = 0;
+  virtual absl::StatusOr<std::string> compare_set(
+      absl::string_view key, absl::string_view expected,
+      absl::string_view desired) = 0;
   virtual absl::StatusOr<bool> remove(absl::string_view key) = 0;
   // Stores that keep no expiry answer Unimplemented, naming their kind.
   virtual absl::Status set_lease(absl::string_view key, absl::string_view value,

@@ -8,9 +8,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "vemesh/registry/ve_device_mesh.h"
-#include "vemesh/comm/half.h"
 #include "vemesh/base/status_macros.h"
+#include "vemesh/comm/half.h"
+#include "vemesh/registry/ve_device_mesh.h"
 #include "vemesh/strategies/role_group.h"
 
 namespace vemesh::strategies {
@@ -74,7 +74,8 @@ absl::StatusOr<RoleGroup> CurrentDpGroup() {
 
 size_t TotalElements(absl::Span<Parameter* const> params, Field field) {
   size_t n = 0;
-  for (const Parameter* p : params) n += static_cast<size_t>((p->*field).size());
+  for (const Parameter* p : params)
+    n += static_cast<size_t>((p->*field).size());
   return n;
 }
 
@@ -142,9 +143,9 @@ absl::StatusOr<BucketStats> DataParallel::BroadcastParameters(
     absl::Span<Parameter* const> params, int root) const {
   VEMESH_ASSIGN_OR_RETURN(RoleGroup dp, CurrentDpGroup());
   if (root < 0 || root >= dp.size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "BroadcastParameters root ", root, ": expected a DP rank in [0, ",
-        dp.size, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("BroadcastParameters root ", root,
+                     ": expected a DP rank in [0, ", dp.size, ")"));
   }
   BucketStats stats{dp.size, TotalElements(params, &Parameter::value), 0};
   if (dp.size == 1) return stats;
@@ -182,9 +183,9 @@ absl::Status DataParallel::PrepareGradientSync(
           absl::StrCat("PrepareGradientSync: parameter ", i, " is null"));
     }
     if (!sync->index.emplace(params[i], i).second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "PrepareGradientSync: parameter ", i, " ('", params[i]->name,
-          "') is listed twice"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("PrepareGradientSync: parameter ", i, " ('",
+                       params[i]->name, "') is listed twice"));
     }
   }
   sync->stats = {sync->dp.size, TotalElements(params, &Parameter::grad), 0, 0};
@@ -220,11 +221,11 @@ absl::Status DataParallel::MarkGradientReady(const Parameter* param) {
   }
   auto it = sync_->index.find(param);
   if (it == sync_->index.end()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "MarkGradientReady: parameter '",
-        param == nullptr ? std::string("(null)") : param->name,
-        "' is not one of the ", sync_->params.size(),
-        " parameters given to PrepareGradientSync"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("MarkGradientReady: parameter '",
+                     param == nullptr ? std::string("(null)") : param->name,
+                     "' is not one of the ", sync_->params.size(),
+                     " parameters given to PrepareGradientSync"));
   }
   const size_t i = it->second;
   if (sync_->ready[i]) {
@@ -291,9 +292,10 @@ absl::StatusOr<BucketStats> DataParallel::FinishGradientSync() {
     for (Sync::Bucket& b : s.buckets) {
       if (!status.ok()) break;
       b.Stage(s.params, options_.gradient_type);
-      status = options_.gradient_type == GradientType::kBFloat16
-                   ? s.dp.comm->all_reduce(absl::MakeSpan(b.bf16), ReduceOp::kSum)
-                   : s.dp.comm->all_reduce(absl::MakeSpan(b.f64), ReduceOp::kSum);
+      status =
+          options_.gradient_type == GradientType::kBFloat16
+              ? s.dp.comm->all_reduce(absl::MakeSpan(b.bf16), ReduceOp::kSum)
+              : s.dp.comm->all_reduce(absl::MakeSpan(b.f64), ReduceOp::kSum);
     }
   }
   if (!status.ok()) {

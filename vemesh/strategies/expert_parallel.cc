@@ -39,9 +39,9 @@ std::vector<int> RouteByHash(absl::Span<const int64_t> token_ids,
   expert.reserve(token_ids.size());
   const uint64_t salt = SplitMix64(seed);
   for (int64_t id : token_ids) {
-    expert.push_back(static_cast<int>(
-        SplitMix64(static_cast<uint64_t>(id) ^ salt) %
-        static_cast<uint64_t>(std::max(num_experts, 1))));
+    expert.push_back(
+        static_cast<int>(SplitMix64(static_cast<uint64_t>(id) ^ salt) %
+                         static_cast<uint64_t>(std::max(num_experts, 1))));
   }
   return expert;
 }
@@ -53,8 +53,8 @@ absl::StatusOr<ExpertParallelMoe> ExpertParallelMoe::Create(
   if (num_experts < 1 || num_experts % g != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "MoE layer '", name, "': ", num_experts,
-        " experts cannot be spread evenly over an expert-parallel group of ",
-        g, " ranks: expected a positive multiple of ", g));
+        " experts cannot be spread evenly over an expert-parallel group of ", g,
+        " ranks: expected a positive multiple of ", g));
   }
   ExpertParallelMoe moe;
   moe.name_ = name;
@@ -102,9 +102,9 @@ absl::StatusOr<Matrix> ExpertParallelMoe::Exchange(
   std::vector<size_t> recv_counts(recv.begin(), recv.end());
   for (size_t& n : send_counts) n *= cols;
   for (size_t& n : recv_counts) n *= cols;
-  VEMESH_RETURN_IF_ERROR(ep_->all_to_all_v(
-      AsConstSpan(rows), absl::MakeConstSpan(send_counts), AsSpan(out),
-      absl::MakeConstSpan(recv_counts)));
+  VEMESH_RETURN_IF_ERROR(
+      ep_->all_to_all_v(AsConstSpan(rows), absl::MakeConstSpan(send_counts),
+                        AsSpan(out), absl::MakeConstSpan(recv_counts)));
   return out;
 }
 
@@ -112,14 +112,14 @@ absl::StatusOr<Matrix> ExpertParallelMoe::Forward(
     const Matrix& x, absl::Span<const int> expert_of_row,
     MoeDispatch* dispatch) const {
   if (x.cols() != in_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "MoE layer '", name_, "' forward: input is ", Shape(x),
-        "; expected ", in_, " columns"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("MoE layer '", name_, "' forward: input is ", Shape(x),
+                     "; expected ", in_, " columns"));
   }
   if (expert_of_row.size() != static_cast<size_t>(x.rows())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "MoE layer '", name_, "' forward: ", expert_of_row.size(),
-        " routing entries for ", x.rows(), " input rows"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("MoE layer '", name_, "' forward: ", expert_of_row.size(),
+                     " routing entries for ", x.rows(), " input rows"));
   }
   for (size_t i = 0; i < expert_of_row.size(); ++i) {
     if (expert_of_row[i] < 0 || expert_of_row[i] >= num_experts_) {
@@ -177,7 +177,8 @@ absl::StatusOr<Matrix> ExpertParallelMoe::Forward(
     const std::vector<int64_t> rows = RowsOfExpert(d, j);
     if (rows.empty()) continue;
     Matrix in(static_cast<int64_t>(rows.size()), in_);
-    for (size_t r = 0; r < rows.size(); ++r) in.row(r) = d.received.row(rows[r]);
+    for (size_t r = 0; r < rows.size(); ++r)
+      in.row(r) = d.received.row(rows[r]);
     const Matrix y = experts_[j].Forward(in);
     for (size_t r = 0; r < rows.size(); ++r) computed.row(rows[r]) = y.row(r);
   }
@@ -195,9 +196,8 @@ absl::StatusOr<Matrix> ExpertParallelMoe::Backward(const MoeDispatch& d,
   const int64_t rows = static_cast<int64_t>(d.order.size());
   if (grad_y.rows() != rows || grad_y.cols() != out_) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "MoE layer '", name_, "' backward: output gradient is ",
-        Shape(grad_y), "; expected ", rows, "x", out_,
-        " (the forward's output)"));
+        "MoE layer '", name_, "' backward: output gradient is ", Shape(grad_y),
+        "; expected ", rows, "x", out_, " (the forward's output)"));
   }
   Matrix send(rows, out_);
   for (int64_t k = 0; k < rows; ++k) send.row(k) = grad_y.row(d.order[k]);

@@ -9,10 +9,10 @@ namespace vemesh::strategies {
 absl::Status CheckLinearShapes(const std::string& name, const Matrix& weight,
                                const Matrix& bias) {
   if (bias.rows() == 1 && bias.cols() == weight.cols()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      name, ": bias is ", bias.rows(), " x ", bias.cols(), ", expected 1 x ",
-      weight.cols(), " for a ", weight.rows(), " x ", weight.cols(),
-      " weight"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(name, ": bias is ", bias.rows(), " x ", bias.cols(),
+                   ", expected 1 x ", weight.cols(), " for a ", weight.rows(),
+                   " x ", weight.cols(), " weight"));
 }
 
 Linear::Linear(const std::string& name, Matrix weight, Matrix bias)

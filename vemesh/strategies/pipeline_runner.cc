@@ -10,8 +10,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "vemesh/registry/ve_device_mesh.h"
 #include "vemesh/base/status_macros.h"
+#include "vemesh/registry/ve_device_mesh.h"
 #include "vemesh/strategies/role_group.h"
 
 namespace vemesh::strategies {
@@ -94,9 +94,9 @@ class PendingSends {
     VEMESH_RETURN_IF_ERROR(Wait(slot));  // a slot holds one send at a time
     e.buffer = std::make_unique<Matrix>(std::move(data));
     VEMESH_ASSIGN_OR_RETURN(
-        e.work, comm_->isend(e.buffer->data(),
-                             static_cast<size_t>(e.buffer->size()),
-                             DataType::kFloat64, GlobalRank(peer)));
+        e.work,
+        comm_->isend(e.buffer->data(), static_cast<size_t>(e.buffer->size()),
+                     DataType::kFloat64, GlobalRank(peer)));
     // Nudges the send along (MPI progresses inside calls) without blocking.
     e.work->test();
     return absl::OkStatus();

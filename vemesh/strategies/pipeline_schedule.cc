@@ -17,7 +17,8 @@ class OpList {
   OpList(bool first, bool last) : first_(first), last_(last) {}
 
   void Add(Kind kind, int mb) {
-    if (first_ && (kind == Kind::kRecvActivation || kind == Kind::kSendGradient))
+    if (first_ &&
+        (kind == Kind::kRecvActivation || kind == Kind::kSendGradient))
       return;
     if (last_ && (kind == Kind::kSendActivation || kind == Kind::kRecvGradient))
       return;
@@ -59,12 +60,18 @@ absl::string_view PipelineScheduleName(PipelineSchedule schedule) {
 
 absl::string_view PipelineOpKindName(PipelineOp::Kind kind) {
   switch (kind) {
-    case Kind::kRecvActivation: return "recv-act";
-    case Kind::kForward: return "fwd";
-    case Kind::kSendActivation: return "send-act";
-    case Kind::kRecvGradient: return "recv-grad";
-    case Kind::kBackward: return "bwd";
-    case Kind::kSendGradient: return "send-grad";
+    case Kind::kRecvActivation:
+      return "recv-act";
+    case Kind::kForward:
+      return "fwd";
+    case Kind::kSendActivation:
+      return "send-act";
+    case Kind::kRecvGradient:
+      return "recv-grad";
+    case Kind::kBackward:
+      return "bwd";
+    case Kind::kSendGradient:
+      return "send-grad";
   }
   return "?";
 }

@@ -53,7 +53,7 @@ struct PipelineOp {
     kSendActivation,  // to the next stage
     kRecvGradient,    // from the next stage
     kBackward,
-    kSendGradient,    // to the previous stage
+    kSendGradient,  // to the previous stage
   };
   Kind kind;
   int micro_batch;

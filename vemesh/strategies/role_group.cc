@@ -4,8 +4,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "vemesh/registry/ve_device_mesh.h"
 #include "vemesh/base/status_macros.h"
+#include "vemesh/registry/ve_device_mesh.h"
 
 namespace vemesh::strategies {
 
@@ -20,9 +20,9 @@ absl::StatusOr<RoleGroup> RoleGroupFrom(
     absl::StatusOr<int64_t> size = VESCALE_DEVICE_MESH.get_role_size(role);
     if (!size.ok()) return size.status();
     if (*size != 1) {
-      return absl::InternalError(absl::StrCat(
-          "registry has no ", role, " communicator but gives ", role,
-          " size ", *size, ": ", comm.status().message()));
+      return absl::InternalError(
+          absl::StrCat("registry has no ", role, " communicator but gives ",
+                       role, " size ", *size, ": ", comm.status().message()));
     }
     return RoleGroup{};
   }

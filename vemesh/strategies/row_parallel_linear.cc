@@ -40,9 +40,9 @@ absl::StatusOr<Matrix> RowParallelLinear::LocalInput(const Matrix& x,
   const bool sliced = options_.input_is_parallel || tp_size == 1;
   const int64_t expected = sliced ? shard_.size() : shard_.total();
   if (x.cols() != expected) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "RowParallelLinear ", weight_.name, ": input has ", x.cols(),
-        " columns, expected ", expected));
+    return absl::InvalidArgumentError(
+        absl::StrCat("RowParallelLinear ", weight_.name, ": input has ",
+                     x.cols(), " columns, expected ", expected));
   }
   if (sliced) return x;
   return Matrix(x.middleCols(shard_.begin(), shard_.size()));
@@ -65,10 +65,10 @@ absl::StatusOr<Matrix> RowParallelLinear::Backward(const Matrix& x,
   VEMESH_ASSIGN_OR_RETURN(RoleGroup tp, shard_.CurrentGroup());
   VEMESH_ASSIGN_OR_RETURN(Matrix local, LocalInput(x, tp.size));
   if (grad_y.rows() != x.rows() || grad_y.cols() != weight_.value.cols()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "RowParallelLinear ", weight_.name, ": grad_y is ", grad_y.rows(),
-        " x ", grad_y.cols(), ", expected ", x.rows(), " x ",
-        weight_.value.cols()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("RowParallelLinear ", weight_.name, ": grad_y is ",
+                     grad_y.rows(), " x ", grad_y.cols(), ", expected ",
+                     x.rows(), " x ", weight_.value.cols()));
   }
   weight_.grad.noalias() += local.transpose() * grad_y;
   bias_.grad += grad_y.colwise().sum();

@@ -2,8 +2,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "vemesh/registry/ve_device_mesh.h"
 #include "vemesh/base/status_macros.h"
+#include "vemesh/registry/ve_device_mesh.h"
 
 namespace vemesh::strategies {
 namespace {

@@ -108,7 +108,9 @@ class Buffer {
   T* data() const { return data_; }
   size_t size() const { return size_; }
   absl::Span<T> span() const { return absl::MakeSpan(data_, size_); }
-  absl::Span<const T> cspan() const { return absl::MakeConstSpan(data_, size_); }
+  absl::Span<const T> cspan() const {
+    return absl::MakeConstSpan(data_, size_);
+  }
   std::vector<T> Read() const {
     std::vector<T> out(size_);
     if (size_ > 0) h_->CopyOut(out.data(), data_, size_ * sizeof(T));

@@ -117,9 +117,9 @@ bool TestUntilDone(Work& work) {
   return ::testing::AssertionSuccess();
 }
 
-#define ASSERT_OK(expr)                         \
-  do {                                          \
-    const absl::Status _s = (expr);             \
+#define ASSERT_OK(expr)                          \
+  do {                                           \
+    const absl::Status _s = (expr);              \
     ASSERT_TRUE(_s.ok()) << #expr << ": " << _s; \
   } while (0)
 
@@ -218,12 +218,12 @@ TEST_P(Conformance, ReduceToEveryRoot) {
       const size_t count = 5;
       for (ReduceOp op : OpsOf<T>()) {
         for (int root = 0; root < n; ++root) {
-          SCOPED_TRACE(absl::StrCat(Name<T>(), " ", ReduceOpName(op), " root ",
-                                    root));
+          SCOPED_TRACE(
+              absl::StrCat(Name<T>(), " ", ReduceOpName(op), " root ", root));
           Buffer<T> send(h(), Inputs<T>(op, me, count));
           Buffer<T> recv(h(), Sentinel<T>(count));
-          ASSERT_OK(comm->reduce(send.data(), recv.data(), count, type, op,
-                                 root));
+          ASSERT_OK(
+              comm->reduce(send.data(), recv.data(), count, type, op, root));
           // Only the root's buffer is written.
           EXPECT_TRUE(SameValues(recv.Read(), me == root
                                                   ? Reduced<T>(op, n, count)
@@ -234,8 +234,7 @@ TEST_P(Conformance, ReduceToEveryRoot) {
           auto w = comm->ireduce(send.data(), nullptr, count, type, op, root);
           if (me == root) {
             EXPECT_TRUE(absl::IsInvalidArgument(w.status())) << w.status();
-            w = comm->ireduce(send.data(), again.data(), count, type, op,
-                              root);
+            w = comm->ireduce(send.data(), again.data(), count, type, op, root);
           }
           ASSERT_TRUE(WaitedOk(w));
           if (me == root) {
@@ -310,8 +309,8 @@ TEST_P(Conformance, ReduceScatterEvenAndUneven) {
         const std::vector<T> want = Reduced<T>(op, n, count, me * count);
         EXPECT_TRUE(SameValues(recv.Read(), want));
         Buffer<T> async(h(), Sentinel<T>(count));
-        ASSERT_TRUE(TestedOk(comm->ireduce_scatter(send.data(), async.data(),
-                                                   count, type, op)));
+        ASSERT_TRUE(TestedOk(
+            comm->ireduce_scatter(send.data(), async.data(), count, type, op)));
         EXPECT_TRUE(SameValues(async.Read(), want)) << "async";
 
         // Rank r owns (r + 1) % 3 elements: some own none.
@@ -548,7 +547,9 @@ TEST_P(Conformance, BatchWithEveryPeerAndOneself) {
       SCOPED_TRACE(Name<T>());
       // Rank a sends rank b (a + b) % 3 elements (none for some), then one
       // more message; the receives are listed before the sends.
-      auto count = [](int a, int b) { return static_cast<size_t>((a + b) % 3); };
+      auto count = [](int a, int b) {
+        return static_cast<size_t>((a + b) % 3);
+      };
       std::vector<Buffer<T>> in, in2, out, out2;
       for (int p = 0; p < n; ++p) {
         in.emplace_back(h(), Sentinel<T>(count(p, me)));
@@ -585,7 +586,8 @@ TEST_P(Conformance, BatchWithEveryPeerAndOneself) {
   });
 }
 
-// -- Asynchronous operations in flight together --------------------------------
+// -- Asynchronous operations in flight together
+// --------------------------------
 
 TEST_P(Conformance, AsyncOperationsOverlapAndFinishInAnyOrder) {
   OnRanks([&](std::shared_ptr<Communicator> comm) {
@@ -641,7 +643,8 @@ TEST_P(Conformance, AsyncOperationsOverlapAndFinishInAnyOrder) {
       }
       EXPECT_TRUE(SameValues(buckets[b].Read(), want)) << "bucket " << b;
     }
-    EXPECT_TRUE(SameValues(reduced.Read(), Reduced<float>(ReduceOp::kSum, n, 6)));
+    EXPECT_TRUE(
+        SameValues(reduced.Read(), Reduced<float>(ReduceOp::kSum, n, 6)));
     std::vector<int32_t> all_want;
     std::vector<int64_t> a2a_want;
     std::vector<BFloat16> gathered_want;
@@ -661,7 +664,8 @@ TEST_P(Conformance, AsyncOperationsOverlapAndFinishInAnyOrder) {
   });
 }
 
-// -- Misuse: the base class's checks reach every backend -------------------------
+// -- Misuse: the base class's checks reach every backend
+// -------------------------
 
 TEST_P(Conformance, BadArgumentsNameTheMistake) {
   OnRanks([&](std::shared_ptr<Communicator> comm) {
@@ -682,9 +686,9 @@ TEST_P(Conformance, BadArgumentsNameTheMistake) {
            absl::StrCat("root ", n, " is outside the group of ", n, " ranks"));
     expect(comm->send(one.cspan(), -1), kInvalid, "-1 is outside the group");
     expect(comm->recv(one.span(), n), kInvalid, "is outside the group");
-    expect(comm->all_reduce(nullptr, nullptr, 3, DataType::kInt32,
-                            ReduceOp::kSum),
-           kInvalid, "buffer is null for 3 elements");
+    expect(
+        comm->all_reduce(nullptr, nullptr, 3, DataType::kInt32, ReduceOp::kSum),
+        kInvalid, "buffer is null for 3 elements");
     expect(comm->all_reduce(buffer.data(), buffer.data() + 1, 3,
                             DataType::kInt32, ReduceOp::kSum),
            kInvalid, "overlap");
@@ -696,15 +700,16 @@ TEST_P(Conformance, BadArgumentsNameTheMistake) {
                               DataType::kInt32),
            kInvalid, "expected one per rank of the group");
     // A global rank that is not a member.
-    expect(comm->send(one.cspan(), GlobalRank(-9)),
-           absl::StatusCode::kNotFound, "-9");
+    expect(comm->send(one.cspan(), GlobalRank(-9)), absl::StatusCode::kNotFound,
+           "-9");
     auto irecv = comm->irecv(one.data(), 1, DataType::kInt32, GlobalRank(-3));
     expect(irecv.status(), absl::StatusCode::kNotFound, "-3");
     EXPECT_TRUE(comm->barrier().ok());  // the group is still usable
   });
 }
 
-// -- Abort and deadlines ------------------------------------------------------------
+// -- Abort and deadlines
+// ------------------------------------------------------------
 
 // A private communicator for a case that aborts one (the world stays
 // usable): the same members, in the same order.
@@ -728,12 +733,12 @@ void Settle(CommHarness& h, Communicator& world,
   comm.reset();
 }
 
-#define SKIP_IF_SELF_RECV_DOES_NOT_BLOCK()                                   \
-  do {                                                                       \
-    if (n() == 1 && !h().SelfRecvBlocks()) {                                 \
+#define SKIP_IF_SELF_RECV_DOES_NOT_BLOCK()                                    \
+  do {                                                                        \
+    if (n() == 1 && !h().SelfRecvBlocks()) {                                  \
       GTEST_SKIP() << "needs a receive that blocks: alone, " << h().backend() \
-                   << " refuses a receive from oneself with nothing sent";   \
-    }                                                                        \
+                   << " refuses a receive from oneself with nothing sent";    \
+    }                                                                         \
   } while (0)
 
 TEST_P(Conformance, AbortFromAnotherThreadReleasesABlockedRecv) {
@@ -819,7 +824,8 @@ TEST_P(Conformance, DeadlineIsDeadlineExceededThenAborted) {
   });
 }
 
-// -- Splits ---------------------------------------------------------------------------
+// -- Splits
+// ---------------------------------------------------------------------------
 
 TEST_P(Conformance, SplitOrdersByKeyThenRank) {
   OnRanks([&](std::shared_ptr<Communicator> comm) {
@@ -902,7 +908,8 @@ TEST_P(Conformance, SplitOrdersByKeyThenRank) {
   });
 }
 
-// A 2 x (n / 2) grid: rows {0 .. n/2 - 1}, {n/2 .. n - 1}; columns {c, c + n/2}.
+// A 2 x (n / 2) grid: rows {0 .. n/2 - 1}, {n/2 .. n - 1}; columns {c, c +
+// n/2}.
 TEST_P(Conformance, SplitRowsColumnsAndNested) {
   if (n() != 0 && (n() < 4 || n() % 2 != 0)) {
     GTEST_SKIP() << "a 2 x (n/2) grid needs an even number of ranks, >= 4";
@@ -933,8 +940,9 @@ TEST_P(Conformance, SplitRowsColumnsAndNested) {
     EXPECT_THAT((*row)->ranks(), ElementsAreArray(row_ranks));
     EXPECT_EQ((*col)->size(), 2);
     EXPECT_EQ((*col)->rank(), row_index);
-    EXPECT_THAT((*col)->ranks(), ElementsAreArray({globals[col_index],
-                                                   globals[col_index + width]}));
+    EXPECT_THAT(
+        (*col)->ranks(),
+        ElementsAreArray({globals[col_index], globals[col_index + width]}));
 
     // Sums of the world ranks over a row and over a column.
     Buffer<int64_t> x(h(), std::vector<int64_t>{me});
@@ -972,7 +980,8 @@ TEST_P(Conformance, SplitRowsColumnsAndNested) {
   });
 }
 
-// -- Ownership ----------------------------------------------------------------------
+// -- Ownership
+// ----------------------------------------------------------------------
 
 TEST_P(Conformance, DestroyingFreesEveryCommunicator) {
   const int64_t before = LiveCommunicatorCount();

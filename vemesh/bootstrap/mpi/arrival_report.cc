@@ -94,16 +94,17 @@ std::string ArrivalVerdict(const std::vector<std::string>& hosts) {
         absl::StrCat(arrived[i].first, ": ", RankRanges(arrived[i].second)));
   }
   if (arrived.size() > kMaxHosts) {
-    on_hosts.push_back(absl::StrCat("and ", arrived.size() - kMaxHosts,
-                                    " more hosts"));
+    on_hosts.push_back(
+        absl::StrCat("and ", arrived.size() - kMaxHosts, " more hosts"));
   }
   const std::string did = absl::StrJoin(on_hosts, "; ");
   if (missing.empty()) {
     // Every rank made the call, yet it did not complete: some came after
     // the others had given up (progress stops with them).
-    return absl::StrCat("every rank arrived, but not in time for the others: "
-                        "some came after the others' deadline (the ranks: ",
-                        did, ")");
+    return absl::StrCat(
+        "every rank arrived, but not in time for the others: "
+        "some came after the others' deadline (the ranks: ",
+        did, ")");
   }
   std::string names = RankRanges(missing);
   // Cut after kMaxMissingRanges ranges: a verdict must fit one answer.
@@ -169,8 +170,8 @@ std::string ReportArrival(MPI_Comm comm, int rank, int size,
     for (int r = collectors; r < size; ++r) {
       if (hosts[r].empty()) continue;
       p.requests.push_back(MPI_REQUEST_NULL);
-      MPI_Isend(p.answer.data(), static_cast<int>(p.answer.size()), MPI_CHAR,
-                r, kAnswerTag, comm, &p.requests.back());
+      MPI_Isend(p.answer.data(), static_cast<int>(p.answer.size()), MPI_CHAR, r,
+                kAnswerTag, comm, &p.requests.back());
     }
     // Small messages leave at once; a bounded wait for the rest.
     const absl::Time sent_by = absl::Now() + grace / 2;
@@ -182,8 +183,8 @@ std::string ReportArrival(MPI_Comm comm, int rank, int size,
     // when rank 0's does not follow it within half a second.
     p.requests.assign(4, MPI_REQUEST_NULL);
     for (int c = 0; c < collectors; ++c) {
-      MPI_Isend(p.report.data(), static_cast<int>(p.report.size()), MPI_CHAR,
-                c, kReportTag, comm, &p.requests[c]);
+      MPI_Isend(p.report.data(), static_cast<int>(p.report.size()), MPI_CHAR, c,
+                kReportTag, comm, &p.requests[c]);
     }
     p.answers.assign(2, std::vector<char>(kAnswerBytes));
     for (int c = 0; c < collectors; ++c) {

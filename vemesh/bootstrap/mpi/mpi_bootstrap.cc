@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
-#include <cstring>
 #include <cstdint>
+#include <cstring>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -77,8 +77,8 @@ absl::StatusOr<std::shared_ptr<MpiBootstrap>> MpiBootstrap::Create(
     int size = 0;
     MPI_Comm_rank(base, &rank);
     MPI_Comm_size(base, &size);
-    const std::string verdict = ReportArrival(
-        base, rank, size, HostIdentity(), ArrivalGrace(deadline - start));
+    const std::string verdict = ReportArrival(base, rank, size, HostIdentity(),
+                                              ArrivalGrace(deadline - start));
     AbandonMpi(absl::StrCat("rank ", rank, " of ", size,
                             ", MPI_Comm_idup of the bootstrap: ", verdict));
     return absl::DeadlineExceededError(absl::StrCat(
@@ -97,7 +97,10 @@ absl::StatusOr<std::shared_ptr<MpiBootstrap>> MpiBootstrap::Create(
 
 MpiBootstrap::MpiBootstrap(MPI_Comm base, MPI_Comm comm, int rank, int size,
                            std::string reason)
-    : base_(base), comm_(comm), rank_(rank), size_(size),
+    : base_(base),
+      comm_(comm),
+      rank_(rank),
+      size_(size),
       reason_(std::move(reason)) {}
 
 MpiBootstrap::~MpiBootstrap() {
@@ -158,8 +161,7 @@ absl::StatusOr<std::vector<std::string>> MpiBootstrap::Gather(
   // What a rank knows at a deadline: after the first step, which ranks
   // never arrived (asked of ranks 0 and 1, only now); after a later one,
   // that every rank arrived but the others gave up first.
-  auto step = [&](int code, absl::string_view call, absl::Time by,
-                  bool first) {
+  auto step = [&](int code, absl::string_view call, absl::Time by, bool first) {
     absl::Status s = MpiStatus(code, call);
     if (s.ok()) s = WaitForMpiRequest(&request, by, call);
     if (absl::IsDeadlineExceeded(s)) {
@@ -168,30 +170,32 @@ absl::StatusOr<std::vector<std::string>> MpiBootstrap::Gather(
           first ? ReportArrival(comm_, rank_, size_, HostIdentity(),
                                 ArrivalGrace(deadline - start))
                 : LateVerdict();
-      AbandonMpi(absl::StrCat("rank ", rank_, " of ", size_, ", ", call,
-                              ": ", known));
+      AbandonMpi(
+          absl::StrCat("rank ", rank_, " of ", size_, ", ", call, ": ", known));
       Abandon(std::move(exchange));
       return absl::DeadlineExceededError(absl::StrCat(
           "rank ", rank_, " of ", size_, ": ", known, "; ", s.message()));
     }
     return s;
   };
-  status = step(MPI_Iallgather(x.block.data(), kBlockBytes, MPI_CHAR,
-                               x.blocks.data(), kBlockBytes, MPI_CHAR, comm_,
-                               &request),
-                "MPI_Iallgather", deadline, /*first=*/true);
+  status = step(
+      MPI_Iallgather(x.block.data(), kBlockBytes, MPI_CHAR, x.blocks.data(),
+                     kBlockBytes, MPI_CHAR, comm_, &request),
+      "MPI_Iallgather", deadline, /*first=*/true);
   if (!status.ok()) return status;
   std::vector<uint64_t> lengths(static_cast<size_t>(size_));
   bool inline_only = true;
   for (int r = 0; r < size_; ++r) {
-    std::memcpy(&lengths[r], x.blocks.data() + kBlockBytes * r, sizeof(uint64_t));
+    std::memcpy(&lengths[r], x.blocks.data() + kBlockBytes * r,
+                sizeof(uint64_t));
     inline_only = inline_only && lengths[r] <= kInlineBytes;
   }
   std::vector<std::string> out;
   out.reserve(static_cast<size_t>(size_));
   if (inline_only) {
     for (int r = 0; r < size_; ++r) {
-      out.push_back(x.blocks.substr(kBlockBytes * r + sizeof(uint64_t), lengths[r]));
+      out.push_back(
+          x.blocks.substr(kBlockBytes * r + sizeof(uint64_t), lengths[r]));
     }
   } else {
     uint64_t total = 0;
@@ -203,17 +207,18 @@ absl::StatusOr<std::vector<std::string>> MpiBootstrap::Gather(
       total += lengths[r];
       if (lengths[r] > INT_MAX || total > INT_MAX) {
         // Every rank sees the same lengths, so every rank stops here.
-        return absl::InvalidArgumentError(absl::StrCat(
-            "MPI bootstrap all_gather: ", total,
-            " bytes in all is more than MPI's int counts allow (", INT_MAX, ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("MPI bootstrap all_gather: ", total,
+                         " bytes in all is more than MPI's int counts allow (",
+                         INT_MAX, ")"));
       }
     }
     x.recv.resize(total);
-    status = step(MPI_Iallgatherv(x.send.data(), static_cast<int>(length),
-                                  MPI_CHAR, x.recv.data(), x.counts.data(),
-                                  x.displacements.data(), MPI_CHAR, comm_,
-                                  &request),
-                  "MPI_Iallgatherv", deadline + kOutcomeGrace, false);
+    status =
+        step(MPI_Iallgatherv(x.send.data(), static_cast<int>(length), MPI_CHAR,
+                             x.recv.data(), x.counts.data(),
+                             x.displacements.data(), MPI_CHAR, comm_, &request),
+             "MPI_Iallgatherv", deadline + kOutcomeGrace, false);
     if (!status.ok()) return status;
     for (int r = 0; r < size_; ++r) {
       out.push_back(x.recv.substr(x.displacements[r], x.counts[r]));
@@ -239,9 +244,9 @@ absl::StatusOr<std::vector<std::string>> MpiBootstrap::Gather(
       broken_ = true;
       AbandonMpi(absl::StrCat("rank ", rank_, " of ", size_,
                               ", MPI_Comm_idup (outcome): ", LateVerdict()));
-      return absl::DeadlineExceededError(absl::StrCat(
-          "rank ", rank_, " of ", size_, ": ", LateVerdict(), "; ",
-          dup.status().message()));
+      return absl::DeadlineExceededError(
+          absl::StrCat("rank ", rank_, " of ", size_, ": ", LateVerdict(), "; ",
+                       dup.status().message()));
     }
     if (!dup.ok()) return dup.status();
     *world = std::shared_ptr<Communicator>(*std::move(dup));

@@ -94,7 +94,6 @@ class MpiBootstrap final : public Bootstrap {
   std::mutex mu_;
 };
 
-
 }  // namespace vemesh
 
 #endif  // VEMESH_BOOTSTRAP_MPI_MPI_BOOTSTRAP_H_

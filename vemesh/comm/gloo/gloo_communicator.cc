@@ -27,12 +27,12 @@
 #include "gloo/transport/tcp/attr.h"
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/unbound_buffer.h"
+#include "vemesh/base/sigpipe.h"
+#include "vemesh/base/status_macros.h"
 #include "vemesh/comm/gloo/internal/gloo_error.h"
 #include "vemesh/comm/gloo/internal/gloo_store.h"
 #include "vemesh/comm/internal/host_reduce.h"
 #include "vemesh/rendezvous/prefix_store.h"
-#include "vemesh/base/sigpipe.h"
-#include "vemesh/base/status_macros.h"
 
 namespace vemesh {
 namespace {
@@ -69,7 +69,8 @@ bool Overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
 // class refuses unknown types and ops before a Job runs.
 HostCombineFn ReduceFunction(const Operation& op) {
   const HostCombineFn combine = HostCombiner(op.type, op.op);
-  if (combine == nullptr) throw std::invalid_argument("unknown vemesh ReduceOp");
+  if (combine == nullptr)
+    throw std::invalid_argument("unknown vemesh ReduceOp");
   return combine;
 }
 
@@ -80,8 +81,7 @@ void FinishAverage(const Operation& op, void* data, size_t count, int size) {
 }
 
 // Element counts as byte counts, as Gloo's all_to_all_v takes them.
-std::vector<int64_t> ByteCounts(absl::Span<const size_t> counts,
-                                size_t width) {
+std::vector<int64_t> ByteCounts(absl::Span<const size_t> counts, size_t width) {
   std::vector<int64_t> bytes;
   bytes.reserve(counts.size());
   for (size_t c : counts) bytes.push_back(static_cast<int64_t>(c * width));
@@ -137,8 +137,8 @@ class GlooCommunicator::Outgoing {
  public:
   Outgoing(GlooCommunicator& owner, int peer, const void* data, size_t bytes)
       : owner_(owner), header_(bytes) {
-    header_buffer_ = owner.context_->createUnboundBuffer(&header_,
-                                                         sizeof(header_));
+    header_buffer_ =
+        owner.context_->createUnboundBuffer(&header_, sizeof(header_));
     header_guard_.emplace(owner, header_buffer_.get());
     header_buffer_->send(peer, kHeaderSlot);
     if (bytes > 0) {
@@ -247,9 +247,9 @@ absl::Status GlooCommunicator::TakeFromSelf(absl::string_view op, void* data,
     std::lock_guard<std::mutex> lock(to_self_mu_);
     if (to_self_.empty()) {
       // Only this rank could send it, and it is here: waiting would hang.
-      return absl::FailedPreconditionError(absl::StrCat(
-          op, " from oneself (rank ", rank_,
-          ") with no message sent to oneself before it"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(op, " from oneself (rank ", rank_,
+                       ") with no message sent to oneself before it"));
     }
     message = std::move(to_self_.front());
     to_self_.pop_front();
@@ -416,8 +416,8 @@ void GlooCommunicator::RunCollective(const Operation& op) {
       if (op.kind == OpKind::kReduceScatter) {
         counts.assign(static_cast<size_t>(size_), op.count);
       }
-      const size_t total = std::accumulate(counts.begin(), counts.end(),
-                                           size_t{0});
+      const size_t total =
+          std::accumulate(counts.begin(), counts.end(), size_t{0});
       if (total == 0) return;  // same counts everywhere: all skip
       const size_t mine = counts[rank_];
       std::vector<char> blocks(mine * width * size_);
@@ -546,9 +546,9 @@ Communicator::WorkOr GlooCommunicator::Start(const Operation& op) {
       (p.kind == P2POp::Kind::kSend ? sends : recvs) += 1;
     }
     if (recvs > self_sent_ - self_taken_ + sends) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          op.Name(), " from oneself (rank ", rank_,
-          ") with no message sent to oneself before it"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(op.Name(), " from oneself (rank ", rank_,
+                       ") with no message sent to oneself before it"));
     }
     self_sent_ += sends;
     self_taken_ += recvs;
@@ -598,8 +598,9 @@ absl::Status GlooCommunicator::Execute(Job& job) {
   if (!broken_.ok()) {
     return absl::Status(
         broken_.code(),
-        absl::StrCat(name, ": the communicator is broken by an earlier "
-                           "failure: ",
+        absl::StrCat(name,
+                     ": the communicator is broken by an earlier "
+                     "failure: ",
                      broken_.message()));
   }
   absl::Status result;  // a recv's length mismatch, which breaks nothing
@@ -654,9 +655,9 @@ absl::StatusOr<std::shared_ptr<GlooCommunicator>> GlooCommunicator::Create(
                      " is outside a group of ", size, " ranks"));
   }
   if (global_ranks.size() != static_cast<size_t>(size)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "GlooCommunicator::Create: ", global_ranks.size(),
-        " global ranks for a group of ", size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("GlooCommunicator::Create: ", global_ranks.size(),
+                     " global ranks for a group of ", size));
   }
   if (timeout < absl::Milliseconds(1)) {
     return absl::InvalidArgumentError(
@@ -714,8 +715,8 @@ absl::StatusOr<std::shared_ptr<GlooCommunicator>> GlooCommunicator::Connect(
       timeout, std::move(hostname), std::move(device), std::move(context)));
 }
 
-absl::StatusOr<std::shared_ptr<Communicator>> GlooCommunicator::split(
-    int color, int key) {
+absl::StatusOr<std::shared_ptr<Communicator>> GlooCommunicator::split(int color,
+                                                                      int key) {
   // Splits are collective, so every rank numbers them alike and the new
   // groups' prefixes agree without talking.
   const int64_t seq = next_split_++;

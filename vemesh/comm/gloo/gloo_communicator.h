@@ -10,8 +10,9 @@
 //                                         global_ranks, absl::Seconds(30));
 //   if (!world.ok()) return world.status();      // e.g. a rank never came
 //   std::vector<float> grad(1024, 1.0f);
-//   absl::Status s = (*world)->all_reduce(absl::MakeSpan(grad), ReduceOp::kSum);
-//   auto row = (*world)->split(rank / 4, rank % 4);   // collective
+//   absl::Status s = (*world)->all_reduce(absl::MakeSpan(grad),
+//   ReduceOp::kSum); auto row = (*world)->split(rank / 4, rank % 4);   //
+//   collective
 //
 // Create is collective over the `size` ranks: each calls it once with the
 // same store, prefix, size, global_ranks and timeout, and its own rank. They
@@ -193,8 +194,8 @@ class GlooCommunicator final : public Communicator {
   class Outgoing;
   // Receives one message from `peer` into `data` (`count` elements) when
   // its length matches; InvalidArgument naming both counts otherwise.
-  absl::Status Receive(absl::string_view op, int peer, void* data,
-                       size_t count, DataType type);
+  absl::Status Receive(absl::string_view op, int peer, void* data, size_t count,
+                       DataType type);
 
   std::shared_ptr<Store> store_;
   std::string prefix_;

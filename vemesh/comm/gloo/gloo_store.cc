@@ -48,10 +48,9 @@ void GlooStore::wait(const std::vector<std::string>& keys,
                      const std::chrono::milliseconds& timeout) {
   // Gloo's "no timeout" is zero; a rendezvous must still end, so it gets
   // the adapter's bound.
-  const absl::Duration bound =
-      timeout > std::chrono::milliseconds::zero()
-          ? absl::FromChrono(timeout)
-          : timeout_;
+  const absl::Duration bound = timeout > std::chrono::milliseconds::zero()
+                                   ? absl::FromChrono(timeout)
+                                   : timeout_;
   absl::Status status = store_->wait(keys, absl::Now() + bound);
   if (!status.ok()) Fail(std::move(status));
 }

@@ -29,8 +29,7 @@ namespace vemesh {
 
 // c[i] = a[i] op b[i] for i < n (c may alias a or b): Gloo's reduction
 // signature.
-using HostCombineFn = void (*)(void* c, const void* a, const void* b,
-                               size_t n);
+using HostCombineFn = void (*)(void* c, const void* a, const void* b, size_t n);
 
 // The combining function of `op` on elements of `type` (avg: sum's); null
 // for a type or op outside the enums.

@@ -14,12 +14,12 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "vemesh/base/log.h"
+#include "vemesh/base/status_macros.h"
 #include "vemesh/comm/internal/host_reduce.h"
 #include "vemesh/comm/mpi/internal/mpi_datatypes.h"
 #include "vemesh/comm/mpi/mpi_environment.h"
 #include "vemesh/comm/mpi/mpi_request.h"
-#include "vemesh/base/log.h"
-#include "vemesh/base/status_macros.h"
 
 namespace vemesh {
 namespace {
@@ -121,11 +121,11 @@ class MpiWork final : public Work {
         "MPI_Get_count");
     if (!s.ok()) return s;
     if (got == MPI_UNDEFINED || static_cast<size_t>(got) != p.count) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          name(), ": the receive from rank ", p.peer, " expected ", p.count,
-          " ", DataTypeName(p.type), " elements but got ",
-          got == MPI_UNDEFINED ? std::string("a partial element")
-                               : absl::StrCat(got)));
+      return absl::InvalidArgumentError(
+          absl::StrCat(name(), ": the receive from rank ", p.peer, " expected ",
+                       p.count, " ", DataTypeName(p.type), " elements but got ",
+                       got == MPI_UNDEFINED ? std::string("a partial element")
+                                            : absl::StrCat(got)));
     }
     return absl::OkStatus();
   }
@@ -186,7 +186,9 @@ absl::Status MpiCommunicator::CheckUsable(absl::string_view op) const {
   return MpiUsable(op, size_);
 }
 
-size_t MpiCommunicator::MaxCount() const { return static_cast<size_t>(INT_MAX); }
+size_t MpiCommunicator::MaxCount() const {
+  return static_cast<size_t>(INT_MAX);
+}
 
 Communicator::WorkOr MpiCommunicator::Start(const Operation& op) {
   const MPI_Datatype type = MpiDataType(op.type);
@@ -251,8 +253,8 @@ Communicator::WorkOr MpiCommunicator::Start(const Operation& op) {
     case OpKind::kAllGatherV:
       call = "MPI_Iallgatherv";
       layout(op.recv_counts, &s.counts, &s.displs);
-      code = MPI_Iallgatherv(send, s.counts[me], type, op.recv,
-                             s.counts.data(), s.displs.data(), type, comm_, &r);
+      code = MPI_Iallgatherv(send, s.counts[me], type, op.recv, s.counts.data(),
+                             s.displs.data(), type, comm_, &r);
       break;
     case OpKind::kReduceScatter:
       call = "MPI_Ireduce_scatter_block";
@@ -285,9 +287,9 @@ Communicator::WorkOr MpiCommunicator::Start(const Operation& op) {
       call = "MPI_Ialltoallv";
       layout(op.send_counts, &s.counts, &s.displs);
       layout(op.recv_counts, &s.counts2, &s.displs2);
-      code = MPI_Ialltoallv(send, s.counts.data(), s.displs.data(), type,
-                            op.recv, s.counts2.data(), s.displs2.data(), type,
-                            comm_, &r);
+      code =
+          MPI_Ialltoallv(send, s.counts.data(), s.displs.data(), type, op.recv,
+                         s.counts2.data(), s.displs2.data(), type, comm_, &r);
       break;
     case OpKind::kBatch:
       // One request per transfer, posted in the caller's order.
@@ -302,12 +304,12 @@ Communicator::WorkOr MpiCommunicator::Start(const Operation& op) {
         MPI_Request one = MPI_REQUEST_NULL;
         if (p.kind == P2POp::Kind::kSend) {
           call = "MPI_Isend";
-          code = MPI_Isend(p.data, count(p.count), t, p.peer, kTag, comm_,
-                           &one);
+          code =
+              MPI_Isend(p.data, count(p.count), t, p.peer, kTag, comm_, &one);
         } else {
           call = "MPI_Irecv";
-          code = MPI_Irecv(p.data, count(p.count), t, p.peer, kTag, comm_,
-                           &one);
+          code =
+              MPI_Irecv(p.data, count(p.count), t, p.peer, kTag, comm_, &one);
         }
         // What was posted before a failure stays with the Work, which
         // abandons it when let go of.
@@ -371,7 +373,8 @@ absl::StatusOr<std::shared_ptr<MpiCommunicator>> MpiCommunicator::Dup(
     return absl::InvalidArgumentError("MpiCommunicator::Dup of MPI_COMM_NULL");
   }
   absl::StatusOr<MPI_Comm> copy = BoundedCommIdup(comm, deadline);
-  if (absl::IsDeadlineExceeded(copy.status())) AbandonMpi();  // the caller says why
+  if (absl::IsDeadlineExceeded(copy.status()))
+    AbandonMpi();  // the caller says why
   if (!copy.ok()) return copy.status();
   return Adopt(*copy, MPI_COMM_NULL, nullptr);
 }
@@ -380,10 +383,13 @@ absl::StatusOr<std::shared_ptr<MpiCommunicator>> MpiCommunicator::Adopt(
     MPI_Comm comm, MPI_Comm parent, const std::vector<int>* parent_ranks) {
   int rank = 0;
   int size = 0;
-  absl::Status status = MpiStatus(
-      MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-  if (status.ok()) status = MpiStatus(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
-  if (status.ok()) status = MpiStatus(MPI_Comm_size(comm, &size), "MPI_Comm_size");
+  absl::Status status =
+      MpiStatus(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN),
+                "MPI_Comm_set_errhandler");
+  if (status.ok())
+    status = MpiStatus(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+  if (status.ok())
+    status = MpiStatus(MPI_Comm_size(comm, &size), "MPI_Comm_size");
   std::vector<int> ranks(static_cast<size_t>(size));
   std::iota(ranks.begin(), ranks.end(), 0);
   if (status.ok() && parent_ranks != nullptr) {
@@ -405,9 +411,9 @@ absl::StatusOr<std::shared_ptr<MpiCommunicator>> MpiCommunicator::Adopt(
     for (size_t i = 0; status.ok() && i < ranks.size(); ++i) {
       if (in_parent[i] < 0 ||
           static_cast<size_t>(in_parent[i]) >= parent_ranks->size()) {
-        status = absl::InternalError(absl::StrCat(
-            "MPI_Group_translate_ranks gave rank ", in_parent[i],
-            " outside a parent of ", parent_ranks->size()));
+        status = absl::InternalError(
+            absl::StrCat("MPI_Group_translate_ranks gave rank ", in_parent[i],
+                         " outside a parent of ", parent_ranks->size()));
       } else {
         ranks[i] = (*parent_ranks)[in_parent[i]];
       }
@@ -421,30 +427,28 @@ absl::StatusOr<std::shared_ptr<MpiCommunicator>> MpiCommunicator::Adopt(
       new MpiCommunicator(comm, rank, size, std::move(ranks)));
 }
 
-
 absl::StatusOr<std::shared_ptr<MpiCommunicator>> MpiCommunicator::split_mpi(
     int color, int key) {
   absl::Status status = CheckUsable("split");
   if (!status.ok()) return status;
   MPI_Comm child = MPI_COMM_NULL;
-  status =
-      MpiStatus(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key,
-                               &child),
-                "MPI_Comm_split");
+  status = MpiStatus(
+      MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &child),
+      "MPI_Comm_split");
   if (!status.ok()) return status;
   if (child == MPI_COMM_NULL) return std::shared_ptr<MpiCommunicator>();
   return Adopt(child, comm_, &ranks_);
 }
 
-absl::StatusOr<std::shared_ptr<Communicator>> MpiCommunicator::split(
-    int color, int key) {
+absl::StatusOr<std::shared_ptr<Communicator>> MpiCommunicator::split(int color,
+                                                                     int key) {
   VEMESH_ASSIGN_OR_RETURN(auto child, split_mpi(color, key));
   return std::shared_ptr<Communicator>(std::move(child));
 }
 
 NativeHandle MpiCommunicator::native_handle() const {
-  return NativeHandle{BackendName(Backend::kMpi), const_cast<MPI_Comm*>(&comm_)};
+  return NativeHandle{BackendName(Backend::kMpi),
+                      const_cast<MPI_Comm*>(&comm_)};
 }
-
 
 }  // namespace vemesh

@@ -116,7 +116,6 @@ class MpiCommunicator final : public Communicator {
   absl::StatusOr<std::shared_ptr<MpiCommunicator>> split_mpi(int color,
                                                              int key);
 
-
   // `handle` points at the MPI_Comm (valid while this object lives).
   NativeHandle native_handle() const override;
   MPI_Comm comm() const { return comm_; }

@@ -15,7 +15,6 @@ namespace {
 // MPI has no bfloat16 or float16: each is a derived datatype of two bytes
 // with user operators that combine in float and round back once per pair.
 
-
 // An MPI user function (inout[i] = in[i] op inout[i]) over the host
 // reduction (comm/internal/host_reduce.h): fp32 inside, one rounding.
 template <typename T, ReduceOp kOp>
@@ -75,7 +74,8 @@ template <typename T>
 absl::Status MakeHalf(Half* h) {
   VEMESH_RETURN_IF_ERROR(MpiStatus(MPI_Type_contiguous(2, MPI_BYTE, &h->type),
                                    "MPI_Type_contiguous"));
-  VEMESH_RETURN_IF_ERROR(MpiStatus(MPI_Type_commit(&h->type), "MPI_Type_commit"));
+  VEMESH_RETURN_IF_ERROR(
+      MpiStatus(MPI_Type_commit(&h->type), "MPI_Type_commit"));
   MPI_User_function* fns[kOps] = {
       &Combine16<T, ReduceOp::kSum>, &Combine16<T, ReduceOp::kProd>,
       &Combine16<T, ReduceOp::kMin>, &Combine16<T, ReduceOp::kMax>};

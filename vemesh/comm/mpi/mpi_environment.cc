@@ -57,8 +57,9 @@ bool Finalized() {
 // Finalises MPI if vemesh started it and nobody finalised it yet.
 void FinalizeIfOwned() {
   if (abandoned.load()) {
-    LogNote("MPI_Finalize skipped: a collective was abandoned at a "
-            "deadline, so finalising would wait for ranks that are gone");
+    LogNote(
+        "MPI_Finalize skipped: a collective was abandoned at a "
+        "deadline, so finalising would wait for ranks that are gone");
     return;
   }
   std::lock_guard<std::mutex> lock(env_mu);
@@ -137,16 +138,17 @@ absl::Status MpiStatus(int code, absl::string_view call) {
   if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) length = 0;
   int error_class = code;
   if (MPI_Error_class(code, &error_class) != MPI_SUCCESS) error_class = code;
-  const std::string message = absl::StrCat(
-      call, " failed with MPI error ", code, ": ",
-      absl::string_view(text, static_cast<size_t>(length)));
+  const std::string message =
+      absl::StrCat(call, " failed with MPI error ", code, ": ",
+                   absl::string_view(text, static_cast<size_t>(length)));
   if (IsPeerLoss(error_class)) {
     return absl::UnavailableError(
         absl::StrCat(message, " (a peer process was lost)"));
   }
   if (error_class == MPI_ERR_TRUNCATE) {
     return absl::InvalidArgumentError(absl::StrCat(
-        message, " (a message was longer than its receive buffer: the ranks "
+        message,
+        " (a message was longer than its receive buffer: the ranks "
         "disagree on a count)"));
   }
   return absl::InternalError(message);
@@ -223,8 +225,8 @@ void AbandonMpi(absl::string_view reason) {
   {
     std::lock_guard<std::mutex> lock(reason_mu);
     if (abandon_time == nullptr) {
-      abandon_time = new std::string(absl::FormatTime(
-          "%H:%M:%E3S UTC", absl::Now(), absl::UTCTimeZone()));
+      abandon_time = new std::string(
+          absl::FormatTime("%H:%M:%E3S UTC", absl::Now(), absl::UTCTimeZone()));
     }
     if (abandon_reason == nullptr && !reason.empty()) {
       abandon_reason = new std::string(reason);
@@ -238,16 +240,15 @@ absl::Status MpiAbandonedError(absl::string_view what) {
   {
     std::lock_guard<std::mutex> lock(reason_mu);
     if (abandon_time != nullptr) {
-      when = absl::StrCat(" (at ", *abandon_time,
-                          abandon_reason != nullptr ? ": " : "",
-                          abandon_reason != nullptr ? *abandon_reason : "",
-                          ")");
+      when = absl::StrCat(
+          " (at ", *abandon_time, abandon_reason != nullptr ? ": " : "",
+          abandon_reason != nullptr ? *abandon_reason : "", ")");
     }
   }
-  return absl::FailedPreconditionError(absl::StrCat(
-      what, what.empty() ? "" : ": ",
-      "MPI was abandoned at an earlier deadline in this process", when,
-      ": no MPI call can be made any more; end the job"));
+  return absl::FailedPreconditionError(
+      absl::StrCat(what, what.empty() ? "" : ": ",
+                   "MPI was abandoned at an earlier deadline in this process",
+                   when, ": no MPI call can be made any more; end the job"));
 }
 
 bool MpiWasAbandoned() { return abandoned.load(); }
@@ -290,8 +291,10 @@ absl::Status CheckMpiThread(absl::string_view what) {
   MPI_Is_thread_main(&is_main);
   if (is_main) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
-      what, " would call MPI from a thread other than the main one, but MPI "
-      "was initialised with ", MpiThreadLevelName(level),
+      what,
+      " would call MPI from a thread other than the main one, but MPI "
+      "was initialised with ",
+      MpiThreadLevelName(level),
       ": call it from the thread that initialised MPI, or initialise MPI with "
       "MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE"));
 }

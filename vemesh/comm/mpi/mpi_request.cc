@@ -43,7 +43,8 @@ absl::StatusOr<MPI_Comm> BoundedCommIdup(MPI_Comm comm, absl::Time deadline) {
   MPI_Request request = MPI_REQUEST_NULL;
   absl::Status status =
       MpiStatus(MPI_Comm_idup(comm, held.get(), &request), "MPI_Comm_idup");
-  if (status.ok()) status = WaitForMpiRequest(&request, deadline, "MPI_Comm_idup");
+  if (status.ok())
+    status = WaitForMpiRequest(&request, deadline, "MPI_Comm_idup");
   if (absl::IsDeadlineExceeded(status)) {
     held.release();  // kept for the life of the process
   }

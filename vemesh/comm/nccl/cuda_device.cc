@@ -11,7 +11,8 @@ namespace {
 // " (CUDA_VISIBLE_DEVICES=...)" when it is set: the first thing to look at
 // when a process sees fewer devices than the machine has.
 std::string VisibleNote(const DeviceChoiceInput& in) {
-  if (!in.visible_devices.has_value()) return " (CUDA_VISIBLE_DEVICES is not set)";
+  if (!in.visible_devices.has_value())
+    return " (CUDA_VISIBLE_DEVICES is not set)";
   return absl::StrCat(" (CUDA_VISIBLE_DEVICES='", *in.visible_devices, "')");
 }
 
@@ -19,9 +20,9 @@ std::string VisibleNote(const DeviceChoiceInput& in) {
 
 absl::StatusOr<int> ChooseCudaDevice(const DeviceChoiceInput& in) {
   if (in.visible_count < 1) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "no usable GPU: this process sees ", in.visible_count,
-        " CUDA devices", VisibleNote(in)));
+    return absl::FailedPreconditionError(
+        absl::StrCat("no usable GPU: this process sees ", in.visible_count,
+                     " CUDA devices", VisibleNote(in)));
   }
   if (in.requested < -1) {
     return absl::InvalidArgumentError(
@@ -36,9 +37,9 @@ absl::StatusOr<int> ChooseCudaDevice(const DeviceChoiceInput& in) {
   }
   if (in.host_size < 1 || in.host_local_rank < 0 ||
       in.host_local_rank >= in.host_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "host-local rank ", in.host_local_rank, " of a host of ", in.host_size,
-        " ranks: expected 0 <= rank < size"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("host-local rank ", in.host_local_rank, " of a host of ",
+                     in.host_size, " ranks: expected 0 <= rank < size"));
   }
   // One device per task: the launcher (or the program) gave each rank its
   // own GPU and hid the others, so every rank's device is its device 0.
@@ -58,7 +59,8 @@ absl::StatusOr<int> ChooseCudaDeviceHere(const CudaDeviceRequest& request) {
   auto count = CudaDeviceCount();
   if (!count.ok()) return count.status();
   in.visible_count = *count;
-  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) in.visible_devices = v;
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"))
+    in.visible_devices = v;
   in.requested = request.requested;
   in.host_local_rank = request.host_local_rank;
   in.host_size = request.host_size;

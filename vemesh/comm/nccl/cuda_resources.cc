@@ -19,7 +19,8 @@ DeviceGuard::DeviceGuard(int device) {
 }
 
 DeviceGuard::~DeviceGuard() {
-  if (changed_ && previous_ >= 0 && Nccl().cudaSetDevice(previous_) != cudaSuccess) {
+  if (changed_ && previous_ >= 0 &&
+      Nccl().cudaSetDevice(previous_) != cudaSuccess) {
     Nccl().cudaGetLastError();
   }
 }
@@ -29,7 +30,8 @@ absl::Status MakeStream(cudaStream_t* stream, void** scratch) {
       Nccl().cudaStreamCreateWithFlags(stream, cudaStreamNonBlocking),
       "cudaStreamCreateWithFlags");
   if (status.ok()) {
-    status = CudaStatus(Nccl().cudaMalloc(scratch, sizeof(int32_t)), "cudaMalloc");
+    status =
+        CudaStatus(Nccl().cudaMalloc(scratch, sizeof(int32_t)), "cudaMalloc");
   }
   if (status.ok()) {
     status = CudaStatus(Nccl().cudaMemset(*scratch, 0, sizeof(int32_t)),

@@ -50,9 +50,9 @@ struct Library {
   std::string what;      // "NCCL", "the CUDA runtime"
   const char* variable;  // VEMESH_NCCL_LIBRARY
   std::vector<std::string> names;
-  std::string remedy;    // what to do when it is missing
+  std::string remedy;  // what to do when it is missing
   void* handle = nullptr;
-  std::string loaded;    // the name that loaded
+  std::string loaded;  // the name that loaded
   bool overridden = false;
   std::vector<std::string> errors;
 
@@ -198,8 +198,7 @@ constinit std::atomic<const NcclApi*> installed{nullptr};
 const NcclApi& NcclApi::Real() { return LoadedReal().table; }
 
 absl::StatusOr<const NcclApi*> LoadNccl() {
-  const NcclApi* api =
-      nccl_internal::installed.load(std::memory_order_acquire);
+  const NcclApi* api = nccl_internal::installed.load(std::memory_order_acquire);
   if (api != nullptr) return api;
   const RealTable& real = LoadedReal();
   if (!real.status.ok()) return real.status;
@@ -207,8 +206,8 @@ absl::StatusOr<const NcclApi*> LoadNccl() {
 }
 
 ScopedNcclApi::ScopedNcclApi(const NcclApi& api)
-    : previous_(nccl_internal::installed.exchange(&api,
-                                                  std::memory_order_acq_rel)) {}
+    : previous_(
+          nccl_internal::installed.exchange(&api, std::memory_order_acq_rel)) {}
 
 ScopedNcclApi::~ScopedNcclApi() {
   nccl_internal::installed.store(previous_, std::memory_order_release);

@@ -39,9 +39,9 @@ absl::StatusOr<int> CudaDeviceCount() {
     // No device, or no driver (cudaErrorInsufficientDriver, 35: what a
     // machine without a GPU answers): both mean no GPU for this process.
     return absl::FailedPreconditionError(absl::StrCat(
-        IsNoDevice(code) ? "no usable GPU: " : "", "cudaGetDeviceCount: ",
-        Nccl().cudaGetErrorName(code), " (", static_cast<int>(code), "): ",
-        Nccl().cudaGetErrorString(code)));
+        IsNoDevice(code) ? "no usable GPU: " : "",
+        "cudaGetDeviceCount: ", Nccl().cudaGetErrorName(code), " (",
+        static_cast<int>(code), "): ", Nccl().cudaGetErrorString(code)));
   }
   if (count == 0) {
     return absl::FailedPreconditionError(
@@ -116,8 +116,8 @@ absl::StatusOr<std::shared_ptr<NcclCommunicator>> NcclCommunicator::Create(
   }
   int ok = local.ok() ? 1 : 0;
   std::vector<int> oks(static_cast<size_t>(twin->size()));
-  absl::Status agreed = twin->all_gather(absl::MakeConstSpan(&ok, 1),
-                                         absl::MakeSpan(oks));
+  absl::Status agreed =
+      twin->all_gather(absl::MakeConstSpan(&ok, 1), absl::MakeSpan(oks));
   std::vector<int> failed;
   for (size_t i = 0; agreed.ok() && i < oks.size(); ++i) {
     if (oks[i] == 0) failed.push_back(twin->ranks()[i]);
@@ -127,20 +127,21 @@ absl::StatusOr<std::shared_ptr<NcclCommunicator>> NcclCommunicator::Create(
     // "cuda:N"); the others learn that some rank failed.
     agreed = absl::Status(
         local.ok() ? absl::StatusCode::kFailedPrecondition : local.code(),
-        absl::StrCat("NCCL communicator not created: rank(s) ",
-                     absl::StrJoin(failed, ", "), " could not prepare their GPU",
-                     local.ok() ? "" : absl::StrCat("; this rank: ", local.message())));
+        absl::StrCat(
+            "NCCL communicator not created: rank(s) ",
+            absl::StrJoin(failed, ", "), " could not prepare their GPU",
+            local.ok() ? "" : absl::StrCat("; this rank: ", local.message())));
   }
   static_assert(sizeof(ncclUniqueId) % sizeof(int32_t) == 0);
   if (agreed.ok()) {
-    agreed = twin->broadcast(&id, sizeof(id) / sizeof(int32_t),
-                             DataType::kInt32, 0);
+    agreed =
+        twin->broadcast(&id, sizeof(id) / sizeof(int32_t), DataType::kInt32, 0);
   }
   ncclComm_t comm = nullptr;
   if (agreed.ok()) {
     ncclConfig_t config = NonBlockingConfig();
     agreed = NcclStatus(Nccl().ncclCommInitRankConfig(&comm, twin->size(), id,
-                                               twin->rank(), &config),
+                                                      twin->rank(), &config),
                         "ncclCommInitRankConfig");
     if (agreed.ok()) {
       agreed = AwaitReady(comm, "ncclCommInitRankConfig",
@@ -162,8 +163,9 @@ NcclCommunicator::~NcclCommunicator() {
   if (comm_ != nullptr) {
     // A communicator with an error cannot flush: abort it, as NCCL asks.
     ncclResult_t state = ncclInternalError;
-    const bool healthy = Nccl().ncclCommGetAsyncError(comm_, &state) == ncclSuccess &&
-                         state == ncclSuccess;
+    const bool healthy =
+        Nccl().ncclCommGetAsyncError(comm_, &state) == ncclSuccess &&
+        state == ncclSuccess;
     const ncclResult_t code =
         healthy ? Nccl().ncclCommDestroy(comm_) : Nccl().ncclCommAbort(comm_);
     if (code != ncclSuccess) {
@@ -194,8 +196,7 @@ void NcclCommunicator::OnAbort() {
   }
 }
 
-absl::Status NcclCommunicator::State(absl::string_view op,
-                                     bool* in_progress) {
+absl::Status NcclCommunicator::State(absl::string_view op, bool* in_progress) {
   *in_progress = false;
   std::lock_guard<std::mutex> lock(comm_mu_);
   if (comm_ == nullptr) return AbortedError(op);

@@ -165,7 +165,8 @@ class NcclWork final : public Work {
       : Work(std::move(owner), std::move(name)), comm_(comm), event_(event) {}
   ~NcclWork() override {
     DeviceGuard guard(comm_->device_);
-    if (Nccl().cudaEventDestroy(event_) != cudaSuccess) Nccl().cudaGetLastError();
+    if (Nccl().cudaEventDestroy(event_) != cudaSuccess)
+      Nccl().cudaGetLastError();
   }
 
  protected:
@@ -221,8 +222,7 @@ absl::Status NcclCommunicator::Enqueue(const Operation& op,
   const int me = rank();
   // Element `offset` of a buffer of op.type.
   auto at = [element](const void* base, size_t offset) -> void* {
-    return const_cast<char*>(static_cast<const char*>(base)) +
-           offset * element;
+    return const_cast<char*>(static_cast<const char*>(base)) + offset * element;
   };
   // The first failing call names the error; later calls are skipped, and
   // the group is always closed.
@@ -249,31 +249,32 @@ absl::Status NcclCommunicator::Enqueue(const Operation& op,
       // An all_reduce of one element completes on no rank before every
       // rank has entered it.
       issue("ncclAllReduce", [&] {
-        return Nccl().ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm,
-                             stream);
+        return Nccl().ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum,
+                                    comm, stream);
       });
       break;
     case OpKind::kBroadcast:
       issue("ncclBroadcast", [&] {
-        return Nccl().ncclBroadcast(op.recv, op.recv, op.count, type, op.root, comm,
-                             stream);
+        return Nccl().ncclBroadcast(op.recv, op.recv, op.count, type, op.root,
+                                    comm, stream);
       });
       break;
     case OpKind::kAllReduce:
       issue("ncclAllReduce", [&] {
-        return Nccl().ncclAllReduce(op.send, op.recv, op.count, type, reduce, comm,
-                             stream);
+        return Nccl().ncclAllReduce(op.send, op.recv, op.count, type, reduce,
+                                    comm, stream);
       });
       break;
     case OpKind::kReduce:
       issue("ncclReduce", [&] {
         return Nccl().ncclReduce(op.send, me == op.root ? op.recv : nullptr,
-                          op.count, type, reduce, op.root, comm, stream);
+                                 op.count, type, reduce, op.root, comm, stream);
       });
       break;
     case OpKind::kAllGather:
       issue("ncclAllGather", [&] {
-        return Nccl().ncclAllGather(op.send, op.recv, op.count, type, comm, stream);
+        return Nccl().ncclAllGather(op.send, op.recv, op.count, type, comm,
+                                    stream);
       });
       break;
     case OpKind::kAllGatherV: {
@@ -287,7 +288,8 @@ absl::Status NcclCommunicator::Enqueue(const Operation& op,
           void* block = at(op.recv, offset);
           const void* source = i == me ? op.send : block;
           issue("ncclBroadcast", [&] {
-            return Nccl().ncclBroadcast(source, block, c, type, i, comm, stream);
+            return Nccl().ncclBroadcast(source, block, c, type, i, comm,
+                                        stream);
           });
         }
         offset += c;
@@ -296,8 +298,8 @@ absl::Status NcclCommunicator::Enqueue(const Operation& op,
     }
     case OpKind::kReduceScatter:
       issue("ncclReduceScatter", [&] {
-        return Nccl().ncclReduceScatter(op.send, op.recv, op.count, type, reduce,
-                                 comm, stream);
+        return Nccl().ncclReduceScatter(op.send, op.recv, op.count, type,
+                                        reduce, comm, stream);
       });
       break;
     case OpKind::kReduceScatterV: {
@@ -309,7 +311,8 @@ absl::Status NcclCommunicator::Enqueue(const Operation& op,
           const void* block = at(op.send, offset);
           void* out = i == me ? op.recv : nullptr;
           issue("ncclReduce", [&] {
-            return Nccl().ncclReduce(block, out, c, type, reduce, i, comm, stream);
+            return Nccl().ncclReduce(block, out, c, type, reduce, i, comm,
+                                     stream);
           });
         }
         offset += c;
@@ -330,7 +333,8 @@ absl::Status NcclCommunicator::Enqueue(const Operation& op,
                          ? at(op.recv, static_cast<size_t>(me) * op.count)
                          : nullptr)) {
         issue("ncclSend", [&] {
-          return Nccl().ncclSend(op.send, op.count, type, op.root, comm, stream);
+          return Nccl().ncclSend(op.send, op.count, type, op.root, comm,
+                                 stream);
         });
       }
       break;
@@ -349,7 +353,8 @@ absl::Status NcclCommunicator::Enqueue(const Operation& op,
                          : nullptr,
                      op.recv)) {
         issue("ncclRecv", [&] {
-          return Nccl().ncclRecv(op.recv, op.count, type, op.root, comm, stream);
+          return Nccl().ncclRecv(op.recv, op.count, type, op.root, comm,
+                                 stream);
         });
       }
       break;
@@ -359,11 +364,11 @@ absl::Status NcclCommunicator::Enqueue(const Operation& op,
         const size_t offset = static_cast<size_t>(i) * op.count;
         issue("ncclSend", [&] {
           return Nccl().ncclSend(at(op.send, offset), op.count, type, i, comm,
-                          stream);
+                                 stream);
         });
         issue("ncclRecv", [&] {
           return Nccl().ncclRecv(at(op.recv, offset), op.count, type, i, comm,
-                          stream);
+                                 stream);
         });
       }
       break;
@@ -376,13 +381,13 @@ absl::Status NcclCommunicator::Enqueue(const Operation& op,
         if (s > 0) {
           issue("ncclSend", [&] {
             return Nccl().ncclSend(at(op.send, send_offset), s, type, i, comm,
-                            stream);
+                                   stream);
           });
         }
         if (r > 0) {
           issue("ncclRecv", [&] {
             return Nccl().ncclRecv(at(op.recv, recv_offset), r, type, i, comm,
-                            stream);
+                                   stream);
           });
         }
         send_offset += s;
@@ -422,8 +427,9 @@ Communicator::WorkOr NcclCommunicator::Start(const Operation& op) {
   cudaStream_t stream =
       op.stream != nullptr ? static_cast<cudaStream_t>(op.stream) : stream_;
   cudaEvent_t event = nullptr;
-  status = CudaStatus(Nccl().cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
-                      "cudaEventCreateWithFlags");
+  status = CudaStatus(
+      Nccl().cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
+      "cudaEventCreateWithFlags");
   if (!status.ok()) return status;
   // The Work owns the event from here, whatever happens next.
   auto work = std::make_shared<NcclWork>(Self(), name, this, event);

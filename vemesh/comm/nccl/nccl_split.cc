@@ -61,8 +61,8 @@ std::string SplitCall(const SplitRequest& request, size_t index) {
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<Communicator>> NcclCommunicator::split(
-    int color, int key) {
+absl::StatusOr<std::shared_ptr<Communicator>> NcclCommunicator::split(int color,
+                                                                      int key) {
   const SplitRequest request{color, key, ""};
   VEMESH_ASSIGN_OR_RETURN(auto groups,
                           split_many(absl::MakeConstSpan(&request, 1)));

@@ -14,9 +14,11 @@ bool IsNoDevice(cudaError_t code) {
 
 absl::Status CudaStatus(cudaError_t code, absl::string_view call) {
   if (code == cudaSuccess) return absl::OkStatus();
-  Nccl().cudaGetLastError();  // clear a non-sticky error so later calls start clean
-  std::string text = absl::StrCat(call, " failed: ", Nccl().cudaGetErrorName(code),
-                                  ": ", Nccl().cudaGetErrorString(code));
+  Nccl().cudaGetLastError();  // clear a non-sticky error so later calls start
+                              // clean
+  std::string text =
+      absl::StrCat(call, " failed: ", Nccl().cudaGetErrorName(code), ": ",
+                   Nccl().cudaGetErrorString(code));
   return IsNoDevice(code) ? absl::FailedPreconditionError(text)
                           : absl::InternalError(text);
 }

@@ -72,9 +72,8 @@ class MeshBackends {
   static absl::StatusOr<std::unique_ptr<MeshBackends>> Create(
       Bootstrap& bootstrap, BackendPlan plan,
       std::shared_ptr<Communicator> host_world,
-      const CudaDeviceRequest& cuda_device, bool one_host,
-      absl::Time deadline, absl::Duration op_timeout,
-      const NcclOptions& nccl_options = {});
+      const CudaDeviceRequest& cuda_device, bool one_host, absl::Time deadline,
+      absl::Duration op_timeout, const NcclOptions& nccl_options = {});
   ~MeshBackends();
 
   const std::shared_ptr<Communicator>& default_world() const;

@@ -62,8 +62,8 @@ struct DeviceMesh::Shared {
   // A new root over the same ranks (unflatten, view): this rank's place,
   // the bootstrap, the backends and their worlds carried over; no groups.
   std::shared_ptr<Shared> Sibling(MeshLayout layout) const {
-    auto next = std::make_shared<Shared>(device_type, std::move(layout),
-                                         global_rank);
+    auto next =
+        std::make_shared<Shared>(device_type, std::move(layout), global_rank);
     next->host_local_rank = host_local_rank;
     next->host_size = host_size;
     next->world_hosts = world_hosts;

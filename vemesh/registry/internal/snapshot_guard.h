@@ -58,7 +58,7 @@ extern constinit thread_local ReaderSlots* t_slots
 // (membarrier registered at load time); never changes afterwards.
 extern bool light_readers;
 
-ReaderSlots* RegisterThisThread();    // the slow path of a thread's first guard
+ReaderSlots* RegisterThisThread();  // the slow path of a thread's first guard
 [[noreturn]] void NestedTooDeep();
 
 }  // namespace snapshot_internal
@@ -72,8 +72,10 @@ class SnapshotGuard {
   explicit SnapshotGuard(const std::atomic<const void*>& published) {
     using namespace snapshot_internal;
     ReaderSlots* slots = t_slots;
-    if (slots == nullptr) [[unlikely]] slots = RegisterThisThread();
-    if (slots->depth == kMaxNesting) [[unlikely]] NestedTooDeep();
+    if (slots == nullptr) [[unlikely]]
+      slots = RegisterThisThread();
+    if (slots->depth == kMaxNesting) [[unlikely]]
+      NestedTooDeep();
     slot_ = &slots->hazards[slots->depth++];
     // Announce, then check the object is still the published one: a writer
     // that unpublished it before seeing the announcement may already be

@@ -14,10 +14,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
-#include "vemesh/rendezvous/memory_store.h"
-#include "vemesh/rendezvous/tcp/socket.h"
 #include "vemesh/base/sigpipe.h"
 #include "vemesh/base/status_macros.h"
+#include "vemesh/rendezvous/memory_store.h"
+#include "vemesh/rendezvous/tcp/socket.h"
 
 namespace vemesh {
 namespace {
@@ -182,8 +182,8 @@ absl::string_view Text(const redisReply& r) {
 // The keys, for an error text.
 std::string KeysText(absl::Span<const std::string> keys) {
   if (keys.size() <= kKeysNamed) return absl::StrJoin(keys, ", ");
-  return absl::StrCat(absl::StrJoin(keys.subspan(0, kKeysNamed), ", "), ", ... (",
-                      keys.size(), " keys)");
+  return absl::StrCat(absl::StrJoin(keys.subspan(0, kKeysNamed), ", "),
+                      ", ... (", keys.size(), " keys)");
 }
 
 // "SET 'rank/3'": a command and its key, for an error text.
@@ -208,15 +208,15 @@ absl::StatusOr<redisContext*> ConnectOnce(const std::string& host, int port,
     return status;
   };
   if (c->err != 0) {
-    return fail(absl::UnavailableError(absl::StrCat(
-        "cannot reach Redis at ", where, " within ",
-        absl::FormatDuration(connect_timeout), ": ", c->errstr,
-        ": expected a redis-server listening there")));
+    return fail(absl::UnavailableError(
+        absl::StrCat("cannot reach Redis at ", where, " within ",
+                     absl::FormatDuration(connect_timeout), ": ", c->errstr,
+                     ": expected a redis-server listening there")));
   }
   if (redisSetTimeout(c, Timeval(op_timeout)) != REDIS_OK) {
-    return fail(absl::UnavailableError(absl::StrCat(
-        "cannot set a timeout on the connection to Redis at ", where, ": ",
-        c->errstr)));
+    return fail(absl::UnavailableError(
+        absl::StrCat("cannot set a timeout on the connection to Redis at ",
+                     where, ": ", c->errstr)));
   }
   const char* ping = "PING";
   const size_t ping_len = 4;
@@ -230,15 +230,15 @@ absl::StatusOr<redisContext*> ConnectOnce(const std::string& host, int port,
   }
   if (raw == nullptr) {
     return fail(absl::UnavailableError(
-        absl::StrCat("Redis at ", where, " did not answer PING: ",
-                     LostText(*c, err, op_timeout))));
+        absl::StrCat("Redis at ", where,
+                     " did not answer PING: ", LostText(*c, err, op_timeout))));
   }
   std::unique_ptr<redisReply, void (*)(void*)> reply(
       static_cast<redisReply*>(raw), freeReplyObject);
   if (reply->type == REDIS_REPLY_ERROR) {
-    return fail(absl::InternalError(absl::StrCat(
-        "Redis at ", where, " refused PING: ", Text(*reply),
-        ": expected a Redis that needs no AUTH")));
+    return fail(absl::InternalError(
+        absl::StrCat("Redis at ", where, " refused PING: ", Text(*reply),
+                     ": expected a Redis that needs no AUTH")));
   }
   if (reply->type != REDIS_REPLY_STATUS || Text(*reply) != "PONG") {
     return fail(absl::UnavailableError(
@@ -270,7 +270,8 @@ RedisStore::~RedisStore() {
 absl::StatusOr<std::shared_ptr<RedisStore>> RedisStore::Connect(
     absl::string_view address, RedisStoreOptions options) {
   VEMESH_ASSIGN_OR_RETURN(RedisAddress parsed, ParseRedisAddress(address));
-  absl::Status status = CheckTimeout("connect_timeout", options.connect_timeout);
+  absl::Status status =
+      CheckTimeout("connect_timeout", options.connect_timeout);
   if (status.ok()) status = CheckTimeout("op_timeout", options.op_timeout);
   if (!status.ok()) return status;
   VEMESH_ASSIGN_OR_RETURN(
@@ -311,8 +312,10 @@ absl::StatusOr<RedisStore::Reply> RedisStore::Command(
     if (!context.ok()) {
       return absl::Status(
           context.status().code(),
-          absl::StrCat("Redis at ", address_, " is unreachable after a lost "
-                       "connection (", what, "): ", context.status().message()));
+          absl::StrCat("Redis at ", address_,
+                       " is unreachable after a lost "
+                       "connection (",
+                       what, "): ", context.status().message()));
     }
     context_ = *context;
     context_timeout_ = timeout;
@@ -321,9 +324,9 @@ absl::StatusOr<RedisStore::Reply> RedisStore::Command(
     if (redisSetTimeout(context_, Timeval(timeout)) != REDIS_OK) {
       const std::string why = context_->errstr;
       DropLocked();
-      return absl::UnavailableError(absl::StrCat(
-          "cannot set a timeout on the connection to Redis at ", address_,
-          " (", what, "): ", why));
+      return absl::UnavailableError(
+          absl::StrCat("cannot set a timeout on the connection to Redis at ",
+                       address_, " (", what, "): ", why));
     }
     context_timeout_ = timeout;
   }
@@ -435,8 +438,9 @@ absl::StatusOr<RedisStore::Swap> RedisStore::CompareSwap(
     absl::string_view desired, bool keep_lease) {
   const std::string k = Key(key);
   const std::string what = What("compare_set script", key);
-  const absl::string_view args[] = {"EVAL",   kCompareSetScript, "1", k,
-                                    expected, desired, keep_lease ? "1" : "0"};
+  const absl::string_view args[] = {
+      "EVAL",  kCompareSetScript,     "1", k, expected,
+      desired, keep_lease ? "1" : "0"};
   VEMESH_ASSIGN_OR_RETURN(Reply reply, Call(args, what));
   const redisReply& r = *reply;
   if (r.type != REDIS_REPLY_ARRAY || r.elements != 2 ||
@@ -481,8 +485,8 @@ absl::StatusOr<int64_t> RedisStore::add(absl::string_view key, int64_t delta) {
     return AddByCompareSet(key, delta);
   }
   if (r.type == REDIS_REPLY_ERROR) {
-    return absl::InternalError(absl::StrCat("Redis at ", address_, " refused ",
-                                            what, ": ", Text(r)));
+    return absl::InternalError(
+        absl::StrCat("Redis at ", address_, " refused ", what, ": ", Text(r)));
   }
   return Unexpected(address_, what, r, "an integer");
 }
@@ -510,10 +514,10 @@ absl::StatusOr<int64_t> RedisStore::AddByCompareSet(absl::string_view key,
         CompareSwap(key, current, absl::StrCat(next), /*keep_lease=*/true));
     if (swap.stored) return next;
     if (absl::Now() > give_up) {
-      return absl::AbortedError(absl::StrCat(
-          "add to store key '", key, "' lost ", rounds,
-          " compare_set rounds to other writers within ",
-          absl::FormatDuration(options_.op_timeout)));
+      return absl::AbortedError(
+          absl::StrCat("add to store key '", key, "' lost ", rounds,
+                       " compare_set rounds to other writers within ",
+                       absl::FormatDuration(options_.op_timeout)));
     }
   }
 }
@@ -528,9 +532,8 @@ absl::StatusOr<int64_t> RedisStore::CountExisting(
   args.reserve(keys.size() + 1);
   args.push_back("EXISTS");
   for (const std::string& key : prefixed) args.push_back(key);
-  const std::string what =
-      absl::StrCat("EXISTS of ", keys.size(), " keys ('", keys[0].substr(0, 64),
-                   "', ...)");
+  const std::string what = absl::StrCat("EXISTS of ", keys.size(), " keys ('",
+                                        keys[0].substr(0, 64), "', ...)");
   VEMESH_ASSIGN_OR_RETURN(Reply reply, Command(args, timeout, what, timed_out));
   if (reply->type == REDIS_REPLY_ERROR) {
     return absl::InternalError(absl::StrCat("Redis at ", address_, " refused ",
@@ -600,9 +603,8 @@ absl::Status RedisStore::wait(absl::Span<const std::string> keys,
     if (static_cast<uint64_t>(*present) >= keys.size()) return absl::OkStatus();
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("store keys never set before the deadline: ",
-                       MissingKeys(keys)));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "store keys never set before the deadline: ", MissingKeys(keys)));
     }
     absl::SleepFor(std::min(sleep, left));
     sleep = std::min(sleep * 2, kMaxPollSleep);

@@ -139,7 +139,8 @@ class RedisStore final : public Store {
   // How many of `keys` exist (a key named twice counts twice), one poll of
   // wait within `timeout`.
   absl::StatusOr<int64_t> CountExisting(absl::Span<const std::string> keys,
-                                        absl::Duration timeout, bool* timed_out);
+                                        absl::Duration timeout,
+                                        bool* timed_out);
   // The text naming the keys of `keys` still absent, for a DeadlineExceeded.
   std::string MissingKeys(absl::Span<const std::string> keys);
   // Forgets the connection (its state is unknown after an error): the next
@@ -151,7 +152,7 @@ class RedisStore final : public Store {
   const int port_;
   const std::string address_;
   const RedisStoreOptions options_;
-  std::mutex mu_;  // std::mutex: the ThreadSanitizer build sees it
+  std::mutex mu_;          // std::mutex: the ThreadSanitizer build sees it
   redisContext* context_;  // null after a lost connection
   absl::Duration context_timeout_;  // the one redisSetTimeout last set
 };

@@ -58,9 +58,9 @@ absl::StatusOr<std::vector<SocketAddress>> ResolveTcp(absl::string_view host,
   const int rc = ::getaddrinfo(host_text.empty() ? nullptr : host_text.c_str(),
                                port_text.c_str(), &hints, &found);
   if (rc != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot resolve store address ", HostPortText(host, port),
-                     ": ", rc == EAI_SYSTEM ? ErrnoText(errno) : gai_strerror(rc)));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot resolve store address ", HostPortText(host, port), ": ",
+        rc == EAI_SYSTEM ? ErrnoText(errno) : gai_strerror(rc)));
   }
   std::vector<SocketAddress> out;
   for (const addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
@@ -73,8 +73,9 @@ absl::StatusOr<std::vector<SocketAddress>> ResolveTcp(absl::string_view host,
   }
   ::freeaddrinfo(found);
   if (out.empty()) {
-    return absl::UnavailableError(absl::StrCat(
-        "store address ", HostPortText(host, port), " resolves to no TCP address"));
+    return absl::UnavailableError(absl::StrCat("store address ",
+                                               HostPortText(host, port),
+                                               " resolves to no TCP address"));
   }
   return out;
 }
@@ -97,7 +98,8 @@ void SetNoDelay(int fd) {
 int PollMillis(absl::Time deadline) {
   const absl::Duration left = deadline - absl::Now();
   if (left <= absl::ZeroDuration()) return 0;
-  const int64_t ms = absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1)));
+  const int64_t ms =
+      absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1)));
   return ms > INT_MAX ? INT_MAX : static_cast<int>(ms);
 }
 

@@ -21,17 +21,19 @@ namespace {
 constexpr size_t kRecvChunkBytes = 64 << 10;
 
 // One connection attempt to each address in turn, bounded by `deadline`.
-absl::StatusOr<UniqueFd> ConnectOnce(const std::vector<SocketAddress>& addresses,
-                                     absl::Time deadline) {
+absl::StatusOr<UniqueFd> ConnectOnce(
+    const std::vector<SocketAddress>& addresses, absl::Time deadline) {
   std::string error = "no address";
   for (const SocketAddress& address : addresses) {
-    UniqueFd fd(::socket(address.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    UniqueFd fd(::socket(address.family,
+                         SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
     if (!fd.valid()) {
       error = absl::StrCat("socket: ", ErrnoText(errno));
       continue;
     }
-    int rc = ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&address.addr),
-                       address.len);
+    int rc =
+        ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&address.addr),
+                  address.len);
     if (rc != 0 && errno == EINPROGRESS) {
       pollfd pfd{fd.get(), POLLOUT, 0};
       do {
@@ -83,7 +85,8 @@ StoreRequest KeysRequest(StoreOp op, absl::Span<const std::string> keys,
   if (op == StoreOp::kWait) {
     const absl::Duration left =
         std::max(deadline - absl::Now(), absl::ZeroDuration());
-    r.timeout_ms = absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1)));
+    r.timeout_ms =
+        absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1)));
   }
   return r;
 }
@@ -92,14 +95,18 @@ StoreRequest KeysRequest(StoreOp op, absl::Span<const std::string> keys,
 
 TcpStore::TcpStore(std::string host, int port, TcpStoreOptions options,
                    UniqueFd fd)
-    : host_(std::move(host)), port_(port), options_(options), fd_(std::move(fd)) {}
+    : host_(std::move(host)),
+      port_(port),
+      options_(options),
+      fd_(std::move(fd)) {}
 
 absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(
     absl::string_view host, int port, absl::Time deadline,
     TcpStoreOptions options) {
   if (port < 1 || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "store server port ", port, " for host '", host, "': expected 1..65535"));
+    return absl::InvalidArgumentError(absl::StrCat("store server port ", port,
+                                                   " for host '", host,
+                                                   "': expected 1..65535"));
   }
   // The server may not be up yet: back off from 10 ms to 500 ms between
   // attempts, the last one cut to the deadline.
@@ -113,8 +120,8 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(
     if (addresses.ok()) {
       absl::StatusOr<UniqueFd> fd = ConnectOnce(*addresses, deadline);
       if (fd.ok()) {
-        return std::unique_ptr<TcpStore>(new TcpStore(
-            std::string(host), port, options, *std::move(fd)));
+        return std::unique_ptr<TcpStore>(
+            new TcpStore(std::string(host), port, options, *std::move(fd)));
       }
       last_error = std::string(fd.status().message());
     } else {
@@ -139,7 +146,8 @@ void TcpStore::Drop() {
 absl::Status TcpStore::Send(absl::string_view bytes, absl::Time deadline) {
   while (!bytes.empty()) {
     // MSG_NOSIGNAL: a server that went away is an error, not a SIGPIPE.
-    const ssize_t n = ::send(fd_.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    const ssize_t n =
+        ::send(fd_.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL);
     if (n >= 0) {
       bytes.remove_prefix(static_cast<size_t>(n));
       continue;
@@ -155,8 +163,9 @@ absl::Status TcpStore::Send(absl::string_view bytes, absl::Time deadline) {
     const int rc = ::poll(&pfd, 1, PollMillis(deadline));
     if (rc == 0) {
       Drop();
-      return absl::DeadlineExceededError(absl::StrCat(
-          "store server ", Where(), " took no request bytes before the deadline"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("store server ", Where(),
+                       " took no request bytes before the deadline"));
     }
   }
   return absl::OkStatus();
@@ -189,8 +198,9 @@ absl::StatusOr<StoreReply> TcpStore::Receive(absl::Time deadline) {
       rx_.append(buffer, static_cast<size_t>(n));
     } else if (n == 0) {
       Drop();
-      return absl::UnavailableError(absl::StrCat(
-          "store server ", Where(), " closed the connection (stopped or crashed)"));
+      return absl::UnavailableError(
+          absl::StrCat("store server ", Where(),
+                       " closed the connection (stopped or crashed)"));
     } else if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
       const int err = errno;
       Drop();
@@ -214,13 +224,13 @@ absl::StatusOr<std::vector<StoreReply>> TcpStore::Call(
     // dead server fail fast.
     absl::StatusOr<std::vector<SocketAddress>> addresses =
         ResolveTcp(host_, port_, /*passive=*/false);
-    absl::StatusOr<UniqueFd> fd = addresses.ok()
-                                      ? ConnectOnce(*addresses, deadline)
-                                      : absl::StatusOr<UniqueFd>(addresses.status());
+    absl::StatusOr<UniqueFd> fd =
+        addresses.ok() ? ConnectOnce(*addresses, deadline)
+                       : absl::StatusOr<UniqueFd>(addresses.status());
     if (!fd.ok()) {
       return absl::UnavailableError(absl::StrCat(
-          "store server ", Where(), " is unreachable after a lost connection: ",
-          fd.status().message()));
+          "store server ", Where(),
+          " is unreachable after a lost connection: ", fd.status().message()));
     }
     fd_ = *std::move(fd);
   }
@@ -242,9 +252,9 @@ absl::StatusOr<StoreReply> TcpStore::CallOne(StoreRequest request,
   if (!replies.ok()) {
     if (replies.status().code() == absl::StatusCode::kDeadlineExceeded &&
         request.op != StoreOp::kWait) {
-      return absl::DeadlineExceededError(
-          absl::StrCat(replies.status().message(), " (", StoreOpName(request.op),
-                       ", timeout ", absl::FormatDuration(options_.timeout), ")"));
+      return absl::DeadlineExceededError(absl::StrCat(
+          replies.status().message(), " (", StoreOpName(request.op),
+          ", timeout ", absl::FormatDuration(options_.timeout), ")"));
     }
     return replies.status();
   }
@@ -254,8 +264,8 @@ absl::StatusOr<StoreReply> TcpStore::CallOne(StoreRequest request,
     std::lock_guard<std::mutex> lock(mu_);
     Drop();
     return absl::UnavailableError(absl::StrCat(
-        "store server ", Where(), " answered ", StoreOpName(request.op), " with ",
-        reply.values.size(), " values: expected ", values));
+        "store server ", Where(), " answered ", StoreOpName(request.op),
+        " with ", reply.values.size(), " values: expected ", values));
   }
   return std::move(reply);
 }
@@ -288,9 +298,9 @@ absl::Status TcpStore::wait(absl::Span<const std::string> keys,
       Call(absl::MakeConstSpan(&request, 1), deadline + options_.wait_grace);
   if (!replies.ok()) {
     if (replies.status().code() == absl::StatusCode::kDeadlineExceeded) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "store keys not all set before the deadline (",
-          replies.status().message(), "): ", KeysText(keys)));
+      return absl::DeadlineExceededError(
+          absl::StrCat("store keys not all set before the deadline (",
+                       replies.status().message(), "): ", KeysText(keys)));
     }
     return replies.status();
   }
@@ -307,9 +317,9 @@ absl::StatusOr<std::vector<std::string>> TcpStore::wait_get(
       Call(requests, deadline + options_.wait_grace);
   if (!replies.ok()) {
     if (replies.status().code() == absl::StatusCode::kDeadlineExceeded) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "store keys not all set before the deadline (",
-          replies.status().message(), "): ", KeysText(keys)));
+      return absl::DeadlineExceededError(
+          absl::StrCat("store keys not all set before the deadline (",
+                       replies.status().message(), "): ", KeysText(keys)));
     }
     return replies.status();
   }
@@ -320,9 +330,9 @@ absl::StatusOr<std::vector<std::string>> TcpStore::wait_get(
   if (values.size() != keys.size()) {
     std::lock_guard<std::mutex> lock(mu_);
     Drop();
-    return absl::UnavailableError(absl::StrCat(
-        "store server ", Where(), " answered GET of ", keys.size(), " keys with ",
-        values.size(), " values"));
+    return absl::UnavailableError(
+        absl::StrCat("store server ", Where(), " answered GET of ", keys.size(),
+                     " keys with ", values.size(), " values"));
   }
   return std::move(values);
 }

@@ -99,8 +99,8 @@ class TcpStore final : public Store {
   const int port_;
   const TcpStoreOptions options_;
   std::mutex mu_;
-  UniqueFd fd_;      // invalid after a lost connection
-  std::string rx_;   // received bytes not yet parsed
+  UniqueFd fd_;     // invalid after a lost connection
+  std::string rx_;  // received bytes not yet parsed
 };
 
 }  // namespace vemesh

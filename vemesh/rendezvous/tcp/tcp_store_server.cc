@@ -19,10 +19,10 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "vemesh/base/status_macros.h"
 #include "vemesh/rendezvous/memory_store.h"
 #include "vemesh/rendezvous/tcp/socket.h"
 #include "vemesh/rendezvous/tcp/wire.h"
-#include "vemesh/base/status_macros.h"
 
 namespace vemesh {
 namespace {
@@ -53,9 +53,9 @@ struct Connection {
   size_t in_off = 0;
   std::string out;  // reply bytes, sent up to out_off
   size_t out_off = 0;
-  uint32_t interest = 0;  // the epoll events registered now
-  bool dead = false;      // closed at the end of this loop turn
-  bool queued = false;    // in the ready list
+  uint32_t interest = 0;         // the epoll events registered now
+  bool dead = false;             // closed at the end of this loop turn
+  bool queued = false;           // in the ready list
   std::optional<Waiter> waiter;  // a parked WAIT: no request is read meanwhile
 };
 
@@ -146,9 +146,9 @@ int TcpStoreServer::Loop::EpollTimeoutMillis() const {
 void TcpStoreServer::Loop::Run() {
   std::vector<epoll_event> events(256);
   while (!stop_.load()) {
-    const int n = ::epoll_wait(epoll_fd_.get(), events.data(),
-                               static_cast<int>(events.size()),
-                               EpollTimeoutMillis());
+    const int n =
+        ::epoll_wait(epoll_fd_.get(), events.data(),
+                     static_cast<int>(events.size()), EpollTimeoutMillis());
     if (n < 0) {
       if (errno == EINTR) continue;
       break;  // the epoll descriptor itself is broken: nothing to serve with
@@ -261,8 +261,7 @@ bool TcpStoreServer::Loop::Read(Connection& c) {
 void TcpStoreServer::Loop::Process(Connection& c) {
   while (!c.dead && !c.waiter &&
          c.out.size() - c.out_off < options_.max_pending_reply_bytes) {
-    ParsedRequest p =
-        ParseRequest(absl::string_view(c.in).substr(c.in_off));
+    ParsedRequest p = ParseRequest(absl::string_view(c.in).substr(c.in_off));
     if (p.outcome == ParsedRequest::kIncomplete) break;
     if (p.outcome == ParsedRequest::kMalformed) {
       // Nothing after a malformed frame can be framed: drop the client.
@@ -307,7 +306,8 @@ void TcpStoreServer::Loop::Flush(Connection& c) {
   }
   c.out.clear();
   c.out_off = 0;
-  if (c.out.capacity() > options_.max_pending_reply_bytes) std::string().swap(c.out);
+  if (c.out.capacity() > options_.max_pending_reply_bytes)
+    std::string().swap(c.out);
 }
 
 void TcpStoreServer::Loop::Reply(Connection& c, StoreReply reply) {
@@ -347,9 +347,9 @@ void TcpStoreServer::Loop::Handle(Connection& c, StoreRequest r) {
       if (missing == r.keys.size()) {
         Reply(c, std::move(reply));
       } else if (r.timeout_ms == 0) {
-        ReplyStatus(c, absl::DeadlineExceededError(
-                           absl::StrCat("store keys never set before the deadline: ",
-                                        MissingKeysText(r.keys, table_))));
+        ReplyStatus(c, absl::DeadlineExceededError(absl::StrCat(
+                           "store keys never set before the deadline: ",
+                           MissingKeysText(r.keys, table_))));
       } else {
         c.waiter = Waiter{std::move(r.keys), missing,
                           absl::Now() + absl::Milliseconds(r.timeout_ms)};
@@ -361,8 +361,8 @@ void TcpStoreServer::Loop::Handle(Connection& c, StoreRequest r) {
     case StoreOp::kAdd: {
       const std::string& key = r.keys[0];
       auto it = table_.find(key);
-      absl::StatusOr<int64_t> current =
-          ParseCounter(key, it == table_.end() ? absl::string_view() : it->second);
+      absl::StatusOr<int64_t> current = ParseCounter(
+          key, it == table_.end() ? absl::string_view() : it->second);
       if (!current.ok()) {
         ReplyStatus(c, current.status());
         return;
@@ -379,8 +379,9 @@ void TcpStoreServer::Loop::Handle(Connection& c, StoreRequest r) {
     case StoreOp::kCompareSet: {
       const std::string& key = r.keys[0];
       auto it = table_.find(key);
-      const absl::string_view current =
-          it == table_.end() ? absl::string_view() : absl::string_view(it->second);
+      const absl::string_view current = it == table_.end()
+                                            ? absl::string_view()
+                                            : absl::string_view(it->second);
       if (current != r.expected) {
         reply.values.emplace_back(current);
         Reply(c, std::move(reply));
@@ -403,7 +404,7 @@ void TcpStoreServer::Loop::Handle(Connection& c, StoreRequest r) {
 }
 
 size_t TcpStoreServer::Loop::FirstMissing(const std::vector<std::string>& keys,
-                                         size_t from) const {
+                                          size_t from) const {
   for (size_t i = from; i < keys.size(); ++i) {
     if (!table_.contains(keys[i])) return i;
   }
@@ -464,8 +465,9 @@ void TcpStoreServer::Loop::ExpireWaits() {
     }
     const std::string missing = MissingKeysText(c->waiter->keys, table_);
     Unpark(*c);
-    ReplyStatus(*c, absl::DeadlineExceededError(absl::StrCat(
-                        "store keys never set before the deadline: ", missing)));
+    ReplyStatus(*c,
+                absl::DeadlineExceededError(absl::StrCat(
+                    "store keys never set before the deadline: ", missing)));
     MakeReady(*c);
   }
 }
@@ -518,7 +520,8 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
   UniqueFd listen_fd;
   std::string last_error = "no address to bind";
   for (const SocketAddress& address : addresses) {
-    UniqueFd fd(::socket(address.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    UniqueFd fd(::socket(address.family,
+                         SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
     if (!fd.valid()) {
       last_error = absl::StrCat("socket: ", ErrnoText(errno));
       continue;
@@ -545,8 +548,8 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
     break;
   }
   if (!listen_fd.valid()) {
-    return absl::UnavailableError(absl::StrCat(
-        "store server cannot listen on ", where, ": ", last_error));
+    return absl::UnavailableError(absl::StrCat("store server cannot listen on ",
+                                               where, ": ", last_error));
   }
   sockaddr_storage bound{};
   socklen_t bound_len = sizeof(bound);
@@ -574,8 +577,8 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
   ev.data.u64 = kWakeId;
   if (!listen_added ||
       ::epoll_ctl(epoll_fd.get(), EPOLL_CTL_ADD, wake_fd.get(), &ev) != 0) {
-    return absl::InternalError(absl::StrCat(
-        "store server on ", where, ": epoll_ctl: ", ErrnoText(errno)));
+    return absl::InternalError(absl::StrCat("store server on ", where,
+                                            ": epoll_ctl: ", ErrnoText(errno)));
   }
   auto loop = std::make_unique<Loop>(std::move(listen_fd), std::move(epoll_fd),
                                      std::move(wake_fd), options);

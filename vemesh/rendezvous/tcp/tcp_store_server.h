@@ -7,7 +7,8 @@
 //       TcpStoreServer::Start("0.0.0.0", 29500);   // port 0: any free port
 //   if (!server.ok()) return server.status();     // port taken: AlreadyExists
 //   int port = (*server)->port();                  // the port actually bound
-//   ...                                            // clients: TcpStore::Connect
+//   ...                                            // clients:
+//   TcpStore::Connect
 //   (*server)->Stop();                             // or let it go out of scope
 //
 // One thread serves every client: non-blocking sockets under epoll, a read

@@ -87,13 +87,15 @@ class Reader {
   // A string of at most `max` bytes; `what` names it in the error.
   bool String(absl::string_view what, size_t max, std::string* out) {
     uint32_t n = 0;
-    if (!U32(&n)) return Fail(absl::StrCat("payload ends inside the length of ", what));
+    if (!U32(&n))
+      return Fail(absl::StrCat("payload ends inside the length of ", what));
     if (n > max) {
-      return Fail(absl::StrCat(what, " of ", n, " bytes: expected at most ", max));
+      return Fail(
+          absl::StrCat(what, " of ", n, " bytes: expected at most ", max));
     }
     if (n > rest_.size()) {
-      return Fail(absl::StrCat(what, " of ", n, " bytes but only ", rest_.size(),
-                               " left in the frame"));
+      return Fail(absl::StrCat(what, " of ", n, " bytes but only ",
+                               rest_.size(), " left in the frame"));
     }
     out->assign(rest_.data(), n);
     rest_.remove_prefix(n);
@@ -101,7 +103,9 @@ class Reader {
   }
   bool Key(std::string* out) {
     if (!String("key", kMaxStoreKeyBytes, out)) return false;
-    if (out->empty()) return Fail("empty key: expected 1.." + std::to_string(kMaxStoreKeyBytes) + " bytes");
+    if (out->empty())
+      return Fail("empty key: expected 1.." +
+                  std::to_string(kMaxStoreKeyBytes) + " bytes");
     return true;
   }
   // A count of items of at least `min_item_bytes` each: checked against the
@@ -113,8 +117,8 @@ class Reader {
       return Fail(absl::StrCat(*n, " ", what, ": expected at most ", max));
     }
     if (*n > rest_.size() / min_item_bytes) {
-      return Fail(absl::StrCat(*n, " ", what, " cannot fit in the ", rest_.size(),
-                               " bytes left in the frame"));
+      return Fail(absl::StrCat(*n, " ", what, " cannot fit in the ",
+                               rest_.size(), " bytes left in the frame"));
     }
     return true;
   }
@@ -146,9 +150,8 @@ bool FramePayload(absl::string_view bytes, absl::string_view* payload,
     return false;
   }
   if (n > kMaxStoreFrameBytes) {
-    *result = Malformed<T>(absl::StrCat("frame of ", n,
-                                        " bytes: expected at most ",
-                                        kMaxStoreFrameBytes));
+    *result = Malformed<T>(absl::StrCat(
+        "frame of ", n, " bytes: expected at most ", kMaxStoreFrameBytes));
     return false;
   }
   if (bytes.size() - kStoreFrameHeaderBytes < n) return false;  // incomplete
@@ -180,13 +183,20 @@ size_t KeysBytes(const std::vector<std::string>& keys) {
 
 std::string StoreOpName(StoreOp op) {
   switch (op) {
-    case StoreOp::kSet: return "SET";
-    case StoreOp::kGet: return "GET";
-    case StoreOp::kWait: return "WAIT";
-    case StoreOp::kAdd: return "ADD";
-    case StoreOp::kCompareSet: return "COMPARE_SET";
-    case StoreOp::kRemove: return "REMOVE";
-    case StoreOp::kPing: return "PING";
+    case StoreOp::kSet:
+      return "SET";
+    case StoreOp::kGet:
+      return "GET";
+    case StoreOp::kWait:
+      return "WAIT";
+    case StoreOp::kAdd:
+      return "ADD";
+    case StoreOp::kCompareSet:
+      return "COMPARE_SET";
+    case StoreOp::kRemove:
+      return "REMOVE";
+    case StoreOp::kPing:
+      return "PING";
   }
   return absl::StrCat("op ", static_cast<int>(op));
 }
@@ -242,7 +252,8 @@ absl::StatusOr<std::string> EncodeRequest(const StoreRequest& r) {
   if (payload > kMaxStoreFrameBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "store ", StoreOpName(r.op), " request",
-        r.keys.empty() ? "" : absl::StrCat(" for '", r.keys[0].substr(0, 64), "'"),
+        r.keys.empty() ? ""
+                       : absl::StrCat(" for '", r.keys[0].substr(0, 64), "'"),
         " is ", payload, " bytes: expected at most ", kMaxStoreFrameBytes,
         " per call (keys, values and framing together)"));
   }
@@ -281,14 +292,15 @@ std::string EncodeReply(const StoreReply& reply) {
   const absl::string_view message =
       absl::string_view(reply.message).substr(0, kMaxStoreMessageBytes);
   size_t payload = 1 + kStringHeaderBytes + message.size() + 4;
-  for (const std::string& v : reply.values) payload += kStringHeaderBytes + v.size();
+  for (const std::string& v : reply.values)
+    payload += kStringHeaderBytes + v.size();
   if (payload > kMaxStoreFrameBytes) {
     StoreReply refused;
     refused.code = absl::StatusCode::kResourceExhausted;
-    refused.message = absl::StrCat(
-        "store reply of ", reply.values.size(), " values is ", payload,
-        " bytes: expected at most ", kMaxStoreFrameBytes,
-        " per call; ask for fewer keys at a time");
+    refused.message =
+        absl::StrCat("store reply of ", reply.values.size(), " values is ",
+                     payload, " bytes: expected at most ", kMaxStoreFrameBytes,
+                     " per call; ask for fewer keys at a time");
     return EncodeReply(refused);
   }
   Writer w(payload);
@@ -308,8 +320,8 @@ ParsedRequest ParseRequest(absl::string_view bytes) {
   r.U8(&op);  // the frame is not empty: cannot fail
   if (!IsKnownOp(op)) {
     return Malformed<StoreRequest>(
-        absl::StrCat("unknown op byte ", static_cast<int>(op),
-                     ": expected 1..", static_cast<int>(StoreOp::kPing)));
+        absl::StrCat("unknown op byte ", static_cast<int>(op), ": expected 1..",
+                     static_cast<int>(StoreOp::kPing)));
   }
   StoreRequest& req = result.message;
   req.op = static_cast<StoreOp>(op);
@@ -336,7 +348,8 @@ ParsedRequest ParseRequest(absl::string_view bytes) {
       ok = ok && r.I64(&req.delta);
       break;
     case StoreOp::kCompareSet:
-      ok = ok && r.String("expected value", kMaxStoreValueBytes, &req.expected) &&
+      ok = ok &&
+           r.String("expected value", kMaxStoreValueBytes, &req.expected) &&
            r.String("desired value", kMaxStoreValueBytes, &req.value);
       break;
     case StoreOp::kRemove:
@@ -363,15 +376,16 @@ ParsedReply ParseReply(absl::string_view bytes) {
   uint8_t code = 0;
   r.U8(&code);  // the frame is not empty: cannot fail
   if (code > kMaxStatusCode) {
-    return Malformed<StoreReply>(absl::StrCat(
-        "reply status code ", static_cast<int>(code), ": expected 0..",
-        static_cast<int>(kMaxStatusCode)));
+    return Malformed<StoreReply>(
+        absl::StrCat("reply status code ", static_cast<int>(code),
+                     ": expected 0..", static_cast<int>(kMaxStatusCode)));
   }
   StoreReply& reply = result.message;
   reply.code = static_cast<absl::StatusCode>(code);
   uint32_t n = 0;
-  bool ok = r.String("reply message", kMaxStoreMessageBytes, &reply.message) &&
-            r.Count("reply values", kMaxStoreKeysPerCall, kStringHeaderBytes, &n);
+  bool ok =
+      r.String("reply message", kMaxStoreMessageBytes, &reply.message) &&
+      r.Count("reply values", kMaxStoreKeysPerCall, kStringHeaderBytes, &n);
   if (ok) {
     reply.values.resize(n);
     for (std::string& v : reply.values) {
@@ -380,7 +394,8 @@ ParsedReply ParseReply(absl::string_view bytes) {
   }
   if (!ok) return Malformed<StoreReply>(r.error());
   if (r.left() != 0) {
-    return Malformed<StoreReply>(absl::StrCat("reply: ", r.left(), " trailing bytes"));
+    return Malformed<StoreReply>(
+        absl::StrCat("reply: ", r.left(), " trailing bytes"));
   }
   result.outcome = ParsedReply::kComplete;
   return result;

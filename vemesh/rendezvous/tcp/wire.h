@@ -28,8 +28,9 @@
 //
 //   std::string in;  // what the socket has delivered so far
 //   ParsedRequest p = ParseRequest(in);
-//   if (p.outcome == ParsedRequest::kComplete) { handle(p.request); in.erase(0, p.consumed); }
-//   if (p.outcome == ParsedRequest::kMalformed) { close(fd); }  // p.error says why
+//   if (p.outcome == ParsedRequest::kComplete) { handle(p.request); in.erase(0,
+//   p.consumed); } if (p.outcome == ParsedRequest::kMalformed) { close(fd); }
+//   // p.error says why
 
 #ifndef VEMESH_RENDEZVOUS_TCP_WIRE_H_
 #define VEMESH_RENDEZVOUS_TCP_WIRE_H_
@@ -71,8 +72,8 @@ struct StoreRequest {
   StoreOp op = StoreOp::kPing;
   // One key for SET, ADD, COMPARE_SET, REMOVE; any number for GET, WAIT.
   std::vector<std::string> keys;
-  std::string value;     // SET: the value; COMPARE_SET: desired
-  std::string expected;  // COMPARE_SET
+  std::string value;       // SET: the value; COMPARE_SET: desired
+  std::string expected;    // COMPARE_SET
   int64_t delta = 0;       // ADD
   int64_t timeout_ms = 0;  // WAIT, relative: the hosts' clocks may differ
 };
@@ -98,8 +99,8 @@ template <typename T>
 struct Parsed {
   enum Outcome { kIncomplete, kMalformed, kComplete };
   Outcome outcome = kIncomplete;
-  std::string error;  // kMalformed: what was wrong
-  T message;          // kComplete
+  std::string error;    // kMalformed: what was wrong
+  T message;            // kComplete
   size_t consumed = 0;  // kComplete: bytes of the frame, header included
 };
 using ParsedRequest = Parsed<StoreRequest>;

@@ -10,9 +10,9 @@
 //
 // Nothing links libnccl or libcudart: one build of vemesh serves CPU-only
 // and GPU hosts (as cupy and nccl4py do), and a program that never asks
-// for a GPU never loads either. In a program that installs nothing, the table is the real
-// one, bound with dlopen/dlsym once, thread-safely, at the first use (the
-// first "cuda" mesh, CudaDeviceCount()):
+// for a GPU never loads either. In a program that installs nothing, the table
+// is the real one, bound with dlopen/dlsym once, thread-safely, at the first
+// use (the first "cuda" mesh, CudaDeviceCount()):
 //
 //   libnccl.so.2                     or the path in VEMESH_NCCL_LIBRARY
 //   libcudart.so.<CUDA major of the headers built against> (13), then
@@ -78,21 +78,19 @@ struct NcclApi {
                                 ncclDataType_t type, ncclRedOp_t op,
                                 ncclComm_t comm, cudaStream_t stream);
   ncclResult_t (*ncclBroadcast)(const void* send, void* recv, size_t count,
-                                ncclDataType_t type, int root,
-                                ncclComm_t comm, cudaStream_t stream);
+                                ncclDataType_t type, int root, ncclComm_t comm,
+                                cudaStream_t stream);
   ncclResult_t (*ncclReduce)(const void* send, void* recv, size_t count,
                              ncclDataType_t type, ncclRedOp_t op, int root,
                              ncclComm_t comm, cudaStream_t stream);
   ncclResult_t (*ncclAllGather)(const void* send, void* recv, size_t count,
                                 ncclDataType_t type, ncclComm_t comm,
                                 cudaStream_t stream);
-  ncclResult_t (*ncclReduceScatter)(const void* send, void* recv,
-                                    size_t count, ncclDataType_t type,
-                                    ncclRedOp_t op, ncclComm_t comm,
-                                    cudaStream_t stream);
-  ncclResult_t (*ncclSend)(const void* send, size_t count,
-                           ncclDataType_t type, int peer, ncclComm_t comm,
-                           cudaStream_t stream);
+  ncclResult_t (*ncclReduceScatter)(const void* send, void* recv, size_t count,
+                                    ncclDataType_t type, ncclRedOp_t op,
+                                    ncclComm_t comm, cudaStream_t stream);
+  ncclResult_t (*ncclSend)(const void* send, size_t count, ncclDataType_t type,
+                           int peer, ncclComm_t comm, cudaStream_t stream);
   ncclResult_t (*ncclRecv)(void* recv, size_t count, ncclDataType_t type,
                            int peer, ncclComm_t comm, cudaStream_t stream);
   // -- CUDA runtime -----------------------------------------------------------
@@ -136,8 +134,7 @@ extern std::atomic<const NcclApi*> installed;
 
 // The table every NCCL and CUDA call of the backend goes through.
 inline const NcclApi& Nccl() {
-  const NcclApi* api =
-      nccl_internal::installed.load(std::memory_order_acquire);
+  const NcclApi* api = nccl_internal::installed.load(std::memory_order_acquire);
   return api != nullptr ? *api : NcclApi::Real();
 }
 

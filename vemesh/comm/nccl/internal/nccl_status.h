@@ -4,7 +4,8 @@
 // NCCL backend:
 //
 //   VEMESH_RETURN_IF_ERROR(NcclStatus(Nccl().ncclGroupEnd(), "ncclGroupEnd"));
-//   VEMESH_RETURN_IF_ERROR(CudaStatus(Nccl().cudaSetDevice(d), "cudaSetDevice"));
+//   VEMESH_RETURN_IF_ERROR(CudaStatus(Nccl().cudaSetDevice(d),
+//   "cudaSetDevice"));
 //
 // NCCL: ncclRemoteError and ncclSystemError are Unavailable (a lost peer, a
 // socket), ncclInvalidArgument and ncclInvalidUsage InvalidArgument,
