@@ -1,7 +1,7 @@
 // vemesh/comm/nccl/internal/nccl_api.h
 //
 // The seam between the NCCL backend and the libraries under it: every NCCL
-// and CUDA runtime function that nccl_communicator.cc calls is one entry of
+// and CUDA runtime function the backend (comm/nccl/*.cc) calls is one entry of
 // NcclApi, reached through Nccl(). Entry points check LoadNccl() first, so
 // a missing library is a Status, never a crash:
 //
