@@ -5,14 +5,22 @@ set(MPI_CXX_SKIP_MPICXX ON)
 find_package(MPI REQUIRED COMPONENTS CXX)
 find_package(Threads REQUIRED)
 # Gloo (Debian libgloo-dev, TCP transport): the CPU backend of env:// jobs.
-find_package(Gloo REQUIRED)
+if(VEMESH_WITH_GLOO)
+  find_package(Gloo REQUIRED)
+else()
+  message(STATUS "vemesh: Gloo backend OFF (VEMESH_WITH_GLOO=OFF)")
+endif()
 # hiredis (Debian libhiredis-dev): the client of RedisStore, the control
 # plane of elastic jobs. Debian ships no CMake config for it, only a .pc.
 # nlohmann/json (Debian nlohmann-json3-dev, header-only): Placement::FromJson
 # reads a placement back; the `vemesh` tool renders its JSON with it.
 find_package(nlohmann_json 3.2 REQUIRED)
-find_package(PkgConfig REQUIRED)
-pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)
+if(VEMESH_WITH_REDIS)
+  find_package(PkgConfig REQUIRED)
+  pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)
+else()
+  message(STATUS "vemesh: RedisStore OFF (VEMESH_WITH_REDIS=OFF)")
+endif()
 
 # The NCCL backend builds on NCCL's and the CUDA runtime's headers alone:
 # libvemesh loads libnccl and libcudart with dlopen at the first use

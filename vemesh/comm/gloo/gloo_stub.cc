@@ -1,0 +1,22 @@
+// GlooCommunicator in a build with VEMESH_WITH_GLOO=OFF (vemesh/CMakeLists.txt
+// compiles this file instead of comm/gloo/*.cc): no Gloo is looked for or
+// linked, and Create, the only way to make a GlooCommunicator, answers
+// Unimplemented naming the option. What builds a Gloo group (a store
+// bootstrap's world, a cpu mesh under env://, an elastic epoch) then fails
+// with that reason instead of failing to link.
+#include "vemesh/comm/gloo/gloo_communicator.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace vemesh {
+
+absl::StatusOr<std::shared_ptr<GlooCommunicator>> GlooCommunicator::Create(
+    std::shared_ptr<Store>, absl::string_view prefix, int rank, int size,
+    std::vector<int>, absl::Duration, absl::string_view) {
+  return absl::UnimplementedError(absl::StrCat(
+      "GlooCommunicator: vemesh was built with VEMESH_WITH_GLOO=OFF (rebuild "
+      "with it ON and libgloo-dev installed); cannot create group '",
+      prefix, "' (rank ", rank, " of ", size, ")"));
+}
+
+}  // namespace vemesh
