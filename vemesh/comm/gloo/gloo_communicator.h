@@ -80,6 +80,10 @@
 // different threads. Splits share their parent's device (one I/O thread),
 // each with its own connections and worker. `native_handle()` must not be
 // used while an operation is in flight (the worker uses the context).
+//
+// A vemesh built with VEMESH_WITH_GLOO=OFF has no Gloo: Create then answers
+// Unimplemented naming the option (comm/gloo/gloo_stub.cc), and so does
+// every world built on it (StoreBootstrap::world, a cpu mesh under env://).
 
 #ifndef VEMESH_COMM_GLOO_GLOO_COMMUNICATOR_H_
 #define VEMESH_COMM_GLOO_GLOO_COMMUNICATOR_H_

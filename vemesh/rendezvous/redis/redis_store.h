@@ -39,6 +39,9 @@
 // connection and are serialised on it, one command at a time, so a thread
 // in wait() holds it only while it polls: other threads' sets through the
 // same RedisStore go through between polls.
+//
+// A vemesh built with VEMESH_WITH_REDIS=OFF has no hiredis: Connect then
+// answers Unimplemented naming the option (rendezvous/redis/redis_stub.cc).
 
 #ifndef VEMESH_RENDEZVOUS_REDIS_REDIS_STORE_H_
 #define VEMESH_RENDEZVOUS_REDIS_REDIS_STORE_H_
