@@ -1,8 +1,12 @@
 # Finds what vemesh builds on. All of it comes from Debian (scripts/setup.sh);
 # CUDA's and NCCL's headers are optional and looked for under /usr/local/cuda.
 find_package(absl REQUIRED)
-set(MPI_CXX_SKIP_MPICXX ON)
-find_package(MPI REQUIRED COMPONENTS CXX)
+if(VEMESH_WITH_MPI)
+  set(MPI_CXX_SKIP_MPICXX ON)
+  find_package(MPI REQUIRED COMPONENTS CXX)
+else()
+  message(STATUS "vemesh: MPI backend and bootstrap OFF (VEMESH_WITH_MPI=OFF)")
+endif()
 find_package(Threads REQUIRED)
 # Gloo (Debian libgloo-dev, TCP transport): the CPU backend of env:// jobs.
 if(VEMESH_WITH_GLOO)

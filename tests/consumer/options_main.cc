@@ -1,7 +1,8 @@
 // Built by tests/consumer/options_off.cmake against a vemesh built with
-// VEMESH_WITH_GLOO=OFF and VEMESH_WITH_REDIS=OFF: each stubbed entry point,
-// and a store bootstrap's world (a Gloo world), answers Unimplemented naming
-// the option that left its backend out. Prints what failed and returns 1.
+// VEMESH_WITH_MPI=OFF, VEMESH_WITH_GLOO=OFF and VEMESH_WITH_REDIS=OFF: each
+// stubbed entry point, a store bootstrap's world (a Gloo world) and an MPI
+// launch answer Unimplemented naming the option that left their backend
+// out. Prints what failed and returns 1.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -36,5 +37,12 @@ int main() {
   vemesh::StoreBootstrap boot(store, 0, 1, "options");
   Expect(boot.world(absl::Now() + absl::Seconds(5), absl::Seconds(5)).status(),
          "StoreBootstrap::world", "VEMESH_WITH_GLOO");
+  // No launcher variables: what was an MPI singleton.
+  Expect(vemesh::LaunchBootstrap(absl::Now() + absl::Seconds(5)).status(),
+         "LaunchBootstrap", "VEMESH_WITH_MPI");
+#ifdef VEMESH_HAVE_MPI
+  std::printf("FAIL VEMESH_HAVE_MPI is defined\n");
+  ++failures;
+#endif
   return failures == 0 ? 0 : 1;
 }

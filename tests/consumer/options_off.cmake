@@ -1,10 +1,10 @@
 # Run by ctest (consumer.options_off): the `install` preset's settings with
-# VEMESH_WITH_GLOO=OFF and VEMESH_WITH_REDIS=OFF, shared, built and
+# VEMESH_WITH_MPI, VEMESH_WITH_GLOO and VEMESH_WITH_REDIS OFF, shared, built and
 # installed into a scratch prefix; then options_consumer (options_main.cc)
 # built against it with find_package(vemesh) and run: every stubbed entry
 # point answers Unimplemented naming its option. Neither the installed
-# libraries (readelf -d, NEEDED) nor the program (ldd) load libgloo or
-# libhiredis.
+# libraries (readelf -d, NEEDED) nor the program (ldd) load libmpi, libgloo
+# or libhiredis, and no MPI header is installed.
 #
 # -D: VEMESH_SOURCE_DIR, VEMESH_CONSUMER_SOURCE, VEMESH_SCRATCH,
 #     CMAKE_CXX_COMPILER, CMAKE_CXX_COMPILER_LAUNCHER (may be empty), JOBS.
@@ -35,7 +35,7 @@ string(TIMESTAMP start "%s")
 execute_process(COMMAND ${CMAKE_COMMAND} --preset install -S ${VEMESH_SOURCE_DIR}
                         -B ${scratch} -DBUILD_SHARED_LIBS=ON
                         -DCMAKE_SHARED_LINKER_FLAGS=-Wl,--no-undefined
-                        -DVEMESH_WITH_GLOO=OFF -DVEMESH_WITH_REDIS=OFF
+                        -DVEMESH_WITH_MPI=OFF -DVEMESH_WITH_GLOO=OFF -DVEMESH_WITH_REDIS=OFF
                         -DCMAKE_CXX_COMPILER=${CMAKE_CXX_COMPILER} ${launcher}
                 WORKING_DIRECTORY ${VEMESH_SOURCE_DIR}
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
@@ -52,10 +52,15 @@ if(NOT installed_libs)
 endif()
 foreach(lib IN LISTS installed_libs)
   run("readelf ${lib}" readelf -d ${lib})
-  if(output MATCHES "NEEDED[^\n]*(libgloo|libhiredis)")
-    list(APPEND failures "${lib} needs Gloo or hiredis:\n${output}")
+  if(output MATCHES "NEEDED[^\n]*(libmpi|libgloo|libhiredis)")
+    list(APPEND failures "${lib} needs MPI, Gloo or hiredis:\n${output}")
   endif()
 endforeach()
+
+file(GLOB_RECURSE mpi_headers ${prefix}/include/vemesh/*/mpi/*)
+if(mpi_headers)
+  list(APPEND failures "MPI headers were installed: ${mpi_headers}")
+endif()
 
 set(dir ${scratch}/_options_consumer)
 run("configuring options_consumer" ${CMAKE_COMMAND} -S ${VEMESH_CONSUMER_SOURCE} -B ${dir}
@@ -68,8 +73,8 @@ run("ldd options_consumer" ldd ${dir}/options_consumer)
 if(output MATCHES "not found")
   list(APPEND failures "options_consumer misses a library:\n${output}")
 endif()
-if(output MATCHES "(^|[\n\t /])(libgloo|libhiredis)[.-]")
-  list(APPEND failures "options_consumer loads Gloo or hiredis:\n${output}")
+if(output MATCHES "(^|[\n\t /])(libmpi|libgloo|libhiredis)[.-]")
+  list(APPEND failures "options_consumer loads MPI, Gloo or hiredis:\n${output}")
 endif()
 
 string(TIMESTAMP done "%s")

@@ -16,11 +16,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "vemesh/base/status_macros.h"
-#include "vemesh/bootstrap/mpi/mpi_bootstrap.h"
 #include "vemesh/bootstrap/rank0_store.h"
 #include "vemesh/bootstrap/store_bootstrap.h"
-#include "vemesh/comm/mpi/mpi_environment.h"
 #include "vemesh/rendezvous/tcp/tcp_store_server.h"
+#ifdef VEMESH_HAVE_MPI
+#include "vemesh/bootstrap/mpi/mpi_bootstrap.h"
+#include "vemesh/comm/mpi/mpi_environment.h"
+#endif
 
 namespace vemesh {
 namespace {
@@ -242,9 +244,17 @@ absl::StatusOr<std::shared_ptr<Bootstrap>> LaunchBootstrap(
                             MakeEnvBootstrap(info, deadline, holder.get()));
     holder->bootstrap = std::move(boot);
   } else {
+#ifdef VEMESH_HAVE_MPI
     VEMESH_ASSIGN_OR_RETURN(
         auto boot, MpiBootstrap::Create(MPI_COMM_WORLD, info.reason, deadline));
     holder->bootstrap = std::move(boot);
+#else
+    return absl::UnimplementedError(absl::StrCat(
+        "an MPI bootstrap (", info.reason,
+        "): vemesh was built with VEMESH_WITH_MPI=OFF (rebuild with it ON and "
+        "an MPI installed, or launch the env:// way: RANK, WORLD_SIZE, "
+        "MASTER_ADDR, MASTER_PORT)"));
+#endif
   }
   kept = holder.release();
   return kept->bootstrap;
@@ -258,11 +268,13 @@ int LauncherRank() {
       return rank;
     }
   }
+#ifdef VEMESH_HAVE_MPI
   if (MpiIsUsable()) {
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     return rank;
   }
+#endif
   return 0;
 }
 

@@ -7,10 +7,26 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "vemesh/base/status_macros.h"
+#ifdef VEMESH_HAVE_MPI
 #include "vemesh/comm/mpi/mpi_environment.h"
+#endif
 #include "vemesh/registry/internal/snapshot_guard.h"
 
 namespace vemesh {
+namespace {
+
+// CheckMpiThread (mpi_environment.h); in a build without MPI there is no
+// MPI to call, and every thread may.
+absl::Status MayCallMpi(absl::string_view what) {
+#ifdef VEMESH_HAVE_MPI
+  return CheckMpiThread(what);
+#else
+  (void)what;
+  return absl::OkStatus();
+#endif
+}
+
+}  // namespace
 
 // Everything a query needs, built once per init and never changed: readers
 // share it without locks. The registry alone owns it (and through `mesh`,
@@ -141,7 +157,7 @@ void VeDeviceMesh::replace(std::unique_ptr<const State> next) {
   WaitForReaders(old.get());
   // Freeing a mesh frees its communicators, which calls MPI: only on a
   // thread that may (mpi_environment.h). Otherwise keep it for later.
-  if (!CheckMpiThread("freeing the replaced mesh").ok()) {
+  if (!MayCallMpi("freeing the replaced mesh").ok()) {
     if (old != nullptr && old->mesh.device_type() != DeviceType::kMeta) {
       retired_.push_back(std::move(old));
     }
@@ -165,7 +181,7 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::init_device_mesh(
   // (A bad device type is left to init_device_mesh to name.)
   if (auto parsed = ParseDeviceType(device_type);
       parsed.ok() && parsed->type != DeviceType::kMeta) {
-    VEMESH_RETURN_IF_ERROR(CheckMpiThread(absl::StrCat(
+    VEMESH_RETURN_IF_ERROR(MayCallMpi(absl::StrCat(
         "VESCALE_DEVICE_MESH.init_device_mesh(\"", device_type, "\")")));
   }
   MeshOptions mesh_options = std::move(options.mesh);
