@@ -41,7 +41,7 @@
 #include "vemesh/comm/communicator.h"
 #include "vemesh/comm/gloo/gloo_communicator.h"
 #include "vemesh/comm/half.h"
-#ifdef VEMESH_HAVE_MPI  // not installed with VEMESH_WITH_MPI=OFF
+#ifndef VEMESH_NO_MPI  // not installed with VEMESH_WITH_MPI=OFF
 #include "vemesh/comm/mpi/mpi_communicator.h"
 #include "vemesh/comm/mpi/mpi_environment.h"
 #include "vemesh/comm/mpi/mpi_request.h"
@@ -55,7 +55,7 @@
 #include "vemesh/bootstrap/bootstrap.h"
 #include "vemesh/bootstrap/bootstrap_over.h"
 #include "vemesh/bootstrap/launch.h"
-#ifdef VEMESH_HAVE_MPI
+#ifndef VEMESH_NO_MPI
 #include "vemesh/bootstrap/mpi/mpi_bootstrap.h"
 #endif
 #include "vemesh/bootstrap/store_bootstrap.h"

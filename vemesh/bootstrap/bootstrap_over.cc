@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "vemesh/base/status_macros.h"
-#ifdef VEMESH_HAVE_MPI
+#ifndef VEMESH_NO_MPI
 #include <mpi.h>
 
 #include "vemesh/bootstrap/mpi/mpi_bootstrap.h"
@@ -20,7 +20,7 @@ absl::StatusOr<std::shared_ptr<Bootstrap>> MakeBootstrapOver(
         "a mesh); got backend '",
         world.backend(), "'"));
   }
-#ifdef VEMESH_HAVE_MPI
+#ifndef VEMESH_NO_MPI
   VEMESH_RETURN_IF_ERROR(MpiUsable("MakeBootstrapOver", world.size()));
   VEMESH_ASSIGN_OR_RETURN(
       auto boot, MpiBootstrap::Create(*static_cast<MPI_Comm*>(native.handle),

@@ -19,7 +19,7 @@
 #include "vemesh/bootstrap/rank0_store.h"
 #include "vemesh/bootstrap/store_bootstrap.h"
 #include "vemesh/rendezvous/tcp/tcp_store_server.h"
-#ifdef VEMESH_HAVE_MPI
+#ifndef VEMESH_NO_MPI
 #include "vemesh/bootstrap/mpi/mpi_bootstrap.h"
 #include "vemesh/comm/mpi/mpi_environment.h"
 #endif
@@ -244,7 +244,7 @@ absl::StatusOr<std::shared_ptr<Bootstrap>> LaunchBootstrap(
                             MakeEnvBootstrap(info, deadline, holder.get()));
     holder->bootstrap = std::move(boot);
   } else {
-#ifdef VEMESH_HAVE_MPI
+#ifndef VEMESH_NO_MPI
     VEMESH_ASSIGN_OR_RETURN(
         auto boot, MpiBootstrap::Create(MPI_COMM_WORLD, info.reason, deadline));
     holder->bootstrap = std::move(boot);
@@ -268,7 +268,7 @@ int LauncherRank() {
       return rank;
     }
   }
-#ifdef VEMESH_HAVE_MPI
+#ifndef VEMESH_NO_MPI
   if (MpiIsUsable()) {
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "vemesh/base/status_macros.h"
-#ifdef VEMESH_HAVE_MPI
+#ifndef VEMESH_NO_MPI
 #include "vemesh/comm/mpi/mpi_environment.h"
 #endif
 #include "vemesh/registry/internal/snapshot_guard.h"
@@ -18,7 +18,7 @@ namespace {
 // CheckMpiThread (mpi_environment.h); in a build without MPI there is no
 // MPI to call, and every thread may.
 absl::Status MayCallMpi(absl::string_view what) {
-#ifdef VEMESH_HAVE_MPI
+#ifndef VEMESH_NO_MPI
   return CheckMpiThread(what);
 #else
   (void)what;
