@@ -28,25 +28,12 @@ macro(fail message)
   message(STATUS "FAIL: ${message}")
 endmacro()
 
-function(run what)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
-  if(rc)
-    message(FATAL_ERROR "${what} failed (${rc}):\n${out}")
-  endif()
-  set(output "${out}" PARENT_SCOPE)
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/common.cmake)
 
-set(launcher)
-if(CMAKE_CXX_COMPILER_LAUNCHER)
-  set(launcher -DCMAKE_CXX_COMPILER_LAUNCHER=${CMAKE_CXX_COMPILER_LAUNCHER})
-endif()
 # A shared floor resolves every symbol in itself and the floors below it:
 # a reference upwards (a cycle between floors) fails its link.
 if(SHARED)
   list(APPEND launcher -DCMAKE_SHARED_LINKER_FLAGS=-Wl,--no-undefined)
-endif()
-if(NOT JOBS)
-  set(JOBS 2)
 endif()
 string(TIMESTAMP start "%s")
 # -B overrides the preset's binaryDir; the preset is read from the source dir.

@@ -15,21 +15,8 @@ set(scratch ${VEMESH_SCRATCH})
 file(REMOVE_RECURSE ${scratch})
 set(prefix ${scratch}/_prefix)
 
-function(run what)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
-  if(rc)
-    message(FATAL_ERROR "${what} failed (${rc}):\n${out}")
-  endif()
-  set(output "${out}" PARENT_SCOPE)
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/common.cmake)
 
-set(launcher)
-if(CMAKE_CXX_COMPILER_LAUNCHER)
-  set(launcher -DCMAKE_CXX_COMPILER_LAUNCHER=${CMAKE_CXX_COMPILER_LAUNCHER})
-endif()
-if(NOT JOBS)
-  set(JOBS 2)
-endif()
 string(TIMESTAMP start "%s")
 # -B overrides the preset's binaryDir; the preset is read from the source dir.
 execute_process(COMMAND ${CMAKE_COMMAND} --preset install -S ${VEMESH_SOURCE_DIR}
