@@ -58,6 +58,13 @@ np=$((hosts * tasks))
 
 # Open MPI's TCP on the hosts' interface only; ranks yield (hosts.sh).
 mh_mpi_env
+# In sanitizer builds the sanitizer's SIGSEGV handler would report the race
+# below as a bare "SEGV ... pc 0x000000000000" with no frames, which cannot
+# be told apart from a vemesh fault. Left to Open MPI's own handler (installed
+# by MPI_Init), the report names the MPI_Init frames that died_in_mpi_init
+# looks for; any other SIGSEGV still fails the job with its backtrace.
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}handle_segv=0"
+export TSAN_OPTIONS="${TSAN_OPTIONS:+$TSAN_OPTIONS:}handle_segv=0"
 out="$MH_STATE/job.out"
 if [[ $launch == srun ]]; then
   cmd=(srun --mpi=pmix -N "$hosts" -n "$np" --distribution="$dist" "$@")
