@@ -5,7 +5,6 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
-#include "absl/hash/hash.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -62,6 +61,7 @@ struct FullyShardedDataParallel::State {
   Group shard, replicate;
   std::vector<Unit> units;
   std::vector<size_t> pending;  // units with a reduction, in issue order
+  std::vector<std::unique_ptr<FlatOptimizer>> optimizers;  // one per unit
   Counters counters;
   // Reductions or gathers that failed in flight keep their buffers here
   // (work.h: a backend may hold them after an abort).
@@ -353,21 +353,49 @@ absl::Status CheckLocally(const DeviceMesh& mesh,
   return absl::OkStatus();
 }
 
+// FNV-1a over what is fed to it: the same on every process (absl::Hash is
+// seeded per process, so it cannot be compared across ranks).
+class Fnv {
+ public:
+  Fnv& Add(absl::string_view bytes) {
+    for (unsigned char c : bytes) h_ = (h_ ^ c) * 0x100000001b3ULL;
+    return Add(static_cast<int64_t>(bytes.size()));
+  }
+  Fnv& Add(int64_t v) {
+    for (int i = 0; i < 8; ++i)
+      h_ = (h_ ^ ((static_cast<uint64_t>(v) >> (8 * i)) & 0xff)) *
+           0x100000001b3ULL;
+    return *this;
+  }
+  uint64_t value() const { return h_; }
+
+ private:
+  uint64_t h_ = 0xcbf29ce484222325ULL;
+};
+
 // What every rank must agree on: the options and every unit's name and
 // shapes. Kept below 2^62 so that its negation fits too.
 int64_t Fingerprint(const std::vector<FsdpUnit>& units, const FsdpOptions& o) {
-  size_t h = absl::HashOf(static_cast<int>(o.sharding_strategy), o.shard_dims,
-                          o.replicate_dims, o.prefetch,
-                          static_cast<int>(o.mixed_precision), units.size());
+  Fnv f;
+  f.Add(static_cast<int64_t>(o.sharding_strategy))
+      .Add(o.prefetch)
+      .Add(static_cast<int64_t>(o.mixed_precision));
+  for (const auto* dims : {&o.shard_dims, &o.replicate_dims}) {
+    f.Add(static_cast<int64_t>(dims->size()));
+    for (const std::string& d : *dims) f.Add(d);
+  }
+  f.Add(static_cast<int64_t>(units.size()));
   for (const FsdpUnit& u : units) {
-    h = absl::HashOf(h, u.name, u.params.size());
+    f.Add(u.name).Add(static_cast<int64_t>(u.params.size()));
     for (const Parameter* p : u.params) {
-      h = p == nullptr ? absl::HashOf(h, -1)
-                       : absl::HashOf(h, p->name, p->value.rows(),
-                                      p->value.cols());
+      if (p == nullptr) {
+        f.Add(-1);
+      } else {
+        f.Add(p->name).Add(p->value.rows()).Add(p->value.cols());
+      }
     }
   }
-  return static_cast<int64_t>(h & ((uint64_t{1} << 62) - 1));
+  return static_cast<int64_t>(f.value() & ((uint64_t{1} << 62) - 1));
 }
 
 // Global min of `v` over the mesh, one all_reduce per dimension (the
@@ -681,6 +709,29 @@ absl::Status FullyShardedDataParallel::SgdStep(double learning_rate) {
   });
 }
 
+absl::Status FullyShardedDataParallel::SetOptimizer(
+    const OptimizerOptions& options) {
+  std::vector<std::unique_ptr<FlatOptimizer>> made;
+  for (const State::Unit& unit : state_->units) {
+    VEMESH_ASSIGN_OR_RETURN(std::unique_ptr<FlatOptimizer> opt,
+                            MakeFlatOptimizer(options, unit.valid_count));
+    made.push_back(std::move(opt));
+  }
+  state_->optimizers = std::move(made);
+  return absl::OkStatus();
+}
+
+absl::Status FullyShardedDataParallel::OptimizerStep() {
+  if (state_->optimizers.empty()) {
+    return absl::FailedPreconditionError(
+        "FSDP OptimizerStep: no optimizer; call SetOptimizer first");
+  }
+  return Step([this](size_t u, absl::Span<double> v,
+                     absl::Span<const double> g) {
+    return state_->optimizers[u]->Step(v, g);
+  });
+}
+
 void FullyShardedDataParallel::ZeroGrad() {
   for (State::Unit& unit : state_->units) {
     std::fill(unit.grad_shard.begin(), unit.grad_shard.end(), 0.0);
@@ -724,16 +775,13 @@ absl::Span<const double> FullyShardedDataParallel::local_grad_shard(
                              unit.valid_count);
 }
 
-FsdpMemory FullyShardedDataParallel::MemoryUsage(
-    int optimizer_slots_per_element) const {
+FsdpMemory FullyShardedDataParallel::MemoryUsage() const {
   const State& st = *state_;
   FsdpMemory m;
   size_t largest = 0, all = 0;
   for (const State::Unit& unit : st.units) {
     m.parameter_shards += unit.shard.size() * sizeof(double);
     m.gradient_shards += unit.grad_shard.size() * sizeof(double);
-    m.optimizer_state += static_cast<size_t>(optimizer_slots_per_element) *
-                         unit.valid_count * sizeof(double);
     for (const Parameter* p : unit.params) {
       m.gathered += static_cast<size_t>(p->value.size() + p->grad.size()) *
                     sizeof(double);
@@ -741,6 +789,7 @@ FsdpMemory FullyShardedDataParallel::MemoryUsage(
     largest = std::max(largest, 2 * unit.numel * sizeof(double));
     all += 2 * unit.numel * sizeof(double);
   }
+  for (const auto& opt : st.optimizers) m.optimizer_state += opt->state_bytes();
   m.gathered_peak = st.frees_after_forward() ? largest : all;
   return m;
 }

@@ -19,7 +19,8 @@
 //   s = fsdp.PreBackward(1); da = fc2.Backward(a, dy); s = fsdp.PostBackward(1);
 //   s = fsdp.PreBackward(0); fc1.Backward(x, dh);      s = fsdp.PostBackward(0);
 //   s = fsdp.FinishBackward();       // gradient shards averaged over DP
-//   s = fsdp.SgdStep(0.1);           // or Step(fn): any optimizer on a shard
+//   s = fsdp.SetOptimizer(OptimizerOptions::AdamW(1e-3));  // once
+//   s = fsdp.OptimizerStep();        // or Step(fn): any rule on a shard
 //   fsdp.ZeroGrad();
 //
 // The modes (PyTorch's ShardingStrategy):
@@ -71,8 +72,9 @@
 // over the replicate group are rounded (data_parallel.h for the argument).
 //
 // Memory. MemoryUsage() says what a rank holds: the padded parameter and
-// gradient shards, the optimizer's state (the caller says how many doubles
-// per element: 0 for SGD, 2 for Adam) and the gathered units right now.
+// gradient shards, the state of the optimizer SetOptimizer installed (one
+// FlatOptimizer per unit over this rank's elements only: sharded) and the
+// gathered units right now.
 //
 // Buffers are host memory: the MPI and Gloo backends ("cpu" meshes). A group
 // on NCCL is FailedPrecondition at Create (a group of one needs no backend).
@@ -96,6 +98,7 @@
 #include "absl/types/span.h"
 #include "vemesh/comm/communicator.h"
 #include "vemesh/mesh/device_mesh.h"
+#include "vemesh/strategies/optimizer.h"
 #include "vemesh/strategies/parameter.h"
 
 namespace vemesh::strategies {
@@ -114,8 +117,8 @@ struct FsdpOptions {
   ShardingStrategy sharding_strategy = ShardingStrategy::kFullShard;
   // Mesh dimensions of the shard and replicate groups; empty: the defaults
   // above.
-  std::vector<std::string> shard_dims;
-  std::vector<std::string> replicate_dims;
+  std::vector<std::string> shard_dims = {};
+  std::vector<std::string> replicate_dims = {};
   // All_gathers started ahead of the unit that needs them, in [0, 64].
   int prefetch = 1;
   MixedPrecision mixed_precision = MixedPrecision::kNone;
@@ -131,7 +134,7 @@ struct FsdpUnit {
 struct FsdpMemory {
   size_t parameter_shards = 0;  // padded master shards
   size_t gradient_shards = 0;   // padded gradient shards
-  size_t optimizer_state = 0;   // slots x valid shard elements x 8
+  size_t optimizer_state = 0;   // the installed optimizer's state_bytes
   size_t gathered = 0;          // parameters and gradients materialised now
   // The most a step materialises at once: the largest unit's parameters
   // and gradients (kFullShard), every unit's (kShardGradOp, kNoShard).
@@ -184,6 +187,12 @@ class FullyShardedDataParallel {
   // materialised. FailedPrecondition while reductions are pending.
   absl::Status Step(const ShardStepFn& step);
   absl::Status SgdStep(double learning_rate);
+  // Installs one FlatOptimizer per unit over this rank's shard (replacing
+  // any before, state and all). InvalidArgument for options out of range
+  // (ValidateOptimizerOptions), with nothing changed.
+  absl::Status SetOptimizer(const OptimizerOptions& options);
+  // Step with the installed optimizer; FailedPrecondition without one.
+  absl::Status OptimizerStep();
   // Zeroes the gradient shards (they accumulate over backward passes).
   void ZeroGrad();
 
@@ -193,7 +202,7 @@ class FullyShardedDataParallel {
   absl::StatusOr<std::vector<Matrix>> FullParameters(size_t u);
   absl::Span<const double> local_shard(size_t u) const;
   absl::Span<const double> local_grad_shard(size_t u) const;
-  FsdpMemory MemoryUsage(int optimizer_slots_per_element = 0) const;
+  FsdpMemory MemoryUsage() const;
 
   size_t num_units() const;
   const std::string& unit_name(size_t u) const;
@@ -213,7 +222,9 @@ class FullyShardedDataParallel {
     int64_t all_gathers = 0;
     int64_t reduce_scatters = 0;
     int64_t all_reduces = 0;
-    int64_t bytes_sent = 0;  // by this rank's algorithm-free count, see .cc
+    // What a ring algorithm sends from this rank: (S - 1) shards per
+    // all_gather and reduce_scatter, 2 (R - 1) / R shards per all_reduce.
+    int64_t bytes_sent = 0;
   };
   const Counters& counters() const;
   const FsdpOptions& options() const;
