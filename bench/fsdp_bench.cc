@@ -223,7 +223,7 @@ void Run(bool smoke) {
     std::printf(
         "\n| bytes sent per rank per step | counted | theory |\n|---|---:|---:|"
         "\n");
-    for (size_t i = 0; i < modes.size(); i += 2) {  // prefetch 0 rows
+    for (size_t i = 0; i < 2; ++i) {  // the prefetch 0 FSDP and HSDP
       const FullyShardedDataParallel& f = *modes[i].fsdp;
       const double sent = static_cast<double>(f.counters().bytes_sent -
                                               bytes_before[i]) /
