@@ -89,11 +89,11 @@ double FsdpStep(Fsdp& f, const Batch& b) {
   const int64_t first = f.fsdp->dp_rank() * rows;
   MPI_Barrier(MPI_COMM_WORLD);
   const double start = MPI_Wtime();
-  Check(hsdp::ForwardBackward(f.model, f.fsdp.get(),
-                              b.x.middleRows(first, rows),
-                              b.y.middleRows(first, rows))
-            .status(),
-        "ForwardBackward");
+  Check(
+      hsdp::ForwardBackward(f.model, f.fsdp.get(), b.x.middleRows(first, rows),
+                            b.y.middleRows(first, rows))
+          .status(),
+      "ForwardBackward");
   Check(f.fsdp->FinishBackward(), "FinishBackward");
   Check(f.fsdp->OptimizerStep(), "OptimizerStep");
   f.fsdp->ZeroGrad();
@@ -110,10 +110,11 @@ double DdpStep(Ddp& d, const Batch& b, int world, int rank) {
   const int64_t rows = b.x.rows() / world;
   MPI_Barrier(MPI_COMM_WORLD);
   const double start = MPI_Wtime();
-  Check(hsdp::ForwardBackward(d.model, nullptr, b.x.middleRows(rank * rows, rows),
-                              b.y.middleRows(rank * rows, rows))
-            .status(),
-        "ForwardBackward");
+  Check(
+      hsdp::ForwardBackward(d.model, nullptr, b.x.middleRows(rank * rows, rows),
+                            b.y.middleRows(rank * rows, rows))
+          .status(),
+      "ForwardBackward");
   Check(d.dp->AverageGradients(d.model.parameters()).status(),
         "AverageGradients");
   Check(d.opt->Step(), "Optimizer::Step");
@@ -163,8 +164,7 @@ void Run(bool smoke) {
   }
   for (int s : {2, 4, 8}) {
     if (s > world || world % s != 0) continue;
-    auto mesh =
-        init_device_mesh("cpu", {world / s, s}, {"replicate", "shard"});
+    auto mesh = init_device_mesh("cpu", {world / s, s}, {"replicate", "shard"});
     Check(mesh.status(), "init_device_mesh");
     Fsdp f = MakeFsdp("hsdp", *mesh, dims,
                       {.sharding_strategy = ShardingStrategy::kHybridShard});
@@ -179,20 +179,20 @@ void Run(bool smoke) {
   // 2. and 3. Step time and bytes.
   auto flat = init_device_mesh("cpu", {world}, {"dp"});
   Check(flat.status(), "init_device_mesh dp");
-  auto two_d = init_device_mesh("cpu", {world / shard, shard},
-                                {"replicate", "shard"});
+  auto two_d =
+      init_device_mesh("cpu", {world / shard, shard}, {"replicate", "shard"});
   Check(two_d.status(), "init_device_mesh 2-D");
   std::vector<Fsdp> modes;
   for (int prefetch : {0, 1}) {
-    modes.push_back(MakeFsdp(absl::StrCat("FSDP FULL_SHARD S=", world,
-                                          ", prefetch ", prefetch),
-                             *flat, dims, {.prefetch = prefetch}));
     modes.push_back(MakeFsdp(
-        absl::StrCat("HSDP (", world / shard, ", ", shard, "), prefetch ",
-                     prefetch),
-        *two_d, dims,
-        {.sharding_strategy = ShardingStrategy::kHybridShard,
-         .prefetch = prefetch}));
+        absl::StrCat("FSDP FULL_SHARD S=", world, ", prefetch ", prefetch),
+        *flat, dims, {.prefetch = prefetch}));
+    modes.push_back(
+        MakeFsdp(absl::StrCat("HSDP (", world / shard, ", ", shard,
+                              "), prefetch ", prefetch),
+                 *two_d, dims,
+                 {.sharding_strategy = ShardingStrategy::kHybridShard,
+                  .prefetch = prefetch}));
   }
   std::vector<std::vector<double>> times(modes.size() + 1);
   const Batch b = hsdp::SyntheticBatch(ddp.model, 0, batch);
@@ -216,21 +216,20 @@ void Run(bool smoke) {
       std::printf("| %s | %.3f | %.3f |\n", modes[i].name.c_str(),
                   1e3 * Median(times[i]), 1e3 * Min(times[i]));
     }
-    std::printf("| DDP (DataParallel, all_reduce after backward) | %.3f | "
-                "%.3f |\n",
-                1e3 * Median(times.back()), 1e3 * Min(times.back()));
+    std::printf(
+        "| DDP (DataParallel, all_reduce after backward) | %.3f | "
+        "%.3f |\n",
+        1e3 * Median(times.back()), 1e3 * Min(times.back()));
     const double p = static_cast<double>(numel * sizeof(double));
     std::printf(
         "\n| bytes sent per rank per step | counted | theory |\n|---|---:|---:|"
         "\n");
     for (size_t i = 0; i < 2; ++i) {  // the prefetch 0 FSDP and HSDP
       const FullyShardedDataParallel& f = *modes[i].fsdp;
-      const double sent = static_cast<double>(f.counters().bytes_sent -
-                                              bytes_before[i]) /
-                          reps;
+      const double sent =
+          static_cast<double>(f.counters().bytes_sent - bytes_before[i]) / reps;
       const double s = f.shard_size(), rr = f.replicate_size();
-      const double theory =
-          3 * (s - 1) / s * p + 2 * (rr - 1) / rr * p / s;
+      const double theory = 3 * (s - 1) / s * p + 2 * (rr - 1) / rr * p / s;
       std::printf("| %s | %.0f | %.0f |\n",
                   i == 0 ? "FSDP: 2 all_gather + reduce_scatter"
                          : "HSDP: + all_reduce of the shard over replicate",

@@ -56,9 +56,11 @@ using vemesh::strategies::MixedPrecision;
 using vemesh::strategies::Optimizer;
 using vemesh::strategies::OptimizerOptions;
 
+// `rank` is -1 before the mesh exists.
 int Fail(int rank, const std::string& what, const absl::Status& s) {
-  std::fprintf(stderr, "[rank %d] hsdp: %s: %s\n", rank, what.c_str(),
-               std::string(s.message()).c_str());
+  std::fprintf(stderr, "%shsdp: %s: %s\n",
+               rank < 0 ? "" : absl::StrCat("[rank ", rank, "] ").c_str(),
+               what.c_str(), std::string(s.message()).c_str());
   std::printf("FAIL %s: %s\n", what.c_str(), std::string(s.message()).c_str());
   std::fflush(stdout);
   return 1;
@@ -84,11 +86,11 @@ int Run() {
       vemesh::ParseMeshSpec(absl::GetFlag(FLAGS_mesh));
   if (!spec.ok()) return Fail(-1, "--mesh", spec.status());
   if (spec->shape.size() != 2) {
-    return Fail(-1, "--mesh",
-                absl::InvalidArgumentError(absl::StrCat(
-                    "--mesh '", absl::GetFlag(FLAGS_mesh), "' has ",
-                    spec->shape.size(),
-                    " dimensions; expected 2 (replicate=R,shard=S)")));
+    return Fail(
+        -1, "--mesh",
+        absl::InvalidArgumentError(absl::StrCat(
+            "--mesh '", absl::GetFlag(FLAGS_mesh), "' has ", spec->shape.size(),
+            " dimensions; expected 2 (replicate=R,shard=S)")));
   }
   absl::StatusOr<OptimizerOptions> opt = OptimizerFromFlag();
   if (!opt.ok()) return Fail(-1, "--optimizer", opt.status());
@@ -177,8 +179,8 @@ int Run() {
       return Fail(rank, "serial", s);
     }
     serial_opt->ZeroGrad();
-    const double rel = std::abs(losses[step] - *loss) /
-                       std::max(std::abs(*loss), 1e-300);
+    const double rel =
+        std::abs(losses[step] - *loss) / std::max(std::abs(*loss), 1e-300);
     if (!(rel <= worst)) {  // NaN too
       worst = rel;
       worst_step = step + 1;
@@ -201,8 +203,8 @@ int Run() {
   for (vemesh::strategies::Parameter* p : serial.parameters()) {
     numel += static_cast<size_t>(p->value.size());
   }
-  const size_t replicated = 2 * numel * sizeof(double) +
-                            serial_opt->state_bytes();
+  const size_t replicated =
+      2 * numel * sizeof(double) + serial_opt->state_bytes();
   const double tolerance = absl::GetFlag(FLAGS_tolerance);
   const bool pass = worst < tolerance && worst_param < tolerance;
   if (print) {

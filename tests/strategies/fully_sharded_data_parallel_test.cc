@@ -42,10 +42,9 @@ struct Mlp {
 Mlp MakeMlp(bool one_unit_per_layer) {
   Mlp m;
   for (size_t i = 0; i + 1 < kDims.size(); ++i) {
-    m.layers.emplace_back(
-        "fc" + std::to_string(i),
-        Deterministic(kDims[i], kDims[i + 1], 0.3 * i) * 0.5,
-        Deterministic(1, kDims[i + 1], 7.0 + i) * 0.1);
+    m.layers.emplace_back("fc" + std::to_string(i),
+                          Deterministic(kDims[i], kDims[i + 1], 0.3 * i) * 0.5,
+                          Deterministic(1, kDims[i + 1], 7.0 + i) * 0.1);
   }
   const int n = static_cast<int>(m.layers.size());
   if (one_unit_per_layer) {
@@ -93,7 +92,8 @@ absl::StatusOr<double> ForwardBackward(Mlp& m, FullyShardedDataParallel* fsdp,
   for (size_t u = m.units.size(); u-- > 0;) {
     if (fsdp) VEMESH_RETURN_IF_ERROR(fsdp->PreBackward(u));
     for (int l = m.units[u].second; l >= m.units[u].first; --l) {
-      if (l + 1 < n) dy = dy.cwiseProduct((pre[l].array() > 0).cast<double>().matrix());
+      if (l + 1 < n)
+        dy = dy.cwiseProduct((pre[l].array() > 0).cast<double>().matrix());
       dy = m.layers[l].Backward(in[l], dy);
     }
     if (fsdp) VEMESH_RETURN_IF_ERROR(fsdp->PostBackward(u));
@@ -176,8 +176,8 @@ std::vector<std::pair<int, int>> Factorisations(int n) {
     const std::vector<std::vector<Matrix>>& got,
     const std::vector<std::vector<Matrix>>& want, double rel) {
   if (got.size() != want.size()) {
-    return ::testing::AssertionFailure() << got.size() << " units vs "
-                                         << want.size();
+    return ::testing::AssertionFailure()
+           << got.size() << " units vs " << want.size();
   }
   for (size_t u = 0; u < got.size(); ++u) {
     for (size_t k = 0; k < want[u].size(); ++k) {
@@ -219,17 +219,16 @@ TEST(FullyShardedDataParallelTest, MatchesSerialOnEveryMeshAndStrategy) {
           // Collectives per step: FULL_SHARD / HYBRID_SHARD gather twice,
           // SHARD_GRAD_OP once; one reduce_scatter per unit.
           const int64_t units = 3;
-          const int sg = s == ShardingStrategy::kNoShard     ? 1
+          const int sg = s == ShardingStrategy::kNoShard       ? 1
                          : s == ShardingStrategy::kHybridShard ? shard
                                                                : n;
-          const int rg = s == ShardingStrategy::kNoShard     ? n
+          const int rg = s == ShardingStrategy::kNoShard       ? n
                          : s == ShardingStrategy::kHybridShard ? rep
                                                                : 1;
           const int64_t gathers =
               sg == 1 ? 0 : (s == ShardingStrategy::kShardGradOp ? 1 : 2);
           EXPECT_EQ(r->counters.all_gathers, kSteps * units * gathers);
-          EXPECT_EQ(r->counters.reduce_scatters,
-                    sg == 1 ? 0 : kSteps * units);
+          EXPECT_EQ(r->counters.reduce_scatters, sg == 1 ? 0 : kSteps * units);
           EXPECT_EQ(r->counters.all_reduces, rg == 1 ? 0 : kSteps * units);
           // Between steps nothing is materialised (NO_SHARD keeps all).
           if (s != ShardingStrategy::kNoShard) {
@@ -245,8 +244,8 @@ TEST(FullyShardedDataParallelTest, SeveralLayersPerUnit) {
   const int n = WorldSize();
   absl::StatusOr<DeviceMesh> mesh = init_device_mesh("cpu", {n}, {"DP_SHARD"});
   ASSERT_TRUE(mesh.ok()) << mesh.status();
-  absl::StatusOr<RunResult> r =
-      FsdpRun(*mesh, {.prefetch = 1}, /*adam=*/true, /*one_unit_per_layer=*/false);
+  absl::StatusOr<RunResult> r = FsdpRun(*mesh, {.prefetch = 1}, /*adam=*/true,
+                                        /*one_unit_per_layer=*/false);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(SameParams(r->params, SerialRun(true, false), 1e-9));
 }
@@ -285,14 +284,14 @@ TEST(FullyShardedDataParallelTest, PaddingAndUnitsSmallerThanTheGroup) {
     const size_t len = (want[u] + n - 1) / n;
     EXPECT_EQ(fsdp->shard_elements(u), len);
     const size_t begin = len * WorldRank();
-    const size_t owned =
-        begin >= want[u] ? 0 : std::min(len, want[u] - begin);
+    const size_t owned = begin >= want[u] ? 0 : std::min(len, want[u] - begin);
     EXPECT_EQ(fsdp->local_shard(u).size(), owned) << "unit " << u;
   }
   // The parameters are freed until a hook needs them.
   EXPECT_EQ(m.layers[0].weight().value.size(), 0);
   ASSERT_TRUE(fsdp->PreForward(0).ok());
-  EXPECT_TRUE(Close(m.layers[0].weight().value, MakeMlp(true).layers[0].weight().value, 0));
+  EXPECT_TRUE(Close(m.layers[0].weight().value,
+                    MakeMlp(true).layers[0].weight().value, 0));
   ASSERT_TRUE(fsdp->PostForward(0).ok());
   EXPECT_EQ(m.layers[0].weight().value.size(), 0);
   // Per-rank state: 1/S of the padded unit.
@@ -402,7 +401,8 @@ TEST(FullyShardedDataParallelTest, BadInputIsInvalidArgumentOnEveryRank) {
     absl::Status s = create({.shard_dims = {"DP_SHARD"}}, m);
     EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
     EXPECT_NE(s.message().find("'DP_SHARD' is not a dimension"),
-              std::string::npos) << s;
+              std::string::npos)
+        << s;
   }
   {
     Mlp m = MakeMlp(true);
@@ -461,10 +461,10 @@ TEST(FullyShardedDataParallelTest, BadInputIsInvalidArgumentOnEveryRank) {
   absl::StatusOr<DeviceMesh> flat = init_device_mesh("cpu", {n}, {"dp"});
   ASSERT_TRUE(flat.ok()) << flat.status();
   Mlp m = MakeMlp(true);
-  absl::Status s =
-      FullyShardedDataParallel::Create(
-          *flat, UnitsOf(m), {.sharding_strategy = ShardingStrategy::kHybridShard})
-          .status();
+  absl::Status s = FullyShardedDataParallel::Create(
+                       *flat, UnitsOf(m),
+                       {.sharding_strategy = ShardingStrategy::kHybridShard})
+                       .status();
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
 }
 

@@ -29,7 +29,9 @@ struct Group {
 enum class Phase { kSharded, kGathering, kGathered };
 
 BFloat16 ToBf16(double x) { return BFloat16(static_cast<float>(x)); }
-double FromBf16(BFloat16 x) { return static_cast<double>(static_cast<float>(x)); }
+double FromBf16(BFloat16 x) {
+  return static_cast<double>(static_cast<float>(x));
+}
 
 }  // namespace
 
@@ -38,8 +40,8 @@ struct FullyShardedDataParallel::State {
     std::string name;
     std::vector<Parameter*> params;
     std::vector<std::pair<int64_t, int64_t>> shapes;
-    size_t numel = 0;      // unpadded elements
-    size_t shard_len = 0;  // elements of one (padded) shard
+    size_t numel = 0;                         // unpadded elements
+    size_t shard_len = 0;                     // elements of one (padded) shard
     size_t valid_begin = 0, valid_count = 0;  // this rank's, in the shard
     std::vector<double> shard;       // master values, padded with zeros
     std::vector<double> grad_shard;  // averaged gradients, accumulated
@@ -81,10 +83,9 @@ struct FullyShardedDataParallel::State {
 
   absl::Status CheckUnit(size_t u, absl::string_view op) const {
     if (u < units.size()) return absl::OkStatus();
-    return absl::InvalidArgumentError(
-        absl::StrCat("FullyShardedDataParallel::", op, ": unit ", u,
-                     " does not exist; expected one of [0, ", units.size(),
-                     ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "FullyShardedDataParallel::", op, ": unit ", u,
+        " does not exist; expected one of [0, ", units.size(), ")"));
   }
 
   // Gives each MPI operation in flight a look, so a backend without a
@@ -125,8 +126,8 @@ struct FullyShardedDataParallel::State {
     if (!w.ok()) return w.status();
     unit.gather_work = *std::move(w);
     ++counters.all_gathers;
-    counters.bytes_sent += static_cast<int64_t>((shard.size - 1) *
-                                                unit.shard_len * elt());
+    counters.bytes_sent +=
+        static_cast<int64_t>((shard.size - 1) * unit.shard_len * elt());
     return absl::OkStatus();
   }
 
@@ -151,7 +152,8 @@ struct FullyShardedDataParallel::State {
           // same way.
           out[j] = bf16() ? FromBf16(ToBf16(unit.shard[at])) : unit.shard[at];
         } else {
-          out[j] = bf16() ? FromBf16(unit.gather_bf16[at]) : unit.gather_f64[at];
+          out[j] =
+              bf16() ? FromBf16(unit.gather_bf16[at]) : unit.gather_f64[at];
         }
       }
     }
@@ -178,8 +180,8 @@ struct FullyShardedDataParallel::State {
     (void)u;
     for (Group* g : {&shard, &replicate}) {
       if (g->comm != nullptr) {
-        g->comm->abort(absl::StrCat("FullyShardedDataParallel: ",
-                                    status.message()));
+        g->comm->abort(
+            absl::StrCat("FullyShardedDataParallel: ", status.message()));
       }
     }
     for (Unit& unit : units) {
@@ -206,8 +208,8 @@ struct FullyShardedDataParallel::State {
   // `u` that are not materialised: start their all_gathers.
   absl::Status Prefetch(size_t u, bool forward) {
     for (int k = 1; k <= options.prefetch; ++k) {
-      const int64_t v = forward ? static_cast<int64_t>(u) + k
-                                : static_cast<int64_t>(u) - k;
+      const int64_t v =
+          forward ? static_cast<int64_t>(u) + k : static_cast<int64_t>(u) - k;
       if (v < 0 || v >= static_cast<int64_t>(units.size())) break;
       VEMESH_RETURN_IF_ERROR(StartGather(static_cast<size_t>(v)));
     }
@@ -247,16 +249,16 @@ namespace {
 // The caller's arguments, checked on this rank alone; fills in the default
 // dimensions.
 absl::Status CheckLocally(const DeviceMesh& mesh,
-                          const std::vector<FsdpUnit>& units,
-                          FsdpOptions& o) {
+                          const std::vector<FsdpUnit>& units, FsdpOptions& o) {
   const std::vector<std::string> names = mesh.mesh_dim_names();
   if (o.prefetch < 0 || o.prefetch > kMaxPrefetch) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("FSDP prefetch ", o.prefetch, " is out of range; expected ",
-                     "0 (off) to ", kMaxPrefetch));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "FSDP prefetch ", o.prefetch, " is out of range; expected ",
+        "0 (off) to ", kMaxPrefetch));
   }
   const ShardingStrategy s = o.sharding_strategy;
-  if (s != ShardingStrategy::kFullShard && s != ShardingStrategy::kShardGradOp &&
+  if (s != ShardingStrategy::kFullShard &&
+      s != ShardingStrategy::kShardGradOp &&
       s != ShardingStrategy::kHybridShard && s != ShardingStrategy::kNoShard) {
     return absl::InvalidArgumentError(absl::StrCat(
         "FSDP sharding_strategy ", static_cast<int>(s), " is not one of ",
@@ -264,10 +266,9 @@ absl::Status CheckLocally(const DeviceMesh& mesh,
   }
   if (o.mixed_precision != MixedPrecision::kNone &&
       o.mixed_precision != MixedPrecision::kBFloat16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("FSDP mixed_precision ",
-                     static_cast<int>(o.mixed_precision),
-                     " is not kNone or kBFloat16"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "FSDP mixed_precision ", static_cast<int>(o.mixed_precision),
+        " is not kNone or kBFloat16"));
   }
   if (o.shard_dims.empty() && o.replicate_dims.empty()) {
     switch (s) {
@@ -291,10 +292,9 @@ absl::Status CheckLocally(const DeviceMesh& mesh,
     }
   }
   if (s == ShardingStrategy::kNoShard && !o.shard_dims.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("FSDP no_shard with shard_dims {",
-                     absl::StrJoin(o.shard_dims, ", "),
-                     "}: no_shard shards nothing; expected no shard_dims"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "FSDP no_shard with shard_dims {", absl::StrJoin(o.shard_dims, ", "),
+        "}: no_shard shards nothing; expected no shard_dims"));
   }
   if ((s == ShardingStrategy::kFullShard ||
        s == ShardingStrategy::kShardGradOp) &&
@@ -310,9 +310,11 @@ absl::Status CheckLocally(const DeviceMesh& mesh,
     const char* what = dims == &o.shard_dims ? "shard" : "replicate";
     for (const std::string& d : *dims) {
       if (!mesh.size(d).ok()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "FSDP ", what, " dimension '", d, "' is not a dimension of the "
-            "mesh; expected one of {", absl::StrJoin(names, ", "), "}"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("FSDP ", what, " dimension '", d,
+                         "' is not a dimension of the "
+                         "mesh; expected one of {",
+                         absl::StrJoin(names, ", "), "}"));
       }
       if (!seen.insert(d).second) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -328,9 +330,9 @@ absl::Status CheckLocally(const DeviceMesh& mesh,
   absl::flat_hash_set<const Parameter*> params;
   for (size_t u = 0; u < units.size(); ++u) {
     if (units[u].params.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "FSDP unit ", u, " ('", units[u].name,
-          "') has no parameters; expected at least one"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("FSDP unit ", u, " ('", units[u].name,
+                       "') has no parameters; expected at least one"));
     }
     for (const Parameter* p : units[u].params) {
       if (p == nullptr) {
@@ -402,8 +404,7 @@ int64_t Fingerprint(const std::vector<FsdpUnit>& units, const FsdpOptions& o) {
 // minimum over each dimension in turn is the minimum over the product).
 absl::Status MinOverMesh(const DeviceMesh& mesh, absl::Span<int64_t> v) {
   for (const std::string& d : mesh.mesh_dim_names()) {
-    VEMESH_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> g,
-                            mesh.get_group(d));
+    VEMESH_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> g, mesh.get_group(d));
     if (g == nullptr || g->size() == 1) continue;
     VEMESH_RETURN_IF_ERROR(g->all_reduce(v, ReduceOp::kMin));
   }
@@ -422,9 +423,8 @@ absl::StatusOr<Group> GroupOf(const DeviceMesh& mesh,
     VEMESH_ASSIGN_OR_RETURN(comm, mesh.flatten(dims));
   }
   if (comm == nullptr) {
-    return absl::InternalError(
-        absl::StrCat("FSDP ", what, " group of {", absl::StrJoin(dims, ", "),
-                     "} is null"));
+    return absl::InternalError(absl::StrCat(
+        "FSDP ", what, " group of {", absl::StrJoin(dims, ", "), "} is null"));
   }
   if (comm->size() > 1 && comm->backend() == "nccl") {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -456,7 +456,8 @@ absl::StatusOr<FullyShardedDataParallel> FullyShardedDataParallel::Create(
   if (agree[0] != fp || -agree[1] != fp) {
     return absl::InvalidArgumentError(absl::StrCat(
         "FSDP: ranks registered different units, shapes or options "
-        "(fingerprints from ", agree[0], " to ", -agree[1], ", this rank ", fp,
+        "(fingerprints from ",
+        agree[0], " to ", -agree[1], ", this rank ", fp,
         "); every rank must pass the same"));
   }
 
@@ -505,8 +506,7 @@ absl::StatusOr<FullyShardedDataParallel> FullyShardedDataParallel::Create(
   return FullyShardedDataParallel(std::move(state));
 }
 
-FullyShardedDataParallel::FullyShardedDataParallel(
-    std::unique_ptr<State> state)
+FullyShardedDataParallel::FullyShardedDataParallel(std::unique_ptr<State> state)
     : state_(std::move(state)) {}
 FullyShardedDataParallel::FullyShardedDataParallel(
     FullyShardedDataParallel&&) noexcept = default;
@@ -573,8 +573,8 @@ absl::Status FullyShardedDataParallel::PostBackward(size_t u) {
     if (g.rows() != unit.shapes[k].first || g.cols() != unit.shapes[k].second) {
       return absl::InvalidArgumentError(absl::StrCat(
           "FSDP PostBackward(", u, "): gradient of '", unit.params[k]->name,
-          "' is ", g.rows(), "x", g.cols(), "; expected ",
-          unit.shapes[k].first, "x", unit.shapes[k].second));
+          "' is ", g.rows(), "x", g.cols(), "; expected ", unit.shapes[k].first,
+          "x", unit.shapes[k].second));
     }
     for (int64_t j = 0; j < g.size(); ++j, ++at) {
       if (st.bf16()) {
@@ -605,15 +605,14 @@ absl::Status FullyShardedDataParallel::PostBackward(size_t u) {
     } else {
       unit.rs_out_f64.resize(unit.shard_len);
       w = st.shard.comm->ireduce_scatter(unit.rs_f64.data(),
-                                         unit.rs_out_f64.data(),
-                                         unit.shard_len, DataType::kFloat64,
-                                         ReduceOp::kSum);
+                                         unit.rs_out_f64.data(), unit.shard_len,
+                                         DataType::kFloat64, ReduceOp::kSum);
     }
     if (!w.ok()) return st.Abandon(u, w.status());
     unit.rs_work = *std::move(w);
     ++st.counters.reduce_scatters;
-    st.counters.bytes_sent += static_cast<int64_t>((st.shard.size - 1) *
-                                                   unit.shard_len * st.elt());
+    st.counters.bytes_sent +=
+        static_cast<int64_t>((st.shard.size - 1) * unit.shard_len * st.elt());
   }
   st.Progress();
   return absl::OkStatus();
@@ -642,9 +641,9 @@ absl::Status FullyShardedDataParallel::FinishBackward() {
     unit.ar_work = *std::move(w);
     ++st.counters.all_reduces;
     // A ring all_reduce sends 2 (R - 1) / R of the buffer.
-    st.counters.bytes_sent += static_cast<int64_t>(
-        2 * (st.replicate.size - 1) * unit.shard_len * st.elt() /
-        st.replicate.size);
+    st.counters.bytes_sent +=
+        static_cast<int64_t>(2 * (st.replicate.size - 1) * unit.shard_len *
+                             st.elt() / st.replicate.size);
   }
   const double scale = 1.0 / (st.shard.size * st.replicate.size);
   for (size_t u : st.pending) {
@@ -682,8 +681,8 @@ absl::Status FullyShardedDataParallel::Step(const ShardStepFn& step) {
       VEMESH_RETURN_IF_ERROR(st.FinishGather(u));
     }
     VEMESH_RETURN_IF_ERROR(step(
-        u, absl::MakeSpan(unit.shard.data() + unit.valid_begin,
-                          unit.valid_count),
+        u,
+        absl::MakeSpan(unit.shard.data() + unit.valid_begin, unit.valid_count),
         absl::MakeConstSpan(unit.grad_shard.data() + unit.valid_begin,
                             unit.valid_count)));
   }
@@ -726,10 +725,10 @@ absl::Status FullyShardedDataParallel::OptimizerStep() {
     return absl::FailedPreconditionError(
         "FSDP OptimizerStep: no optimizer; call SetOptimizer first");
   }
-  return Step([this](size_t u, absl::Span<double> v,
-                     absl::Span<const double> g) {
-    return state_->optimizers[u]->Step(v, g);
-  });
+  return Step(
+      [this](size_t u, absl::Span<double> v, absl::Span<const double> g) {
+        return state_->optimizers[u]->Step(v, g);
+      });
 }
 
 void FullyShardedDataParallel::ZeroGrad() {
@@ -761,8 +760,7 @@ absl::StatusOr<std::vector<Matrix>> FullyShardedDataParallel::FullParameters(
   return out;
 }
 
-absl::Span<const double> FullyShardedDataParallel::local_shard(
-    size_t u) const {
+absl::Span<const double> FullyShardedDataParallel::local_shard(size_t u) const {
   const State::Unit& unit = state_->units.at(u);
   return absl::MakeConstSpan(unit.shard.data() + unit.valid_begin,
                              unit.valid_count);
