@@ -141,6 +141,19 @@ TEST(DistributedOptimizerTest, DpGroupsOfA2DMeshMatchSerial) {
   CheckAll();
 }
 
+// torchtitan's names: DP is DP_REPLICATE x DP_SHARD, flattened.
+TEST(DistributedOptimizerTest, ReplicateTimesShardMatchesSerial) {
+  const int n = WorldSize();
+  if (n < 4) GTEST_SKIP() << "needs 4 ranks";
+  if (n == 8) {
+    ASSERT_TRUE(InitMesh({2, 2, 2}, {"DP_REPLICATE", "DP_SHARD", "TP"}));
+  } else {
+    ASSERT_TRUE(InitMesh({2, n / 2}, {"DP_REPLICATE", "DP_SHARD"}));
+  }
+  EXPECT_EQ(DpSize(), 4);
+  CheckAll();
+}
+
 TEST(DistributedOptimizerTest, MeshWithoutDpIsAPlainOptimizer) {
   ASSERT_TRUE(InitMesh({WorldSize()}, {"PP"}));
   CheckAgainstSerial(kAwkward, OptimizerKind::kAdamW, ZeroStage::kTwo);
