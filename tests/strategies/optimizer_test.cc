@@ -185,6 +185,10 @@ TEST(Optimizer, StepsParametersLikeFlatRuns) {
   for (int i = 0; i < 6; ++i) EXPECT_EQ(w.value.data()[i], all[i]);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(b.value.data()[i], all[6 + i]);
   EXPECT_EQ(opt->step_count(), 3);
+  EXPECT_EQ(OptimizerStateBytes(o, 9), opt->state_bytes());
+  EXPECT_EQ(ReplicatedStateBytes(o, 9).total(), 9 * 4 * sizeof(double));
+  EXPECT_EQ(OptimizerStateBytes(OptimizerOptions::Sgd(0.1), 9), 0u);
+  EXPECT_EQ(OptimizerStateBytes(OptimizerOptions::Sgd(0.1, 0.9), 9), 72u);
 }
 
 TEST(Optimizer, RejectsNullRepeatedAndResizedParameters) {

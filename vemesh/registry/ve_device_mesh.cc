@@ -46,6 +46,12 @@ struct VeDeviceMesh::State {
   std::optional<int64_t> peers[2][2];
   // A copy of the mesh's layout, read without a call into DeviceMesh.
   MeshLayout layout_copy = mesh.layout();
+  // A mesh without DP but with DP_REPLICATE and DP_SHARD: their dimensions
+  // (in that order), whose flattening plays DP; else empty.
+  std::vector<int64_t> dp_parts = {};
+  // That flattening, the 1-D mesh holding this rank (members of a cpu or
+  // cuda mesh made by init_device_mesh).
+  std::optional<DeviceMesh> dp_flat = std::nullopt;
 
   const MeshLayout& layout() const { return layout_copy; }
 };
@@ -96,7 +102,27 @@ absl::Status NotMember(const DeviceMesh& mesh) {
 bool IsKnownRole(absl::string_view name) {
   return absl::EqualsIgnoreCase(name, "PP") ||
          absl::EqualsIgnoreCase(name, "DP") ||
-         absl::EqualsIgnoreCase(name, "TP");
+         absl::EqualsIgnoreCase(name, "TP") ||
+         absl::EqualsIgnoreCase(name, "DP_REPLICATE") ||
+         absl::EqualsIgnoreCase(name, "DP_SHARD");
+}
+
+// torchtitan's data-parallel dimensions: DP_REPLICATE (HSDP's replicas) and
+// DP_SHARD (FSDP's shards). On a mesh without DP, the data-parallel role is
+// their flattening, replicate-major: the dimensions of the ones present, in
+// that order.
+absl::StatusOr<std::vector<int64_t>> DataParallelParts(
+    const MeshLayout& layout) {
+  std::vector<int64_t> parts;
+  for (absl::string_view role : {"DP_REPLICATE", "DP_SHARD"}) {
+    absl::StatusOr<int64_t> d = layout.find_role(role);
+    if (d.ok()) {
+      parts.push_back(*d);
+    } else if (!absl::IsNotFound(d.status())) {
+      return d.status();
+    }
+  }
+  return parts;
 }
 
 // The dimension that plays `role` (MeshLayout::find_role: by name, whatever
@@ -107,6 +133,11 @@ absl::StatusOr<int64_t> RoleDim(const MeshLayout& layout,
                                 absl::string_view role) {
   absl::StatusOr<int64_t> found = layout.find_role(role);
   if (found.ok() || !absl::IsNotFound(found.status())) return found;
+  if (absl::EqualsIgnoreCase(role, "DP")) {
+    // One of DP_REPLICATE / DP_SHARD alone is DP; both: see dp_parts.
+    VEMESH_ASSIGN_OR_RETURN(auto parts, DataParallelParts(layout));
+    if (parts.size() == 1) return parts[0];
+  }
   if (layout.ndim() == 1 &&
       (absl::EqualsIgnoreCase(role, "DP") ||
        absl::EqualsIgnoreCase(role, "TP")) &&
@@ -211,7 +242,7 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::init_device_mesh(
   VEMESH_ASSIGN_OR_RETURN(
       auto mesh, vemesh::init_device_mesh(device_type, mesh_shape,
                                           mesh_dim_names, mesh_options));
-  VEMESH_ASSIGN_OR_RETURN(auto state, MakeState(mesh));
+  VEMESH_ASSIGN_OR_RETURN(auto state, MakeState(mesh, /*collective=*/true));
   replace(std::move(state));
   elastic_view_.store(nullptr);
   elastic_.reset();
@@ -219,10 +250,29 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::init_device_mesh(
 }
 
 absl::StatusOr<std::unique_ptr<const VeDeviceMesh::State>>
-VeDeviceMesh::MakeState(const DeviceMesh& mesh) {
+VeDeviceMesh::MakeState(const DeviceMesh& mesh, bool collective) {
   auto state = std::make_unique<State>(
       State{mesh, std::nullopt, {}, -1, mesh.shape(), {}});
   VEMESH_ASSIGN_OR_RETURN(state->pp_dim, RoleDim(state->layout(), "PP"));
+  if (RoleDim(state->layout(), "DP").value_or(0) < 0) {
+    VEMESH_ASSIGN_OR_RETURN(auto parts, DataParallelParts(state->layout()));
+    if (parts.size() == 2) {
+      state->dp_parts = parts;
+      // Collective (every rank of the world, as init_device_mesh is): the
+      // DP communicator, made once here so that queries never communicate.
+      if (collective && mesh.device_type() != DeviceType::kMeta) {
+        const std::vector<std::string> dims = {
+            state->layout().dim_name(parts[0]),
+            state->layout().dim_name(parts[1])};
+        absl::StatusOr<DeviceMesh> flat = mesh.flatten_mesh(dims);
+        if (flat.ok()) {
+          state->dp_flat = *std::move(flat);
+        } else if (mesh.has_self()) {
+          return flat.status();
+        }
+      }
+    }
+  }
   if (mesh.has_self()) {
     auto coordinate = mesh.get_coordinate();
     if (!coordinate.ok()) return coordinate.status();
@@ -471,11 +521,29 @@ absl::StatusOr<DeviceType> VeDeviceMesh::device_type() const {
 // -- Roles
 // ---------------------------------------------------------------------
 
+// Whether `role` is DP answered by the flattening of DP_REPLICATE x DP_SHARD.
+bool VeDeviceMesh::IsFlatDp(const State& s, absl::string_view role) {
+  return !s.dp_parts.empty() && absl::EqualsIgnoreCase(role, "DP");
+}
+
+absl::Status VeDeviceMesh::NoFlatDp(const State& s) {
+  if (s.dp_flat.has_value()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the data-parallel group of ", s.layout().ToString(), " (",
+      s.layout().dim_name(s.dp_parts[0]), " x ",
+      s.layout().dim_name(s.dp_parts[1]),
+      ") exists only on a cpu or cuda mesh made by init_device_mesh, not on "
+      "a meta or elastic one"));
+}
+
 absl::StatusOr<int64_t> VeDeviceMesh::get_role_size(
     absl::string_view role) const {
   const Snapshot snap(*this);
   const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
+  if (IsFlatDp(*s, role)) {
+    return s->shape[s->dp_parts[0]] * s->shape[s->dp_parts[1]];
+  }
   VEMESH_ASSIGN_OR_RETURN(const int64_t d, RoleDim(s->layout(), role));
   return d < 0 ? 1 : s->layout().dim_size(d);
 }
@@ -486,6 +554,10 @@ absl::StatusOr<int64_t> VeDeviceMesh::get_role_rank(
   const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
   if (!s->coordinate) return NotMember(s->mesh);
+  if (IsFlatDp(*s, role)) {
+    return (*s->coordinate)[s->dp_parts[0]] * s->shape[s->dp_parts[1]] +
+           (*s->coordinate)[s->dp_parts[1]];
+  }
   VEMESH_ASSIGN_OR_RETURN(const int64_t d, RoleDim(s->layout(), role));
   return d < 0 ? 0 : (*s->coordinate)[d];
 }
@@ -495,6 +567,11 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::get_role_mesh(
   const Snapshot snap(*this);
   const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
+  if (IsFlatDp(*s, role)) {
+    if (!s->coordinate) return NotMember(s->mesh);
+    VEMESH_RETURN_IF_ERROR(NoFlatDp(*s));
+    return *s->dp_flat;
+  }
   VEMESH_ASSIGN_OR_RETURN(const int64_t d, RoleDim(s->layout(), role));
   if (d < 0) return MissingRole(s->layout(), role);
   if (!s->coordinate) return NotMember(s->mesh);
@@ -506,6 +583,11 @@ absl::StatusOr<std::shared_ptr<Communicator>> VeDeviceMesh::get_role_dim_groups(
   const Snapshot snap(*this);
   const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
+  if (IsFlatDp(*s, role)) {
+    if (!s->coordinate) return NotMember(s->mesh);
+    VEMESH_RETURN_IF_ERROR(NoFlatDp(*s));
+    return s->dp_flat->get_group();
+  }
   VEMESH_ASSIGN_OR_RETURN(const int64_t d, RoleDim(s->layout(), role));
   if (d < 0) return MissingRole(s->layout(), role);
   return s->mesh.get_group(d);
@@ -517,6 +599,12 @@ absl::StatusOr<std::vector<DeviceMesh>> VeDeviceMesh::get_global_role_meshes(
   const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
   const MeshLayout& layout = s->layout();
+  if (IsFlatDp(*s, role)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "get_global_role_meshes('", role, "'): DP is the flattening of ",
+        layout.dim_name(s->dp_parts[0]), " x ", layout.dim_name(s->dp_parts[1]),
+        " on ", layout.ToString(), "; ask for either of them"));
+  }
   VEMESH_ASSIGN_OR_RETURN(const int64_t d, RoleDim(layout, role));
   if (d < 0) return MissingRole(layout, role);
   const std::vector<std::string> dims = {layout.dim_name(d)};

@@ -34,6 +34,22 @@
 // role the mesh lacks has size 1 and rank 0; asking for its mesh or group is
 // NotFound.
 //
+// torchtitan's data-parallel dimensions: on a mesh without DP, the DP role is
+// DP_REPLICATE x DP_SHARD flattened replicate-major (size R x S, DP rank =
+// replicate rank x S + shard rank), so DataParallel and the distributed
+// optimizer run over both unchanged; each remains a role of its own:
+//
+//   init_device_mesh("cpu", {2, 2, 2}, {"DP_REPLICATE", "DP_SHARD", "TP"});
+//   VESCALE_DEVICE_MESH.get_role_size("DP");              // 4
+//   VESCALE_DEVICE_MESH.get_data_parallel_dim_groups();   // rank 5: [1,3,5,7]
+//   VESCALE_DEVICE_MESH.get_role_rank("DP_SHARD");        // rank 5: 0
+//
+// init_device_mesh makes that group once (a DeviceMesh::flatten of the two,
+// named "DP_REPLICATE_DP_SHARD"), so the getters never communicate. One of
+// them alone is DP itself; an explicit DP dimension wins over both. A meta
+// (or elastic) mesh has the size and rank but no DP group (FailedPrecondition),
+// and get_global_role_meshes("DP") is Unimplemented on such a mesh.
+//
 // Every query costs O(ndim) arithmetic on the layout: no scan of the world and
 // no communication. Every method that can fail returns a Status; before
 // `init_device_mesh` (or after `reset`) each one is FailedPrecondition, saying
@@ -281,8 +297,12 @@ class VeDeviceMesh {
   absl::StatusOr<std::optional<int64_t>> stage_peer(int64_t shift,
                                                     bool wrap) const;
   // The registry's state for `mesh`: its sub-meshes and stage peers.
+  // `collective` (init_device_mesh: every rank calls it) also flattens
+  // DP_REPLICATE x DP_SHARD into the DP group.
   static absl::StatusOr<std::unique_ptr<const State>> MakeState(
-      const DeviceMesh& mesh);
+      const DeviceMesh& mesh, bool collective = false);
+  static bool IsFlatDp(const State& s, absl::string_view role);
+  static absl::Status NoFlatDp(const State& s);
   // Makes an elastic epoch's mesh current (from the elastic mesh).
   absl::Status publish_epoch(const DeviceMesh& mesh);
 

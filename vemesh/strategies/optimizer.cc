@@ -122,6 +122,18 @@ absl::Status ValidateOptimizerOptions(const OptimizerOptions& o) {
   return absl::OkStatus();
 }
 
+size_t OptimizerStateBytes(const OptimizerOptions& options, size_t elements) {
+  if (options.kind == OptimizerKind::kAdamW)
+    return 2 * elements * sizeof(double);
+  return options.momentum > 0 ? elements * sizeof(double) : 0;
+}
+
+TrainingStateBytes ReplicatedStateBytes(const OptimizerOptions& options,
+                                        size_t elements) {
+  return {elements * sizeof(double), elements * sizeof(double),
+          OptimizerStateBytes(options, elements)};
+}
+
 absl::Status FlatOptimizer::Step(absl::Span<double> value,
                                  absl::Span<const double> grad) {
   if (value.size() != size_ || grad.size() != size_) {

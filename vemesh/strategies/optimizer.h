@@ -96,6 +96,24 @@ struct OptimizerOptions {
 // OK, or InvalidArgument naming the first option out of range.
 absl::Status ValidateOptimizerOptions(const OptimizerOptions& options);
 
+// Bytes of optimizer state for `elements` values (what a FlatOptimizer of
+// that size reports): SGD 0 or 8 per value with momentum, AdamW 16.
+size_t OptimizerStateBytes(const OptimizerOptions& options, size_t elements);
+
+// What one rank keeps across steps to train: the memory a sharding strategy
+// saves is counted here (transient buffers of one step are not).
+struct TrainingStateBytes {
+  size_t parameters = 0;
+  size_t gradients = 0;
+  size_t optimizer_state = 0;
+  size_t total() const { return parameters + gradients + optimizer_state; }
+};
+
+// Replicated training (serial, DataParallel) of `elements` values: full
+// parameters, full gradients and full optimizer state on every rank.
+TrainingStateBytes ReplicatedStateBytes(const OptimizerOptions& options,
+                                        size_t elements);
+
 // The update rule and state of one flat run of `size()` values.
 class FlatOptimizer {
  public:

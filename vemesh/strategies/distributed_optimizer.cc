@@ -1,0 +1,337 @@
+#include "vemesh/strategies/distributed_optimizer.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "vemesh/base/status_macros.h"
+#include "vemesh/comm/half.h"
+#include "vemesh/registry/ve_device_mesh.h"
+
+namespace vemesh::strategies {
+namespace {
+
+absl::StatusOr<RoleGroup> CurrentDpGroup() {
+  return RoleGroupFrom(VESCALE_DEVICE_MESH.get_data_parallel_dim_groups(),
+                       "DP");
+}
+
+// FNV-1a over the shapes, to compare parameter lists across ranks in one
+// number.
+int64_t ShapeHash(const std::vector<std::pair<int64_t, int64_t>>& shapes) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](int64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= static_cast<uint64_t>(v >> (8 * i)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  };
+  for (const auto& [rows, cols] : shapes) {
+    mix(rows);
+    mix(cols);
+  }
+  return static_cast<int64_t>(h);
+}
+
+// What Create exchanges over DP, per rank.
+enum Signature { kOk, kCount, kElements, kHash, kSignatureSize };
+
+}  // namespace
+
+absl::StatusOr<ZeroStage> ParseZeroStage(absl::string_view text) {
+  if (text == "1") return ZeroStage::kOne;
+  if (text == "2") return ZeroStage::kTwo;
+  return absl::InvalidArgumentError(
+      absl::StrCat("ZeRO stage '", text, "' is unknown: expected 1 or 2"));
+}
+
+absl::StatusOr<std::unique_ptr<DistributedOptimizer>>
+DistributedOptimizer::Create(const DistributedOptimizerOptions& options,
+                             std::vector<Parameter*> params) {
+  // This rank's verdict on its own input; shared below before anyone
+  // returns, so that no rank waits in a collective for one that left.
+  std::string local_error;
+  if (absl::Status s = ValidateOptimizerOptions(options.optimizer); !s.ok()) {
+    local_error = std::string(s.message());
+  } else if (options.stage != ZeroStage::kOne &&
+             options.stage != ZeroStage::kTwo) {
+    local_error = absl::StrCat("ZeRO stage ", static_cast<int>(options.stage),
+                               " is unknown: expected 1 or 2");
+  }
+  std::vector<std::pair<int64_t, int64_t>> shapes;
+  absl::flat_hash_set<const Parameter*> seen;
+  size_t elements = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Parameter* p = params[i];
+    if (p == nullptr) {
+      if (local_error.empty()) {
+        local_error = absl::StrCat("parameter ", i, " is null");
+      }
+      continue;
+    }
+    if (!seen.insert(p).second && local_error.empty()) {
+      local_error =
+          absl::StrCat("parameter ", i, " ('", p->name, "') is listed twice");
+    }
+    shapes.emplace_back(p->value.rows(), p->value.cols());
+    elements += static_cast<size_t>(p->value.size());
+  }
+
+  VEMESH_ASSIGN_OR_RETURN(RoleGroup dp, CurrentDpGroup());
+  const int64_t mine[kSignatureSize] = {
+      local_error.empty() ? 1 : 0, static_cast<int64_t>(shapes.size()),
+      static_cast<int64_t>(elements), ShapeHash(shapes)};
+  std::vector<int64_t> all(mine, mine + kSignatureSize);
+  if (dp.size > 1) {
+    all.resize(kSignatureSize * dp.size);
+    VEMESH_RETURN_IF_ERROR(
+        dp.comm->all_gather(absl::MakeConstSpan(mine), absl::MakeSpan(all)));
+  }
+  if (!local_error.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DistributedOptimizer: ", local_error));
+  }
+  for (int r = 0; r < dp.size; ++r) {
+    const int64_t* theirs = &all[kSignatureSize * r];
+    if (theirs[kOk] == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "DistributedOptimizer: DP rank ", r,
+          " rejected its own input (its error names it); no rank proceeds"));
+    }
+    if (theirs[kCount] != mine[kCount] ||
+        theirs[kElements] != mine[kElements] || theirs[kHash] != mine[kHash]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "DistributedOptimizer: DP ranks disagree on the parameters: DP "
+          "rank ",
+          dp.rank, " has ", mine[kCount], " parameters of ", mine[kElements],
+          " values in all, DP rank ", r, " has ", theirs[kCount], " of ",
+          theirs[kElements],
+          theirs[kCount] == mine[kCount] && theirs[kElements] == mine[kElements]
+              ? " (the same counts, different shapes)"
+              : "",
+          "; every DP rank must pass the same shapes in the same order"));
+    }
+  }
+
+  auto opt = std::unique_ptr<DistributedOptimizer>(new DistributedOptimizer);
+  opt->options_ = options;
+  opt->params_ = std::move(params);
+  opt->shapes_ = std::move(shapes);
+  opt->dp_size_ = dp.size;
+  opt->dp_rank_ = dp.rank;
+  opt->elements_ = elements;
+  opt->shard_ = (elements + dp.size - 1) / dp.size;
+  size_t at = 0;
+  for (const Parameter* p : opt->params_) {
+    opt->offsets_.push_back(at);
+    at += static_cast<size_t>(p->value.size());
+  }
+  VEMESH_ASSIGN_OR_RETURN(opt->shard_optimizer_,
+                          MakeFlatOptimizer(options.optimizer, opt->shard_));
+  if (options.stage == ZeroStage::kTwo) {
+    opt->grad_shard_.assign(opt->shard_, 0.0);
+  }
+  return opt;
+}
+
+std::string DistributedOptimizer::LocalShapeError() const {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Parameter& p = *params_[i];
+    const auto [rows, cols] = shapes_[i];
+    if (p.value.rows() != rows || p.value.cols() != cols) {
+      return absl::StrCat("parameter '", p.name, "' is ", p.value.rows(), "x",
+                          p.value.cols(), " but was ", rows, "x", cols,
+                          " at Create");
+    }
+    if (p.grad.rows() != rows || p.grad.cols() != cols) {
+      return absl::StrCat(
+          "parameter '", p.name, "' has a ", p.grad.rows(), "x", p.grad.cols(),
+          " gradient for a ", rows, "x", cols,
+          " value (after a ZeRO-2 step, call ZeroGrad before the backward)");
+    }
+  }
+  return "";
+}
+
+void DistributedOptimizer::Gather(Matrix Parameter::*field, size_t begin,
+                                  size_t count, double* out) const {
+  const size_t end = std::min(begin + count, elements_);
+  // The first parameter that holds `begin`.
+  size_t i = std::upper_bound(offsets_.begin(), offsets_.end(), begin) -
+             offsets_.begin();
+  i = i == 0 ? 0 : i - 1;
+  for (size_t at = begin; at < end && i < params_.size(); ++i) {
+    const Matrix& m = params_[i]->*field;
+    const size_t from = at - offsets_[i];
+    const size_t take =
+        std::min(static_cast<size_t>(m.size()) - from, end - at);
+    std::copy_n(m.data() + from, take, out + (at - begin));
+    at += take;
+  }
+}
+
+void DistributedOptimizer::Scatter(Matrix Parameter::*field, size_t begin,
+                                   size_t count, const double* in) {
+  const size_t end = std::min(begin + count, elements_);
+  size_t i = std::upper_bound(offsets_.begin(), offsets_.end(), begin) -
+             offsets_.begin();
+  i = i == 0 ? 0 : i - 1;
+  for (size_t at = begin; at < end && i < params_.size(); ++i) {
+    Matrix& m = params_[i]->*field;
+    const size_t from = at - offsets_[i];
+    const size_t take =
+        std::min(static_cast<size_t>(m.size()) - from, end - at);
+    std::copy_n(in + (at - begin), take, m.data() + from);
+    at += take;
+  }
+}
+
+absl::Status DistributedOptimizer::ReduceGradients(const RoleGroup& dp,
+                                                   bool bad,
+                                                   std::vector<double>& shard,
+                                                   double* bad_ranks) {
+  const size_t n = elements_;
+  const size_t s = shard_;
+  const size_t p = static_cast<size_t>(dp.size);
+  const bool bf16 = options_.gradient_type == GradientType::kBFloat16;
+  const double scale = 1.0 / dp.size;
+  // The gradients in the layout of the collective; a bad rank sends zeros.
+  std::vector<double> grads;
+  if (options_.stage == ZeroStage::kTwo) {
+    // P blocks of S + 1: shard r's values, then rank r's copy of the flag.
+    grads.assign(p * (s + 1), 0.0);
+    for (size_t r = 0; r < p; ++r) {
+      if (!bad) Gather(&Parameter::grad, r * s, s, &grads[r * (s + 1)]);
+      grads[r * (s + 1) + s] = bad ? 1.0 : 0.0;
+    }
+    std::vector<double> mine(s + 1);
+    if (bf16) {
+      std::vector<BFloat16> send(grads.size());
+      for (size_t j = 0; j < grads.size(); ++j) {
+        send[j] = BFloat16(static_cast<float>(grads[j]));
+      }
+      std::vector<BFloat16> recv(s + 1);
+      VEMESH_RETURN_IF_ERROR(dp.comm->reduce_scatter(
+          absl::MakeConstSpan(send), absl::MakeSpan(recv), ReduceOp::kSum));
+      for (size_t j = 0; j <= s; ++j) {
+        mine[j] = static_cast<double>(static_cast<float>(recv[j]));
+      }
+    } else {
+      VEMESH_RETURN_IF_ERROR(dp.comm->reduce_scatter(
+          absl::MakeConstSpan(grads), absl::MakeSpan(mine), ReduceOp::kSum));
+    }
+    *bad_ranks = mine[s];
+    if (*bad_ranks != 0) return absl::OkStatus();
+    for (size_t j = 0; j < s; ++j) shard[j] = mine[j] * scale;
+    return absl::OkStatus();
+  }
+  // ZeRO-1: the whole gradient and one flag.
+  grads.assign(n + 1, 0.0);
+  if (!bad) Gather(&Parameter::grad, 0, n, grads.data());
+  grads[n] = bad ? 1.0 : 0.0;
+  if (bf16) {
+    std::vector<BFloat16> buf(n + 1);
+    for (size_t j = 0; j <= n; ++j) {
+      buf[j] = BFloat16(static_cast<float>(grads[j]));
+    }
+    VEMESH_RETURN_IF_ERROR(
+        dp.comm->all_reduce(absl::MakeSpan(buf), ReduceOp::kSum));
+    for (size_t j = 0; j <= n; ++j) {
+      grads[j] = static_cast<double>(static_cast<float>(buf[j]));
+    }
+  } else {
+    VEMESH_RETURN_IF_ERROR(
+        dp.comm->all_reduce(absl::MakeSpan(grads), ReduceOp::kSum));
+  }
+  *bad_ranks = grads[n];
+  if (*bad_ranks != 0) return absl::OkStatus();
+  for (size_t j = 0; j < n; ++j) grads[j] *= scale;
+  Scatter(&Parameter::grad, 0, n, grads.data());
+  const size_t begin = static_cast<size_t>(dp.rank) * s;
+  for (size_t j = 0; j < s && begin + j < n; ++j) shard[j] = grads[begin + j];
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ZeroStepStats> DistributedOptimizer::Step() {
+  VEMESH_ASSIGN_OR_RETURN(RoleGroup dp, CurrentDpGroup());
+  if (dp.size != dp_size_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "DistributedOptimizer: the DP size is now ", dp.size, " but was ",
+        dp_size_,
+        " at Create (the optimizer state is sharded for it); create a new "
+        "DistributedOptimizer after a re-init that changes DP"));
+  }
+  std::string local = LocalShapeError();
+  if (local.empty() && dp.rank != dp_rank_) {
+    local = absl::StrCat("this rank's DP rank is now ", dp.rank, " but was ",
+                         dp_rank_, " at Create (it owns that shard)");
+  }
+  const bool bad = !local.empty();
+  ZeroStepStats stats{dp.size, elements_, shard_, 0};
+
+  std::vector<double> local_shard;
+  std::vector<double>& grad =
+      options_.stage == ZeroStage::kTwo
+          ? grad_shard_
+          : (local_shard.assign(shard_, 0.0), local_shard);
+  if (dp.size == 1) {
+    if (bad) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "DistributedOptimizer step: ", local, "; nothing was stepped"));
+    }
+    std::fill(grad.begin(), grad.end(), 0.0);
+    Gather(&Parameter::grad, 0, shard_, grad.data());
+  } else {
+    double bad_ranks = 0;
+    VEMESH_RETURN_IF_ERROR(ReduceGradients(dp, bad, grad, &bad_ranks));
+    ++stats.collectives;
+    if (bad_ranks != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "DistributedOptimizer step: ",
+          bad ? local
+              : absl::StrCat(bad_ranks,
+                             " DP rank(s) flagged bad input (their "
+                             "errors name it)"),
+          "; nothing was stepped on any DP rank"));
+    }
+  }
+
+  // Step this rank's shard of the values (zero padding past N).
+  const size_t begin = static_cast<size_t>(dp.rank) * shard_;
+  std::vector<double> values(shard_, 0.0);
+  Gather(&Parameter::value, begin, shard_, values.data());
+  VEMESH_RETURN_IF_ERROR(shard_optimizer_->Step(absl::MakeSpan(values),
+                                                absl::MakeConstSpan(grad)));
+  if (dp.size == 1) {
+    Scatter(&Parameter::value, 0, shard_, values.data());
+  } else {
+    std::vector<double> gathered(shard_ * dp.size);
+    VEMESH_RETURN_IF_ERROR(dp.comm->all_gather(absl::MakeConstSpan(values),
+                                               absl::MakeSpan(gathered)));
+    ++stats.collectives;
+    Scatter(&Parameter::value, 0, elements_, gathered.data());
+  }
+  if (options_.stage == ZeroStage::kTwo) {
+    // Only the shard is kept; ZeroGrad makes the gradients whole again.
+    for (Parameter* p : params_) p->grad.resize(0, 0);
+  }
+  return stats;
+}
+
+void DistributedOptimizer::ZeroGrad() {
+  for (Parameter* p : params_) p->ZeroGrad();
+}
+
+TrainingStateBytes DistributedOptimizer::memory() const {
+  const size_t kept_grads =
+      options_.stage == ZeroStage::kTwo ? shard_ : elements_;
+  return {elements_ * sizeof(double), kept_grads * sizeof(double),
+          shard_optimizer_->state_bytes()};
+}
+
+TrainingStateBytes DistributedOptimizer::replicated_memory() const {
+  return ReplicatedStateBytes(options_.optimizer, elements_);
+}
+
+}  // namespace vemesh::strategies
