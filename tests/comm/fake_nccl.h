@@ -106,6 +106,15 @@ class FakeNccl {
   FakeNccl(const FakeNccl&) = delete;
   FakeNccl& operator=(const FakeNccl&) = delete;
 
+  // Communicators whose split work is still under way (a caller returned
+  // before polling them idle).
+  int ParentsStillSplitting() {
+    std::lock_guard<std::mutex> lock(mu_);
+    int n = 0;
+    for (const State& st : states_) n += st.split_polls_left > 0 ? 1 : 0;
+    return n;
+  }
+
   std::vector<Call> CallsOf(std::thread::id thread) {
     std::lock_guard<std::mutex> lock(mu_);
     std::vector<Call> out;
@@ -231,6 +240,13 @@ class FakeNccl {
     int64_t collectives = 0;
     int64_t splits = 0;
     ncclResult_t error = ncclSuccess;  // a mismatch the fake noticed
+    // As NCCL's background job of a split: the parent answers
+    // ncclInProgress for this many more polls, and a negative color's
+    // `newcomm` is written (null) only when that work ends. A caller that
+    // stops polling the parent early and frees `newcomm` shows in
+    // ParentsStillSplitting() (and as a use after free under ASan).
+    int split_polls_left = 0;
+    std::vector<ncclComm_t*> deferred_null_writes;
   };
 
   static FakeNccl& Self() { return *current_; }
@@ -577,7 +593,13 @@ class FakeNccl {
       }
       State& p = f.states_[Id(parent)];
       int id = -1;
-      *child = nullptr;
+      p.split_polls_left = std::max(p.split_polls_left, f.polls_until_ready);
+      if (color == NCCL_SPLIT_NOCOLOR) {
+        *child = reinterpret_cast<ncclComm_t>(intptr_t{-1});  // not yet
+        p.deferred_null_writes.push_back(child);
+      } else {
+        *child = nullptr;
+      }
       if (color != NCCL_SPLIT_NOCOLOR) {
         FakeComm c;
         c.parent = Id(parent);
@@ -613,8 +635,15 @@ class FakeNccl {
       f.Record("ncclCommGetAsyncError", c.id);
       if (c.aborted + c.destroyed > 0)
         return ncclInvalidUsage;  // use after free
+      State& busy = f.states_[Id(comm)];
+      if (busy.split_polls_left > 0 && --busy.split_polls_left == 0) {
+        for (ncclComm_t* out : busy.deferred_null_writes) *out = nullptr;
+        busy.deferred_null_writes.clear();
+      }
       if (st.error != ncclSuccess) {
         *state = st.error;
+      } else if (busy.split_polls_left > 0) {
+        *state = ncclInProgress;  // its splits' background work goes on
       } else if (st.clique == nullptr ||
                  st.clique->joined < st.clique->nranks) {
         *state = ncclInProgress;  // the other ranks have not all come

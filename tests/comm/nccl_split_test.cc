@@ -309,6 +309,10 @@ TEST(NcclSplitMesh, SplitShareReachesEverySplit) {
     for (const FakeComm& c : fake.SplitsOf(run.threads[r])) {
       EXPECT_EQ(c.split_share, 1) << "rank " << r << " " << c.name;
     }
+    // One at a time: NCCL 2.28.9 builds grouped children on concurrent
+    // threads, which race on the shared parent's stream.
+    EXPECT_EQ(fake.Count(run.threads[r], "ncclGroupStart"), 0);
+    EXPECT_EQ(fake.Count(run.threads[r], "ncclCommSplit"), 3);
   }
   EXPECT_EQ(fake.LiveComms(), 0);
 }
@@ -368,6 +372,27 @@ TEST(NcclSplitMany, NegativeColorTakesPartAndGetsNoGroup) {
   EXPECT_EQ((*groups)[1], nullptr);
   // Both went to NCCL (the split is collective over the parent).
   EXPECT_EQ(fake.Count(std::this_thread::get_id(), "ncclCommSplit"), 2);
+  // And split_many waited for the parent's split work to end: NCCL writes
+  // the negative color's null into split_many's frame when it does.
+  EXPECT_EQ(fake.ParentsStillSplitting(), 0);
+}
+
+// split(-1) alone has no child to poll: the wait is on the parent only (on
+// an H200 with NCCL 2.28.9, returning at once let NCCL's late write of the
+// null land in freed memory).
+TEST(NcclSplitMany, ANegativeColorAloneWaitsForTheParent) {
+  FakeNccl fake;
+  fake.polls_until_ready = 5;
+  for (bool grouped : {true, false}) {
+    SCOPED_TRACE(grouped ? "grouped" : "one at a time");
+    auto store = std::make_shared<MemoryStore>();
+    auto world = NcclWorld(store, 0, 1, {.group_splits = grouped});
+    ASSERT_NE(world, nullptr);
+    auto none = world->split(-1, 0);
+    ASSERT_TRUE(none.ok()) << none.status();
+    EXPECT_EQ(*none, nullptr);
+    EXPECT_EQ(fake.ParentsStillSplitting(), 0);
+  }
 }
 
 TEST(NcclSplitMany, ASplitNcclRefusesAbortsTheOthersAndNamesTheDimension) {

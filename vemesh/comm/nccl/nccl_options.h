@@ -28,7 +28,9 @@ struct NcclOptions {
   // builds the communicators concurrently, or one at a time, each waited
   // for before the next (as vemesh did before). Grouping needs NCCL >= 2.27,
   // in the headers vemesh was built with and in the library loaded; with an
-  // older one the splits go one at a time whatever this says. `false` is
+  // older one, or with split_share (NCCL 2.28.9 builds grouped children on
+  // concurrent threads, which race on a shared parent's stream), the splits
+  // go one at a time whatever this says. `false` is
   // for comparing the two (bench/nccl_init) and for working around an NCCL
   // that mishandles grouped splits.
   bool group_splits = true;

@@ -111,7 +111,11 @@ NcclCommunicator::split_many(absl::Span<const SplitRequest> requests,
         SplitCall(r, i));
   };
   absl::Status status;
-  if (options_.group_splits && CanGroupSplits()) {
+  // Children that share the parent's resources are built one at a time:
+  // NCCL 2.28.9 builds grouped splits on concurrent threads, and with
+  // splitShare those race on the shared stream ("host threads racing to
+  // launch NCCL on same device", ncclInvalidUsage; seen on an H200).
+  if (options_.group_splits && !options_.split_share && CanGroupSplits()) {
     // Every split in one group: the calls only record the splits, and
     // ncclGroupEnd hands them to NCCL together (ncclInProgress: the
     // non-blocking parent builds them in the background).
@@ -149,11 +153,16 @@ NcclCommunicator::split_many(absl::Span<const SplitRequest> requests,
   std::vector<cudaStream_t> streams(n, nullptr);
   std::vector<void*> scratch(n, nullptr);
   for (size_t i = 0; i < n && status.ok(); ++i) {
-    if (children[i] != nullptr) status = MakeStream(&streams[i], &scratch[i]);
+    if (requests[i].color >= 0 && children[i] != nullptr) {
+      status = MakeStream(&streams[i], &scratch[i]);
+    }
   }
   if (!status.ok()) {
     for (size_t i = 0; i < n; ++i) {
-      if (children[i] != nullptr) Nccl().ncclCommAbort(children[i]);
+      // A negative color's slot is NCCL's to write, never a communicator.
+      if (requests[i].color >= 0 && children[i] != nullptr) {
+        Nccl().ncclCommAbort(children[i]);
+      }
       FreeStream(streams[i], scratch[i]);
     }
     // The other ranks are in the splits too: they must not wait for us.
@@ -210,12 +219,23 @@ absl::Status NcclCommunicator::AwaitSplits(
         return NcclStatus(state, SplitCall(requests[i], first + i));
       }
     }
-    if (pending.empty()) return absl::OkStatus();
+    // Done when every child is ready *and* the parent is idle: NCCL's
+    // background job of a split writes the caller's `newcomm` (also the null
+    // of a negative color, which has no child to poll) and reads its config
+    // until it ends, and both live in split_many's frame. Returning while
+    // the parent is busy let that write land in freed memory (seen on an
+    // H200, NCCL 2.28.9: a heap corruption after a one-rank split(-1)).
+    if (pending.empty() && !parent_busy) return absl::OkStatus();
     if (aborted()) return AbortedError("split");
     if (absl::Now() >= deadline) {
       std::vector<std::string> names;
       for (size_t i : pending) {
         names.push_back(SplitRequestName(requests[i], first + i));
+      }
+      if (names.empty()) {
+        for (size_t i = 0; i < requests.size(); ++i) {
+          names.push_back(SplitRequestName(requests[i], first + i));
+        }
       }
       return absl::DeadlineExceededError(absl::StrCat(
           "ncclCommSplit of ", absl::StrJoin(names, ", "),
