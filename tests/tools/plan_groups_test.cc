@@ -20,6 +20,7 @@
 namespace vemesh::plan {
 namespace {
 
+using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 
 absl::StatusOr<Plan> PlanOf(std::vector<std::string> args) {
@@ -113,7 +114,8 @@ TEST(PlanGroups, RankViewShowsTheRanksFlattenedGroup) {
   EXPECT_EQ(plan->rank_view->derived[1].group.ranks,
             (std::vector<int64_t>{0, 1, 4, 5}));
   EXPECT_THAT(RenderTable(*plan),
-              HasSubstr("EP=DP,TP  1/4    #1     host 1     4     6"));
+              ContainsRegex("EP=DP,TP +1/4 +#1 +host 1 +4 +6 +\\[4, 5, 6, 7\\]"));
+  EXPECT_THAT(RenderTable(*plan), ContainsRegex("view PP,TP +3/4 +#0 "));
   const auto json = nlohmann::json::parse(RenderJson(*plan));
   EXPECT_EQ(json["rank_view"]["derived"][1]["name"], "PP,TP");
   EXPECT_EQ(json["rank_view"]["derived"][0]["group"]["ranks"],
