@@ -38,14 +38,13 @@ int main(int argc, char** argv) {
     return 1;
   }
   const char* kinds[] = {"mpirun/srun", "torchrun/env://", "none"};
-  std::printf("rank %d of %d: coordinate [%s], TP size %lld, launch %s, MPI "
-              "started: %s\n",
-              static_cast<int>(mesh->global_rank()),
-              static_cast<int>(mesh->size()),
-              absl::StrJoin(*coordinate, ", ").c_str(),
-              static_cast<long long>(*tp),
-              kinds[static_cast<int>(launch.launch().kind)],
-              launch.uses_mpi() ? "yes" : "no");
+  std::printf(
+      "rank %d of %d: coordinate [%s], TP size %lld, launch %s, MPI "
+      "started: %s\n",
+      static_cast<int>(mesh->global_rank()), static_cast<int>(mesh->size()),
+      absl::StrJoin(*coordinate, ", ").c_str(), static_cast<long long>(*tp),
+      kinds[static_cast<int>(launch.launch().kind)],
+      launch.uses_mpi() ? "yes" : "no");
   std::fflush(stdout);
   VESCALE_DEVICE_MESH.reset();  // frees the communicators before MPI ends
   return 0;

@@ -7,7 +7,8 @@ Each scenario reads its command from the documents (so the test fails when
 they drift), puts the built program where they say ./train or
 build/release/..., runs it bounded in time, and checks what happened:
 
-  torchrun_no_orted   README's `torchrun ... ./train` with examples/first_program:
+  torchrun_no_orted   README's `torchrun ... ./train` with examples/first_program
+                      (whose code the guide's start-up snippet must hold):
                       every rank answers, none started MPI, and no process of
                       this job's tree (walked from the torchrun PID) is an
                       orted / prted
@@ -144,7 +145,22 @@ def run_first_program_under(command, expect_mpi, count, watch_tree=False):
     return out
 
 
+def check_guide_is_the_program():
+    """The guide's start-up snippet is examples/first_program's code."""
+    with open(os.path.join(root, "docs", "USER_GUIDE.md")) as f:
+        guide = re.search(r"```cpp\n(.*?)```", f.read(), re.S).group(1)
+    with open(os.path.join(root, "examples", "first_program", "main.cc")) as f:
+        program = f.read()
+    body = program[program.index("section 1 begins"):program.index("section 1 ends")]
+    flat = lambda t: " ".join(t.split())
+    for line in body.splitlines()[1:-1]:
+        if line.strip() and flat(line) not in flat(guide):
+            fail(f"docs/USER_GUIDE.md's start-up snippet lacks `{line.strip()}` "
+                 "(examples/first_program/main.cc)")
+
+
 if scenario == "torchrun_no_orted":
+    check_guide_is_the_program()
     command = torchrun_line(readme(), first_program)
     run_first_program_under(command, expect_mpi=False, count=8, watch_tree=True)
 
@@ -209,6 +225,9 @@ elif scenario == "elastic":
                 .replace("6379", free))
 
     start, relaunch = adapt(blocks[0]), adapt(blocks[1])
+    # The relaunch is typed in the same shell: it sees the block's variables.
+    relaunch = "\n".join(l for l in start.splitlines()
+                         if re.match(r"^[A-Za-z_]+=", l)) + "\n" + relaunch
     env = base_env()
     env["OMPI_MCA_mpi_yield_when_idle"] = "1"
     with tempfile.TemporaryDirectory() as work:

@@ -41,11 +41,12 @@ TEST(MeshStart, PartOfTheWorldWarnsOnceOnRankZero) {
   // {n/2, 1}: a {2, 2} typed for {2, 4}, in small.
   const auto warnings = WarningsOfCreating({n / 2, 1}, {"DP", "TP"});
   if (JobRank() == 0) {
-    EXPECT_THAT(warnings,
-                ElementsAre(HasSubstr(absl::StrCat(
-                    "covers ", n / 2, " of the world's ", n, " ranks; the other ",
-                    n - n / 2, " are outside it (was the shape meant to "
-                    "multiply to ", n, "?)"))));
+    EXPECT_THAT(warnings, ElementsAre(HasSubstr(absl::StrCat(
+                              "covers ", n / 2, " of the world's ", n,
+                              " ranks; the other ", n - n / 2,
+                              " are outside it (was the shape meant to "
+                              "multiply to ",
+                              n, "?)"))));
   } else {
     EXPECT_THAT(warnings, IsEmpty());
   }

@@ -54,9 +54,9 @@ TEST(PlanGroups, ParseFlattenAndView) {
 }
 
 TEST(PlanGroups, FlattenedAndNonAdjacentGroupsMatchTheLayout) {
-  auto plan = PlanOf({"--mesh", "PP=2,DP=2,TP=2", "--ranks-per-host", "4",
-                      "--flatten", "EP=DP,TP", "--flatten", "PT=PP,TP",
-                      "--view", "PP,DP"});
+  auto plan =
+      PlanOf({"--mesh", "PP=2,DP=2,TP=2", "--ranks-per-host", "4", "--flatten",
+              "EP=DP,TP", "--flatten", "PT=PP,TP", "--view", "PP,DP"});
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_EQ(plan->derived.size(), 3u);
   const std::vector<std::vector<std::string>> spans = {
@@ -91,7 +91,8 @@ TEST(PlanGroups, FlattenedAndNonAdjacentGroupsMatchTheLayout) {
   EXPECT_EQ(json["derived"][1]["name"], "PT");
   EXPECT_EQ(json["derived"][1]["kind"], "flatten");
   EXPECT_EQ(json["derived"][1]["adjacent"], false);
-  EXPECT_EQ(json["derived"][1]["spans"], (std::vector<std::string>{"PP", "TP"}));
+  EXPECT_EQ(json["derived"][1]["spans"],
+            (std::vector<std::string>{"PP", "TP"}));
   EXPECT_EQ(json["derived"][1]["groups"]["items"][1]["ranks"],
             (std::vector<int64_t>{2, 3, 6, 7}));
   EXPECT_EQ(json["derived"][2]["kind"], "view");
@@ -103,9 +104,9 @@ TEST(PlanGroups, FlattenedAndNonAdjacentGroupsMatchTheLayout) {
 }
 
 TEST(PlanGroups, RankViewShowsTheRanksFlattenedGroup) {
-  auto plan = PlanOf({"--mesh", "PP=2,DP=2,TP=2", "--ranks-per-host", "4",
-                      "--flatten", "EP=DP,TP", "--view", "PP,TP", "--rank",
-                      "5"});
+  auto plan =
+      PlanOf({"--mesh", "PP=2,DP=2,TP=2", "--ranks-per-host", "4", "--flatten",
+              "EP=DP,TP", "--view", "PP,TP", "--rank", "5"});
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_EQ(plan->rank_view->derived.size(), 2u);
   const RankView::DimView& ep = plan->rank_view->derived[0];
@@ -113,8 +114,9 @@ TEST(PlanGroups, RankViewShowsTheRanksFlattenedGroup) {
   EXPECT_EQ(ep.group.ranks, (std::vector<int64_t>{4, 5, 6, 7}));
   EXPECT_EQ(plan->rank_view->derived[1].group.ranks,
             (std::vector<int64_t>{0, 1, 4, 5}));
-  EXPECT_THAT(RenderTable(*plan),
-              ContainsRegex("EP=DP,TP +1/4 +#1 +host 1 +4 +6 +\\[4, 5, 6, 7\\]"));
+  EXPECT_THAT(
+      RenderTable(*plan),
+      ContainsRegex("EP=DP,TP +1/4 +#1 +host 1 +4 +6 +\\[4, 5, 6, 7\\]"));
   EXPECT_THAT(RenderTable(*plan), ContainsRegex("view PP,TP +3/4 +#0 "));
   const auto json = nlohmann::json::parse(RenderJson(*plan));
   EXPECT_EQ(json["rank_view"]["derived"][1]["name"], "PP,TP");
@@ -123,9 +125,9 @@ TEST(PlanGroups, RankViewShowsTheRanksFlattenedGroup) {
 }
 
 TEST(PlanGroups, ColorByAFlattenedName) {
-  auto plan = PlanOf({"--mesh", "PP=2,DP=2,TP=2", "--ranks-per-host", "4",
-                      "--flatten", "PT=PP,TP", "--color-by", "PT",
-                      "--format", "svg"});
+  auto plan =
+      PlanOf({"--mesh", "PP=2,DP=2,TP=2", "--ranks-per-host", "4", "--flatten",
+              "PT=PP,TP", "--color-by", "PT", "--format", "svg"});
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->color_name, "PT");
   const std::string svg = RenderSvg(*plan);
@@ -147,16 +149,16 @@ TEST(PlanGroups, BadGroupsNameTheFlag) {
   auto twice = PlanOf({"--mesh", "PP=2,DP=2,TP=2", "--view", "DP,DP"});
   EXPECT_TRUE(absl::IsInvalidArgument(twice.status())) << twice.status();
   EXPECT_THAT(std::string(twice.status().message()), HasSubstr("--view DP,DP"));
-  auto color = PlanOf({"--mesh", "PP=2,DP=2,TP=2", "--view", "DP,TP",
-                       "--color-by", "EP"});
+  auto color = PlanOf(
+      {"--mesh", "PP=2,DP=2,TP=2", "--view", "DP,TP", "--color-by", "EP"});
   EXPECT_THAT(std::string(color.status().message()),
               HasSubstr("nor a --flatten or --view name; expected one of PP, "
                         "DP, TP, DP,TP"));
 }
 
 TEST(PlanGroups, BigWorldsStaySummarised) {
-  auto plan = PlanOf({"--mesh", "PP=64,DP=128,TP=128", "--flatten",
-                      "EP=DP,TP", "--view", "PP,TP"});
+  auto plan = PlanOf({"--mesh", "PP=64,DP=128,TP=128", "--flatten", "EP=DP,TP",
+                      "--view", "PP,TP"});
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->derived[0].locality.group_count, 64);
   EXPECT_LE(plan->derived[0].groups.size(), 6u);

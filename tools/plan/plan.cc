@@ -218,10 +218,9 @@ absl::Status AddDerived(Plan& plan, const GroupSpec& spec) {
   dim.spans = spec.dims;
   dim.flattened = spec.flattened;
   for (size_t i = 1; i < spec.dims.size(); ++i) {
-    dim.adjacent = dim.adjacent && layout.find_dim(spec.dims[i]).value_or(-1) ==
-                                       layout.find_dim(spec.dims[i - 1])
-                                               .value_or(-1) +
-                                           1;
+    dim.adjacent =
+        dim.adjacent && layout.find_dim(spec.dims[i]).value_or(-1) ==
+                            layout.find_dim(spec.dims[i - 1]).value_or(-1) + 1;
   }
   dim.locality = AnalyzeDimLocality(*flat, d, plan.hosts);
   const int64_t groups_each_end = plan.summarized ? kSummaryGroups : kListLimit;

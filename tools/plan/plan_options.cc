@@ -68,9 +68,9 @@ absl::StatusOr<PlanOptions> ParsePlanArgs(absl::Span<const std::string> args) {
       value = arg.substr(eq + 1);
     }
     static constexpr absl::string_view kFlags[] = {
-        "--mesh",      "--rank",   "--ranks-per-host",
-        "--placement", "--hosts",  "--latency-sensitive",
-        "--check",     "--format", "--color-by",
+        "--mesh",      "--rank",    "--ranks-per-host",
+        "--placement", "--hosts",   "--latency-sensitive",
+        "--check",     "--format",  "--color-by",
         "--output",    "--flatten", "--view"};
     bool known = false;
     for (absl::string_view f : kFlags) known = known || f == flag;
@@ -192,16 +192,16 @@ absl::StatusOr<GroupSpec> ParseGroupSpec(bool flattened,
   if (flattened) {
     const size_t eq = text.find('=');
     if (eq == absl::string_view::npos || eq == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          flag, " expects ", expected, ", got '", text, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, " expects ", expected, ", got '", text, "'"));
     }
     spec.name = std::string(text.substr(0, eq));
     dims = text.substr(eq + 1);
   }
   for (absl::string_view d : absl::StrSplit(dims, ',')) {
     if (d.empty() || d.find('=') != absl::string_view::npos) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          flag, " expects ", expected, ", got '", text, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, " expects ", expected, ", got '", text, "'"));
     }
     spec.dims.emplace_back(d);
   }

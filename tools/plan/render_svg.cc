@@ -116,8 +116,7 @@ std::string RenderSvg(const Plan& plan) {
           ? layout
           : layout.flatten(color_dims, color_name).value_or(layout);
   const int64_t color_dim =
-      color_layout.find_dim(color_dims.size() == 1 ? color_dims[0]
-                                                   : color_name)
+      color_layout.find_dim(color_dims.size() == 1 ? color_dims[0] : color_name)
           .value_or(plan.color_dim);
 
   // Which hosts to draw: all, or the first two and the last.
@@ -283,13 +282,12 @@ std::string RenderSvg(const Plan& plan) {
   for (const DimPlan& d : plan.derived) {
     legend += Text(
         lx, ly,
-        absl::StrCat(d.flattened ? "" : "view ", d.name,
-                     d.flattened ? absl::StrCat("=", absl::StrJoin(d.spans, ","))
-                                 : "",
-                     " (", d.size, d.adjacent ? "" : ", not adjacent",
-                     "): ", LocalityName(d.locality.locality), " (",
-                     d.locality.crossing_groups, " of ",
-                     d.locality.group_count, " groups cross hosts)"),
+        absl::StrCat(
+            d.flattened ? "" : "view ", d.name,
+            d.flattened ? absl::StrCat("=", absl::StrJoin(d.spans, ",")) : "",
+            " (", d.size, d.adjacent ? "" : ", not adjacent", "): ",
+            LocalityName(d.locality.locality), " (", d.locality.crossing_groups,
+            " of ", d.locality.group_count, " groups cross hosts)"),
         13, "fill=\"#222\"");
     ly += kLineHeight;
   }

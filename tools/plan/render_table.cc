@@ -75,7 +75,8 @@ std::string Hosts(const GroupSummary& g) {
 // DP,TP".
 std::string Label(const DimPlan& d) {
   if (d.spans.empty()) return d.name;
-  if (d.flattened) return absl::StrCat(d.name, "=", absl::StrJoin(d.spans, ","));
+  if (d.flattened)
+    return absl::StrCat(d.name, "=", absl::StrJoin(d.spans, ","));
   return absl::StrCat("view ", d.name);
 }
 
@@ -157,8 +158,8 @@ void AppendGroups(const Plan& plan, std::string& out) {
                     " of ", d.size, " ranks, ",
                     LocalityName(d.locality.locality), "\n");
     if (!d.spans.empty()) {
-      absl::StrAppend(&out, "  (", d.flattened ? "flattened" : "view",
-                      " over ", absl::StrJoin(d.spans, ","),
+      absl::StrAppend(&out, "  (", d.flattened ? "flattened" : "view", " over ",
+                      absl::StrJoin(d.spans, ","),
                       d.adjacent ? ": adjacent dimensions"
                                  : ": dimensions not adjacent in the mesh "
                                    "(strided groups)",
@@ -195,8 +196,7 @@ void AppendRankView(const Plan& plan, const RankView& v, std::string& out) {
     peers.size = d.group.size - 1;
     const std::string peer_text = Members(peers);
     const std::string name =
-        i < v.dims.size() ? d.name
-                          : Label(plan.derived[i - v.dims.size()]);
+        i < v.dims.size() ? d.name : Label(plan.derived[i - v.dims.size()]);
     t.Row({name, absl::StrCat(d.index_in_group, "/", d.group.size),
            absl::StrCat("#", d.group.index), Hosts(d.group), OrNone(d.prev),
            OrNone(d.next), Members(d.group), peer_text});

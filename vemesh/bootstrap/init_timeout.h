@@ -25,12 +25,11 @@ namespace vemesh {
 inline constexpr absl::Duration kBuiltinInitTimeout = absl::Seconds(60);
 
 // The variable's name: "VEMESH_INIT_TIMEOUT".
-inline constexpr absl::string_view kInitTimeoutVariable =
-    "VEMESH_INIT_TIMEOUT";
+inline constexpr absl::string_view kInitTimeoutVariable = "VEMESH_INIT_TIMEOUT";
 
-// VEMESH_INIT_TIMEOUT when set and not empty (a positive number of seconds, or a positive
-// absl duration such as "90s" or "2m"), else kBuiltinInitTimeout. A value
-// that is neither is InvalidArgument naming the variable, its value and
+// VEMESH_INIT_TIMEOUT when set and not empty (a positive number of seconds, or
+// a positive absl duration such as "90s" or "2m"), else kBuiltinInitTimeout. A
+// value that is neither is InvalidArgument naming the variable, its value and
 // what was expected.
 absl::StatusOr<absl::Duration> DefaultInitTimeout();
 

@@ -32,10 +32,9 @@ LaunchSession::LaunchSession(int* argc, char*** argv)
 #ifndef VEMESH_NO_MPI
   mpi_ = std::make_unique<MpiSession>(argc, argv);
   if (!mpi_->status().ok()) {
-    status_ = absl::Status(
-        mpi_->status().code(),
-        absl::StrCat("MPI failed to start (", launch_.reason,
-                     "): ", mpi_->status().message()));
+    status_ = absl::Status(mpi_->status().code(),
+                           absl::StrCat("MPI failed to start (", launch_.reason,
+                                        "): ", mpi_->status().message()));
   }
 #else
   (void)argc;
