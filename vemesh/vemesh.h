@@ -54,7 +54,9 @@
 #include "vemesh/bootstrap/agreement.h"
 #include "vemesh/bootstrap/bootstrap.h"
 #include "vemesh/bootstrap/bootstrap_over.h"
+#include "vemesh/bootstrap/init_timeout.h"
 #include "vemesh/bootstrap/launch.h"
+#include "vemesh/bootstrap/launch_session.h"
 #ifndef VEMESH_NO_MPI
 #include "vemesh/bootstrap/mpi/mpi_bootstrap.h"
 #endif

@@ -16,7 +16,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,8 +33,7 @@
 #include "synthetic_data.h"
 #include "train_options.h"
 #include "train_step.h"
-#include "vemesh/bootstrap/launch.h"
-#include "vemesh/comm/mpi/mpi_environment.h"
+#include "vemesh/bootstrap/launch_session.h"
 #include "vemesh/registry/ve_device_mesh.h"
 #include "vemesh/strategies/data_parallel.h"
 #include "vemesh/strategies/pipeline_runner.h"
@@ -315,21 +313,12 @@ int main(int argc, char** argv) {
   // MPI starts.
   absl::ParseCommandLine(argc, argv);
   // MPI only when an MPI launcher started the job; torchrun / env:// jobs
-  // run on Gloo and never start MPI.
-  auto launch = vemesh::DetectLaunch();
-  if (!launch.ok()) {
+  // run on Gloo and never start MPI (vemesh/bootstrap/launch_session.h).
+  vemesh::LaunchSession launch(&argc, &argv);
+  if (!launch.status().ok()) {
     std::fprintf(stderr, "train_nd: %s\n",
                  std::string(launch.status().message()).c_str());
-    return 2;
-  }
-  std::optional<vemesh::MpiSession> mpi;
-  if (launch->kind != vemesh::LaunchKind::kEnv) {
-    mpi.emplace(&argc, &argv);
-    if (!mpi->status().ok()) {
-      std::fprintf(stderr, "train_nd: MPI failed to start: %s\n",
-                   std::string(mpi->status().message()).c_str());
-      return 1;
-    }
+    return launch.launch().reason.empty() ? 2 : 1;
   }
   return train_nd::Run();
 }

@@ -7,6 +7,8 @@
 // its copy here.
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
@@ -25,7 +27,9 @@
 #include "vemesh/bootstrap/agreement.h"
 #include "vemesh/bootstrap/bootstrap.h"
 #include "vemesh/bootstrap/bootstrap_over.h"
+#include "vemesh/bootstrap/init_timeout.h"
 #include "vemesh/bootstrap/launch.h"
+#include "vemesh/bootstrap/launch_session.h"
 #include "vemesh/bootstrap/store_bootstrap.h"
 #include "vemesh/comm/communicator.h"
 #include "vemesh/comm/gloo/gloo_communicator.h"
@@ -328,6 +332,27 @@ TEST(HeaderExamples, PrefixStore) {
   PrefixStore init(store, "vemesh/init/3");
   ASSERT_TRUE(init.set("host/0", "node7").ok());
   EXPECT_EQ(*store->get("vemesh/init/3/host/0"), "node7");
+}
+
+// vemesh/bootstrap/init_timeout.h
+TEST(HeaderExamples, InitTimeout) {
+  unsetenv("VEMESH_INIT_TIMEOUT");
+  absl::StatusOr<absl::Duration> t = DefaultInitTimeout();
+  EXPECT_EQ(*t, absl::Seconds(60));
+}
+
+// vemesh/bootstrap/launch_session.h (needs a launch: compiled, not run; the
+// same code runs as examples/first_program under tests/launch).
+[[maybe_unused]] int LaunchSessionExample(int argc, char** argv) {
+  vemesh::LaunchSession launch(&argc, &argv);
+  if (!launch.status().ok()) {
+    std::fprintf(stderr, "%s\n", launch.status().ToString().c_str());
+    return 1;
+  }
+  auto mesh = VESCALE_DEVICE_MESH.init_device_mesh("cpu", {2, 2, 2});
+  if (!mesh.ok()) return 1;
+  VESCALE_DEVICE_MESH.reset();
+  return 0;
 }
 
 }  // namespace

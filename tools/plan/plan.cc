@@ -185,6 +185,59 @@ absl::StatusOr<std::vector<int64_t>> LatencySensitiveDims(
   return dims;
 }
 
+// "--flatten EP=DP,TP" / "--view DP,TP", as the user wrote it.
+std::string GroupFlag(const GroupSpec& spec) {
+  return spec.flattened ? absl::StrCat("--flatten ", spec.name, "=",
+                                       absl::StrJoin(spec.dims, ","))
+                        : absl::StrCat("--view ", spec.name);
+}
+
+// The groups of a --flatten or --view entry: the layout with its dimensions
+// merged into one (MeshLayout::flatten), planned as that one dimension.
+absl::Status AddDerived(Plan& plan, const GroupSpec& spec) {
+  const MeshLayout& layout = plan.layout;
+  absl::StatusOr<MeshLayout> flat = layout.flatten(spec.dims, spec.name);
+  if (!flat.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(GroupFlag(spec), " does not fit ", plan.mesh_spec, ": ",
+                     flat.status().message()));
+  }
+  const bool default_flat = IsDefaultLayout(*flat);
+  if (!default_flat && flat->size() > kMaxScannedRanks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        GroupFlag(spec), ": ", plan.mesh_spec, " has ", flat->size(),
+        " ranks, and groups over dimensions that are not adjacent (in mesh "
+        "order) are planned by visiting every rank: expected at most ",
+        kMaxScannedRanks, " ranks for them"));
+  }
+  const int64_t d = flat->find_dim(spec.name).value_or(0);
+  DimPlan dim;
+  dim.name = spec.name;
+  dim.size = flat->shape()[d];
+  dim.stride = default_flat ? RowMajorStrides(*flat)[d] : 0;
+  dim.spans = spec.dims;
+  dim.flattened = spec.flattened;
+  for (size_t i = 1; i < spec.dims.size(); ++i) {
+    dim.adjacent =
+        dim.adjacent && layout.find_dim(spec.dims[i]).value_or(-1) ==
+                            layout.find_dim(spec.dims[i - 1]).value_or(-1) + 1;
+  }
+  dim.locality = AnalyzeDimLocality(*flat, d, plan.hosts);
+  const int64_t groups_each_end = plan.summarized ? kSummaryGroups : kListLimit;
+  const int64_t max_listed = plan.summarized ? kMaxListedMembers : kListLimit;
+  for (int64_t g : SampleIndices(dim.locality.group_count, groups_each_end,
+                                 groups_each_end)) {
+    dim.groups.push_back(SummarizeGroup(*flat, d, g, plan.hosts, max_listed));
+  }
+  plan.derived.push_back(std::move(dim));
+  if (plan.rank_view.has_value()) {
+    RankView::DimView view =
+        BuildRankView(*flat, plan.hosts, plan.rank_view->rank).dims[d];
+    plan.rank_view->derived.push_back(std::move(view));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<Plan> BuildPlan(const MeshLayout& layout,
@@ -210,18 +263,34 @@ absl::StatusOr<Plan> BuildPlan(const MeshLayout& layout,
   if (!sensitive.ok()) return sensitive.status();
   plan.summarized = layout.size() > kListLimit;
 
+  const GroupSpec* color_group = nullptr;
   if (settings.color_by.empty()) {
     plan.color_dim =
         layout.find_dim(kTensorParallelDim).value_or(layout.ndim() - 1);
+  } else if (std::optional<int64_t> d = layout.find_dim(settings.color_by)) {
+    plan.color_dim = *d;
   } else {
-    std::optional<int64_t> d = layout.find_dim(settings.color_by);
-    if (!d.has_value()) {
+    for (const GroupSpec& g : settings.groups) {
+      if (g.name == settings.color_by) color_group = &g;
+    }
+    if (color_group == nullptr) {
+      std::vector<std::string> names = layout.dim_names();
+      for (const GroupSpec& g : settings.groups) names.push_back(g.name);
       return absl::InvalidArgumentError(absl::StrCat(
           "--color-by '", settings.color_by, "' is not a dimension of ",
-          plan.mesh_spec, "; expected one of ",
-          absl::StrJoin(layout.dim_names(), ", ")));
+          plan.mesh_spec,
+          settings.groups.empty() ? "" : " nor a --flatten or --view name",
+          "; expected one of ", absl::StrJoin(names, ", ")));
     }
-    plan.color_dim = *d;
+  }
+  if (color_group != nullptr) {
+    plan.color_dims = color_group->dims;
+    plan.color_name = color_group->name;
+    // An unknown dimension in it is reported below, by its flag.
+    plan.color_dim = layout.find_dim(color_group->dims[0]).value_or(0);
+  } else {
+    plan.color_name = layout.dim_name(plan.color_dim);
+    plan.color_dims = {plan.color_name};
   }
   if (settings.rank.has_value()) {
     const int64_t r = *settings.rank;
@@ -270,6 +339,10 @@ absl::StatusOr<Plan> BuildPlan(const MeshLayout& layout,
     plan.dims.push_back(std::move(dim));
   }
 
+  for (const GroupSpec& spec : settings.groups) {
+    if (absl::Status s = AddDerived(plan, spec); !s.ok()) return s;
+  }
+
   for (int64_t d : *sensitive) {
     if (std::optional<PlanWarning> w = CrossingWarning(plan, d)) {
       plan.warnings.push_back(std::move(*w));
@@ -299,6 +372,7 @@ absl::StatusOr<Plan> BuildPlanFromOptions(const PlanOptions& options) {
       .hosts = options.hosts,
       .hostfile = std::nullopt,
       .latency_sensitive = options.latency_sensitive,
+      .groups = options.groups,
   };
   if (options.placement == PlacementPolicy::kHostfile) {
     absl::StatusOr<Hostfile> hostfile = LoadHostfile(options.hostfile);

@@ -75,6 +75,13 @@ struct DimPlan {
   int64_t stride = 0;
   DimLocality locality;
   std::vector<GroupSummary> groups;  // all, or the first and last few
+  // A --flatten or --view entry (Plan::derived): the mesh dimensions it
+  // spans in the order given, and whether they stand side by side in the
+  // mesh in that order (non-adjacent groups are strided). Empty for a
+  // dimension of the mesh.
+  std::vector<std::string> spans;
+  bool flattened = false;  // --flatten NAME=...; false for --view
+  bool adjacent = true;
 };
 
 struct PlanWarning {
@@ -100,6 +107,9 @@ struct PlanSettings {
   // Dimensions whose groups should stay inside a host. Unset: TP when the
   // mesh has it. Set: every name must be a dimension of the mesh.
   std::optional<std::vector<std::string>> latency_sensitive;
+  // --flatten and --view: groups over several dimensions, shown after the
+  // mesh's own (color_by may name one: its NAME, or a view's "DP,TP").
+  std::vector<GroupSpec> groups;
 };
 
 struct Plan {
@@ -111,9 +121,14 @@ struct Plan {
   std::string hostfile_path;       // hostfile placement: the file read
   std::vector<LaunchLine> launch;  // the placement in launchers' flags
   bool summarized = false;
-  int64_t color_dim = 0;
+  int64_t color_dim = 0;  // the first of color_dims
+  // The dimensions the SVG's colour groups span (several for a --flatten
+  // or --view name) and the name the legend gives them.
+  std::vector<std::string> color_dims;
+  std::string color_name;
   std::vector<RankRow> ranks;  // all, or the first and last few
   std::vector<DimPlan> dims;
+  std::vector<DimPlan> derived;  // --flatten and --view, in order
   std::vector<PlanWarning> warnings;
   std::optional<RankView> rank_view;
 };
@@ -122,7 +137,9 @@ struct Plan {
 // outside 1..kMaxRanksPerHost, hosts outside 1..world, ranks_per_host and
 // hosts that disagree, a hostfile with fewer slots than ranks, a rank outside
 // the mesh, an unknown color_by or latency-sensitive name, a layout that is
-// not an arange with more than kMaxScannedRanks ranks.
+// not an arange with more than kMaxScannedRanks ranks, a --flatten or --view
+// that names an unknown or repeated dimension (or a flattened name another
+// dimension has).
 absl::StatusOr<Plan> BuildPlan(const MeshLayout& layout,
                                const PlanSettings& settings);
 

@@ -68,10 +68,10 @@ absl::StatusOr<PlanOptions> ParsePlanArgs(absl::Span<const std::string> args) {
       value = arg.substr(eq + 1);
     }
     static constexpr absl::string_view kFlags[] = {
-        "--mesh",      "--rank",   "--ranks-per-host",
-        "--placement", "--hosts",  "--latency-sensitive",
-        "--check",     "--format", "--color-by",
-        "--output"};
+        "--mesh",      "--rank",    "--ranks-per-host",
+        "--placement", "--hosts",   "--latency-sensitive",
+        "--check",     "--format",  "--color-by",
+        "--output",    "--flatten", "--view"};
     bool known = false;
     for (absl::string_view f : kFlags) known = known || f == flag;
     if (!known) {
@@ -161,6 +161,11 @@ absl::StatusOr<PlanOptions> ParsePlanArgs(absl::Span<const std::string> args) {
             "--color-by expects a dimension name, got ''");
       }
       opts.color_by = std::string(*value);
+    } else if (flag == "--flatten" || flag == "--view") {
+      absl::StatusOr<GroupSpec> spec =
+          ParseGroupSpec(flag == "--flatten", *value);
+      if (!spec.ok()) return spec.status();
+      opts.groups.push_back(*std::move(spec));
     } else if (flag == "--output") {
       if (value->empty()) {
         return absl::InvalidArgumentError(
@@ -174,6 +179,34 @@ absl::StatusOr<PlanOptions> ParsePlanArgs(absl::Span<const std::string> args) {
         "--mesh is required, e.g. --mesh PP=2,DP=2,TP=2");
   }
   return opts;
+}
+
+absl::StatusOr<GroupSpec> ParseGroupSpec(bool flattened,
+                                         absl::string_view text) {
+  const absl::string_view flag = flattened ? "--flatten" : "--view";
+  const absl::string_view expected =
+      flattened ? "NAME=DIM,DIM,..., e.g. EP=DP,TP" : "DIM,DIM,..., e.g. DP,TP";
+  GroupSpec spec;
+  spec.flattened = flattened;
+  absl::string_view dims = text;
+  if (flattened) {
+    const size_t eq = text.find('=');
+    if (eq == absl::string_view::npos || eq == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, " expects ", expected, ", got '", text, "'"));
+    }
+    spec.name = std::string(text.substr(0, eq));
+    dims = text.substr(eq + 1);
+  }
+  for (absl::string_view d : absl::StrSplit(dims, ',')) {
+    if (d.empty() || d.find('=') != absl::string_view::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, " expects ", expected, ", got '", text, "'"));
+    }
+    spec.dims.emplace_back(d);
+  }
+  if (!flattened) spec.name = std::string(dims);
+  return spec;
 }
 
 std::string PlanUsage() {
@@ -214,6 +247,12 @@ std::string PlanUsage() {
       "  --format FMT           table (default), json or svg\n"
       "  --color-by DIM         svg: colour the groups of DIM (default TP, or\n"
       "                         the last dimension when there is no TP)\n"
+      "  --flatten NAME=D1,D2   also show the groups of D1,D2 flattened into\n"
+      "                         NAME (DeviceMesh::flatten; adjacent or not,\n"
+      "                         e.g. EP=DP,TP or PP_TP=PP,TP); repeatable\n"
+      "  --view D1,D2           also show the groups of the sub-mesh over\n"
+      "                         D1,D2 (mesh[{\"D1\",\"D2\"}]); repeatable\n"
+      "                         --color-by takes NAME or D1,D2 too\n"
       "  --output FILE          write to FILE instead of stdout\n"
       "  --help                 show this text\n"
       "\n"
@@ -229,7 +268,9 @@ std::string PlanUsage() {
       "  vemesh plan --mesh PP=2,DP=2,TP=2 --ranks-per-host 4 --check "
       "placement.json\n"
       "  vemesh plan --mesh PP=2,DP=2,TP=2 --ranks-per-host 4 --format svg "
-      "--output plan.svg\n");
+      "--output plan.svg\n"
+      "  vemesh plan --mesh PP=2,DP=2,TP=2 --ranks-per-host 4 --flatten "
+      "EP=DP,TP --view PP,TP\n");
 }
 
 }  // namespace vemesh::plan

@@ -11,7 +11,7 @@
 // Both `--flag value` and `--flag=value` are accepted. Errors are
 // InvalidArgument and name the flag, the bad value and what was expected.
 // Checks that need the mesh (rank in range, --color-by a known dimension)
-// happen later, in BuildPlan.
+// happen later, in BuildPlan. --flatten and --view may be repeated.
 
 #ifndef VEMESH_TOOLS_PLAN_PLAN_OPTIONS_H_
 #define VEMESH_TOOLS_PLAN_PLAN_OPTIONS_H_
@@ -41,6 +41,21 @@ inline constexpr int64_t kDefaultRanksPerHost = 8;
 // order), so a plan stays well under a second for any mesh.
 inline constexpr int64_t kMaxRanksPerHost = int64_t{1} << 12;
 
+// A group over several dimensions of the mesh, adjacent or not:
+//   --flatten EP=DP,TP   DeviceMesh::flatten({"DP", "TP"}, "EP")
+//   --view DP,TP         mesh[{"DP", "TP"}] (a 2-D sub-mesh; its groups are
+//                        the same rank sets as the flattened name's)
+struct GroupSpec {
+  bool flattened = false;  // --flatten (true) or --view
+  std::string name;        // flatten: its NAME; view: "DP,TP"
+  std::vector<std::string> dims;
+};
+
+// "EP=DP,TP" (flatten) or "DP,TP" (view) into a GroupSpec; InvalidArgument
+// naming the flag and the text otherwise.
+absl::StatusOr<GroupSpec> ParseGroupSpec(bool flattened,
+                                         absl::string_view text);
+
 struct PlanOptions {
   std::string mesh;             // --mesh, e.g. "PP=2,DP=2,TP=2"
   std::optional<int64_t> rank;  // --rank: show this rank's view
@@ -55,6 +70,7 @@ struct PlanOptions {
   std::optional<std::string> check;  // --check FILE: a job's placement JSON
   OutputFormat format = OutputFormat::kTable;  // --format
   std::optional<std::string> color_by;  // --color-by (default: TP, else last)
+  std::vector<GroupSpec> groups;        // --flatten and --view, in order
   std::optional<std::string> output;    // --output FILE (default: stdout)
   bool help = false;                    // --help / -h
 };

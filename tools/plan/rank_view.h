@@ -50,6 +50,9 @@ struct RankView {
   int64_t host = 0;
   int64_t local = 0;
   std::vector<DimView> dims;
+  // The --flatten / --view groups of this rank (Plan::derived's order);
+  // index_in_group is its index along the flattened name.
+  std::vector<DimView> derived;
   std::optional<Pipeline> pipeline;  // set when the mesh has a PP dimension
 };
 

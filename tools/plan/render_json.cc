@@ -58,6 +58,17 @@ Json RankViewJson(const RankView& v, const HostMap& hosts) {
     dims.push_back(std::move(dj));
   }
   j["dims"] = std::move(dims);
+  Json derived = Json::array();
+  for (const RankView::DimView& d : v.derived) {
+    Json dj;
+    dj["name"] = d.name;
+    dj["index_in_group"] = d.index_in_group;
+    dj["group"] = GroupJson(d.group);
+    dj["prev"] = OptionalRank(d.prev);
+    dj["next"] = OptionalRank(d.next);
+    derived.push_back(std::move(dj));
+  }
+  j["derived"] = std::move(derived);
   if (v.pipeline.has_value()) {
     Json p;
     p["dim"] = v.pipeline->dim;
@@ -72,6 +83,25 @@ Json RankViewJson(const RankView& v, const HostMap& hosts) {
     j["pipeline"] = nullptr;
   }
   return j;
+}
+
+Json DimJson(const DimPlan& d) {
+  Json dj;
+  dj["name"] = d.name;
+  dj["size"] = d.size;
+  dj["stride"] = d.stride;
+  dj["group_count"] = d.locality.group_count;
+  dj["group_size"] = d.locality.group_size;
+  dj["locality"] = LocalityName(d.locality.locality);
+  dj["crossing_groups"] = d.locality.crossing_groups;
+  Json groups;
+  groups["total"] = d.locality.group_count;
+  groups["listed"] = d.groups.size();
+  Json gitems = Json::array();
+  for (const GroupSummary& g : d.groups) gitems.push_back(GroupJson(g));
+  groups["items"] = std::move(gitems);
+  dj["groups"] = std::move(groups);
+  return dj;
 }
 
 }  // namespace
@@ -140,25 +170,19 @@ std::string RenderJson(const Plan& plan) {
   j["ranks"] = std::move(ranks);
 
   Json dims = Json::array();
-  for (const DimPlan& d : plan.dims) {
-    Json dj;
-    dj["name"] = d.name;
-    dj["size"] = d.size;
-    dj["stride"] = d.stride;
-    dj["group_count"] = d.locality.group_count;
-    dj["group_size"] = d.locality.group_size;
-    dj["locality"] = LocalityName(d.locality.locality);
-    dj["crossing_groups"] = d.locality.crossing_groups;
-    Json groups;
-    groups["total"] = d.locality.group_count;
-    groups["listed"] = d.groups.size();
-    Json gitems = Json::array();
-    for (const GroupSummary& g : d.groups) gitems.push_back(GroupJson(g));
-    groups["items"] = std::move(gitems);
-    dj["groups"] = std::move(groups);
-    dims.push_back(std::move(dj));
+  Json derived = Json::array();
+  for (const DimPlan& d : plan.dims) dims.push_back(DimJson(d));
+  for (const DimPlan& d : plan.derived) {
+    Json dj = DimJson(d);
+    dj["kind"] = d.flattened ? "flatten" : "view";
+    dj["spans"] = d.spans;
+    dj["adjacent"] = d.adjacent;
+    derived.push_back(std::move(dj));
   }
   j["dims"] = std::move(dims);
+  j["derived"] = std::move(derived);
+  j["color_by"] = plan.color_name;
+  j["color_dims"] = plan.color_dims;
 
   Json warnings = Json::array();
   for (const PlanWarning& w : plan.warnings) {

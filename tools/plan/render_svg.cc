@@ -103,9 +103,21 @@ std::string HostTitle(const HostMap& hosts, int64_t host) {
 std::string RenderSvg(const Plan& plan) {
   const MeshLayout& layout = plan.layout;
   const HostMap& hosts = plan.hosts;
-  const int64_t color_dim = plan.color_dim;
-  const std::string& color_name = layout.dim_name(color_dim);
-  const std::vector<std::string> color_dims = {color_name};
+  // The colour groups: one dimension, or several (--flatten, --view), whose
+  // members the legend lists through the layout with them merged.
+  const std::vector<std::string> color_dims =
+      plan.color_dims.empty()
+          ? std::vector<std::string>{layout.dim_name(plan.color_dim)}
+          : plan.color_dims;
+  const std::string color_name =
+      plan.color_name.empty() ? color_dims[0] : plan.color_name;
+  const MeshLayout color_layout =
+      color_dims.size() == 1
+          ? layout
+          : layout.flatten(color_dims, color_name).value_or(layout);
+  const int64_t color_dim =
+      color_layout.find_dim(color_dims.size() == 1 ? color_dims[0] : color_name)
+          .value_or(plan.color_dim);
 
   // Which hosts to draw: all, or the first two and the last.
   std::vector<HostSlot> slots;
@@ -234,9 +246,9 @@ std::string RenderSvg(const Plan& plan) {
                     "\" width=\"16\" height=\"16\" rx=\"3\" fill=\"",
                     GroupColor(g), "\" stroke=\"#667\"/>\n");
     std::vector<int64_t> members;
-    const int64_t n = layout.shape()[color_dim];
+    const int64_t n = color_layout.shape()[color_dim];
     for (int64_t k : SampleIndices(n, 3, 1)) {
-      members.push_back(layout.group_member(color_dim, g, k));
+      members.push_back(color_layout.group_member(color_dim, g, k));
     }
     std::string list =
         absl::StrJoin(members.begin(), members.end() - (n > 4), ", ");
@@ -265,6 +277,18 @@ std::string RenderSvg(const Plan& plan) {
                                 d.locality.crossing_groups, " of ",
                                 d.locality.group_count, " groups cross hosts)"),
                    13, bad ? "fill=\"#b00020\"" : "fill=\"#222\"");
+    ly += kLineHeight;
+  }
+  for (const DimPlan& d : plan.derived) {
+    legend += Text(
+        lx, ly,
+        absl::StrCat(
+            d.flattened ? "" : "view ", d.name,
+            d.flattened ? absl::StrCat("=", absl::StrJoin(d.spans, ",")) : "",
+            " (", d.size, d.adjacent ? "" : ", not adjacent", "): ",
+            LocalityName(d.locality.locality), " (", d.locality.crossing_groups,
+            " of ", d.locality.group_count, " groups cross hosts)"),
+        13, "fill=\"#222\"");
     ly += kLineHeight;
   }
   for (const PlanWarning& w : plan.warnings) {

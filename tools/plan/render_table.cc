@@ -71,6 +71,15 @@ std::string Hosts(const GroupSummary& g) {
   return absl::StrCat(g.host_count, " hosts");
 }
 
+// A dimension as the tables name it: "TP", "EP=DP,TP" (flattened), "view
+// DP,TP".
+std::string Label(const DimPlan& d) {
+  if (d.spans.empty()) return d.name;
+  if (d.flattened)
+    return absl::StrCat(d.name, "=", absl::StrJoin(d.spans, ","));
+  return absl::StrCat("view ", d.name);
+}
+
 std::string OrNone(const std::optional<int64_t>& r) {
   return r.has_value() ? absl::StrCat(*r) : "none";
 }
@@ -107,8 +116,12 @@ void AppendHeader(const Plan& plan, std::string& out) {
   absl::StrAppend(&out, "\n");
   TextTable t;
   t.Row({"dim", "size", "stride", "groups", "locality", "crossing"});
-  for (const DimPlan& d : plan.dims) {
-    t.Row({d.name, absl::StrCat(d.size),
+  std::vector<const DimPlan*> rows;
+  for (const DimPlan& d : plan.dims) rows.push_back(&d);
+  for (const DimPlan& d : plan.derived) rows.push_back(&d);
+  for (const DimPlan* dp : rows) {
+    const DimPlan& d = *dp;
+    t.Row({Label(d), absl::StrCat(d.size),
            d.stride > 0 ? absl::StrCat(d.stride) : "-",
            absl::StrCat(d.locality.group_count),
            std::string(LocalityName(d.locality.locality)),
@@ -136,10 +149,22 @@ void AppendRanks(const Plan& plan, std::string& out) {
 }
 
 void AppendGroups(const Plan& plan, std::string& out) {
-  for (const DimPlan& d : plan.dims) {
-    absl::StrAppend(&out, "\n", d.name, " groups: ", d.locality.group_count,
+  std::vector<const DimPlan*> all;
+  for (const DimPlan& d : plan.dims) all.push_back(&d);
+  for (const DimPlan& d : plan.derived) all.push_back(&d);
+  for (const DimPlan* dp : all) {
+    const DimPlan& d = *dp;
+    absl::StrAppend(&out, "\n", Label(d), " groups: ", d.locality.group_count,
                     " of ", d.size, " ranks, ",
                     LocalityName(d.locality.locality), "\n");
+    if (!d.spans.empty()) {
+      absl::StrAppend(&out, "  (", d.flattened ? "flattened" : "view", " over ",
+                      absl::StrJoin(d.spans, ","),
+                      d.adjacent ? ": adjacent dimensions"
+                                 : ": dimensions not adjacent in the mesh "
+                                   "(strided groups)",
+                      ")\n");
+    }
     TextTable t;
     for (size_t i = 0; i < d.groups.size(); ++i) {
       const GroupSummary& g = d.groups[i];
@@ -159,14 +184,20 @@ void AppendRankView(const Plan& plan, const RankView& v, std::string& out) {
                   HostLabel(plan, v.host), ", local rank ", v.local, "\n");
   TextTable t;
   t.Row({"dim", "index", "group", "hosts", "prev", "next", "members", "peers"});
-  for (const RankView::DimView& d : v.dims) {
+  std::vector<const RankView::DimView*> rows;
+  for (const RankView::DimView& d : v.dims) rows.push_back(&d);
+  for (const RankView::DimView& d : v.derived) rows.push_back(&d);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const RankView::DimView& d = *rows[i];
     // Peers: the group without this rank, elided like the group.
     GroupSummary peers = d.group;
     std::erase(peers.ranks, v.rank);
     std::erase(peers.tail, v.rank);
     peers.size = d.group.size - 1;
     const std::string peer_text = Members(peers);
-    t.Row({d.name, absl::StrCat(d.index_in_group, "/", d.group.size),
+    const std::string name =
+        i < v.dims.size() ? d.name : Label(plan.derived[i - v.dims.size()]);
+    t.Row({name, absl::StrCat(d.index_in_group, "/", d.group.size),
            absl::StrCat("#", d.group.index), Hosts(d.group), OrNone(d.prev),
            OrNone(d.next), Members(d.group), peer_text});
   }

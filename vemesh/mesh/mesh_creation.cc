@@ -15,6 +15,7 @@
 #include "vemesh/base/status_macros.h"
 #include "vemesh/bootstrap/agreement.h"
 #include "vemesh/bootstrap/bootstrap_over.h"
+#include "vemesh/bootstrap/init_timeout.h"
 #include "vemesh/bootstrap/launch.h"
 #include "vemesh/mesh/device_mesh.h"
 #include "vemesh/mesh/internal/mesh_backends.h"
@@ -98,12 +99,18 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
   if (device_type == DeviceType::kMeta) {
     return Meta(std::move(layout), LauncherRank());
   }
-  if (options.timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "MeshOptions.timeout is ", absl::FormatDuration(options.timeout),
-        ": expected a positive duration"));
+  absl::Duration timeout;
+  if (options.timeout.has_value()) {
+    timeout = *options.timeout;
+  } else {
+    VEMESH_ASSIGN_OR_RETURN(timeout, DefaultInitTimeout());
   }
-  const absl::Time deadline = absl::Now() + options.timeout;
+  if (timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MeshOptions.timeout is ", absl::FormatDuration(timeout),
+                     ": expected a positive duration"));
+  }
+  const absl::Time deadline = absl::Now() + timeout;
 
   // (1) The bootstrap.
   std::shared_ptr<Bootstrap> bootstrap = options.bootstrap;
@@ -136,7 +143,7 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
   VEMESH_ASSIGN_OR_RETURN(
       AgreedWorld agreed,
       AgreeAndMakeWorld(*bootstrap, "DeviceMesh::Create", fields,
-                        HostIdentity(), deadline, options.timeout));
+                        HostIdentity(), deadline, timeout));
   const std::vector<std::string>& hosts = agreed.payloads;
 
   // (3) The mesh fits the world (the same answer on every rank now).
@@ -155,8 +162,19 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
     }
   }
 
+  // A mesh smaller than the world is allowed (PyTorch allows it) but is
+  // often a typo ({2, 2} for {2, 4}): say so once, from world rank 0.
+  if (layout.size() < world_size && world_rank == 0) {
+    LogWarning(absl::StrCat("mesh ", layout.ToString(), " covers ",
+                            layout.size(), " of the world's ", world_size,
+                            " ranks; the other ", world_size - layout.size(),
+                            " are outside it (was the shape meant to multiply "
+                            "to ",
+                            world_size, "?)"));
+  }
+
   auto shared = std::make_shared<Shared>(device_type, layout, world_rank);
-  shared->timeout = options.timeout;
+  shared->timeout = timeout;
   shared->bootstrap = bootstrap;
 
   // (4) Where this rank sits on its host (the GPU it binds for cuda).
@@ -182,7 +200,7 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
       *bootstrap, std::move(plan), std::move(agreed.world),
       CudaDeviceRequest{options.cuda_device, shared->host_local_rank,
                         shared->host_size},
-      shared->host_size == world_size, deadline, options.timeout, options.nccl);
+      shared->host_size == world_size, deadline, timeout, options.nccl);
   if (!backends.ok()) return backends.status();
   shared->backends = *std::move(backends);
   shared->device_world = shared->backends->default_world();

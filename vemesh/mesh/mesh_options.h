@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,7 +32,9 @@ struct MeshOptions {
   // How long creation waits for every rank to arrive before it fails with
   // DeadlineExceeded instead of hanging; also the bound of each operation on
   // the mesh's Gloo communicators (MPI and NCCL operations have none).
-  absl::Duration timeout = absl::Seconds(60);
+  // Unset: VEMESH_INIT_TIMEOUT when the launch sets it, else 60 s
+  // (vemesh/bootstrap/init_timeout.h).
+  std::optional<absl::Duration> timeout;
   // The group the mesh is built over; must be a communicator that can
   // bootstrap a mesh (MPI). Null means the launcher's world.
   std::shared_ptr<Communicator> world;
