@@ -14,9 +14,10 @@
 //   comm->all_gather(absl::MakeSpan(scratch), absl::MakeSpan(all));
 //
 // A buffer that is only read (a send buffer) may be const or mutable; one
-// that is written must be mutable (ReadBuffer / WriteBuffer below). The
-// element type of a written buffer and the buffer it pairs with must be
-// the same type (a `const float` send with a `float` recv is fine).
+// that is written must be mutable (ReadBuffer / WriteBuffer below). A send
+// and a recv buffer of one operation hold the same element type (a `const
+// float` send with a `float` recv is fine; float with double is a
+// static_assert naming the rule).
 
 #ifndef VEMESH_COMM_BUFFER_H_
 #define VEMESH_COMM_BUFFER_H_
@@ -41,15 +42,8 @@ using BufferValue = std::remove_cv_t<
 
 // A ReadBuffer whose elements may be written (not a const view).
 template <typename R>
-concept WriteBuffer =
-    ReadBuffer<R> &&
-    !std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<R>>>;
-
-// A buffer read as the send side of an operation whose receive side is a
-// WriteBuffer `W`: the same element type, const or not.
-template <typename R, typename W>
-concept SendBufferFor = ReadBuffer<R> && WriteBuffer<W> &&
-                        std::is_same_v<BufferValue<R>, BufferValue<W>>;
+concept WriteBuffer = ReadBuffer<R> && !std::is_const_v<
+    std::remove_reference_t<std::ranges::range_reference_t<R>>>;
 
 // The pointer and length of a buffer (an lvalue: a range passed as a
 // temporary, such as absl::MakeSpan(v), is named by the caller's parameter).

@@ -406,8 +406,7 @@ Communicator::WorkOr Communicator::irecv(void* data, size_t count,
 
 Communicator::WorkOr Communicator::isend_recv(
     const void* send_data, size_t send_count, int dest, void* recv_data,
-    size_t recv_count, int source, DataType type,
-    const AsyncOptions& options) {
+    size_t recv_count, int source, DataType type, const AsyncOptions& options) {
   return start(Streamed(
       Batch("isend_recv", {P2POp::Send(send_data, send_count, type, dest),
                            P2POp::Recv(recv_data, recv_count, type, source)}),

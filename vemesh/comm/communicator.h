@@ -36,9 +36,10 @@
 // for all backends. Other failures (a lost peer, a deadline, abort()) and
 // whether to retry: the table in vemesh/base/status_codes.h.
 //
-// Data types and reductions: data_type.h (every type on every backend). An
-// operation as a backend receives it: operation.h. The backend names:
-// backend.h.
+// Buffers of the typed forms: any contiguous range, std::vector and
+// std::span included (buffer.h). Data types and reductions: data_type.h
+// (every type on every backend). An operation as a backend receives it:
+// operation.h. The backend names: backend.h.
 //
 // Ownership: communicators are shared (std::shared_ptr). A mesh, its
 // sub-meshes, any caller and any unfinished Work may hold the same one; it
@@ -294,170 +295,152 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // `recv` is written at `root` only (same length as `send` there; any
   // length, empty included, elsewhere).
   template <ReadBuffer R, WriteBuffer W>
-    requires SendBufferFor<R, W>
   absl::Status reduce(R&& send, W&& recv, ReduceOp op, int root) {
-    VEMESH_RETURN_IF_ERROR(RootLength("reduce", "recv", BufferSize(recv),
-                                           BufferSize(send), root));
+    VEMESH_RETURN_IF_ERROR(
+        RootLength("reduce", "recv", BufferSize(recv), BufferSize(send), root));
     return reduce(ReadData(send), RecvAt(recv, root), BufferSize(send),
-                  TypeOf<W>(), op, root);
+                  PairType<R, W>(), op, root);
   }
   template <ReadBuffer R, WriteBuffer W>
-    requires SendBufferFor<R, W>
   WorkOr ireduce(R&& send, W&& recv, ReduceOp op, int root,
                  const AsyncOptions& options = {}) {
     VEMESH_RETURN_IF_ERROR(RootLength("ireduce", "recv", BufferSize(recv),
-                                           BufferSize(send), root));
+                                      BufferSize(send), root));
     return ireduce(ReadData(send), RecvAt(recv, root), BufferSize(send),
-                   TypeOf<W>(), op, root, options);
+                   PairType<R, W>(), op, root, options);
   }
   template <ReadBuffer R, WriteBuffer W>
-    requires SendBufferFor<R, W>
   absl::Status all_gather(R&& send, W&& recv) {
     VEMESH_RETURN_IF_ERROR(
         Multiple("all_gather", "recv", BufferSize(recv), BufferSize(send)));
     return all_gather(ReadData(send), WriteData(recv), BufferSize(send),
-                      TypeOf<W>());
+                      PairType<R, W>());
   }
   template <ReadBuffer R, WriteBuffer W>
-    requires SendBufferFor<R, W>
   WorkOr iall_gather(R&& send, W&& recv, const AsyncOptions& options = {}) {
     VEMESH_RETURN_IF_ERROR(
         Multiple("iall_gather", "recv", BufferSize(recv), BufferSize(send)));
     return iall_gather(ReadData(send), WriteData(recv), BufferSize(send),
-                       TypeOf<W>(), options);
+                       PairType<R, W>(), options);
   }
   // `send` holds recv_counts[rank()] elements, `recv` their sum.
   template <ReadBuffer R, WriteBuffer W>
-    requires SendBufferFor<R, W>
   absl::Status all_gather_v(R&& send, W&& recv,
                             absl::Span<const size_t> recv_counts) {
-    VEMESH_RETURN_IF_ERROR(VLengths("all_gather_v", "send", BufferSize(send), "recv",
-                                         BufferSize(recv), recv_counts));
+    VEMESH_RETURN_IF_ERROR(VLengths("all_gather_v", "send", BufferSize(send),
+                                    "recv", BufferSize(recv), recv_counts));
     return all_gather_v(ReadData(send), WriteData(recv), recv_counts,
-                        TypeOf<W>());
+                        PairType<R, W>());
   }
   template <ReadBuffer R, WriteBuffer W>
-    requires SendBufferFor<R, W>
   WorkOr iall_gather_v(R&& send, W&& recv, absl::Span<const size_t> recv_counts,
                        const AsyncOptions& options = {}) {
-    VEMESH_RETURN_IF_ERROR(VLengths("iall_gather_v", "send", BufferSize(send), "recv",
-                                         BufferSize(recv), recv_counts));
+    VEMESH_RETURN_IF_ERROR(VLengths("iall_gather_v", "send", BufferSize(send),
+                                    "recv", BufferSize(recv), recv_counts));
     return iall_gather_v(ReadData(send), WriteData(recv), recv_counts,
-                         TypeOf<W>(), options);
+                         PairType<R, W>(), options);
   }
   template <ReadBuffer R, WriteBuffer W>
-    requires SendBufferFor<R, W>
   absl::Status reduce_scatter(R&& send, W&& recv, ReduceOp op) {
     VEMESH_RETURN_IF_ERROR(
         Multiple("reduce_scatter", "send", BufferSize(send), BufferSize(recv)));
     return reduce_scatter(ReadData(send), WriteData(recv), BufferSize(recv),
-                          TypeOf<W>(), op);
+                          PairType<R, W>(), op);
   }
   template <ReadBuffer R, WriteBuffer W>
-    requires SendBufferFor<R, W>
   WorkOr ireduce_scatter(R&& send, W&& recv, ReduceOp op,
                          const AsyncOptions& options = {}) {
-    VEMESH_RETURN_IF_ERROR(Multiple("ireduce_scatter", "send",
-                                         BufferSize(send), BufferSize(recv)));
+    VEMESH_RETURN_IF_ERROR(Multiple("ireduce_scatter", "send", BufferSize(send),
+                                    BufferSize(recv)));
     return ireduce_scatter(ReadData(send), WriteData(recv), BufferSize(recv),
-                           TypeOf<W>(), op, options);
+                           PairType<R, W>(), op, options);
   }
   // `send` holds the sum of recv_counts, `recv` recv_counts[rank()].
   template <ReadBuffer R, WriteBuffer W>
-    requires SendBufferFor<R, W>
   absl::Status reduce_scatter_v(R&& send, W&& recv,
                                 absl::Span<const size_t> recv_counts,
                                 ReduceOp op) {
-    VEMESH_RETURN_IF_ERROR(VLengths("reduce_scatter_v", "recv", BufferSize(recv), "send",
-                                         BufferSize(send), recv_counts));
+    VEMESH_RETURN_IF_ERROR(VLengths("reduce_scatter_v", "recv",
+                                    BufferSize(recv), "send", BufferSize(send),
+                                    recv_counts));
     return reduce_scatter_v(ReadData(send), WriteData(recv), recv_counts,
-                            TypeOf<W>(), op);
+                            PairType<R, W>(), op);
   }
   template <ReadBuffer R, WriteBuffer W>
-    requires SendBufferFor<R, W>
   WorkOr ireduce_scatter_v(R&& send, W&& recv,
                            absl::Span<const size_t> recv_counts, ReduceOp op,
                            const AsyncOptions& options = {}) {
-    VEMESH_RETURN_IF_ERROR(VLengths("ireduce_scatter_v", "recv", BufferSize(recv), "send",
-                                         BufferSize(send), recv_counts));
+    VEMESH_RETURN_IF_ERROR(VLengths("ireduce_scatter_v", "recv",
+                                    BufferSize(recv), "send", BufferSize(send),
+                                    recv_counts));
     return ireduce_scatter_v(ReadData(send), WriteData(recv), recv_counts,
-                             TypeOf<W>(), op, options);
+                             PairType<R, W>(), op, options);
   }
   // `recv` is written at `root` only: size() times `send` there.
   template <ReadBuffer R, WriteBuffer W>
-    requires SendBufferFor<R, W>
   absl::Status gather(R&& send, W&& recv, int root) {
     VEMESH_RETURN_IF_ERROR(RootLength("gather", "recv", BufferSize(recv),
-                                           BufferSize(send) * size(), root));
+                                      BufferSize(send) * size(), root));
     return gather(ReadData(send), RecvAt(recv, root), BufferSize(send),
-                  TypeOf<W>(), root);
+                  PairType<R, W>(), root);
   }
   template <ReadBuffer R, WriteBuffer W>
-    requires SendBufferFor<R, W>
   WorkOr igather(R&& send, W&& recv, int root,
                  const AsyncOptions& options = {}) {
     VEMESH_RETURN_IF_ERROR(RootLength("igather", "recv", BufferSize(recv),
-                                           BufferSize(send) * size(), root));
+                                      BufferSize(send) * size(), root));
     return igather(ReadData(send), RecvAt(recv, root), BufferSize(send),
-                   TypeOf<W>(), root, options);
+                   PairType<R, W>(), root, options);
   }
   // `send` is read at `root` only: size() times `recv` there.
   template <ReadBuffer R, WriteBuffer W>
-    requires SendBufferFor<R, W>
   absl::Status scatter(R&& send, W&& recv, int root) {
     VEMESH_RETURN_IF_ERROR(RootLength("scatter", "send", BufferSize(send),
-                                           BufferSize(recv) * size(), root));
+                                      BufferSize(recv) * size(), root));
     return scatter(SendAt(send, root), WriteData(recv), BufferSize(recv),
-                   TypeOf<W>(), root);
+                   PairType<R, W>(), root);
   }
   template <ReadBuffer R, WriteBuffer W>
-    requires SendBufferFor<R, W>
   WorkOr iscatter(R&& send, W&& recv, int root,
                   const AsyncOptions& options = {}) {
     VEMESH_RETURN_IF_ERROR(RootLength("iscatter", "send", BufferSize(send),
-                                           BufferSize(recv) * size(), root));
+                                      BufferSize(recv) * size(), root));
     return iscatter(SendAt(send, root), WriteData(recv), BufferSize(recv),
-                    TypeOf<W>(), root, options);
+                    PairType<R, W>(), root, options);
   }
   // Equal blocks: both buffers hold size() blocks of the same length.
   template <ReadBuffer R, WriteBuffer W>
-    requires SendBufferFor<R, W>
   absl::Status all_to_all(R&& send, W&& recv) {
-    VEMESH_RETURN_IF_ERROR(
-        AllToAllLengths(BufferSize(send), BufferSize(recv)));
-    return all_to_all(ReadData(send), WriteData(recv), BufferSize(send) / size(),
-                      TypeOf<W>());
+    VEMESH_RETURN_IF_ERROR(AllToAllLengths(BufferSize(send), BufferSize(recv)));
+    return all_to_all(ReadData(send), WriteData(recv),
+                      BufferSize(send) / size(), PairType<R, W>());
   }
   template <ReadBuffer R, WriteBuffer W>
-    requires SendBufferFor<R, W>
   WorkOr iall_to_all(R&& send, W&& recv, const AsyncOptions& options = {}) {
-    VEMESH_RETURN_IF_ERROR(
-        AllToAllLengths(BufferSize(send), BufferSize(recv)));
+    VEMESH_RETURN_IF_ERROR(AllToAllLengths(BufferSize(send), BufferSize(recv)));
     return iall_to_all(ReadData(send), WriteData(recv),
-                       BufferSize(send) / size(), TypeOf<W>(), options);
+                       BufferSize(send) / size(), PairType<R, W>(), options);
   }
   template <ReadBuffer R, WriteBuffer W>
-    requires SendBufferFor<R, W>
   absl::Status all_to_all_v(R&& send, absl::Span<const size_t> send_counts,
                             W&& recv, absl::Span<const size_t> recv_counts) {
-    VEMESH_RETURN_IF_ERROR(TotalError("all_to_all_v", "send",
-                                           BufferSize(send), send_counts));
-    VEMESH_RETURN_IF_ERROR(TotalError("all_to_all_v", "recv",
-                                           BufferSize(recv), recv_counts));
+    VEMESH_RETURN_IF_ERROR(
+        TotalError("all_to_all_v", "send", BufferSize(send), send_counts));
+    VEMESH_RETURN_IF_ERROR(
+        TotalError("all_to_all_v", "recv", BufferSize(recv), recv_counts));
     return all_to_all_v(ReadData(send), send_counts, WriteData(recv),
-                        recv_counts, TypeOf<W>());
+                        recv_counts, PairType<R, W>());
   }
   template <ReadBuffer R, WriteBuffer W>
-    requires SendBufferFor<R, W>
-  WorkOr iall_to_all_v(R&& send, absl::Span<const size_t> send_counts,
-                       W&& recv, absl::Span<const size_t> recv_counts,
+  WorkOr iall_to_all_v(R&& send, absl::Span<const size_t> send_counts, W&& recv,
+                       absl::Span<const size_t> recv_counts,
                        const AsyncOptions& options = {}) {
-    VEMESH_RETURN_IF_ERROR(TotalError("iall_to_all_v", "send",
-                                           BufferSize(send), send_counts));
-    VEMESH_RETURN_IF_ERROR(TotalError("iall_to_all_v", "recv",
-                                           BufferSize(recv), recv_counts));
+    VEMESH_RETURN_IF_ERROR(
+        TotalError("iall_to_all_v", "send", BufferSize(send), send_counts));
+    VEMESH_RETURN_IF_ERROR(
+        TotalError("iall_to_all_v", "recv", BufferSize(recv), recv_counts));
     return iall_to_all_v(ReadData(send), send_counts, WriteData(recv),
-                         recv_counts, TypeOf<W>(), options);
+                         recv_counts, PairType<R, W>(), options);
   }
   // Point to point, to a group rank (int) or a GlobalRank.
   template <ReadBuffer R>
@@ -486,26 +469,22 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   }
   template <WriteBuffer W>
   WorkOr irecv(W&& data, int peer, const AsyncOptions& options = {}) {
-    return irecv(WriteData(data), BufferSize(data), TypeOf<W>(), peer,
-                 options);
+    return irecv(WriteData(data), BufferSize(data), TypeOf<W>(), peer, options);
   }
   template <WriteBuffer W>
   WorkOr irecv(W&& data, GlobalRank peer, const AsyncOptions& options = {}) {
-    return irecv(WriteData(data), BufferSize(data), TypeOf<W>(), peer,
-                 options);
+    return irecv(WriteData(data), BufferSize(data), TypeOf<W>(), peer, options);
   }
   template <ReadBuffer R, WriteBuffer W>
-    requires SendBufferFor<R, W>
   absl::Status send_recv(R&& send, int dest, W&& recv, int source) {
     return send_recv(ReadData(send), BufferSize(send), dest, WriteData(recv),
-                     BufferSize(recv), source, TypeOf<W>());
+                     BufferSize(recv), source, PairType<R, W>());
   }
   template <ReadBuffer R, WriteBuffer W>
-    requires SendBufferFor<R, W>
   WorkOr isend_recv(R&& send, int dest, W&& recv, int source,
                     const AsyncOptions& options = {}) {
     return isend_recv(ReadData(send), BufferSize(send), dest, WriteData(recv),
-                      BufferSize(recv), source, TypeOf<W>(), options);
+                      BufferSize(recv), source, PairType<R, W>(), options);
   }
 
  protected:
@@ -546,12 +525,20 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // `total_what` their sum. (A count list of the wrong length is left to
   // the operation's own check, which names it.)
   absl::Status VLengths(absl::string_view op, absl::string_view mine_what,
-                        size_t mine, absl::string_view total_what,
-                        size_t total, absl::Span<const size_t> counts) const;
+                        size_t mine, absl::string_view total_what, size_t total,
+                        absl::Span<const size_t> counts) const;
   absl::Status AllToAllLengths(size_t send, size_t recv) const;
   template <typename R>
   static constexpr DataType TypeOf() {
     return DataTypeOf<BufferValue<R>>();
+  }
+  // The element type of a send/recv pair, which must be one type.
+  template <typename R, typename W>
+  static constexpr DataType PairType() {
+    static_assert(std::is_same_v<BufferValue<R>, BufferValue<W>>,
+                  "the send and recv buffers of a typed operation must hold "
+                  "the same element type (const or not)");
+    return DataTypeOf<BufferValue<W>>();
   }
   // The root-only buffer: its data at `root`, null elsewhere when empty.
   template <typename W>

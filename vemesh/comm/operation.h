@@ -50,13 +50,13 @@ struct P2POp {
   // Any contiguous range (buffer.h); the receive buffer must be mutable.
   template <ReadBuffer R>
   static P2POp Send(R&& data, int peer) {
-    return Send(ReadData(data), BufferSize(data),
-                DataTypeOf<BufferValue<R>>(), peer);
+    return Send(ReadData(data), BufferSize(data), DataTypeOf<BufferValue<R>>(),
+                peer);
   }
   template <WriteBuffer W>
   static P2POp Recv(W&& data, int peer) {
-    return Recv(WriteData(data), BufferSize(data),
-                DataTypeOf<BufferValue<W>>(), peer);
+    return Recv(WriteData(data), BufferSize(data), DataTypeOf<BufferValue<W>>(),
+                peer);
   }
 };
 

@@ -35,9 +35,9 @@
 #ifndef VEMESH_LAYOUT_MESH_LAYOUT_H_
 #define VEMESH_LAYOUT_MESH_LAYOUT_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
-#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -62,7 +62,7 @@ class Coordinate : public absl::InlinedVector<int64_t, 6> {
   using Base = absl::InlinedVector<int64_t, 6>;
   using Base::Base;
   Coordinate() = default;
-  Coordinate(const Base& other) : Base(other) {}  // NOLINT: implicit
+  Coordinate(const Base& other) : Base(other) {}        // NOLINT: implicit
   Coordinate(Base&& other) : Base(std::move(other)) {}  // NOLINT: implicit
   explicit Coordinate(absl::Span<const int64_t> values)
       : Base(values.begin(), values.end()) {}

@@ -202,10 +202,9 @@ class DeviceMesh {
   // C++23 reads `mesh["DP", "TP"]` as a subscript of two arguments: refuse
   // it with a message naming the brace form. (Under C++20 it is the comma
   // operator, which the pragma at the top of this file makes an error.)
-  template <typename First, typename... Rest>
-    requires(sizeof...(Rest) >= 1)
-  absl::StatusOr<DeviceMesh> operator[](First&&, Rest&&...) const {
-    static_assert(sizeof...(Rest) == 0,
+  template <typename First, typename Second, typename... Rest>
+  absl::StatusOr<DeviceMesh> operator[](First&&, Second&&, Rest&&...) const {
+    static_assert(sizeof(First) == 0,
                   "mesh[\"DP\", \"TP\"] is not a 2-D slice: write "
                   "mesh[{\"DP\", \"TP\"}] or mesh.slice({\"DP\", \"TP\"})");
     return absl::UnimplementedError("unreachable");
