@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -31,6 +32,7 @@
 #include "vemesh/bootstrap/launch.h"
 #include "vemesh/bootstrap/launch_session.h"
 #include "vemesh/bootstrap/store_bootstrap.h"
+#include "vemesh/comm/buffer.h"
 #include "vemesh/comm/communicator.h"
 #include "vemesh/comm/gloo/gloo_communicator.h"
 #include "vemesh/comm/mpi/mpi_environment.h"
@@ -99,6 +101,19 @@ absl::Status CommunicatorExample(std::shared_ptr<Communicator> tp,
 
   std::optional<int64_t> next = *VESCALE_DEVICE_MESH.get_next_stage_peer();
   if (next) s = pp->send(absl::MakeConstSpan(act), GlobalRank(*next));
+  return s;
+}
+
+// vemesh/comm/buffer.h
+absl::Status BufferExample(std::shared_ptr<Communicator> comm) {
+  std::vector<double> grad(1024, 1.0);
+  absl::Status s = comm->all_reduce(grad, ReduceOp::kSum);
+  s = comm->all_reduce(std::span<double>(grad), ReduceOp::kSum);
+  const std::vector<float> mine = {1.5f};
+  std::vector<float> all(comm->size());
+  s = comm->all_gather(mine, all);
+  std::vector<float> scratch = {2.5f};
+  s = comm->all_gather(absl::MakeSpan(scratch), absl::MakeSpan(all));
   return s;
 }
 

@@ -404,6 +404,15 @@ Communicator::WorkOr Communicator::irecv(void* data, size_t count,
   return irecv(data, count, type, local, options);
 }
 
+Communicator::WorkOr Communicator::isend_recv(
+    const void* send_data, size_t send_count, int dest, void* recv_data,
+    size_t recv_count, int source, DataType type, const AsyncOptions& options) {
+  return start(Streamed(
+      Batch("isend_recv", {P2POp::Send(send_data, send_count, type, dest),
+                           P2POp::Recv(recv_data, recv_count, type, source)}),
+      options));
+}
+
 Communicator::WorkOr Communicator::batch_isend_irecv(
     absl::Span<const P2POp> ops, const AsyncOptions& options) {
   return start(Streamed(

@@ -36,9 +36,10 @@
 // for all backends. Other failures (a lost peer, a deadline, abort()) and
 // whether to retry: the table in vemesh/base/status_codes.h.
 //
-// Data types and reductions: data_type.h (every type on every backend). An
-// operation as a backend receives it: operation.h. The backend names:
-// backend.h.
+// Buffers of the typed forms: any contiguous range, std::vector and
+// std::span included (buffer.h). Data types and reductions: data_type.h
+// (every type on every backend). An operation as a backend receives it:
+// operation.h. The backend names: backend.h.
 //
 // Ownership: communicators are shared (std::shared_ptr). A mesh, its
 // sub-meshes, any caller and any unfinished Work may hold the same one; it
@@ -72,7 +73,9 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "vemesh/base/status_macros.h"
 #include "vemesh/comm/backend.h"
+#include "vemesh/comm/buffer.h"
 #include "vemesh/comm/data_type.h"
 #include "vemesh/comm/half.h"
 #include "vemesh/comm/operation.h"
@@ -238,6 +241,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
                const AsyncOptions& options = {});
   WorkOr irecv(void* data, size_t count, DataType type, GlobalRank peer,
                const AsyncOptions& options = {});
+  WorkOr isend_recv(const void* send_data, size_t send_count, int dest,
+                    void* recv_data, size_t recv_count, int source,
+                    DataType type, const AsyncOptions& options = {});
   WorkOr batch_isend_irecv(absl::Span<const P2POp> ops,
                            const AsyncOptions& options = {});
 
@@ -262,93 +268,223 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   virtual NativeHandle native_handle() const = 0;
 
   // -- Typed operations: the element type and the lengths are checked --------
-  template <typename T>
-  absl::Status broadcast(absl::Span<T> data, int root) {
-    return broadcast(data.data(), data.size(), DataTypeOf<T>(), root);
+  // Every buffer is any contiguous range (buffer.h): std::vector, std::span,
+  // absl::Span, std::array, ...; a buffer only read may be const. Each has
+  // an asynchronous `i` form taking the same buffers, which must outlive
+  // the Work. Lengths are checked before anything starts (InvalidArgument).
+  template <WriteBuffer W>
+  absl::Status broadcast(W&& data, int root) {
+    return broadcast(WriteData(data), BufferSize(data), TypeOf<W>(), root);
   }
-  template <typename T>
-  absl::Status all_reduce(absl::Span<T> data, ReduceOp op) {
-    return all_reduce(data.data(), data.data(), data.size(), DataTypeOf<T>(),
-                      op);
+  template <WriteBuffer W>
+  WorkOr ibroadcast(W&& data, int root, const AsyncOptions& options = {}) {
+    return ibroadcast(WriteData(data), BufferSize(data), TypeOf<W>(), root,
+                      options);
   }
-  template <typename T>
-  WorkOr iall_reduce(absl::Span<T> data, ReduceOp op,
-                     const AsyncOptions& options = {}) {
-    return iall_reduce(data.data(), data.data(), data.size(), DataTypeOf<T>(),
-                       op, options);
+  // In place.
+  template <WriteBuffer W>
+  absl::Status all_reduce(W&& data, ReduceOp op) {
+    return all_reduce(WriteData(data), WriteData(data), BufferSize(data),
+                      TypeOf<W>(), op);
   }
-  template <typename T>
-  absl::Status all_gather(absl::Span<const T> send, absl::Span<T> recv) {
-    if (recv.size() != send.size() * static_cast<size_t>(size())) {
-      return LengthError("all_gather", "recv", recv.size(),
-                         send.size() * size());
-    }
-    return all_gather(send.data(), recv.data(), send.size(), DataTypeOf<T>());
+  template <WriteBuffer W>
+  WorkOr iall_reduce(W&& data, ReduceOp op, const AsyncOptions& options = {}) {
+    return iall_reduce(WriteData(data), WriteData(data), BufferSize(data),
+                       TypeOf<W>(), op, options);
   }
-  template <typename T>
-  absl::Status reduce_scatter(absl::Span<const T> send, absl::Span<T> recv,
-                              ReduceOp op) {
-    if (send.size() != recv.size() * static_cast<size_t>(size())) {
-      return LengthError("reduce_scatter", "send", send.size(),
-                         recv.size() * size());
-    }
-    return reduce_scatter(send.data(), recv.data(), recv.size(),
-                          DataTypeOf<T>(), op);
+  // `recv` is written at `root` only (same length as `send` there; any
+  // length, empty included, elsewhere).
+  template <ReadBuffer R, WriteBuffer W>
+  absl::Status reduce(R&& send, W&& recv, ReduceOp op, int root) {
+    VEMESH_RETURN_IF_ERROR(
+        RootLength("reduce", "recv", BufferSize(recv), BufferSize(send), root));
+    return reduce(ReadData(send), RecvAt(recv, root), BufferSize(send),
+                  PairType<R, W>(), op, root);
   }
-  // Equal blocks: both spans hold size() blocks of the same length.
-  template <typename T>
-  absl::Status all_to_all(absl::Span<const T> send, absl::Span<T> recv) {
-    if (send.size() != recv.size() || send.size() % size() != 0) {
-      return absl::InvalidArgumentError(
-          AllToAllLengthText(send.size(), recv.size()));
-    }
-    return all_to_all(send.data(), recv.data(), send.size() / size(),
-                      DataTypeOf<T>());
+  template <ReadBuffer R, WriteBuffer W>
+  WorkOr ireduce(R&& send, W&& recv, ReduceOp op, int root,
+                 const AsyncOptions& options = {}) {
+    VEMESH_RETURN_IF_ERROR(RootLength("ireduce", "recv", BufferSize(recv),
+                                      BufferSize(send), root));
+    return ireduce(ReadData(send), RecvAt(recv, root), BufferSize(send),
+                   PairType<R, W>(), op, root, options);
   }
-  template <typename T>
-  absl::Status all_to_all_v(absl::Span<const T> send,
-                            absl::Span<const size_t> send_counts,
-                            absl::Span<T> recv,
+  template <ReadBuffer R, WriteBuffer W>
+  absl::Status all_gather(R&& send, W&& recv) {
+    VEMESH_RETURN_IF_ERROR(
+        Multiple("all_gather", "recv", BufferSize(recv), BufferSize(send)));
+    return all_gather(ReadData(send), WriteData(recv), BufferSize(send),
+                      PairType<R, W>());
+  }
+  template <ReadBuffer R, WriteBuffer W>
+  WorkOr iall_gather(R&& send, W&& recv, const AsyncOptions& options = {}) {
+    VEMESH_RETURN_IF_ERROR(
+        Multiple("iall_gather", "recv", BufferSize(recv), BufferSize(send)));
+    return iall_gather(ReadData(send), WriteData(recv), BufferSize(send),
+                       PairType<R, W>(), options);
+  }
+  // `send` holds recv_counts[rank()] elements, `recv` their sum.
+  template <ReadBuffer R, WriteBuffer W>
+  absl::Status all_gather_v(R&& send, W&& recv,
                             absl::Span<const size_t> recv_counts) {
-    absl::Status lengths =
-        TotalError("all_to_all_v", "send", send.size(), send_counts);
-    if (lengths.ok()) {
-      lengths = TotalError("all_to_all_v", "recv", recv.size(), recv_counts);
-    }
-    if (!lengths.ok()) return lengths;
-    return all_to_all_v(send.data(), send_counts, recv.data(), recv_counts,
-                        DataTypeOf<T>());
+    VEMESH_RETURN_IF_ERROR(VLengths("all_gather_v", "send", BufferSize(send),
+                                    "recv", BufferSize(recv), recv_counts));
+    return all_gather_v(ReadData(send), WriteData(recv), recv_counts,
+                        PairType<R, W>());
   }
-  template <typename T>
-  absl::Status send(absl::Span<const T> data, int peer) {
-    return send(data.data(), data.size(), DataTypeOf<T>(), peer);
+  template <ReadBuffer R, WriteBuffer W>
+  WorkOr iall_gather_v(R&& send, W&& recv, absl::Span<const size_t> recv_counts,
+                       const AsyncOptions& options = {}) {
+    VEMESH_RETURN_IF_ERROR(VLengths("iall_gather_v", "send", BufferSize(send),
+                                    "recv", BufferSize(recv), recv_counts));
+    return iall_gather_v(ReadData(send), WriteData(recv), recv_counts,
+                         PairType<R, W>(), options);
   }
-  template <typename T>
-  absl::Status recv(absl::Span<T> data, int peer) {
-    return recv(data.data(), data.size(), DataTypeOf<T>(), peer);
+  template <ReadBuffer R, WriteBuffer W>
+  absl::Status reduce_scatter(R&& send, W&& recv, ReduceOp op) {
+    VEMESH_RETURN_IF_ERROR(
+        Multiple("reduce_scatter", "send", BufferSize(send), BufferSize(recv)));
+    return reduce_scatter(ReadData(send), WriteData(recv), BufferSize(recv),
+                          PairType<R, W>(), op);
   }
-  template <typename T>
-  absl::Status send(absl::Span<const T> data, GlobalRank peer) {
-    return send(data.data(), data.size(), DataTypeOf<T>(), peer);
+  template <ReadBuffer R, WriteBuffer W>
+  WorkOr ireduce_scatter(R&& send, W&& recv, ReduceOp op,
+                         const AsyncOptions& options = {}) {
+    VEMESH_RETURN_IF_ERROR(Multiple("ireduce_scatter", "send", BufferSize(send),
+                                    BufferSize(recv)));
+    return ireduce_scatter(ReadData(send), WriteData(recv), BufferSize(recv),
+                           PairType<R, W>(), op, options);
   }
-  template <typename T>
-  absl::Status recv(absl::Span<T> data, GlobalRank peer) {
-    return recv(data.data(), data.size(), DataTypeOf<T>(), peer);
+  // `send` holds the sum of recv_counts, `recv` recv_counts[rank()].
+  template <ReadBuffer R, WriteBuffer W>
+  absl::Status reduce_scatter_v(R&& send, W&& recv,
+                                absl::Span<const size_t> recv_counts,
+                                ReduceOp op) {
+    VEMESH_RETURN_IF_ERROR(VLengths("reduce_scatter_v", "recv",
+                                    BufferSize(recv), "send", BufferSize(send),
+                                    recv_counts));
+    return reduce_scatter_v(ReadData(send), WriteData(recv), recv_counts,
+                            PairType<R, W>(), op);
   }
-  template <typename T>
-  WorkOr isend(absl::Span<const T> data, int peer,
-               const AsyncOptions& options = {}) {
-    return isend(data.data(), data.size(), DataTypeOf<T>(), peer, options);
+  template <ReadBuffer R, WriteBuffer W>
+  WorkOr ireduce_scatter_v(R&& send, W&& recv,
+                           absl::Span<const size_t> recv_counts, ReduceOp op,
+                           const AsyncOptions& options = {}) {
+    VEMESH_RETURN_IF_ERROR(VLengths("ireduce_scatter_v", "recv",
+                                    BufferSize(recv), "send", BufferSize(send),
+                                    recv_counts));
+    return ireduce_scatter_v(ReadData(send), WriteData(recv), recv_counts,
+                             PairType<R, W>(), op, options);
   }
-  template <typename T>
-  WorkOr irecv(absl::Span<T> data, int peer, const AsyncOptions& options = {}) {
-    return irecv(data.data(), data.size(), DataTypeOf<T>(), peer, options);
+  // `recv` is written at `root` only: size() times `send` there.
+  template <ReadBuffer R, WriteBuffer W>
+  absl::Status gather(R&& send, W&& recv, int root) {
+    VEMESH_RETURN_IF_ERROR(RootLength("gather", "recv", BufferSize(recv),
+                                      BufferSize(send) * size(), root));
+    return gather(ReadData(send), RecvAt(recv, root), BufferSize(send),
+                  PairType<R, W>(), root);
   }
-  template <typename T>
-  absl::Status send_recv(absl::Span<const T> send, int dest, absl::Span<T> recv,
-                         int source) {
-    return send_recv(send.data(), send.size(), dest, recv.data(), recv.size(),
-                     source, DataTypeOf<T>());
+  template <ReadBuffer R, WriteBuffer W>
+  WorkOr igather(R&& send, W&& recv, int root,
+                 const AsyncOptions& options = {}) {
+    VEMESH_RETURN_IF_ERROR(RootLength("igather", "recv", BufferSize(recv),
+                                      BufferSize(send) * size(), root));
+    return igather(ReadData(send), RecvAt(recv, root), BufferSize(send),
+                   PairType<R, W>(), root, options);
+  }
+  // `send` is read at `root` only: size() times `recv` there.
+  template <ReadBuffer R, WriteBuffer W>
+  absl::Status scatter(R&& send, W&& recv, int root) {
+    VEMESH_RETURN_IF_ERROR(RootLength("scatter", "send", BufferSize(send),
+                                      BufferSize(recv) * size(), root));
+    return scatter(SendAt(send, root), WriteData(recv), BufferSize(recv),
+                   PairType<R, W>(), root);
+  }
+  template <ReadBuffer R, WriteBuffer W>
+  WorkOr iscatter(R&& send, W&& recv, int root,
+                  const AsyncOptions& options = {}) {
+    VEMESH_RETURN_IF_ERROR(RootLength("iscatter", "send", BufferSize(send),
+                                      BufferSize(recv) * size(), root));
+    return iscatter(SendAt(send, root), WriteData(recv), BufferSize(recv),
+                    PairType<R, W>(), root, options);
+  }
+  // Equal blocks: both buffers hold size() blocks of the same length.
+  template <ReadBuffer R, WriteBuffer W>
+  absl::Status all_to_all(R&& send, W&& recv) {
+    VEMESH_RETURN_IF_ERROR(AllToAllLengths(BufferSize(send), BufferSize(recv)));
+    return all_to_all(ReadData(send), WriteData(recv),
+                      BufferSize(send) / size(), PairType<R, W>());
+  }
+  template <ReadBuffer R, WriteBuffer W>
+  WorkOr iall_to_all(R&& send, W&& recv, const AsyncOptions& options = {}) {
+    VEMESH_RETURN_IF_ERROR(AllToAllLengths(BufferSize(send), BufferSize(recv)));
+    return iall_to_all(ReadData(send), WriteData(recv),
+                       BufferSize(send) / size(), PairType<R, W>(), options);
+  }
+  template <ReadBuffer R, WriteBuffer W>
+  absl::Status all_to_all_v(R&& send, absl::Span<const size_t> send_counts,
+                            W&& recv, absl::Span<const size_t> recv_counts) {
+    VEMESH_RETURN_IF_ERROR(
+        TotalError("all_to_all_v", "send", BufferSize(send), send_counts));
+    VEMESH_RETURN_IF_ERROR(
+        TotalError("all_to_all_v", "recv", BufferSize(recv), recv_counts));
+    return all_to_all_v(ReadData(send), send_counts, WriteData(recv),
+                        recv_counts, PairType<R, W>());
+  }
+  template <ReadBuffer R, WriteBuffer W>
+  WorkOr iall_to_all_v(R&& send, absl::Span<const size_t> send_counts, W&& recv,
+                       absl::Span<const size_t> recv_counts,
+                       const AsyncOptions& options = {}) {
+    VEMESH_RETURN_IF_ERROR(
+        TotalError("iall_to_all_v", "send", BufferSize(send), send_counts));
+    VEMESH_RETURN_IF_ERROR(
+        TotalError("iall_to_all_v", "recv", BufferSize(recv), recv_counts));
+    return iall_to_all_v(ReadData(send), send_counts, WriteData(recv),
+                         recv_counts, PairType<R, W>(), options);
+  }
+  // Point to point, to a group rank (int) or a GlobalRank.
+  template <ReadBuffer R>
+  absl::Status send(R&& data, int peer) {
+    return send(ReadData(data), BufferSize(data), TypeOf<R>(), peer);
+  }
+  template <ReadBuffer R>
+  absl::Status send(R&& data, GlobalRank peer) {
+    return send(ReadData(data), BufferSize(data), TypeOf<R>(), peer);
+  }
+  template <WriteBuffer W>
+  absl::Status recv(W&& data, int peer) {
+    return recv(WriteData(data), BufferSize(data), TypeOf<W>(), peer);
+  }
+  template <WriteBuffer W>
+  absl::Status recv(W&& data, GlobalRank peer) {
+    return recv(WriteData(data), BufferSize(data), TypeOf<W>(), peer);
+  }
+  template <ReadBuffer R>
+  WorkOr isend(R&& data, int peer, const AsyncOptions& options = {}) {
+    return isend(ReadData(data), BufferSize(data), TypeOf<R>(), peer, options);
+  }
+  template <ReadBuffer R>
+  WorkOr isend(R&& data, GlobalRank peer, const AsyncOptions& options = {}) {
+    return isend(ReadData(data), BufferSize(data), TypeOf<R>(), peer, options);
+  }
+  template <WriteBuffer W>
+  WorkOr irecv(W&& data, int peer, const AsyncOptions& options = {}) {
+    return irecv(WriteData(data), BufferSize(data), TypeOf<W>(), peer, options);
+  }
+  template <WriteBuffer W>
+  WorkOr irecv(W&& data, GlobalRank peer, const AsyncOptions& options = {}) {
+    return irecv(WriteData(data), BufferSize(data), TypeOf<W>(), peer, options);
+  }
+  template <ReadBuffer R, WriteBuffer W>
+  absl::Status send_recv(R&& send, int dest, W&& recv, int source) {
+    return send_recv(ReadData(send), BufferSize(send), dest, WriteData(recv),
+                     BufferSize(recv), source, PairType<R, W>());
+  }
+  template <ReadBuffer R, WriteBuffer W>
+  WorkOr isend_recv(R&& send, int dest, W&& recv, int source,
+                    const AsyncOptions& options = {}) {
+    return isend_recv(ReadData(send), BufferSize(send), dest, WriteData(recv),
+                      BufferSize(recv), source, PairType<R, W>(), options);
   }
 
  protected:
@@ -378,6 +514,41 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   static absl::Status TotalError(absl::string_view op, absl::string_view what,
                                  size_t length,
                                  absl::Span<const size_t> counts);
+  // InvalidArgument unless `length` is size() * `block`.
+  absl::Status Multiple(absl::string_view op, absl::string_view what,
+                        size_t length, size_t block) const;
+  // InvalidArgument when this rank is `root` and `length` is not
+  // `expected` (the buffer that only the root uses).
+  absl::Status RootLength(absl::string_view op, absl::string_view what,
+                          size_t length, size_t expected, int root) const;
+  // The V forms: buffer `mine_what` holds counts[rank()] elements,
+  // `total_what` their sum. (A count list of the wrong length is left to
+  // the operation's own check, which names it.)
+  absl::Status VLengths(absl::string_view op, absl::string_view mine_what,
+                        size_t mine, absl::string_view total_what, size_t total,
+                        absl::Span<const size_t> counts) const;
+  absl::Status AllToAllLengths(size_t send, size_t recv) const;
+  template <typename R>
+  static constexpr DataType TypeOf() {
+    return DataTypeOf<BufferValue<R>>();
+  }
+  // The element type of a send/recv pair, which must be one type.
+  template <typename R, typename W>
+  static constexpr DataType PairType() {
+    static_assert(std::is_same_v<BufferValue<R>, BufferValue<W>>,
+                  "the send and recv buffers of a typed operation must hold "
+                  "the same element type (const or not)");
+    return DataTypeOf<BufferValue<W>>();
+  }
+  // The root-only buffer: its data at `root`, null elsewhere when empty.
+  template <typename W>
+  void* RecvAt(W& recv, int /*root*/) {
+    return BufferSize(recv) == 0 ? nullptr : WriteData(recv);
+  }
+  template <typename R>
+  const void* SendAt(R& send, int /*root*/) {
+    return BufferSize(send) == 0 ? nullptr : ReadData(send);
+  }
 
  private:
   absl::Status Check(const Operation& op) const;

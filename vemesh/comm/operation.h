@@ -26,6 +26,7 @@
 
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "vemesh/comm/buffer.h"
 #include "vemesh/comm/data_type.h"
 
 namespace vemesh {
@@ -46,13 +47,16 @@ struct P2POp {
   static P2POp Recv(void* data, size_t count, DataType type, int peer) {
     return {Kind::kRecv, data, count, type, peer};
   }
-  template <typename T>
-  static P2POp Send(absl::Span<const T> data, int peer) {
-    return Send(data.data(), data.size(), DataTypeOf<T>(), peer);
+  // Any contiguous range (buffer.h); the receive buffer must be mutable.
+  template <ReadBuffer R>
+  static P2POp Send(R&& data, int peer) {
+    return Send(ReadData(data), BufferSize(data), DataTypeOf<BufferValue<R>>(),
+                peer);
   }
-  template <typename T>
-  static P2POp Recv(absl::Span<T> data, int peer) {
-    return Recv(data.data(), data.size(), DataTypeOf<T>(), peer);
+  template <WriteBuffer W>
+  static P2POp Recv(W&& data, int peer) {
+    return Recv(WriteData(data), BufferSize(data), DataTypeOf<BufferValue<W>>(),
+                peer);
   }
 };
 

@@ -60,6 +60,37 @@ absl::Status Communicator::TotalError(absl::string_view op,
                    " elements: expected the sum of its counts, ", total));
 }
 
+absl::Status Communicator::Multiple(absl::string_view op,
+                                    absl::string_view what, size_t length,
+                                    size_t block) const {
+  const size_t expected = block * static_cast<size_t>(size());
+  if (length == expected) return absl::OkStatus();
+  return LengthError(op, what, length, expected);
+}
+
+absl::Status Communicator::RootLength(absl::string_view op,
+                                      absl::string_view what, size_t length,
+                                      size_t expected, int root) const {
+  if (root != rank() || length == expected) return absl::OkStatus();
+  return LengthError(op, what, length, expected);
+}
+
+absl::Status Communicator::VLengths(absl::string_view op,
+                                    absl::string_view mine_what, size_t mine,
+                                    absl::string_view total_what, size_t total,
+                                    absl::Span<const size_t> counts) const {
+  if (counts.size() != static_cast<size_t>(size())) return absl::OkStatus();
+  if (mine != counts[rank()]) {
+    return LengthError(op, mine_what, mine, counts[rank()]);
+  }
+  return TotalError(op, total_what, total, counts);
+}
+
+absl::Status Communicator::AllToAllLengths(size_t send, size_t recv) const {
+  if (send == recv && send % size() == 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(AllToAllLengthText(send, recv));
+}
+
 std::string Communicator::AllToAllLengthText(size_t send, size_t recv) const {
   return absl::StrCat("all_to_all: send has ", send, " and recv ", recv,
                       " elements: expected the same length, a multiple of "

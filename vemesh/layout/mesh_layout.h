@@ -35,6 +35,7 @@
 #ifndef VEMESH_LAYOUT_MESH_LAYOUT_H_
 #define VEMESH_LAYOUT_MESH_LAYOUT_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -51,8 +52,33 @@
 namespace vemesh {
 
 // A coordinate in a mesh: one index per dimension. Inline up to 6 dimensions,
-// so queries do not allocate.
-using Coordinate = absl::InlinedVector<int64_t, 6>;
+// so queries do not allocate. It compares with the std::vector<int64_t> that
+// shape() and mesh() return (and with a braced list through either type):
+//   Coordinate c = *mesh.get_coordinate();
+//   if (c == std::vector<int64_t>{1, 0, 1}) ...
+//   std::vector<int64_t> v = c.to_vector();   // or {c.begin(), c.end()}
+class Coordinate : public absl::InlinedVector<int64_t, 6> {
+ public:
+  using Base = absl::InlinedVector<int64_t, 6>;
+  using Base::Base;
+  Coordinate() = default;
+  Coordinate(const Base& other) : Base(other) {}        // NOLINT: implicit
+  Coordinate(Base&& other) : Base(std::move(other)) {}  // NOLINT: implicit
+  explicit Coordinate(absl::Span<const int64_t> values)
+      : Base(values.begin(), values.end()) {}
+
+  std::vector<int64_t> to_vector() const { return {begin(), end()}; }
+
+  friend bool operator==(const Coordinate& a, const Coordinate& b) {
+    return static_cast<const Base&>(a) == static_cast<const Base&>(b);
+  }
+  friend bool operator==(const Coordinate& a, const std::vector<int64_t>& b) {
+    return std::equal(a.begin(), a.end(), b.begin(), b.end());
+  }
+  friend bool operator==(const Coordinate& a, absl::Span<const int64_t> b) {
+    return std::equal(a.begin(), a.end(), b.begin(), b.end());
+  }
+};
 
 // The names used when the caller gives none: the last n of {"PP","DP","TP"}.
 // Fails for n > 3 (such meshes need explicit names) or n < 1.

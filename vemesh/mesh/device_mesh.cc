@@ -85,6 +85,16 @@ absl::StatusOr<int64_t> DeviceMesh::get_local_rank(int64_t dim) const {
   return coord[dim];
 }
 
+absl::StatusOr<int64_t> DeviceMesh::get_local_rank() const {
+  if (ndim() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "get_local_rank() without a dimension needs a 1-D mesh, and ",
+        view_->layout.ToString(), " has ", ndim(), " dimensions: name one of [",
+        absl::StrJoin(view_->layout.dim_names(), ", "), "]"));
+  }
+  return get_local_rank(int64_t{0});
+}
+
 absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::get_group(
     absl::string_view dim) const {
   if (view_->shared->device_type == DeviceType::kMeta) {

@@ -109,6 +109,9 @@
 // compilers warn; code that includes this header gets that warning as an
 // error, so the misleading spelling does not compile. Write
 // `mesh[{"DP", "TP"}]` (or `mesh.slice({"DP", "TP"})`) for the 2-D slice.
+// The compiler's own text says "comma" and "subscript"; the brace form is
+// named here, and, under C++23 (where the comma is a second argument), by a
+// static_assert on DeviceMesh::operator[] of several arguments.
 #if defined(__clang__)
 #pragma clang diagnostic error "-Wdeprecated-comma-subscript"
 #elif defined(__GNUC__)
@@ -141,6 +144,9 @@ class DeviceMesh {
   DeviceType device_type() const;
   const MeshLayout& layout() const;
   int64_t global_rank() const;
+  // PyTorch's spelling of global_rank(): this process's rank in the world
+  // (not in the mesh, not on the host).
+  int64_t get_rank() const { return global_rank(); }
   // Whether this process is a member of the mesh.
   bool has_self() const;
 
@@ -158,9 +164,15 @@ class DeviceMesh {
 
   // This rank's coordinate; NotFound outside the mesh.
   absl::StatusOr<Coordinate> get_coordinate() const;
-  // This rank's index along one dimension.
+  // This rank's index along one dimension (PyTorch's get_local_rank: a
+  // mesh coordinate, not the device index on the host, which is
+  // host_local_rank() here and on the registry).
   absl::StatusOr<int64_t> get_local_rank(absl::string_view dim) const;
   absl::StatusOr<int64_t> get_local_rank(int64_t dim) const;
+  // The same on a 1-D mesh, without naming the dimension; InvalidArgument
+  // naming the dimensions for any other (PyTorch's get_local_rank() without
+  // mesh_dim). NotFound outside the mesh.
+  absl::StatusOr<int64_t> get_local_rank() const;
   // The communicator of one dimension; a name given to `flatten` also finds
   // its group (when this mesh holds all the flattened dimensions; see
   // "Flattened names" above).
@@ -185,6 +197,19 @@ class DeviceMesh {
   // `mesh[{"DP", "TP"}]`: the same as slice({"DP", "TP"}).
   absl::StatusOr<DeviceMesh> operator[](
       std::initializer_list<absl::string_view> dims) const;
+#if defined(__cpp_multidimensional_subscript) && \
+    __cpp_multidimensional_subscript >= 202110L
+  // C++23 reads `mesh["DP", "TP"]` as a subscript of two arguments: refuse
+  // it with a message naming the brace form. (Under C++20 it is the comma
+  // operator, which the pragma at the top of this file makes an error.)
+  template <typename First, typename Second, typename... Rest>
+  absl::StatusOr<DeviceMesh> operator[](First&&, Second&&, Rest&&...) const {
+    static_assert(sizeof(First) == 0,
+                  "mesh[\"DP\", \"TP\"] is not a 2-D slice: write "
+                  "mesh[{\"DP\", \"TP\"}] or mesh.slice({\"DP\", \"TP\"})");
+    return absl::UnimplementedError("unreachable");
+  }
+#endif
   absl::StatusOr<DeviceMesh> slice(absl::Span<const std::string> dims) const;
   // The child along `dims` that contains `global_rank`, any member of this
   // mesh: it shares this mesh's communicators when this process is in it,

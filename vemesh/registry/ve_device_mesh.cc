@@ -160,6 +160,18 @@ absl::Status MissingRole(const MeshLayout& layout, absl::string_view role) {
                    absl::StrJoin(layout.dim_names(), ", "), "]"));
 }
 
+// Whether `name` is a flattened name of the registry's mesh (given to
+// flatten on it, or on any mesh of its root, after init): its size, or
+// nullopt when the mesh does not know it (the caller answers as for a
+// missing dimension). Exact names only: flatten names are not roles.
+absl::StatusOr<std::optional<int64_t>> FlatSize(const DeviceMesh& mesh,
+                                                absl::string_view name) {
+  absl::StatusOr<int64_t> size = mesh.size(name);
+  if (size.ok()) return std::optional<int64_t>(*size);
+  if (absl::IsNotFound(size.status())) return std::optional<int64_t>();
+  return size.status();
+}
+
 // Names of every dimension except `skip`.
 std::vector<std::string> NamesExcept(const MeshLayout& layout, int64_t skip) {
   std::vector<std::string> out;
@@ -352,7 +364,12 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::operator[](
   if (s == nullptr) return NotInitialized();
   const State& st = *s;
   auto d = st.layout().find_dim(dim);
-  if (!d) return st.layout().dim_index(dim).status();
+  if (!d) {
+    VEMESH_ASSIGN_OR_RETURN(auto flat, FlatSize(st.mesh, dim));
+    if (!flat) return st.layout().dim_index(dim).status();
+    if (!st.coordinate) return NotMember(st.mesh);
+    return st.mesh[dim];
+  }
   if (!st.coordinate) return NotMember(st.mesh);
   return st.dim_meshes[*d];
 }
@@ -388,6 +405,8 @@ absl::StatusOr<int64_t> VeDeviceMesh::get_strategy_size(
   const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
   if (auto d = s->layout().find_dim(dim)) return s->shape[*d];
+  VEMESH_ASSIGN_OR_RETURN(auto flat, FlatSize(s->mesh, dim));
+  if (flat) return *flat;
   return s->layout().dim_index(dim).status();
 }
 
@@ -428,7 +447,12 @@ absl::StatusOr<int64_t> VeDeviceMesh::lookup_rank(absl::string_view dim) const {
   const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
   auto d = s->layout().find_dim(dim);
-  if (!d) return s->layout().dim_index(dim).status();
+  if (!d) {
+    VEMESH_ASSIGN_OR_RETURN(auto flat, FlatSize(s->mesh, dim));
+    if (!flat) return s->layout().dim_index(dim).status();
+    if (!s->coordinate) return NotMember(s->mesh);
+    return s->mesh.get_local_rank(dim);
+  }
   if (!s->coordinate) return NotMember(s->mesh);
   return (*s->coordinate)[*d];
 }
@@ -458,6 +482,10 @@ absl::StatusOr<int64_t> VeDeviceMesh::get_rank() const {
 }
 
 absl::StatusOr<int64_t> VeDeviceMesh::get_local_rank() const {
+  return host_local_rank();
+}
+
+absl::StatusOr<int64_t> VeDeviceMesh::host_local_rank() const {
   const Snapshot snap(*this);
   const State* s = snap.get();
   if (s == nullptr) return NotInitialized();
@@ -545,7 +573,9 @@ absl::StatusOr<int64_t> VeDeviceMesh::get_role_size(
     return s->shape[s->dp_parts[0]] * s->shape[s->dp_parts[1]];
   }
   VEMESH_ASSIGN_OR_RETURN(const int64_t d, RoleDim(s->layout(), role));
-  return d < 0 ? 1 : s->layout().dim_size(d);
+  if (d >= 0) return s->layout().dim_size(d);
+  VEMESH_ASSIGN_OR_RETURN(auto flat, FlatSize(s->mesh, role));
+  return flat.value_or(1);
 }
 
 absl::StatusOr<int64_t> VeDeviceMesh::get_role_rank(
@@ -559,7 +589,10 @@ absl::StatusOr<int64_t> VeDeviceMesh::get_role_rank(
            (*s->coordinate)[s->dp_parts[1]];
   }
   VEMESH_ASSIGN_OR_RETURN(const int64_t d, RoleDim(s->layout(), role));
-  return d < 0 ? 0 : (*s->coordinate)[d];
+  if (d >= 0) return (*s->coordinate)[d];
+  VEMESH_ASSIGN_OR_RETURN(auto flat, FlatSize(s->mesh, role));
+  if (!flat) return 0;
+  return s->mesh.get_local_rank(role);
 }
 
 absl::StatusOr<DeviceMesh> VeDeviceMesh::get_role_mesh(
@@ -573,7 +606,12 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::get_role_mesh(
     return *s->dp_flat;
   }
   VEMESH_ASSIGN_OR_RETURN(const int64_t d, RoleDim(s->layout(), role));
-  if (d < 0) return MissingRole(s->layout(), role);
+  if (d < 0) {
+    VEMESH_ASSIGN_OR_RETURN(auto flat, FlatSize(s->mesh, role));
+    if (!flat) return MissingRole(s->layout(), role);
+    if (!s->coordinate) return NotMember(s->mesh);
+    return s->mesh[role];
+  }
   if (!s->coordinate) return NotMember(s->mesh);
   return s->dim_meshes[d];
 }
@@ -589,7 +627,11 @@ absl::StatusOr<std::shared_ptr<Communicator>> VeDeviceMesh::get_role_dim_groups(
     return s->dp_flat->get_group();
   }
   VEMESH_ASSIGN_OR_RETURN(const int64_t d, RoleDim(s->layout(), role));
-  if (d < 0) return MissingRole(s->layout(), role);
+  if (d < 0) {
+    VEMESH_ASSIGN_OR_RETURN(auto flat, FlatSize(s->mesh, role));
+    if (!flat) return MissingRole(s->layout(), role);
+    return s->mesh.get_group(role);
+  }
   return s->mesh.get_group(d);
 }
 
@@ -606,9 +648,32 @@ absl::StatusOr<std::vector<DeviceMesh>> VeDeviceMesh::get_global_role_meshes(
         " on ", layout.ToString(), "; ask for either of them"));
   }
   VEMESH_ASSIGN_OR_RETURN(const int64_t d, RoleDim(layout, role));
-  if (d < 0) return MissingRole(layout, role);
-  const std::vector<std::string> dims = {layout.dim_name(d)};
-  const int64_t count = layout.size() / s->shape[d];
+  // The dimensions the role spans: d, or those a flattened name flattens.
+  std::vector<bool> spanned(layout.ndim(), false);
+  int64_t group_size = 1;
+  std::vector<std::string> dims;
+  if (d >= 0) {
+    spanned[d] = true;
+    group_size = s->shape[d];
+    dims = {layout.dim_name(d)};
+  } else {
+    VEMESH_ASSIGN_OR_RETURN(auto flat, FlatSize(s->mesh, role));
+    if (!flat) return MissingRole(layout, role);
+    dims = {std::string(role)};
+    // The group of the mesh's first rank: its members differ from that
+    // rank exactly along the flattened dimensions (O(group size * ndim)).
+    const Coordinate first(layout.ndim(), 0);
+    VEMESH_ASSIGN_OR_RETURN(const int64_t first_rank, layout.rank_at(first));
+    VEMESH_ASSIGN_OR_RETURN(auto group, s->mesh.submesh_at(dims, first_rank));
+    for (int64_t member : group.mesh()) {
+      VEMESH_ASSIGN_OR_RETURN(Coordinate at, layout.coordinate_of(member));
+      for (int64_t i = 0; i < layout.ndim(); ++i) {
+        if (at[i] != first[i]) spanned[i] = true;
+      }
+    }
+    group_size = *flat;
+  }
+  const int64_t count = layout.size() / group_size;
   if (count > kMaxGlobalMeshes) {
     return TooManyMeshes(absl::StrCat("get_global_role_meshes('", role, "')"),
                          count, layout);
@@ -616,12 +681,12 @@ absl::StatusOr<std::vector<DeviceMesh>> VeDeviceMesh::get_global_role_meshes(
   std::vector<DeviceMesh> out;
   out.reserve(count);
   // Group g holds coordinate g, row-major over the other dimensions, at
-  // index 0 along d: O(ndim) per group, no list of the world.
+  // index 0 along the spanned ones: O(ndim) per group, no list of the world.
   Coordinate at(layout.ndim(), 0);
   for (int64_t g = 0; g < count; ++g) {
     int64_t rest = g;
     for (int64_t i = layout.ndim() - 1; i >= 0; --i) {
-      if (i == d) continue;
+      if (spanned[i]) continue;
       at[i] = rest % s->shape[i];
       rest /= s->shape[i];
     }

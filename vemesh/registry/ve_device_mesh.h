@@ -49,6 +49,13 @@
 // them alone is DP itself; an explicit DP dimension wins over both. A meta
 // (or elastic) mesh has the size and rank but no DP group (FailedPrecondition),
 // and get_global_role_meshes("DP") is Unimplemented on such a mesh.
+// Flattened names count as dimensions: after `mesh.flatten({"DP", "TP"},
+// "EP")` on the registry's mesh (or any mesh sliced from it), every rank
+// asking get_role_size("EP"), get_role_rank, get_role_mesh,
+// get_role_dim_groups, get_global_role_meshes, registry["EP"],
+// get_strategy_size("EP") or lookup_rank("EP") gets the flattened
+// dimension's answer (its size, this rank's index along it, its group),
+// never a group of one. Flatten names match exactly (not ignoring case).
 //
 // Every query costs O(ndim) arithmetic on the layout: no scan of the world and
 // no communication. Every method that can fail returns a Status; before
@@ -214,8 +221,13 @@ class VeDeviceMesh {
       absl::Span<const int64_t> coordinate) const;
   // This process's global rank.
   absl::StatusOr<int64_t> get_rank() const;
-  // The device index on this host (host-local rank), not a mesh coordinate.
+  // The device index on this host (host-local rank), not a mesh coordinate:
+  // the GPU this process drives. veScale's get_local_rank(), kept under
+  // that name; it is NOT DeviceMesh::get_local_rank(dim), PyTorch's index
+  // along a dimension (lookup_rank(dim) here). host_local_rank() is the
+  // same value under a name that cannot be mistaken, as DeviceMesh spells it.
   absl::StatusOr<int64_t> get_local_rank() const;
+  absl::StatusOr<int64_t> host_local_rank() const;
   // Each rank's host and, per dimension, how many groups cross hosts
   // (vemesh/placement/placement.h; ToJson() is what `vemesh plan --check`
   // reads).
