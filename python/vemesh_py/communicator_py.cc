@@ -1,5 +1,6 @@
 #include "communicator_py.h"
 
+#include <pybind11/stl.h>
 #include <sched.h>
 
 #include <algorithm>
