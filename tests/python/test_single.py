@@ -235,6 +235,9 @@ def test_ctrl_c_interrupts_a_blocked_wait():
     r = run_child("""
         import os, signal, threading, time
         import numpy as np, vemesh
+        # A shell's background job starts with SIGINT ignored: Python's
+        # handler back, as in an interactive run.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         g = vemesh.init_device_mesh("cpu", (1,)).get_group()
         threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
         t0 = time.monotonic()
