@@ -186,28 +186,28 @@ void SameType(const TensorBuffer& a, const TensorBuffer& b,
 py::object Launch(const std::shared_ptr<Communicator>& comm,
                   const std::function<Communicator::WorkOr()>& start,
                   std::vector<TensorBuffer> buffers, bool async_op) {
-  ReapOrphans();
+  if (!Orphans().empty()) ReapOrphans();
   auto p = std::make_unique<Pending>();
   p->comm = comm;
   p->buffers = std::move(buffers);
-  absl::StatusOr<std::shared_ptr<Work>> work;
-  {
-    py::gil_scoped_release nogil;
-    work = start();
-  }
-  ThrowIfError(work.status());
-  p->work = *std::move(work);
-  if (async_op) return py::cast(std::make_unique<PyWork>(std::move(p)));
-  absl::Status s;
   const absl::Time deadline = DeadlineOf(std::nullopt, comm->timeout());
+  // One release of the GIL for the start and, when blocking, the wait.
+  absl::Status s;
   try {
     py::gil_scoped_release nogil;
-    s = WaitInterruptibly(*p, deadline);
+    absl::StatusOr<std::shared_ptr<Work>> work = start();
+    if (!work.ok()) {
+      s = work.status();
+    } else {
+      p->work = *std::move(work);
+      if (!async_op) s = WaitInterruptibly(*p, deadline);
+    }
   } catch (py::error_already_set&) {
     Orphans().push_back(std::move(p));  // interrupted: buffers live on
     throw;
   }
   ThrowIfError(s);
+  if (async_op) return py::cast(std::make_unique<PyWork>(std::move(p)));
   return py::none();
 }
 

@@ -14,6 +14,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench_py.h"
 #include "communicator_py.h"
 #include "device_mesh_py.h"
 #include "errors.h"
@@ -63,5 +64,6 @@ PYBIND11_MODULE(vemesh, m) {
   RegisterCommunicator(m);
   RegisterDeviceMesh(m);
   RegisterRegistry(m);
+  RegisterBench(m);
   StartMpiIfLaunched();
 }
