@@ -63,9 +63,7 @@ absl::Status WaitInterruptibly(Pending& p, absl::Time deadline) {
   absl::Time next_signal_check = start + kSignalSlice;
   for (int polls = 0;; ++polls) {
     bool done;
-    {
-      done = p.work->test();
-    }
+    { done = p.work->test(); }
     if (done) return p.work->status();
     if (polls < 256) continue;
     const absl::Time now = absl::Now();
@@ -102,8 +100,9 @@ absl::Time DeadlineOf(std::optional<double> timeout_s, absl::Duration dflt) {
                                             : absl::Now() + dflt;
   }
   if (!std::isfinite(*timeout_s) || *timeout_s < 0) {
-    RaiseStatus(absl::InvalidArgumentError(absl::StrCat(
-        "timeout: ", *timeout_s, " is not a number of seconds >= 0 (or None)")));
+    RaiseStatus(absl::InvalidArgumentError(
+        absl::StrCat("timeout: ", *timeout_s,
+                     " is not a number of seconds >= 0 (or None)")));
   }
   return absl::Now() + absl::Seconds(*timeout_s);
 }
@@ -172,17 +171,16 @@ TensorBuffer Buffer(const Communicator& comm, const py::handle& obj,
   return b;
 }
 
-void SameType(const TensorBuffer& a, const TensorBuffer& b,
-              const char* op) {
+void SameType(const TensorBuffer& a, const TensorBuffer& b, const char* op) {
   if (a.type() != b.type()) {
-    RaiseStatus(absl::InvalidArgumentError(absl::StrCat(
-        op, ": output is ", a.Describe(), " but input is ", b.Describe(),
-        "; both must have the same element type")));
+    RaiseStatus(absl::InvalidArgumentError(
+        absl::StrCat(op, ": output is ", a.Describe(), " but input is ",
+                     b.Describe(), "; both must have the same element type")));
   }
 }
 
-// Starts the operation (GIL released), then either waits (blocking) or returns a
-// Work. `buffers` stay alive until the operation finished.
+// Starts the operation (GIL released), then either waits (blocking) or returns
+// a Work. `buffers` stay alive until the operation finished.
 py::object Launch(const std::shared_ptr<Communicator>& comm,
                   const std::function<Communicator::WorkOr()>& start,
                   std::vector<TensorBuffer> buffers, bool async_op) {
@@ -389,8 +387,8 @@ void RegisterCommunicator(py::module_& m) {
           "reduce_scatter",
           [](const CommPtr& c, py::handle out, py::handle inp,
              const std::string& op, bool a) {
-            return TwoBuffers(c, OpKind::kReduceScatter, "reduce_scatter",
-                              out, inp, op, a);
+            return TwoBuffers(c, OpKind::kReduceScatter, "reduce_scatter", out,
+                              inp, op, a);
           },
           py::arg("out"), py::arg("inp"), py::arg("op") = "sum",
           py::arg("async_op") = false)
@@ -440,8 +438,8 @@ void RegisterCommunicator(py::module_& m) {
           "ireduce_scatter",
           [](const CommPtr& c, py::handle out, py::handle inp,
              const std::string& op) {
-            return TwoBuffers(c, OpKind::kReduceScatter, "reduce_scatter",
-                              out, inp, op, true);
+            return TwoBuffers(c, OpKind::kReduceScatter, "reduce_scatter", out,
+                              inp, op, true);
           },
           py::arg("out"), py::arg("inp"), py::arg("op") = "sum")
       .def(

@@ -52,16 +52,16 @@ auto ByDim(const DeviceMesh& mesh, const py::object& dim, const char* what,
     if (mesh.ndim() != 1) {
       RaiseStatus(absl::InvalidArgumentError(absl::StrCat(
           what, ": mesh_dim may be left out only on a 1-D mesh; this mesh has ",
-          mesh.ndim(), " dimensions (", absl::StrJoin(mesh.mesh_dim_names(), ", "),
-          "): name one")));
+          mesh.ndim(), " dimensions (",
+          absl::StrJoin(mesh.mesh_dim_names(), ", "), "): name one")));
     }
     return f(int64_t{0});
   }
   if (py::isinstance<py::str>(dim)) return f(dim.cast<std::string>());
   if (py::isinstance<py::int_>(dim)) return f(dim.cast<int64_t>());
-  PyErr_SetString(PyExc_TypeError,
-                  absl::StrCat(what, ": mesh_dim must be a str, an int or None")
-                      .c_str());
+  PyErr_SetString(
+      PyExc_TypeError,
+      absl::StrCat(what, ": mesh_dim must be a str, an int or None").c_str());
   throw py::error_already_set();
 }
 
@@ -108,16 +108,15 @@ void RegisterDeviceMesh(py::module_& m) {
       "A mesh bound to this process: PyTorch's DeviceMesh names. A cheap "
       "handle; children (mesh['tp'], mesh[('dp', 'tp')]) share their "
       "parent's communicators.")
-      .def_property_readonly("device_type",
-                             [](const DeviceMesh& d) {
-                               return std::string(
-                                   DeviceTypeName(d.device_type()));
-                             })
+      .def_property_readonly(
+          "device_type",
+          [](const DeviceMesh& d) {
+            return std::string(DeviceTypeName(d.device_type()));
+          })
       .def_property_readonly("mesh", &RanksArray)
-      .def_property_readonly("shape",
-                             [](const DeviceMesh& d) {
-                               return py::tuple(py::cast(d.shape()));
-                             })
+      .def_property_readonly(
+          "shape",
+          [](const DeviceMesh& d) { return py::tuple(py::cast(d.shape())); })
       .def_property_readonly("ndim", &DeviceMesh::ndim)
       .def_property_readonly("mesh_dim_names",
                              [](const DeviceMesh& d) {
@@ -211,8 +210,8 @@ void RegisterDeviceMesh(py::module_& m) {
             return Unwrap(d.backend(dim));
           },
           py::arg("mesh_dim"))
-      .def("__eq__", [](const DeviceMesh& a,
-                        const DeviceMesh& b) { return a == b; })
+      .def("__eq__",
+           [](const DeviceMesh& a, const DeviceMesh& b) { return a == b; })
       .def("__hash__",
            [](const DeviceMesh& d) {
              return static_cast<py::ssize_t>(absl::HashOf(d));
@@ -226,9 +225,8 @@ void RegisterDeviceMesh(py::module_& m) {
          std::optional<std::string> backend,
          std::optional<std::map<std::string, std::string>> backend_override) {
         const std::vector<std::string> names = NamesFrom(mesh_dim_names);
-        const MeshOptions o =
-            MeshOptionsFrom(timeout, std::move(backend),
-                            std::move(backend_override));
+        const MeshOptions o = MeshOptionsFrom(timeout, std::move(backend),
+                                              std::move(backend_override));
         absl::StatusOr<DeviceMesh> mesh;
         {
           py::gil_scoped_release nogil;

@@ -74,20 +74,20 @@ void RegisterRegistry(py::module_& m) {
           "Collective: builds the global mesh and makes it current. "
           "check_uniqueness: a second init raises (ALREADY_EXISTS) instead "
           "of replacing the mesh.")
-      .def(
-          "get",
-          [](Reg& r, const py::kwargs& kwargs) {
-            // veScale: get(**init_device_mesh kwargs) initialises first.
-            if (kwargs.size() > 0) {
-              py::object init = py::cast(&r).attr("init_device_mesh");
-              return init(**kwargs).cast<DeviceMesh>();
-            }
-            return Unwrap(r.get());
-          })
-      .def("reset", [](Reg& r) {
-        py::gil_scoped_release nogil;
-        r.reset();
-      })
+      .def("get",
+           [](Reg& r, const py::kwargs& kwargs) {
+             // veScale: get(**init_device_mesh kwargs) initialises first.
+             if (kwargs.size() > 0) {
+               py::object init = py::cast(&r).attr("init_device_mesh");
+               return init(**kwargs).cast<DeviceMesh>();
+             }
+             return Unwrap(r.get());
+           })
+      .def("reset",
+           [](Reg& r) {
+             py::gil_scoped_release nogil;
+             r.reset();
+           })
       .def("is_initialized", &Reg::is_initialized)
       .def("is_current", &Reg::is_current, py::arg("mesh"))
       .def("__getitem__",
@@ -109,8 +109,8 @@ void RegisterRegistry(py::module_& m) {
       .def(
           "get_strategy_size",
           [](const Reg& r, const py::object& dim) {
-            return ByDim(dim,
-                         [&](auto d) { return Unwrap(r.get_strategy_size(d)); });
+            return ByDim(
+                dim, [&](auto d) { return Unwrap(r.get_strategy_size(d)); });
           },
           py::arg("dim"))
       .def(
@@ -146,13 +146,15 @@ void RegisterRegistry(py::module_& m) {
             return ByDim(dim, [&](auto d) { return Unwrap(r.size(d)); });
           },
           py::arg("dim") = py::none())
-      .def_property_readonly(
-          "ndim", [](const Reg& r) { return Unwrap(r.ndim()); })
-      .def_property_readonly(
-          "shape", [](const Reg& r) { return Unwrap(r.shape()); })
+      .def_property_readonly("ndim",
+                             [](const Reg& r) { return Unwrap(r.ndim()); })
+      .def_property_readonly("shape",
+                             [](const Reg& r) { return Unwrap(r.shape()); })
       .def_property_readonly(
           "mesh_dim_names",
-          [](const Reg& r) { return py::tuple(py::cast(Unwrap(r.mesh_dim_names()))); })
+          [](const Reg& r) {
+            return py::tuple(py::cast(Unwrap(r.mesh_dim_names())));
+          })
       // Roles by name.
       .def("get_role_size",
            [](const Reg& r, const std::string& role) {
@@ -191,8 +193,9 @@ void RegisterRegistry(py::module_& m) {
            [](const Reg& r) {
              return Unwrap(r.get_pipeline_parallel_dim_groups());
            })
-      .def("get_data_parallel_dim_groups",
-           [](const Reg& r) { return Unwrap(r.get_data_parallel_dim_groups()); })
+      .def(
+          "get_data_parallel_dim_groups",
+          [](const Reg& r) { return Unwrap(r.get_data_parallel_dim_groups()); })
       .def("get_tensor_parallel_dim_groups",
            [](const Reg& r) {
              return Unwrap(r.get_tensor_parallel_dim_groups());

@@ -125,9 +125,8 @@ TensorBuffer TensorBuffer::From(const py::handle& obj, const char* what,
     if (writable) flags |= PyBUF_WRITABLE;
     if (PyObject_GetBuffer(obj.ptr(), view.get(), flags) != 0) {
       PyErr_Clear();
-      if (writable &&
-          PyObject_GetBuffer(obj.ptr(), view.get(),
-                             PyBUF_STRIDES | PyBUF_FORMAT) == 0) {
+      if (writable && PyObject_GetBuffer(obj.ptr(), view.get(),
+                                         PyBUF_STRIDES | PyBUF_FORMAT) == 0) {
         PyBuffer_Release(view.get());
         Bad(what, "the array is read-only; vemesh writes into it in place");
       }
