@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# Checks that every C++ file under vemesh/ and tools/ is formatted as the
+# Checks that every C++ file under vemesh/, tools/ and python/ is formatted as the
 # repository's .clang-format says (Google style, 80 columns). Changes
 # nothing: lists the files that differ and exits 1 if there are any, 0 if
 # none. To format one file: clang-format -i FILE.
 #
-#   bash scripts/check_format.sh            # vemesh/ and tools/
+#   bash scripts/check_format.sh            # vemesh/, tools/ and python/
 #   bash scripts/check_format.sh vemesh/layout   # only some folders
 set -u
 cd "$(dirname "$0")/.."
 command -v clang-format >/dev/null ||
   { echo "check_format: clang-format not found" >&2; exit 2; }
 dirs=("$@")
-[ ${#dirs[@]} -eq 0 ] && dirs=(vemesh tools)
+[ ${#dirs[@]} -eq 0 ] && dirs=(vemesh tools python)
 differ=0
 total=0
 while IFS= read -r -d '' f; do

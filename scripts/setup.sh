@@ -22,6 +22,9 @@ packages=(
   libeigen3-dev
   nlohmann-json3-dev
   procps
+  # The Python module (python/, VEMESH_BUILD_PYTHON=AUTO): pybind11 and the
+  # Python headers; numpy, which it hands mesh ranks back as.
+  pybind11-dev python3-dev python3-numpy
 )
 # torchrun, the other launcher of the main job (VEMESH_LAUNCHER=torchrun).
 torch=(python3-torch)
@@ -34,6 +37,7 @@ test_extras=(
   librsvg2-bin               # the planner's SVG checks
   iproute2 util-linux        # emulated hosts (namespaces, veth)
   ccache                     # scripts/test.sh compiles through it when present
+  python3-pytest             # the Python module's tests (tests/python/)
   # Multi-host tests: Slurm 22.05 on emulated hosts (tests/multihost/slurm.sh).
   # slurm-wlm-basic-plugins holds srun's mpi_pmix_v4.so, which dlopens the
   # unversioned libpmix.so that only libpmix-dev ships.

@@ -1,0 +1,473 @@
+#include "communicator_py.h"
+
+#include <pybind11/stl.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "errors.h"
+#include "tensor_buffer.h"
+#include "vemesh/comm/operation.h"
+#include "vemesh/comm/work.h"
+
+namespace py = pybind11;
+
+namespace vemesh::python {
+namespace {
+
+// How often a blocked wait takes the GIL back to look for Ctrl-C.
+constexpr absl::Duration kSignalSlice = absl::Milliseconds(50);
+
+// One started operation and what must outlive it: the group (the Work
+// holds it too) and the Python buffers it reads and writes.
+struct Pending {
+  std::shared_ptr<Communicator> comm;
+  std::shared_ptr<Work> work;
+  std::vector<TensorBuffer> buffers;
+};
+
+// Operations whose Python Work was dropped, or whose wait was interrupted,
+// before they finished: their buffers stay alive here until they do. Looked
+// at (and the finished ones freed) at every new operation. Under the GIL.
+std::vector<std::unique_ptr<Pending>>& Orphans() {
+  static auto* orphans = new std::vector<std::unique_ptr<Pending>>();
+  return *orphans;
+}
+
+void ReapOrphans() {
+  auto& orphans = Orphans();
+  orphans.erase(std::remove_if(orphans.begin(), orphans.end(),
+                               [](const std::unique_ptr<Pending>& p) {
+                                 return p->work->test();
+                               }),
+                orphans.end());
+}
+
+// Waits for `p` until `deadline`, with the GIL released, checking Python's
+// signals every kSignalSlice. Polls like Work::wait (spin, then yield, then
+// short sleeps) so that a short collective costs no sleep.
+absl::Status WaitInterruptibly(Pending& p, absl::Time deadline) {
+  const absl::Time start = absl::Now();
+  absl::Time next_signal_check = start + kSignalSlice;
+  for (int polls = 0;; ++polls) {
+    bool done;
+    { done = p.work->test(); }
+    if (done) return p.work->status();
+    if (polls < 256) continue;
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      const absl::Status late = absl::DeadlineExceededError(absl::StrCat(
+          p.work->name(), " on a ", p.comm->backend(),
+          " communicator did not finish within ",
+          absl::FormatDuration(deadline - start),
+          "; the communicator is aborted (a peer never joined or is stuck)"));
+      p.comm->abort(late.message());
+      return late;
+    }
+    if (now >= next_signal_check) {
+      next_signal_check = now + kSignalSlice;
+      py::gil_scoped_acquire gil;
+      if (PyErr_CheckSignals() != 0) {
+        p.comm->abort(absl::StrCat(p.work->name(),
+                                   " was interrupted by a Python signal "
+                                   "(KeyboardInterrupt)"));
+        throw py::error_already_set();
+      }
+    }
+    if (now - start < absl::Milliseconds(5)) {
+      sched_yield();
+    } else {
+      absl::SleepFor(absl::Microseconds(100));
+    }
+  }
+}
+
+absl::Time DeadlineOf(std::optional<double> timeout_s, absl::Duration dflt) {
+  if (!timeout_s) {
+    return dflt == absl::InfiniteDuration() ? absl::InfiniteFuture()
+                                            : absl::Now() + dflt;
+  }
+  if (!std::isfinite(*timeout_s) || *timeout_s < 0) {
+    RaiseStatus(absl::InvalidArgumentError(
+        absl::StrCat("timeout: ", *timeout_s,
+                     " is not a number of seconds >= 0 (or None)")));
+  }
+  return absl::Now() + absl::Seconds(*timeout_s);
+}
+
+// The Python Work: wait(timeout=None), is_completed(), test().
+class PyWork {
+ public:
+  explicit PyWork(std::unique_ptr<Pending> p) : p_(std::move(p)) {}
+  ~PyWork() {
+    // Dropped before it finished: the buffers must live on.
+    if (p_ != nullptr && !p_->work->test()) {
+      Orphans().push_back(std::move(p_));
+    }
+  }
+
+  // Blocks until done; True (as torch's Work.wait). Raises the operation's
+  // error, TimeoutError past `timeout` seconds.
+  bool wait(std::optional<double> timeout) {
+    std::lock_guard<std::mutex> lock(mu_);
+    absl::Time deadline = DeadlineOf(timeout, absl::InfiniteDuration());
+    absl::Status s;
+    {
+      py::gil_scoped_release nogil;
+      s = WaitInterruptibly(*p_, deadline);
+    }
+    ThrowIfError(s);
+    return true;
+  }
+  bool test() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!p_->work->test()) return false;
+    ThrowIfError(p_->work->status());
+    return true;
+  }
+  bool is_completed() const { return p_->work->is_completed(); }
+  std::string name() const { return p_->work->name(); }
+
+ private:
+  std::mutex mu_;
+  std::unique_ptr<Pending> p_;
+};
+
+ReduceOp ParseOp(const std::string& op) {
+  if (op == "sum") return ReduceOp::kSum;
+  if (op == "prod" || op == "product") return ReduceOp::kProd;
+  if (op == "min") return ReduceOp::kMin;
+  if (op == "max") return ReduceOp::kMax;
+  if (op == "avg" || op == "mean") return ReduceOp::kAvg;
+  RaiseStatus(absl::InvalidArgumentError(
+      absl::StrCat("op: '", op,
+                   "' is not a reduction; expected \"sum\", \"prod\", "
+                   "\"min\", \"max\" or \"avg\"")));
+}
+
+// A buffer checked against the group's backend.
+TensorBuffer Buffer(const Communicator& comm, const py::handle& obj,
+                    const char* what, bool writable) {
+  TensorBuffer b = TensorBuffer::From(obj, what, writable);
+  const bool nccl = comm.backend() == "nccl";
+  if (b.on_cuda() != nccl) {
+    RaiseStatus(absl::InvalidArgumentError(absl::StrCat(
+        what, ": a ", b.on_cuda() ? "CUDA" : "host", " tensor on a ",
+        comm.backend(), " communicator; ",
+        nccl ? "NCCL takes CUDA tensors" : "MPI and Gloo take host memory")));
+  }
+  return b;
+}
+
+void SameType(const TensorBuffer& a, const TensorBuffer& b, const char* op) {
+  if (a.type() != b.type()) {
+    RaiseStatus(absl::InvalidArgumentError(
+        absl::StrCat(op, ": output is ", a.Describe(), " but input is ",
+                     b.Describe(), "; both must have the same element type")));
+  }
+}
+
+// Starts the operation (GIL released), then either waits (blocking) or returns
+// a Work. `buffers` stay alive until the operation finished.
+py::object Launch(const std::shared_ptr<Communicator>& comm,
+                  const std::function<Communicator::WorkOr()>& start,
+                  std::vector<TensorBuffer> buffers, bool async_op) {
+  if (!Orphans().empty()) ReapOrphans();
+  auto p = std::make_unique<Pending>();
+  p->comm = comm;
+  p->buffers = std::move(buffers);
+  const absl::Time deadline = DeadlineOf(std::nullopt, comm->timeout());
+  // One release of the GIL for the start and, when blocking, the wait.
+  absl::Status s;
+  try {
+    py::gil_scoped_release nogil;
+    absl::StatusOr<std::shared_ptr<Work>> work = start();
+    if (!work.ok()) {
+      s = work.status();
+    } else {
+      p->work = *std::move(work);
+      if (!async_op) s = WaitInterruptibly(*p, deadline);
+    }
+  } catch (py::error_already_set&) {
+    Orphans().push_back(std::move(p));  // interrupted: buffers live on
+    throw;
+  }
+  ThrowIfError(s);
+  if (async_op) return py::cast(std::make_unique<PyWork>(std::move(p)));
+  return py::none();
+}
+
+using CommPtr = std::shared_ptr<Communicator>;
+
+py::object AllReduce(const CommPtr& c, py::handle t, const std::string& op,
+                     bool async_op) {
+  std::vector<TensorBuffer> bufs;
+  bufs.push_back(Buffer(*c, t, "tensor", true));
+  Operation o;
+  o.kind = OpKind::kAllReduce;
+  o.send = o.recv = bufs[0].data();
+  o.count = bufs[0].count();
+  o.type = bufs[0].type();
+  o.op = ParseOp(op);
+  return Launch(
+      c, [&] { return c->start(std::move(o)); }, std::move(bufs), async_op);
+}
+
+py::object Broadcast(const CommPtr& c, py::handle t, int src, bool async_op) {
+  std::vector<TensorBuffer> bufs;
+  bufs.push_back(Buffer(*c, t, "tensor", true));
+  Operation o;
+  o.kind = OpKind::kBroadcast;
+  o.recv = bufs[0].data();
+  o.count = bufs[0].count();
+  o.type = bufs[0].type();
+  o.root = src;
+  return Launch(
+      c, [&] { return c->start(std::move(o)); }, std::move(bufs), async_op);
+}
+
+// all_gather, reduce_scatter and all_to_all: out and inp whose lengths the
+// group size relates.
+py::object TwoBuffers(const CommPtr& c, OpKind kind, const char* name,
+                      py::handle out, py::handle inp, const std::string& op,
+                      bool async_op) {
+  std::vector<TensorBuffer> bufs;
+  bufs.push_back(Buffer(*c, out, "out", true));
+  bufs.push_back(Buffer(*c, inp, "inp", false));
+  SameType(bufs[0], bufs[1], name);
+  const size_t n = static_cast<size_t>(c->size());
+  const size_t out_n = bufs[0].count(), in_n = bufs[1].count();
+  Operation o;
+  o.kind = kind;
+  o.send = bufs[1].data();
+  o.recv = bufs[0].data();
+  o.type = bufs[0].type();
+  o.op = ParseOp(op);
+  std::string expected;
+  if (kind == OpKind::kAllGather) {
+    o.count = in_n;
+    if (out_n != in_n * n) {
+      expected = absl::StrCat("out to hold group size (", n, ") x ", in_n,
+                              " = ", in_n * n, " elements");
+    }
+  } else if (kind == OpKind::kReduceScatter) {
+    o.count = out_n;
+    if (in_n != out_n * n) {
+      expected = absl::StrCat("inp to hold group size (", n, ") x ", out_n,
+                              " = ", out_n * n, " elements");
+    }
+  } else {
+    o.count = in_n / n;
+    if (in_n != out_n || in_n % n != 0) {
+      expected = absl::StrCat(
+          "out and inp of the same length, a multiple of the group size (", n,
+          ")");
+    }
+  }
+  if (!expected.empty()) {
+    RaiseStatus(absl::InvalidArgumentError(
+        absl::StrCat(name, ": out is ", bufs[0].Describe(), " and inp is ",
+                     bufs[1].Describe(), "; expected ", expected)));
+  }
+  return Launch(
+      c, [&] { return c->start(std::move(o)); }, std::move(bufs), async_op);
+}
+
+int PeerOf(const CommPtr& c, int peer, bool global) {
+  if (!global) return peer;
+  return Unwrap(c->group_rank(peer));
+}
+
+py::object PointToPoint(const CommPtr& c, py::handle t, int peer, bool send,
+                        bool global, bool async_op) {
+  std::vector<TensorBuffer> bufs;
+  bufs.push_back(Buffer(*c, t, "tensor", !send));
+  const int p = PeerOf(c, peer, global);
+  void* data = bufs[0].data();
+  const size_t count = bufs[0].count();
+  const DataType type = bufs[0].type();
+  auto start = [&]() -> Communicator::WorkOr {
+    if (send) return c->isend(data, count, type, p);
+    return c->irecv(data, count, type, p);
+  };
+  return Launch(c, start, std::move(bufs), async_op);
+}
+
+py::object Barrier(const CommPtr& c, bool async_op) {
+  return Launch(
+      c, [&] { return c->ibarrier(); }, {}, async_op);
+}
+
+}  // namespace
+
+py::object WrapCommunicator(std::shared_ptr<Communicator> comm) {
+  return py::cast(std::move(comm));
+}
+
+void RegisterCommunicator(py::module_& m) {
+  py::class_<PyWork>(m, "Work",
+                     "An operation started with async_op=True (or an i* "
+                     "method). wait(timeout=None) blocks, GIL released; past "
+                     "`timeout` seconds it raises TimeoutError and aborts the "
+                     "communicator.")
+      .def("wait", &PyWork::wait, py::arg("timeout") = py::none())
+      .def("test", &PyWork::test)
+      .def("is_completed", &PyWork::is_completed)
+      .def_property_readonly("name", &PyWork::name)
+      .def("__repr__", [](const PyWork& w) {
+        return absl::StrCat("vemesh.Work(", w.name(),
+                            w.is_completed() ? ", completed)" : ", running)");
+      });
+
+  auto cls = py::class_<Communicator, std::shared_ptr<Communicator>>(
+      m, "Communicator",
+      "One group of ranks (a mesh dimension's group). Ranks are group ranks "
+      "unless said otherwise. Holds the group alive: it outlives the mesh it "
+      "came from.");
+  cls.def("rank", &Communicator::rank)
+      .def("size", &Communicator::size)
+      .def("ranks",
+           [](const Communicator& c) {
+             auto r = c.ranks();
+             return std::vector<int>(r.begin(), r.end());
+           })
+      .def("global_rank", &Communicator::global_rank)
+      .def("group_rank",
+           [](const Communicator& c, int64_t global) {
+             return Unwrap(c.group_rank(global));
+           })
+      .def_property_readonly(
+          "backend",
+          [](const Communicator& c) { return std::string(c.backend()); })
+      .def(
+          "set_timeout",
+          [](Communicator& c, std::optional<double> seconds) {
+            if (!seconds) {
+              c.set_timeout(absl::InfiniteDuration());
+              return;
+            }
+            DeadlineOf(seconds, absl::ZeroDuration());  // checks the value
+            c.set_timeout(absl::Seconds(*seconds));
+          },
+          py::arg("seconds"))
+      .def("timeout",
+           [](const Communicator& c) -> std::optional<double> {
+             if (c.timeout() == absl::InfiniteDuration()) return std::nullopt;
+             return absl::ToDoubleSeconds(c.timeout());
+           })
+      .def(
+          "abort",
+          [](Communicator& c, const std::string& reason) { c.abort(reason); },
+          py::arg("reason") = "abort() was called")
+      .def("aborted", &Communicator::aborted)
+      .def("all_reduce", &AllReduce, py::arg("tensor"), py::arg("op") = "sum",
+           py::arg("async_op") = false)
+      .def("broadcast", &Broadcast, py::arg("tensor"), py::arg("src") = 0,
+           py::arg("async_op") = false)
+      .def(
+          "all_gather",
+          [](const CommPtr& c, py::handle out, py::handle inp, bool a) {
+            return TwoBuffers(c, OpKind::kAllGather, "all_gather", out, inp,
+                              "sum", a);
+          },
+          py::arg("out"), py::arg("inp"), py::arg("async_op") = false)
+      .def(
+          "reduce_scatter",
+          [](const CommPtr& c, py::handle out, py::handle inp,
+             const std::string& op, bool a) {
+            return TwoBuffers(c, OpKind::kReduceScatter, "reduce_scatter", out,
+                              inp, op, a);
+          },
+          py::arg("out"), py::arg("inp"), py::arg("op") = "sum",
+          py::arg("async_op") = false)
+      .def(
+          "all_to_all",
+          [](const CommPtr& c, py::handle out, py::handle inp, bool a) {
+            return TwoBuffers(c, OpKind::kAllToAll, "all_to_all", out, inp,
+                              "sum", a);
+          },
+          py::arg("out"), py::arg("inp"), py::arg("async_op") = false)
+      .def(
+          "send",
+          [](const CommPtr& c, py::handle t, int dst, bool global, bool a) {
+            return PointToPoint(c, t, dst, true, global, a);
+          },
+          py::arg("tensor"), py::arg("dst"), py::kw_only(),
+          py::arg("global_rank") = false, py::arg("async_op") = false)
+      .def(
+          "recv",
+          [](const CommPtr& c, py::handle t, int src, bool global, bool a) {
+            return PointToPoint(c, t, src, false, global, a);
+          },
+          py::arg("tensor"), py::arg("src"), py::kw_only(),
+          py::arg("global_rank") = false, py::arg("async_op") = false)
+      .def("barrier", &Barrier, py::arg("async_op") = false)
+      // The C++ spellings of the asynchronous forms.
+      .def(
+          "iall_reduce",
+          [](const CommPtr& c, py::handle t, const std::string& op) {
+            return AllReduce(c, t, op, true);
+          },
+          py::arg("tensor"), py::arg("op") = "sum")
+      .def(
+          "ibroadcast",
+          [](const CommPtr& c, py::handle t, int src) {
+            return Broadcast(c, t, src, true);
+          },
+          py::arg("tensor"), py::arg("src") = 0)
+      .def(
+          "iall_gather",
+          [](const CommPtr& c, py::handle out, py::handle inp) {
+            return TwoBuffers(c, OpKind::kAllGather, "all_gather", out, inp,
+                              "sum", true);
+          },
+          py::arg("out"), py::arg("inp"))
+      .def(
+          "ireduce_scatter",
+          [](const CommPtr& c, py::handle out, py::handle inp,
+             const std::string& op) {
+            return TwoBuffers(c, OpKind::kReduceScatter, "reduce_scatter", out,
+                              inp, op, true);
+          },
+          py::arg("out"), py::arg("inp"), py::arg("op") = "sum")
+      .def(
+          "iall_to_all",
+          [](const CommPtr& c, py::handle out, py::handle inp) {
+            return TwoBuffers(c, OpKind::kAllToAll, "all_to_all", out, inp,
+                              "sum", true);
+          },
+          py::arg("out"), py::arg("inp"))
+      .def(
+          "isend",
+          [](const CommPtr& c, py::handle t, int dst, bool global) {
+            return PointToPoint(c, t, dst, true, global, true);
+          },
+          py::arg("tensor"), py::arg("dst"), py::kw_only(),
+          py::arg("global_rank") = false)
+      .def(
+          "irecv",
+          [](const CommPtr& c, py::handle t, int src, bool global) {
+            return PointToPoint(c, t, src, false, global, true);
+          },
+          py::arg("tensor"), py::arg("src"), py::kw_only(),
+          py::arg("global_rank") = false)
+      .def("ibarrier", [](const CommPtr& c) { return Barrier(c, true); })
+      .def("__repr__", [](const Communicator& c) {
+        return absl::StrCat("vemesh.Communicator(", c.backend(), ", rank ",
+                            c.rank(), " of ", c.size(), ")");
+      });
+}
+
+}  // namespace vemesh::python

@@ -1,0 +1,69 @@
+// python/vemesh_py/module.cc
+//
+// The `vemesh` extension module: the registry (VESCALE_DEVICE_MESH), the
+// DeviceMesh and init_device_mesh, Communicator and Work, and the errors.
+// At import, a process started by an MPI launcher (mpirun, srun) starts MPI
+// here, as the C++ programs do at the top of main (examples/train_nd), and
+// vemesh finalises it at exit; under torchrun (env://) MPI is never touched.
+
+#include <pybind11/pybind11.h>
+
+#ifndef VEMESH_NO_MPI
+#include <dlfcn.h>
+#endif
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "bench_py.h"
+#include "communicator_py.h"
+#include "device_mesh_py.h"
+#include "errors.h"
+#include "registry_py.h"
+#include "vemesh/bootstrap/launch.h"
+#ifndef VEMESH_NO_MPI
+#include "vemesh/comm/mpi/mpi_environment.h"
+#endif
+
+namespace py = pybind11;
+
+namespace vemesh::python {
+namespace {
+
+// Under an MPI launcher: MPI_Init_thread (MPI_THREAD_MULTIPLE) now. Open
+// MPI's plugins resolve libmpi's symbols globally, and Python loads this
+// module with RTLD_LOCAL, so libmpi is promoted to RTLD_GLOBAL first (what
+// mpi4py does).
+void StartMpiIfLaunched() {
+  absl::StatusOr<LaunchInfo> launch = DetectLaunch();
+  ThrowIfError(launch.status());
+  if (launch->kind != LaunchKind::kMpi) return;
+#ifndef VEMESH_NO_MPI
+  for (const char* lib : {"libmpi.so.40", "libmpi.so"}) {
+    if (dlopen(lib, RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD) != nullptr) break;
+  }
+  absl::Status s;
+  {
+    py::gil_scoped_release nogil;
+    s = EnsureMpiInitialized(absl::Now() + absl::Seconds(120));
+  }
+  ThrowIfError(s);
+#endif
+}
+
+}  // namespace
+}  // namespace vemesh::python
+
+PYBIND11_MODULE(vemesh, m) {
+  using namespace vemesh::python;
+  m.doc() =
+      "vemesh: one named N-D device mesh per process (veScale's "
+      "VESCALE_DEVICE_MESH, PyTorch's DeviceMesh) with MPI, Gloo and NCCL "
+      "communicators on numpy arrays and DLPack tensors. See the README's "
+      "Python section.";
+  RegisterErrors(m);
+  RegisterCommunicator(m);
+  RegisterDeviceMesh(m);
+  RegisterRegistry(m);
+  RegisterBench(m);
+  StartMpiIfLaunched();
+}
