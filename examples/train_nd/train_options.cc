@@ -67,6 +67,33 @@ absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
   TrainPlan plan;
   plan.options = o;
 
+  absl::StatusOr<vemesh::strategies::OptimizerKind> kind =
+      vemesh::strategies::ParseOptimizerKind(o.optimizer);
+  if (!kind.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--optimizer: ", kind.status().message()));
+  }
+  plan.optimizer = *kind == vemesh::strategies::OptimizerKind::kAdamW
+                       ? vemesh::strategies::OptimizerOptions::AdamW(o.lr)
+                       : vemesh::strategies::OptimizerOptions::Sgd(o.lr);
+  if (absl::Status s =
+          vemesh::strategies::ValidateOptimizerOptions(plan.optimizer);
+      !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--optimizer=", o.optimizer, ": ", s.message()));
+  }
+  if (o.zero_stage != 1 && o.zero_stage != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--zero_stage=", o.zero_stage, ": expected 1 or 2"));
+  }
+  if (!o.elastic.empty() &&
+      (o.zero || *kind != vemesh::strategies::OptimizerKind::kSgd)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--elastic with ", o.zero ? "--zero" : "--optimizer=" + o.optimizer,
+        ": the elastic loop trains with plain SGD and DataParallel; expected "
+        "--optimizer=sgd without --zero"));
+  }
+
   absl::StatusOr<vemesh::strategies::PipelineSchedule> schedule =
       vemesh::strategies::ParsePipelineSchedule(o.schedule);
   if (!schedule.ok()) {

@@ -87,6 +87,39 @@ TEST(TrainOptionsTest, NamesTheBadValue) {
   o = {};
   o.micro_batches = 0;
   EXPECT_NE(ErrorOf(o, 8).find("--micro_batches=0"), std::string::npos);
+
+  o = {};
+  o.optimizer = "lamb";
+  EXPECT_NE(ErrorOf(o, 8).find("optimizer 'lamb' is unknown"),
+            std::string::npos);
+
+  o = {};
+  o.zero = true;
+  o.zero_stage = 3;
+  EXPECT_NE(ErrorOf(o, 8).find("--zero_stage=3: expected 1 or 2"),
+            std::string::npos);
+
+  o = {};
+  o.optimizer = "adam";
+  o.elastic = "redis://localhost:1";
+  o.mesh = "DP=2,TP=2";
+  EXPECT_NE(ErrorOf(o, 2).find("expected --optimizer=sgd without --zero"),
+            std::string::npos);
+}
+
+TEST(TrainOptionsTest, OptimizerFlagsMakeThePlansOptimizer) {
+  TrainOptions o;
+  o.optimizer = "adam";
+  o.lr = 0.01;
+  absl::StatusOr<TrainPlan> plan = PlanTraining(o, 8);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->optimizer.kind, vemesh::strategies::OptimizerKind::kAdamW);
+  EXPECT_EQ(plan->optimizer.lr, 0.01);
+  EXPECT_EQ(plan->optimizer.resolved_weight_decay(), 1e-2);
+  o.optimizer = "SGD";
+  plan = PlanTraining(o, 8);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->optimizer.kind, vemesh::strategies::OptimizerKind::kSgd);
 }
 
 // Sizes that would end in bad_alloc on every rank (reported: --batch=10^12,
