@@ -17,6 +17,9 @@ b=build/release
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || { mkdir -p .git/info; echo '/.gpu/' >> .git/info/exclude; }
 rm -rf .gpu && mkdir -p .gpu/bin .gpu/lib
 cp "$b/tests/comm/nccl_communicator_test" "$b/bench/nccl_init" .gpu/bin/
+for f in "$b/tests/comm/nccl_split_test" "$b/tests/comm/cuda_device_test" "$b/examples/hsdp/hsdp"; do
+  [[ -x $f ]] && cp "$f" .gpu/bin/
+done
 cp tests/launch/spawn_env.sh .gpu/
 cp bench/gpu/run.sh .gpu/run.sh
 skip='/libc.so|/libm.so|libstdc|libgcc_s|ld-linux|libcuda|libnccl|libcudart|libpthread|libdl.so|librt.so'
