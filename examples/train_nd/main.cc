@@ -40,6 +40,7 @@
 #include "vemesh/registry/ve_device_mesh.h"
 #include "vemesh/strategies/data_parallel.h"
 #include "vemesh/strategies/distributed_optimizer.h"
+#include "vemesh/strategies/fully_sharded_data_parallel.h"
 #include "vemesh/strategies/optimizer.h"
 #include "vemesh/strategies/pipeline_runner.h"
 #include "vemesh/strategies/role_group.h"
@@ -49,7 +50,8 @@ const train_nd::TrainOptions kDefaults;
 }  // namespace
 
 ABSL_FLAG(std::string, mesh, kDefaults.mesh,
-          "the device mesh, NAME=SIZE for PP, DP and TP (absent roles are 1)");
+          "the device mesh, NAME=SIZE for PP, DP and TP, or DP_REPLICATE and "
+          "DP_SHARD instead of DP (FSDP; absent roles are 1)");
 ABSL_FLAG(int, layers, kDefaults.layers, "linear layers in the MLP");
 ABSL_FLAG(int64_t, hidden, kDefaults.hidden, "hidden width");
 ABSL_FLAG(int64_t, input_dim, kDefaults.input_dim, "input features");
@@ -108,6 +110,7 @@ namespace {
 
 using vemesh::strategies::DataParallel;
 using vemesh::strategies::DistributedOptimizer;
+using vemesh::strategies::FullyShardedDataParallel;
 using vemesh::strategies::Optimizer;
 using vemesh::strategies::Parameter;
 using vemesh::strategies::PipelineOptions;
@@ -157,6 +160,11 @@ absl::StatusOr<std::vector<double>> Train(const TrainPlan& plan, bool print) {
   absl::StatusOr<vemesh::strategies::BucketStats> bcast =
       dp.BroadcastParameters(params);
   if (!bcast.ok()) return bcast.status();
+  // Sizes for the memory line, before FSDP frees the parameters.
+  size_t elements = 0;
+  for (const Parameter* p : params) elements += p->value.size();
+  size_t expert_elements = 0;
+  for (const Parameter* p : experts) expert_elements += p->value.size();
   // The optimizers: the experts' (each lives on one rank) and the replicated
   // layers': a local one after DataParallel's average, or ZeRO's.
   const vemesh::strategies::GradientType gradient_type =
@@ -167,7 +175,45 @@ absl::StatusOr<std::vector<double>> Train(const TrainPlan& plan, bool print) {
   if (!expert_opt.ok()) return expert_opt.status();
   std::optional<Optimizer> local_opt;
   std::unique_ptr<DistributedOptimizer> zero;
-  if (plan.options.zero) {
+  std::optional<FullyShardedDataParallel> fsdp;
+  if (plan.fsdp()) {
+    // One unit per layer of this stage, sharded over DP_SHARD (of this TP
+    // slice: each TP rank shards its own part), replicated over
+    // DP_REPLICATE. The parameters are equal after the broadcast above.
+    vemesh::strategies::FsdpOptions o;
+    if (plan.dp_shard > 0) o.shard_dims = {"DP_SHARD"};
+    if (plan.dp_replicate > 0) o.replicate_dims = {"DP_REPLICATE"};
+    o.sharding_strategy =
+        plan.dp_shard == 0 ? vemesh::strategies::ShardingStrategy::kNoShard
+        : plan.dp_replicate == 0
+            ? vemesh::strategies::ShardingStrategy::kFullShard
+            : vemesh::strategies::ShardingStrategy::kHybridShard;
+    o.mixed_precision = plan.options.grad_bf16
+                            ? vemesh::strategies::MixedPrecision::kBFloat16
+                            : vemesh::strategies::MixedPrecision::kNone;
+    std::vector<vemesh::strategies::FsdpUnit> units;
+    int l = (*stage)->first_layer();
+    for (std::vector<Parameter*>& ps : (*stage)->layer_parameters()) {
+      units.push_back({absl::StrCat("layer", l++), std::move(ps)});
+    }
+    // This stage's mesh (every dimension but PP): the stages hold
+    // different units, and each agrees and shards its own.
+    absl::StatusOr<vemesh::DeviceMesh> mesh = VESCALE_DEVICE_MESH.get();
+    if (!mesh.ok()) return mesh.status();
+    std::vector<std::string> stage_dims;
+    for (const std::string& d : mesh->mesh_dim_names()) {
+      if (d != "PP") stage_dims.push_back(d);
+    }
+    if (stage_dims.size() < mesh->mesh_dim_names().size()) {
+      mesh = mesh->slice(stage_dims);
+      if (!mesh.ok()) return mesh.status();
+    }
+    absl::StatusOr<FullyShardedDataParallel> f =
+        FullyShardedDataParallel::Create(*mesh, std::move(units), o);
+    if (!f.ok()) return f.status();
+    fsdp.emplace(*std::move(f));
+    if (absl::Status s = fsdp->SetOptimizer(plan.optimizer); !s.ok()) return s;
+  } else if (plan.options.zero) {
     absl::StatusOr<std::unique_ptr<DistributedOptimizer>> z =
         DistributedOptimizer::Create(
             {.optimizer = plan.optimizer,
@@ -186,24 +232,22 @@ absl::StatusOr<std::vector<double>> Train(const TrainPlan& plan, bool print) {
   if (print) {
     // What this rank keeps across steps; the experts are neither
     // replicated nor sharded by DP, and count alike in both.
-    size_t expert_elements = 0;
-    for (const Parameter* p : experts) expert_elements += p->value.size();
     const TrainingStateBytes e = vemesh::strategies::ReplicatedStateBytes(
         plan.optimizer, expert_elements);
-    size_t elements = 0;
-    for (const Parameter* p : params) elements += p->value.size();
     const TrainingStateBytes replicated =
         vemesh::strategies::ReplicatedStateBytes(plan.optimizer, elements);
-    const TrainingStateBytes kept = zero ? zero->memory() : replicated;
+    const size_t kept = fsdp   ? fsdp->MemoryUsage().state()
+                        : zero ? zero->memory().total()
+                               : replicated.total();
     std::printf(
         "memory: %zu bytes of parameters+gradients+optimizer state per rank "
         "(replicated: %zu)\n",
-        kept.total() + e.total(), replicated.total() + e.total());
+        kept + e.total(), replicated.total() + e.total());
     std::fflush(stdout);
   }
   // The backward pass announces each finished gradient: its DP bucket
   // starts reducing while the earlier layers compute.
-  if (plan.options.overlap && !zero) {
+  if (plan.options.overlap && !zero && !fsdp) {
     (*stage)->set_gradient_ready(
         [&dp](const Parameter* p) { return dp.MarkGradientReady(p); });
   }
@@ -217,14 +261,29 @@ absl::StatusOr<std::vector<double>> Train(const TrainPlan& plan, bool print) {
     for (Parameter* p : experts) p->ZeroGrad();
     (*stage)->SetBatch(
         MakeBatch(plan.options.seed, step, plan.shape, plan.options.batch));
-    if (!zero) {
+    if (fsdp) {
+      // Every unit gathered for the whole step (the pipeline interleaves
+      // micro-batches, so no unit can be freed between them), backward
+      // order; the pipeline's micro-batches then accumulate into the
+      // gathered gradients.
+      for (size_t u = fsdp->num_units(); u-- > 0;) {
+        if (absl::Status s = fsdp->PreBackward(u); !s.ok()) return s;
+      }
+    } else if (!zero) {
       absl::Status prepared = dp.PrepareGradientSync(params);
       if (!prepared.ok()) return prepared;
     }
     absl::StatusOr<vemesh::strategies::PipelineStats> ran =
         RunPipeline(**stage, pipeline);
     if (!ran.ok()) return ran.status();
-    if (zero) {
+    if (fsdp) {
+      for (size_t u = fsdp->num_units(); u-- > 0;) {
+        if (absl::Status s = fsdp->PostBackward(u); !s.ok()) return s;
+      }
+      if (absl::Status s = fsdp->FinishBackward(); !s.ok()) return s;
+      if (absl::Status s = fsdp->OptimizerStep(); !s.ok()) return s;
+      fsdp->ZeroGrad();
+    } else if (zero) {
       absl::StatusOr<vemesh::strategies::ZeroStepStats> z = zero->Step();
       if (!z.ok()) return z.status();
     } else {
@@ -320,7 +379,7 @@ int Run() {
     std::printf(
         "train_nd: mesh %s on %d ranks (PP=%d DP=%d TP=%d), MLP %lld-%lldx%d-"
         "%lld, batch %lld in %d micro-batches per replica, %s schedule, %d "
-        "steps, %d experts, overlap %s, %s DP gradients, %s%s\n",
+        "steps, %d experts, overlap %s, %s DP gradients, %s%s%s\n",
         vemesh::FormatMeshSpec(plan->mesh).c_str(), world_size, plan->pp,
         plan->dp, plan->tp, static_cast<long long>(s.input_dim),
         static_cast<long long>(s.hidden), s.layers,
@@ -336,6 +395,12 @@ int Run() {
             .c_str(),
         plan->options.zero
             ? absl::StrCat(" under ZeRO-", plan->options.zero_stage).c_str()
+            : "",
+        plan->fsdp()
+            ? absl::StrCat(
+                  " under FSDP (DP_REPLICATE=", std::max(plan->dp_replicate, 1),
+                  " x DP_SHARD=", std::max(plan->dp_shard, 1), ")")
+                  .c_str()
             : "");
     std::fflush(stdout);
     if (absl::Status placed =

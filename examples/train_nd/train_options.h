@@ -84,8 +84,15 @@ struct TrainPlan {
   TrainOptions options;
   vemesh::MeshSpec mesh;  // as given: roles are found by name
   int pp = 1;
-  int dp = 1;
+  int dp = 1;  // with DP_REPLICATE / DP_SHARD: their product
   int tp = 1;
+  // torchtitan's dimensions, 0 when the mesh lacks them. With either, the
+  // replicated layers train under FullyShardedDataParallel (HYBRID_SHARD
+  // with both, FULL_SHARD over DP_SHARD, NO_SHARD over DP_REPLICATE) instead
+  // of DataParallel; DP is then their flattening (the registry's).
+  int dp_replicate = 0;
+  int dp_shard = 0;
+  bool fsdp() const { return dp_replicate > 0 || dp_shard > 0; }
   MlpShape shape;
   vemesh::strategies::OptimizerOptions optimizer;  // from optimizer and lr
   vemesh::strategies::PipelineSchedule schedule =

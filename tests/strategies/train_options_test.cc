@@ -107,6 +107,31 @@ TEST(TrainOptionsTest, NamesTheBadValue) {
             std::string::npos);
 }
 
+TEST(TrainOptionsTest, ReplicateAndShardDimensionsPlanFsdp) {
+  TrainOptions o;
+  o.mesh = "PP=2,DP_REPLICATE=2,DP_SHARD=2";
+  absl::StatusOr<TrainPlan> plan = PlanTraining(o, 8);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->fsdp());
+  EXPECT_EQ(plan->dp, 4);
+  EXPECT_EQ(plan->dp_replicate, 2);
+  EXPECT_EQ(plan->dp_shard, 2);
+  EXPECT_EQ(plan->rows_per_replica, o.batch / 4);
+  o.mesh = "DP_SHARD=4,TP=2";
+  plan = PlanTraining(o, 8);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->dp, 4);
+  EXPECT_EQ(plan->dp_replicate, 0);
+  o.zero = true;
+  EXPECT_NE(ErrorOf(o, 8).find("--zero: FSDP shards"), std::string::npos);
+  o.zero = false;
+  o.experts = 8;
+  EXPECT_NE(ErrorOf(o, 8).find("--experts"), std::string::npos);
+  o = {};
+  o.mesh = "DP=2,DP_SHARD=4";
+  EXPECT_NE(ErrorOf(o, 8).find("DP as well"), std::string::npos);
+}
+
 TEST(TrainOptionsTest, OptimizerFlagsMakeThePlansOptimizer) {
   TrainOptions o;
   o.optimizer = "adam";
