@@ -16,11 +16,15 @@
 //   s = fsdp.PreForward(0);  h = fc1.Forward(x);  s = fsdp.PostForward(0);
 //   s = fsdp.PreForward(1);  y = fc2.Forward(a);  s = fsdp.PostForward(1);
 //   // backward: the reverse order
-//   s = fsdp.PreBackward(1); da = fc2.Backward(a, dy); s =
-//   fsdp.PostBackward(1); s = fsdp.PreBackward(0); fc1.Backward(x, dh);      s
-//   = fsdp.PostBackward(0); s = fsdp.FinishBackward();       // gradient shards
-//   averaged over DP s = fsdp.SetOptimizer(OptimizerOptions::AdamW(1e-3));  //
-//   once s = fsdp.OptimizerStep();        // or Step(fn): any rule on a shard
+//   s = fsdp.PreBackward(1);
+//   da = fc2.Backward(a, dy);
+//   s = fsdp.PostBackward(1);
+//   s = fsdp.PreBackward(0);
+//   fc1.Backward(x, dh);
+//   s = fsdp.PostBackward(0);
+//   s = fsdp.FinishBackward();  // gradient shards averaged over DP
+//   s = fsdp.SetOptimizer(OptimizerOptions::AdamW(1e-3));  // once
+//   s = fsdp.OptimizerStep();   // or Step(fn): any rule on a shard
 //   fsdp.ZeroGrad();
 //
 // The modes (PyTorch's ShardingStrategy):
