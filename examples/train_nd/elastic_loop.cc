@@ -305,7 +305,11 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
   // Verdicts: the curve this replica trained against the serial one, the
   // parameters against every other replica's, the communicators against
   // the count after start.
-  const std::vector<double> serial = SerialLosses(plan0);
+  absl::StatusOr<std::vector<double>> serial_or = SerialLosses(plan0);
+  if (!serial_or.ok()) {
+    return Fail(replica, launch_rank, "serial", serial_or.status());
+  }
+  const std::vector<double>& serial = *serial_or;
   double worst = 0;
   int64_t worst_step = -1;
   for (const auto& [s, value] : losses) {

@@ -8,8 +8,9 @@
 // VESCALE_DEVICE_MESH, build its part of the model, and train. Per step:
 // the pipeline runs the micro-batches (activations and gradients between
 // stages, TP collectives inside each layer), the gradients are averaged
-// over DP, SGD updates every shard, and the last stage's loss is averaged
-// over DP and broadcast along PP so every rank knows it. Global rank 0
+// over DP (DataParallel, or the ZeRO DistributedOptimizer with --zero), the
+// optimizer (SGD or AdamW) updates every shard, and the last stage's loss is
+// averaged over DP and broadcast along PP so every rank knows it. Global rank 0
 // prints the steps; at the end every rank trains the serial reference
 // in-process and compares the curves, so all ranks exit alike.
 
@@ -36,6 +37,9 @@
 #include "vemesh/bootstrap/launch_session.h"
 #include "vemesh/registry/ve_device_mesh.h"
 #include "vemesh/strategies/data_parallel.h"
+#include "vemesh/strategies/distributed_optimizer.h"
+#include "vemesh/strategies/fully_sharded_data_parallel.h"
+#include "vemesh/strategies/optimizer.h"
 #include "vemesh/strategies/pipeline_runner.h"
 #include "vemesh/strategies/role_group.h"
 
@@ -44,7 +48,8 @@ const train_nd::TrainOptions kDefaults;
 }  // namespace
 
 ABSL_FLAG(std::string, mesh, kDefaults.mesh,
-          "the device mesh, NAME=SIZE for PP, DP and TP (absent roles are 1)");
+          "the device mesh, NAME=SIZE for PP, DP and TP, or DP_REPLICATE and "
+          "DP_SHARD instead of DP (FSDP; absent roles are 1)");
 ABSL_FLAG(int, layers, kDefaults.layers, "linear layers in the MLP");
 ABSL_FLAG(int64_t, hidden, kDefaults.hidden, "hidden width");
 ABSL_FLAG(int64_t, input_dim, kDefaults.input_dim, "input features");
@@ -53,7 +58,17 @@ ABSL_FLAG(int64_t, batch, kDefaults.batch, "global batch size per step");
 ABSL_FLAG(int, micro_batches, kDefaults.micro_batches,
           "micro-batches per step and DP replica");
 ABSL_FLAG(int, steps, kDefaults.steps, "SGD steps");
-ABSL_FLAG(double, lr, kDefaults.lr, "SGD learning rate");
+ABSL_FLAG(double, lr, kDefaults.lr,
+          "learning rate (Adam wants a smaller one, e.g. 0.01)");
+ABSL_FLAG(std::string, optimizer, kDefaults.optimizer,
+          "sgd, or adam (AdamW with PyTorch's defaults), here and in the "
+          "serial reference");
+ABSL_FLAG(bool, zero, kDefaults.zero,
+          "the distributed optimizer (ZeRO) over DP instead of DataParallel: "
+          "optimizer state (and, at stage 2, gradients) sharded over DP");
+ABSL_FLAG(int, zero_stage, kDefaults.zero_stage,
+          "with --zero: 1 (shard the optimizer state) or 2 (and the "
+          "gradients)");
 ABSL_FLAG(uint64_t, seed, kDefaults.seed, "seed of data and weights");
 ABSL_FLAG(std::string, schedule, kDefaults.schedule,
           "pipeline schedule: gpipe or 1f1b");
@@ -92,9 +107,13 @@ namespace train_nd {
 namespace {
 
 using vemesh::strategies::DataParallel;
+using vemesh::strategies::DistributedOptimizer;
+using vemesh::strategies::FullyShardedDataParallel;
+using vemesh::strategies::Optimizer;
 using vemesh::strategies::Parameter;
 using vemesh::strategies::PipelineOptions;
 using vemesh::strategies::RunPipeline;
+using vemesh::strategies::TrainingStateBytes;
 
 TrainOptions OptionsFromFlags() {
   TrainOptions o;
@@ -114,6 +133,9 @@ TrainOptions OptionsFromFlags() {
   o.experts = absl::GetFlag(FLAGS_experts);
   o.overlap = absl::GetFlag(FLAGS_overlap);
   o.grad_bf16 = absl::GetFlag(FLAGS_grad_bf16);
+  o.optimizer = absl::GetFlag(FLAGS_optimizer);
+  o.zero = absl::GetFlag(FLAGS_zero);
+  o.zero_stage = absl::GetFlag(FLAGS_zero_stage);
   o.elastic = absl::GetFlag(FLAGS_elastic);
   return o;
 }
@@ -131,13 +153,99 @@ absl::StatusOr<std::vector<double>> Train(const TrainPlan& plan, bool print) {
        .gradient_type = plan.options.grad_bf16
                             ? vemesh::strategies::GradientType::kBFloat16
                             : vemesh::strategies::GradientType::kFloat64});
+  // (With --zero, dp only broadcasts the initial parameters.)
   // Replicas were initialised differently on purpose; this makes them equal.
   absl::StatusOr<vemesh::strategies::BucketStats> bcast =
       dp.BroadcastParameters(params);
   if (!bcast.ok()) return bcast.status();
+  // Sizes for the memory line, before FSDP frees the parameters.
+  size_t elements = 0;
+  for (const Parameter* p : params) elements += p->value.size();
+  size_t expert_elements = 0;
+  for (const Parameter* p : experts) expert_elements += p->value.size();
+  // The optimizers: the experts' (each lives on one rank) and the replicated
+  // layers': a local one after DataParallel's average, or ZeRO's.
+  const vemesh::strategies::GradientType gradient_type =
+      plan.options.grad_bf16 ? vemesh::strategies::GradientType::kBFloat16
+                             : vemesh::strategies::GradientType::kFloat64;
+  absl::StatusOr<Optimizer> expert_opt =
+      Optimizer::Create(plan.optimizer, experts);
+  if (!expert_opt.ok()) return expert_opt.status();
+  std::optional<Optimizer> local_opt;
+  std::unique_ptr<DistributedOptimizer> zero;
+  std::optional<FullyShardedDataParallel> fsdp;
+  if (plan.fsdp()) {
+    // One unit per layer of this stage, sharded over DP_SHARD (of this TP
+    // slice: each TP rank shards its own part), replicated over
+    // DP_REPLICATE. The parameters are equal after the broadcast above.
+    vemesh::strategies::FsdpOptions o;
+    if (plan.dp_shard > 0) o.shard_dims = {"DP_SHARD"};
+    if (plan.dp_replicate > 0) o.replicate_dims = {"DP_REPLICATE"};
+    o.sharding_strategy =
+        plan.dp_shard == 0 ? vemesh::strategies::ShardingStrategy::kNoShard
+        : plan.dp_replicate == 0
+            ? vemesh::strategies::ShardingStrategy::kFullShard
+            : vemesh::strategies::ShardingStrategy::kHybridShard;
+    o.mixed_precision = plan.options.grad_bf16
+                            ? vemesh::strategies::MixedPrecision::kBFloat16
+                            : vemesh::strategies::MixedPrecision::kNone;
+    std::vector<vemesh::strategies::FsdpUnit> units;
+    int l = (*stage)->first_layer();
+    for (std::vector<Parameter*>& ps : (*stage)->layer_parameters()) {
+      units.push_back({absl::StrCat("layer", l++), std::move(ps)});
+    }
+    // This stage's mesh (every dimension but PP): the stages hold
+    // different units, and each agrees and shards its own.
+    absl::StatusOr<vemesh::DeviceMesh> mesh = VESCALE_DEVICE_MESH.get();
+    if (!mesh.ok()) return mesh.status();
+    std::vector<std::string> stage_dims;
+    for (const std::string& d : mesh->mesh_dim_names()) {
+      if (d != "PP") stage_dims.push_back(d);
+    }
+    if (stage_dims.size() < mesh->mesh_dim_names().size()) {
+      mesh = mesh->slice(stage_dims);
+      if (!mesh.ok()) return mesh.status();
+    }
+    absl::StatusOr<FullyShardedDataParallel> f =
+        FullyShardedDataParallel::Create(*mesh, std::move(units), o);
+    if (!f.ok()) return f.status();
+    fsdp.emplace(*std::move(f));
+    if (absl::Status s = fsdp->SetOptimizer(plan.optimizer); !s.ok()) return s;
+  } else if (plan.options.zero) {
+    absl::StatusOr<std::unique_ptr<DistributedOptimizer>> z =
+        DistributedOptimizer::Create(
+            {.optimizer = plan.optimizer,
+             .stage = plan.options.zero_stage == 1
+                          ? vemesh::strategies::ZeroStage::kOne
+                          : vemesh::strategies::ZeroStage::kTwo,
+             .gradient_type = gradient_type},
+            params);
+    if (!z.ok()) return z.status();
+    zero = *std::move(z);
+  } else {
+    absl::StatusOr<Optimizer> o = Optimizer::Create(plan.optimizer, params);
+    if (!o.ok()) return o.status();
+    local_opt.emplace(*std::move(o));
+  }
+  if (print) {
+    // What this rank keeps across steps; the experts are neither
+    // replicated nor sharded by DP, and count alike in both.
+    const TrainingStateBytes e = vemesh::strategies::ReplicatedStateBytes(
+        plan.optimizer, expert_elements);
+    const TrainingStateBytes replicated =
+        vemesh::strategies::ReplicatedStateBytes(plan.optimizer, elements);
+    const size_t kept = fsdp   ? fsdp->MemoryUsage().state()
+                        : zero ? zero->memory().total()
+                               : replicated.total();
+    std::printf(
+        "memory: %zu bytes of parameters+gradients+optimizer state per rank "
+        "(replicated: %zu)\n",
+        kept + e.total(), replicated.total() + e.total());
+    std::fflush(stdout);
+  }
   // The backward pass announces each finished gradient: its DP bucket
   // starts reducing while the earlier layers compute.
-  if (plan.options.overlap) {
+  if (plan.options.overlap && !zero && !fsdp) {
     (*stage)->set_gradient_ready(
         [&dp](const Parameter* p) { return dp.MarkGradientReady(p); });
   }
@@ -151,16 +259,38 @@ absl::StatusOr<std::vector<double>> Train(const TrainPlan& plan, bool print) {
     for (Parameter* p : experts) p->ZeroGrad();
     (*stage)->SetBatch(
         MakeBatch(plan.options.seed, step, plan.shape, plan.options.batch));
-    absl::Status prepared = dp.PrepareGradientSync(params);
-    if (!prepared.ok()) return prepared;
+    if (fsdp) {
+      // Every unit gathered for the whole step (the pipeline interleaves
+      // micro-batches, so no unit can be freed between them), backward
+      // order; the pipeline's micro-batches then accumulate into the
+      // gathered gradients.
+      for (size_t u = fsdp->num_units(); u-- > 0;) {
+        if (absl::Status s = fsdp->PreBackward(u); !s.ok()) return s;
+      }
+    } else if (!zero) {
+      absl::Status prepared = dp.PrepareGradientSync(params);
+      if (!prepared.ok()) return prepared;
+    }
     absl::StatusOr<vemesh::strategies::PipelineStats> ran =
         RunPipeline(**stage, pipeline);
     if (!ran.ok()) return ran.status();
-    absl::StatusOr<vemesh::strategies::BucketStats> avg =
-        dp.FinishGradientSync();
-    if (!avg.ok()) return avg.status();
-    for (Parameter* p : params) p->SgdStep(plan.options.lr);
-    for (Parameter* p : experts) p->SgdStep(plan.options.lr);
+    if (fsdp) {
+      for (size_t u = fsdp->num_units(); u-- > 0;) {
+        if (absl::Status s = fsdp->PostBackward(u); !s.ok()) return s;
+      }
+      if (absl::Status s = fsdp->FinishBackward(); !s.ok()) return s;
+      if (absl::Status s = fsdp->OptimizerStep(); !s.ok()) return s;
+      fsdp->ZeroGrad();
+    } else if (zero) {
+      absl::StatusOr<vemesh::strategies::ZeroStepStats> z = zero->Step();
+      if (!z.ok()) return z.status();
+    } else {
+      absl::StatusOr<vemesh::strategies::BucketStats> avg =
+          dp.FinishGradientSync();
+      if (!avg.ok()) return avg.status();
+      if (absl::Status s = local_opt->Step(); !s.ok()) return s;
+    }
+    if (absl::Status s = expert_opt->Step(); !s.ok()) return s;
     absl::StatusOr<double> loss =
         GlobalLoss(plan, (*stage)->TakeSquaredError());
     if (!loss.ok()) return loss.status();
@@ -247,7 +377,7 @@ int Run() {
     std::printf(
         "train_nd: mesh %s on %d ranks (PP=%d DP=%d TP=%d), MLP %lld-%lldx%d-"
         "%lld, batch %lld in %d micro-batches per replica, %s schedule, %d "
-        "steps, %d experts, overlap %s, %s DP gradients\n",
+        "steps, %d experts, overlap %s, %s DP gradients, %s%s%s\n",
         vemesh::FormatMeshSpec(plan->mesh).c_str(), world_size, plan->pp,
         plan->dp, plan->tp, static_cast<long long>(s.input_dim),
         static_cast<long long>(s.hidden), s.layers,
@@ -258,7 +388,18 @@ int Run() {
             .c_str(),
         plan->options.steps, plan->options.experts,
         plan->options.overlap ? "on" : "off",
-        plan->options.grad_bf16 ? "bf16" : "double");
+        plan->options.grad_bf16 ? "bf16" : "double",
+        std::string(vemesh::strategies::OptimizerKindName(plan->optimizer.kind))
+            .c_str(),
+        plan->options.zero
+            ? absl::StrCat(" under ZeRO-", plan->options.zero_stage).c_str()
+            : "",
+        plan->fsdp()
+            ? absl::StrCat(
+                  " under FSDP (DP_REPLICATE=", std::max(plan->dp_replicate, 1),
+                  " x DP_SHARD=", std::max(plan->dp_shard, 1), ")")
+                  .c_str()
+            : "");
     std::fflush(stdout);
     if (absl::Status placed =
             ReportPlacement(absl::GetFlag(FLAGS_placement_out));
@@ -272,7 +413,9 @@ int Run() {
   if (!losses.ok()) return Fail(world_rank, "training", losses.status(), 1);
   const double train_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
 
-  const std::vector<double> serial = SerialLosses(*plan);
+  absl::StatusOr<std::vector<double>> serial_or = SerialLosses(*plan);
+  if (!serial_or.ok()) return Fail(world_rank, "serial", serial_or.status(), 1);
+  const std::vector<double>& serial = *serial_or;
   double worst = 0;
   int worst_step = 0;
   for (size_t i = 0; i < serial.size(); ++i) {

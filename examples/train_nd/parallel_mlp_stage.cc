@@ -133,6 +133,14 @@ std::vector<Parameter*> ParallelMlpStage::parameters() {
   return params;
 }
 
+std::vector<std::vector<Parameter*>> ParallelMlpStage::layer_parameters() {
+  std::vector<std::vector<Parameter*>> units;
+  for (Layer& layer : layers_) {
+    std::visit([&](auto& l) { units.push_back(l.parameters()); }, layer);
+  }
+  return units;
+}
+
 std::vector<Parameter*> ParallelMlpStage::expert_parameters() {
   if (!moe_.has_value()) return {};
   return moe_->parameters();

@@ -68,6 +68,8 @@ class ParallelMlpStage : public vemesh::strategies::PipelineStageModel {
   double TakeSquaredError();
   // The replicated parameters (DP averages them), first layer first.
   std::vector<vemesh::strategies::Parameter*> parameters();
+  // parameters(), one list per layer of this stage (FSDP's units).
+  std::vector<std::vector<vemesh::strategies::Parameter*>> layer_parameters();
   // This rank's experts' parameters (empty without the MoE block).
   std::vector<vemesh::strategies::Parameter*> expert_parameters();
   // Called with each of parameters() once per step, when its gradient is

@@ -7,8 +7,9 @@
 
 namespace train_nd {
 
-SerialMlp::SerialMlp(const MlpShape& shape, uint64_t seed)
-    : shape_(shape), seed_(seed) {
+SerialMlp::SerialMlp(const MlpShape& shape, uint64_t seed,
+                     const vemesh::strategies::OptimizerOptions& optimizer)
+    : shape_(shape), seed_(seed), optimizer_options_(optimizer) {
   const int64_t width = shape.out_features(MlpShape::kMoeLayer);
   for (int e = 0; e < shape.experts; ++e) {
     experts_.emplace_back(absl::StrCat("moe.expert", e),
@@ -22,7 +23,25 @@ SerialMlp::SerialMlp(const MlpShape& shape, uint64_t seed)
   }
 }
 
-double SerialMlp::TrainStep(const Batch& batch, double learning_rate) {
+absl::StatusOr<double> SerialMlp::TrainStep(const Batch& batch) {
+  if (!optimizer_.has_value()) {
+    std::vector<vemesh::strategies::Parameter*> params;
+    for (auto& layer : experts_) {
+      for (vemesh::strategies::Parameter* p : layer.parameters()) {
+        params.push_back(p);
+      }
+    }
+    for (auto& layer : layers_) {
+      for (vemesh::strategies::Parameter* p : layer.parameters()) {
+        params.push_back(p);
+      }
+    }
+    absl::StatusOr<vemesh::strategies::Optimizer> opt =
+        vemesh::strategies::Optimizer::Create(optimizer_options_,
+                                              std::move(params));
+    if (!opt.ok()) return opt.status();
+    optimizer_.emplace(*std::move(opt));
+  }
   // inputs[l] is layer l's input; the last entry is the model's output.
   std::vector<Matrix> inputs{batch.x};
   // The MoE block's input and routing (h; the next layer gets h + moe(h)).
@@ -65,18 +84,8 @@ double SerialMlp::TrainStep(const Batch& batch, double learning_rate) {
     }
     grad = layers_[l].Backward(inputs[l], grad);
   }
-  for (auto& layer : experts_) {
-    for (vemesh::strategies::Parameter* p : layer.parameters()) {
-      p->SgdStep(learning_rate);
-      p->ZeroGrad();
-    }
-  }
-  for (auto& layer : layers_) {
-    for (vemesh::strategies::Parameter* p : layer.parameters()) {
-      p->SgdStep(learning_rate);
-      p->ZeroGrad();
-    }
-  }
+  if (absl::Status s = optimizer_->Step(); !s.ok()) return s;
+  optimizer_->ZeroGrad();
   return loss;
 }
 

@@ -1,5 +1,6 @@
 #include "train_options.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/status/status.h"
@@ -67,6 +68,33 @@ absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
   TrainPlan plan;
   plan.options = o;
 
+  absl::StatusOr<vemesh::strategies::OptimizerKind> kind =
+      vemesh::strategies::ParseOptimizerKind(o.optimizer);
+  if (!kind.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--optimizer: ", kind.status().message()));
+  }
+  plan.optimizer = *kind == vemesh::strategies::OptimizerKind::kAdamW
+                       ? vemesh::strategies::OptimizerOptions::AdamW(o.lr)
+                       : vemesh::strategies::OptimizerOptions::Sgd(o.lr);
+  if (absl::Status s =
+          vemesh::strategies::ValidateOptimizerOptions(plan.optimizer);
+      !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--optimizer=", o.optimizer, ": ", s.message()));
+  }
+  if (o.zero_stage != 1 && o.zero_stage != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--zero_stage=", o.zero_stage, ": expected 1 or 2"));
+  }
+  if (!o.elastic.empty() &&
+      (o.zero || *kind != vemesh::strategies::OptimizerKind::kSgd)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--elastic with ", o.zero ? "--zero" : "--optimizer=" + o.optimizer,
+        ": the elastic loop trains with plain SGD and DataParallel; expected "
+        "--optimizer=sgd without --zero"));
+  }
+
   absl::StatusOr<vemesh::strategies::PipelineSchedule> schedule =
       vemesh::strategies::ParsePipelineSchedule(o.schedule);
   if (!schedule.ok()) {
@@ -85,15 +113,17 @@ absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
   for (size_t i = 0; i < mesh->names.size(); ++i) {
     const std::string& name = mesh->names[i];
     const int64_t size = mesh->shape[i];
-    int* role = name == "PP"   ? &plan.pp
-                : name == "DP" ? &plan.dp
-                : name == "TP" ? &plan.tp
-                               : nullptr;
+    int* role = name == "PP"             ? &plan.pp
+                : name == "DP"           ? &plan.dp
+                : name == "TP"           ? &plan.tp
+                : name == "DP_REPLICATE" ? &plan.dp_replicate
+                : name == "DP_SHARD"     ? &plan.dp_shard
+                                         : nullptr;
     if (role == nullptr) {
       return absl::InvalidArgumentError(
           absl::StrCat("--mesh=", o.mesh, ": dimension '", name,
                        "' is not a role this example trains with: expected "
-                       "PP, DP or TP"));
+                       "PP, DP, TP, DP_REPLICATE or DP_SHARD"));
     }
     for (size_t j = 0; j < i; ++j) {
       if (mesh->names[j] == name) {
@@ -108,6 +138,20 @@ absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
     }
     *role = static_cast<int>(size);
     product *= size;
+  }
+  if (plan.fsdp()) {
+    const char* why =
+        std::count(mesh->names.begin(), mesh->names.end(), "DP") > 0
+            ? "DP as well: DP is their flattening, expected one or the other"
+        : !o.elastic.empty() ? "--elastic: expected a static job"
+        : o.zero             ? "--zero: FSDP shards the optimizer already"
+        : o.experts > 0 ? "--experts: the expert-parallel group spans DP x TP"
+                        : nullptr;
+    if (why != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--mesh=", o.mesh, " has DP_REPLICATE or DP_SHARD and ", why));
+    }
+    plan.dp = std::max(plan.dp_replicate, 1) * std::max(plan.dp_shard, 1);
   }
   // An elastic launch holds one replica: every dimension but DP.
   if (!o.elastic.empty()) product /= plan.dp;

@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "mlp_shape.h"
 #include "vemesh/layout/mesh_spec.h"
+#include "vemesh/strategies/optimizer.h"
 #include "vemesh/strategies/pipeline_schedule.h"
 
 namespace train_nd {
@@ -65,6 +66,14 @@ struct TrainOptions {
   // loss then differs from the serial run by more than rounding noise:
   // raise `tolerance` with it.
   bool grad_bf16 = false;
+  // "sgd" (momentum 0, no weight decay) or "adam" (AdamW with PyTorch's
+  // defaults: betas (0.9, 0.999), eps 1e-8, weight decay 1e-2), at `lr`.
+  std::string optimizer = "sgd";
+  // The distributed optimizer (ZeRO, vemesh/strategies/
+  // distributed_optimizer.h) over DP instead of DataParallel, at
+  // `zero_stage` 1 or 2.
+  bool zero = false;
+  int zero_stage = 2;
   // Elastic (docs/ELASTIC.md): the control plane's address; empty = a
   // static job. The launch then holds one replica, and DP in `mesh` is the
   // number of replicas that start the job.
@@ -75,9 +84,17 @@ struct TrainPlan {
   TrainOptions options;
   vemesh::MeshSpec mesh;  // as given: roles are found by name
   int pp = 1;
-  int dp = 1;
+  int dp = 1;  // with DP_REPLICATE / DP_SHARD: their product
   int tp = 1;
+  // torchtitan's dimensions, 0 when the mesh lacks them. With either, the
+  // replicated layers train under FullyShardedDataParallel (HYBRID_SHARD
+  // with both, FULL_SHARD over DP_SHARD, NO_SHARD over DP_REPLICATE) instead
+  // of DataParallel; DP is then their flattening (the registry's).
+  int dp_replicate = 0;
+  int dp_shard = 0;
+  bool fsdp() const { return dp_replicate > 0 || dp_shard > 0; }
   MlpShape shape;
+  vemesh::strategies::OptimizerOptions optimizer;  // from optimizer and lr
   vemesh::strategies::PipelineSchedule schedule =
       vemesh::strategies::PipelineSchedule::k1F1B;
   int64_t rows_per_replica = 0;      // batch / DP

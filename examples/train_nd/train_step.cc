@@ -46,13 +46,14 @@ absl::StatusOr<double> GlobalLoss(const TrainPlan& plan, double squared_error) {
   return DataParallelLoss(plan, *sse);
 }
 
-std::vector<double> SerialLosses(const TrainPlan& plan) {
-  SerialMlp mlp(plan.shape, plan.options.seed);
+absl::StatusOr<std::vector<double>> SerialLosses(const TrainPlan& plan) {
+  SerialMlp mlp(plan.shape, plan.options.seed, plan.optimizer);
   std::vector<double> losses;
   for (int step = 0; step < plan.options.steps; ++step) {
-    losses.push_back(mlp.TrainStep(
-        MakeBatch(plan.options.seed, step, plan.shape, plan.options.batch),
-        plan.options.lr));
+    absl::StatusOr<double> loss = mlp.TrainStep(
+        MakeBatch(plan.options.seed, step, plan.shape, plan.options.batch));
+    if (!loss.ok()) return loss.status();
+    losses.push_back(*loss);
   }
   return losses;
 }

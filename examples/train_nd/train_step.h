@@ -23,8 +23,9 @@ absl::StatusOr<double> DataParallelLoss(const TrainPlan& plan,
 // Both, in that order.
 absl::StatusOr<double> GlobalLoss(const TrainPlan& plan, double squared_error);
 
-// The serial model's loss per step, trained in-process.
-std::vector<double> SerialLosses(const TrainPlan& plan);
+// The serial model's loss per step, trained in-process with the plan's
+// optimizer.
+absl::StatusOr<std::vector<double>> SerialLosses(const TrainPlan& plan);
 
 }  // namespace train_nd
 

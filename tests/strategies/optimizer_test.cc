@@ -65,6 +65,9 @@ TEST(AdamW, DefaultsArePyTorchs) {
   EXPECT_EQ(o.resolved_weight_decay(), 1e-2);
   EXPECT_EQ(OptimizerOptions::Sgd(0.1).resolved_weight_decay(), 0.0);
   EXPECT_EQ(OptimizerOptions{}.lr, 1e-3);
+  // Designated initialisers leave the decay to the kind's default.
+  const OptimizerOptions d{.kind = OptimizerKind::kAdamW, .lr = 0.1};
+  EXPECT_EQ(d.resolved_weight_decay(), 1e-2);
 }
 
 TEST(AdamW, ZeroPaddingStaysZero) {

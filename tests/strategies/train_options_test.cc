@@ -87,6 +87,64 @@ TEST(TrainOptionsTest, NamesTheBadValue) {
   o = {};
   o.micro_batches = 0;
   EXPECT_NE(ErrorOf(o, 8).find("--micro_batches=0"), std::string::npos);
+
+  o = {};
+  o.optimizer = "lamb";
+  EXPECT_NE(ErrorOf(o, 8).find("optimizer 'lamb' is unknown"),
+            std::string::npos);
+
+  o = {};
+  o.zero = true;
+  o.zero_stage = 3;
+  EXPECT_NE(ErrorOf(o, 8).find("--zero_stage=3: expected 1 or 2"),
+            std::string::npos);
+
+  o = {};
+  o.optimizer = "adam";
+  o.elastic = "redis://localhost:1";
+  o.mesh = "DP=2,TP=2";
+  EXPECT_NE(ErrorOf(o, 2).find("expected --optimizer=sgd without --zero"),
+            std::string::npos);
+}
+
+TEST(TrainOptionsTest, ReplicateAndShardDimensionsPlanFsdp) {
+  TrainOptions o;
+  o.mesh = "PP=2,DP_REPLICATE=2,DP_SHARD=2";
+  absl::StatusOr<TrainPlan> plan = PlanTraining(o, 8);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->fsdp());
+  EXPECT_EQ(plan->dp, 4);
+  EXPECT_EQ(plan->dp_replicate, 2);
+  EXPECT_EQ(plan->dp_shard, 2);
+  EXPECT_EQ(plan->rows_per_replica, o.batch / 4);
+  o.mesh = "DP_SHARD=4,TP=2";
+  plan = PlanTraining(o, 8);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->dp, 4);
+  EXPECT_EQ(plan->dp_replicate, 0);
+  o.zero = true;
+  EXPECT_NE(ErrorOf(o, 8).find("--zero: FSDP shards"), std::string::npos);
+  o.zero = false;
+  o.experts = 8;
+  EXPECT_NE(ErrorOf(o, 8).find("--experts"), std::string::npos);
+  o = {};
+  o.mesh = "DP=2,DP_SHARD=4";
+  EXPECT_NE(ErrorOf(o, 8).find("DP as well"), std::string::npos);
+}
+
+TEST(TrainOptionsTest, OptimizerFlagsMakeThePlansOptimizer) {
+  TrainOptions o;
+  o.optimizer = "adam";
+  o.lr = 0.01;
+  absl::StatusOr<TrainPlan> plan = PlanTraining(o, 8);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->optimizer.kind, vemesh::strategies::OptimizerKind::kAdamW);
+  EXPECT_EQ(plan->optimizer.lr, 0.01);
+  EXPECT_EQ(plan->optimizer.resolved_weight_decay(), 1e-2);
+  o.optimizer = "SGD";
+  plan = PlanTraining(o, 8);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->optimizer.kind, vemesh::strategies::OptimizerKind::kSgd);
 }
 
 // Sizes that would end in bad_alloc on every rank (reported: --batch=10^12,

@@ -39,7 +39,8 @@
 // replicate rank x S + shard rank), so DataParallel and the distributed
 // optimizer run over both unchanged; each remains a role of its own:
 //
-//   init_device_mesh("cpu", {2, 2, 2}, {"DP_REPLICATE", "DP_SHARD", "TP"});
+//   VESCALE_DEVICE_MESH.init_device_mesh("cpu", {2, 2, 2},
+//                                        {"DP_REPLICATE", "DP_SHARD", "TP"});
 //   VESCALE_DEVICE_MESH.get_role_size("DP");              // 4
 //   VESCALE_DEVICE_MESH.get_data_parallel_dim_groups();   // rank 5: [1,3,5,7]
 //   VESCALE_DEVICE_MESH.get_role_rank("DP_SHARD");        // rank 5: 0

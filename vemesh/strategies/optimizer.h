@@ -74,7 +74,7 @@ struct OptimizerOptions {
   double eps = 1e-8;
   // >= 0. Unset: PyTorch's default for `kind` (SGD 0, AdamW 1e-2). SGD adds
   // it to the gradient (L2); AdamW decays the value directly (decoupled).
-  std::optional<double> weight_decay;
+  std::optional<double> weight_decay = std::nullopt;
 
   static OptimizerOptions Sgd(double lr, double momentum = 0.0) {
     OptimizerOptions o;
