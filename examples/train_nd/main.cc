@@ -75,8 +75,8 @@ ABSL_FLAG(std::string, schedule, kDefaults.schedule,
 ABSL_FLAG(int64_t, bucket_elements, kDefaults.bucket_elements,
           "doubles per DP gradient all_reduce bucket");
 ABSL_FLAG(int, experts, kDefaults.experts,
-          "experts of the MoE block after layer 1, spread over DP x TP (0: no "
-          "block)");
+          "experts of the MoE block after layer 1, spread over DP x TP (DP: "
+          "or DP_REPLICATE x DP_SHARD) of each stage (0: no block)");
 ABSL_FLAG(bool, overlap, kDefaults.overlap,
           "overlap DP gradient all_reduces with the backward pass and pipeline "
           "sends with compute");

@@ -61,14 +61,18 @@ absl::StatusOr<std::unique_ptr<ParallelMlpStage>> ParallelMlpStage::Create(
       new ParallelMlpStage(plan, range, *dp_rank, static_cast<int>(*tp_size)));
   stage->tp_rank_ = static_cast<int>(*tp_rank);
   if (shape.experts > 0) {
-    // The expert-parallel group: this stage's DP x TP, flattened. Every
-    // rank takes part (flatten is collective over the world), also those
-    // of stages without the block.
+    // The expert-parallel group: this stage's DP x TP, flattened, where DP
+    // may be DP_REPLICATE x DP_SHARD (FSDP shards only the replicated
+    // layers; the experts stay whole, one owner each). Every rank takes
+    // part (flatten is collective over the world), also those of stages
+    // without the block.
     absl::StatusOr<vemesh::DeviceMesh> mesh = VESCALE_DEVICE_MESH.get();
     if (!mesh.ok()) return mesh.status();
     std::vector<std::string> dims;
     for (const std::string& d : mesh->mesh_dim_names()) {
-      if (d == "DP" || d == "TP") dims.push_back(d);
+      if (d == "DP" || d == "DP_REPLICATE" || d == "DP_SHARD" || d == "TP") {
+        dims.push_back(d);
+      }
     }
     std::shared_ptr<vemesh::Communicator> ep;
     if (!dims.empty()) {

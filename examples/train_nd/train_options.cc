@@ -145,8 +145,7 @@ absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
             ? "DP as well: DP is their flattening, expected one or the other"
         : !o.elastic.empty() ? "--elastic: expected a static job"
         : o.zero             ? "--zero: FSDP shards the optimizer already"
-        : o.experts > 0 ? "--experts: the expert-parallel group spans DP x TP"
-                        : nullptr;
+                             : nullptr;
     if (why != nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--mesh=", o.mesh, " has DP_REPLICATE or DP_SHARD and ", why));
@@ -177,11 +176,12 @@ absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
           "DP, which an elastic job resizes; expected --experts=0"));
     }
     if (o.experts % (plan.dp * plan.tp) != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--experts=", o.experts,
-                       " is not divisible by DP x TP = ", plan.dp * plan.tp,
-                       ": the experts are spread evenly over the "
-                       "expert-parallel group (DP x TP of each stage)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--experts=", o.experts, " is not divisible by ",
+          plan.fsdp() ? "DP_REPLICATE x DP_SHARD x TP = " : "DP x TP = ",
+          plan.dp * plan.tp,
+          ": the experts are spread evenly over the "
+          "expert-parallel group (DP x TP of each stage)"));
     }
   }
   if (plan.pp > o.layers) {

@@ -57,7 +57,7 @@ struct TrainOptions {
   int64_t bucket_elements = 4096;
   double tolerance = 1e-5;
   // Experts of the MoE block after layer 1 (0: no block); a multiple of
-  // DP x TP, the expert-parallel group.
+  // DP x TP, the expert-parallel group (DP: or DP_REPLICATE x DP_SHARD).
   int experts = 0;
   // Overlap communication with compute: DP gradient buckets with the
   // backward pass, pipeline sends with the next micro-batch.

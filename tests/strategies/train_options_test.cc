@@ -125,11 +125,34 @@ TEST(TrainOptionsTest, ReplicateAndShardDimensionsPlanFsdp) {
   o.zero = true;
   EXPECT_NE(ErrorOf(o, 8).find("--zero: FSDP shards"), std::string::npos);
   o.zero = false;
-  o.experts = 8;
-  EXPECT_NE(ErrorOf(o, 8).find("--experts"), std::string::npos);
   o = {};
   o.mesh = "DP=2,DP_SHARD=4";
   EXPECT_NE(ErrorOf(o, 8).find("DP as well"), std::string::npos);
+}
+
+TEST(TrainOptionsTest, ExpertsComposeWithReplicateAndShardDimensions) {
+  // The expert-parallel group is DP_REPLICATE x DP_SHARD x TP of a stage.
+  TrainOptions o;
+  o.layers = 4;
+  o.experts = 8;
+  o.mesh = "DP_REPLICATE=2,DP_SHARD=2,TP=2";
+  absl::StatusOr<TrainPlan> plan = PlanTraining(o, 8);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->fsdp());
+  EXPECT_EQ(plan->shape.experts, 8);
+  o.mesh = "PP=2,DP_SHARD=2,TP=2";
+  plan = PlanTraining(o, 8);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->dp, 2);
+  // Still spread evenly: 4 experts over 8 expert-parallel ranks is not.
+  o.mesh = "DP_SHARD=4,TP=2";
+  o.experts = 4;
+  EXPECT_NE(ErrorOf(o, 8).find("DP_REPLICATE x DP_SHARD x TP = 8"),
+            std::string::npos);
+  // And what FSDP still refuses with or without experts.
+  o.experts = 8;
+  o.zero = true;
+  EXPECT_NE(ErrorOf(o, 8).find("--zero: FSDP shards"), std::string::npos);
 }
 
 TEST(TrainOptionsTest, OptimizerFlagsMakeThePlansOptimizer) {
