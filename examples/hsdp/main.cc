@@ -18,7 +18,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,8 +26,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "toy_model.h"
-#include "vemesh/bootstrap/launch.h"
-#include "vemesh/comm/mpi/mpi_environment.h"
+#include "vemesh/bootstrap/launch_session.h"
 #include "vemesh/layout/mesh_spec.h"
 #include "vemesh/mesh/device_mesh.h"
 #include "vemesh/strategies/fully_sharded_data_parallel.h"
@@ -229,26 +227,18 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "The seeds' HSDP example: ToyModel under HYBRID_SHARD on a (replicate, "
       "shard) mesh, checked against a serial run.\n  mpirun -n 8 hsdp\n"
-      "  torchrun --no_python --standalone --nproc_per_node=8 hsdp");
+      "  torchrun --no_python --standalone --redirects 1 --tee 1 "
+      "--nproc_per_node=8 hsdp");
   absl::ParseCommandLine(argc, argv);
   // MPI only when an MPI launcher started the job (or none did: a single
-  // process); torchrun / env:// jobs run on Gloo and never start MPI.
-  auto launch = vemesh::DetectLaunch();
-  if (!launch.ok()) {
-    std::fprintf(stderr, "hsdp: %s\n",
-                 std::string(launch.status().message()).c_str());
-    std::printf("FAIL launch: %s\n",
-                std::string(launch.status().message()).c_str());
-    return 2;
-  }
-  std::optional<vemesh::MpiSession> mpi;
-  if (launch->kind != vemesh::LaunchKind::kEnv) {
-    mpi.emplace(&argc, &argv);
-    if (!mpi->status().ok()) {
-      std::printf("FAIL MPI failed to start: %s\n",
-                  std::string(mpi->status().message()).c_str());
-      return 1;
-    }
+  // process); torchrun / env:// jobs run on Gloo and never start MPI
+  // (vemesh/bootstrap/launch_session.h).
+  vemesh::LaunchSession launch(&argc, &argv);
+  if (!launch.status().ok()) {
+    const std::string message(launch.status().message());
+    std::fprintf(stderr, "hsdp: %s\n", message.c_str());
+    std::printf("FAIL launch: %s\n", message.c_str());
+    return launch.launch().reason.empty() ? 2 : 1;
   }
   return hsdp::Run();
 }
