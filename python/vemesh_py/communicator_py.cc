@@ -46,11 +46,21 @@ std::vector<std::unique_ptr<Pending>>& Orphans() {
   return *orphans;
 }
 
+// Whether `p`'s buffers may go: its operation ended by itself. One that
+// was aborted (or timed out, which aborts) may still be written by the
+// backend (work.h): its buffers are kept for the life of the process.
+bool Finished(Pending& p) {
+  if (p.work == nullptr) return true;  // never started
+  if (!p.work->test()) return false;
+  const absl::Status s = p.work->status();
+  return !absl::IsAborted(s) && !absl::IsDeadlineExceeded(s);
+}
+
 void ReapOrphans() {
   auto& orphans = Orphans();
   orphans.erase(std::remove_if(orphans.begin(), orphans.end(),
                                [](const std::unique_ptr<Pending>& p) {
-                                 return p->work->test();
+                                 return Finished(*p);
                                }),
                 orphans.end());
 }
@@ -112,27 +122,31 @@ class PyWork {
  public:
   explicit PyWork(std::unique_ptr<Pending> p) : p_(std::move(p)) {}
   ~PyWork() {
-    // Dropped before it finished: the buffers must live on.
-    if (p_ != nullptr && !p_->work->test()) {
-      Orphans().push_back(std::move(p_));
-    }
+    // Dropped before it finished (or aborted): the buffers must live on.
+    if (p_ != nullptr && !Finished(*p_)) Orphans().push_back(std::move(p_));
   }
 
   // Blocks until done; True (as torch's Work.wait). Raises the operation's
   // error, TimeoutError past `timeout` seconds.
+  // mu_ is only ever waited for without the GIL: a waiter re-takes the GIL
+  // every few milliseconds (Ctrl-C), so a thread holding the GIL while it
+  // waits for mu_ would deadlock with it.
   bool wait(std::optional<double> timeout) {
-    std::lock_guard<std::mutex> lock(mu_);
     absl::Time deadline = DeadlineOf(timeout, absl::InfiniteDuration());
+    std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
     absl::Status s;
     {
       py::gil_scoped_release nogil;
+      lock.lock();
       s = WaitInterruptibly(*p_, deadline);
     }
     ThrowIfError(s);
     return true;
   }
+  // Looks once: False while another thread waits on this Work.
   bool test() {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+    if (!lock.owns_lock()) return false;
     if (!p_->work->test()) return false;
     ThrowIfError(p_->work->status());
     return true;
@@ -204,6 +218,8 @@ py::object Launch(const std::shared_ptr<Communicator>& comm,
     Orphans().push_back(std::move(p));  // interrupted: buffers live on
     throw;
   }
+  // Timed out or aborted in flight: the backend may still write the buffers.
+  if (!s.ok() && !Finished(*p)) Orphans().push_back(std::move(p));
   ThrowIfError(s);
   if (async_op) return py::cast(std::make_unique<PyWork>(std::move(p)));
   return py::none();

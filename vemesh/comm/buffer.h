@@ -18,6 +18,11 @@
 // and a recv buffer of one operation hold the same element type (a `const
 // float` send with a `float` recv is fine; float with double is a
 // static_assert naming the rule).
+//
+// The asynchronous forms (iall_reduce, isend, ...) keep the buffer's address
+// until their Work ends: pass a container that outlives the Work, or a view
+// of one (a span). A temporary container (`comm->isend(std::vector<float>{1,
+// 2}, 1)`) compiles and dangles, as a temporary torch tensor would.
 
 #ifndef VEMESH_COMM_BUFFER_H_
 #define VEMESH_COMM_BUFFER_H_

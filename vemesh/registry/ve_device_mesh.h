@@ -57,6 +57,10 @@
 // get_strategy_size("EP") or lookup_rank("EP") gets the flattened
 // dimension's answer (its size, this rank's index along it, its group),
 // never a group of one. Flatten names match exactly (not ignoring case).
+// One precedence: on a mesh with DP_REPLICATE / DP_SHARD the role "DP" is
+// always their flattening (above); a flattening the user names "DP" there
+// answers only the dimension-name getters (operator[], get_strategy_size,
+// lookup_rank). Name it otherwise to avoid the two meanings.
 //
 // Every query costs O(ndim) arithmetic on the layout: no scan of the world and
 // no communication. Every method that can fail returns a Status; before

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -69,6 +70,37 @@ struct FullyShardedDataParallel::State {
   // (work.h: a backend may hold them after an abort).
   std::vector<Unit> abandoned;
 
+  State() = default;
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
+  // Operations still in flight write into the units' buffers: each is
+  // waited for, at most its group's timeout (the destructor and a move
+  // assignment both end here). One that is still running then, or that
+  // failed in flight, keeps its buffers for good, in a process-wide holder
+  // that is never freed: the backend may still write them.
+  ~State() {
+    bool keep = !abandoned.empty();
+    for (Unit& unit : units) {
+      for (auto* w : {&unit.gather_work, &unit.rs_work, &unit.ar_work}) {
+        if (*w == nullptr || (*w)->is_completed()) continue;
+        absl::Duration bound = absl::Seconds(60);
+        for (const Group* g : {&shard, &replicate}) {
+          if (g->comm != nullptr) bound = std::max(bound, g->comm->timeout());
+        }
+        if (!(*w)->wait(absl::Now() + bound).ok() || !(*w)->is_completed()) {
+          keep = true;
+        }
+      }
+    }
+    if (keep) {
+      static std::mutex mu;
+      static auto* kept = new std::vector<std::vector<Unit>>();
+      std::lock_guard<std::mutex> lock(mu);
+      kept->push_back(std::move(units));
+      kept->push_back(std::move(abandoned));
+    }
+  }
+
   bool bf16() const {
     return options.mixed_precision == MixedPrecision::kBFloat16;
   }
@@ -123,7 +155,9 @@ struct FullyShardedDataParallel::State {
       w = shard.comm->iall_gather(unit.shard.data(), unit.gather_f64.data(),
                                   unit.shard_len, DataType::kFloat64);
     }
-    if (!w.ok()) return w.status();
+    // The peers' matching gathers are under way: stop the groups rather
+    // than leave this unit half started (its buffers would read as zeros).
+    if (!w.ok()) return Abandon(u, w.status());
     unit.gather_work = *std::move(w);
     ++counters.all_gathers;
     counters.bytes_sent +=
@@ -512,15 +546,8 @@ FullyShardedDataParallel::FullyShardedDataParallel(
     FullyShardedDataParallel&&) noexcept = default;
 FullyShardedDataParallel& FullyShardedDataParallel::operator=(
     FullyShardedDataParallel&&) noexcept = default;
-FullyShardedDataParallel::~FullyShardedDataParallel() {
-  if (state_ == nullptr) return;
-  // Operations still in flight write into buffers: finish them first.
-  for (State::Unit& unit : state_->units) {
-    for (auto* w : {&unit.gather_work, &unit.rs_work, &unit.ar_work}) {
-      if (*w != nullptr && !(*w)->is_completed()) (*w)->wait().IgnoreError();
-    }
-  }
-}
+// State's destructor waits for what is in flight (bounded).
+FullyShardedDataParallel::~FullyShardedDataParallel() = default;
 
 absl::Status FullyShardedDataParallel::PreForward(size_t u) {
   VEMESH_RETURN_IF_ERROR(state_->CheckUnit(u, "PreForward"));

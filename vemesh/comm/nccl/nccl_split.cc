@@ -226,7 +226,10 @@ absl::Status NcclCommunicator::AwaitSplits(
     // the parent is busy let that write land in freed memory (seen on an
     // H200, NCCL 2.28.9: a heap corruption after a one-rank split(-1)).
     if (pending.empty() && !parent_busy) return absl::OkStatus();
-    if (aborted()) return AbortedError("split");
+    // An abort from another thread is seen through State() above, which
+    // answers Aborted only once OnAbort's ncclCommAbort has ended NCCL's
+    // background work (comm_mu_): returning on the aborted flag alone,
+    // set before that, could free the frame under NCCL's late write.
     if (absl::Now() >= deadline) {
       std::vector<std::string> names;
       for (size_t i : pending) {
