@@ -450,8 +450,8 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "N-D parallel (PP x DP x TP) MLP training, checked against a serial "
       "run.\n  mpirun -n 8 train_nd --mesh PP=2,DP=2,TP=2\n"
-      "  torchrun --no_python --standalone --nproc_per_node=8 train_nd --mesh "
-      "PP=2,DP=2,TP=2");
+      "  torchrun --no_python --standalone --redirects 1 --tee 1 "
+      "--nproc_per_node=8 train_nd --mesh PP=2,DP=2,TP=2");
   // Unknown flags and unparsable values stop here, on every rank, before
   // MPI starts.
   absl::ParseCommandLine(argc, argv);
