@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "vemesh/base/log.h"
@@ -120,6 +122,54 @@ TEST_F(LaunchEnv, BadVariablesAreNamed) {
   auto info = DetectLaunch();
   EXPECT_THAT(std::string(info.status().message()),
               HasSubstr("MASTER_ADDR is not set"));
+}
+
+// Issue 29: WORLD_SIZE past the store's bound passed the launch check and
+// failed later about store keys; LOCAL_RANK=-3 or abc passed silently when
+// LOCAL_WORLD_SIZE was unset (promise 17); an unresolvable MASTER_ADDR
+// waited the whole timeout.
+TEST_F(LaunchEnv, TheLaunchCheckNamesWorldSizeLocalRankAndMasterAddr) {
+  Torchrun("0", "4");
+  setenv("WORLD_SIZE", "65537", 1);
+  auto info = DetectLaunch();
+  EXPECT_TRUE(absl::IsInvalidArgument(info.status())) << info.status();
+  EXPECT_THAT(std::string(info.status().message()),
+              HasSubstr("WORLD_SIZE='65537': expected an integer in [1, "
+                        "65536]"));
+  setenv("WORLD_SIZE", "65536", 1);
+  EXPECT_TRUE(DetectLaunch().ok());
+
+  for (const char* bad : {"-3", "abc", "4"}) {
+    SetUp();
+    Torchrun("0", "4");
+    unsetenv("LOCAL_WORLD_SIZE");
+    setenv("LOCAL_RANK", bad, 1);
+    info = DetectLaunch();
+    EXPECT_TRUE(absl::IsInvalidArgument(info.status())) << bad;
+    EXPECT_THAT(std::string(info.status().message()),
+                HasSubstr(absl::StrCat("LOCAL_RANK='", bad, "'")));
+  }
+
+  SetUp();
+  Torchrun("0", "4");
+  setenv("MASTER_ADDR", "no-such-host.invalid", 1);
+  const absl::Time start = absl::Now();
+  info = DetectLaunch();
+  EXPECT_TRUE(absl::IsInvalidArgument(info.status())) << info.status();
+  EXPECT_THAT(std::string(info.status().message()),
+              HasSubstr("MASTER_ADDR='no-such-host.invalid' does not resolve"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+
+  SetUp();
+  Torchrun("0", "4");
+  setenv("MASTER_ADDR", "::1", 1);
+  info = DetectLaunch();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->master_addr, "::1");
+  auto towards = LocalAddressTowards("::1");
+  ASSERT_TRUE(towards.ok()) << towards.status();
+  EXPECT_EQ(*towards, "::1");
+  EXPECT_TRUE(IsLoopback("::1"));
 }
 
 TEST_F(LaunchEnv, AnAgentHostedStoreIsRefusedSayingSo) {

@@ -105,6 +105,23 @@ TEST(Backend, TimeoutMustBePositive) {
               HasSubstr("MeshOptions.timeout is 0: expected a positive"));
 }
 
+// Issue 29: an infinite timeout was accepted and every Gloo mesh then
+// failed at once with "Timed out waiting 9223372036854775807ms".
+TEST(Backend, AnInfiniteTimeoutIsRefusedAtOnce) {
+  for (absl::Duration timeout : {absl::InfiniteDuration(), absl::Hours(25)}) {
+    MeshOptions options;
+    options.timeout = timeout;
+    const absl::Time start = absl::Now();
+    auto mesh = init_device_mesh("cpu", {JobSize()}, {"DP"}, options);
+    EXPECT_TRUE(absl::IsInvalidArgument(mesh.status())) << mesh.status();
+    EXPECT_THAT(std::string(mesh.status().message()),
+                HasSubstr("MeshOptions.timeout is "));
+    EXPECT_THAT(std::string(mesh.status().message()),
+                HasSubstr("at most a day"));
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  }
+}
+
 TEST(Backend, AHugeMeshIsRefusedBeforeMemoryIsSpent) {
   const absl::Time start = absl::Now();
   auto mesh = init_device_mesh("cpu", {1000000, 1000000}, {"DP", "TP"});

@@ -18,6 +18,7 @@
 #include "vemesh/base/status_macros.h"
 #include "vemesh/bootstrap/rank0_store.h"
 #include "vemesh/bootstrap/store_bootstrap.h"
+#include "vemesh/rendezvous/store.h"
 #include "vemesh/rendezvous/tcp/tcp_store_server.h"
 #ifndef VEMESH_NO_MPI
 #include "vemesh/bootstrap/mpi/mpi_bootstrap.h"
@@ -60,6 +61,33 @@ bool HasMpiMarker(std::string* which) {
   return false;
 }
 
+// A MASTER_ADDR that no resolver knows is a typo, refused at once (not a
+// timeout later). A temporary failure (EAI_AGAIN: DNS of a pod still
+// starting) is let through: connecting retries until the deadline.
+absl::Status CheckMasterAddr(const char* addr) {
+  addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = getaddrinfo(addr, nullptr, &hints, &found);
+  if (found != nullptr) freeaddrinfo(found);
+  if (rc == EAI_NONAME || rc == EAI_FAIL || rc == EAI_SERVICE
+#ifdef EAI_NODATA
+      || rc == EAI_NODATA
+#endif
+#ifdef EAI_ADDRFAMILY
+      || rc == EAI_ADDRFAMILY
+#endif
+  ) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "env:// launch: MASTER_ADDR='", addr, "' does not resolve (",
+        gai_strerror(rc),
+        "): expected the host name or address of rank 0, which hosts the "
+        "store"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ReadEnvLaunch(LaunchInfo* info) {
   if (const char* agent = Env("TORCHELASTIC_USE_AGENT_STORE")) {
     if (absl::AsciiStrToLower(agent) == "true" || std::string(agent) == "1") {
@@ -72,7 +100,11 @@ absl::Status ReadEnvLaunch(LaunchInfo* info) {
           "under an MPI launcher"));
     }
   }
-  VEMESH_ASSIGN_OR_RETURN(auto size, IntVar("WORLD_SIZE", 1, 1 << 24));
+  // Rank 0 waits for every rank's key in one store call, which takes at
+  // most kMaxStoreKeysPerCall keys: a larger world is refused here, named.
+  VEMESH_ASSIGN_OR_RETURN(
+      auto size,
+      IntVar("WORLD_SIZE", 1, static_cast<int>(kMaxStoreKeysPerCall)));
   auto rank = IntVar("RANK", 0, size - 1);
   if (!rank.ok()) return rank.status();
   VEMESH_ASSIGN_OR_RETURN(auto port, IntVar("MASTER_PORT", 1, 65535));
@@ -86,6 +118,7 @@ absl::Status ReadEnvLaunch(LaunchInfo* info) {
   info->rank = *rank;
   info->master_port = port;
   info->master_addr = addr;
+  VEMESH_RETURN_IF_ERROR(CheckMasterAddr(addr));
   if (Env("LOCAL_WORLD_SIZE") != nullptr) {
     VEMESH_ASSIGN_OR_RETURN(auto local_size,
                             IntVar("LOCAL_WORLD_SIZE", 1, size));
@@ -93,6 +126,10 @@ absl::Status ReadEnvLaunch(LaunchInfo* info) {
     auto local_rank = IntVar("LOCAL_RANK", 0, local_size - 1);
     if (!local_rank.ok()) return local_rank.status();
     info->local_rank = *local_rank;
+  } else if (Env("LOCAL_RANK") != nullptr) {
+    // No LOCAL_WORLD_SIZE to bound it by: at least a rank of the world.
+    auto local_rank = IntVar("LOCAL_RANK", 0, size - 1);
+    if (!local_rank.ok()) return local_rank.status();
   }
   if (const char* run = Env("TORCHELASTIC_RUN_ID")) info->run_id = run;
   return absl::OkStatus();
@@ -116,13 +153,12 @@ absl::StatusOr<std::shared_ptr<Bootstrap>> MakeEnvBootstrap(
   Rank0StoreSpec spec;
   spec.rank = info.rank;
   spec.size = info.world_size;
-  // Rank 0 binds MASTER_ADDR itself when it is a loopback name (a one-host
-  // job: nothing outside this machine can reach the store), else every
-  // interface, as PyTorch's TCPStore does: a hostname often resolves to a
-  // loopback address on its own host (Debian's 127.0.1.1) that the other
-  // hosts could not reach.
-  spec.bind =
-      IsLoopback(info.master_addr) ? info.master_addr : std::string("0.0.0.0");
+  // Rank 0 listens only on the address it advertises, MASTER_ADDR (IPv4 or
+  // IPv6), never on every interface unless asked to with VEMESH_STORE_BIND
+  // (e.g. 0.0.0.0 when MASTER_ADDR is a host name that resolves to a
+  // loopback alias such as Debian's 127.0.1.1 on rank 0's own host).
+  const char* bind = Env("VEMESH_STORE_BIND");
+  spec.bind = bind != nullptr ? std::string(bind) : info.master_addr;
   spec.host = info.master_addr;
   spec.port = info.master_port;
   spec.prefix = prefix;
@@ -155,13 +191,19 @@ absl::StatusOr<std::shared_ptr<Bootstrap>> MakeEnvBootstrap(
 
 bool IsLoopback(const std::string& host) {
   addrinfo hints = {};
-  hints.ai_family = AF_INET;
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
   if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return false;
   bool loopback = true;
   for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
-    const auto* in = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
-    loopback = loopback && (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+    if (a->ai_family == AF_INET6) {
+      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(a->ai_addr);
+      loopback = loopback && IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr);
+    } else {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
+      loopback = loopback && (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+    }
   }
   freeaddrinfo(found);
   return loopback;
@@ -316,22 +358,29 @@ LauncherLocal LauncherLocalRank() {
 
 absl::StatusOr<std::string> LocalAddressTowards(const std::string& host) {
   addrinfo hints = {};
-  hints.ai_family = AF_INET;
+  hints.ai_family = AF_UNSPEC;  // an IPv6 MASTER_ADDR routes over IPv6
   hints.ai_socktype = SOCK_DGRAM;
   addrinfo* found = nullptr;
   if (int rc = getaddrinfo(host.c_str(), "9", &hints, &found); rc != 0) {
     return absl::UnavailableError(absl::StrCat(
         "cannot resolve '", host, "' (MASTER_ADDR): ", gai_strerror(rc)));
   }
-  std::string out = "127.0.0.1";
-  const int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  const int family = found->ai_family;
+  std::string out = family == AF_INET6 ? "::1" : "127.0.0.1";
+  const int fd = socket(family, SOCK_DGRAM, 0);
   // A datagram socket's connect() only picks the route: nothing is sent.
   if (fd >= 0 && connect(fd, found->ai_addr, found->ai_addrlen) == 0) {
-    sockaddr_in local = {};
+    sockaddr_storage local = {};
     socklen_t length = sizeof(local);
-    char text[INET_ADDRSTRLEN] = {};
+    char text[INET6_ADDRSTRLEN] = {};
+    const void* where =
+        family == AF_INET6
+            ? static_cast<const void*>(
+                  &reinterpret_cast<const sockaddr_in6*>(&local)->sin6_addr)
+            : static_cast<const void*>(
+                  &reinterpret_cast<const sockaddr_in*>(&local)->sin_addr);
     if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0 &&
-        inet_ntop(AF_INET, &local.sin_addr, text, sizeof(text)) != nullptr) {
+        inet_ntop(family, where, text, sizeof(text)) != nullptr) {
       out = text;
     }
   }

@@ -79,11 +79,12 @@ struct LauncherLocal {
 LauncherLocal LauncherLocalRank();
 
 // The address of this machine's interface that reaches `host` (no packet is
-// sent): what Gloo peers connect to. "127.0.0.1" for loopback targets.
+// sent): what Gloo peers connect to. "127.0.0.1" (or "::1" for an IPv6
+// host) for loopback targets.
 absl::StatusOr<std::string> LocalAddressTowards(const std::string& host);
 
-// Whether every IPv4 address `host` resolves to is a loopback one (false
-// when it does not resolve).
+// Whether every address (IPv4 or IPv6) `host` resolves to is a loopback
+// one (false when it does not resolve).
 bool IsLoopback(const std::string& host);
 
 // An address of this machine that other hosts can reach, for a server that

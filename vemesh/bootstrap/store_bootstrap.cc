@@ -15,6 +15,16 @@
 namespace vemesh {
 namespace {
 
+// "3, 5, 9, ... (65535 in all)": a message about a huge world stays one
+// readable line (the whole list of 65,535 ranks was a 447 KB line).
+std::string FirstFew(const std::vector<int>& ranks) {
+  constexpr size_t kShown = 8;
+  if (ranks.size() <= kShown) return absl::StrJoin(ranks, ", ");
+  return absl::StrCat(
+      absl::StrJoin(ranks.begin(), ranks.begin() + kShown, ", "), ", ... (",
+      ranks.size(), " in all)");
+}
+
 // A verdict is 'O' + the number of ranks (u64) + their values (each u64
 // length + bytes), or 'E' + the failure text.
 std::string Combine(const std::vector<std::string>& values) {
@@ -146,7 +156,7 @@ absl::StatusOr<std::vector<std::string>> StoreBootstrap::Round(
                     : absl::StatusOr<std::vector<std::string>>(values.status());
     proposal = late.ok() ? Combine(*late)
                          : absl::StrCat(
-                               "E", "rank(s) ", absl::StrJoin(missing, ", "),
+                               "E", "rank(s) ", FirstFew(missing),
                                " of ", size_,
                                " never arrived before the deadline (rank 0 "
                                "gave up waiting); every rank gets this error");
