@@ -6,7 +6,10 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -409,12 +412,178 @@ TEST(TcpStoreServerTest, ConnectionsBeyondTheBoundAreClosed) {
   ASSERT_TRUE(b->ping().ok());
   std::unique_ptr<TcpStore> c = Client(server->port());  // TCP connects...
   ASSERT_NE(c, nullptr);
-  EXPECT_EQ(c->ping().code(),
-            absl::StatusCode::kUnavailable);  // ...then closed
+  // ...then is told why it is closed (issue 29: a refusal names the cap).
+  const absl::Status refused = c->ping();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_THAT(std::string(refused.message()),
+              HasSubstr("connection cap: 2 connections open"));
   b.reset();
   // Once the server has seen b go, c's reconnection is taken.
   EXPECT_TRUE(Eventually([&] { return server->connections() == 1; }));
   EXPECT_TRUE(c->ping().ok());
+}
+
+// Issue 29: idle connections were never closed. Now a connection quiet for
+// idle_timeout is closed (a half-open one too), and TcpStore reconnects by
+// itself when it finds its idle connection closed.
+TEST(TcpStoreServerTest, IdleAndHalfOpenConnectionsAreClosedInBoundedTime) {
+  TcpStoreServerOptions options;
+  options.idle_timeout = absl::Milliseconds(300);
+  std::unique_ptr<TcpStoreServer> server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  std::unique_ptr<TcpStore> store = Client(server->port());
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(store->set("k", "v").ok());
+  UniqueFd silent = RawConnect(server->port());
+  UniqueFd half = RawConnect(server->port());
+  SendRaw(half.get(), std::string("\x40\x00\x00", 3));  // a header, cut
+  EXPECT_TRUE(Eventually([&] { return server->connections() == 3; }));
+  const absl::Time start = absl::Now();
+  EXPECT_TRUE(Eventually([&] { return server->connections() == 0; }));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  // The client's closed connection is reopened, nothing lost.
+  auto value = store->get("k");
+  ASSERT_TRUE(value.ok()) << value.status();
+  EXPECT_EQ(*value, "v");
+  // A parked WAIT is not idle: it lasts past idle_timeout to its deadline.
+  const absl::Status waited =
+      store->wait({"never"}, absl::Now() + absl::Milliseconds(900));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(waited)) << waited;
+  EXPECT_THAT(std::string(waited.message()), HasSubstr("never"));
+}
+
+// Issue 29: the store's memory was bounded per connection only (16
+// connections pinned 1 GiB; values stayed after the clients left). Now
+// values and buffers share one budget, and a refusal names it.
+TEST(TcpStoreServerTest, TheMemoryBudgetBoundsValuesAndBuffers) {
+  TcpStoreServerOptions options;
+  options.max_total_bytes = size_t{48} << 20;
+  std::unique_ptr<TcpStoreServer> server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  std::unique_ptr<TcpStore> store = Client(server->port());
+  ASSERT_NE(store, nullptr);
+  const std::string big(size_t{16} << 20, 'x');
+  absl::Status refused;
+  int stored = 0;
+  for (int i = 0; i < 8 && refused.ok(); ++i) {
+    refused = store->set(absl::StrCat("big", i), big);
+    if (refused.ok()) ++stored;
+  }
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_THAT(std::string(refused.message()),
+              HasSubstr("store memory budget exceeded"));
+  EXPECT_THAT(std::string(refused.message()),
+              HasSubstr("max_total_bytes=50331648"));
+  EXPECT_LE(stored, 2);
+  // The connection stays usable, and small keys still fit.
+  EXPECT_TRUE(store->set("small", "1").ok());
+  // Half-sent large frames on many connections: each is admitted against
+  // the budget before it is buffered, or refused.
+  std::vector<UniqueFd> partial;
+  for (int i = 0; i < 8; ++i) {
+    partial.push_back(RawConnect(server->port()));
+    // A SET announcing 20 MiB, then the first 1 MiB of it.
+    const uint32_t len = 20u << 20;
+    std::string head(4, '\0');
+    for (int b = 0; b < 4; ++b) head[b] = static_cast<char>(len >> (8 * b));
+    SendRaw(partial.back().get(), head + std::string(1 << 20, 'y'));
+  }
+  EXPECT_TRUE(store->set("small2", "2").ok());
+  auto got = store->get("small");
+  ASSERT_TRUE(got.ok()) << got.status();
+}
+
+// Issue 29: about 1,100 idle connections at a 1,024 descriptor limit made
+// the rendezvous fail with "rank 1 never arrived". Now the cap stays under
+// RLIMIT_NOFILE, a new connection takes the place of a quiet one, and the
+// ranks' rendezvous succeeds while a flood of idle connections (from
+// another process) and of large values (from a thread) goes on.
+TEST(TcpStoreServerTest, RendezvousSucceedsDuringAFloodOfConnectionsAndValues) {
+  rlimit saved{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
+  rlimit low = saved;
+  low.rlim_cur = std::min<rlim_t>(saved.rlim_cur, 256);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  TcpStoreServerOptions options;
+  options.min_quiet_to_evict = absl::Milliseconds(100);
+  options.max_total_bytes = size_t{64} << 20;
+  // The low limit holds for the whole test: the server and the ranks share
+  // this process's descriptors, as rank 0 and its store do.
+  std::unique_ptr<TcpStoreServer> server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  EXPECT_LT(server->max_connections(), low.rlim_cur);
+  const int port = server->port();
+
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t flood = ::fork();
+  ASSERT_GE(flood, 0);
+  if (flood == 0) {
+    // 1,000 idle connections, held until killed.
+    ::close(ready[0]);
+    (void)::setrlimit(RLIMIT_NOFILE, &saved);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    for (int i = 0; i < 1000; ++i) {
+      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      if (fd < 0) break;
+      (void)::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    }
+    (void)!::write(ready[1], "r", 1);
+    for (;;) ::pause();
+  }
+  ::close(ready[1]);
+  char byte = 0;
+  ASSERT_EQ(::read(ready[0], &byte, 1), 1);
+  ::close(ready[0]);
+  EXPECT_TRUE(Eventually(
+      [&] { return server->connections() == server->max_connections(); }));
+  absl::SleepFor(absl::Milliseconds(200));  // the flood is quiet now
+
+  std::atomic<bool> done{false};
+  std::atomic<int> budget_refusals{0};
+  std::thread values([&] {
+    auto store = TcpStore::Connect(kHost, port, absl::Now() + absl::Seconds(10));
+    if (!store.ok()) return;
+    const std::string big(size_t{8} << 20, 'v');
+    for (int i = 0; !done.load(); ++i) {
+      absl::Status s = (*store)->set(absl::StrCat("flood", i % 64), big);
+      if (absl::IsResourceExhausted(s)) ++budget_refusals;
+    }
+  });
+  // The values flood has reached the budget before the ranks come.
+  EXPECT_TRUE(Eventually([&] { return budget_refusals.load() > 0; }));
+  constexpr int kRanks = 4;
+  std::vector<absl::Status> outcome(kRanks);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kRanks; ++r) {
+    ranks.emplace_back([&, r] {
+      const absl::Time deadline = absl::Now() + absl::Seconds(20);
+      auto store = TcpStore::Connect(kHost, port, deadline);
+      if (!store.ok()) {
+        outcome[r] = store.status();
+        return;
+      }
+      outcome[r] = (*store)->set(absl::StrCat("rank/", r), std::string(200, 'r'));
+      if (!outcome[r].ok()) return;
+      std::vector<std::string> keys;
+      for (int k = 0; k < kRanks; ++k) keys.push_back(absl::StrCat("rank/", k));
+      outcome[r] = (*store)->wait_get(keys, deadline).status();
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  done = true;
+  values.join();
+  ::kill(flood, SIGKILL);
+  ::waitpid(flood, nullptr, 0);
+  server.reset();
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &saved), 0);
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_TRUE(outcome[r].ok()) << "rank " << r << ": " << outcome[r];
+  }
+  EXPECT_GT(budget_refusals.load(), 0);
 }
 
 }  // namespace

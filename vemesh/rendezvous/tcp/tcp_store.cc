@@ -219,6 +219,16 @@ absl::StatusOr<std::vector<StoreReply>> TcpStore::Call(
     frames += *frame;
   }
   std::lock_guard<std::mutex> lock(mu_);
+  if (fd_.valid() && rx_.empty()) {
+    // The server closes a connection left idle (or makes room at its cap
+    // with it): found closed between calls, it is reopened, nothing lost.
+    char byte = 0;
+    const ssize_t n = ::recv(fd_.get(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
+                   errno != EINTR)) {
+      Drop();
+    }
+  }
   if (!fd_.valid()) {
     // The connection was lost: one attempt, no retries, so that calls to a
     // dead server fail fast.
@@ -238,8 +248,16 @@ absl::StatusOr<std::vector<StoreReply>> TcpStore::Call(
   std::vector<StoreReply> replies;
   replies.reserve(requests.size());
   for (size_t i = 0; i < requests.size(); ++i) {
-    VEMESH_ASSIGN_OR_RETURN(StoreReply reply, Receive(deadline));
-    replies.push_back(std::move(reply));
+    absl::StatusOr<StoreReply> reply = Receive(deadline);
+    if (!reply.ok()) {
+      // A server that refused a request (at its cap, over its budget) and
+      // then closed: its refusal says more than the close.
+      if (!replies.empty() && !ReplyStatus(replies.back()).ok()) {
+        return ReplyStatus(replies.back());
+      }
+      return reply.status();
+    }
+    replies.push_back(*std::move(reply));
   }
   return replies;
 }

@@ -3,6 +3,7 @@
 #include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -32,8 +33,8 @@ constexpr uint64_t kListenId = 0;
 constexpr uint64_t kWakeId = 1;
 constexpr uint64_t kFirstConnectionId = 2;
 
-// A connection holds at most one whole largest frame of unparsed input.
-constexpr size_t kMaxInputBytes = kStoreFrameHeaderBytes + kMaxStoreFrameBytes;
+// A connection holds at most one whole largest frame of unparsed input, and
+// more than a chunk only once the memory budget admitted it.
 constexpr size_t kReadChunkBytes = 64 << 10;
 // After accept() ran out of descriptors, try again this often.
 constexpr absl::Duration kAcceptRetry = absl::Milliseconds(100);
@@ -54,6 +55,10 @@ struct Connection {
   std::string out;  // reply bytes, sent up to out_off
   size_t out_off = 0;
   uint32_t interest = 0;         // the epoll events registered now
+  absl::Time last_active;        // the last byte moved (the idle clock)
+  size_t claim = 0;     // a large frame being received: its admitted size
+  size_t discard = 0;   // bytes of a refused frame still to drop
+  size_t accounted = 0;  // bytes counted against the memory budget
   bool dead = false;             // closed at the end of this loop turn
   bool queued = false;           // in the ready list
   std::optional<Waiter> waiter;  // a parked WAIT: no request is read meanwhile
@@ -66,11 +71,12 @@ struct Connection {
 class TcpStoreServer::Loop {
  public:
   Loop(UniqueFd listen_fd, UniqueFd epoll_fd, UniqueFd wake_fd,
-       TcpStoreServerOptions options)
+       TcpStoreServerOptions options, size_t descriptor_limit)
       : listen_fd_(std::move(listen_fd)),
         epoll_fd_(std::move(epoll_fd)),
         wake_fd_(std::move(wake_fd)),
-        options_(options) {}
+        options_(options),
+        descriptor_limit_(descriptor_limit) {}
 
   void Run();
   void RequestStop() {
@@ -106,11 +112,27 @@ class TcpStoreServer::Loop {
   void CloseDead();
   Connection* Find(uint64_t id);
   int EpollTimeoutMillis() const;
+  // Exhaustion guards (see tcp_store_server.h).
+  void Touch(Connection& c);
+  void CloseIdle();
+  bool EvictQuiet();
+  void RefuseAtCap(UniqueFd fd);
+  size_t InputLimit(const Connection& c) const;
+  // Large requests and values stop an eighth short of the budget: a flood of
+  // them leaves room for the small keys of a rendezvous.
+  size_t LargeLimit() const {
+    return options_.max_total_bytes - options_.max_total_bytes / 8;
+  }
+  void Admit(Connection& c);
+  void Account(Connection& c);
+  void Put(const std::string& key, std::string value);
+  std::string BudgetText(size_t request) const;
 
   UniqueFd listen_fd_;
   UniqueFd epoll_fd_;
   UniqueFd wake_fd_;
   const TcpStoreServerOptions options_;
+  const size_t descriptor_limit_;  // RLIMIT_NOFILE; 0: unlimited
   std::atomic<bool> stop_{false};
   std::atomic<size_t> open_{0};
 
@@ -120,6 +142,10 @@ class TcpStoreServer::Loop {
   // Connection ids of the WAITs parked on each key.
   absl::flat_hash_map<std::string, std::vector<uint64_t>> parked_;
   std::set<std::pair<absl::Time, uint64_t>> deadlines_;
+  // Every open connection by its last activity, longest quiet first.
+  std::set<std::pair<absl::Time, uint64_t>> activity_;
+  size_t table_bytes_ = 0;     // keys and values stored
+  size_t buffered_bytes_ = 0;  // connections' accounted buffers
   std::vector<uint64_t> ready_;
   std::vector<uint64_t> dead_;
   std::optional<absl::Time> accept_paused_since_;
@@ -135,6 +161,10 @@ Connection* TcpStoreServer::Loop::Find(uint64_t id) {
 int TcpStoreServer::Loop::EpollTimeoutMillis() const {
   std::optional<absl::Time> wake;
   if (!deadlines_.empty()) wake = deadlines_.begin()->first;
+  if (!activity_.empty()) {
+    const absl::Time idle = activity_.begin()->first + options_.idle_timeout;
+    if (!wake || idle < *wake) wake = idle;
+  }
   if (accept_paused_since_) {
     const absl::Time retry = *accept_paused_since_ + kAcceptRetry;
     if (!wake || retry < *wake) wake = retry;
@@ -173,6 +203,7 @@ void TcpStoreServer::Loop::Run() {
       ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_MOD, listen_fd_.get(), &ev);
     }
     ExpireWaits();
+    CloseIdle();
     RunReady();
     CloseDead();
   }
@@ -202,7 +233,11 @@ void TcpStoreServer::Loop::Accept() {
       return;  // EAGAIN: none left; anything else: try on the next event
     }
     UniqueFd owned(fd);
-    if (conns_.size() >= options_.max_connections) continue;  // closes it
+    if (conns_.size() - dead_.size() >= options_.max_connections &&
+        !EvictQuiet()) {
+      RefuseAtCap(std::move(owned));
+      continue;
+    }
     SetNoDelay(fd);
     auto c = std::make_unique<Connection>();
     c->id = next_id_++;
@@ -212,6 +247,7 @@ void TcpStoreServer::Loop::Accept() {
     if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) continue;
     c->interest = ev.events;
     c->fd = std::move(owned);
+    Touch(*c);
     conns_.emplace(c->id, std::move(c));
     open_.store(conns_.size());
   }
@@ -242,12 +278,21 @@ void TcpStoreServer::Loop::OnEvent(uint64_t id, uint32_t events) {
 }
 
 bool TcpStoreServer::Loop::Read(Connection& c) {
-  while (c.in.size() - c.in_off < kMaxInputBytes) {
-    const size_t want =
-        std::min(kReadChunkBytes, kMaxInputBytes - (c.in.size() - c.in_off));
+  for (;;) {
+    const size_t have = c.in.size() - c.in_off;
+    const size_t limit = InputLimit(c);
+    if (c.discard == 0 && have >= limit) break;
+    // A refused frame's bytes are read and dropped, never buffered.
+    const size_t want = std::min(
+        kReadChunkBytes, c.discard > 0 ? c.discard : limit - have);
     const ssize_t n = ::recv(c.fd.get(), read_buffer_, want, 0);
     if (n > 0) {
-      c.in.append(read_buffer_, static_cast<size_t>(n));
+      Touch(c);
+      if (c.discard > 0) {
+        c.discard -= static_cast<size_t>(n);
+      } else {
+        c.in.append(read_buffer_, static_cast<size_t>(n));
+      }
       if (static_cast<size_t>(n) < want) return true;  // drained for now
       continue;
     }
@@ -258,17 +303,143 @@ bool TcpStoreServer::Loop::Read(Connection& c) {
   return true;  // full: reading resumes once requests are consumed
 }
 
+size_t TcpStoreServer::Loop::InputLimit(const Connection& c) const {
+  // Small requests are read a chunk at a time; a larger frame only once
+  // Admit has counted it against the budget.
+  return c.claim > 0 ? c.claim : kReadChunkBytes;
+}
+
+void TcpStoreServer::Loop::Admit(Connection& c) {
+  const size_t have = c.in.size() - c.in_off;
+  if (c.claim > 0 || have < kStoreFrameHeaderBytes) return;
+  const auto* h = reinterpret_cast<const unsigned char*>(c.in.data() + c.in_off);
+  const size_t frame = kStoreFrameHeaderBytes +
+                       (size_t{h[0]} | size_t{h[1]} << 8 | size_t{h[2]} << 16 |
+                        size_t{h[3]} << 24);
+  if (frame <= kReadChunkBytes) return;
+  const size_t others = table_bytes_ + buffered_bytes_ - c.accounted;
+  if (others + frame <= LargeLimit()) {
+    c.claim = frame;
+    return;
+  }
+  ReplyStatus(c, absl::ResourceExhaustedError(BudgetText(frame)));
+  const size_t dropped = std::min(have, frame);
+  c.in_off += dropped;
+  c.discard = frame - dropped;
+}
+
+std::string TcpStoreServer::Loop::BudgetText(size_t request) const {
+  return absl::StrCat(
+      "store memory budget exceeded: a request of ", request,
+      " bytes on top of ", table_bytes_, " bytes of stored keys and values and ",
+      buffered_bytes_, " bytes buffered for ", conns_.size(),
+      " connections would pass max_total_bytes=", options_.max_total_bytes,
+      " (VEMESH_STORE_MAX_BYTES): a flood of large values?");
+}
+
+void TcpStoreServer::Loop::Account(Connection& c) {
+  const size_t now = std::max(c.claim, c.in.size() - c.in_off) +
+                     (c.out.size() - c.out_off);
+  buffered_bytes_ = buffered_bytes_ - c.accounted + now;
+  c.accounted = now;
+}
+
+void TcpStoreServer::Loop::Put(const std::string& key, std::string value) {
+  auto [it, inserted] = table_.try_emplace(key);
+  if (inserted) {
+    table_bytes_ += key.size();
+  } else {
+    table_bytes_ -= it->second.size();
+  }
+  table_bytes_ += value.size();
+  it->second = std::move(value);
+}
+
+void TcpStoreServer::Loop::Touch(Connection& c) {
+  activity_.erase({c.last_active, c.id});
+  c.last_active = absl::Now();
+  activity_.emplace(c.last_active, c.id);
+}
+
+void TcpStoreServer::Loop::CloseIdle() {
+  const absl::Time now = absl::Now();
+  while (!activity_.empty() &&
+         activity_.begin()->first + options_.idle_timeout <= now) {
+    const uint64_t id = activity_.begin()->second;
+    Connection* c = Find(id);
+    if (c == nullptr) {
+      activity_.erase(activity_.begin());
+    } else if (c->waiter || c->queued) {
+      Touch(*c);  // a parked WAIT is not idle: its own deadline rules
+    } else {
+      activity_.erase(activity_.begin());
+      Kill(*c);  // idle, or half-open: stopped mid-frame or not reading
+    }
+  }
+}
+
+bool TcpStoreServer::Loop::EvictQuiet() {
+  const absl::Time now = absl::Now();
+  int looked = 0;
+  for (auto it = activity_.begin(); it != activity_.end() && looked < 64;
+       ++it, ++looked) {
+    if (now - it->first < options_.min_quiet_to_evict) return false;
+    Connection* c = Find(it->second);
+    if (c == nullptr || c->waiter || c->claim > 0 || c->in_off != c->in.size() ||
+        c->out_off != c->out.size()) {
+      continue;
+    }
+    activity_.erase(it);
+    Kill(*c);  // TcpStore reconnects when it finds it closed
+    return true;
+  }
+  return false;
+}
+
+void TcpStoreServer::Loop::RefuseAtCap(UniqueFd fd) {
+  StoreReply reply;
+  reply.code = absl::StatusCode::kResourceExhausted;
+  reply.message = absl::StrCat(
+      "store server at its connection cap: ", conns_.size() - dead_.size(),
+      " connections open (max_connections ", options_.max_connections,
+      descriptor_limit_ > 0
+          ? absl::StrCat(", under the descriptor limit RLIMIT_NOFILE=",
+                         descriptor_limit_)
+          : std::string(),
+      ") and none quiet for ",
+      absl::FormatDuration(options_.min_quiet_to_evict),
+      " to make room: a flood of connections? (raise ulimit -n or "
+      "VEMESH_STORE_MAX_CONNECTIONS)");
+  // The reply answers the client's first request; then the connection is
+  // closed after reading what it sent, so that the close is no reset that
+  // would discard the reply.
+  const std::string frame = EncodeReply(reply);
+  (void)!::send(fd.get(), frame.data(), frame.size(),
+                MSG_NOSIGNAL | MSG_DONTWAIT);
+  ::shutdown(fd.get(), SHUT_WR);
+  for (int i = 0; i < 4; ++i) {
+    if (::recv(fd.get(), read_buffer_, kReadChunkBytes, MSG_DONTWAIT) <= 0) break;
+  }
+}
+
 void TcpStoreServer::Loop::Process(Connection& c) {
   while (!c.dead && !c.waiter &&
          c.out.size() - c.out_off < options_.max_pending_reply_bytes) {
+    if (c.discard > 0) break;
     ParsedRequest p = ParseRequest(absl::string_view(c.in).substr(c.in_off));
-    if (p.outcome == ParsedRequest::kIncomplete) break;
+    if (p.outcome == ParsedRequest::kIncomplete) {
+      Admit(c);  // a large frame: counted against the budget, or refused
+      if (c.discard > 0 || c.claim > 0 || c.in_off == c.in.size()) break;
+      if (c.in.size() - c.in_off < kReadChunkBytes) break;
+      continue;  // refused whole: the next frame follows
+    }
     if (p.outcome == ParsedRequest::kMalformed) {
       // Nothing after a malformed frame can be framed: drop the client.
       Kill(c);
       return;
     }
     c.in_off += p.consumed;
+    c.claim = 0;
     Handle(c, std::move(p.message));
   }
   // Consumed input is dropped once it is at least half the buffer, so each
@@ -282,9 +453,12 @@ void TcpStoreServer::Loop::Process(Connection& c) {
     c.in_off = 0;
   }
   Flush(c);
+  Account(c);
   if (c.dead) return;
   uint32_t interest = 0;
-  if (c.in.size() - c.in_off < kMaxInputBytes) interest |= EPOLLIN | EPOLLRDHUP;
+  if (c.discard > 0 || c.in.size() - c.in_off < InputLimit(c)) {
+    interest |= EPOLLIN | EPOLLRDHUP;
+  }
   if (c.out_off < c.out.size()) interest |= EPOLLOUT;
   SetInterest(c, interest);
 }
@@ -295,6 +469,7 @@ void TcpStoreServer::Loop::Flush(Connection& c) {
                              c.out.size() - c.out_off, MSG_NOSIGNAL);
     if (n >= 0) {
       c.out_off += static_cast<size_t>(n);
+      if (n > 0) Touch(c);
     } else if (errno == EINTR) {
       continue;
     } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
@@ -324,12 +499,37 @@ void TcpStoreServer::Loop::ReplyStatus(Connection& c, absl::Status status) {
 void TcpStoreServer::Loop::Handle(Connection& c, StoreRequest r) {
   StoreReply reply;
   switch (r.op) {
-    case StoreOp::kSet:
-      table_[r.keys[0]] = std::move(r.value);
+    case StoreOp::kSet: {
+      auto it = table_.find(r.keys[0]);
+      const size_t old = it == table_.end() ? 0 : it->second.size();
+      const size_t limit = r.value.size() > kReadChunkBytes
+                               ? LargeLimit()
+                               : options_.max_total_bytes;
+      if (r.value.size() > old &&
+          table_bytes_ + (r.value.size() - old) + r.keys[0].size() > limit) {
+        ReplyStatus(c, absl::ResourceExhaustedError(absl::StrCat(
+                           BudgetText(r.value.size()), " (SET '",
+                           r.keys[0].substr(0, 64), "')")));
+        return;
+      }
+      Put(r.keys[0], std::move(r.value));
       Reply(c, std::move(reply));
       Notify(r.keys[0]);
       return;
-    case StoreOp::kGet:
+    }
+    case StoreOp::kGet: {
+      size_t bytes = 0;
+      for (const std::string& key : r.keys) {
+        auto it = table_.find(key);
+        if (it != table_.end()) bytes += it->second.size();
+      }
+      if (bytes > kReadChunkBytes &&
+          table_bytes_ + buffered_bytes_ + bytes > LargeLimit()) {
+        ReplyStatus(c, absl::ResourceExhaustedError(
+                           absl::StrCat(BudgetText(bytes), " (GET reply)")));
+        return;
+      }
+    }
       reply.values.reserve(r.keys.size());
       for (const std::string& key : r.keys) {
         auto it = table_.find(key);
@@ -371,7 +571,7 @@ void TcpStoreServer::Loop::Handle(Connection& c, StoreRequest r) {
       const int64_t value = static_cast<int64_t>(
           static_cast<uint64_t>(*current) + static_cast<uint64_t>(r.delta));
       reply.values.push_back(absl::StrCat(value));
-      table_[key] = reply.values.back();
+      Put(key, reply.values.back());
       Reply(c, std::move(reply));
       Notify(key);
       return;
@@ -387,16 +587,31 @@ void TcpStoreServer::Loop::Handle(Connection& c, StoreRequest r) {
         Reply(c, std::move(reply));
         return;
       }
+      if (r.value.size() > current.size() &&
+          table_bytes_ + (r.value.size() - current.size()) >
+              options_.max_total_bytes) {
+        ReplyStatus(c, absl::ResourceExhaustedError(absl::StrCat(
+                           BudgetText(r.value.size()), " (COMPARE_SET '",
+                           key.substr(0, 64), "')")));
+        return;
+      }
       reply.values.push_back(r.value);
-      table_[key] = std::move(r.value);
+      Put(key, std::move(r.value));
       Reply(c, std::move(reply));
       Notify(key);
       return;
     }
-    case StoreOp::kRemove:
-      reply.values.push_back(table_.erase(r.keys[0]) > 0 ? "1" : "0");
+    case StoreOp::kRemove: {
+      auto it = table_.find(r.keys[0]);
+      const bool found = it != table_.end();
+      if (found) {
+        table_bytes_ -= it->first.size() + it->second.size();
+        table_.erase(it);
+      }
+      reply.values.push_back(found ? "1" : "0");
       Reply(c, std::move(reply));
       return;
+    }
     case StoreOp::kPing:
       Reply(c, std::move(reply));
       return;
@@ -473,6 +688,7 @@ void TcpStoreServer::Loop::ExpireWaits() {
 }
 
 void TcpStoreServer::Loop::MakeReady(Connection& c) {
+  Touch(c);  // a WAIT just answered: not idle while its reply goes out
   if (c.queued) return;
   c.queued = true;
   ready_.push_back(c.id);
@@ -501,6 +717,8 @@ void TcpStoreServer::Loop::CloseDead() {
   for (uint64_t id : dead_) {
     auto it = conns_.find(id);
     if (it == conns_.end()) continue;
+    buffered_bytes_ -= it->second->accounted;
+    activity_.erase({it->second->last_active, id});
     // Closing the descriptor also removes it from the epoll set.
     conns_.erase(it);
   }
@@ -580,10 +798,26 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
     return absl::InternalError(absl::StrCat("store server on ", where,
                                             ": epoll_ctl: ", ErrnoText(errno)));
   }
+  // The cap stays under the descriptor limit, leaving a quarter of it (at
+  // least 32) to the rest of the process: accept() never runs out first.
+  size_t descriptor_limit = 0;
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 &&
+      limit.rlim_cur != RLIM_INFINITY) {
+    descriptor_limit = static_cast<size_t>(limit.rlim_cur);
+    const size_t reserve = std::max<size_t>(32, descriptor_limit / 4);
+    const size_t room = descriptor_limit > 2 * reserve
+                            ? descriptor_limit - reserve
+                            : std::max<size_t>(descriptor_limit / 2, 1);
+    options.max_connections = std::min(options.max_connections, room);
+  }
+  options.max_connections = std::max<size_t>(options.max_connections, 1);
   auto loop = std::make_unique<Loop>(std::move(listen_fd), std::move(epoll_fd),
-                                     std::move(wake_fd), options);
+                                     std::move(wake_fd), options,
+                                     descriptor_limit);
   std::unique_ptr<TcpStoreServer> server(
       new TcpStoreServer(std::string(host), bound_port, std::move(loop)));
+  server->max_connections_ = options.max_connections;
   Loop* raw = server->loop_.get();
   server->thread_ = std::thread([raw] { raw->Run(); });
   return server;

@@ -20,9 +20,20 @@
 //
 // The server trusts no client: a connection that sends a malformed frame
 // (unknown op, a length over the bounds, a key too long) is closed and the
-// others are not disturbed. Connections beyond max_connections are closed
-// as they are accepted; a connection buffers at most one largest frame of
-// input, and stops being read while its replies are not being read.
+// others are not disturbed. It cannot be exhausted:
+//  - connections: at most max_connections, and never more than the
+//    descriptor limit (RLIMIT_NOFILE) allows with room to spare; at the cap
+//    a new connection takes the place of the longest-quiet one (quiet for
+//    min_quiet_to_evict, no WAIT parked), else it is told ResourceExhausted
+//    naming the cap and closed;
+//  - time: a connection that moves no byte for idle_timeout while no WAIT
+//    of it is parked (idle, or half-open: stopped mid-frame, or not reading
+//    its replies) is closed. TcpStore reconnects by itself when it finds
+//    its idle connection closed;
+//  - memory: stored keys and values, buffered requests and unsent replies
+//    together stay under max_total_bytes; a request that would pass it is
+//    answered ResourceExhausted naming the budget (its bytes are read and
+//    dropped, the connection stays usable).
 //
 // Stopping closes every connection: clients then see Unavailable. The table
 // lives and dies with the server.
@@ -37,12 +48,21 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace vemesh {
 
 struct TcpStoreServerOptions {
-  // Open client connections at most; more are closed as they arrive.
+  // Open client connections at most; Start lowers it below the descriptor
+  // limit (RLIMIT_NOFILE), keeping descriptors for the rest of the process.
   size_t max_connections = 65536;
+  // A connection with no parked WAIT that moves no byte for this long is
+  // closed.
+  absl::Duration idle_timeout = absl::Seconds(120);
+  // At the cap, a connection quiet at least this long gives way to a new one.
+  absl::Duration min_quiet_to_evict = absl::Seconds(1);
+  // Stored keys and values plus buffered requests and replies, in bytes.
+  size_t max_total_bytes = size_t{512} << 20;
   // Stop answering a connection's requests while this many reply bytes are
   // waiting for it to read them.
   size_t max_pending_reply_bytes = size_t{1} << 20;
@@ -68,6 +88,9 @@ class TcpStoreServer {
   int port() const { return port_; }
   // Client connections open now (for tests and monitoring).
   size_t connections() const;
+  // The connection cap in force (options' max_connections, lowered below
+  // the descriptor limit).
+  size_t max_connections() const { return max_connections_; }
 
   // Closes every connection and joins the thread. Idempotent.
   void Stop();
@@ -78,6 +101,7 @@ class TcpStoreServer {
 
   std::string host_;
   int port_ = 0;
+  size_t max_connections_ = 0;
   std::unique_ptr<Loop> loop_;
   std::thread thread_;
 };
