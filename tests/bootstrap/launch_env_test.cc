@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "vemesh/base/log.h"
+#include "vemesh/bootstrap/rank0_store.h"
 #include "vemesh/bootstrap/store_bootstrap.h"
 #include "vemesh/mesh/device_mesh.h"
 #include "vemesh/rendezvous/memory_store.h"
@@ -170,6 +171,31 @@ TEST_F(LaunchEnv, TheLaunchCheckNamesWorldSizeLocalRankAndMasterAddr) {
   ASSERT_TRUE(towards.ok()) << towards.status();
   EXPECT_EQ(*towards, "::1");
   EXPECT_TRUE(IsLoopback("::1"));
+}
+
+TEST(StoreLimits, ReadFromTheEnvironmentAndBadOnesNamed) {
+  setenv("VEMESH_STORE_MAX_CONNECTIONS", "300", 1);
+  setenv("VEMESH_STORE_IDLE_TIMEOUT", "90s", 1);
+  setenv("VEMESH_STORE_MAX_BYTES", "1048576", 1);
+  auto options = StoreServerOptionsFromEnv();
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->max_connections, 300u);
+  EXPECT_EQ(options->idle_timeout, absl::Seconds(90));
+  EXPECT_EQ(options->max_total_bytes, 1048576u);
+  setenv("VEMESH_STORE_MAX_BYTES", "-1", 1);
+  EXPECT_THAT(std::string(StoreServerOptionsFromEnv().status().message()),
+              HasSubstr("VEMESH_STORE_MAX_BYTES='-1'"));
+  unsetenv("VEMESH_STORE_MAX_BYTES");
+  setenv("VEMESH_STORE_IDLE_TIMEOUT", "inf", 1);
+  EXPECT_THAT(std::string(StoreServerOptionsFromEnv().status().message()),
+              HasSubstr("VEMESH_STORE_IDLE_TIMEOUT='inf'"));
+  for (const char* name : {"VEMESH_STORE_MAX_CONNECTIONS",
+                           "VEMESH_STORE_IDLE_TIMEOUT"}) {
+    unsetenv(name);
+  }
+  options = StoreServerOptionsFromEnv();
+  ASSERT_TRUE(options.ok());
+  EXPECT_EQ(options->max_total_bytes, TcpStoreServerOptions().max_total_bytes);
 }
 
 TEST_F(LaunchEnv, AnAgentHostedStoreIsRefusedSayingSo) {

@@ -18,6 +18,13 @@
 #                       names the port it could not take; every rank fails
 #   garbage             junk is sent to the store port during rendezvous:
 #                       4 OK lines
+#   ipv6                MASTER_ADDR=::1: 4 OK lines (the store and Gloo over
+#                       IPv6 loopback)
+#   unresolvable        MASTER_ADDR names no host: every rank InvalidArgument
+#                       naming MASTER_ADDR, at once (not after the timeout)
+#   flood               rank 0 runs under ulimit -n 256 while 600 idle
+#                       connections flood the store port (ranks 1-3 come
+#                       2 s late, into the flood): 4 OK lines
 set -u
 probe=$1; scenario=$2
 here=$(cd "$(dirname "$0")" && pwd)
@@ -57,10 +64,37 @@ for i in range(40):
     time.sleep(0.05)
 PY
     helper_pid=$! ;;
+  ipv6)
+    for r in 0 1 2 3; do export "SPAWN_ENV_$r=MASTER_ADDR=::1"; done ;;
+  unresolvable)
+    for r in 0 1 2 3; do export "SPAWN_ENV_$r=MASTER_ADDR=no-such-host.invalid"; done ;;
+  flood)
+    # 600 idle connections, held for 8 s, against rank 0's 256 descriptors.
+    python3 - "$port" <<'PY' &
+import socket, sys, time
+port = int(sys.argv[1])
+held = []
+deadline = time.time() + 8
+while len(held) < 600 and time.time() < deadline:
+    try:
+        held.append(socket.create_connection(("127.0.0.1", port), timeout=0.2))
+    except OSError:
+        time.sleep(0.01)
+time.sleep(max(0, deadline - time.time()))
+PY
+    helper_pid=$!
+    sleep 1 ;;
   all_arrive) ;;
   *) echo "unknown scenario $scenario"; exit 2 ;;
 esac
-bash "$here/spawn_env.sh" --limit 40 --port "$port" 4 "$probe" 3 >"$out" 2>&1
+if [[ "$scenario" == flood ]]; then
+  # Rank 0 hosts the store: its descriptor limit is the one a flood meets.
+  bash "$here/spawn_env.sh" --limit 40 --port "$port" 4 \
+    bash -c 'if [[ $RANK == 0 ]]; then ulimit -n 256; else sleep 2; fi; exec "$0" "$@"' \
+    "$probe" 8 >"$out" 2>&1
+else
+  bash "$here/spawn_env.sh" --limit 40 --port "$port" 4 "$probe" 3 >"$out" 2>&1
+fi
 rc=$?
 took=$((SECONDS - start))
 if [[ -n "$helper_pid" ]]; then kill "$helper_pid" 2>/dev/null; wait "$helper_pid" 2>/dev/null; fi
@@ -70,7 +104,7 @@ fail() { echo "FAIL [$scenario]: $*"; exit 1; }
 ((rc != 124)) || fail "a rank had to be killed"
 count() { grep -c -E "$1" "$out" || true; }
 case "$scenario" in
-  all_arrive|garbage)
+  all_arrive|garbage|ipv6|flood)
     [[ $(count '^probe rank [0-3]: OK') == 4 ]] || fail "expected 4 OK lines" ;;
   never_arrives)
     [[ $(count '^probe rank [0-2]: DEADLINE_EXCEEDED: .*rank\(s\) 3 of 4 never arrived') == 3 ]] ||
@@ -84,6 +118,9 @@ case "$scenario" in
   master_unreachable)
     [[ $(count '^probe rank [1-3]: UNAVAILABLE: .*MASTER_ADDR:MASTER_PORT = 127.0.0.1:') == 3 ]] ||
       fail "expected ranks 1-3 Unavailable naming MASTER_ADDR:MASTER_PORT" ;;
+  unresolvable)
+    [[ $(count "^probe rank [0-3]: INVALID_ARGUMENT: .*MASTER_ADDR='no-such-host.invalid' does not resolve.*\(after 0\.") == 4 ]] ||
+      fail "expected 4 immediate InvalidArgument lines naming MASTER_ADDR" ;;
   port_taken)
     [[ $(count "^probe rank 0: [A-Z_]+: .*could not host the store at MASTER_ADDR:MASTER_PORT = 127.0.0.1:$port") == 1 ]] ||
       fail "expected rank 0 to name the port it could not take"

@@ -6,6 +6,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "vemesh/base/status_macros.h"
 #include "vemesh/bootstrap/launch.h"
 #include "vemesh/rendezvous/tcp/tcp_store.h"
@@ -26,7 +27,46 @@ absl::Status Wrapped(const absl::Status& status, absl::string_view context,
       status.code(), absl::StrCat(context, ": ", what, ": ", status.message()));
 }
 
+// A positive integer variable, or `fallback` when unset.
+absl::StatusOr<uint64_t> PositiveEnv(const char* name, uint64_t fallback) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return fallback;
+  uint64_t parsed = 0;
+  if (!absl::SimpleAtoi(value, &parsed) || parsed == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, "='", value, "': expected a positive integer"));
+  }
+  return parsed;
+}
+
 }  // namespace
+
+absl::StatusOr<TcpStoreServerOptions> StoreServerOptionsFromEnv() {
+  TcpStoreServerOptions options;
+  VEMESH_ASSIGN_OR_RETURN(
+      options.max_connections,
+      PositiveEnv("VEMESH_STORE_MAX_CONNECTIONS", options.max_connections));
+  VEMESH_ASSIGN_OR_RETURN(
+      options.max_total_bytes,
+      PositiveEnv("VEMESH_STORE_MAX_BYTES", options.max_total_bytes));
+  if (const char* idle = std::getenv("VEMESH_STORE_IDLE_TIMEOUT");
+      idle != nullptr && *idle != '\0') {
+    double seconds = 0;
+    absl::Duration parsed;
+    if (absl::SimpleAtod(idle, &seconds) && seconds > 0 && seconds <= 86400) {
+      options.idle_timeout = absl::Seconds(seconds);
+    } else if (absl::ParseDuration(idle, &parsed) &&
+               parsed > absl::ZeroDuration() && parsed <= absl::Hours(24)) {
+      options.idle_timeout = parsed;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "VEMESH_STORE_IDLE_TIMEOUT='", idle,
+          "': expected a positive number of seconds or a duration (90s, 5m), "
+          "at most a day"));
+    }
+  }
+  return options;
+}
 
 absl::StatusOr<Rank0Store> StartRank0Store(const Rank0StoreSpec& spec,
                                            absl::Time deadline) {
@@ -45,7 +85,9 @@ absl::StatusOr<Rank0Store> StartRank0Store(const Rank0StoreSpec& spec,
   std::string host = spec.host;
   int port = spec.port;
   if (spec.rank == 0) {
-    auto server = TcpStoreServer::Start(spec.bind, spec.port);
+    VEMESH_ASSIGN_OR_RETURN(TcpStoreServerOptions limits,
+                            StoreServerOptionsFromEnv());
+    auto server = TcpStoreServer::Start(spec.bind, spec.port, limits);
     if (!server.ok()) {
       return Wrapped(server.status(), spec.context,
                      absl::StrCat("rank 0 could not host the store at ",

@@ -72,6 +72,12 @@ struct Rank0Store {
 
 // Collective: see the file comment. InvalidArgument for a spec that cannot
 // work (port 0 without `announce`, a rank outside [0, size)).
+// Rank 0's store limits from the environment, over TcpStoreServerOptions'
+// defaults: VEMESH_STORE_MAX_CONNECTIONS (a count), VEMESH_STORE_IDLE_TIMEOUT
+// (seconds, or a duration such as 90s or 5m), VEMESH_STORE_MAX_BYTES (bytes
+// of values and buffers together). InvalidArgument naming a bad one.
+absl::StatusOr<TcpStoreServerOptions> StoreServerOptionsFromEnv();
+
 absl::StatusOr<Rank0Store> StartRank0Store(const Rank0StoreSpec& spec,
                                            absl::Time deadline);
 
