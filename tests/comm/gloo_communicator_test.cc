@@ -147,6 +147,64 @@ TEST_P(GlooCommunicatorTest, LengthMismatchIsInvalidArgument) {
   });
 }
 
+// Issue 29: ranks whose all_reduce or broadcast counts differed crashed
+// the receiver (SIGABRT on Gloo's I/O thread), and a broadcast into a larger
+// buffer returned OK with 600 of 1000 elements never written. Now every
+// rank gets InvalidArgument naming both, and the group stays usable.
+TEST(GlooMismatch, CountTypeOpAndRootMismatchesAreInvalidArgumentOnEveryRank) {
+  std::atomic<int> invalid{0};
+  OnRanks(2, [&](std::shared_ptr<GlooCommunicator> comm) {
+    const int me = comm->rank();
+    auto expect_invalid = [&](absl::Status s, absl::string_view what) {
+      EXPECT_TRUE(absl::IsInvalidArgument(s)) << "rank " << me << ": " << s;
+      EXPECT_THAT(std::string(s.message()), HasSubstr(what))
+          << "rank " << me;
+      if (absl::IsInvalidArgument(s)) ++invalid;
+    };
+    // all_reduce: 1000 elements against 400.
+    std::vector<float> data(me == 0 ? 1000 : 400, 1.0f);
+    expect_invalid(comm->all_reduce(absl::MakeSpan(data), ReduceOp::kSum),
+                   "rank 0 passed all_reduce of 1000 float32 (op sum); rank "
+                   "1 passed all_reduce of 400 float32 (op sum)");
+    // broadcast from a root of 400 into a buffer of 1000.
+    std::vector<int32_t> block(me == 0 ? 400 : 1000, me == 0 ? 7 : -1);
+    expect_invalid(comm->broadcast(absl::MakeSpan(block), 0),
+                   "broadcast of 1000 int32 (root 0)");
+    // The same bytes, another type.
+    std::vector<int32_t> ints(8, 1);
+    std::vector<float> floats(8, 1.0f);
+    expect_invalid(me == 0 ? comm->all_reduce(absl::MakeSpan(ints),
+                                              ReduceOp::kSum)
+                           : comm->all_reduce(absl::MakeSpan(floats),
+                                              ReduceOp::kSum),
+                   "rank 1 passed all_reduce of 8 float32");
+    // Another reduce op, another root, another collective.
+    expect_invalid(comm->all_reduce(absl::MakeSpan(floats),
+                                    me == 0 ? ReduceOp::kSum : ReduceOp::kMax),
+                   "op max");
+    expect_invalid(comm->broadcast(absl::MakeSpan(floats), me),
+                   "root 1");
+    expect_invalid(me == 0 ? comm->barrier()
+                           : comm->all_reduce(absl::MakeSpan(floats),
+                                              ReduceOp::kSum),
+                   "rank 0 passed barrier");
+    // all_to_all_v: rank 0 sends 3 to rank 1, which expects 2.
+    std::vector<float> send(4, 1.0f), recv(me == 0 ? 3 : 4);
+    const std::vector<size_t> sends = me == 0 ? std::vector<size_t>{1, 3}
+                                              : std::vector<size_t>{2, 2};
+    const std::vector<size_t> recvs = me == 0 ? std::vector<size_t>{1, 2}
+                                              : std::vector<size_t>{2, 2};
+    expect_invalid(comm->all_to_all_v(absl::MakeConstSpan(send), sends,
+                                      absl::MakeSpan(recv), recvs),
+                   "rank 0 sends 3 elements to rank 1, which expects 2");
+    // Nothing broke: a matching all_reduce works.
+    std::vector<float> ones(1000, 1.0f);
+    ASSERT_TRUE(comm->all_reduce(absl::MakeSpan(ones), ReduceOp::kSum).ok());
+    EXPECT_EQ(ones[999], 2.0f);
+  });
+  EXPECT_EQ(invalid.load(), 2 * 7);
+}
+
 TEST_P(GlooCommunicatorTest, CountsAboveIntMaxAreRefusedBeforeAnythingRuns) {
   OnRanks(n(), [&](std::shared_ptr<GlooCommunicator> comm) {
     std::vector<int32_t> buffer(4);

@@ -48,9 +48,14 @@
 // from oneself issued with no send to oneself before it (or in the same
 // batch) is FailedPrecondition at once, also in the `i` form.
 //
-// Like MPI, collectives assume every rank passes the same count and type;
-// Gloo cannot check that, and a mismatch is undefined (it may abort inside
-// Gloo's I/O thread).
+// Collectives check that every rank passes the same operation, count,
+// type, reduce op and root (and consistent count lists for the V forms):
+// each rank's 32-byte summary is all-gathered before the data moves, and a
+// mismatch is InvalidArgument on every rank, naming the ranks and what each
+// passed, and breaks nothing. Without it Gloo would abort the process
+// inside its I/O thread, or a broadcast into a larger buffer would return
+// OK with the rest unwritten. The check costs one small all-gather per
+// collective.
 //
 // Asynchrony: Gloo's algorithms block the calling thread, so each
 // communicator runs its operations on one worker thread of its own, started
@@ -173,6 +178,11 @@ class GlooCommunicator final : public Communicator {
   absl::Status Execute(Job& job);
   // The Gloo calls of each operation (throw on failure, see gloo_error.h).
   void RunCollective(const Operation& op);
+  // Every rank's kind, count, type, op and root (count lists for the V
+  // forms), exchanged before the data: InvalidArgument on every rank when
+  // they differ, so that Gloo never sees a mismatch (it aborts the process
+  // or leaves a larger buffer partly unwritten).
+  absl::Status CheckAgreement(const Operation& op);
   // Point to point. Sends to peers are posted when the operation is
   // issued (PostSends, on the issuing thread), so that a receive queued
   // ahead of them on a peer's worker cannot wait for them forever; the
