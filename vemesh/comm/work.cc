@@ -40,7 +40,7 @@ bool Work::test() {
     Finish(*std::move(result));
     return true;
   }
-  if (owner_ != nullptr && owner_->aborted()) {
+  if (owner_ != nullptr && owner_->aborted() && LeavesOnAbort()) {
     Finish(owner_->AbortedError(name_));
     return true;
   }
@@ -61,6 +61,10 @@ absl::Status Work::wait(absl::Time deadline) {
           absl::FormatDuration(deadline - start),
           "; the communicator is aborted (a peer never joined or is stuck)"));
       if (owner_ != nullptr) owner_->abort(late.message());
+      // The backend may still write into the buffers: until it lets go.
+      while (!LeavesOnAbort() && !Poll().has_value()) {
+        absl::SleepFor(absl::Milliseconds(1));
+      }
       Finish(late);
       break;
     }

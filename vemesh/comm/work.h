@@ -72,6 +72,11 @@ class Work {
   // Then wait() adds no yields of its own in its first milliseconds: they
   // made every short wait slower than MPI_Wait on shared cores.
   virtual bool PollYields() const { return false; }
+  // Whether an abort may end the wait before Poll answers. False for a
+  // backend whose threads may still touch the operation's buffers after the
+  // abort (Gloo's I/O thread): the wait then lasts until Poll answers, so
+  // that the caller never frees a buffer still in use.
+  virtual bool LeavesOnAbort() const { return true; }
 
  private:
   void Finish(absl::Status status);

@@ -197,6 +197,11 @@ class GlooCommunicator::GlooWork final : public Work {
     if (!job_->done.load(std::memory_order_acquire)) return std::nullopt;
     return job_->status;
   }
+  // After a failure or an abort Gloo's I/O thread may still write into the
+  // operation's buffers until the worker has left it (it closes the pairs
+  // first): a waiter returns only then, so its caller never frees a buffer
+  // Gloo still touches (a TSan report in train_nd's elastic mode).
+  bool LeavesOnAbort() const override { return false; }
 
  private:
   std::shared_ptr<Job> job_;

@@ -71,8 +71,11 @@
 // post the matching sends first, or use batch_send_recv.
 //
 // Abort (abort(), or a Work::wait past its deadline, from any thread):
-// waiters return Aborted at once. The worker is released at once from a
-// send or receive (their waits are aborted) and the connections are reset,
+// waiters return Aborted as soon as the worker has left the operation, and
+// not before (Gloo's I/O thread may write into its buffers until then, and
+// the caller may free them once the wait returns). The worker is released
+// at once from a send or receive (their waits are aborted) and the
+// connections are reset,
 // so peers fail at once (Unavailable) and the worker's next step inside a
 // collective fails; a worker blocked inside one of Gloo's own collective
 // waits, which cannot be interrupted from outside, finishes at the Gloo
