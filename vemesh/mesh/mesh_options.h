@@ -33,7 +33,8 @@ struct MeshOptions {
   // DeadlineExceeded instead of hanging; also the bound of each operation on
   // the mesh's Gloo communicators (MPI and NCCL operations have none).
   // Unset: VEMESH_INIT_TIMEOUT when the launch sets it, else 60 s
-  // (vemesh/bootstrap/init_timeout.h).
+  // (vemesh/bootstrap/init_timeout.h). Positive and at most a day: an
+  // infinite one is InvalidArgument.
   std::optional<absl::Duration> timeout;
   // The group the mesh is built over; must be a communicator that can
   // bootstrap a mesh (MPI). Null means the launcher's world.
