@@ -189,8 +189,8 @@ TEST(StoreLimits, ReadFromTheEnvironmentAndBadOnesNamed) {
   setenv("VEMESH_STORE_IDLE_TIMEOUT", "inf", 1);
   EXPECT_THAT(std::string(StoreServerOptionsFromEnv().status().message()),
               HasSubstr("VEMESH_STORE_IDLE_TIMEOUT='inf'"));
-  for (const char* name : {"VEMESH_STORE_MAX_CONNECTIONS",
-                           "VEMESH_STORE_IDLE_TIMEOUT"}) {
+  for (const char* name :
+       {"VEMESH_STORE_MAX_CONNECTIONS", "VEMESH_STORE_IDLE_TIMEOUT"}) {
     unsetenv(name);
   }
   options = StoreServerOptionsFromEnv();

@@ -157,8 +157,7 @@ TEST(GlooMismatch, CountTypeOpAndRootMismatchesAreInvalidArgumentOnEveryRank) {
     const int me = comm->rank();
     auto expect_invalid = [&](absl::Status s, absl::string_view what) {
       EXPECT_TRUE(absl::IsInvalidArgument(s)) << "rank " << me << ": " << s;
-      EXPECT_THAT(std::string(s.message()), HasSubstr(what))
-          << "rank " << me;
+      EXPECT_THAT(std::string(s.message()), HasSubstr(what)) << "rank " << me;
       if (absl::IsInvalidArgument(s)) ++invalid;
     };
     // all_reduce: 1000 elements against 400.
@@ -173,27 +172,25 @@ TEST(GlooMismatch, CountTypeOpAndRootMismatchesAreInvalidArgumentOnEveryRank) {
     // The same bytes, another type.
     std::vector<int32_t> ints(8, 1);
     std::vector<float> floats(8, 1.0f);
-    expect_invalid(me == 0 ? comm->all_reduce(absl::MakeSpan(ints),
-                                              ReduceOp::kSum)
-                           : comm->all_reduce(absl::MakeSpan(floats),
-                                              ReduceOp::kSum),
-                   "rank 1 passed all_reduce of 8 float32");
+    expect_invalid(
+        me == 0 ? comm->all_reduce(absl::MakeSpan(ints), ReduceOp::kSum)
+                : comm->all_reduce(absl::MakeSpan(floats), ReduceOp::kSum),
+        "rank 1 passed all_reduce of 8 float32");
     // Another reduce op, another root, another collective.
     expect_invalid(comm->all_reduce(absl::MakeSpan(floats),
                                     me == 0 ? ReduceOp::kSum : ReduceOp::kMax),
                    "op max");
-    expect_invalid(comm->broadcast(absl::MakeSpan(floats), me),
-                   "root 1");
-    expect_invalid(me == 0 ? comm->barrier()
-                           : comm->all_reduce(absl::MakeSpan(floats),
-                                              ReduceOp::kSum),
-                   "rank 0 passed barrier");
+    expect_invalid(comm->broadcast(absl::MakeSpan(floats), me), "root 1");
+    expect_invalid(
+        me == 0 ? comm->barrier()
+                : comm->all_reduce(absl::MakeSpan(floats), ReduceOp::kSum),
+        "rank 0 passed barrier");
     // all_to_all_v: rank 0 sends 3 to rank 1, which expects 2.
     std::vector<float> send(4, 1.0f), recv(me == 0 ? 3 : 4);
-    const std::vector<size_t> sends = me == 0 ? std::vector<size_t>{1, 3}
-                                              : std::vector<size_t>{2, 2};
-    const std::vector<size_t> recvs = me == 0 ? std::vector<size_t>{1, 2}
-                                              : std::vector<size_t>{2, 2};
+    const std::vector<size_t> sends =
+        me == 0 ? std::vector<size_t>{1, 3} : std::vector<size_t>{2, 2};
+    const std::vector<size_t> recvs =
+        me == 0 ? std::vector<size_t>{1, 2} : std::vector<size_t>{2, 2};
     expect_invalid(comm->all_to_all_v(absl::MakeConstSpan(send), sends,
                                       absl::MakeSpan(recv), recvs),
                    "rank 0 sends 3 elements to rank 1, which expects 2");

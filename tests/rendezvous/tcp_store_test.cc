@@ -545,7 +545,8 @@ TEST(TcpStoreServerTest, RendezvousSucceedsDuringAFloodOfConnectionsAndValues) {
   std::atomic<bool> done{false};
   std::atomic<int> budget_refusals{0};
   std::thread values([&] {
-    auto store = TcpStore::Connect(kHost, port, absl::Now() + absl::Seconds(10));
+    auto store =
+        TcpStore::Connect(kHost, port, absl::Now() + absl::Seconds(10));
     if (!store.ok()) return;
     const std::string big(size_t{8} << 20, 'v');
     for (int i = 0; !done.load(); ++i) {
@@ -566,7 +567,8 @@ TEST(TcpStoreServerTest, RendezvousSucceedsDuringAFloodOfConnectionsAndValues) {
         outcome[r] = store.status();
         return;
       }
-      outcome[r] = (*store)->set(absl::StrCat("rank/", r), std::string(200, 'r'));
+      outcome[r] =
+          (*store)->set(absl::StrCat("rank/", r), std::string(200, 'r'));
       if (!outcome[r].ok()) return;
       std::vector<std::string> keys;
       for (int k = 0; k < kRanks; ++k) keys.push_back(absl::StrCat("rank/", k));

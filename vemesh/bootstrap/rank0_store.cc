@@ -33,8 +33,8 @@ absl::StatusOr<uint64_t> PositiveEnv(const char* name, uint64_t fallback) {
   if (value == nullptr || *value == '\0') return fallback;
   uint64_t parsed = 0;
   if (!absl::SimpleAtoi(value, &parsed) || parsed == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        name, "='", value, "': expected a positive integer"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, "='", value, "': expected a positive integer"));
   }
   return parsed;
 }

@@ -154,12 +154,12 @@ absl::StatusOr<std::vector<std::string>> StoreBootstrap::Round(
     auto late = missing.empty()
                     ? store_->wait_get(keys, absl::Now() + grace_)
                     : absl::StatusOr<std::vector<std::string>>(values.status());
-    proposal = late.ok() ? Combine(*late)
-                         : absl::StrCat(
-                               "E", "rank(s) ", FirstFew(missing),
-                               " of ", size_,
-                               " never arrived before the deadline (rank 0 "
-                               "gave up waiting); every rank gets this error");
+    proposal =
+        late.ok()
+            ? Combine(*late)
+            : absl::StrCat("E", "rank(s) ", FirstFew(missing), " of ", size_,
+                           " never arrived before the deadline (rank 0 "
+                           "gave up waiting); every rank gets this error");
   } else {
     return values.status();
   }

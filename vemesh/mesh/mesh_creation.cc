@@ -108,9 +108,9 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
   // A finite bound: Gloo and the stores take it in milliseconds, and an
   // infinite one would read as "Timed out waiting 9223372036854775807ms".
   if (timeout <= absl::ZeroDuration() || timeout > absl::Hours(24)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "MeshOptions.timeout is ", absl::FormatDuration(timeout),
-        ": expected a positive duration of at most a day (24h)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("MeshOptions.timeout is ", absl::FormatDuration(timeout),
+                     ": expected a positive duration of at most a day (24h)"));
   }
   const absl::Time deadline = absl::Now() + timeout;
 

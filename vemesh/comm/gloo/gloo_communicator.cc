@@ -394,7 +394,8 @@ std::string SummaryText(const Summary& s) {
       kind == OpKind::kGather || kind == OpKind::kScatter) {
     details.push_back(absl::StrCat("root ", s.root));
   }
-  if (!details.empty()) absl::StrAppend(&out, " (", absl::StrJoin(details, ", "), ")");
+  if (!details.empty())
+    absl::StrAppend(&out, " (", absl::StrJoin(details, ", "), ")");
   return out;
 }
 
@@ -420,8 +421,8 @@ absl::Status GlooCommunicator::CheckAgreement(const Operation& op) {
       hint = "the same count list";
     }
     return absl::InvalidArgumentError(absl::StrCat(
-        op.Name(), ": the ranks disagree: rank 0 passed ",
-        SummaryText(all[0]), "; rank ", r, " passed ", SummaryText(all[r]),
+        op.Name(), ": the ranks disagree: rank 0 passed ", SummaryText(all[0]),
+        "; rank ", r, " passed ", SummaryText(all[r]),
         ": every rank of the group must pass ", hint));
   }
   if (op.kind != OpKind::kAllToAllV) return absl::OkStatus();

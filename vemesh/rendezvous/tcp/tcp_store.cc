@@ -224,8 +224,8 @@ absl::StatusOr<std::vector<StoreReply>> TcpStore::Call(
     // with it): found closed between calls, it is reopened, nothing lost.
     char byte = 0;
     const ssize_t n = ::recv(fd_.get(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
-                   errno != EINTR)) {
+    if (n == 0 ||
+        (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
       Drop();
     }
   }

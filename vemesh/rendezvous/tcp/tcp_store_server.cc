@@ -54,13 +54,13 @@ struct Connection {
   size_t in_off = 0;
   std::string out;  // reply bytes, sent up to out_off
   size_t out_off = 0;
-  uint32_t interest = 0;         // the epoll events registered now
-  absl::Time last_active;        // the last byte moved (the idle clock)
-  size_t claim = 0;     // a large frame being received: its admitted size
-  size_t discard = 0;   // bytes of a refused frame still to drop
-  size_t accounted = 0;  // bytes counted against the memory budget
-  bool dead = false;             // closed at the end of this loop turn
-  bool queued = false;           // in the ready list
+  uint32_t interest = 0;   // the epoll events registered now
+  absl::Time last_active;  // the last byte moved (the idle clock)
+  size_t claim = 0;        // a large frame being received: its admitted size
+  size_t discard = 0;      // bytes of a refused frame still to drop
+  size_t accounted = 0;    // bytes counted against the memory budget
+  bool dead = false;       // closed at the end of this loop turn
+  bool queued = false;     // in the ready list
   std::optional<Waiter> waiter;  // a parked WAIT: no request is read meanwhile
 };
 
@@ -283,8 +283,8 @@ bool TcpStoreServer::Loop::Read(Connection& c) {
     const size_t limit = InputLimit(c);
     if (c.discard == 0 && have >= limit) break;
     // A refused frame's bytes are read and dropped, never buffered.
-    const size_t want = std::min(
-        kReadChunkBytes, c.discard > 0 ? c.discard : limit - have);
+    const size_t want =
+        std::min(kReadChunkBytes, c.discard > 0 ? c.discard : limit - have);
     const ssize_t n = ::recv(c.fd.get(), read_buffer_, want, 0);
     if (n > 0) {
       Touch(c);
@@ -312,10 +312,11 @@ size_t TcpStoreServer::Loop::InputLimit(const Connection& c) const {
 void TcpStoreServer::Loop::Admit(Connection& c) {
   const size_t have = c.in.size() - c.in_off;
   if (c.claim > 0 || have < kStoreFrameHeaderBytes) return;
-  const auto* h = reinterpret_cast<const unsigned char*>(c.in.data() + c.in_off);
-  const size_t frame = kStoreFrameHeaderBytes +
-                       (size_t{h[0]} | size_t{h[1]} << 8 | size_t{h[2]} << 16 |
-                        size_t{h[3]} << 24);
+  const auto* h =
+      reinterpret_cast<const unsigned char*>(c.in.data() + c.in_off);
+  const size_t frame =
+      kStoreFrameHeaderBytes + (size_t{h[0]} | size_t{h[1]} << 8 |
+                                size_t{h[2]} << 16 | size_t{h[3]} << 24);
   if (frame <= kReadChunkBytes) return;
   const size_t others = table_bytes_ + buffered_bytes_ - c.accounted;
   if (others + frame <= LargeLimit()) {
@@ -331,15 +332,16 @@ void TcpStoreServer::Loop::Admit(Connection& c) {
 std::string TcpStoreServer::Loop::BudgetText(size_t request) const {
   return absl::StrCat(
       "store memory budget exceeded: a request of ", request,
-      " bytes on top of ", table_bytes_, " bytes of stored keys and values and ",
-      buffered_bytes_, " bytes buffered for ", conns_.size(),
+      " bytes on top of ", table_bytes_,
+      " bytes of stored keys and values and ", buffered_bytes_,
+      " bytes buffered for ", conns_.size(),
       " connections would pass max_total_bytes=", options_.max_total_bytes,
       " (VEMESH_STORE_MAX_BYTES): a flood of large values?");
 }
 
 void TcpStoreServer::Loop::Account(Connection& c) {
-  const size_t now = std::max(c.claim, c.in.size() - c.in_off) +
-                     (c.out.size() - c.out_off);
+  const size_t now =
+      std::max(c.claim, c.in.size() - c.in_off) + (c.out.size() - c.out_off);
   buffered_bytes_ = buffered_bytes_ - c.accounted + now;
   c.accounted = now;
 }
@@ -385,8 +387,8 @@ bool TcpStoreServer::Loop::EvictQuiet() {
        ++it, ++looked) {
     if (now - it->first < options_.min_quiet_to_evict) return false;
     Connection* c = Find(it->second);
-    if (c == nullptr || c->waiter || c->claim > 0 || c->in_off != c->in.size() ||
-        c->out_off != c->out.size()) {
+    if (c == nullptr || c->waiter || c->claim > 0 ||
+        c->in_off != c->in.size() || c->out_off != c->out.size()) {
       continue;
     }
     activity_.erase(it);
@@ -418,7 +420,8 @@ void TcpStoreServer::Loop::RefuseAtCap(UniqueFd fd) {
                 MSG_NOSIGNAL | MSG_DONTWAIT);
   ::shutdown(fd.get(), SHUT_WR);
   for (int i = 0; i < 4; ++i) {
-    if (::recv(fd.get(), read_buffer_, kReadChunkBytes, MSG_DONTWAIT) <= 0) break;
+    if (::recv(fd.get(), read_buffer_, kReadChunkBytes, MSG_DONTWAIT) <= 0)
+      break;
   }
 }
 
@@ -507,9 +510,9 @@ void TcpStoreServer::Loop::Handle(Connection& c, StoreRequest r) {
                                : options_.max_total_bytes;
       if (r.value.size() > old &&
           table_bytes_ + (r.value.size() - old) + r.keys[0].size() > limit) {
-        ReplyStatus(c, absl::ResourceExhaustedError(absl::StrCat(
-                           BudgetText(r.value.size()), " (SET '",
-                           r.keys[0].substr(0, 64), "')")));
+        ReplyStatus(c, absl::ResourceExhaustedError(
+                           absl::StrCat(BudgetText(r.value.size()), " (SET '",
+                                        r.keys[0].substr(0, 64), "')")));
         return;
       }
       Put(r.keys[0], std::move(r.value));
@@ -812,9 +815,9 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
     options.max_connections = std::min(options.max_connections, room);
   }
   options.max_connections = std::max<size_t>(options.max_connections, 1);
-  auto loop = std::make_unique<Loop>(std::move(listen_fd), std::move(epoll_fd),
-                                     std::move(wake_fd), options,
-                                     descriptor_limit);
+  auto loop =
+      std::make_unique<Loop>(std::move(listen_fd), std::move(epoll_fd),
+                             std::move(wake_fd), options, descriptor_limit);
   std::unique_ptr<TcpStoreServer> server(
       new TcpStoreServer(std::string(host), bound_port, std::move(loop)));
   server->max_connections_ = options.max_connections;
