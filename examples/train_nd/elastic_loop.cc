@@ -285,14 +285,15 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
   DataParallel dp(
       {.bucket_elements = static_cast<size_t>(plan0.options.bucket_elements),
        .overlap = false});
-  const int64_t communicators_at_start = vemesh::LiveCommunicatorCount();
-
-  std::map<int64_t, double> losses;
-  int64_t step = rec.resume_step;
+  // Its communicator (the replica's launch) counts in the baseline below.
   ElasticCheckpoints checkpoints;
   if (absl::Status s = checkpoints.Init(*plan); !s.ok()) {
     return Fail(replica, launch_rank, "checkpoint", s);
   }
+  const int64_t communicators_at_start = vemesh::LiveCommunicatorCount();
+
+  std::map<int64_t, double> losses;
+  int64_t step = rec.resume_step;
   if (step == 0 && !rec.receives_state) {
     absl::StatusOr<int64_t> loaded =
         checkpoints.MaybeLoad(*plan, **stage, leader);
