@@ -1,5 +1,6 @@
 #include "checkpoint_state.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -61,13 +62,13 @@ absl::Status AddFlatRun(const std::vector<Block>& pieces, int64_t begin,
     const int64_t hi = std::min(end, at + p.size());
     if (lo < hi) {
       const std::vector<int64_t> local = {p.rows(), p.cols()};
-      for (const Box& b : vemesh::checkpoint::FlatRangeToBoxes(
-               local, lo - at, hi - at)) {
+      for (const Box& b :
+           vemesh::checkpoint::FlatRangeToBoxes(local, lo - at, hi - at)) {
         if (b.lengths[0] == 0 || b.lengths[1] == 0) continue;
         const int64_t first = b.offsets[0] * p.cols() + b.offsets[1];
-        Box global{{p.box.offsets[0] + b.offsets[0],
-                    p.box.offsets[1] + b.offsets[1]},
-                   b.lengths};
+        Box global{
+            {p.box.offsets[0] + b.offsets[0], p.box.offsets[1] + b.offsets[1]},
+            b.lengths};
         if (absl::Status s =
                 dict->Add(p.name + suffix, DType::kF64, p.global_shape,
                           std::move(global), data + (at + first - begin));
@@ -79,9 +80,9 @@ absl::Status AddFlatRun(const std::vector<Block>& pieces, int64_t begin,
     at += p.size();
   }
   if (end > at) {
-    return absl::InternalError(absl::StrCat(
-        "checkpoint: a flat shard [", begin, ", ", end, ") runs past the ", at,
-        " values of its parameters"));
+    return absl::InternalError(absl::StrCat("checkpoint: a flat shard [", begin,
+                                            ", ", end, ") runs past the ", at,
+                                            " values of its parameters"));
   }
   return absl::OkStatus();
 }
@@ -147,9 +148,9 @@ absl::Status DescribeState(const TrainPlan& plan, const TrainingState& state,
       absl::Span<const double> shard = fsdp.local_shard(u);
       if (params && !shard.empty()) {
         // Save only reads it (kParameters is refused above).
-        if (absl::Status s = AddFlatRun(
-                layers[u], begin, static_cast<int64_t>(shard.size()),
-                const_cast<double*>(shard.data()), "", dict);
+        if (absl::Status s =
+                AddFlatRun(layers[u], begin, static_cast<int64_t>(shard.size()),
+                           const_cast<double*>(shard.data()), "", dict);
             !s.ok()) {
           return s;
         }
@@ -172,8 +173,8 @@ absl::Status DescribeState(const TrainPlan& plan, const TrainingState& state,
     for (size_t i = 0; i < ps.size(); ++i) {
       if (ps[i]->value.rows() != all[i].rows() ||
           ps[i]->value.cols() != all[i].cols()) {
-        return ShapeError(ps[i]->name, ps[i]->value.rows(),
-                          ps[i]->value.cols(), all[i]);
+        return ShapeError(ps[i]->name, ps[i]->value.rows(), ps[i]->value.cols(),
+                          all[i]);
       }
       if (params) {
         if (absl::Status s = AddWhole(all[i], "", ps[i]->value.data(), dict);
@@ -268,10 +269,10 @@ absl::Status CheckResumable(
         "'; expected ", step));
   }
   if (step >= plan.options.steps) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--steps=", plan.options.steps, " but checkpoint '", path,
-        "' is at step ", step, ": nothing left to train; expected --steps > ",
-        step));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--steps=", plan.options.steps, " but checkpoint '", path,
+                     "' is at step ", step,
+                     ": nothing left to train; expected --steps > ", step));
   }
   return absl::OkStatus();
 }

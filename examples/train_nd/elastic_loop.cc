@@ -180,8 +180,8 @@ class ElasticCheckpoints {
         vemesh::checkpoint::LatestStep(dir);
     // Every rank of the replica reads the directory alike; one verdict.
     int64_t found = latest.ok() && latest->has_value() ? 1 : 0;
-    absl::Status agreed = replica_world_->all_reduce(
-        absl::MakeSpan(&found, 1), vemesh::ReduceOp::kMin);
+    absl::Status agreed = replica_world_->all_reduce(absl::MakeSpan(&found, 1),
+                                                     vemesh::ReduceOp::kMin);
     if (!agreed.ok()) return agreed;
     if (!latest.ok()) return latest.status();
     if (found == 0) return 0;
@@ -194,8 +194,8 @@ class ElasticCheckpoints {
     absl::StatusOr<vemesh::checkpoint::LoadResult> loaded =
         vemesh::checkpoint::Load(dict, dir, *replica_world_);
     if (!loaded.ok()) return loaded.status();
-    if (absl::Status s = CheckResumable(plan, loaded->path, loaded->step,
-                                        loaded->metadata);
+    if (absl::Status s =
+            CheckResumable(plan, loaded->path, loaded->step, loaded->metadata);
         !s.ok()) {
       return s;
     }
@@ -357,8 +357,7 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
       losses[step] = *loss;
       ++step;
       // A failed save leaves the previous checkpoint; training goes on.
-      if (absl::Status s =
-              checkpoints.MaybeSave(*plan, **stage, step, leader);
+      if (absl::Status s = checkpoints.MaybeSave(*plan, **stage, step, leader);
           !s.ok() && leader) {
         std::printf("checkpoint: step %lld not saved: %s\n",
                     static_cast<long long>(step), s.ToString().c_str());

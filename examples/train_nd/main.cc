@@ -213,8 +213,8 @@ absl::StatusOr<TrainResult> Train(const TrainPlan& plan, bool print,
                           absl::StrCat("--resume=", plan.options.resume, ": ",
                                        loaded.status().message()));
     }
-    if (absl::Status s = CheckResumable(plan, loaded->path, loaded->step,
-                                        loaded->metadata);
+    if (absl::Status s =
+            CheckResumable(plan, loaded->path, loaded->step, loaded->metadata);
         !s.ok()) {
       return s;
     }
@@ -309,7 +309,8 @@ absl::StatusOr<TrainResult> Train(const TrainPlan& plan, bool print,
     if (zero) zero->shard_optimizer().set_step_count(t);
     if (fsdp) {
       for (size_t u = 0; u < fsdp->num_units(); ++u) {
-        if (fsdp->optimizer(u) != nullptr) fsdp->optimizer(u)->set_step_count(t);
+        if (fsdp->optimizer(u) != nullptr)
+          fsdp->optimizer(u)->set_step_count(t);
       }
     }
     expert_opt->set_step_count(t);
@@ -427,34 +428,33 @@ absl::StatusOr<TrainResult> Train(const TrainPlan& plan, bool print,
         return s;
       }
       SetStateMetadata(plan, done, &dict);
-      absl::Status s = saver != nullptr
-                           ? saver->Start(dict, done,
-                                          plan.options.checkpoint_dir,
-                                          save_options)
-                           : vemesh::checkpoint::Save(
-                                 dict, done, plan.options.checkpoint_dir,
-                                 *world, save_options);
+      absl::Status s =
+          saver != nullptr
+              ? saver->Start(dict, done, plan.options.checkpoint_dir,
+                             save_options)
+              : vemesh::checkpoint::Save(dict, done,
+                                         plan.options.checkpoint_dir, *world,
+                                         save_options);
       if (!s.ok()) {
         return absl::Status(
-            s.code(), absl::StrCat("checkpoint at step ", done, " into ",
-                                   plan.options.checkpoint_dir, ": ",
-                                   s.message()));
+            s.code(),
+            absl::StrCat("checkpoint at step ", done, " into ",
+                         plan.options.checkpoint_dir, ": ", s.message()));
       }
       if (print) {
-        std::printf("checkpoint: step %d %s in %.2f ms\n", done,
-                    saver != nullptr ? "copied, writing in the background"
-                                     : "saved",
-                    absl::ToDoubleMilliseconds(absl::Now() - save_start));
+        std::printf(
+            "checkpoint: step %d %s in %.2f ms\n", done,
+            saver != nullptr ? "copied, writing in the background" : "saved",
+            absl::ToDoubleMilliseconds(absl::Now() - save_start));
         std::fflush(stdout);
       }
     }
   }
   if (saver != nullptr) {
     if (absl::Status s = saver->Wait(); !s.ok()) {
-      return absl::Status(s.code(),
-                          absl::StrCat("checkpoint into ",
-                                       plan.options.checkpoint_dir, ": ",
-                                       s.message()));
+      return absl::Status(s.code(), absl::StrCat("checkpoint into ",
+                                                 plan.options.checkpoint_dir,
+                                                 ": ", s.message()));
     }
   }
   return result;
@@ -594,11 +594,11 @@ int Run() {
   const bool pass = worst < plan->options.tolerance;
   if (print) {
     const std::string over =
-        first == 0 ? absl::StrCat(plan->options.steps, " steps")
-                   : absl::StrCat("steps ", first + 1, "..",
-                                  plan->options.steps, " (resumed at step ",
-                                  first, "; serial trained all ",
-                                  plan->options.steps, " from the start)");
+        first == 0
+            ? absl::StrCat(plan->options.steps, " steps")
+            : absl::StrCat("steps ", first + 1, "..", plan->options.steps,
+                           " (resumed at step ", first, "; serial trained all ",
+                           plan->options.steps, " from the start)");
     std::printf(
         "%s: loss curve vs serial reference over %s: max relative "
         "difference %.3g (step %d) %s %.0e; training took %.1f ms\n",

@@ -67,8 +67,7 @@ absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
         InRange("experts", o.experts, 0, kMaxExperts),
         InRange("checkpoint_every", o.checkpoint_every, 0, kMaxSteps),
         InRange("checkpoint_keep", o.checkpoint_keep, 1, 1000),
-        Positive("lr", o.lr),
-        Positive("tolerance", o.tolerance)}) {
+        Positive("lr", o.lr), Positive("tolerance", o.tolerance)}) {
     if (!s.ok()) return s;
   }
   // Each flag is bounded, so these products stay far below 2^63.
