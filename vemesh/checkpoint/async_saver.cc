@@ -19,7 +19,10 @@ struct AsyncSaver::Impl {
   std::shared_ptr<Communicator> comm;  // the saver's own
   // The save in flight: its plan, the host copies, the writer and its result.
   std::optional<internal::SavePlan> plan;
-  std::vector<std::vector<char>> copies;
+  // Host copies, kept between saves so that the next Start only copies
+  // (no allocation or page faults): about this rank's shard size.
+  std::vector<std::unique_ptr<char[]>> copies;
+  std::vector<uint64_t> capacity;
   std::thread writer;
   absl::StatusOr<internal::ShardResult> result =
       absl::UnknownError("not written");
@@ -60,15 +63,17 @@ absl::Status AsyncSaver::Start(const StateDict& state, int64_t step,
       internal::PlanSave(state, step, dir, *impl_->comm, options));
   // The stall: this rank's share, copied to host memory.
   std::vector<const void*> sources = internal::PlannedData(plan, state);
-  impl_->copies.clear();
   impl_->copies.resize(sources.size());
+  impl_->capacity.resize(sources.size(), 0);
   std::vector<const void*> data(sources.size());
   for (size_t i = 0; i < sources.size(); ++i) {
-    impl_->copies[i].resize(plan.mine[i].bytes);
-    if (plan.mine[i].bytes > 0) {
-      std::memcpy(impl_->copies[i].data(), sources[i], plan.mine[i].bytes);
+    const uint64_t bytes = plan.mine[i].bytes;
+    if (impl_->capacity[i] < bytes) {
+      impl_->copies[i].reset(new char[bytes]);
+      impl_->capacity[i] = bytes;
     }
-    data[i] = impl_->copies[i].data();
+    if (bytes > 0) std::memcpy(impl_->copies[i].get(), sources[i], bytes);
+    data[i] = impl_->copies[i].get();
   }
   impl_->plan = std::move(plan);
   impl_->result = absl::UnknownError("not written");
@@ -85,8 +90,6 @@ absl::Status AsyncSaver::Wait() {
   absl::Status s =
       internal::CommitSave(*impl_->plan, impl_->result, *impl_->comm);
   impl_->plan.reset();
-  impl_->copies.clear();
-  impl_->copies.shrink_to_fit();
   return s;
 }
 

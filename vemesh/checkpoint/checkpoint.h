@@ -30,6 +30,9 @@
 // Collective: every rank of `world` calls Save (same step, same dir) or
 // Load; a failure on any rank is returned, the same status, on every rank.
 // The time is bounded by the disk and by `world`'s timeout (set_timeout).
+// `world` carries small host buffers (piece lists, statuses): an MPI or Gloo
+// communicator, not NCCL's. `dir` is one directory every rank sees (one
+// host, or a shared file system); piece data is host memory.
 
 #ifndef VEMESH_CHECKPOINT_CHECKPOINT_H_
 #define VEMESH_CHECKPOINT_CHECKPOINT_H_

@@ -259,10 +259,11 @@ absl::StatusOr<ShardResult> WriteShard(const SavePlan& plan,
     m.length = p.bytes;
     const char* bytes = static_cast<const char*>(data[i]);
     for (uint64_t c = 0; c < p.bytes; c += kDefaultChunkBytes) {
-      const uint64_t n = std::min(kDefaultChunkBytes, p.bytes - c);
-      m.crc32c.push_back(Crc32c(bytes + c, n));
-      VEMESH_RETURN_IF_ERROR(f.WriteAll(bytes + c, n));
+      m.crc32c.push_back(
+          Crc32c(bytes + c, std::min(kDefaultChunkBytes, p.bytes - c)));
     }
+    // One large write per piece: the kernel sees dd's sequential pattern.
+    VEMESH_RETURN_IF_ERROR(f.WriteAll(bytes, p.bytes));
     offset += p.bytes;
     out.pieces.emplace_back(p.name, std::move(m));
   }
