@@ -51,6 +51,12 @@
 #include "vemesh/comm/nccl/nccl_options.h"
 #include "vemesh/comm/work.h"
 
+#include "vemesh/checkpoint/async_saver.h"
+#include "vemesh/checkpoint/box.h"
+#include "vemesh/checkpoint/checkpoint.h"
+#include "vemesh/checkpoint/dtype.h"
+#include "vemesh/checkpoint/state_dict.h"
+
 #include "vemesh/bootstrap/agreement.h"
 #include "vemesh/bootstrap/bootstrap.h"
 #include "vemesh/bootstrap/bootstrap_over.h"

@@ -15,9 +15,12 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "checkpoint_state.h"
 #include "parallel_mlp_stage.h"
 #include "synthetic_data.h"
 #include "train_step.h"
+#include "vemesh/checkpoint/checkpoint.h"
+#include "vemesh/comm/mpi/mpi_communicator.h"
 #include "vemesh/registry/ve_device_mesh.h"
 #include "vemesh/strategies/data_parallel.h"
 #include "vemesh/strategies/pipeline_runner.h"
@@ -145,6 +148,102 @@ int Fail(int replica, int rank, absl::string_view what,
   return 1;
 }
 
+// Checkpoints of an elastic job. Every replica holds the whole model over
+// its own ranks, so the replica at DP rank 0 saves alone, over its launch
+// (MPI's world: the replica's ranks), after every checkpoint_every-th
+// committed step, blocking. A fresh job (its members started together at
+// step 0: the first start, or a restart after every replica was lost) whose
+// --checkpoint_dir holds a checkpoint loads it on every replica instead of
+// starting from the initial weights, and resumes at its step.
+class ElasticCheckpoints {
+ public:
+  absl::Status Init(const TrainPlan& plan) {
+    if (plan.options.checkpoint_dir.empty()) return absl::OkStatus();
+    absl::StatusOr<std::shared_ptr<vemesh::MpiCommunicator>> w =
+        vemesh::MpiCommunicator::World();
+    if (!w.ok()) {
+      return absl::Status(
+          w.status().code(),
+          absl::StrCat("--checkpoint_dir with --elastic needs each replica "
+                       "launched by mpirun: ",
+                       w.status().message()));
+    }
+    replica_world_ = *std::move(w);
+    return absl::OkStatus();
+  }
+  // The step to start at: 0, or the loaded checkpoint's.
+  absl::StatusOr<int64_t> MaybeLoad(const TrainPlan& plan,
+                                    ParallelMlpStage& stage, bool print) {
+    if (replica_world_ == nullptr) return 0;
+    const std::string& dir = plan.options.checkpoint_dir;
+    absl::StatusOr<std::optional<int64_t>> latest =
+        vemesh::checkpoint::LatestStep(dir);
+    // Every rank of the replica reads the directory alike; one verdict.
+    int64_t found = latest.ok() && latest->has_value() ? 1 : 0;
+    absl::Status agreed = replica_world_->all_reduce(absl::MakeSpan(&found, 1),
+                                                     vemesh::ReduceOp::kMin);
+    if (!agreed.ok()) return agreed;
+    if (!latest.ok()) return latest.status();
+    if (found == 0) return 0;
+    vemesh::checkpoint::StateDict dict;
+    if (absl::Status s = DescribeState(plan, {.stage = &stage},
+                                       StateParts::kParameters, &dict);
+        !s.ok()) {
+      return s;
+    }
+    absl::StatusOr<vemesh::checkpoint::LoadResult> loaded =
+        vemesh::checkpoint::Load(dict, dir, *replica_world_);
+    if (!loaded.ok()) return loaded.status();
+    if (absl::Status s =
+            CheckResumable(plan, loaded->path, loaded->step, loaded->metadata);
+        !s.ok()) {
+      return s;
+    }
+    if (print) {
+      std::printf("train_nd: resumed at step %lld from %s\n",
+                  static_cast<long long>(loaded->step), loaded->path.c_str());
+      std::fflush(stdout);
+    }
+    return loaded->step;
+  }
+  // After committed step `step` (1-based count of steps done).
+  absl::Status MaybeSave(const TrainPlan& plan, ParallelMlpStage& stage,
+                         int64_t step, bool print) {
+    const int every = plan.options.checkpoint_every;
+    if (replica_world_ == nullptr || every == 0 || step % every != 0) {
+      return absl::OkStatus();
+    }
+    absl::StatusOr<int64_t> dp_rank =
+        VESCALE_DEVICE_MESH.get_data_parallel_rank();
+    if (!dp_rank.ok()) return dp_rank.status();
+    if (*dp_rank != 0) return absl::OkStatus();
+    const absl::Time start = absl::Now();
+    vemesh::checkpoint::StateDict dict;
+    if (absl::Status s =
+            DescribeState(plan, {.stage = &stage}, StateParts::kAll, &dict);
+        !s.ok()) {
+      return s;
+    }
+    SetStateMetadata(plan, step, &dict);
+    if (absl::Status s = vemesh::checkpoint::Save(
+            dict, step, plan.options.checkpoint_dir, *replica_world_,
+            {.keep_last = plan.options.checkpoint_keep});
+        !s.ok()) {
+      return s;
+    }
+    if (print) {
+      std::printf("checkpoint: step %lld saved in %.2f ms\n",
+                  static_cast<long long>(step),
+                  absl::ToDoubleMilliseconds(absl::Now() - start));
+      std::fflush(stdout);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  std::shared_ptr<vemesh::Communicator> replica_world_;
+};
+
 }  // namespace
 
 int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
@@ -186,10 +285,23 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
   DataParallel dp(
       {.bucket_elements = static_cast<size_t>(plan0.options.bucket_elements),
        .overlap = false});
+  // Its communicator (the replica's launch) counts in the baseline below.
+  ElasticCheckpoints checkpoints;
+  if (absl::Status s = checkpoints.Init(*plan); !s.ok()) {
+    return Fail(replica, launch_rank, "checkpoint", s);
+  }
   const int64_t communicators_at_start = vemesh::LiveCommunicatorCount();
 
   std::map<int64_t, double> losses;
   int64_t step = rec.resume_step;
+  if (step == 0 && !rec.receives_state) {
+    absl::StatusOr<int64_t> loaded =
+        checkpoints.MaybeLoad(*plan, **stage, leader);
+    if (!loaded.ok()) {
+      return Fail(replica, launch_rank, "checkpoint", loaded.status());
+    }
+    step = *loaded;
+  }
   // A fresh job makes its replicas equal (they were initialised
   // differently); a joiner receives the state. Done as the first thing of
   // the next round, so that a failure while sending is a failed step.
@@ -244,6 +356,12 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
     } else if (verdict->committed) {
       losses[step] = *loss;
       ++step;
+      // A failed save leaves the previous checkpoint; training goes on.
+      if (absl::Status s = checkpoints.MaybeSave(*plan, **stage, step, leader);
+          !s.ok() && leader) {
+        std::printf("checkpoint: step %lld not saved: %s\n",
+                    static_cast<long long>(step), s.ToString().c_str());
+      }
       if (leader) {
         std::printf("step %lld/%d loss %.12f time %.2f ms DP=%d at %lld ms\n",
                     static_cast<long long>(step), plan0.options.steps, *loss,

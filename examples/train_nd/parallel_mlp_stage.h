@@ -80,6 +80,9 @@ class ParallelMlpStage : public vemesh::strategies::PipelineStageModel {
   }
   int first_layer() const { return range_.begin; }
   int end_layer() const { return range_.end; }
+  // This rank's TP slice: layer weights are cut into tp_size() equal blocks.
+  int tp_rank() const { return tp_rank_; }
+  int tp_size() const { return tp_size_; }
 
   // PipelineStageModel.
   int64_t InputRows(int mb) const override;

@@ -22,6 +22,35 @@ absl::Status Positive(absl::string_view flag, double value) {
       absl::StrCat("--", flag, "=", value, ": expected a finite number > 0"));
 }
 
+// The checkpoint flags go together: a directory needs a period and the
+// period a directory; an elastic job resumes from its --checkpoint_dir.
+absl::Status CheckCheckpointFlags(const TrainOptions& o) {
+  if (!o.checkpoint_dir.empty() && o.checkpoint_every == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--checkpoint_dir=", o.checkpoint_dir,
+        " without --checkpoint_every: expected --checkpoint_every K >= 1 "
+        "(save after every K steps)"));
+  }
+  if (o.checkpoint_dir.empty() && o.checkpoint_every > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--checkpoint_every=", o.checkpoint_every,
+                     " without --checkpoint_dir: expected a directory to save "
+                     "into"));
+  }
+  if (o.checkpoint_dir.empty() && !o.checkpoint_async) {
+    return absl::InvalidArgumentError(
+        "--checkpoint_async=false without --checkpoint_dir: there is no save "
+        "to make blocking");
+  }
+  if (!o.resume.empty() && !o.elastic.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--resume=", o.resume,
+        " with --elastic: an elastic job resumes from its --checkpoint_dir "
+        "when no replica holds the state; expected --checkpoint_dir instead"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
@@ -35,8 +64,10 @@ absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
         InRange("micro_batches", o.micro_batches, 1, kMaxMicroBatches),
         InRange("steps", o.steps, 1, kMaxSteps),
         InRange("bucket_elements", o.bucket_elements, 1, kMaxBucketElements),
-        InRange("experts", o.experts, 0, kMaxExperts), Positive("lr", o.lr),
-        Positive("tolerance", o.tolerance)}) {
+        InRange("experts", o.experts, 0, kMaxExperts),
+        InRange("checkpoint_every", o.checkpoint_every, 0, kMaxSteps),
+        InRange("checkpoint_keep", o.checkpoint_keep, 1, 1000),
+        Positive("lr", o.lr), Positive("tolerance", o.tolerance)}) {
     if (!s.ok()) return s;
   }
   // Each flag is bounded, so these products stay far below 2^63.
@@ -65,6 +96,7 @@ absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
         o.batch, " rows x ", features, " features = ", o.batch * features,
         " values; expected at most ", kMaxActivationElements));
   }
+  if (absl::Status s = CheckCheckpointFlags(o); !s.ok()) return s;
   TrainPlan plan;
   plan.options = o;
 

@@ -78,6 +78,17 @@ struct TrainOptions {
   // static job. The launch then holds one replica, and DP in `mesh` is the
   // number of replicas that start the job.
   std::string elastic;
+  // Checkpoints (vemesh/checkpoint, examples/train_nd/checkpoint_state.h):
+  // save into `checkpoint_dir` after every `checkpoint_every` steps (0:
+  // never), in the background unless `checkpoint_async` is false, keeping
+  // the last `checkpoint_keep`. `resume`: continue from the latest
+  // checkpoint there, on any mesh. Elastic: `checkpoint_dir` is also where
+  // a job that lost every replica's state resumes from; its saves block.
+  std::string checkpoint_dir;
+  int checkpoint_every = 0;
+  bool checkpoint_async = true;
+  int checkpoint_keep = 2;
+  std::string resume;
 };
 
 struct TrainPlan {

@@ -118,6 +118,25 @@ expect_dead() {  # expect_dead OUT K
 expect_line() { grep -qE "$2" "$work/$1.out" || fail "$1: no line /$2/"; }
 
 case $scenario in
+  checkpoint_restart)
+    # Issue 27: every replica SIGKILLed after a checkpoint (the state lives
+    # nowhere but --checkpoint_dir); the job launched again, as a new job
+    # record, resumes at the checkpoint's step and ends PASS against the
+    # serial curve of all steps.
+    ck=(--checkpoint_dir "$work/ckpt" --checkpoint_every 5); pace=150
+    launch 0 r0 "${ck[@]}"; launch 1 r1 "${ck[@]}"; launch 2 r2 "${ck[@]}"
+    wait_for r0 "^checkpoint: step 10 saved" 90
+    for k in 0 1 2; do
+      end_pid_tree "${launcher[$k]}"; wait "${launcher[$k]}" 2>/dev/null
+    done
+    for k in 0 1 2; do
+      launch "$k" "r$k.b" "${ck[@]}" --job "${scenario}.restarted"
+    done
+    finish 0; finish 1; finish 2
+    expect_pass r0.b 3 0; expect_pass r1.b 3 1; expect_pass r2.b 3 2
+    for k in 0 1 2; do
+      expect_line "r$k.b" "^train_nd: resumed at step (1[05]|2[05]) from $work/ckpt/"
+    done ;;
   dp_kill|tp_kill|pp_dp_kill)
     where=dp; [[ $scenario == tp_kill ]] && where=tp:1
     [[ $scenario == pp_dp_kill ]] && mesh=PP=2,DP=3,TP=1

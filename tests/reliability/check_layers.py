@@ -6,8 +6,8 @@
 Reads every #include "vemesh/..." in the .h and .cc files under vemesh/ and
 fails (exit 1), naming file and line, when
   - a floor includes a floor above it in the order
-      base < layout < placement < rendezvous < comm < bootstrap < mesh
-           < elastic < registry < strategies
+      base < layout < placement < rendezvous < comm < checkpoint
+           < bootstrap < mesh < elastic < registry < strategies
     (a floor may include itself and any floor below);
   - a public header includes an internal/ header (internal/ is not
     installed, so the public header would not compile once installed);
@@ -19,8 +19,8 @@ import pathlib
 import re
 import sys
 
-FLOORS = ["base", "layout", "placement", "rendezvous", "comm", "bootstrap",
-          "mesh", "elastic", "registry", "strategies"]
+FLOORS = ["base", "layout", "placement", "rendezvous", "comm", "checkpoint",
+          "bootstrap", "mesh", "elastic", "registry", "strategies"]
 UMBRELLA = "vemesh.h"
 INCLUDE = re.compile(r'^\s*#\s*include\s+"vemesh/([^"]+)"')
 

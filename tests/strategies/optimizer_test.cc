@@ -2,6 +2,7 @@
 // optimizer.h), option validation, and the Parameter-list optimizer.
 #include "vemesh/strategies/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -210,6 +211,41 @@ TEST(Optimizer, RejectsNullRepeatedAndResizedParameters) {
   absl::Status s = opt->Step();
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
   EXPECT_THAT(s.message(), HasSubstr("'w' has 9 values"));
+}
+
+// A checkpoint restores mutable_state() and the step count: the restored
+// optimizer's next step is the uninterrupted one's, bit for bit.
+TEST(Optimizer, StateAndStepCountRestoreExactly) {
+  for (const OptimizerOptions& o :
+       {OptimizerOptions::AdamW(0.01), OptimizerOptions::Sgd(0.1, 0.9)}) {
+    auto a = MakeFlatOptimizer(o, 3);
+    auto b = MakeFlatOptimizer(o, 3);
+    ASSERT_TRUE(a.ok() && b.ok());
+    std::vector<double> va = {1.0, -2.0, 0.5};
+    for (int t = 0; t < 3; ++t) {
+      const std::vector<double> g = {0.1 * t, -0.3, 0.7 / (t + 1)};
+      ASSERT_TRUE((*a)->Step(absl::MakeSpan(va), absl::MakeConstSpan(g)).ok());
+    }
+    auto from = (*a)->mutable_state();
+    auto into = (*b)->mutable_state();
+    ASSERT_EQ(from.size(), o.kind == OptimizerKind::kAdamW ? 2u : 1u);
+    ASSERT_EQ(into.size(), from.size());
+    for (size_t i = 0; i < from.size(); ++i) {
+      EXPECT_EQ(from[i].first, into[i].first);
+      std::copy(from[i].second.begin(), from[i].second.end(),
+                into[i].second.begin());
+    }
+    (*b)->set_step_count((*a)->step_count());
+    std::vector<double> vb = va;
+    const std::vector<double> g = {0.2, 0.4, -0.1};
+    ASSERT_TRUE((*a)->Step(absl::MakeSpan(va), absl::MakeConstSpan(g)).ok());
+    ASSERT_TRUE((*b)->Step(absl::MakeSpan(vb), absl::MakeConstSpan(g)).ok());
+    EXPECT_EQ(va, vb);
+    EXPECT_EQ((*b)->step_count(), 4);
+  }
+  auto plain = MakeFlatOptimizer(OptimizerOptions::Sgd(0.1), 3);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE((*plain)->mutable_state().empty());
 }
 
 }  // namespace

@@ -245,5 +245,37 @@ TEST(MlpShapeTest, StagesTakeContiguousLayers) {
   EXPECT_EQ(s.stage_layers(3, 4).end, 5);
 }
 
+TEST(TrainOptionsTest, CheckpointFlagsGoTogether) {
+  TrainOptions o;
+  o.checkpoint_dir = "/tmp/ck";
+  EXPECT_NE(ErrorOf(o, 8).find("--checkpoint_dir=/tmp/ck without "
+                               "--checkpoint_every"),
+            std::string::npos);
+  o = {};
+  o.checkpoint_every = 2;
+  EXPECT_NE(ErrorOf(o, 8).find("--checkpoint_every=2 without --checkpoint_dir"),
+            std::string::npos);
+  o = {};
+  o.checkpoint_async = false;
+  EXPECT_NE(ErrorOf(o, 8).find("--checkpoint_async=false without"),
+            std::string::npos);
+  o = {};
+  o.checkpoint_dir = "/tmp/ck";
+  o.checkpoint_every = -1;
+  EXPECT_NE(ErrorOf(o, 8).find("--checkpoint_every=-1"), std::string::npos);
+  o = {};
+  o.mesh = "PP=1,DP=2,TP=2";
+  o.elastic = "redis://127.0.0.1:6379";
+  o.resume = "/tmp/ck";
+  EXPECT_NE(ErrorOf(o, 2).find("--resume=/tmp/ck with --elastic"),
+            std::string::npos);
+  o = {};
+  o.checkpoint_dir = "/tmp/ck";
+  o.checkpoint_every = 3;
+  o.checkpoint_async = false;
+  o.resume = "/tmp/ck";  // resume and keep saving into the same directory
+  EXPECT_TRUE(PlanTraining(o, 8).ok());
+}
+
 }  // namespace
 }  // namespace train_nd

@@ -128,6 +128,9 @@ class DistributedOptimizer {
   size_t elements() const { return elements_; }
   size_t shard_size() const { return shard_; }
   int64_t step_count() const { return shard_optimizer_->step_count(); }
+  // The optimizer of this rank's values [dp_rank * shard_size, + shard_size)
+  // of the concatenated parameters (its state, for checkpoints).
+  FlatOptimizer& shard_optimizer() { return *shard_optimizer_; }
   const DistributedOptimizerOptions& options() const { return options_; }
 
  private:

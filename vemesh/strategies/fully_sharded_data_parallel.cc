@@ -747,6 +747,11 @@ absl::Status FullyShardedDataParallel::SetOptimizer(
   return absl::OkStatus();
 }
 
+FlatOptimizer* FullyShardedDataParallel::optimizer(size_t u) {
+  if (u >= state_->optimizers.size()) return nullptr;
+  return state_->optimizers[u].get();
+}
+
 absl::Status FullyShardedDataParallel::OptimizerStep() {
   if (state_->optimizers.empty()) {
     return absl::FailedPreconditionError(

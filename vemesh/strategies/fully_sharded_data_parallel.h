@@ -202,6 +202,9 @@ class FullyShardedDataParallel {
   absl::Status SetOptimizer(const OptimizerOptions& options);
   // Step with the installed optimizer; FailedPrecondition without one.
   absl::Status OptimizerStep();
+  // Unit `u`'s installed optimizer, over local_shard(u) (its state, for
+  // checkpoints); null before SetOptimizer.
+  FlatOptimizer* optimizer(size_t u);
   // Zeroes the gradient shards (they accumulate over backward passes).
   void ZeroGrad();
 

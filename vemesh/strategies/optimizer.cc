@@ -19,6 +19,11 @@ class SgdOptimizer final : public FlatOptimizer {
   size_t state_bytes() const override {
     return momentum_buffer_.size() * sizeof(double);
   }
+  std::vector<std::pair<std::string, absl::Span<double>>> mutable_state()
+      override {
+    if (momentum_buffer_.empty()) return {};
+    return {{"momentum_buffer", absl::MakeSpan(momentum_buffer_)}};
+  }
 
  private:
   void Update(int64_t t, absl::Span<double> value,
@@ -47,6 +52,11 @@ class AdamWOptimizer final : public FlatOptimizer {
       : FlatOptimizer(options, size), exp_avg_(size), exp_avg_sq_(size) {}
   size_t state_bytes() const override {
     return (exp_avg_.size() + exp_avg_sq_.size()) * sizeof(double);
+  }
+  std::vector<std::pair<std::string, absl::Span<double>>> mutable_state()
+      override {
+    return {{"exp_avg", absl::MakeSpan(exp_avg_)},
+            {"exp_avg_sq", absl::MakeSpan(exp_avg_sq_)}};
   }
 
  private:
@@ -205,6 +215,11 @@ absl::Status Optimizer::Step() {
   }
   ++step_;
   return absl::OkStatus();
+}
+
+void Optimizer::set_step_count(int64_t count) {
+  step_ = count;
+  for (std::unique_ptr<FlatOptimizer>& f : flat_) f->set_step_count(count);
 }
 
 void Optimizer::ZeroGrad() {

@@ -44,6 +44,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -128,6 +129,14 @@ class FlatOptimizer {
   int64_t step_count() const { return step_; }
   // Bytes of optimizer state this object holds for its run.
   virtual size_t state_bytes() const = 0;
+  // The state buffers, each of size() values, by PyTorch's state names
+  // ("momentum_buffer"; "exp_avg", "exp_avg_sq"): what a checkpoint saves
+  // and restores in place. Empty for SGD without momentum.
+  virtual std::vector<std::pair<std::string, absl::Span<double>>>
+  mutable_state() = 0;
+  // Restores step_count() from a checkpoint (AdamW's bias correction uses
+  // it); the next Step is step `count` + 1.
+  void set_step_count(int64_t count) { step_ = count; }
   const OptimizerOptions& options() const { return options_; }
 
  protected:
@@ -164,6 +173,9 @@ class Optimizer {
   int64_t step_count() const { return step_; }
   const OptimizerOptions& options() const { return options_; }
   const std::vector<Parameter*>& params() const { return params_; }
+  // Parameter i's optimizer (its state, for checkpoints).
+  FlatOptimizer& flat(size_t i) { return *flat_[i]; }
+  void set_step_count(int64_t count);
 
  private:
   Optimizer() = default;

@@ -1,0 +1,445 @@
+// Save on one decomposition, load on another, at 1, 2 and 4 ranks (MPI):
+// row shards to column shards, replicas to shards, flat (FSDP) ranges to
+// whole tensors, a world of 4 to sub-worlds of 2 and 1; replicas written
+// once and spread; every bad input named on every rank; AsyncSaver.
+
+#include <fcntl.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "vemesh/checkpoint/async_saver.h"
+#include "vemesh/checkpoint/checkpoint.h"
+#include "vemesh/checkpoint/manifest.h"
+#include "vemesh/checkpoint/safetensors.h"
+#include "vemesh/comm/mpi/mpi_communicator.h"
+
+namespace vemesh::checkpoint {
+namespace {
+
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+std::shared_ptr<Communicator> World() {
+  auto world = MpiCommunicator::World();
+  EXPECT_TRUE(world.ok()) << world.status();
+  return *world;
+}
+
+// A fresh directory every rank names the same (rank 0 makes it).
+std::string SharedTempDir(Communicator& comm) {
+  char path[256] = {};
+  if (comm.rank() == 0) {
+    std::strcpy(path, "/tmp/vemesh_ckpt_test_XXXXXX");
+    EXPECT_NE(::mkdtemp(path), nullptr);
+  }
+  EXPECT_TRUE(comm.broadcast(path, sizeof(path), DataType::kUInt8, 0).ok());
+  return path;
+}
+
+void RemoveShared(Communicator& comm, const std::string& dir) {
+  EXPECT_TRUE(comm.barrier().ok());
+  if (comm.rank() == 0) {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+}
+
+// Element value: a tensor's seed plus its flat global index (exact in F32
+// for these sizes).
+std::vector<float> Fill(const std::vector<int64_t>& shape, const Box& box,
+                        float seed) {
+  std::vector<float> out(BoxNumel(box));
+  size_t k = 0;
+  const size_t nd = shape.size();
+  std::vector<int64_t> idx(box.offsets);
+  for (k = 0; k < out.size(); ++k) {
+    int64_t flat = 0;
+    for (size_t d = 0; d < nd; ++d) flat = flat * shape[d] + idx[d];
+    out[k] = seed + static_cast<float>(flat);
+    for (size_t d = nd; d-- > 0;) {
+      if (++idx[d] < box.offsets[d] + box.lengths[d]) break;
+      idx[d] = box.offsets[d];
+    }
+  }
+  return out;
+}
+
+Box Rows(int64_t rows, int64_t cols, int part, int parts) {
+  return Box{{rows / parts * part, 0}, {rows / parts, cols}};
+}
+Box Cols(int64_t rows, int64_t cols, int part, int parts) {
+  return Box{{0, cols / parts * part}, {rows, cols / parts}};
+}
+
+constexpr int64_t kR = 16, kC = 12;
+
+// Saves w [16, 12] in row shards, b [12] replicated, at `step`.
+absl::Status SaveRowSharded(Communicator& world, const std::string& dir,
+                            int64_t step, float seed = 0) {
+  const int n = world.size(), r = world.rank();
+  Box rows = Rows(kR, kC, r, n);
+  std::vector<float> w = Fill({kR, kC}, rows, seed);
+  std::vector<float> b = Fill({kC}, Box{{0}, {kC}}, seed + 1000);
+  StateDict state;
+  EXPECT_TRUE(state.Add("w", DType::kF32, {kR, kC}, rows, w.data()).ok());
+  EXPECT_TRUE(state.AddFull("b", DType::kF32, {kC}, b.data()).ok());
+  state.SetMetadata("data_position", absl::StrCat(step * 10));
+  return Save(state, step, dir, world);
+}
+
+TEST(Checkpoint, RowShardsLoadAsColumnShardsAndWhole) {
+  auto world = World();
+  const int n = world->size(), r = world->rank();
+  const std::string dir = SharedTempDir(*world);
+  ASSERT_TRUE(SaveRowSharded(*world, dir, 5).ok());
+  auto latest = LatestStep(dir);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(**latest, 5);
+
+  Box cols = Cols(kR, kC, r, n);
+  std::vector<float> w(BoxNumel(cols), -1), b(kC, -1);
+  StateDict want;
+  ASSERT_TRUE(want.Add("w", DType::kF32, {kR, kC}, cols, w.data()).ok());
+  ASSERT_TRUE(want.AddFull("b", DType::kF32, {kC}, b.data()).ok());
+  auto loaded = Load(want, dir, *world);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->step, 5);
+  EXPECT_EQ(loaded->metadata.at("data_position"), "50");
+  EXPECT_EQ(w, Fill({kR, kC}, cols, 0));
+  EXPECT_EQ(b, Fill({kC}, Box{{0}, {kC}}, 1000));
+
+  // Whole, on every rank; and an odd box.
+  std::vector<float> all(kR * kC, -1), odd(3 * 5, -1);
+  StateDict whole;
+  ASSERT_TRUE(whole.AddFull("w", DType::kF32, {kR, kC}, all.data()).ok());
+  ASSERT_TRUE(whole.Add("b", DType::kF32, {kC}, Box{{7}, {0}}, nullptr).ok());
+  ASSERT_TRUE(Load(whole, dir, *world).ok());
+  EXPECT_EQ(all, Fill({kR, kC}, Box{{0, 0}, {kR, kC}}, 0));
+  StateDict odd_box;
+  Box o{{3, 2}, {3, 5}};
+  ASSERT_TRUE(odd_box.Add("w", DType::kF32, {kR, kC}, o, odd.data()).ok());
+  ASSERT_TRUE(Load(odd_box, dir, *world).ok());
+  EXPECT_EQ(odd, Fill({kR, kC}, o, 0));
+  RemoveShared(*world, dir);
+}
+
+TEST(Checkpoint, ReplicatedTensorsAreWrittenOnceSpreadOverRanks) {
+  auto world = World();
+  const int n = world->size();
+  const std::string dir = SharedTempDir(*world);
+  // 8 replicated tensors of 16 KiB on every rank.
+  constexpr int kTensors = 8;
+  std::vector<std::vector<float>> data;
+  StateDict state;
+  for (int t = 0; t < kTensors; ++t) {
+    data.push_back(Fill({64, 64}, Box{{0, 0}, {64, 64}}, t * 10000.f));
+  }
+  for (int t = 0; t < kTensors; ++t) {
+    ASSERT_TRUE(state
+                    .AddFull(absl::StrCat("p", t), DType::kF32, {64, 64},
+                             data[t].data())
+                    .ok());
+  }
+  ASSERT_TRUE(Save(state, 1, dir, *world).ok());
+  // Each tensor once in the manifest; the files' data equal in size.
+  std::ifstream in(dir + "/step-1/manifest.json");
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  auto m = ParseManifest(text);
+  ASSERT_TRUE(m.ok()) << m.status();
+  uint64_t total = 0;
+  for (const auto& [name, t] : m->tensors) {
+    EXPECT_EQ(t.pieces.size(), 1u) << name;
+  }
+  for (const auto& [file, size] : m->files) {
+    auto h = ReadSafetensorsHeader(dir + "/step-1/" + file);
+    ASSERT_TRUE(h.ok()) << h.status();
+    const uint64_t data_bytes = size - h->data_start;
+    EXPECT_EQ(data_bytes, 64 * 64 * 4 * (kTensors / n)) << file;
+    total += data_bytes;
+  }
+  EXPECT_EQ(m->files.size(), static_cast<size_t>(n));
+  EXPECT_EQ(total, 64u * 64 * 4 * kTensors);
+  RemoveShared(*world, dir);
+}
+
+TEST(Checkpoint, FlatRangesLoadAsWholeTensors) {
+  auto world = World();
+  const int n = world->size(), r = world->rank();
+  const std::string dir = SharedTempDir(*world);
+  // FSDP: the flat concatenation of a [5, 7] and a [11] tensor, cut in n
+  // equal ranges (with padding at the end), each rank its range.
+  const int64_t total = 5 * 7 + 11, per = (total + n - 1) / n;
+  const int64_t begin = per * r, end = std::min(total, per * (r + 1));
+  std::vector<std::vector<float>> keep;
+  StateDict state;
+  struct Param {
+    const char* name;
+    std::vector<int64_t> shape;
+    int64_t at;
+  };
+  for (const Param& p : {Param{"a", {5, 7}, 0}, Param{"c", {11}, 35}}) {
+    int64_t numel = 1;
+    for (int64_t s : p.shape) numel *= s;
+    for (const Box& box : FlatRangeToBoxes(p.shape, begin - p.at, end - p.at)) {
+      keep.push_back(Fill(p.shape, box, 3));
+      ASSERT_TRUE(
+          state.Add(p.name, DType::kF32, p.shape, box, keep.back().data())
+              .ok());
+    }
+  }
+  ASSERT_TRUE(Save(state, 2, dir, *world).ok());
+  std::vector<float> a(35), c(11);
+  StateDict whole;
+  ASSERT_TRUE(whole.AddFull("a", DType::kF32, {5, 7}, a.data()).ok());
+  ASSERT_TRUE(whole.AddFull("c", DType::kF32, {11}, c.data()).ok());
+  auto loaded = Load(whole, dir, *world);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(a, Fill({5, 7}, Box{{0, 0}, {5, 7}}, 3));
+  EXPECT_EQ(c, Fill({11}, Box{{0}, {11}}, 3));
+  RemoveShared(*world, dir);
+}
+
+TEST(Checkpoint, SavedByTheWorldLoadsOnSmallerWorlds) {
+  auto world = World();
+  const int n = world->size(), r = world->rank();
+  const std::string dir = SharedTempDir(*world);
+  ASSERT_TRUE(SaveRowSharded(*world, dir, 9).ok());
+  for (int size : {2, 1}) {
+    if (size > n) continue;
+    auto sub = world->split(r < size ? 0 : -1, r);
+    ASSERT_TRUE(sub.ok()) << sub.status();
+    if (r >= size) continue;
+    ASSERT_NE(*sub, nullptr);
+    Box cols = Cols(kR, kC, r, size);
+    std::vector<float> w(BoxNumel(cols), -1);
+    StateDict want;
+    ASSERT_TRUE(want.Add("w", DType::kF32, {kR, kC}, cols, w.data()).ok());
+    auto loaded = Load(want, dir, **sub);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    EXPECT_EQ(w, Fill({kR, kC}, cols, 0)) << "world of " << size;
+  }
+  RemoveShared(*world, dir);
+}
+
+// Loads w in row shards (rank r reads only shard r's file when saved the
+// same way) and expects an error containing `text` on every rank.
+void ExpectLoadFails(Communicator& world, const std::string& dir,
+                     const std::string& text, const std::string& name = "w",
+                     std::vector<int64_t> shape = {kR, kC}) {
+  Box rows = Rows(shape[0], shape[1], world.rank(), world.size());
+  std::vector<float> w(BoxNumel(rows));
+  StateDict want;
+  ASSERT_TRUE(want.Add(name, DType::kF32, shape, rows, w.data()).ok());
+  auto loaded = Load(want, dir, world);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_THAT(loaded.status().message(), HasSubstr(text));
+}
+
+TEST(Checkpoint, BadShardsAreNamedOnEveryRank) {
+  auto world = World();
+  const int n = world->size();
+  const std::string dir = SharedTempDir(*world);
+  ASSERT_TRUE(SaveRowSharded(*world, dir, 1).ok());
+  const std::string last = absl::StrCat("shard-", n - 1, ".safetensors");
+  const std::string step = dir + "/step-1/";
+  auto step_barrier = [&] { ASSERT_TRUE(world->barrier().ok()); };
+
+  // Corrupted: one byte of w's data in the last shard.
+  std::ifstream in(step + "manifest.json");
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  auto m = ParseManifest(text);
+  ASSERT_TRUE(m.ok());
+  uint64_t at = 0;
+  for (const auto& p : m->tensors.at("w").pieces) {
+    if (p.file == last) at = p.offset + 5;
+  }
+  ASSERT_GT(at, 0u);
+  if (world->rank() == 0) {
+    int fd = ::open((step + last).c_str(), O_RDWR);
+    char c;
+    ASSERT_EQ(::pread(fd, &c, 1, at), 1);
+    c ^= 0x40;
+    ASSERT_EQ(::pwrite(fd, &c, 1, at), 1);
+    ::close(fd);
+  }
+  step_barrier();
+  ExpectLoadFails(*world, dir, "checksum mismatch in '" + step + last);
+  step_barrier();
+  // Truncated.
+  if (world->rank() == 0) {
+    ASSERT_EQ(::truncate((step + last).c_str(), m->files.at(last) - 3), 0);
+  }
+  step_barrier();
+  ExpectLoadFails(*world, dir, "truncated");
+  step_barrier();
+  // Missing.
+  if (world->rank() == 0) {
+    ASSERT_EQ(::unlink((step + last).c_str()), 0);
+  }
+  step_barrier();
+  ExpectLoadFails(*world, dir, step + last);
+  step_barrier();
+  // Another model: other shape, unknown name.
+  ExpectLoadFails(*world, dir, "another model", "w", {kR, kC + 4});
+  ExpectLoadFails(*world, dir, "'nope' is not in checkpoint", "nope");
+  // No checkpoint at all.
+  ExpectLoadFails(*world, dir + "/absent", "no committed checkpoint");
+  RemoveShared(*world, dir);
+}
+
+TEST(Checkpoint, ASaveThatFailsKeepsThePreviousCheckpoint) {
+  auto world = World();
+  const std::string dir = SharedTempDir(*world);
+  ASSERT_TRUE(SaveRowSharded(*world, dir, 1, 0).ok());
+  // A state that disagrees across ranks (at 1 rank: a bad metadata byte).
+  StateDict bad;
+  std::vector<float> x(4);
+  ASSERT_TRUE(
+      bad.AddFull("x", DType::kF32, {world->rank() == 0 ? 4 : 2}, x.data())
+          .ok());
+  if (world->size() == 1) bad.SetMetadata("k", std::string(1, '\x01'));
+  absl::Status s = Save(bad, 2, dir, *world);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), world->size() == 1 ? HasSubstr("printable ASCII")
+                                              : HasSubstr("tensor 'x' is F32"));
+  auto latest = LatestStep(dir);
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(**latest, 1);
+  std::vector<float> w(kR * kC);
+  StateDict want;
+  ASSERT_TRUE(want.AddFull("w", DType::kF32, {kR, kC}, w.data()).ok());
+  ASSERT_TRUE(Load(want, dir, *world).ok());
+  RemoveShared(*world, dir);
+}
+
+TEST(Checkpoint, KeepLastAndSavingAStepAgain) {
+  auto world = World();
+  const std::string dir = SharedTempDir(*world);
+  for (int step : {1, 2, 3})
+    ASSERT_TRUE(SaveRowSharded(*world, dir, step).ok());
+  EXPECT_FALSE(fs::exists(dir + "/step-1"));
+  EXPECT_TRUE(fs::exists(dir + "/step-2/manifest.json"));
+  // Step 3 again (different values): a new directory, then the newest.
+  ASSERT_TRUE(SaveRowSharded(*world, dir, 3, 500).ok());
+  EXPECT_TRUE(fs::exists(dir + "/step-3.1/manifest.json"));
+  std::vector<float> w(kR * kC);
+  StateDict want;
+  ASSERT_TRUE(want.AddFull("w", DType::kF32, {kR, kC}, w.data()).ok());
+  auto loaded = Load(want, dir, *world);
+  ASSERT_TRUE(loaded.ok());
+  EXPECT_EQ(loaded->path, dir + "/step-3.1");
+  EXPECT_EQ(w, Fill({kR, kC}, Box{{0, 0}, {kR, kC}}, 500));
+  // An explicit step: its newest directory. Step 2 was the third newest
+  // (keep_last 2): removed.
+  auto three = Load(want, dir, *world, 3);
+  ASSERT_TRUE(three.ok()) << three.status();
+  EXPECT_EQ(three->path, dir + "/step-3.1");
+  auto two = Load(want, dir, *world, 2);
+  EXPECT_THAT(two.status().message(),
+              HasSubstr("no committed checkpoint of step 2"));
+  RemoveShared(*world, dir);
+}
+
+// Root only (mount needs CAP_SYS_ADMIN): a tmpfs of 256 KiB that a 1 MiB
+// tensor cannot fit, and one mounted read-only; else chmod (non-root).
+TEST(Checkpoint, FullDiskAndReadOnlyDirectoryAreNamed) {
+  auto world = World();
+  const std::string dir = SharedTempDir(*world);
+  const std::string small = dir + "/small", ro = dir + "/ro";
+  int mounted = 1;
+  if (world->rank() == 0) {
+    fs::create_directories(small);
+    fs::create_directories(ro);
+    if (::mount("tmpfs", small.c_str(), "tmpfs", 0, "size=256k") != 0 ||
+        ::mount("tmpfs", ro.c_str(), "tmpfs", MS_RDONLY, "size=64k") != 0) {
+      mounted = 0;
+    }
+  }
+  ASSERT_TRUE(world->broadcast(&mounted, 1, DataType::kInt32, 0).ok());
+  if (!mounted) {
+    RemoveShared(*world, dir);
+    GTEST_SKIP() << "cannot mount a tmpfs here (not root or no "
+                    "CAP_SYS_ADMIN): full-disk and read-only cases not run";
+  }
+  // A small checkpoint fits; a large one does not; the small one loads.
+  ASSERT_TRUE(SaveRowSharded(*world, small, 1).ok());
+  std::vector<float> big(1 << 18, 1.f);
+  StateDict large;
+  Box part{{int64_t{1 << 18} * world->rank()}, {1 << 18}};
+  ASSERT_TRUE(large
+                  .Add("big", DType::kF32, {int64_t{1 << 18} * world->size()},
+                       part, big.data())
+                  .ok());
+  absl::Status full = Save(large, 2, small, *world);
+  ASSERT_FALSE(full.ok());
+  EXPECT_THAT(full.message(), HasSubstr("No space left on device"));
+  EXPECT_THAT(full.message(), HasSubstr(small + "/step-2/shard-"));
+  auto latest = LatestStep(small);
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(**latest, 1);
+  std::vector<float> w(kR * kC);
+  StateDict want;
+  ASSERT_TRUE(want.AddFull("w", DType::kF32, {kR, kC}, w.data()).ok());
+  ASSERT_TRUE(Load(want, small, *world).ok());
+  // Read-only.
+  absl::Status denied = SaveRowSharded(*world, ro + "/ckpt", 1);
+  ASSERT_FALSE(denied.ok());
+  EXPECT_THAT(denied.message(), HasSubstr(ro + "/ckpt"));
+  EXPECT_THAT(denied.message(), HasSubstr("Read-only file system"));
+  ASSERT_TRUE(world->barrier().ok());
+  if (world->rank() == 0) {
+    ::umount(small.c_str());
+    ::umount(ro.c_str());
+  }
+  RemoveShared(*world, dir);
+}
+
+TEST(AsyncSaver, SavesWhatStartSawAndKeepsOneInFlight) {
+  auto world = World();
+  const int n = world->size(), r = world->rank();
+  const std::string dir = SharedTempDir(*world);
+  auto saver = AsyncSaver::Create(*world);
+  ASSERT_TRUE(saver.ok()) << saver.status();
+  Box rows = Rows(kR, kC, r, n);
+  std::vector<float> w = Fill({kR, kC}, rows, 0);
+  StateDict state;
+  ASSERT_TRUE(state.Add("w", DType::kF32, {kR, kC}, rows, w.data()).ok());
+  ASSERT_TRUE((*saver)->Start(state, 1, dir).ok());
+  EXPECT_TRUE((*saver)->in_flight());
+  std::fill(w.begin(), w.end(), -7.f);               // training goes on
+  ASSERT_TRUE((*saver)->Start(state, 2, dir).ok());  // commits step 1
+  ASSERT_TRUE((*saver)->Wait().ok());
+  EXPECT_FALSE((*saver)->in_flight());
+  std::vector<float> all(kR * kC);
+  StateDict want;
+  ASSERT_TRUE(want.AddFull("w", DType::kF32, {kR, kC}, all.data()).ok());
+  auto one = Load(want, dir, *world, 1);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(all, Fill({kR, kC}, Box{{0, 0}, {kR, kC}}, 0));
+  auto two = Load(want, dir, *world);
+  ASSERT_TRUE(two.ok());
+  EXPECT_EQ(two->step, 2);
+  EXPECT_EQ(all, std::vector<float>(kR * kC, -7.f));
+  // Destroyed with a save in flight: joined, not committed.
+  ASSERT_TRUE((*saver)->Start(state, 3, dir).ok());
+  saver->reset();
+  auto latest = LatestStep(dir);
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(**latest, 2);
+  RemoveShared(*world, dir);
+}
+
+}  // namespace
+}  // namespace vemesh::checkpoint

@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""train_nd checkpoint/resume across meshes: save on one, resume on another.
+
+  train_nd_resume.py --mpiexec mpirun --mpiexec-flags "A;B" --program train_nd
+      --save "NP|MESH|FLAGS" --resume "NP|MESH|FLAGS" [--steps S --every K]
+      [--expect-error REGEX] -- COMMON TRAIN FLAGS
+
+Run 1 trains K*2 steps on the first mesh and saves after every K (the
+latest checkpoint is at step 2K). Run 2 resumes from that directory on the
+second mesh, trains to step S, and must print `resumed at step 2K from` and
+PASS: its steps against the serial run of all S steps. With --expect-error,
+run 2 must instead fail (non-zero) with a message matching REGEX on every
+rank. Prints `PASS: resume` at the end; the checkpoint directory is a
+temporary one, removed after.
+"""
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+
+def run(cmd, timeout):
+    print("+ " + " ".join(cmd), flush=True)
+    try:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout or ""
+        if isinstance(out, bytes):
+            out = out.decode(errors="replace")
+        print(out)
+        print(f"FAIL: timed out after {timeout} s")
+        sys.exit(1)
+    print(p.stdout, flush=True)
+    return p.returncode, p.stdout
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mpiexec", required=True)
+    ap.add_argument("--mpiexec-flags", default="")
+    ap.add_argument("--program", required=True)
+    ap.add_argument("--save", required=True)
+    ap.add_argument("--resume", required=True)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--every", type=int, default=2)
+    ap.add_argument("--expect-error", default="")
+    ap.add_argument("--timeout", type=int, default=100)
+    ap.add_argument("common", nargs="*")
+    a = ap.parse_args()
+    flags = [f for f in a.mpiexec_flags.split(";") if f]
+
+    def launch(spec, extra):
+        np_, mesh, more = (spec.split("|") + ["", ""])[:3]
+        return ([a.mpiexec] + flags + ["-n", np_, a.program, "--mesh", mesh] +
+                a.common + more.split() + extra)
+
+    ckpt = tempfile.mkdtemp(prefix="vemesh_train_nd_ckpt.")
+    try:
+        saved = 2 * a.every
+        rc, out = run(launch(a.save, ["--steps", str(saved), "--checkpoint_dir",
+                                      ckpt, "--checkpoint_every",
+                                      str(a.every)]), a.timeout)
+        if rc != 0 or "PASS: loss curve" not in out:
+            print(f"FAIL: the saving run (exit {rc}) did not PASS")
+            return 1
+        rc, out = run(launch(a.resume, ["--steps", str(a.steps), "--resume",
+                                        ckpt]), a.timeout)
+        if a.expect_error:
+            if rc == 0:
+                print("FAIL: the resuming run succeeded; expected an error")
+                return 1
+            np_ = int(a.resume.split("|")[0])
+            hits = len(re.findall(a.expect_error, out))
+            if hits < np_:
+                print(f"FAIL: {hits} of {np_} ranks said /{a.expect_error}/")
+                return 1
+            print(f"PASS: resume refused on every rank: /{a.expect_error}/")
+            return 0
+        want = f"resumed at step {saved} from {ckpt}/"
+        if want not in out:
+            print(f"FAIL: no line '{want}...'")
+            return 1
+        if rc != 0 or not re.search(
+                rf"PASS: loss curve vs serial reference over steps "
+                rf"{saved + 1}\.\.{a.steps} ", out):
+            print(f"FAIL: the resumed run (exit {rc}) did not PASS over steps "
+                  f"{saved + 1}..{a.steps}")
+            return 1
+        print(f"PASS: resume at step {saved} on {a.resume} from {a.save}")
+        return 0
+    finally:
+        shutil.rmtree(ckpt, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,270 @@
+// vemesh/checkpoint/checkpoint.cc
+
+#include "vemesh/checkpoint/checkpoint.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "vemesh/base/status_macros.h"
+#include "vemesh/checkpoint/internal/collective.h"
+#include "vemesh/checkpoint/internal/crc32c.h"
+#include "vemesh/checkpoint/internal/directory.h"
+#include "vemesh/checkpoint/internal/file_io.h"
+#include "vemesh/checkpoint/internal/save.h"
+#include "vemesh/checkpoint/manifest.h"
+
+namespace vemesh::checkpoint {
+namespace {
+
+using internal::File;
+
+// Reads at most this many bytes of chunks at once.
+constexpr uint64_t kReadWindowBytes = uint64_t{64} << 20;
+
+// One contiguous run of bytes: `length` bytes at `src` in the saved piece
+// go to `dst`.
+struct Run {
+  uint64_t src;
+  char* dst;
+  uint64_t length;
+};
+
+// The runs that copy `part` (inside both) from the saved piece `from` to
+// the target box `to` (row-major, elements of `esize` bytes), in increasing
+// source order. Trailing dimensions that all three cover fully fuse into
+// one run.
+void AppendRuns(const Box& from, const Box& to, const Box& part, size_t esize,
+                char* to_data, std::vector<Run>* runs) {
+  const size_t nd = part.offsets.size();
+  if (nd == 0) {
+    runs->push_back(Run{0, to_data, esize});
+    return;
+  }
+  std::vector<uint64_t> from_stride(nd), to_stride(nd);
+  uint64_t fs = esize, ts = esize;
+  for (size_t d = nd; d-- > 0;) {
+    from_stride[d] = fs;
+    to_stride[d] = ts;
+    fs *= static_cast<uint64_t>(from.lengths[d]);
+    ts *= static_cast<uint64_t>(to.lengths[d]);
+  }
+  // d0: the outermost dimension of the contiguous run.
+  size_t d0 = nd - 1;
+  uint64_t run = static_cast<uint64_t>(part.lengths[d0]) * esize;
+  while (d0 > 0 && part.lengths[d0] == from.lengths[d0] &&
+         part.lengths[d0] == to.lengths[d0]) {
+    --d0;
+    run *= static_cast<uint64_t>(part.lengths[d0]);
+  }
+  std::vector<int64_t> index(d0, 0);
+  while (true) {
+    uint64_t src = 0, dst = 0;
+    for (size_t d = 0; d < nd; ++d) {
+      const int64_t i = part.offsets[d] + (d < d0 ? index[d] : 0);
+      src += static_cast<uint64_t>(i - from.offsets[d]) * from_stride[d];
+      dst += static_cast<uint64_t>(i - to.offsets[d]) * to_stride[d];
+    }
+    runs->push_back(Run{src, to_data + dst, run});
+    size_t d = d0;
+    while (d > 0) {
+      if (++index[d - 1] < part.lengths[d - 1]) break;
+      index[d - 1] = 0;
+      --d;
+    }
+    if (d == 0) return;
+  }
+}
+
+// Reads the chunks of `piece` that `runs` touch (sorted by src), checks
+// each chunk's CRC32C and copies the runs out.
+absl::Status ReadPiece(const File& file, const std::string& tensor,
+                       const ManifestPiece& piece, uint64_t chunk_bytes,
+                       std::vector<Run>& runs) {
+  std::sort(runs.begin(), runs.end(),
+            [](const Run& a, const Run& b) { return a.src < b.src; });
+  // The chunk indices needed, as sorted [first, last] ranges.
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (const Run& r : runs) {
+    if (r.length == 0) continue;
+    uint64_t first = r.src / chunk_bytes;
+    uint64_t last = (r.src + r.length - 1) / chunk_bytes;
+    if (!ranges.empty() && first <= ranges.back().second + 1) {
+      ranges.back().second = std::max(ranges.back().second, last);
+    } else {
+      ranges.emplace_back(first, last);
+    }
+  }
+  const uint64_t window_chunks =
+      std::max<uint64_t>(1, kReadWindowBytes / chunk_bytes);
+  std::string buffer;
+  size_t next_run = 0;
+  for (auto [first, last] : ranges) {
+    for (uint64_t c = first; c <= last; c += window_chunks) {
+      const uint64_t c_end = std::min(last + 1, c + window_chunks);
+      const uint64_t begin = c * chunk_bytes;
+      const uint64_t end = std::min(piece.length, c_end * chunk_bytes);
+      buffer.resize(end - begin);
+      VEMESH_RETURN_IF_ERROR(
+          file.PreadAll(buffer.data(), end - begin, piece.offset + begin));
+      for (uint64_t k = c; k < c_end; ++k) {
+        const uint64_t kb = k * chunk_bytes - begin;
+        const uint64_t kn =
+            std::min(chunk_bytes, piece.length - k * chunk_bytes);
+        if (internal::Crc32c(buffer.data() + kb, kn) != piece.crc32c[k]) {
+          return absl::DataLossError(absl::StrCat(
+              "checksum mismatch in '", file.path(), "': tensor '", tensor,
+              "' piece ", BoxToString(piece.box), " bytes [",
+              piece.offset + k * chunk_bytes, ", +", kn, ") (corrupted)"));
+        }
+      }
+      // Copy the parts of the runs inside [begin, end); runs are disjoint
+      // and sorted, so their ends are sorted too.
+      while (next_run < runs.size() &&
+             runs[next_run].src + runs[next_run].length <= begin) {
+        ++next_run;
+      }
+      for (size_t i = next_run; i < runs.size() && runs[i].src < end; ++i) {
+        const Run& r = runs[i];
+        const uint64_t lo = std::max(r.src, begin);
+        const uint64_t hi = std::min(r.src + r.length, end);
+        if (lo < hi) {
+          std::memcpy(r.dst + (lo - r.src), buffer.data() + (lo - begin),
+                      hi - lo);
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string ShapeText(DType dtype, const std::vector<int64_t>& shape) {
+  return absl::StrCat(DTypeName(dtype), " [", absl::StrJoin(shape, ", "), "]");
+}
+
+// This rank's part of a load, with no communication.
+absl::StatusOr<LoadResult> LoadLocal(StateDict& state, const std::string& dir,
+                                     std::optional<int64_t> step) {
+  VEMESH_ASSIGN_OR_RETURN(std::optional<std::string> path,
+                          internal::FindCheckpoint(dir, step));
+  if (!path) {
+    return absl::NotFoundError(
+        step ? absl::StrCat("no committed checkpoint of step ", *step, " in '",
+                            dir, "'")
+             : absl::StrCat("no committed checkpoint in '", dir, "'"));
+  }
+  const std::string manifest_path =
+      absl::StrCat(*path, "/", internal::kManifestName);
+  VEMESH_ASSIGN_OR_RETURN(
+      std::string text,
+      internal::ReadSmallFile(manifest_path, kMaxManifestBytes));
+  VEMESH_ASSIGN_OR_RETURN(Manifest m, ParseManifest(text, manifest_path));
+  LoadResult result;
+  result.step = m.step;
+  result.path = *path;
+  for (const auto& [k, v] : m.metadata) result.metadata[k] = v;
+
+  // Per saved piece, the runs to copy out of it.
+  std::map<std::pair<std::string, size_t>, std::vector<Run>> wanted;
+  for (const Piece& p : state.pieces()) {
+    auto t = m.tensors.find(p.name);
+    if (t == m.tensors.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("tensor '", p.name, "' is not in checkpoint '",
+                       manifest_path, "' (a checkpoint of another model?)"));
+    }
+    if (t->second.dtype != p.dtype || t->second.shape != p.global_shape) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "tensor '", p.name, "' is ",
+          ShapeText(t->second.dtype, t->second.shape), " in checkpoint '",
+          manifest_path, "' but ", ShapeText(p.dtype, p.global_shape),
+          " here (a checkpoint of another model)"));
+    }
+    const int64_t need = BoxNumel(p.box);
+    if (need == 0) continue;
+    int64_t covered = 0;
+    for (size_t i = 0; i < t->second.pieces.size(); ++i) {
+      std::optional<Box> part = Intersect(t->second.pieces[i].box, p.box);
+      if (!part) continue;
+      covered += BoxNumel(*part);
+      AppendRuns(t->second.pieces[i].box, p.box, *part, DTypeSize(p.dtype),
+                 static_cast<char*>(p.data), &wanted[{p.name, i}]);
+    }
+    if (covered != need) {
+      return absl::NotFoundError(absl::StrCat(
+          "tensor '", p.name, "' box ", BoxToString(p.box), ": checkpoint '",
+          manifest_path, "' holds ", covered, " of its ", need, " elements"));
+    }
+  }
+  std::map<std::string, File> files;
+  for (auto& [key, runs] : wanted) {
+    const ManifestPiece& piece = m.tensors[key.first].pieces[key.second];
+    auto f = files.find(piece.file);
+    if (f == files.end()) {
+      const std::string file_path = absl::StrCat(*path, "/", piece.file);
+      VEMESH_ASSIGN_OR_RETURN(File opened, File::OpenRead(file_path));
+      VEMESH_ASSIGN_OR_RETURN(uint64_t size, opened.Size());
+      if (size != m.files[piece.file]) {
+        return absl::DataLossError(
+            absl::StrCat("shard '", file_path, "' is ", size,
+                         " bytes, the manifest says ", m.files[piece.file],
+                         size < m.files[piece.file] ? " (truncated)" : ""));
+      }
+      f = files.emplace(piece.file, std::move(opened)).first;
+    }
+    VEMESH_RETURN_IF_ERROR(
+        ReadPiece(f->second, key.first, piece, m.chunk_bytes, runs));
+  }
+  return result;
+}
+
+}  // namespace
+
+absl::Status Save(const StateDict& state, int64_t step, const std::string& dir,
+                  Communicator& world, const SaveOptions& options) {
+  VEMESH_ASSIGN_OR_RETURN(internal::SavePlan plan,
+                          internal::PlanSave(state, step, dir, world, options));
+  absl::StatusOr<internal::ShardResult> mine =
+      internal::WriteShard(plan, internal::PlannedData(plan, state));
+  return internal::CommitSave(plan, mine, world);
+}
+
+absl::StatusOr<LoadResult> Load(StateDict& state, const std::string& dir,
+                                Communicator& world,
+                                std::optional<int64_t> step) {
+  absl::StatusOr<LoadResult> local = LoadLocal(state, dir, step);
+  VEMESH_RETURN_IF_ERROR(internal::AgreeStatus(world, local.status()));
+  // Every rank read the same manifest unless the directory changed under
+  // the load; check that the step agrees.
+  int64_t mine = local->step;
+  int64_t lo = mine, hi = mine;
+  VEMESH_RETURN_IF_ERROR(
+      world.all_reduce(&mine, &lo, 1, DataType::kInt64, ReduceOp::kMin));
+  VEMESH_RETURN_IF_ERROR(
+      world.all_reduce(&mine, &hi, 1, DataType::kInt64, ReduceOp::kMax));
+  if (lo != hi) {
+    return absl::AbortedError(absl::StrCat(
+        "checkpoint '", dir, "' changed during the load: ranks read steps ", lo,
+        " to ", hi));
+  }
+  return local;
+}
+
+absl::StatusOr<std::optional<int64_t>> LatestStep(const std::string& dir) {
+  VEMESH_ASSIGN_OR_RETURN(std::optional<std::string> path,
+                          internal::FindCheckpoint(dir, std::nullopt));
+  if (!path) return std::optional<int64_t>();
+  const std::string manifest_path =
+      absl::StrCat(*path, "/", internal::kManifestName);
+  VEMESH_ASSIGN_OR_RETURN(
+      std::string text,
+      internal::ReadSmallFile(manifest_path, kMaxManifestBytes));
+  VEMESH_ASSIGN_OR_RETURN(Manifest m, ParseManifest(text, manifest_path));
+  return std::optional<int64_t>(m.step);
+}
+
+}  // namespace vemesh::checkpoint

@@ -1,0 +1,94 @@
+// vemesh/checkpoint/checkpoint.h
+//
+// Sharded checkpoints that outlive the mesh: every rank saves the pieces it
+// holds, and any other decomposition (another mesh shape, world size or
+// strategy) loads them, each rank reading only the bytes it needs.
+//
+//   StateDict state;                        // vemesh/checkpoint/state_dict.h
+//   state.Add("w", DType::kF32, {16, 16}, Box{{4 * rank, 0}, {4, 16}}, rows);
+//   state.SetMetadata("data_position", "1234");
+//   absl::Status s = Save(state, /*step=*/100, "/ckpt", *world);
+//   ...
+//   // Another job, another decomposition (here column shards):
+//   StateDict want;
+//   want.Add("w", DType::kF32, {16, 16}, Box{{0, 8 * rank}, {16, 8}}, cols);
+//   absl::StatusOr<LoadResult> r = Load(want, "/ckpt", *world2);
+//   // r->step == 100, r->metadata["data_position"] == "1234".
+//
+// On disk (docs/USER_GUIDE.md, "Checkpoints"):
+//   <dir>/step-<S>/shard-<rank>.safetensors   what rank <rank> wrote
+//   <dir>/step-<S>/manifest.json              the commit point, written last
+//   <dir>/latest                              names the newest step directory
+// A tensor piece held by several ranks (a replica) is written once, by one
+// of its holders, the holders taking turns so that no rank writes every
+// replicated tensor. The manifest lists each tensor's dtype, global shape
+// and pieces (box, file, byte range, CRC32C per 1 MiB chunk). It is written
+// by rank 0 only after every rank's shard is durable (fsync of file and
+// directory), then `latest` is replaced atomically (rename): a crash at any
+// moment leaves the previous checkpoint loadable.
+//
+// Collective: every rank of `world` calls Save (same step, same dir) or
+// Load; a failure on any rank is returned, the same status, on every rank.
+// The time is bounded by the disk and by `world`'s timeout (set_timeout).
+// `world` carries small host buffers (piece lists, statuses): an MPI or Gloo
+// communicator, not NCCL's. `dir` is one directory every rank sees (one
+// host, or a shared file system); piece data is host memory.
+
+#ifndef VEMESH_CHECKPOINT_CHECKPOINT_H_
+#define VEMESH_CHECKPOINT_CHECKPOINT_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "vemesh/checkpoint/state_dict.h"
+#include "vemesh/comm/communicator.h"
+
+namespace vemesh::checkpoint {
+
+struct SaveOptions {
+  // Keep the last K committed step directories (older ones are removed
+  // after `latest` names the new one); at least 1.
+  int keep_last = 2;
+};
+
+// Collective over `world`. Writes <dir>/step-<S>/shard-<rank>.safetensors
+// (+ fsync), then rank 0 writes <dir>/step-<S>/manifest.json last (temp
+// file, fsync, rename, fsync of the directory), then replaces <dir>/latest
+// atomically and removes step directories beyond keep_last. Saving a step
+// that is already committed writes a new directory step-<S>.<n> (the old
+// one stays loadable until the new one is committed). Errors (a bad state,
+// a directory without permission, a full disk) name the file or tensor and
+// are the same on every rank; nothing is committed then.
+absl::Status Save(const StateDict& state, int64_t step, const std::string& dir,
+                  Communicator& world, const SaveOptions& options = {});
+
+struct LoadResult {
+  int64_t step = 0;
+  std::string path;  // the step directory read
+  absl::flat_hash_map<std::string, std::string> metadata;
+};
+
+// Collective. Fills every piece of `state` from the checkpoint <dir>/latest
+// names (or, given `step`, the newest committed directory of that step):
+// each rank preads only the 1 MiB chunks that overlap its boxes, verifies
+// their CRC32C and copies them: bit-identical. Errors name the file or
+// tensor and are the same on every rank: no checkpoint, a missing or
+// truncated shard, a checksum mismatch, a tensor the checkpoint lacks, a
+// dtype or shape that differs ("of another model"), a part of a box that no
+// saved piece covers.
+absl::StatusOr<LoadResult> Load(StateDict& state, const std::string& dir,
+                                Communicator& world,
+                                std::optional<int64_t> step = std::nullopt);
+
+// Not collective. The step of the checkpoint Load would read from <dir>
+// (its committed manifest), or nullopt when <dir> holds none (absent or
+// empty). An error when <dir> cannot be read.
+absl::StatusOr<std::optional<int64_t>> LatestStep(const std::string& dir);
+
+}  // namespace vemesh::checkpoint
+
+#endif  // VEMESH_CHECKPOINT_CHECKPOINT_H_

@@ -1,0 +1,210 @@
+// vemesh/checkpoint/manifest.cc
+
+#include "vemesh/checkpoint/manifest.h"
+
+#include "absl/strings/str_cat.h"
+#include "vemesh/base/status_macros.h"
+#include "vemesh/checkpoint/internal/json_util.h"
+
+namespace vemesh::checkpoint {
+namespace {
+
+using internal::Json;
+
+constexpr size_t kMaxDims = 16;
+constexpr int64_t kMaxDim = int64_t{1} << 50;
+constexpr int64_t kMaxFileBytes = int64_t{1} << 60;
+
+bool PlainFileName(const std::string& s) {
+  if (s.empty() || s.size() > 255 || s == "." || s == "..") return false;
+  for (unsigned char c : s) {
+    if (c == '/' || c < 0x20 || c > 0x7e) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string ManifestToJson(const Manifest& m) {
+  Json j = Json::object();
+  j["format"] = "vemesh-checkpoint";
+  j["version"] = 1;
+  j["step"] = m.step;
+  j["world_size"] = m.world_size;
+  j["chunk_bytes"] = m.chunk_bytes;
+  j["metadata"] = Json::object();
+  for (const auto& [k, v] : m.metadata) j["metadata"][k] = v;
+  j["files"] = Json::object();
+  for (const auto& [k, v] : m.files) j["files"][k] = v;
+  j["tensors"] = Json::object();
+  for (const auto& [name, t] : m.tensors) {
+    Json pieces = Json::array();
+    for (const ManifestPiece& p : t.pieces) {
+      pieces.push_back({{"offsets", p.box.offsets},
+                        {"lengths", p.box.lengths},
+                        {"file", p.file},
+                        {"key", p.key},
+                        {"offset", p.offset},
+                        {"length", p.length},
+                        {"crc32c", p.crc32c}});
+    }
+    j["tensors"][name] = {{"dtype", std::string(DTypeName(t.dtype))},
+                          {"shape", t.shape},
+                          {"pieces", std::move(pieces)}};
+  }
+  return internal::DumpJson(j, 1) + "\n";
+}
+
+absl::StatusOr<Manifest> ParseManifest(absl::string_view text,
+                                       absl::string_view what) {
+  if (text.size() > kMaxManifestBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", text.size(),
+                                                   " bytes, above the limit ",
+                                                   kMaxManifestBytes));
+  }
+  VEMESH_ASSIGN_OR_RETURN(Json j, internal::ParseJson(text, what));
+  if (!j.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": not a JSON object"));
+  }
+  VEMESH_ASSIGN_OR_RETURN(std::string format,
+                          internal::GetString(j, "format", what));
+  if (format != "vemesh-checkpoint") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": format '", format, "', expected 'vemesh-checkpoint'"));
+  }
+  VEMESH_RETURN_IF_ERROR(internal::GetInt(j, "version", 1, 1, what).status());
+  Manifest m;
+  VEMESH_ASSIGN_OR_RETURN(m.step,
+                          internal::GetInt(j, "step", 0, INT64_MAX, what));
+  VEMESH_ASSIGN_OR_RETURN(m.world_size,
+                          internal::GetInt(j, "world_size", 1, 1 << 24, what));
+  VEMESH_ASSIGN_OR_RETURN(int64_t chunk,
+                          internal::GetInt(j, "chunk_bytes", 1, 1 << 30, what));
+  m.chunk_bytes = static_cast<uint64_t>(chunk);
+  auto meta = j.find("metadata");
+  if (meta == j.end() || !meta->is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": \"metadata\" is missing or not an object"));
+  }
+  for (auto it = meta->begin(); it != meta->end(); ++it) {
+    if (!it.value().is_string()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": metadata \"", it.key(), "\" is not a string"));
+    }
+    m.metadata[it.key()] = it.value().get<std::string>();
+  }
+  auto files = j.find("files");
+  if (files == j.end() || !files->is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": \"files\" is missing or not an object"));
+  }
+  for (auto it = files->begin(); it != files->end(); ++it) {
+    if (!PlainFileName(it.key())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": file name '", it.key(), "' is not a plain file name"));
+    }
+    VEMESH_ASSIGN_OR_RETURN(
+        int64_t size,
+        internal::AsInt(it.value(), 0, kMaxFileBytes,
+                        absl::StrCat(what, ": file '", it.key(), "' size")));
+    m.files[it.key()] = static_cast<uint64_t>(size);
+  }
+  auto tensors = j.find("tensors");
+  if (tensors == j.end() || !tensors->is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": \"tensors\" is missing or not an object"));
+  }
+  for (auto it = tensors->begin(); it != tensors->end(); ++it) {
+    const std::string where = absl::StrCat(what, ": tensor '", it.key(), "'");
+    const Json& tj = it.value();
+    if (!tj.is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " is not an object"));
+    }
+    ManifestTensor t;
+    VEMESH_ASSIGN_OR_RETURN(std::string dtype,
+                            internal::GetString(tj, "dtype", where));
+    absl::StatusOr<DType> dt = DTypeFromName(dtype);
+    if (!dt.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": ", dt.status().message()));
+    }
+    t.dtype = *dt;
+    VEMESH_ASSIGN_OR_RETURN(
+        t.shape,
+        internal::GetIntArray(tj, "shape", kMaxDims, 0, kMaxDim, where));
+    auto pieces = tj.find("pieces");
+    if (pieces == tj.end() || !pieces->is_array()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": \"pieces\" is missing or not an array"));
+    }
+    for (const Json& pj : *pieces) {
+      if (!pj.is_object()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": a piece is not an object"));
+      }
+      ManifestPiece p;
+      VEMESH_ASSIGN_OR_RETURN(
+          p.box.offsets,
+          internal::GetIntArray(pj, "offsets", kMaxDims, 0, kMaxDim, where));
+      VEMESH_ASSIGN_OR_RETURN(
+          p.box.lengths,
+          internal::GetIntArray(pj, "lengths", kMaxDims, 0, kMaxDim, where));
+      if (absl::Status s = CheckBox(p.box, t.shape); !s.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": ", s.message()));
+      }
+      VEMESH_ASSIGN_OR_RETURN(p.file, internal::GetString(pj, "file", where));
+      auto file = m.files.find(p.file);
+      if (file == m.files.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": piece in file '", p.file, "', which \"files\" lacks"));
+      }
+      VEMESH_ASSIGN_OR_RETURN(p.key, internal::GetString(pj, "key", where));
+      VEMESH_ASSIGN_OR_RETURN(
+          int64_t offset,
+          internal::GetInt(pj, "offset", 0, kMaxFileBytes, where));
+      VEMESH_ASSIGN_OR_RETURN(
+          int64_t length,
+          internal::GetInt(pj, "length", 0, kMaxFileBytes, where));
+      p.offset = static_cast<uint64_t>(offset);
+      p.length = static_cast<uint64_t>(length);
+      // Box bytes: each length <= 2^50 and the box inside a shape whose
+      // numel may still overflow; compare in 128 bits.
+      unsigned __int128 bytes = DTypeSize(t.dtype);
+      for (int64_t l : p.box.lengths) {
+        bytes *= static_cast<uint64_t>(l);
+        if (bytes > static_cast<unsigned __int128>(kMaxFileBytes)) break;
+      }
+      if (bytes != p.length) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, " piece ", BoxToString(p.box), ": length ",
+                         p.length, " is not the box's size in bytes"));
+      }
+      if (p.offset > file->second || p.length > file->second - p.offset) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, " piece ", BoxToString(p.box), ": bytes [",
+                         p.offset, ", +", p.length, ") are beyond file '",
+                         p.file, "' (", file->second, " bytes)"));
+      }
+      const uint64_t chunks = (p.length + m.chunk_bytes - 1) / m.chunk_bytes;
+      auto crcs = pj.find("crc32c");
+      if (crcs == pj.end() || !crcs->is_array() || crcs->size() != chunks) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, " piece ", BoxToString(p.box), ": expected ", chunks,
+            " CRC32C values (one per ", m.chunk_bytes, " bytes)"));
+      }
+      for (const Json& c : *crcs) {
+        VEMESH_ASSIGN_OR_RETURN(int64_t v,
+                                internal::AsInt(c, 0, UINT32_MAX, where));
+        p.crc32c.push_back(static_cast<uint32_t>(v));
+      }
+      t.pieces.push_back(std::move(p));
+    }
+    m.tensors[it.key()] = std::move(t);
+  }
+  return m;
+}
+
+}  // namespace vemesh::checkpoint
