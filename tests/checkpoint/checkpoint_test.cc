@@ -314,6 +314,11 @@ TEST(Checkpoint, ASaveThatFailsKeepsThePreviousCheckpoint) {
   ASSERT_FALSE(s.ok());
   EXPECT_THAT(s.message(), world->size() == 1 ? HasSubstr("printable ASCII")
                                               : HasSubstr("tensor 'x' is F32"));
+  // Ranks that disagree on the step.
+  if (world->size() > 1) {
+    s = SaveRowSharded(*world, dir, world->rank() == 0 ? 3 : 4);
+    EXPECT_THAT(s.message(), HasSubstr("rank 1 saves step 4"));
+  }
   auto latest = LatestStep(dir);
   ASSERT_TRUE(latest.ok());
   EXPECT_EQ(**latest, 1);
