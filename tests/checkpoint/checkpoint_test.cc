@@ -299,6 +299,56 @@ TEST(Checkpoint, BadShardsAreNamedOnEveryRank) {
   RemoveShared(*world, dir);
 }
 
+// Load reads only the 1 MiB chunks its boxes overlap: a corrupted byte in a
+// chunk nobody asks for goes unnoticed; the whole tensor sees it.
+TEST(Checkpoint, LoadReadsOnlyTheChunksItNeeds) {
+  auto world = World();
+  const int n = world->size(), r = world->rank();
+  const std::string dir = SharedTempDir(*world);
+  constexpr int64_t kRows = 1024, kCols = 1024;  // 4 MiB per rank's rows
+  Box rows{{kRows * r, 0}, {kRows, kCols}};
+  std::vector<float> w = Fill({kRows * n, kCols}, rows, 0);
+  StateDict state;
+  ASSERT_TRUE(
+      state.Add("big", DType::kF32, {kRows * n, kCols}, rows, w.data()).ok());
+  ASSERT_TRUE(Save(state, 1, dir, *world).ok());
+  // Flip a byte in the last chunk of rank 0's piece (rows 768..1023).
+  if (r == 0) {
+    std::ifstream in(dir + "/step-1/manifest.json");
+    std::string text((std::istreambuf_iterator<char>(in)), {});
+    auto m = ParseManifest(text);
+    ASSERT_TRUE(m.ok());
+    for (const auto& p : m->tensors.at("big").pieces) {
+      if (p.box.offsets[0] != 0) continue;
+      int fd = ::open((dir + "/step-1/" + p.file).c_str(), O_RDWR);
+      const off_t at = static_cast<off_t>(p.offset + p.length - 100);
+      char c;
+      ASSERT_EQ(::pread(fd, &c, 1, at), 1);
+      c ^= 1;
+      ASSERT_EQ(::pwrite(fd, &c, 1, at), 1);
+      ::close(fd);
+    }
+  }
+  ASSERT_TRUE(world->barrier().ok());
+  // Rows 0..1 of rank 0's piece: chunk 0 only.
+  std::vector<float> head(2 * kCols);
+  StateDict few;
+  Box first{{0, 0}, {2, kCols}};
+  ASSERT_TRUE(
+      few.Add("big", DType::kF32, {kRows * n, kCols}, first, head.data()).ok());
+  auto ok = Load(few, dir, *world);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(head, Fill({kRows * n, kCols}, first, 0));
+  std::vector<float> all(kRows * n * kCols);
+  StateDict whole;
+  ASSERT_TRUE(
+      whole.AddFull("big", DType::kF32, {kRows * n, kCols}, all.data()).ok());
+  auto bad = Load(whole, dir, *world);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("checksum mismatch"));
+  RemoveShared(*world, dir);
+}
+
 TEST(Checkpoint, ASaveThatFailsKeepsThePreviousCheckpoint) {
   auto world = World();
   const std::string dir = SharedTempDir(*world);
@@ -314,6 +364,11 @@ TEST(Checkpoint, ASaveThatFailsKeepsThePreviousCheckpoint) {
   ASSERT_FALSE(s.ok());
   EXPECT_THAT(s.message(), world->size() == 1 ? HasSubstr("printable ASCII")
                                               : HasSubstr("tensor 'x' is F32"));
+  // Ranks that disagree on the step.
+  if (world->size() > 1) {
+    s = SaveRowSharded(*world, dir, world->rank() == 0 ? 3 : 4);
+    EXPECT_THAT(s.message(), HasSubstr("rank 1 saves step 4"));
+  }
   auto latest = LatestStep(dir);
   ASSERT_TRUE(latest.ok());
   EXPECT_EQ(**latest, 1);

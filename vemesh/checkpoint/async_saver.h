@@ -9,12 +9,13 @@
 // training thread's communicators are never used from another thread.
 //
 //   VEMESH_ASSIGN_OR_RETURN(auto saver, AsyncSaver::Create(*world));
-//   for (int64_t step = 1; ...; ++step) {
+//   for (int64_t step = 1; step <= 300; ++step) {
 //     Train(step);
-//     if (step % 100 == 0) VEMESH_RETURN_IF_ERROR(saver->Start(state, step,
-//                                                              "/ckpt"));
+//     if (step % 100 == 0) {
+//       VEMESH_RETURN_IF_ERROR(saver->Start(state, step, "/ckpt"));
+//     }
 //   }
-//   VEMESH_RETURN_IF_ERROR(saver->Wait());   // the last save is committed
+//   VEMESH_RETURN_IF_ERROR(saver->Wait());  // the last save is committed
 //
 // At most one save is in flight: Start first waits for (and commits) the
 // previous one, returning its error if it failed. Start, Wait and the

@@ -51,7 +51,7 @@ struct ManifestTensor {
 
 struct Manifest {
   int64_t step = 0;
-  int64_t world_size = 0;
+  int64_t world_size = 1;
   uint64_t chunk_bytes = kDefaultChunkBytes;
   std::map<std::string, std::string> metadata;
   std::map<std::string, uint64_t> files;  // name -> size in bytes

@@ -8,9 +8,10 @@
 //
 //   std::vector<SafetensorsTensor> ts = {{"w", DType::kF32, {4, 16}, 0, 256}};
 //   std::string head = SafetensorsHeaderBytes(ts, {{"format", "pt"}});
-//   // write head, then the 256 bytes of w
+//   // write head, then the 256 bytes of w, to `path`; read it back:
 //   absl::StatusOr<SafetensorsHeader> h = ReadSafetensorsHeader(path);
 //   // h->data_start == head.size(), h->tensors[0].shape == {4, 16}
+//   // (ParseSafetensors(bytes, file_size) parses bytes already read)
 
 #ifndef VEMESH_CHECKPOINT_SAFETENSORS_H_
 #define VEMESH_CHECKPOINT_SAFETENSORS_H_

@@ -46,7 +46,8 @@ std::string PieceKey(const std::string& name, const Box& box) {
 
 // This rank's description for the plan: its pieces, and rank 0's step
 // directory and metadata; or the error that stops the save.
-std::string Describe(const StateDict& state, const absl::Status& error,
+std::string Describe(const StateDict& state, int64_t step,
+                     const std::string& dir, const absl::Status& error,
                      const std::string& step_dir_name) {
   Json j = Json::object();
   if (!error.ok()) {
@@ -59,6 +60,8 @@ std::string Describe(const StateDict& state, const absl::Status& error,
     j["meta"] = Json::object();
     for (const auto& [k, v] : state.metadata()) j["meta"][k] = v;
   }
+  j["step"] = step;
+  j["at"] = dir;
   Json pieces = Json::array();
   for (const Piece& p : state.pieces()) {
     pieces.push_back({p.name, std::string(DTypeName(p.dtype)), p.global_shape,
@@ -103,9 +106,24 @@ absl::StatusOr<SavePlan> BuildPlan(const std::vector<std::string>& all,
     std::vector<std::pair<int, size_t>> ranks;  // (rank, local index)
   };
   std::map<Key, Holders> distinct;
+  int64_t step0 = 0;
+  std::string dir0;
   for (size_t r = 0; r < all.size(); ++r) {
     VEMESH_ASSIGN_OR_RETURN(Json j, ParseJson(all[r], "checkpoint plan", 8));
     if (j.contains("err")) return DecodeError(j["err"].get<std::string>(), r);
+    // Every rank must save the same step into the same directory (the
+    // same text on every rank: each compares with rank 0's).
+    const int64_t step = j.at("step").get<int64_t>();
+    const std::string at = j.at("at").get<std::string>();
+    if (r == 0) {
+      step0 = step;
+      dir0 = at;
+    } else if (step != step0 || at != dir0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("checkpoint save: rank ", r, " saves step ", step,
+                       " into '", at, "', rank 0 step ", step0, " into '", dir0,
+                       "': every rank must pass the same step and directory"));
+    }
     if (r == 0) {
       plan.step_dir_name = j.at("dir").get<std::string>();
       for (auto it = j.at("meta").begin(); it != j.at("meta").end(); ++it) {
@@ -219,8 +237,14 @@ absl::StatusOr<SavePlan> PlanSave(const StateDict& state, int64_t step,
   }
   VEMESH_ASSIGN_OR_RETURN(
       std::vector<std::string> all,
-      AllGatherStrings(world, Describe(state, local, step_dir_name)));
-  return BuildPlan(all, std::move(plan));
+      AllGatherStrings(world,
+                       Describe(state, step, dir, local, step_dir_name)));
+  absl::StatusOr<SavePlan> built = BuildPlan(all, std::move(plan));
+  if (!built.ok() && !step_dir_name.empty()) {
+    std::error_code ec;  // nothing will be written: no empty step directory
+    std::filesystem::remove_all(absl::StrCat(dir, "/", step_dir_name), ec);
+  }
+  return built;
 }
 
 std::vector<const void*> PlannedData(const SavePlan& plan,
