@@ -2,10 +2,10 @@
 
 #include <utility>
 
+#include "absl/container/btree_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/container/btree_map.h"
 
 namespace vemesh {
 
@@ -61,8 +61,8 @@ absl::Status ControlPlane::CheckDescriptor(const std::string& mine,
     auto it = theirs.find(key);
     const std::string other = it == theirs.end() ? "(none)" : it->second;
     if (other != value) {
-      diffs.push_back(absl::StrCat(key, " is ", value, " here but ", other,
-                                   " in the job"));
+      diffs.push_back(
+          absl::StrCat(key, " is ", value, " here but ", other, " in the job"));
     }
   }
   for (const auto& [key, value] : theirs) {
@@ -128,9 +128,8 @@ absl::StatusOr<std::unique_ptr<Heartbeat>> Heartbeat::Start(
   // store fails the caller, and the replica is alive when Start returns.
   absl::Status first = store->set_lease(key, "1", ttl);
   if (!first.ok()) return first;
-  std::unique_ptr<Heartbeat> hb(
-      new Heartbeat(std::move(store), std::move(key), ttl,
-                    std::move(after_renewal)));
+  std::unique_ptr<Heartbeat> hb(new Heartbeat(std::move(store), std::move(key),
+                                              ttl, std::move(after_renewal)));
   hb->thread_ = std::thread([p = hb.get()] { p->Run(); });
   return hb;
 }

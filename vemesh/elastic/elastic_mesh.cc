@@ -262,9 +262,8 @@ absl::StatusOr<std::unique_ptr<ElasticMesh>> ElasticMesh::Create(
     // (on the heartbeat's thread: a long step must not delay it).
     std::function<void()> guard;
     if (el->inner_rank_ == 0) {
-      guard = [g = el->guard_,
-               cp = std::make_shared<ControlPlane>(beat_store, options.job,
-                                                   el->inner_size_)] {
+      guard = [g = el->guard_, cp = std::make_shared<ControlPlane>(
+                                   beat_store, options.job, el->inner_size_)] {
         std::string record;
         {
           std::lock_guard<std::mutex> lock(g->mu);
@@ -618,10 +617,31 @@ absl::StatusOr<Recovery> ElasticMesh::Establish(const MembershipRecord& record,
   // The group's timeout bounds its rendezvous and every later operation:
   // always op_timeout, even when that runs past the recovery deadline by
   // up to one op_timeout (a shorter one would fail the epoch's operations).
+  // Each member also records the address it advertises, so that a group
+  // that cannot form names the addresses tried.
+  const std::string prefix = control_->GroupPrefix(record.epoch, inner_rank_);
+  (void)control_->store()->set(absl::StrCat(prefix, "/vemesh_host/", me),
+                               gloo_host_);
   absl::StatusOr<std::shared_ptr<GlooCommunicator>> group =
-      GlooCommunicator::Create(
-          control_->store(), control_->GroupPrefix(record.epoch, inner_rank_),
-          me, n, ranks, options_.op_timeout, gloo_host_);
+      GlooCommunicator::Create(control_->store(), prefix, me, n, ranks,
+                               options_.op_timeout, gloo_host_);
+  if (!group.ok()) {
+    std::vector<std::string> tried;
+    for (int j = 0; j < n; ++j) {
+      auto host =
+          control_->store()->get(absl::StrCat(prefix, "/vemesh_host/", j));
+      tried.push_back(absl::StrCat("DP rank ", j, " (replica ",
+                                   record.members[j], ") at ",
+                                   host.ok() ? *host : "(never advertised)"));
+    }
+    group = absl::Status(
+        group.status().code(),
+        absl::StrCat(group.status().message(),
+                     "; addresses tried: ", absl::StrJoin(tried, ", "),
+                     " (each rank advertises its interface towards the "
+                     "control plane; set VEMESH_GLOO_HOST or "
+                     "ElasticOptions.gloo_host to another)"));
+  }
   // Agree on the step to resume: the least that a member with state has
   // committed (one may be a step ahead), and whether anyone lacks state.
   absl::Status status = group.status();
@@ -689,6 +709,7 @@ absl::StatusOr<Recovery> ElasticMesh::Rebuild(
   const absl::Time deadline = absl::Now() + options_.recovery_timeout;
   absl::Duration agree_time;
   absl::Duration build_time;
+  absl::Status last_error;
   for (int attempt = 0; attempt < kMaxEpochAttempts; ++attempt) {
     if (absl::Now() >= deadline) break;
     const absl::Time agree_start = absl::Now();
@@ -701,6 +722,13 @@ absl::StatusOr<Recovery> ElasticMesh::Rebuild(
           inner_rank_ == 0
               ? ChooseEpoch(failed, deadline)
               : absl::StatusOr<MembershipRecord>(MembershipRecord{}));
+      if (!shared.ok() && !last_error.ok()) {
+        // Why the epochs before failed (a group that cannot form names the
+        // addresses tried).
+        return absl::Status(shared.status().code(),
+                            absl::StrCat(shared.status().message(),
+                                         "; last: ", last_error.message()));
+      }
       if (!shared.ok()) return shared.status();
       record = *std::move(shared);
     }
@@ -727,13 +755,15 @@ absl::StatusOr<Recovery> ElasticMesh::Rebuild(
       return last_;
     }
     if (!IsRetryable(r.status())) return r.status();
+    last_error = r.status();
     RetireEpoch();
     failed = record.epoch;
   }
   return absl::DeadlineExceededError(
       absl::StrCat("replica ", options_.replica, ": no epoch after ", failed,
                    " could be built within ElasticOptions.recovery_timeout (",
-                   absl::FormatDuration(options_.recovery_timeout), ")"));
+                   absl::FormatDuration(options_.recovery_timeout), ")",
+                   last_error.ok() ? "" : "; last: ", last_error.message()));
 }
 
 void ElasticMesh::Remember(const MembershipRecord& record) {

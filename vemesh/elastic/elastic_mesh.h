@@ -235,7 +235,7 @@ class ElasticMesh {
   MembershipRecord known_;
   std::string descriptor_;
   std::string gloo_host_;
-  std::string store_name_;        // for messages
+  std::string store_name_;  // for messages
 };
 
 }  // namespace vemesh
