@@ -513,7 +513,9 @@ absl::StatusOr<MembershipRecord> ElasticMesh::ChooseEpoch(int64_t failed,
     }
     // The others went on without this launch: it is evicted, whoever is
     // alive now.
-    if (rec.epoch > failed && !rec.admits(options_.replica, incarnation_)) {
+    // (Or the job ended and a fresh one is forming under its name.)
+    if ((rec.epoch > failed || rec.members.empty()) &&
+        !rec.admits(options_.replica, incarnation_)) {
       return rec;
     }
     auto alive = control_->AliveOf(rec, rec.members);
