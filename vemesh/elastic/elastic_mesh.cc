@@ -381,6 +381,7 @@ absl::StatusOr<MembershipRecord> ElasticMesh::Join() {
   const absl::Duration patience = options_.heartbeat_ttl * 2;
   std::optional<absl::Time> absent_since;
   std::optional<absl::Time> all_dead_since;
+  absl::Time next_dead_check = absl::InfinitePast();
   bool checked = false;
   while (absl::Now() < deadline) {
     auto now = control_->Read();
@@ -398,7 +399,11 @@ absl::StatusOr<MembershipRecord> ElasticMesh::Join() {
     // A job whose members are all dead (it ended: PASS, failure, or below
     // min_replicas) is over: this launch starts a fresh one under the same
     // name, its epochs numbered on from the old ones (their keys stay).
-    if (!rec.members.empty() && !rec.admits(me, incarnation_)) {
+    // (Checked every TTL/4, not at every poll: a joiner of a live job must
+    // not load the store while it waits for its step boundary.)
+    if (!rec.members.empty() && !rec.admits(me, incarnation_) &&
+        absl::Now() >= next_dead_check) {
+      next_dead_check = absl::Now() + options_.heartbeat_ttl / 4;
       auto alive = control_->AliveOf(rec, rec.members);
       if (!alive.ok()) return alive.status();
       if (!alive->empty()) {
