@@ -261,6 +261,15 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
   el.min_replicas = settings.min_replicas;
   el.heartbeat_ttl = settings.heartbeat_ttl;
   el.op_timeout = settings.op_timeout;
+  // What a joiner must share with the job (the mesh is added by vemesh):
+  // a replica with another model, batch or optimizer is refused.
+  const TrainOptions& o = plan0.options;
+  el.descriptor =
+      absl::StrCat("model=", o.layers, "x", o.hidden, ",in=", o.input_dim,
+                   ",out=", o.output_dim, ";batch=", o.batch,
+                   ";micro_batches=", o.micro_batches,
+                   ";optimizer=", o.optimizer, ";lr=", o.lr, ";seed=", o.seed,
+                   ";schedule=", o.schedule, ";steps=", o.steps);
   el.fault_hook = [f = *fault, launch_rank](const char* point) {
     Inject(f, launch_rank, point, -1);
   };

@@ -205,6 +205,9 @@ TEST_F(LaunchEnv, AnAgentHostedStoreIsRefusedSayingSo) {
   EXPECT_TRUE(absl::IsFailedPrecondition(info.status())) << info.status();
   EXPECT_THAT(std::string(info.status().message()),
               HasSubstr("TORCHELASTIC_USE_AGENT_STORE=True"));
+  // It says exactly when torchrun leaves the store to rank 0.
+  EXPECT_THAT(std::string(info.status().message()),
+              HasSubstr("--standalone or --rdzv_backend=c10d"));
 }
 
 // -- LauncherLocalRank

@@ -8,7 +8,9 @@
 #   elastic_job.sh TRAIN_ND SCENARIO
 #
 # Scenarios: dp_kill tp_kill pp_dp_kill build_kill second_failure sigstop
-# replica_killed rejoin redis_killed soak. Every process this script starts
+# replica_killed rejoin redis_killed soak, and the control plane's
+# (issue 29): redis_restarted redis_restarted_newcomer mismatch rerun
+# below_min replica_stopped. Every process this script starts
 # is ended by its PID (mpirun and its ranks, redis-server), never by name,
 # also when an assertion fails.
 set -u
@@ -52,13 +54,23 @@ if ! command -v redis-server >/dev/null; then
   exit 1
 fi
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
-  --protected-mode no --logfile "$work/redis.log" &
-redis_pid=$!
-for _ in $(seq 100); do
-  (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
-  sleep 0.05
-done
+# start_redis: an empty Redis without persistence on $port.
+start_redis() {
+  redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+    --protected-mode no --logfile "$work/redis.log" &
+  redis_pid=$!
+  for _ in $(seq 100); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+    sleep 0.05
+  done
+}
+# restart_redis: Redis killed and started again empty (no persistence).
+restart_redis() {
+  kill -KILL "$redis_pid"; wait "$redis_pid" 2>/dev/null
+  start_redis
+  echo "redis restarted empty at $((SECONDS - start_time)) s"
+}
+start_redis
 
 mesh=PP=1,DP=3,TP=2
 steps=30
@@ -71,7 +83,7 @@ common() {
 # launch K OUTFILE [extra args]: replica K, in the background.
 launch() {
   local k=$1 out=$2; shift 2
-  mpirun -n 2 --bind-to none $bin $(common) --replica "$k" "$@" \
+  mpirun -n "${NP:-2}" --bind-to none $bin $(common) --replica "$k" "$@" \
     >"$work/$out.out" 2>&1 &
   launcher[$k]=$!
 }
@@ -227,6 +239,98 @@ case $scenario in
     for k in 0 1 2; do finish "$k"; done
     for k in 0 1 2; do expect_pass "r$k.${gen[$k]}" 3 "$k"; done
     grep -h "^membership" "$work"/r0.*.out | tail -n 3 ;;
+  redis_restarted)
+    # Redis restarted empty in the middle of a long step: the replicas
+    # write their record back and train on, undisturbed.
+    steps=8; pace=2000
+    launch 0 r0; launch 1 r1; launch 2 r2
+    for k in 0 1 2; do wait_for r$k "^step 1/" 60; done
+    sleep 1; restart_redis
+    finish 0; finish 1; finish 2
+    for k in 0 1 2; do
+      expect_pass r$k 3 $k
+      grep -qE "^membership: epoch [2-9]" "$work/r$k.out" &&
+        fail "r$k: the membership changed after the restart"
+    done ;;
+  redis_restarted_newcomer)
+    # The same, with a steps longer than form_timeout (10 s) and a replica
+    # launched right after the restart: it must join the running job (DP
+    # 4), never found a fresh one from the initial weights.
+    steps=4; pace=12000
+    launch 0 r0; launch 1 r1; launch 2 r2
+    for k in 0 1 2; do wait_for r$k "^step 1/" 60; done
+    sleep 1; restart_redis
+    launch 3 r3
+    finish 0; finish 1; finish 2; finish 3
+    for k in 0 1 2 3; do expect_pass r$k 4 $k; done
+    expect_line r3 "^membership: epoch [2-9], DP=4 \[0, 1, 2, 3\] \(replica 3 is DP rank 3"
+    grep -q "^membership: epoch 1," "$work/r3.out" && fail "r3 founded a fresh job" ;;
+  mismatch)
+    # Relaunches with another batch, mesh or model are refused naming the
+    # difference; the job goes on at DP=3 untouched.
+    steps=400; pace=25
+    launch 0 r0; launch 1 r1; launch 2 r2
+    for k in 0 1 2; do wait_for r$k "^membership: epoch 1" 60; done
+    launch 3 r3 --batch 12
+    NP=1 mesh=PP=1,DP=3,TP=1 launch 4 r4
+    launch 5 r5 --hidden 32
+    t0=$SECONDS
+    finish 3; finish 4; finish 5
+    ((SECONDS - t0 <= 20)) || fail "the refusals took $((SECONDS - t0)) s"
+    for k in 3 4 5; do
+      [[ ${rc[$k]} == 1 ]] || fail "mismatched r$k exited ${rc[$k]}, expected 1"
+    done
+    expect_line r3 "INVALID_ARGUMENT.*cannot join.*batch is 12 here but 24 in the job"
+    expect_line r4 "INVALID_ARGUMENT.*cannot join.*mesh is .*PP=1, DP=3, TP=1.* here but"
+    expect_line r5 "INVALID_ARGUMENT.*cannot join.*model is 4x32.* here but 4x64"
+    finish 0; finish 1; finish 2
+    for k in 0 1 2; do
+      expect_pass r$k 3 $k
+      grep -qE "^membership: epoch [2-9]" "$work/r$k.out" &&
+        fail "r$k: the membership changed"
+    done ;;
+  rerun|below_min)
+    # A job that ended (PASS, or below --min_replicas): the same command
+    # starts a fresh job at once, numbered on from the old epochs.
+    steps=20
+    if [[ $scenario == rerun ]]; then
+      launch 0 r0; launch 1 r1; launch 2 r2
+      finish 0; finish 1; finish 2
+      for k in 0 1 2; do expect_pass r$k 3 $k; done
+    else
+      launch 0 r0 --min_replicas 3; launch 1 r1 --min_replicas 3 --fault 5:dp
+      launch 2 r2 --min_replicas 3
+      finish 0; finish 1; finish 2
+      for k in 0 2; do
+        [[ ${rc[$k]} == 1 ]] || fail "r$k exited ${rc[$k]} below min_replicas"
+        expect_line r$k "min_replicas is 3"
+      done
+    fi
+    t0=$SECONDS
+    launch 0 r0b --min_replicas 3; launch 1 r1b --min_replicas 3
+    launch 2 r2b --min_replicas 3
+    finish 0; finish 1; finish 2
+    for k in 0 1 2; do
+      expect_pass r${k}b 3 $k
+      expect_line r${k}b "^membership: epoch [2-9], DP=3 \[0, 1, 2\].*start"
+    done
+    ((SECONDS - t0 <= 30)) || fail "the rerun took $((SECONDS - t0)) s" ;;
+  replica_stopped)
+    # A whole replica (its launcher and both ranks) stopped for 4 s and
+    # resumed finds itself evicted: exit 3, not an error blaming Redis.
+    steps=60; pace=200
+    launch 0 r0; launch 1 r1; launch 2 r2
+    wait_for r1 "^step 10/" 60
+    stopped=$(ranks_of "${launcher[1]}")
+    kill -STOP "${launcher[1]}" $stopped
+    sleep 4
+    kill -CONT $stopped "${launcher[1]}"
+    finish 0; finish 1; finish 2
+    expect_pass r0 2 0; expect_pass r2 2 2
+    [[ ${rc[1]} == 3 ]] || fail "stopped replica exited ${rc[1]}, expected 3 (evicted)"
+    expect_line r1 "replica 1 evicted"
+    grep -q "control plane .* is lost" "$work/r1.out" && fail "r1 blamed the control plane"
+    true ;;
   *) echo "unknown scenario $scenario"; exit 2 ;;
 esac
 echo "elastic $scenario: whole run $((SECONDS - start_time)) s (bound ${limit} s)"

@@ -95,9 +95,12 @@ absl::Status ReadEnvLaunch(LaunchInfo* info) {
           "env:// launch: TORCHELASTIC_USE_AGENT_STORE=", agent,
           " says the launcher's agent hosts the store at MASTER_ADDR:"
           "MASTER_PORT, but vemesh hosts its own store on rank 0 and cannot "
-          "speak to the agent's: launch with TORCHELASTIC_USE_AGENT_STORE="
-          "False (Debian's torchrun 1.13 does), or set VEMESH_BOOTSTRAP=mpi "
-          "under an MPI launcher"));
+          "speak to the agent's. torchrun sets it with its default "
+          "rendezvous (--rdzv_backend=static, what --master_addr/"
+          "--master_port alone give) and leaves the store to rank 0 with "
+          "--standalone or --rdzv_backend=c10d (e.g. --rdzv_backend c10d "
+          "--rdzv_endpoint HOST:PORT); or set VEMESH_BOOTSTRAP=mpi under an "
+          "MPI launcher"));
     }
   }
   // Rank 0 waits for every rank's key in one store call, which takes at

@@ -2,7 +2,10 @@
 
 #include <utility>
 
+#include "absl/container/btree_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 
 namespace vemesh {
 
@@ -29,6 +32,62 @@ absl::StatusOr<ControlPlane::Reading> ControlPlane::Transition(
   auto record = ParseMembership(*now);
   if (!record.ok()) return record.status();
   return Reading{*std::move(record), *std::move(now)};
+}
+
+namespace {
+
+absl::btree_map<std::string, std::string> DescriptorFields(
+    absl::string_view text) {
+  absl::btree_map<std::string, std::string> fields;
+  for (absl::string_view item : absl::StrSplit(text, ';', absl::SkipEmpty())) {
+    std::pair<std::string, std::string> kv =
+        absl::StrSplit(item, absl::MaxSplits('=', 1));
+    fields[kv.first] = kv.second;
+  }
+  return fields;
+}
+
+}  // namespace
+
+absl::Status ControlPlane::CheckDescriptor(const std::string& mine,
+                                           int replica) const {
+  auto job = store_->compare_set(root_ + "descriptor", "", mine);
+  if (!job.ok()) return job.status();
+  if (*job == mine) return absl::OkStatus();
+  const auto ours = DescriptorFields(mine);
+  const auto theirs = DescriptorFields(*job);
+  std::vector<std::string> diffs;
+  for (const auto& [key, value] : ours) {
+    auto it = theirs.find(key);
+    const std::string other = it == theirs.end() ? "(none)" : it->second;
+    if (other != value) {
+      diffs.push_back(
+          absl::StrCat(key, " is ", value, " here but ", other, " in the job"));
+    }
+  }
+  for (const auto& [key, value] : theirs) {
+    if (!ours.contains(key)) {
+      diffs.push_back(absl::StrCat(key, " is (none) here but ",
+                                   value.substr(0, 200), " in the job"));
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "replica ", replica, " cannot join elastic job '", root_,
+      "': it differs from the running job: ", absl::StrJoin(diffs, "; "),
+      " (relaunch it with the job's settings, or use another --job)"));
+}
+
+absl::Status ControlPlane::SetDescriptor(const std::string& descriptor) const {
+  return store_->set(root_ + "descriptor", descriptor);
+}
+
+absl::Status ControlPlane::RestoreIfAbsent(
+    const std::string& record_text, const std::string& descriptor) const {
+  if (record_text.empty()) return absl::OkStatus();
+  auto r = store_->compare_set(root_ + "membership", "", record_text);
+  if (!r.ok()) return r.status();
+  if (descriptor.empty()) return absl::OkStatus();
+  return store_->compare_set(root_ + "descriptor", "", descriptor).status();
 }
 
 std::string ControlPlane::LeaseKey(int replica, uint64_t incarnation,
@@ -63,22 +122,24 @@ absl::StatusOr<std::vector<int>> ControlPlane::AliveOf(
 }
 
 absl::StatusOr<std::unique_ptr<Heartbeat>> Heartbeat::Start(
-    std::shared_ptr<Store> store, std::string key, absl::Duration ttl) {
+    std::shared_ptr<Store> store, std::string key, absl::Duration ttl,
+    std::function<void()> after_renewal) {
   // The first lease is taken here, so that a bad TTL or an unreachable
   // store fails the caller, and the replica is alive when Start returns.
   absl::Status first = store->set_lease(key, "1", ttl);
   if (!first.ok()) return first;
-  std::unique_ptr<Heartbeat> hb(
-      new Heartbeat(std::move(store), std::move(key), ttl));
+  std::unique_ptr<Heartbeat> hb(new Heartbeat(std::move(store), std::move(key),
+                                              ttl, std::move(after_renewal)));
   hb->thread_ = std::thread([p = hb.get()] { p->Run(); });
   return hb;
 }
 
 Heartbeat::Heartbeat(std::shared_ptr<Store> store, std::string key,
-                     absl::Duration ttl)
+                     absl::Duration ttl, std::function<void()> after_renewal)
     : store_(std::move(store)),
       key_(std::move(key)),
       ttl_(ttl),
+      after_renewal_(std::move(after_renewal)),
       last_success_(absl::Now()) {}
 
 Heartbeat::~Heartbeat() {
@@ -123,6 +184,11 @@ void Heartbeat::Run() {
     if (s.ok()) {
       last_success_ = absl::Now();
       last_error_ = absl::OkStatus();
+      if (after_renewal_) {
+        lock.unlock();
+        after_renewal_();
+        lock.lock();
+      }
     } else {
       last_error_ = s;
     }

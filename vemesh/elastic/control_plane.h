@@ -4,6 +4,9 @@
 // in production, a MemoryStore in unit tests), under "vemesh/elastic/JOB/":
 //
 //   membership            the one MembershipRecord (membership.h)
+//   descriptor            what every replica must share (the mesh, model,
+//                         batch, ...): KEY=VALUE;... fields, written by the
+//                         founder and compared by every joiner
 //   hb/REPLICA/INC/RANK   a lease per rank of a replica's incarnation INC
 //                         (membership.h): its heartbeat
 //   epoch/E/dp/POS/...    the rendezvous of epoch E's DP group at inner
@@ -27,6 +30,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -62,6 +66,18 @@ class ControlPlane {
   absl::StatusOr<std::vector<int>> AliveOf(const MembershipRecord& record,
                                            const std::vector<int>& ids) const;
 
+  // Claims the job's descriptor if none is recorded, else compares it:
+  // InvalidArgument naming each field in which `mine` differs (replica
+  // `replica`'s view against the job's).
+  absl::Status CheckDescriptor(const std::string& mine, int replica) const;
+  // Overwrites the descriptor (a fresh job under the name of one that ended).
+  absl::Status SetDescriptor(const std::string& descriptor) const;
+  // Writes the record and the descriptor back where they are absent (a Redis
+  // restarted empty or flushed): a live member's copy wins over any newcomer,
+  // which waits longer than the heartbeat period before founding a job.
+  absl::Status RestoreIfAbsent(const std::string& record_text,
+                               const std::string& descriptor) const;
+
   std::string LeaseKey(int replica, uint64_t incarnation, int rank) const;
   // The key prefix of epoch `epoch`'s DP group at inner position `pos`.
   std::string GroupPrefix(int64_t epoch, int pos) const;
@@ -80,7 +96,8 @@ class ControlPlane {
 class Heartbeat {
  public:
   static absl::StatusOr<std::unique_ptr<Heartbeat>> Start(
-      std::shared_ptr<Store> store, std::string key, absl::Duration ttl);
+      std::shared_ptr<Store> store, std::string key, absl::Duration ttl,
+      std::function<void()> after_renewal = nullptr);
   ~Heartbeat();
   Heartbeat(const Heartbeat&) = delete;
   Heartbeat& operator=(const Heartbeat&) = delete;
@@ -89,12 +106,17 @@ class Heartbeat {
   absl::Status lost() const;
 
  private:
-  Heartbeat(std::shared_ptr<Store> store, std::string key, absl::Duration ttl);
+  Heartbeat(std::shared_ptr<Store> store, std::string key, absl::Duration ttl,
+            std::function<void()> after_renewal);
   void Run();
 
   const std::shared_ptr<Store> store_;
   const std::string key_;
   const absl::Duration ttl_;
+  // Runs on the heartbeat's thread after each successful renewal (the
+  // elastic mesh restores a vanished record there, whatever the main thread
+  // is doing).
+  const std::function<void()> after_renewal_;
   mutable std::mutex mu_;
   std::condition_variable wake_;
   bool stop_ = false;        // under mu_

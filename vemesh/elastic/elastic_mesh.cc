@@ -7,8 +7,10 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "vemesh/bootstrap/launch.h"
 #include "vemesh/comm/gloo/gloo_communicator.h"
 #include "vemesh/rendezvous/redis/redis_store.h"
 
@@ -120,6 +122,21 @@ int64_t NewIncarnation() {
   return v == 0 ? 1 : v;
 }
 
+// The host of "redis://[USER:PASSWORD@]HOST:PORT" (or HOST:PORT).
+std::string StoreHost(absl::string_view url) {
+  if (absl::StartsWith(url, "redis://")) url.remove_prefix(8);
+  if (size_t at = url.rfind('@'); at != absl::string_view::npos) {
+    url.remove_prefix(at + 1);
+  }
+  if (absl::StartsWith(url, "[")) {
+    size_t close = url.find(']');
+    return std::string(url.substr(1, close == absl::string_view::npos
+                                         ? absl::string_view::npos
+                                         : close - 1));
+  }
+  return std::string(url.substr(0, url.rfind(':')));
+}
+
 }  // namespace
 
 ElasticMesh::ElasticMesh(DeviceType device_type, MeshLayout requested,
@@ -192,6 +209,28 @@ absl::StatusOr<std::unique_ptr<ElasticMesh>> ElasticMesh::Create(
   el->store_name_ = options.control_store != nullptr
                         ? std::string("ElasticOptions.control_store")
                         : options.store;
+  el->descriptor_ = absl::StrCat("mesh=", requested.ToString(),
+                                 ";replica_dim=", options.replica_dim);
+  if (!options.descriptor.empty()) {
+    absl::StrAppend(&el->descriptor_, ";", options.descriptor);
+  }
+  el->guard_->descriptor = el->descriptor_;
+  // The address the DP groups advertise: the store's rule (the interface
+  // that reaches the control plane), overridable.
+  el->gloo_host_ = options.gloo_host;
+  if (const char* forced = std::getenv("VEMESH_GLOO_HOST");
+      el->gloo_host_.empty() && forced != nullptr && *forced != 0) {
+    el->gloo_host_ = forced;
+  }
+  if (el->gloo_host_.empty()) {
+    if (options.control_store != nullptr) {
+      el->gloo_host_ = "127.0.0.1";
+    } else {
+      auto host = LocalAddressTowards(StoreHost(options.store));
+      if (!host.ok()) return host.status();
+      el->gloo_host_ = *host;
+    }
+  }
 
   // The control plane: one connection for the protocol, one for the
   // heartbeat (its renewals must not queue behind a slow call, and each is
@@ -219,11 +258,25 @@ absl::StatusOr<std::unique_ptr<ElasticMesh>> ElasticMesh::Create(
   if (connected.ok()) {
     el->control_ =
         std::make_unique<ControlPlane>(store, options.job, el->inner_size_);
+    // The replica's rank 0 also writes the record back if the store lost it
+    // (on the heartbeat's thread: a long step must not delay it).
+    std::function<void()> guard;
+    if (el->inner_rank_ == 0) {
+      guard = [g = el->guard_, cp = std::make_shared<ControlPlane>(
+                                   beat_store, options.job, el->inner_size_)] {
+        std::string record;
+        {
+          std::lock_guard<std::mutex> lock(g->mu);
+          record = g->record;
+        }
+        (void)cp->RestoreIfAbsent(record, g->descriptor);
+      };
+    }
     auto hb = Heartbeat::Start(
         beat_store,
         el->control_->LeaseKey(options.replica, el->incarnation_,
                                el->inner_rank_),
-        options.heartbeat_ttl);
+        options.heartbeat_ttl, std::move(guard));
     if (hb.ok()) {
       el->heartbeat_ = *std::move(hb);
     } else {
@@ -253,8 +306,8 @@ absl::StatusOr<std::unique_ptr<ElasticMesh>> ElasticMesh::Create(
   // replica that saw the job unformed and was admitted to epoch 1); a
   // replica admitted later has none until a member sends it.
   // Only rank 0 joined: its view is the replica's.
-  int64_t stateful =
-      el->inner_rank_ == 0 && record->epoch == 1 && el->joined_unformed_;
+  int64_t stateful = el->inner_rank_ == 0 && el->joined_unformed_ &&
+                     record->epoch == el->formed_from_ + 1;
   if (absl::Status s = el->ReplicaMax(absl::MakeSpan(&stateful, 1)); !s.ok()) {
     return s;
   }
@@ -322,11 +375,75 @@ absl::StatusOr<MembershipRecord> ElasticMesh::Join() {
   const absl::Time form_deadline = start + options_.form_timeout;
   const absl::Time deadline =
       start + options_.form_timeout + options_.recovery_timeout;
+  // A missing record may be one the store lost while replicas still train
+  // (Redis restarted empty): their heartbeat threads write it back within a
+  // renewal period, so a newcomer waits two TTLs before it founds a job.
+  const absl::Duration patience = options_.heartbeat_ttl * 2;
+  std::optional<absl::Time> absent_since;
+  std::optional<absl::Time> all_dead_since;
+  absl::Time next_dead_check = absl::InfinitePast();
+  bool checked = false;
   while (absl::Now() < deadline) {
     auto now = control_->Read();
     if (!now.ok()) return now.status();
     const MembershipRecord& rec = now->record;
-    if (rec.epoch == 0) joined_unformed_ = true;
+    if (now->text.empty()) {
+      if (!absent_since.has_value()) absent_since = absl::Now();
+      if (absl::Now() - *absent_since < patience) {
+        absl::SleepFor(kPollPeriod * 4);
+        continue;
+      }
+    } else {
+      absent_since.reset();
+    }
+    // A job whose members are all dead (it ended: PASS, failure, or below
+    // min_replicas) is over: this launch starts a fresh one under the same
+    // name, its epochs numbered on from the old ones (their keys stay).
+    // (Checked every TTL/4, not at every poll: a joiner of a live job must
+    // not load the store while it waits for its step boundary.)
+    if (!rec.members.empty() && !rec.admits(me, incarnation_) &&
+        absl::Now() >= next_dead_check) {
+      next_dead_check = absl::Now() + options_.heartbeat_ttl / 4;
+      auto alive = control_->AliveOf(rec, rec.members);
+      if (!alive.ok()) return alive.status();
+      if (!alive->empty()) {
+        all_dead_since.reset();
+      } else if (!all_dead_since.has_value()) {
+        all_dead_since = absl::Now();
+      } else if (absl::Now() - *all_dead_since >= patience) {
+        MembershipRecord fresh;
+        fresh.epoch = rec.epoch;
+        fresh.pending = Without(rec.pending, {me});
+        fresh.pending.push_back(me);
+        for (int id : fresh.pending) {
+          if (uint64_t inc = rec.incarnation_of(id); inc != 0) {
+            fresh.incarnations[id] = inc;
+          }
+        }
+        fresh.incarnations[me] = incarnation_;
+        if (absl::Status s = control_->SetDescriptor(descriptor_); !s.ok()) {
+          return s;
+        }
+        if (auto t = control_->Transition(*now, fresh); !t.ok()) {
+          return t.status();
+        }
+        all_dead_since.reset();
+        checked = false;
+        continue;
+      }
+    }
+    // Admission: this launch must train the job's mesh, model and batch.
+    if (!checked) {
+      if (absl::Status s = control_->CheckDescriptor(descriptor_, me);
+          !s.ok()) {
+        return s;
+      }
+      checked = true;
+    }
+    if (rec.members.empty()) {
+      joined_unformed_ = true;
+      formed_from_ = rec.epoch;
+    }
     if (rec.admits(me, incarnation_)) return rec;
     if (rec.has_member(me)) {
       // An earlier launch of this replica is still listed: the members drop
@@ -343,7 +460,7 @@ absl::StatusOr<MembershipRecord> ElasticMesh::Join() {
       }
       continue;
     }
-    if (rec.epoch == 0) {
+    if (rec.members.empty()) {
       auto alive = control_->AliveOf(rec, rec.pending);
       if (!alive.ok()) return alive.status();
       const int64_t starters = std::count_if(
@@ -383,6 +500,14 @@ absl::StatusOr<MembershipRecord> ElasticMesh::ChooseEpoch(int64_t failed,
     auto now = control_->Read();
     if (!now.ok()) return now.status();
     const MembershipRecord& rec = now->record;
+    if (rec.epoch < failed && known_.epoch == failed) {
+      // The store lost the record (Redis restarted empty, or an older
+      // snapshot): the members' own copy is the job's, never a newcomer's.
+      if (auto t = control_->Transition(*now, known_); !t.ok()) {
+        return t.status();
+      }
+      continue;
+    }
     if (rec.epoch < failed) {
       return absl::UnavailableError(
           absl::StrCat("the elastic control plane '", store_name_,
@@ -393,7 +518,9 @@ absl::StatusOr<MembershipRecord> ElasticMesh::ChooseEpoch(int64_t failed,
     }
     // The others went on without this launch: it is evicted, whoever is
     // alive now.
-    if (rec.epoch > failed && !rec.admits(options_.replica, incarnation_)) {
+    // (Or the job ended and a fresh one is forming under its name.)
+    if ((rec.epoch > failed || rec.members.empty()) &&
+        !rec.admits(options_.replica, incarnation_)) {
       return rec;
     }
     auto alive = control_->AliveOf(rec, rec.members);
@@ -497,10 +624,31 @@ absl::StatusOr<Recovery> ElasticMesh::Establish(const MembershipRecord& record,
   // The group's timeout bounds its rendezvous and every later operation:
   // always op_timeout, even when that runs past the recovery deadline by
   // up to one op_timeout (a shorter one would fail the epoch's operations).
+  // Each member also records the address it advertises, so that a group
+  // that cannot form names the addresses tried.
+  const std::string prefix = control_->GroupPrefix(record.epoch, inner_rank_);
+  (void)control_->store()->set(absl::StrCat(prefix, "/vemesh_host/", me),
+                               gloo_host_);
   absl::StatusOr<std::shared_ptr<GlooCommunicator>> group =
-      GlooCommunicator::Create(
-          control_->store(), control_->GroupPrefix(record.epoch, inner_rank_),
-          me, n, ranks, options_.op_timeout, options_.gloo_host);
+      GlooCommunicator::Create(control_->store(), prefix, me, n, ranks,
+                               options_.op_timeout, gloo_host_);
+  if (!group.ok()) {
+    std::vector<std::string> tried;
+    for (int j = 0; j < n; ++j) {
+      auto host =
+          control_->store()->get(absl::StrCat(prefix, "/vemesh_host/", j));
+      tried.push_back(absl::StrCat("DP rank ", j, " (replica ",
+                                   record.members[j], ") at ",
+                                   host.ok() ? *host : "(never advertised)"));
+    }
+    group = absl::Status(
+        group.status().code(),
+        absl::StrCat(group.status().message(),
+                     "; addresses tried: ", absl::StrJoin(tried, ", "),
+                     " (each rank advertises its interface towards the "
+                     "control plane; set VEMESH_GLOO_HOST or "
+                     "ElasticOptions.gloo_host to another)"));
+  }
   // Agree on the step to resume: the least that a member with state has
   // committed (one may be a step ahead), and whether anyone lacks state.
   absl::Status status = group.status();
@@ -568,6 +716,7 @@ absl::StatusOr<Recovery> ElasticMesh::Rebuild(
   const absl::Time deadline = absl::Now() + options_.recovery_timeout;
   absl::Duration agree_time;
   absl::Duration build_time;
+  absl::Status last_error;
   for (int attempt = 0; attempt < kMaxEpochAttempts; ++attempt) {
     if (absl::Now() >= deadline) break;
     const absl::Time agree_start = absl::Now();
@@ -580,10 +729,18 @@ absl::StatusOr<Recovery> ElasticMesh::Rebuild(
           inner_rank_ == 0
               ? ChooseEpoch(failed, deadline)
               : absl::StatusOr<MembershipRecord>(MembershipRecord{}));
+      if (!shared.ok() && !last_error.ok()) {
+        // Why the epochs before failed (a group that cannot form names the
+        // addresses tried).
+        return absl::Status(shared.status().code(),
+                            absl::StrCat(shared.status().message(),
+                                         "; last: ", last_error.message()));
+      }
       if (!shared.ok()) return shared.status();
       record = *std::move(shared);
     }
     if (!record.admits(options_.replica, incarnation_)) {
+      Remember(MembershipRecord{});
       current_epoch_->store(record.epoch);
       last_ = Recovery{};
       last_.evicted = true;
@@ -598,19 +755,28 @@ absl::StatusOr<Recovery> ElasticMesh::Rebuild(
     auto r = Establish(record, committed);
     build_time += absl::Now() - build_start;
     if (r.ok()) {
+      Remember(record);
       last_ = *r;
       last_.agree_time = agree_time;
       last_.build_time = build_time;
       return last_;
     }
     if (!IsRetryable(r.status())) return r.status();
+    last_error = r.status();
     RetireEpoch();
     failed = record.epoch;
   }
   return absl::DeadlineExceededError(
       absl::StrCat("replica ", options_.replica, ": no epoch after ", failed,
                    " could be built within ElasticOptions.recovery_timeout (",
-                   absl::FormatDuration(options_.recovery_timeout), ")"));
+                   absl::FormatDuration(options_.recovery_timeout), ")",
+                   last_error.ok() ? "" : "; last: ", last_error.message()));
+}
+
+void ElasticMesh::Remember(const MembershipRecord& record) {
+  known_ = record;
+  std::lock_guard<std::mutex> lock(guard_->mu);
+  guard_->record = record.epoch == 0 ? "" : EncodeMembership(record);
 }
 
 void ElasticMesh::RetireEpoch() {
@@ -633,10 +799,25 @@ absl::StatusOr<StepVerdict> ElasticMesh::end_step(
   int64_t seen = -1;
   int64_t lost = 0;
   absl::Status lost_status = heartbeat_ ? heartbeat_->lost() : absl::OkStatus();
+  std::optional<absl::StatusOr<ControlPlane::Reading>> read;
+  if (!lost_status.ok()) {
+    // A late renewal (this process was stopped, or the store blinked) is
+    // not a lost control plane if the store answers now: the record then
+    // says whether the others went on without this replica (evicted).
+    read = control_->Read();
+    if (read->ok()) lost_status = absl::OkStatus();
+  }
   if (!lost_status.ok()) lost = 1;
   if (inner_rank_ == 0 && lost == 0) {
-    auto now = control_->Read();
+    absl::StatusOr<ControlPlane::Reading> now =
+        read.has_value() ? *std::move(read) : control_->Read();
     if (!now.ok()) now = control_->Read();  // one retry: a blip is not a loss
+    if (now.ok() && now->record.epoch < epoch() && known_.epoch == epoch()) {
+      // The store lost the record (Redis restarted empty, or an older
+      // snapshot): the members write theirs back; a newcomer waits for that.
+      auto t = control_->Transition(*now, known_);
+      if (t.ok() && t->record.epoch >= epoch()) now = *std::move(t);
+    }
     if (now.ok() && now->record.epoch < epoch()) {
       now = absl::UnavailableError(
           absl::StrCat("it lost its record (epoch ", now->record.epoch, " < ",

@@ -56,6 +56,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -84,6 +85,11 @@ struct ElasticOptions {
   int replica = -1;
   // Keys live under vemesh/elastic/JOB/: one store can serve several jobs.
   std::string job = "default";
+  // What every replica of the job must share besides the mesh (recorded as
+  // "mesh=SHAPE;replica_dim=DIM"): KEY=VALUE fields separated by ';' (train_nd
+  // gives its model, batch and optimizer). The job's founder records it; a
+  // joiner that differs is refused with InvalidArgument naming each field.
+  std::string descriptor;
   // A rank whose lease is not renewed for this long is dead.
   absl::Duration heartbeat_ttl = absl::Seconds(1);
   // Bound of every DP operation (Gloo) and of building a DP group.
@@ -95,8 +101,11 @@ struct ElasticOptions {
   // How long the first epoch waits for every starting replica before it
   // forms with the ones that came (at least min_replicas).
   absl::Duration form_timeout = absl::Seconds(10);
-  // The address this rank's Gloo transport listens on.
-  std::string gloo_host = "127.0.0.1";
+  // The address this rank's Gloo transport listens on and advertises. Empty
+  // (the default): the VEMESH_GLOO_HOST environment variable if set, else
+  // the address of the interface that reaches the control plane (a UDP
+  // socket connected to it), as the env:// store advertises MASTER_ADDR's.
+  std::string gloo_host;
   // Fault injection for tests: called at named points ("establish").
   std::function<void(const char* point)> fault_hook;
 };
@@ -212,7 +221,21 @@ class ElasticMesh {
   std::function<absl::Status(const DeviceMesh&)> publish_;
   uint64_t incarnation_ = 0;      // this launch's (membership.h)
   bool joined_unformed_ = false;  // Join saw the job before its first epoch
-  std::string store_name_;        // for messages
+  int64_t formed_from_ = -1;      // ... and at this epoch number
+  // The record of the epoch this replica is in, and the job's descriptor:
+  // what the heartbeat thread of the replica's rank 0 writes back if the
+  // store loses them (a Redis restarted empty).
+  struct Guard {
+    std::mutex mu;
+    std::string record;  // under mu
+    std::string descriptor;
+  };
+  void Remember(const MembershipRecord& record);
+  std::shared_ptr<Guard> guard_ = std::make_shared<Guard>();
+  MembershipRecord known_;
+  std::string descriptor_;
+  std::string gloo_host_;
+  std::string store_name_;  // for messages
 };
 
 }  // namespace vemesh

@@ -1,0 +1,74 @@
+// The elastic control plane's admission and restore (vemesh/elastic/
+// control_plane.h): the first descriptor is the job's, a joiner that
+// differs is InvalidArgument naming each field, and a lost record is
+// written back only where it is absent.
+
+#include "vemesh/elastic/control_plane.h"
+
+#include <memory>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "vemesh/rendezvous/memory_store.h"
+
+namespace vemesh {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+TEST(ControlPlaneTest, FirstDescriptorIsTheJobsAndAnEqualOneIsAdmitted) {
+  auto store = std::make_shared<MemoryStore>();
+  ControlPlane cp(store, "j", 2);
+  EXPECT_TRUE(cp.CheckDescriptor("mesh=A;batch=24", 0).ok());
+  EXPECT_TRUE(cp.CheckDescriptor("mesh=A;batch=24", 1).ok());
+}
+
+TEST(ControlPlaneTest, ADifferentDescriptorIsRefusedNamingEachField) {
+  auto store = std::make_shared<MemoryStore>();
+  ControlPlane cp(store, "j", 2);
+  ASSERT_TRUE(cp.CheckDescriptor("mesh=A;batch=24;lr=0.5", 0).ok());
+  absl::Status s = cp.CheckDescriptor("mesh=B;batch=12;seed=1", 3);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(),
+              AllOf(HasSubstr("replica 3 cannot join"),
+                    HasSubstr("batch is 12 here but 24 in the job"),
+                    HasSubstr("mesh is B here but A in the job"),
+                    HasSubstr("seed is 1 here but (none) in the job"),
+                    HasSubstr("lr is (none) here but 0.5 in the job")));
+  // The job's descriptor is unchanged.
+  EXPECT_TRUE(cp.CheckDescriptor("mesh=A;batch=24;lr=0.5", 1).ok());
+  // A fresh job under the same name replaces it.
+  ASSERT_TRUE(cp.SetDescriptor("mesh=B;batch=12;seed=1").ok());
+  EXPECT_TRUE(cp.CheckDescriptor("mesh=B;batch=12;seed=1", 3).ok());
+}
+
+TEST(ControlPlaneTest, RestoreWritesBackOnlyWhatIsAbsent) {
+  auto store = std::make_shared<MemoryStore>();
+  ControlPlane cp(store, "j", 1);
+  MembershipRecord mine;
+  mine.epoch = 4;
+  mine.members = {0, 2};
+  // Lost (a Redis restarted empty): written back.
+  ASSERT_TRUE(cp.RestoreIfAbsent(EncodeMembership(mine), "mesh=A").ok());
+  auto now = cp.Read();
+  ASSERT_TRUE(now.ok()) << now.status();
+  EXPECT_EQ(now->record, mine);
+  EXPECT_TRUE(cp.CheckDescriptor("mesh=A", 2).ok());
+  EXPECT_FALSE(cp.CheckDescriptor("mesh=B", 2).ok());
+  // Present (a newer epoch made by another replica): left alone.
+  MembershipRecord newer;
+  newer.epoch = 5;
+  newer.members = {0};
+  ASSERT_TRUE(cp.Transition(*now, newer).ok());
+  ASSERT_TRUE(cp.RestoreIfAbsent(EncodeMembership(mine), "mesh=A").ok());
+  now = cp.Read();
+  ASSERT_TRUE(now.ok()) << now.status();
+  EXPECT_EQ(now->record, newer);
+  // An evicted replica has nothing to restore.
+  EXPECT_TRUE(cp.RestoreIfAbsent("", "mesh=A").ok());
+}
+
+}  // namespace
+}  // namespace vemesh
