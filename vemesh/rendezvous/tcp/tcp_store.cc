@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "vemesh/base/status_macros.h"
+#include "vemesh/rendezvous/tcp/sha256.h"
 
 namespace vemesh {
 namespace {
@@ -120,8 +121,16 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(
     if (addresses.ok()) {
       absl::StatusOr<UniqueFd> fd = ConnectOnce(*addresses, deadline);
       if (fd.ok()) {
-        return std::unique_ptr<TcpStore>(
+        if (options.rank >= 0 && options.claim.empty()) {
+          options.claim = HexText(RandomBytes(16));
+        }
+        std::unique_ptr<TcpStore> store(
             new TcpStore(std::string(host), port, options, *std::move(fd)));
+        std::lock_guard<std::mutex> lock(store->mu_);
+        // A refusal (another job's store, a taken rank, a wrong token) is
+        // final: it is not retried.
+        VEMESH_RETURN_IF_ERROR(store->Handshake(deadline));
+        return store;
       }
       last_error = std::string(fd.status().message());
     } else {
@@ -210,6 +219,63 @@ absl::StatusOr<StoreReply> TcpStore::Receive(absl::Time deadline) {
   }
 }
 
+absl::Status TcpStore::Handshake(absl::Time deadline) {
+  const TcpStoreOptions& o = options_;
+  if (o.token.empty() && o.job.empty() && o.rank < 0 &&
+      o.owner_secret.empty()) {
+    return absl::OkStatus();
+  }
+  StoreHello hello;
+  hello.job = o.job;
+  hello.rank = o.rank;
+  hello.claim = o.claim;
+  hello.nonce = HexText(RandomBytes(16));
+  StoreRequest request;
+  request.op = StoreOp::kHello;
+  request.keys = HelloFields(hello);
+  VEMESH_ASSIGN_OR_RETURN(std::string frame, EncodeRequest(request));
+  VEMESH_RETURN_IF_ERROR(Send(frame, deadline));
+  VEMESH_ASSIGN_OR_RETURN(StoreReply reply, Receive(deadline));
+  auto refused = [&](const absl::Status& status) {
+    Drop();
+    return absl::Status(status.code(),
+                        absl::StrCat("store server ", Where(),
+                                     " refused this client: ",
+                                     status.message()));
+  };
+  if (!ReplyStatus(reply).ok()) return refused(ReplyStatus(reply));
+  if (reply.values.size() != 3) {
+    return refused(absl::UnavailableError(
+        "its HELLO reply is malformed: expected a nonce, a proof and a job"));
+  }
+  const std::string& server_nonce = reply.values[0];
+  if (!o.token.empty()) {
+    const std::string expected = HexText(HmacSha256(
+        o.token, HelloProofText("server", server_nonce, hello.nonce)));
+    if (!ConstantTimeEquals(expected, reply.values[1])) {
+      return refused(absl::UnauthenticatedError(
+          "it does not know this job's token (VEMESH_STORE_TOKEN): another "
+          "job's store, or the ranks were given different tokens"));
+    }
+  }
+  StoreHello auth;
+  if (!o.token.empty()) {
+    auth.proof = HexText(HmacSha256(
+        o.token, HelloProofText("client", server_nonce, hello.nonce)));
+  }
+  if (!o.owner_secret.empty()) {
+    auth.owner = HexText(HmacSha256(
+        o.owner_secret, HelloProofText("owner", server_nonce, hello.nonce)));
+  }
+  request.op = StoreOp::kAuth;
+  request.keys = HelloFields(auth);
+  VEMESH_ASSIGN_OR_RETURN(frame, EncodeRequest(request));
+  VEMESH_RETURN_IF_ERROR(Send(frame, deadline));
+  VEMESH_ASSIGN_OR_RETURN(reply, Receive(deadline));
+  if (!ReplyStatus(reply).ok()) return refused(ReplyStatus(reply));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<StoreReply>> TcpStore::Call(
     absl::Span<const StoreRequest> requests, absl::Time deadline) {
   std::string frames;
@@ -233,6 +299,7 @@ absl::StatusOr<std::vector<StoreReply>> TcpStore::Call(
           " is unreachable after a lost connection: ", fd.status().message()));
     }
     fd_ = *std::move(fd);
+    VEMESH_RETURN_IF_ERROR(Handshake(deadline));
   }
   VEMESH_RETURN_IF_ERROR(Send(frames, deadline));
   std::vector<StoreReply> replies;
