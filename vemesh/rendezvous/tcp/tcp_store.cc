@@ -113,6 +113,9 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(
   // attempts, the last one cut to the deadline.
   absl::Duration backoff = absl::Milliseconds(10);
   std::string last_error;
+  absl::Status refusal;        // another job's store answered
+  absl::Status claim_refused;  // our rank was claimed by another
+  std::string refusing_job;
   int attempts = 0;
   for (;;) {
     ++attempts;
@@ -126,13 +129,38 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(
         }
         std::unique_ptr<TcpStore> store(
             new TcpStore(std::string(host), port, options, *std::move(fd)));
-        std::lock_guard<std::mutex> lock(store->mu_);
-        // A refusal (another job's store, a taken rank, a wrong token) is
-        // final: it is not retried.
-        VEMESH_RETURN_IF_ERROR(store->Handshake(deadline));
-        return store;
+        // A rank refused by another store on this port (its rank claimed
+        // twice there) keeps trying until the deadline: should that store
+        // go and another take the port (its own job's rank 0, late), it
+        // tells that one, so that its job fails naming the conflict
+        // instead of waiting for this rank.
+        absl::Status shook;
+        std::string job;
+        {
+          std::lock_guard<std::mutex> lock(store->mu_);
+          shook = store->Handshake(deadline, /*refused=*/!claim_refused.ok(),
+                                   &job);
+        }
+        if (!claim_refused.ok()) {
+          if (shook.ok() || job != refusing_job) return claim_refused;
+        } else if (absl::IsAlreadyExists(shook)) {
+          claim_refused = shook;
+          refusing_job = job;
+        } else if (shook.ok()) {
+          return store;
+        } else if (absl::IsFailedPrecondition(shook) ||
+                   absl::IsUnauthenticated(shook)) {
+          // Another job's store (or one with another token): ours may take
+          // the port once it ends.
+          refusal = shook;
+        } else if (!absl::IsUnavailable(shook)) {
+          // A wrong token, a malformed reply: final.
+          return shook;
+        }
+        last_error = std::string(shook.message());
+      } else {
+        last_error = std::string(fd.status().message());
       }
-      last_error = std::string(fd.status().message());
     } else {
       last_error = std::string(addresses.status().message());
     }
@@ -141,6 +169,8 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(
     absl::SleepFor(std::min(backoff, left));
     backoff = std::min(backoff * 2, absl::Milliseconds(500));
   }
+  if (!claim_refused.ok()) return claim_refused;
+  if (!refusal.ok()) return refusal;
   return absl::UnavailableError(absl::StrCat(
       "cannot reach the store server at ", HostPortText(host, port),
       " before the deadline (", attempts, " attempts): ", last_error,
@@ -219,7 +249,8 @@ absl::StatusOr<StoreReply> TcpStore::Receive(absl::Time deadline) {
   }
 }
 
-absl::Status TcpStore::Handshake(absl::Time deadline) {
+absl::Status TcpStore::Handshake(absl::Time deadline, bool refused,
+                                 std::string* server_job) {
   const TcpStoreOptions& o = options_;
   if (o.token.empty() && o.job.empty() && o.rank < 0 &&
       o.owner_secret.empty()) {
@@ -230,22 +261,26 @@ absl::Status TcpStore::Handshake(absl::Time deadline) {
   hello.rank = o.rank;
   hello.claim = o.claim;
   hello.nonce = HexText(RandomBytes(16));
+  hello.refused = refused;
   StoreRequest request;
   request.op = StoreOp::kHello;
   request.keys = HelloFields(hello);
   VEMESH_ASSIGN_OR_RETURN(std::string frame, EncodeRequest(request));
   VEMESH_RETURN_IF_ERROR(Send(frame, deadline));
   VEMESH_ASSIGN_OR_RETURN(StoreReply reply, Receive(deadline));
-  auto refused = [&](const absl::Status& status) {
+  auto refusal = [&](const absl::Status& status) {
     Drop();
     return absl::Status(status.code(),
                         absl::StrCat("store server ", Where(),
                                      " refused this client: ",
                                      status.message()));
   };
-  if (!ReplyStatus(reply).ok()) return refused(ReplyStatus(reply));
+  if (server_job != nullptr && !reply.values.empty()) {
+    *server_job = reply.values.back();
+  }
+  if (!ReplyStatus(reply).ok()) return refusal(ReplyStatus(reply));
   if (reply.values.size() != 3) {
-    return refused(absl::UnavailableError(
+    return refusal(absl::UnavailableError(
         "its HELLO reply is malformed: expected a nonce, a proof and a job"));
   }
   const std::string& server_nonce = reply.values[0];
@@ -253,7 +288,7 @@ absl::Status TcpStore::Handshake(absl::Time deadline) {
     const std::string expected = HexText(HmacSha256(
         o.token, HelloProofText("server", server_nonce, hello.nonce)));
     if (!ConstantTimeEquals(expected, reply.values[1])) {
-      return refused(absl::UnauthenticatedError(
+      return refusal(absl::UnauthenticatedError(
           "it does not know this job's token (VEMESH_STORE_TOKEN): another "
           "job's store, or the ranks were given different tokens"));
     }
@@ -272,7 +307,7 @@ absl::Status TcpStore::Handshake(absl::Time deadline) {
   VEMESH_ASSIGN_OR_RETURN(frame, EncodeRequest(request));
   VEMESH_RETURN_IF_ERROR(Send(frame, deadline));
   VEMESH_ASSIGN_OR_RETURN(reply, Receive(deadline));
-  if (!ReplyStatus(reply).ok()) return refused(ReplyStatus(reply));
+  if (!ReplyStatus(reply).ok()) return refusal(ReplyStatus(reply));
   return absl::OkStatus();
 }
 

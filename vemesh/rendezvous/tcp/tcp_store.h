@@ -101,7 +101,10 @@ class TcpStore final : public Store {
   absl::Status Send(absl::string_view bytes, absl::Time deadline);
   absl::StatusOr<StoreReply> Receive(absl::Time deadline);
   // HELLO and AUTH on the connection just made (when the options ask).
-  absl::Status Handshake(absl::Time deadline);
+  // `refused`: tell the store this rank was refused by the store of job
+  // `*server_job` (set to the refusing store's job on AlreadyExists).
+  absl::Status Handshake(absl::Time deadline, bool refused = false,
+                         std::string* server_job = nullptr);
   // Forgets a connection whose state is unknown (an error, a timeout
   // mid-reply): the next call connects afresh.
   void Drop();

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -115,6 +116,7 @@ class TcpStoreServer::Loop {
   // Records c's claim of its rank; AlreadyExists (and the conflict key
   // written) when another claimer holds it.
   absl::Status ClaimRank(const Connection& c);
+  void RefuseClaim(Connection& c, const absl::Status& status);
   void Reply(Connection& c, StoreReply reply);
   void ReplyStatus(Connection& c, absl::Status status);
   // A write set `key`: the WAITs parked on it move on or are answered.
@@ -136,6 +138,7 @@ class TcpStoreServer::Loop {
   const TcpStoreServerOptions options_;
   const std::string owner_secret_;
   absl::flat_hash_map<int64_t, Claim> claims_;
+  absl::flat_hash_set<std::string> refused_claims_;
   std::atomic<bool> stop_{false};
   std::atomic<size_t> open_{0};
 
@@ -392,10 +395,30 @@ void TcpStoreServer::Loop::Hello(Connection& c, const StoreRequest& r) {
   }
   c.rank = hello->rank;
   c.claim = hello->claim;
+  if (hello->refused && hello->rank >= 0 &&
+      refused_claims_.contains(hello->claim)) {
+    // The store that refused it: no news.
+    RefuseClaim(c, ClaimRank(c));
+    return;
+  }
+  if (hello->refused && hello->rank >= 0) {
+    const std::string text = absl::StrCat(
+        "rank ", hello->rank,
+        " was refused by another job's store on this port (the rank was "
+        "claimed twice there): two jobs on one MASTER_ADDR:MASTER_PORT; "
+        "every rank involved fails");
+    if (!options_.conflict_key.empty() &&
+        !table_.contains(options_.conflict_key)) {
+      table_[options_.conflict_key] = text;
+      Notify(options_.conflict_key);
+    }
+    RefuseClaim(c, absl::AlreadyExistsError(text));
+    return;
+  }
   // With a token, a rank is claimed only once the claimer proved it.
   if (options_.token.empty()) {
     if (absl::Status claimed = ClaimRank(c); !claimed.ok()) {
-      ReplyStatus(c, std::move(claimed));
+      RefuseClaim(c, claimed);
       return;
     }
   }
@@ -415,8 +438,21 @@ void TcpStoreServer::Loop::Hello(Connection& c, const StoreRequest& r) {
 
 absl::Status TcpStoreServer::Loop::ClaimRank(const Connection& c) {
   if (c.rank < 0) return absl::OkStatus();
+  if (!options_.conflict_key.empty()) {
+    // After a conflict, only the claims made before it stand: a late rank
+    // of either job hears of the conflict instead of waiting.
+    auto conflict = table_.find(options_.conflict_key);
+    auto held = claims_.find(c.rank);
+    if (conflict != table_.end() &&
+        (held == claims_.end() || held->second.claim != c.claim)) {
+      return absl::AlreadyExistsError(conflict->second);
+    }
+  }
   auto [it, fresh] = claims_.try_emplace(c.rank, Claim{c.claim, c.id});
-  if (fresh || it->second.claim == c.claim) return absl::OkStatus();
+  if ((fresh || it->second.claim == c.claim) &&
+      !refused_claims_.contains(c.claim)) {
+    return absl::OkStatus();
+  }
   const std::string text = absl::StrCat(
       "rank ", c.rank,
       " was claimed twice on this store (two processes say they are rank ",
@@ -429,6 +465,17 @@ absl::Status TcpStoreServer::Loop::ClaimRank(const Connection& c) {
     Notify(options_.conflict_key);
   }
   return absl::AlreadyExistsError(text);
+}
+
+void TcpStoreServer::Loop::RefuseClaim(Connection& c,
+                                       const absl::Status& status) {
+  // The refused claim is remembered: the same claimer is refused again.
+  refused_claims_.insert(c.claim);
+  StoreReply reply;
+  reply.code = status.code();
+  reply.message = std::string(status.message());
+  reply.values.push_back(options_.job);  // which store refused it
+  Reply(c, std::move(reply));
 }
 
 void TcpStoreServer::Loop::Auth(Connection& c, const StoreRequest& r) {
@@ -467,7 +514,7 @@ void TcpStoreServer::Loop::Auth(Connection& c, const StoreRequest& r) {
   }
   if (!options_.token.empty()) {
     if (absl::Status claimed = ClaimRank(c); !claimed.ok()) {
-      ReplyStatus(c, std::move(claimed));
+      RefuseClaim(c, claimed);
       return;
     }
   }

@@ -420,6 +420,7 @@ std::vector<std::string> HelloFields(const StoreHello& hello) {
   if (!hello.nonce.empty()) out.push_back(absl::StrCat("nonce=", hello.nonce));
   if (!hello.proof.empty()) out.push_back(absl::StrCat("proof=", hello.proof));
   if (!hello.owner.empty()) out.push_back(absl::StrCat("owner=", hello.owner));
+  if (hello.refused) out.push_back("refused=1");
   if (out.empty()) out.push_back("rank=-1");  // a key list is never empty
   return out;
 }
@@ -437,18 +438,18 @@ absl::StatusOr<StoreHello> ParseHelloFields(
     }
     const absl::string_view name = absl::string_view(field).substr(0, eq);
     const absl::string_view value = absl::string_view(field).substr(eq + 1);
-    static constexpr absl::string_view kNames[] = {"job",   "rank",  "claim",
-                                                   "nonce", "proof", "owner"};
+    static constexpr absl::string_view kNames[] = {
+        "job", "rank", "claim", "nonce", "proof", "owner", "refused"};
     int index = -1;
-    for (int i = 0; i < 6; ++i) {
+    for (int i = 0; i < 7; ++i) {
       if (name == kNames[i]) index = i;
     }
     if (index < 0 || (seen & (1u << index)) != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "store handshake field '", name.substr(0, 64),
           index < 0 ? "' is unknown" : "' appears twice",
-          ": expected each of job, rank, claim, nonce, proof, owner at most "
-          "once"));
+          ": expected each of job, rank, claim, nonce, proof, owner, refused "
+          "at most once"));
     }
     seen |= 1u << index;
     // Hex fields: bounded and made of hex digits only.
@@ -490,8 +491,15 @@ absl::StatusOr<StoreHello> ParseHelloFields(
       case 4:
         out.proof = std::string(value);
         break;
-      default:
+      case 5:
         out.owner = std::string(value);
+        break;
+      default:
+        if (value != "1") {
+          return absl::InvalidArgumentError(
+              "store handshake field 'refused' must be 1 when present");
+        }
+        out.refused = true;
         break;
     }
   }

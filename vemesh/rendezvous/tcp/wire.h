@@ -132,6 +132,10 @@ struct StoreHello {
   std::string nonce;         // hex: the client's challenge to the server
   std::string proof;         // AUTH, hex: HMAC(token, client proof text)
   std::string owner;         // AUTH, hex: HMAC(owner secret, ...)
+  // HELLO: this rank's claim was refused by another store on this port (a
+  // rank claimed twice there): the store answering now records a conflict,
+  // so that its job fails too instead of waiting for this rank.
+  bool refused = false;
 };
 std::vector<std::string> HelloFields(const StoreHello& hello);
 absl::StatusOr<StoreHello> ParseHelloFields(
