@@ -102,10 +102,12 @@ std::unique_ptr<TcpStoreServer> Start(TcpStoreServerOptions options) {
   return server.ok() ? *std::move(server) : nullptr;
 }
 
+// A client refused as another job's (or without the token) tries again
+// until its deadline, in case its own job's store takes the port: 1 s here.
 absl::StatusOr<std::unique_ptr<TcpStore>> Connect(int port,
                                                   TcpStoreOptions options) {
   options.timeout = absl::Seconds(5);
-  return TcpStore::Connect(kHost, port, absl::Now() + absl::Seconds(5),
+  return TcpStore::Connect(kHost, port, absl::Now() + absl::Seconds(1),
                            std::move(options));
 }
 

@@ -153,8 +153,9 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(
           // Another job's store (or one with another token): ours may take
           // the port once it ends.
           refusal = shook;
-        } else if (!absl::IsUnavailable(shook)) {
-          // A wrong token, a malformed reply: final.
+        } else if (!absl::IsUnavailable(shook) &&
+                   !absl::IsDeadlineExceeded(shook)) {
+          // Our own token refused, a malformed handshake: final.
           return shook;
         }
         last_error = std::string(shook.message());
