@@ -22,11 +22,16 @@ for t in bin/nccl_split_test bin/cuda_device_test; do
 done
 if [[ -x bin/hsdp ]]; then
   echo "=== examples/hsdp on cuda, mesh (1,1), MPI singleton"
-  timeout 120 bin/hsdp --device cuda --mesh replicate=1,shard=1 2>&1 | tee $OUT/hsdp_cuda.log | tail -5; echo "rc=${PIPESTATUS[0]}"
+  for i in 1 2 3; do  # grouped splits failed here only some of the time
+    timeout 60 bin/hsdp --device cuda --mesh replicate=1,shard=1 2>&1 | tee $OUT/hsdp_cuda_$i.log | tail -2; echo "rc=${PIPESTATUS[0]}"
+  done
 fi
 echo "=== nccl_communicator_test, env:// one rank (store + Gloo twin, no MPI launcher)"
 timeout 300 bash spawn_env.sh --limit 200 --port 29517 1 bin/nccl_communicator_test 2>&1 | tee $OUT/nccl_test_env.log; echo "rc=${PIPESTATUS[0]}"
+# Each repetition's creation and tear-down is printed (--verbose), so a
+# slow step shows even when the whole run hits its bound.
+REPS=${REPS:-5}
 echo "=== nccl_init timings (MPI singleton)"
-timeout 300 bin/nccl_init --reps=10 2>&1 | tee $OUT/nccl_init.log
+timeout 120 bin/nccl_init --reps=$REPS --verbose 2>&1 | tee $OUT/nccl_init.log; echo "rc=${PIPESTATUS[0]}"
 echo "=== nccl_init timings (env://)"
-timeout 300 bash spawn_env.sh --limit 200 --port 29518 1 bin/nccl_init --reps=10 2>&1 | tee $OUT/nccl_init_env.log
+timeout 120 bash spawn_env.sh --limit 110 --port 29518 1 bin/nccl_init --reps=$REPS --verbose 2>&1 | tee $OUT/nccl_init_env.log; echo "rc=${PIPESTATUS[0]}"

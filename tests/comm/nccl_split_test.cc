@@ -141,7 +141,9 @@ MeshRun CreateMesh(const MeshOptions& base) {
 
 TEST(NcclSplitMesh, ThreeDimensionsAreOneGroupOfThreeNamedSplits) {
   FakeNccl fake;
-  const MeshRun run = CreateMesh({});
+  MeshOptions options;
+  options.nccl.group_splits = true;
+  const MeshRun run = CreateMesh(options);
   for (int r = 0; r < 8; ++r) {
     SCOPED_TRACE(absl::StrCat("rank ", r));
     const std::thread::id t = run.threads[r];
@@ -317,11 +319,9 @@ TEST(NcclSplitMesh, SplitShareReachesEverySplit) {
   EXPECT_EQ(fake.LiveComms(), 0);
 }
 
-TEST(NcclSplitMesh, OneByOneWhenGroupingIsTurnedOff) {
+TEST(NcclSplitMesh, OneByOneByDefault) {
   FakeNccl fake;
-  MeshOptions options;
-  options.nccl.group_splits = false;
-  const MeshRun run = CreateMesh(options);
+  const MeshRun run = CreateMesh({});
   for (int r = 0; r < 8; ++r) {
     const std::thread::id t = run.threads[r];
     EXPECT_EQ(fake.Count(t, "ncclGroupStart"), 0);
@@ -399,7 +399,9 @@ TEST(NcclSplitMany, ASplitNcclRefusesAbortsTheOthersAndNamesTheDimension) {
   FakeNccl fake;
   fake.fail_on_issue = "DP";
   auto store = std::make_shared<MemoryStore>();
-  auto world = NcclWorld(store, 0, 1);
+  // Grouped: the failing call is inside the group (one at a time is the
+  // default, where a failed issue simply ends the loop).
+  auto world = NcclWorld(store, 0, 1, {.group_splits = true});
   ASSERT_NE(world, nullptr);
   auto groups = world->split_many(OneRankRequests());
   ASSERT_FALSE(groups.ok());

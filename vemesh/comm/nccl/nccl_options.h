@@ -26,14 +26,15 @@ struct NcclOptions {
   // Whether split_many (a mesh's per-dimension communicators) issues all its
   // ncclCommSplit calls in one ncclGroupStart/ncclGroupEnd, so that NCCL
   // builds the communicators concurrently, or one at a time, each waited
-  // for before the next (as vemesh did before). Grouping needs NCCL >= 2.27,
-  // in the headers vemesh was built with and in the library loaded; with an
-  // older one, or with split_share (NCCL 2.28.9 builds grouped children on
-  // concurrent threads, which race on a shared parent's stream), the splits
-  // go one at a time whatever this says. `false` is
-  // for comparing the two (bench/nccl_init) and for working around an NCCL
-  // that mishandles grouped splits.
-  bool group_splits = true;
+  // for before the next. Off by default: on an H200 with NCCL 2.28.9,
+  // grouped splits of a one-rank parent intermittently never finished
+  // (DeadlineExceeded in hsdp and bench/nccl_init, two runs of two
+  // sessions), while one at a time never failed (bench/gpu/logs/). Grouping
+  // needs NCCL >= 2.27, in the headers vemesh was built with and in the
+  // library loaded; with an older one, or with split_share (grouped
+  // children are built on concurrent threads, which race on a shared
+  // parent's stream), the splits go one at a time whatever this says.
+  bool group_splits = false;
 };
 
 }  // namespace vemesh
