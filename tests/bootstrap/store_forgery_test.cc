@@ -54,7 +54,8 @@ struct Outcome {
 // Ranks 0 and 1 gather "host-<rank>"; rank 1 starts only once the rogue
 // has tried its forgery. Returns what each rank gathered and the status of
 // the rogue's write.
-void RunWithRogue(const std::string& token, Outcome out[2], absl::Status* forgery) {
+void RunWithRogue(const std::string& token, Outcome out[2],
+                  absl::Status* forgery) {
   const int port = FreePort();
   ASSERT_NE(port, 0);
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
@@ -78,8 +79,8 @@ void RunWithRogue(const std::string& token, Outcome out[2], absl::Status* forger
       forged = true;
       return;
     }
-    auto values = store->bootstrap->all_gather(absl::StrCat("host-", r),
-                                               deadline);
+    auto values =
+        store->bootstrap->all_gather(absl::StrCat("host-", r), deadline);
     out[r].status = values.status();
     if (values.ok()) out[r].values = *values;
     // Rank 0 keeps its store until rank 1 is done.
@@ -93,13 +94,14 @@ void RunWithRogue(const std::string& token, Outcome out[2], absl::Status* forger
   auto rogue = TcpStore::Connect("127.0.0.1", port, deadline, rogue_options);
   if (rogue.ok()) {
     const std::string round = absl::StrCat(kPrefix, "/ag/0");
-    absl::Status seen =
-        (*rogue)->wait({absl::StrCat(round, "/0")}, absl::Now() + absl::Seconds(5));
-    *forgery = seen.ok() ? (*rogue)
-                               ->compare_set(absl::StrCat(round, "/verdict"), "",
-                                             OkVerdict({"forged-0", "forged-1"}))
-                               .status()
-                         : seen;
+    absl::Status seen = (*rogue)->wait({absl::StrCat(round, "/0")},
+                                       absl::Now() + absl::Seconds(5));
+    *forgery = seen.ok()
+                   ? (*rogue)
+                         ->compare_set(absl::StrCat(round, "/verdict"), "",
+                                       OkVerdict({"forged-0", "forged-1"}))
+                         .status()
+                   : seen;
   } else {
     *forgery = rogue.status();
   }

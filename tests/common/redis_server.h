@@ -193,20 +193,20 @@ class RedisServer {
   absl::Status Launch() {
     const std::string port = absl::StrCat(port_);
     std::vector<std::string> args = {binary_,
-                                           "--port",
-                                           port,
-                                           "--bind",
-                                           "127.0.0.1",
-                                           "--save",
-                                           "",
-                                           "--appendonly",
-                                           "no",
-                                           "--protected-mode",
-                                           "no",
-                                           "--daemonize",
-                                           "no",
-                                           "--logfile",
-                                           log_path_.empty() ? "" : log_path_};
+                                     "--port",
+                                     port,
+                                     "--bind",
+                                     "127.0.0.1",
+                                     "--save",
+                                     "",
+                                     "--appendonly",
+                                     "no",
+                                     "--protected-mode",
+                                     "no",
+                                     "--daemonize",
+                                     "no",
+                                     "--logfile",
+                                     log_path_.empty() ? "" : log_path_};
     args.insert(args.end(), extra_.begin(), extra_.end());
     // Everything the child touches is made before fork: after it, only
     // async-signal-safe calls until exec.

@@ -120,9 +120,8 @@ TEST(RedisStoreAddressTest, CredentialsNeedAColonAndAreNeverShown) {
 // password and the user come from the address; a missing or wrong one is a
 // clear error that never shows the password.
 TEST(RedisStoreAuthTest, PasswordAndAclUserFromTheAddress) {
-  auto server = RedisServer::Start(
-      {"--requirepass", "pw-29", "--user", "alice", "on", ">alice-pw", "~*",
-       "+@all"});
+  auto server = RedisServer::Start({"--requirepass", "pw-29", "--user", "alice",
+                                    "on", ">alice-pw", "~*", "+@all"});
   ASSERT_TRUE(server.ok()) << server.status();
   const std::string at = (*server)->address();
   auto store = RedisStore::Connect(absl::StrCat("redis://:pw-29@", at));

@@ -112,8 +112,7 @@ absl::Status ReadEnvLaunch(LaunchInfo* info) {
   if (info->job_id.size() > 256) {
     return absl::InvalidArgumentError(absl::StrCat(
         "env:// launch: ", info->job_source, "='", info->job_id.substr(0, 64),
-        "...' has ", info->job_id.size(),
-        " characters: expected at most 256"));
+        "...' has ", info->job_id.size(), " characters: expected at most 256"));
   }
   if (const char* token = Env("VEMESH_STORE_TOKEN")) {
     info->store_token = token;

@@ -81,8 +81,8 @@ absl::StatusOr<Rank0Store> StartRank0Store(const Rank0StoreSpec& spec,
         if (!other.ok() && !absl::IsUnavailable(other.status()) &&
             !absl::IsDeadlineExceeded(other.status())) {
           status = absl::Status(
-              status.code(), absl::StrCat(status.message(), "; ",
-                                          other.status().message()));
+              status.code(),
+              absl::StrCat(status.message(), "; ", other.status().message()));
         } else if (other.ok()) {
           status = absl::Status(
               status.code(),

@@ -268,9 +268,9 @@ absl::StatusOr<redisContext*> ConnectOnce(const std::string& host, int port,
       err = errno;
     }
     if (raw == nullptr) {
-      return fail(absl::UnavailableError(
-          absl::StrCat("Redis at ", where, " did not answer AUTH: ",
-                       LostText(*c, err, op_timeout))));
+      return fail(absl::UnavailableError(absl::StrCat(
+          "Redis at ", where,
+          " did not answer AUTH: ", LostText(*c, err, op_timeout))));
     }
     std::unique_ptr<redisReply, void (*)(void*)> auth(
         static_cast<redisReply*>(raw), freeReplyObject);
@@ -381,9 +381,9 @@ absl::StatusOr<RedisStore::Reply> RedisStore::Command(
   if (context_ == nullptr) {
     // The last call lost the connection: one attempt, no retries, so that
     // calls to a dead Redis fail fast.
-    absl::StatusOr<redisContext*> context = ConnectOnce(
-        host_, port_, std::min(options_.connect_timeout, timeout), timeout,
-        options_);
+    absl::StatusOr<redisContext*> context =
+        ConnectOnce(host_, port_, std::min(options_.connect_timeout, timeout),
+                    timeout, options_);
     if (!context.ok()) {
       return absl::Status(
           context.status().code(),

@@ -23,7 +23,9 @@ constexpr std::array<uint32_t, 64> kRoundConstants = {
     0x5b9cca4f, 0x682e6ff3, 0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208,
     0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
 
-constexpr uint32_t Rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+constexpr uint32_t Rotr(uint32_t x, int n) {
+  return (x >> n) | (x << (32 - n));
+}
 
 // One 64-byte block into the state (FIPS 180-4, 6.2.2).
 void Compress(std::array<uint32_t, 8>& h, const unsigned char* block) {
@@ -39,8 +41,8 @@ void Compress(std::array<uint32_t, 8>& h, const unsigned char* block) {
         Rotr(w[t - 2], 17) ^ Rotr(w[t - 2], 19) ^ (w[t - 2] >> 10);
     w[t] = w[t - 16] + s0 + w[t - 7] + s1;
   }
-  uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5],
-           g = h[6], k = h[7];
+  uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6],
+           k = h[7];
   for (int t = 0; t < 64; ++t) {
     const uint32_t t1 = k + (Rotr(e, 6) ^ Rotr(e, 11) ^ Rotr(e, 25)) +
                         ((e & f) ^ (~e & g)) + kRoundConstants[t] + w[t];
@@ -68,9 +70,8 @@ void Compress(std::array<uint32_t, 8>& h, const unsigned char* block) {
 }  // namespace
 
 std::string Sha256(absl::string_view data) {
-  std::array<uint32_t, 8> h = {0x6a09e667, 0xbb67ae85, 0x3c6ef372,
-                               0xa54ff53a, 0x510e527f, 0x9b05688c,
-                               0x1f83d9ab, 0x5be0cd19};
+  std::array<uint32_t, 8> h = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                               0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
   const auto* bytes = reinterpret_cast<const unsigned char*>(data.data());
   size_t full = data.size() / 64;
   for (size_t i = 0; i < full; ++i) Compress(h, bytes + 64 * i);

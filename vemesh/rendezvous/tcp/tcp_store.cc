@@ -138,8 +138,8 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(
         std::string job;
         {
           std::lock_guard<std::mutex> lock(store->mu_);
-          shook = store->Handshake(deadline, /*refused=*/!claim_refused.ok(),
-                                   &job);
+          shook =
+              store->Handshake(deadline, /*refused=*/!claim_refused.ok(), &job);
         }
         if (!claim_refused.ok()) {
           if (shook.ok() || job != refusing_job) return claim_refused;
@@ -271,10 +271,9 @@ absl::Status TcpStore::Handshake(absl::Time deadline, bool refused,
   VEMESH_ASSIGN_OR_RETURN(StoreReply reply, Receive(deadline));
   auto refusal = [&](const absl::Status& status) {
     Drop();
-    return absl::Status(status.code(),
-                        absl::StrCat("store server ", Where(),
-                                     " refused this client: ",
-                                     status.message()));
+    return absl::Status(status.code(), absl::StrCat("store server ", Where(),
+                                                    " refused this client: ",
+                                                    status.message()));
   };
   if (server_job != nullptr && !reply.values.empty()) {
     *server_job = reply.values.back();

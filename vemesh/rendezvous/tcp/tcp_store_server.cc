@@ -361,8 +361,7 @@ absl::Status TcpStoreServer::Loop::Refusal(const Connection& c,
         "proved in a HELLO/AUTH handshake first"));
   }
   const bool writes = r.op == StoreOp::kSet || r.op == StoreOp::kAdd ||
-                      r.op == StoreOp::kCompareSet ||
-                      r.op == StoreOp::kRemove;
+                      r.op == StoreOp::kCompareSet || r.op == StoreOp::kRemove;
   if (!writes || c.owner) return absl::OkStatus();
   for (const std::string& suffix : options_.owner_key_suffixes) {
     if (!absl::EndsWith(r.keys[0], suffix)) continue;
@@ -429,9 +428,9 @@ void TcpStoreServer::Loop::Hello(Connection& c, const StoreRequest& r) {
   reply.values.push_back(
       options_.token.empty()
           ? std::string()
-          : HexText(HmacSha256(options_.token,
-                               HelloProofText("server", c.server_nonce,
-                                              c.client_nonce))));
+          : HexText(HmacSha256(
+                options_.token,
+                HelloProofText("server", c.server_nonce, c.client_nonce))));
   reply.values.push_back(options_.job);
   Reply(c, std::move(reply));
 }
@@ -490,9 +489,9 @@ void TcpStoreServer::Loop::Auth(Connection& c, const StoreRequest& r) {
     return;
   }
   if (!options_.token.empty()) {
-    const std::string expected = HexText(HmacSha256(
-        options_.token,
-        HelloProofText("client", c.server_nonce, c.client_nonce)));
+    const std::string expected = HexText(
+        HmacSha256(options_.token,
+                   HelloProofText("client", c.server_nonce, c.client_nonce)));
     if (!ConstantTimeEquals(expected, auth->proof)) {
       c.server_nonce.clear();  // a new HELLO for another try
       ReplyStatus(c, absl::UnauthenticatedError(
@@ -503,8 +502,9 @@ void TcpStoreServer::Loop::Auth(Connection& c, const StoreRequest& r) {
     }
   }
   if (!auth->owner.empty()) {
-    const std::string expected = HexText(HmacSha256(
-        owner_secret_, HelloProofText("owner", c.server_nonce, c.client_nonce)));
+    const std::string expected = HexText(
+        HmacSha256(owner_secret_,
+                   HelloProofText("owner", c.server_nonce, c.client_nonce)));
     if (!ConstantTimeEquals(expected, auth->owner)) {
       ReplyStatus(c, absl::PermissionDeniedError(
                          "store AUTH refused: the owner proof does not match"));

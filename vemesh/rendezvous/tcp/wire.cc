@@ -432,9 +432,9 @@ absl::StatusOr<StoreHello> ParseHelloFields(
   for (const std::string& field : fields) {
     const size_t eq = field.find('=');
     if (eq == std::string::npos) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("store handshake field '", field.substr(0, 64),
-                       "': expected name=value"));
+      return absl::InvalidArgumentError(absl::StrCat("store handshake field '",
+                                                     field.substr(0, 64),
+                                                     "': expected name=value"));
     }
     const absl::string_view name = absl::string_view(field).substr(0, eq);
     const absl::string_view value = absl::string_view(field).substr(eq + 1);
@@ -475,9 +475,9 @@ absl::StatusOr<StoreHello> ParseHelloFields(
         int64_t rank = 0;
         if (!absl::SimpleAtoi(value, &rank) || rank < -1 ||
             rank > (int64_t{1} << 24)) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "store handshake rank '", value.substr(0, 32),
-              "': expected an integer in [-1, 16777216]"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("store handshake rank '", value.substr(0, 32),
+                           "': expected an integer in [-1, 16777216]"));
         }
         out.rank = rank;
         break;

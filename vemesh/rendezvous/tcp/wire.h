@@ -126,12 +126,12 @@ ParsedReply ParseReply(absl::string_view bytes);
 // name at most once; unknown names are refused (InvalidArgument), so that
 // a typo is not a silently weaker handshake.
 struct StoreHello {
-  std::string job;           // the job's identity ("" : none given)
-  int64_t rank = -1;         // the rank claimed (-1: none, e.g. a tool)
-  std::string claim;         // hex: the claimer's identity (a process nonce)
-  std::string nonce;         // hex: the client's challenge to the server
-  std::string proof;         // AUTH, hex: HMAC(token, client proof text)
-  std::string owner;         // AUTH, hex: HMAC(owner secret, ...)
+  std::string job;    // the job's identity ("" : none given)
+  int64_t rank = -1;  // the rank claimed (-1: none, e.g. a tool)
+  std::string claim;  // hex: the claimer's identity (a process nonce)
+  std::string nonce;  // hex: the client's challenge to the server
+  std::string proof;  // AUTH, hex: HMAC(token, client proof text)
+  std::string owner;  // AUTH, hex: HMAC(owner secret, ...)
   // HELLO: this rank's claim was refused by another store on this port (a
   // rank claimed twice there): the store answering now records a conflict,
   // so that its job fails too instead of waiting for this rank.
