@@ -64,9 +64,10 @@ struct Connection {
   std::string server_nonce;  // hex, sent in the HELLO reply
   std::string client_nonce;  // hex, from HELLO
   bool authenticated = false;
-  bool owner = false;  // proved the owner secret: rank 0's own client
-  int64_t rank = -1;   // the rank it claims (-1: none)
-  std::string claim;   // the claimer's nonce
+  bool owner = false;    // proved the owner secret: rank 0's own client
+  int64_t rank = -1;     // the rank it claims (-1: none)
+  std::string claim;     // the claimer's nonce
+  bool refused = false;  // refused by another store on this port
 };
 
 // A rank's claim: who made it, for the conflict message.
@@ -117,6 +118,9 @@ class TcpStoreServer::Loop {
   // written) when another claimer holds it.
   absl::Status ClaimRank(const Connection& c);
   void RefuseClaim(Connection& c, const absl::Status& status);
+  // A HELLO saying its rank was refused by another store on this port:
+  // records the conflict and refuses it (true), or false when it says not.
+  bool ReportRefusal(Connection& c);
   void Reply(Connection& c, StoreReply reply);
   void ReplyStatus(Connection& c, absl::Status status);
   // A write set `key`: the WAITs parked on it move on or are answered.
@@ -394,28 +398,11 @@ void TcpStoreServer::Loop::Hello(Connection& c, const StoreRequest& r) {
   }
   c.rank = hello->rank;
   c.claim = hello->claim;
-  if (hello->refused && hello->rank >= 0 &&
-      refused_claims_.contains(hello->claim)) {
-    // The store that refused it: no news.
-    RefuseClaim(c, ClaimRank(c));
-    return;
-  }
-  if (hello->refused && hello->rank >= 0) {
-    const std::string text = absl::StrCat(
-        "rank ", hello->rank,
-        " was refused by another job's store on this port (the rank was "
-        "claimed twice there): two jobs on one MASTER_ADDR:MASTER_PORT; "
-        "every rank involved fails");
-    if (!options_.conflict_key.empty() &&
-        !table_.contains(options_.conflict_key)) {
-      table_[options_.conflict_key] = text;
-      Notify(options_.conflict_key);
-    }
-    RefuseClaim(c, absl::AlreadyExistsError(text));
-    return;
-  }
-  // With a token, a rank is claimed only once the claimer proved it.
+  c.refused = hello->refused;
+  // With a token, a rank is claimed (or a refusal elsewhere reported)
+  // only once the claimer proved it.
   if (options_.token.empty()) {
+    if (ReportRefusal(c)) return;
     if (absl::Status claimed = ClaimRank(c); !claimed.ok()) {
       RefuseClaim(c, claimed);
       return;
@@ -466,6 +453,27 @@ absl::Status TcpStoreServer::Loop::ClaimRank(const Connection& c) {
   return absl::AlreadyExistsError(text);
 }
 
+bool TcpStoreServer::Loop::ReportRefusal(Connection& c) {
+  if (!c.refused || c.rank < 0) return false;
+  if (refused_claims_.contains(c.claim)) {
+    // The store that refused it: no news.
+    RefuseClaim(c, ClaimRank(c));
+    return true;
+  }
+  const std::string text = absl::StrCat(
+      "rank ", c.rank,
+      " was refused by another job's store on this port (the rank was "
+      "claimed twice there): two jobs on one MASTER_ADDR:MASTER_PORT; "
+      "every rank involved fails");
+  if (!options_.conflict_key.empty() &&
+      !table_.contains(options_.conflict_key)) {
+    table_[options_.conflict_key] = text;
+    Notify(options_.conflict_key);
+  }
+  RefuseClaim(c, absl::AlreadyExistsError(text));
+  return true;
+}
+
 void TcpStoreServer::Loop::RefuseClaim(Connection& c,
                                        const absl::Status& status) {
   // The refused claim is remembered: the same claimer is refused again.
@@ -513,6 +521,7 @@ void TcpStoreServer::Loop::Auth(Connection& c, const StoreRequest& r) {
     c.owner = true;
   }
   if (!options_.token.empty()) {
+    if (ReportRefusal(c)) return;
     if (absl::Status claimed = ClaimRank(c); !claimed.ok()) {
       RefuseClaim(c, claimed);
       return;
