@@ -12,7 +12,10 @@
 //                    (the O(N) pattern)
 //
 // then one client's round trips (set, get, add in a loop), TcpStore vs
-// MemoryStore, each op's time and the ratio.
+// MemoryStore, each op's time and the ratio; then (--auth) the rendezvous
+// of an env:// job, connect + rank 0 combines, with the store's token
+// (VEMESH_STORE_TOKEN: a HELLO/AUTH HMAC handshake per connection) against
+// without it (HELLO with the rank claim only), alternated, in one run.
 //
 //   build/bench/store_rendezvous                       # 1024 clients
 //   build/bench/store_rendezvous --clients=16 --round_trips=200 --reps=1
@@ -30,6 +33,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -47,6 +51,9 @@ ABSL_FLAG(int, reps, 5, "repetitions of each rendezvous pattern (median)");
 ABSL_FLAG(int, round_trips, 20000,
           "iterations of each op in the round-trip loop");
 ABSL_FLAG(int, value_bytes, 64, "bytes each client sets in a rendezvous");
+ABSL_FLAG(int, auth_runs, 3,
+          "rendezvous runs with the token and without it, alternated "
+          "(0: skip)");
 
 namespace vemesh::bench {
 namespace {
@@ -260,6 +267,60 @@ int Main() {
   row("set", tcp_ops.set_us, mem_ops.set_us);
   row("get", tcp_ops.get_us, mem_ops.get_us);
   row("add", tcp_ops.add_us, mem_ops.add_us);
+
+  const int auth_runs = absl::GetFlag(FLAGS_auth_runs);
+  if (auth_runs <= 0) return 0;
+  // Each run: a fresh server, every client connects (with its handshake)
+  // and one rank-0-combines round; the time of both together.
+  auto rendezvous = [&](const std::string& token, bool claim) {
+    TcpStoreServerOptions server_options;
+    server_options.token = token;
+    auto auth_server = TcpStoreServer::Start("127.0.0.1", 0, server_options);
+    Check(auth_server.status(), "start server");
+    const int auth_port = (*auth_server)->port();
+    double connect = 0;
+    const PatternTimes t = RunPatterns(
+        n, 1, value,
+        [&](int rank) -> std::shared_ptr<Store> {
+          TcpStoreOptions options;
+          options.token = token;
+          options.rank = claim ? rank : -1;
+          auto store = TcpStore::Connect("127.0.0.1", auth_port,
+                                         absl::Now() + kDeadline, options);
+          Check(store.status(), "connect");
+          return std::shared_ptr<Store>(*std::move(store));
+        },
+        &connect);
+    return std::make_pair(connect, t.combine_ms.at(0));
+  };
+  std::vector<double> off_total, on_total, off_connect, on_connect;
+  std::vector<double> bare_total, bare_connect;
+  for (int r = 0; r < auth_runs; ++r) {
+    for (bool on : {false, true}) {
+      const auto [connect, combine] = rendezvous(on ? "bench-token-29" : "",
+                                                 /*claim=*/true);
+      (on ? on_total : off_total).push_back(connect + combine);
+      (on ? on_connect : off_connect).push_back(connect);
+    }
+    const auto [connect, combine] = rendezvous("", /*claim=*/false);
+    bare_total.push_back(connect + combine);
+    bare_connect.push_back(connect);
+  }
+  const double off = Median(off_total), on = Median(on_total);
+  std::printf(
+      "\nrendezvous with the store token (HMAC handshake) vs without: %d "
+      "clients, connect + rank 0 combines, median of %d runs each, "
+      "alternated\n",
+      n, auth_runs);
+  std::printf("  %-28s %12s %12s\n", "", "connect ms", "total ms");
+  std::printf("  %-28s %12.2f %12.2f\n", "no handshake (a bare client)",
+              Median(bare_connect), Median(bare_total));
+  std::printf("  %-28s %12.2f %12.2f\n", "no token (rank claim only)",
+              Median(off_connect), off);
+  std::printf("  %-28s %12.2f %12.2f\n", "token (HELLO + AUTH)",
+              Median(on_connect), on);
+  std::printf("  %-28s %25.1f %%\n", "token overhead",
+              off > 0 ? 100.0 * (on - off) / off : 0.0);
   return 0;
 }
 

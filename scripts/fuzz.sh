@@ -7,8 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${VEMESH_FUZZ_SECONDS:-30}
-targets="mesh_spec_fuzzer mesh_layout_fuzzer store_request_fuzzer membership_fuzzer plan_input_fuzzer
-         checkpoint_manifest_fuzzer safetensors_header_fuzzer"
+targets="mesh_spec_fuzzer mesh_layout_fuzzer store_request_fuzzer store_auth_fuzzer membership_fuzzer
+         plan_input_fuzzer checkpoint_manifest_fuzzer safetensors_header_fuzzer"
 
 cmake --preset fuzz >/dev/null
 # Only the fuzz targets: the rest of the preset (MPI library, CLI) is not

@@ -38,6 +38,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
@@ -54,7 +55,10 @@ class RedisServer {
   // A server on a free port. The port is found by binding port 0 and
   // closing it, so another process may take it first: then the server
   // exits at once and Start tries another port, three times in all.
-  static absl::StatusOr<std::unique_ptr<RedisServer>> Start() {
+  // `extra`: more redis-server options, e.g. {"--requirepass", "pw"} (a
+  // server that then answers PING with NOAUTH counts as started).
+  static absl::StatusOr<std::unique_ptr<RedisServer>> Start(
+      std::vector<std::string> extra = {}) {
     absl::StatusOr<std::string> binary = FindBinary();
     if (!binary.ok()) return binary.status();
     absl::Status last;
@@ -62,6 +66,7 @@ class RedisServer {
       absl::StatusOr<int> port = FreePort();
       if (!port.ok()) return port.status();
       std::unique_ptr<RedisServer> server(new RedisServer(*binary, *port));
+      server->extra_ = extra;
       last = server->Launch();
       if (last.ok()) return server;
     }
@@ -187,21 +192,22 @@ class RedisServer {
   // Starts the server on port_ and waits until it answers PING.
   absl::Status Launch() {
     const std::string port = absl::StrCat(port_);
-    const std::vector<std::string> args = {binary_,
-                                           "--port",
-                                           port,
-                                           "--bind",
-                                           "127.0.0.1",
-                                           "--save",
-                                           "",
-                                           "--appendonly",
-                                           "no",
-                                           "--protected-mode",
-                                           "no",
-                                           "--daemonize",
-                                           "no",
-                                           "--logfile",
-                                           log_path_.empty() ? "" : log_path_};
+    std::vector<std::string> args = {binary_,
+                                     "--port",
+                                     port,
+                                     "--bind",
+                                     "127.0.0.1",
+                                     "--save",
+                                     "",
+                                     "--appendonly",
+                                     "no",
+                                     "--protected-mode",
+                                     "no",
+                                     "--daemonize",
+                                     "no",
+                                     "--logfile",
+                                     log_path_.empty() ? "" : log_path_};
+    args.insert(args.end(), extra_.begin(), extra_.end());
     // Everything the child touches is made before fork: after it, only
     // async-signal-safe calls until exec.
     std::vector<char*> argv;
@@ -241,7 +247,8 @@ class RedisServer {
       }
       absl::StatusOr<std::string> pong =
           Exchange(port_, "PING\r\n", absl::Now() + absl::Milliseconds(500));
-      if (pong.ok() && *pong == "+PONG") return absl::OkStatus();
+      if (pong.ok() && (*pong == "+PONG" || absl::StartsWith(*pong, "-NOAUTH")))
+        return absl::OkStatus();
       absl::SleepFor(absl::Milliseconds(10));
     }
     Kill();
@@ -309,6 +316,7 @@ class RedisServer {
 
   const std::string binary_;
   const int port_;
+  std::vector<std::string> extra_;
   std::string log_path_;
   pid_t pid_ = -1;
 };

@@ -6,7 +6,9 @@
 //   probe rank R: DEADLINE_EXCEEDED: <message> (after S s)
 //
 // VEMESH_PROBE_DIE=1 makes the rank join the job's store and then die
-// before init (a rank lost during rendezvous).
+// before init (a rank lost during rendezvous). VEMESH_PROBE_VALUE=k makes
+// each rank contribute k * (rank + 1), so that a mesh mixing two jobs with
+// different k sums wrong (job_race.py).
 #include <unistd.h>
 
 #include <cstdio>
@@ -63,14 +65,24 @@ int main(int argc, char** argv) {
     std::_Exit(0);
   }
   auto group = mesh->get_group("DP");
-  int64_t value = rank + 1;
+  int64_t scale = 1;
+  if (const char* v = std::getenv("VEMESH_PROBE_VALUE"); v != nullptr) {
+    if (!absl::SimpleAtoi(v, &scale)) return 2;
+  }
+  int64_t value = scale * (rank + 1);
   absl::Status status = group.ok()
                             ? (*group)->all_reduce(absl::MakeSpan(&value, 1),
                                                    vemesh::ReduceOp::kSum)
                             : group.status();
-  if (status.ok() && value != n * (n + 1) / 2) {
+  if (status.ok() && value != scale * n * (n + 1) / 2) {
     status = absl::InternalError("all_reduce gave a wrong sum");
   }
   Report(rank, status, start);
+  // VEMESH_PROBE_HOLD_MS: keep the job (and rank 0's store) up a while, so
+  // that a second job started meanwhile meets it.
+  if (const char* hold = std::getenv("VEMESH_PROBE_HOLD_MS"); hold != nullptr) {
+    int ms = 0;
+    if (absl::SimpleAtoi(hold, &ms) && ms > 0) usleep(ms * 1000);
+  }
   return status.ok() ? 0 : 1;
 }

@@ -32,6 +32,7 @@ namespace vemesh {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::vemesh::testing::RedisServer;
 
 // A port nobody listens on: one the kernel just handed out and took back.
@@ -86,8 +87,6 @@ TEST(RedisStoreAddressTest, MalformedAddressesAreInvalidArgumentNamingThem) {
                               " host:6379",
                               "http://host:6379",
                               "redis://host:6379/0",
-                              "redis://user@host:6379",
-                              "redis://:pw@host:6379",
                               "::1:6379",
                               "[::1",
                               "[::1]",
@@ -104,6 +103,43 @@ TEST(RedisStoreAddressTest, MalformedAddressesAreInvalidArgumentNamingThem) {
     EXPECT_THAT(store.status().message(),
                 HasSubstr("redis://HOST:PORT or HOST:PORT"));
   }
+}
+
+TEST(RedisStoreAddressTest, CredentialsNeedAColonAndAreNeverShown) {
+  auto store = RedisStore::Connect("redis://hunter2@host:6379");
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(store.status().message(), HasSubstr("'redis://***@host:6379'"));
+  EXPECT_THAT(store.status().message(), Not(HasSubstr("hunter2")));
+  store = RedisStore::Connect("redis://alice:hunter2@host:99999");
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(store.status().message(), HasSubstr("'redis://alice:***@host"));
+  EXPECT_THAT(store.status().message(), Not(HasSubstr("hunter2")));
+}
+
+// A Redis started with --requirepass and an ACL user (issue 29): the
+// password and the user come from the address; a missing or wrong one is a
+// clear error that never shows the password.
+TEST(RedisStoreAuthTest, PasswordAndAclUserFromTheAddress) {
+  auto server = RedisServer::Start({"--requirepass", "pw-29", "--user", "alice",
+                                    "on", ">alice-pw", "~*", "+@all"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string at = (*server)->address();
+  auto store = RedisStore::Connect(absl::StrCat("redis://:pw-29@", at));
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_TRUE((*store)->set("k", "v").ok());
+  EXPECT_EQ((*store)->get("k").value_or(""), "v");
+  auto alice = RedisStore::Connect(absl::StrCat("redis://alice:alice-pw@", at));
+  ASSERT_TRUE(alice.ok()) << alice.status();
+  EXPECT_EQ((*alice)->get("k").value_or(""), "v");
+
+  auto none = RedisStore::Connect(at);
+  EXPECT_FALSE(none.ok());
+  EXPECT_THAT(none.status().message(), HasSubstr("redis://USER:PASSWORD@"));
+  auto wrong = RedisStore::Connect(absl::StrCat("redis://alice:guess-29@", at));
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kUnauthenticated)
+      << wrong.status();
+  EXPECT_THAT(wrong.status().message(), HasSubstr("user 'alice'"));
+  EXPECT_THAT(wrong.status().message(), Not(HasSubstr("guess-29")));
 }
 
 TEST(RedisStoreAddressTest, TimeoutsMustBePositiveAndFinite) {

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <fstream>
 #include <mutex>
 #include <utility>
 
@@ -135,8 +136,40 @@ absl::Status ReadEnvLaunch(LaunchInfo* info) {
     if (!local_rank.ok()) return local_rank.status();
   }
   if (const char* run = Env("TORCHELASTIC_RUN_ID")) info->run_id = run;
+  if (const char* job = Env("VEMESH_JOB_ID")) {
+    info->job_id = job;
+    info->job_source = "VEMESH_JOB_ID";
+  } else if (!info->run_id.empty()) {
+    info->job_id = info->run_id;
+    info->job_source = "TORCHELASTIC_RUN_ID";
+  } else if (const char* slurm = Env("SLURM_JOB_ID")) {
+    info->job_id = slurm;
+    info->job_source = "SLURM_JOB_ID";
+    if (const char* step = Env("SLURM_STEP_ID")) {
+      absl::StrAppend(&info->job_id, ".", step);
+    }
+  }
+  if (info->job_id.size() > 256) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "env:// launch: ", info->job_source, "='", info->job_id.substr(0, 64),
+        "...' has ", info->job_id.size(), " characters: expected at most 256"));
+  }
+  if (const char* token = Env("VEMESH_STORE_TOKEN")) {
+    info->store_token = token;
+  } else if (const char* file = Env("VEMESH_STORE_TOKEN_FILE")) {
+    std::ifstream in(file);
+    std::getline(in, info->store_token);
+    if (!in && info->store_token.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "env:// launch: VEMESH_STORE_TOKEN_FILE='", file,
+          "' cannot be read or is empty: expected a file whose first line "
+          "is the job's store token"));
+    }
+  }
   return absl::OkStatus();
 }
+
+constexpr absl::Duration kClaimSettle = absl::Milliseconds(100);
 
 // What the env:// bootstrap needs to keep alive: rank 0's server.
 struct EnvLaunch {
@@ -152,6 +185,8 @@ absl::StatusOr<std::shared_ptr<Bootstrap>> MakeEnvBootstrap(
     if (const char* restart = Env("TORCHELASTIC_RESTART_COUNT")) {
       absl::StrAppend(&prefix, "/restart", restart);
     }
+  } else if (!info.job_id.empty()) {
+    absl::StrAppend(&prefix, "/", info.job_id);
   }
   Rank0StoreSpec spec;
   spec.rank = info.rank;
@@ -168,6 +203,12 @@ absl::StatusOr<std::shared_ptr<Bootstrap>> MakeEnvBootstrap(
   spec.reason = info.reason;
   spec.context = "env:// launch";
   spec.address_name = "MASTER_ADDR:MASTER_PORT";
+  spec.job = info.job_id;
+  spec.token = info.store_token;
+  // Without a job id, two jobs are told apart by a rank claimed twice:
+  // rank 0 gives a second job starting at the same moment a little time
+  // to show itself before the first verdict.
+  if (info.job_id.empty()) spec.settle = kClaimSettle;
   VEMESH_ASSIGN_OR_RETURN(Rank0Store store, StartRank0Store(spec, deadline));
   keep->server = std::move(store.server);
   std::shared_ptr<StoreBootstrap> bootstrap = std::move(store.bootstrap);

@@ -47,6 +47,15 @@ struct LaunchInfo {
   std::string master_addr;
   int master_port = -1;
   std::string run_id;  // TORCHELASTIC_RUN_ID, namespaces the store's keys
+  // The job's identity, every rank's alike: VEMESH_JOB_ID, else
+  // TORCHELASTIC_RUN_ID, else SLURM_JOB_ID[.SLURM_STEP_ID]; "" when the
+  // launcher gives none (rank 0's store then makes one, and a rank claimed
+  // twice is what tells two jobs apart). job_source names the variable.
+  std::string job_id;
+  std::string job_source;
+  // The store's shared secret: VEMESH_STORE_TOKEN, or the first line of the
+  // file VEMESH_STORE_TOKEN_FILE names ("": none).
+  std::string store_token;
 };
 
 // Reads the environment; no communication.

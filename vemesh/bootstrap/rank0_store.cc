@@ -9,7 +9,9 @@
 #include "absl/time/time.h"
 #include "vemesh/base/status_macros.h"
 #include "vemesh/bootstrap/launch.h"
+#include "vemesh/rendezvous/tcp/sha256.h"
 #include "vemesh/rendezvous/tcp/tcp_store.h"
+#include "vemesh/rendezvous/tcp/tcp_store_server.h"
 
 namespace vemesh {
 namespace {
@@ -84,16 +86,58 @@ absl::StatusOr<Rank0Store> StartRank0Store(const Rank0StoreSpec& spec,
   Rank0Store out;
   std::string host = spec.host;
   int port = spec.port;
+  const std::string conflict_key = absl::StrCat(spec.prefix, "/conflict");
+  TcpStoreOptions store_options;
+  store_options.timeout = std::max(deadline - absl::Now(), absl::Seconds(1));
+  store_options.token = spec.token;
+  store_options.job = spec.job;
+  store_options.rank = spec.rank;
   if (spec.rank == 0) {
-    VEMESH_ASSIGN_OR_RETURN(TcpStoreServerOptions limits,
+    VEMESH_ASSIGN_OR_RETURN(TcpStoreServerOptions server_options,
                             StoreServerOptionsFromEnv());
-    auto server = TcpStoreServer::Start(spec.bind, spec.port, limits);
+    server_options.token = spec.token;
+    server_options.job = spec.job;
+    if (server_options.job.empty()) {
+      // Made by rank 0: no client names it, but it names this store in a
+      // refusal to a client of a job that has an id.
+      server_options.job = "made-by-rank-0-";
+      server_options.job += HexText(RandomBytes(8));
+    }
+    server_options.conflict_key = conflict_key;
+    server_options.owner_key_suffixes = {"/verdict", "/conflict"};
+    server_options.open_value_prefix.push_back('E');  // an error verdict
+    auto server = TcpStoreServer::Start(spec.bind, spec.port, server_options);
     if (!server.ok()) {
-      return Wrapped(server.status(), spec.context,
+      absl::Status status = server.status();
+      if (absl::IsAlreadyExists(status) && spec.port != 0) {
+        // Somebody holds the port: if it is a store, claim rank 0 there too,
+        // so that a job forming there with our ranks fails (a rank claimed
+        // twice), and say whose it is. Bounded: a silent listener is not
+        // waited for.
+        TcpStoreOptions probe = store_options;
+        probe.timeout = absl::Milliseconds(500);
+        auto other = TcpStore::Connect(
+            host, port,
+            std::min(deadline, absl::Now() + absl::Milliseconds(500)), probe);
+        if (!other.ok() && !absl::IsUnavailable(other.status()) &&
+            !absl::IsDeadlineExceeded(other.status())) {
+          status = absl::Status(
+              status.code(),
+              absl::StrCat(status.message(), "; ", other.status().message()));
+        } else if (other.ok()) {
+          status = absl::Status(
+              status.code(),
+              absl::StrCat(status.message(),
+                           "; a store of another job with no rank 0 answers "
+                           "there"));
+        }
+      }
+      return Wrapped(status, spec.context,
                      absl::StrCat("rank 0 could not host the store at ",
                                   AddressText(spec, host, port)));
     }
     out.server = *std::move(server);
+    store_options.owner_secret = out.server->owner_secret();
   }
   if (spec.port == 0) {
     const std::string mine =
@@ -109,8 +153,6 @@ absl::StatusOr<Rank0Store> StartRank0Store(const Rank0StoreSpec& spec,
     }
     host = zero.substr(0, space);
   }
-  TcpStoreOptions store_options;
-  store_options.timeout = std::max(deadline - absl::Now(), absl::Seconds(1));
   auto store = TcpStore::Connect(host, port, deadline, store_options);
   if (!store.ok()) {
     return Wrapped(store.status(), spec.context,
@@ -127,6 +169,7 @@ absl::StatusOr<Rank0Store> StartRank0Store(const Rank0StoreSpec& spec,
   out.bootstrap = std::make_shared<StoreBootstrap>(
       std::shared_ptr<Store>(*std::move(store)), spec.rank, spec.size,
       spec.prefix, spec.reason, gloo_host);
+  out.bootstrap->set_conflict_key(conflict_key, spec.settle);
   return out;
 }
 

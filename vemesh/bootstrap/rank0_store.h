@@ -61,6 +61,15 @@ struct Rank0StoreSpec {
   // address ("MASTER_ADDR:MASTER_PORT").
   std::string context;
   std::string address_name;
+  // The job's identity ("": rank 0 makes one) and the store's shared secret
+  // ("": none; the fallback then still keeps verdicts to rank 0's own
+  // connection). A client of another job, a rank claimed twice and a wrong
+  // token are refused (tcp_store_server.h).
+  std::string job;
+  std::string token;
+  // Rank 0 waits this long in the first round for a second claim of a rank
+  // (a second job started at the same moment) before its verdict.
+  absl::Duration settle = absl::ZeroDuration();
 };
 
 struct Rank0Store {

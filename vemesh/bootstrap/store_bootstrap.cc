@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "vemesh/base/status_macros.h"
 #include "vemesh/comm/gloo/gloo_communicator.h"
 
@@ -26,7 +27,8 @@ std::string FirstFew(const std::vector<int>& ranks) {
 }
 
 // A verdict is 'O' + the number of ranks (u64) + their values (each u64
-// length + bytes), or 'E' + the failure text.
+// length + bytes), 'E' + the failure text, or 'C' + the text of a conflict
+// (a rank claimed twice).
 std::string Combine(const std::vector<std::string>& values) {
   std::string out = "O";
   const uint64_t count = values.size();
@@ -46,6 +48,9 @@ absl::StatusOr<std::vector<std::string>> Split(absl::string_view verdict,
   }
   if (verdict[0] == 'E') {
     return absl::DeadlineExceededError(verdict.substr(1));
+  }
+  if (verdict[0] == 'C') {  // a rank claimed twice: two jobs on one store
+    return absl::AlreadyExistsError(verdict.substr(1));
   }
   std::vector<std::string> out;
   verdict.remove_prefix(1);
@@ -163,6 +168,14 @@ absl::StatusOr<std::vector<std::string>> StoreBootstrap::Round(
   } else {
     return values.status();
   }
+  if (!conflict_key_.empty()) {
+    if (round_ == 1 && settle_ > absl::ZeroDuration()) {
+      (void)store_->wait({conflict_key_}, absl::Now() + settle_);
+    }
+    if (auto conflict = store_->get(conflict_key_); conflict.ok()) {
+      proposal = absl::StrCat("C", *conflict);
+    }
+  }
   VEMESH_ASSIGN_OR_RETURN(auto winner,
                           store_->compare_set(verdict_key, "", proposal));
   auto result = Split(winner, size_);
@@ -173,6 +186,10 @@ absl::StatusOr<std::vector<std::string>> StoreBootstrap::Round(
   std::vector<std::string> acks;
   for (int r : arrived) acks.push_back(ack_key(r));
   (void)store_->wait(acks, absl::Now() + grace_);
+  // A conflict (two jobs on one store): the store stays up a little longer
+  // to tell the late ranks of either job, who would otherwise wait for a
+  // rank 0 that is gone.
+  if (winner[0] == 'C') absl::SleepFor(grace_);
   return result;
 }
 

@@ -60,6 +60,14 @@ class StoreBootstrap final : public Bootstrap {
   // verdict, and rank 0 for the others to read a failed one (tests shorten
   // it).
   void set_grace(absl::Duration grace) { grace_ = grace; }
+  // Rank 0 reads `key` before each verdict: when it is set (the store
+  // recorded a rank claimed twice), the verdict is that error on every
+  // rank. In the first round rank 0 first waits up to `settle` for it, so
+  // that a second job starting at the same moment is caught.
+  void set_conflict_key(std::string key, absl::Duration settle) {
+    conflict_key_ = std::move(key);
+    settle_ = settle;
+  }
 
  private:
   absl::StatusOr<std::vector<std::string>> Round(const std::string& round,
@@ -73,6 +81,8 @@ class StoreBootstrap final : public Bootstrap {
   std::string reason_;
   std::string gloo_host_;
   absl::Duration grace_ = absl::Seconds(2);
+  std::string conflict_key_;
+  absl::Duration settle_;
   int64_t round_ = 0;
   int64_t worlds_ = 0;
   std::atomic<bool> broken_{false};

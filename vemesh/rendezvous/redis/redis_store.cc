@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
+#include <memory>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -64,17 +66,44 @@ return missing
 struct RedisAddress {
   std::string host;
   int port = 0;
+  std::string user;
+  std::string password;
+  bool has_credentials = false;
 };
 
-absl::StatusOr<RedisAddress> ParseRedisAddress(absl::string_view text) {
+absl::StatusOr<RedisAddress> ParseRedisAddress(absl::string_view full) {
+  // The credentials, if any, are cut off first and never shown.
+  absl::string_view rest = full;
+  const bool scheme = absl::ConsumePrefix(&rest, "redis://");
+  RedisAddress address;
+  std::string shown;
+  if (const size_t at = rest.rfind('@'); at != absl::string_view::npos) {
+    const absl::string_view credentials = rest.substr(0, at);
+    const size_t colon = credentials.find(':');
+    rest.remove_prefix(at + 1);
+    // A lone word may be a password: hidden too.
+    shown = absl::StrCat(
+        scheme ? "redis://" : "",
+        colon == absl::string_view::npos ? "" : credentials.substr(0, colon),
+        colon == absl::string_view::npos ? "***@" : ":***@", rest);
+    if (colon == absl::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Redis address '", shown.substr(0, 256),
+          "' has credentials without a ':': expected "
+          "redis://USER:PASSWORD@HOST:PORT or redis://:PASSWORD@HOST:PORT"));
+    }
+    address.user = std::string(credentials.substr(0, colon));
+    address.password = std::string(credentials.substr(colon + 1));
+    address.has_credentials = true;
+  } else {
+    shown = std::string(full);
+  }
+  const absl::string_view text = shown;
   auto bad = [&](absl::string_view why) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Redis address '", text.substr(0, 256), "' ", why,
         ": expected redis://HOST:PORT or HOST:PORT with a port in 1..65535"));
   };
-  absl::string_view rest = text;
-  absl::ConsumePrefix(&rest, "redis://");
-  RedisAddress address;
   absl::string_view port_text;
   if (absl::ConsumePrefix(&rest, "[")) {
     // An IPv6 literal: "[::1]:6379".
@@ -195,7 +224,8 @@ std::string What(absl::string_view command, absl::string_view key) {
 // name lookup, if host is a name, is not bounded (hiredis resolves it).
 absl::StatusOr<redisContext*> ConnectOnce(const std::string& host, int port,
                                           absl::Duration connect_timeout,
-                                          absl::Duration op_timeout) {
+                                          absl::Duration op_timeout,
+                                          const RedisStoreOptions& options) {
   const std::string where = HostPortText(host, port);
   redisContext* c =
       redisConnectWithTimeout(host.c_str(), port, Timeval(connect_timeout));
@@ -218,6 +248,42 @@ absl::StatusOr<redisContext*> ConnectOnce(const std::string& host, int port,
         absl::StrCat("cannot set a timeout on the connection to Redis at ",
                      where, ": ", c->errstr)));
   }
+  if (!options.password.empty()) {
+    // AUTH [user] password, before anything else.
+    std::vector<const char*> argv = {"AUTH"};
+    std::vector<size_t> lens = {4};
+    if (!options.user.empty()) {
+      argv.push_back(options.user.data());
+      lens.push_back(options.user.size());
+    }
+    argv.push_back(options.password.data());
+    lens.push_back(options.password.size());
+    void* raw = nullptr;
+    int err = 0;
+    {
+      ScopedSigpipeBlock no_sigpipe;
+      errno = 0;
+      raw = redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(),
+                             lens.data());
+      err = errno;
+    }
+    if (raw == nullptr) {
+      return fail(absl::UnavailableError(absl::StrCat(
+          "Redis at ", where,
+          " did not answer AUTH: ", LostText(*c, err, op_timeout))));
+    }
+    std::unique_ptr<redisReply, void (*)(void*)> auth(
+        static_cast<redisReply*>(raw), freeReplyObject);
+    if (auth->type == REDIS_REPLY_ERROR) {
+      return fail(absl::UnauthenticatedError(absl::StrCat(
+          "Redis at ", where, " refused AUTH",
+          options.user.empty() ? ""
+                               : absl::StrCat(" for user '", options.user, "'"),
+          ": ", Text(*auth),
+          ": expected the password (and ACL user) of that Redis in the "
+          "address, redis://USER:PASSWORD@HOST:PORT")));
+    }
+  }
   const char* ping = "PING";
   const size_t ping_len = 4;
   void* raw = nullptr;
@@ -238,7 +304,11 @@ absl::StatusOr<redisContext*> ConnectOnce(const std::string& host, int port,
   if (reply->type == REDIS_REPLY_ERROR) {
     return fail(absl::InternalError(
         absl::StrCat("Redis at ", where, " refused PING: ", Text(*reply),
-                     ": expected a Redis that needs no AUTH")));
+                     options.password.empty()
+                         ? ": it needs a password: give it in the address, "
+                           "redis://USER:PASSWORD@HOST:PORT or "
+                           "redis://:PASSWORD@HOST:PORT"
+                         : "")));
   }
   if (reply->type != REDIS_REPLY_STATUS || Text(*reply) != "PONG") {
     return fail(absl::UnavailableError(
@@ -274,10 +344,14 @@ absl::StatusOr<std::shared_ptr<RedisStore>> RedisStore::Connect(
       CheckTimeout("connect_timeout", options.connect_timeout);
   if (status.ok()) status = CheckTimeout("op_timeout", options.op_timeout);
   if (!status.ok()) return status;
+  if (parsed.has_credentials) {
+    options.user = std::move(parsed.user);
+    options.password = std::move(parsed.password);
+  }
   VEMESH_ASSIGN_OR_RETURN(
       redisContext * context,
       ConnectOnce(parsed.host, parsed.port, options.connect_timeout,
-                  options.op_timeout));
+                  options.op_timeout, options));
   return std::shared_ptr<RedisStore>(new RedisStore(
       std::move(parsed.host), parsed.port, std::move(options), context));
 }
@@ -307,8 +381,9 @@ absl::StatusOr<RedisStore::Reply> RedisStore::Command(
   if (context_ == nullptr) {
     // The last call lost the connection: one attempt, no retries, so that
     // calls to a dead Redis fail fast.
-    absl::StatusOr<redisContext*> context = ConnectOnce(
-        host_, port_, std::min(options_.connect_timeout, timeout), timeout);
+    absl::StatusOr<redisContext*> context =
+        ConnectOnce(host_, port_, std::min(options_.connect_timeout, timeout),
+                    timeout, options_);
     if (!context.ok()) {
       return absl::Status(
           context.status().code(),

@@ -12,7 +12,10 @@
 //   auto epoch = (*store)->compare_set("epoch", "7", "8");
 //
 // Addresses are "redis://HOST:PORT" or "HOST:PORT" (an IPv6 literal in
-// brackets: "[::1]:6379"); nothing else (no user, password or database).
+// brackets: "[::1]:6379"), with credentials as "redis://USER:PASSWORD@HOST:
+// PORT" (an ACL user) or "redis://:PASSWORD@HOST:PORT" (requirepass): each
+// connection then sends AUTH before anything else. No database. Messages
+// never show the password.
 //
 // The Store operations map onto Redis commands: set SET, get GET, remove
 // DEL, set_lease SET PX (the ttl rounded up to whole milliseconds), add
@@ -70,6 +73,9 @@ struct RedisStoreOptions {
   // that jobs sharing one Redis never see each other's keys. Error texts
   // name the key as the caller gave it.
   std::string key_prefix;
+  // AUTH's user and password; taken from the address when it has them.
+  std::string user;
+  std::string password;
 };
 
 class RedisStore final : public Store {

@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "vemesh/base/status_macros.h"
+#include "vemesh/rendezvous/tcp/sha256.h"
 
 namespace vemesh {
 namespace {
@@ -112,6 +113,9 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(
   // attempts, the last one cut to the deadline.
   absl::Duration backoff = absl::Milliseconds(10);
   std::string last_error;
+  absl::Status refusal;        // another job's store answered
+  absl::Status claim_refused;  // our rank was claimed by another
+  std::string refusing_job;
   int attempts = 0;
   for (;;) {
     ++attempts;
@@ -120,10 +124,44 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(
     if (addresses.ok()) {
       absl::StatusOr<UniqueFd> fd = ConnectOnce(*addresses, deadline);
       if (fd.ok()) {
-        return std::unique_ptr<TcpStore>(
+        if (options.rank >= 0 && options.claim.empty()) {
+          options.claim = HexText(RandomBytes(16));
+        }
+        std::unique_ptr<TcpStore> store(
             new TcpStore(std::string(host), port, options, *std::move(fd)));
+        // A rank refused by another store on this port (its rank claimed
+        // twice there) keeps trying until the deadline: should that store
+        // go and another take the port (its own job's rank 0, late), it
+        // tells that one, so that its job fails naming the conflict
+        // instead of waiting for this rank.
+        absl::Status shook;
+        std::string job;
+        {
+          std::lock_guard<std::mutex> lock(store->mu_);
+          shook =
+              store->Handshake(deadline, /*refused=*/!claim_refused.ok(), &job);
+        }
+        if (!claim_refused.ok()) {
+          if (shook.ok() || job != refusing_job) return claim_refused;
+        } else if (absl::IsAlreadyExists(shook)) {
+          claim_refused = shook;
+          refusing_job = job;
+        } else if (shook.ok()) {
+          return store;
+        } else if (absl::IsFailedPrecondition(shook) ||
+                   absl::IsUnauthenticated(shook)) {
+          // Another job's store (or one with another token): ours may take
+          // the port once it ends.
+          refusal = shook;
+        } else if (!absl::IsUnavailable(shook) &&
+                   !absl::IsDeadlineExceeded(shook)) {
+          // Our own token refused, a malformed handshake: final.
+          return shook;
+        }
+        last_error = std::string(shook.message());
+      } else {
+        last_error = std::string(fd.status().message());
       }
-      last_error = std::string(fd.status().message());
     } else {
       last_error = std::string(addresses.status().message());
     }
@@ -132,6 +170,8 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(
     absl::SleepFor(std::min(backoff, left));
     backoff = std::min(backoff * 2, absl::Milliseconds(500));
   }
+  if (!claim_refused.ok()) return claim_refused;
+  if (!refusal.ok()) return refusal;
   return absl::UnavailableError(absl::StrCat(
       "cannot reach the store server at ", HostPortText(host, port),
       " before the deadline (", attempts, " attempts): ", last_error,
@@ -210,6 +250,67 @@ absl::StatusOr<StoreReply> TcpStore::Receive(absl::Time deadline) {
   }
 }
 
+absl::Status TcpStore::Handshake(absl::Time deadline, bool refused,
+                                 std::string* server_job) {
+  const TcpStoreOptions& o = options_;
+  if (o.token.empty() && o.job.empty() && o.rank < 0 &&
+      o.owner_secret.empty()) {
+    return absl::OkStatus();
+  }
+  StoreHello hello;
+  hello.job = o.job;
+  hello.rank = o.rank;
+  hello.claim = o.claim;
+  hello.nonce = HexText(RandomBytes(16));
+  hello.refused = refused;
+  StoreRequest request;
+  request.op = StoreOp::kHello;
+  request.keys = HelloFields(hello);
+  VEMESH_ASSIGN_OR_RETURN(std::string frame, EncodeRequest(request));
+  VEMESH_RETURN_IF_ERROR(Send(frame, deadline));
+  VEMESH_ASSIGN_OR_RETURN(StoreReply reply, Receive(deadline));
+  auto refusal = [&](const absl::Status& status) {
+    Drop();
+    return absl::Status(status.code(), absl::StrCat("store server ", Where(),
+                                                    " refused this client: ",
+                                                    status.message()));
+  };
+  if (server_job != nullptr && !reply.values.empty()) {
+    *server_job = reply.values.back();
+  }
+  if (!ReplyStatus(reply).ok()) return refusal(ReplyStatus(reply));
+  if (reply.values.size() != 3) {
+    return refusal(absl::UnavailableError(
+        "its HELLO reply is malformed: expected a nonce, a proof and a job"));
+  }
+  const std::string& server_nonce = reply.values[0];
+  if (!o.token.empty()) {
+    const std::string expected = HexText(HmacSha256(
+        o.token, HelloProofText("server", server_nonce, hello.nonce)));
+    if (!ConstantTimeEquals(expected, reply.values[1])) {
+      return refusal(absl::UnauthenticatedError(
+          "it does not know this job's token (VEMESH_STORE_TOKEN): another "
+          "job's store, or the ranks were given different tokens"));
+    }
+  }
+  StoreHello auth;
+  if (!o.token.empty()) {
+    auth.proof = HexText(HmacSha256(
+        o.token, HelloProofText("client", server_nonce, hello.nonce)));
+  }
+  if (!o.owner_secret.empty()) {
+    auth.owner = HexText(HmacSha256(
+        o.owner_secret, HelloProofText("owner", server_nonce, hello.nonce)));
+  }
+  request.op = StoreOp::kAuth;
+  request.keys = HelloFields(auth);
+  VEMESH_ASSIGN_OR_RETURN(frame, EncodeRequest(request));
+  VEMESH_RETURN_IF_ERROR(Send(frame, deadline));
+  VEMESH_ASSIGN_OR_RETURN(reply, Receive(deadline));
+  if (!ReplyStatus(reply).ok()) return refusal(ReplyStatus(reply));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<StoreReply>> TcpStore::Call(
     absl::Span<const StoreRequest> requests, absl::Time deadline) {
   std::string frames;
@@ -243,6 +344,7 @@ absl::StatusOr<std::vector<StoreReply>> TcpStore::Call(
           " is unreachable after a lost connection: ", fd.status().message()));
     }
     fd_ = *std::move(fd);
+    VEMESH_RETURN_IF_ERROR(Handshake(deadline));
   }
   VEMESH_RETURN_IF_ERROR(Send(frames, deadline));
   std::vector<StoreReply> replies;

@@ -47,6 +47,16 @@ struct TcpStoreOptions {
   // How long past a WAIT's deadline the client waits for the server to say
   // so, covering the network and a busy server.
   absl::Duration wait_grace = absl::Seconds(5);
+  // The handshake (wire.h, HELLO/AUTH), made on every connection when any
+  // of these is set: the server's token (proved by HMAC, never sent; the
+  // server proves it back), the job, the rank this client claims (with
+  // `claim`, a nonce of this process: made at random when empty), and the
+  // server's owner secret (rank 0's own client only).
+  std::string token;
+  std::string job;
+  int rank = -1;
+  std::string claim;
+  std::string owner_secret;
 };
 
 class TcpStore final : public Store {
@@ -90,6 +100,11 @@ class TcpStore final : public Store {
   absl::Time CallDeadline() const { return absl::Now() + options_.timeout; }
   absl::Status Send(absl::string_view bytes, absl::Time deadline);
   absl::StatusOr<StoreReply> Receive(absl::Time deadline);
+  // HELLO and AUTH on the connection just made (when the options ask).
+  // `refused`: tell the store this rank was refused by the store of job
+  // `*server_job` (set to the refusing store's job on AlreadyExists).
+  absl::Status Handshake(absl::Time deadline, bool refused = false,
+                         std::string* server_job = nullptr);
   // Forgets a connection whose state is unknown (an error, a timeout
   // mid-reply): the next call connects afresh.
   void Drop();

@@ -18,10 +18,13 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "vemesh/base/status_macros.h"
 #include "vemesh/rendezvous/memory_store.h"
+#include "vemesh/rendezvous/tcp/sha256.h"
 #include "vemesh/rendezvous/tcp/socket.h"
 #include "vemesh/rendezvous/tcp/wire.h"
 
@@ -62,6 +65,20 @@ struct Connection {
   bool dead = false;       // closed at the end of this loop turn
   bool queued = false;     // in the ready list
   std::optional<Waiter> waiter;  // a parked WAIT: no request is read meanwhile
+  // The handshake (wire.h, HELLO/AUTH).
+  std::string server_nonce;  // hex, sent in the HELLO reply
+  std::string client_nonce;  // hex, from HELLO
+  bool authenticated = false;
+  bool owner = false;    // proved the owner secret: rank 0's own client
+  int64_t rank = -1;     // the rank it claims (-1: none)
+  std::string claim;     // the claimer's nonce
+  bool refused = false;  // refused by another store on this port
+};
+
+// A rank's claim: who made it, for the conflict message.
+struct Claim {
+  std::string claim;  // the claimer's nonce
+  uint64_t connection = 0;
 };
 
 }  // namespace
@@ -71,12 +88,14 @@ struct Connection {
 class TcpStoreServer::Loop {
  public:
   Loop(UniqueFd listen_fd, UniqueFd epoll_fd, UniqueFd wake_fd,
-       TcpStoreServerOptions options, size_t descriptor_limit)
+       TcpStoreServerOptions options, size_t descriptor_limit,
+       std::string owner_secret)
       : listen_fd_(std::move(listen_fd)),
         epoll_fd_(std::move(epoll_fd)),
         wake_fd_(std::move(wake_fd)),
-        options_(options),
-        descriptor_limit_(descriptor_limit) {}
+        options_(std::move(options)),
+        descriptor_limit_(descriptor_limit),
+        owner_secret_(std::move(owner_secret)) {}
 
   void Run();
   void RequestStop() {
@@ -98,6 +117,17 @@ class TcpStoreServer::Loop {
   void Process(Connection& c);
   void Flush(Connection& c);
   void Handle(Connection& c, StoreRequest request);
+  // HELLO and AUTH; the refusal of a request the connection may not make.
+  void Hello(Connection& c, const StoreRequest& r);
+  void Auth(Connection& c, const StoreRequest& r);
+  absl::Status Refusal(const Connection& c, const StoreRequest& r) const;
+  // Records c's claim of its rank; AlreadyExists (and the conflict key
+  // written) when another claimer holds it.
+  absl::Status ClaimRank(const Connection& c);
+  void RefuseClaim(Connection& c, const absl::Status& status);
+  // A HELLO saying its rank was refused by another store on this port:
+  // records the conflict and refuses it (true), or false when it says not.
+  bool ReportRefusal(Connection& c);
   void Reply(Connection& c, StoreReply reply);
   void ReplyStatus(Connection& c, absl::Status status);
   // A write set `key`: the WAITs parked on it move on or are answered.
@@ -133,6 +163,9 @@ class TcpStoreServer::Loop {
   UniqueFd wake_fd_;
   const TcpStoreServerOptions options_;
   const size_t descriptor_limit_;  // RLIMIT_NOFILE; 0: unlimited
+  const std::string owner_secret_;
+  absl::flat_hash_map<int64_t, Claim> claims_;
+  absl::flat_hash_set<std::string> refused_claims_;
   std::atomic<bool> stop_{false};
   std::atomic<size_t> open_{0};
 
@@ -499,9 +532,198 @@ void TcpStoreServer::Loop::ReplyStatus(Connection& c, absl::Status status) {
   Reply(c, std::move(reply));
 }
 
+absl::Status TcpStoreServer::Loop::Refusal(const Connection& c,
+                                           const StoreRequest& r) const {
+  if (r.op == StoreOp::kHello || r.op == StoreOp::kAuth) {
+    return absl::OkStatus();
+  }
+  if (!options_.token.empty() && !c.authenticated) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        "store ", StoreOpName(r.op),
+        " refused: this store needs the job's token (VEMESH_STORE_TOKEN) "
+        "proved in a HELLO/AUTH handshake first"));
+  }
+  const bool writes = r.op == StoreOp::kSet || r.op == StoreOp::kAdd ||
+                      r.op == StoreOp::kCompareSet || r.op == StoreOp::kRemove;
+  if (!writes || c.owner) return absl::OkStatus();
+  for (const std::string& suffix : options_.owner_key_suffixes) {
+    if (!absl::EndsWith(r.keys[0], suffix)) continue;
+    const bool open = (r.op == StoreOp::kSet || r.op == StoreOp::kCompareSet) &&
+                      !options_.open_value_prefix.empty() &&
+                      absl::StartsWith(r.value, options_.open_value_prefix);
+    if (open) return absl::OkStatus();
+    return absl::PermissionDeniedError(absl::StrCat(
+        "store ", StoreOpName(r.op), " of '", r.keys[0].substr(0, 128),
+        "' refused: only rank 0's own connection may write it (a verdict "
+        "made by anybody else is ignored)"));
+  }
+  return absl::OkStatus();
+}
+
+void TcpStoreServer::Loop::Hello(Connection& c, const StoreRequest& r) {
+  absl::StatusOr<StoreHello> hello = ParseHelloFields(r.keys);
+  if (!hello.ok()) {
+    ReplyStatus(c, hello.status());
+    return;
+  }
+  if (!hello->job.empty() && !options_.job.empty() &&
+      hello->job != options_.job) {
+    ReplyStatus(c, absl::FailedPreconditionError(absl::StrCat(
+                       "this store belongs to job '", options_.job,
+                       "' but the client is of job '", hello->job,
+                       "': two jobs on one MASTER_ADDR:MASTER_PORT; give "
+                       "each job its own port")));
+    return;
+  }
+  c.rank = hello->rank;
+  c.claim = hello->claim;
+  c.refused = hello->refused;
+  // With a token, a rank is claimed (or a refusal elsewhere reported)
+  // only once the claimer proved it.
+  if (options_.token.empty()) {
+    if (ReportRefusal(c)) return;
+    if (absl::Status claimed = ClaimRank(c); !claimed.ok()) {
+      RefuseClaim(c, claimed);
+      return;
+    }
+  }
+  c.client_nonce = hello->nonce;
+  c.server_nonce = HexText(RandomBytes(16));
+  StoreReply reply;
+  reply.values.push_back(c.server_nonce);
+  reply.values.push_back(
+      options_.token.empty()
+          ? std::string()
+          : HexText(HmacSha256(
+                options_.token,
+                HelloProofText("server", c.server_nonce, c.client_nonce))));
+  reply.values.push_back(options_.job);
+  Reply(c, std::move(reply));
+}
+
+absl::Status TcpStoreServer::Loop::ClaimRank(const Connection& c) {
+  if (c.rank < 0) return absl::OkStatus();
+  if (!options_.conflict_key.empty()) {
+    // After a conflict, only the claims made before it stand: a late rank
+    // of either job hears of the conflict instead of waiting.
+    auto conflict = table_.find(options_.conflict_key);
+    auto held = claims_.find(c.rank);
+    if (conflict != table_.end() &&
+        (held == claims_.end() || held->second.claim != c.claim)) {
+      return absl::AlreadyExistsError(conflict->second);
+    }
+  }
+  auto [it, fresh] = claims_.try_emplace(c.rank, Claim{c.claim, c.id});
+  if ((fresh || it->second.claim == c.claim) &&
+      !refused_claims_.contains(c.claim)) {
+    return absl::OkStatus();
+  }
+  const std::string text = absl::StrCat(
+      "rank ", c.rank,
+      " was claimed twice on this store (two processes say they are rank ",
+      c.rank,
+      "): two jobs on one MASTER_ADDR:MASTER_PORT, or a rank started twice; "
+      "every rank involved fails");
+  if (!options_.conflict_key.empty() &&
+      !table_.contains(options_.conflict_key)) {
+    Put(options_.conflict_key, text);
+    Notify(options_.conflict_key);
+  }
+  return absl::AlreadyExistsError(text);
+}
+
+bool TcpStoreServer::Loop::ReportRefusal(Connection& c) {
+  if (!c.refused || c.rank < 0) return false;
+  if (refused_claims_.contains(c.claim)) {
+    // The store that refused it: no news.
+    RefuseClaim(c, ClaimRank(c));
+    return true;
+  }
+  const std::string text = absl::StrCat(
+      "rank ", c.rank,
+      " was refused by another job's store on this port (the rank was "
+      "claimed twice there): two jobs on one MASTER_ADDR:MASTER_PORT; "
+      "every rank involved fails");
+  if (!options_.conflict_key.empty() &&
+      !table_.contains(options_.conflict_key)) {
+    Put(options_.conflict_key, text);
+    Notify(options_.conflict_key);
+  }
+  RefuseClaim(c, absl::AlreadyExistsError(text));
+  return true;
+}
+
+void TcpStoreServer::Loop::RefuseClaim(Connection& c,
+                                       const absl::Status& status) {
+  // The refused claim is remembered: the same claimer is refused again.
+  refused_claims_.insert(c.claim);
+  StoreReply reply;
+  reply.code = status.code();
+  reply.message = std::string(status.message());
+  reply.values.push_back(options_.job);  // which store refused it
+  Reply(c, std::move(reply));
+}
+
+void TcpStoreServer::Loop::Auth(Connection& c, const StoreRequest& r) {
+  absl::StatusOr<StoreHello> auth = ParseHelloFields(r.keys);
+  if (!auth.ok()) {
+    ReplyStatus(c, auth.status());
+    return;
+  }
+  if (c.server_nonce.empty()) {
+    ReplyStatus(c, absl::FailedPreconditionError(
+                       "store AUTH before HELLO: expected HELLO first"));
+    return;
+  }
+  if (!options_.token.empty()) {
+    const std::string expected = HexText(
+        HmacSha256(options_.token,
+                   HelloProofText("client", c.server_nonce, c.client_nonce)));
+    if (!ConstantTimeEquals(expected, auth->proof)) {
+      c.server_nonce.clear();  // a new HELLO for another try
+      ReplyStatus(c, absl::UnauthenticatedError(
+                         "store AUTH refused: the proof does not match this "
+                         "store's token (VEMESH_STORE_TOKEN differs between "
+                         "ranks, or this is another job's store)"));
+      return;
+    }
+  }
+  if (!auth->owner.empty()) {
+    const std::string expected = HexText(
+        HmacSha256(owner_secret_,
+                   HelloProofText("owner", c.server_nonce, c.client_nonce)));
+    if (!ConstantTimeEquals(expected, auth->owner)) {
+      ReplyStatus(c, absl::PermissionDeniedError(
+                         "store AUTH refused: the owner proof does not match"));
+      return;
+    }
+    c.owner = true;
+  }
+  if (!options_.token.empty()) {
+    if (ReportRefusal(c)) return;
+    if (absl::Status claimed = ClaimRank(c); !claimed.ok()) {
+      RefuseClaim(c, claimed);
+      return;
+    }
+  }
+  c.authenticated = true;
+  c.server_nonce.clear();  // a nonce proves one AUTH only
+  Reply(c, StoreReply());
+}
+
 void TcpStoreServer::Loop::Handle(Connection& c, StoreRequest r) {
   StoreReply reply;
+  if (absl::Status refused = Refusal(c, r); !refused.ok()) {
+    ReplyStatus(c, std::move(refused));
+    return;
+  }
   switch (r.op) {
+    case StoreOp::kHello:
+      Hello(c, r);
+      return;
+    case StoreOp::kAuth:
+      Auth(c, r);
+      return;
     case StoreOp::kSet: {
       auto it = table_.find(r.keys[0]);
       const size_t old = it == table_.end() ? 0 : it->second.size();
@@ -801,26 +1023,14 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
     return absl::InternalError(absl::StrCat("store server on ", where,
                                             ": epoll_ctl: ", ErrnoText(errno)));
   }
-  // The cap stays under the descriptor limit, leaving a quarter of it (at
-  // least 32) to the rest of the process: accept() never runs out first.
-  size_t descriptor_limit = 0;
-  rlimit limit{};
-  if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 &&
-      limit.rlim_cur != RLIM_INFINITY) {
-    descriptor_limit = static_cast<size_t>(limit.rlim_cur);
-    const size_t reserve = std::max<size_t>(32, descriptor_limit / 4);
-    const size_t room = descriptor_limit > 2 * reserve
-                            ? descriptor_limit - reserve
-                            : std::max<size_t>(descriptor_limit / 2, 1);
-    options.max_connections = std::min(options.max_connections, room);
-  }
-  options.max_connections = std::max<size_t>(options.max_connections, 1);
-  auto loop =
-      std::make_unique<Loop>(std::move(listen_fd), std::move(epoll_fd),
-                             std::move(wake_fd), options, descriptor_limit);
-  std::unique_ptr<TcpStoreServer> server(
-      new TcpStoreServer(std::string(host), bound_port, std::move(loop)));
-  server->max_connections_ = options.max_connections;
+       TcpStoreServerOptions options, size_t descriptor_limit,
+       std::string owner_secret)
+      : listen_fd_(std::move(listen_fd)),
+        epoll_fd_(std::move(epoll_fd)),
+        wake_fd_(std::move(wake_fd)),
+        options_(std::move(options)),
+        descriptor_limit_(descriptor_limit),
+        owner_secret_(std::move(owner_secret)) {}
   Loop* raw = server->loop_.get();
   server->thread_ = std::thread([raw] { raw->Run(); });
   return server;

@@ -45,6 +45,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -66,6 +67,25 @@ struct TcpStoreServerOptions {
   // Stop answering a connection's requests while this many reply bytes are
   // waiting for it to read them.
   size_t max_pending_reply_bytes = size_t{1} << 20;
+  // A shared secret: when set, a connection is served only after its
+  // HELLO/AUTH handshake proves it (HMAC-SHA-256 over both sides' nonces;
+  // the token never crosses the wire). Every other request before that is
+  // Unauthenticated.
+  std::string token;
+  // The job this store belongs to: a HELLO naming another job is refused
+  // (FailedPrecondition naming both), so that a rank of a second job on
+  // the same port fails instead of joining.
+  std::string job;
+  // Where a second claim of one rank (two processes saying "rank 3" with
+  // different claim nonces) is written, for rank 0 to see: every rank of
+  // the job then fails. Empty: not written.
+  std::string conflict_key;
+  // Keys ending in one of these may be written only by the owner (rank 0's
+  // own client, which proves the server's owner secret in AUTH), or set by
+  // anybody to a value starting with `open_value_prefix` (an error verdict:
+  // a forged one can only fail the job, never steer it).
+  std::vector<std::string> owner_key_suffixes;
+  std::string open_value_prefix;
 };
 
 class TcpStoreServer {
@@ -91,6 +111,9 @@ class TcpStoreServer {
   // The connection cap in force (options' max_connections, lowered below
   // the descriptor limit).
   size_t max_connections() const { return max_connections_; }
+  // A random secret made at Start that only this process knows: rank 0's
+  // own client proves it (TcpStoreOptions::owner_secret) to be the owner.
+  const std::string& owner_secret() const { return owner_secret_; }
 
   // Closes every connection and joins the thread. Idempotent.
   void Stop();
@@ -102,6 +125,7 @@ class TcpStoreServer {
   std::string host_;
   int port_ = 0;
   size_t max_connections_ = 0;
+  std::string owner_secret_;
   std::unique_ptr<Loop> loop_;
   std::thread thread_;
 };

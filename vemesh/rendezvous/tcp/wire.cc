@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace vemesh {
@@ -18,7 +19,7 @@ bool HasOneKey(StoreOp op) {
 
 bool IsKnownOp(uint8_t op) {
   return op >= static_cast<uint8_t>(StoreOp::kSet) &&
-         op <= static_cast<uint8_t>(StoreOp::kPing);
+         op <= static_cast<uint8_t>(StoreOp::kAuth);
 }
 
 // Appends little-endian integers and length-prefixed strings.
@@ -197,6 +198,10 @@ std::string StoreOpName(StoreOp op) {
       return "REMOVE";
     case StoreOp::kPing:
       return "PING";
+    case StoreOp::kHello:
+      return "HELLO";
+    case StoreOp::kAuth:
+      return "AUTH";
   }
   return absl::StrCat("op ", static_cast<int>(op));
 }
@@ -204,7 +209,7 @@ std::string StoreOpName(StoreOp op) {
 absl::StatusOr<std::string> EncodeRequest(const StoreRequest& r) {
   if (!IsKnownOp(static_cast<uint8_t>(r.op))) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "store request has ", StoreOpName(r.op), ": expected SET..PING"));
+        "store request has ", StoreOpName(r.op), ": expected SET..AUTH"));
   }
   if (HasOneKey(r.op) && r.keys.size() != 1) {
     return absl::InvalidArgumentError(
@@ -224,6 +229,8 @@ absl::StatusOr<std::string> EncodeRequest(const StoreRequest& r) {
       payload += 2 * kStringHeaderBytes + r.keys[0].size() + r.value.size();
       break;
     case StoreOp::kGet:
+    case StoreOp::kHello:
+    case StoreOp::kAuth:
       payload += KeysBytes(r.keys);
       break;
     case StoreOp::kWait:
@@ -266,6 +273,8 @@ absl::StatusOr<std::string> EncodeRequest(const StoreRequest& r) {
       break;
     case StoreOp::kGet:
     case StoreOp::kWait:
+    case StoreOp::kHello:
+    case StoreOp::kAuth:
       w.U32(static_cast<uint32_t>(r.keys.size()));
       for (const std::string& key : r.keys) w.String(key);
       if (r.op == StoreOp::kWait) w.I64(r.timeout_ms);
@@ -321,7 +330,7 @@ ParsedRequest ParseRequest(absl::string_view bytes) {
   if (!IsKnownOp(op)) {
     return Malformed<StoreRequest>(
         absl::StrCat("unknown op byte ", static_cast<int>(op), ": expected 1..",
-                     static_cast<int>(StoreOp::kPing)));
+                     static_cast<int>(StoreOp::kAuth)));
   }
   StoreRequest& req = result.message;
   req.op = static_cast<StoreOp>(op);
@@ -335,6 +344,8 @@ ParsedRequest ParseRequest(absl::string_view bytes) {
       ok = ok && r.String("value", kMaxStoreValueBytes, &req.value);
       break;
     case StoreOp::kGet:
+    case StoreOp::kHello:
+    case StoreOp::kAuth:
       ok = ReadKeys(r, &req.keys);
       break;
     case StoreOp::kWait:
@@ -399,6 +410,107 @@ ParsedReply ParseReply(absl::string_view bytes) {
   }
   result.outcome = ParsedReply::kComplete;
   return result;
+}
+
+std::vector<std::string> HelloFields(const StoreHello& hello) {
+  std::vector<std::string> out;
+  if (!hello.job.empty()) out.push_back(absl::StrCat("job=", hello.job));
+  if (hello.rank >= 0) out.push_back(absl::StrCat("rank=", hello.rank));
+  if (!hello.claim.empty()) out.push_back(absl::StrCat("claim=", hello.claim));
+  if (!hello.nonce.empty()) out.push_back(absl::StrCat("nonce=", hello.nonce));
+  if (!hello.proof.empty()) out.push_back(absl::StrCat("proof=", hello.proof));
+  if (!hello.owner.empty()) out.push_back(absl::StrCat("owner=", hello.owner));
+  if (hello.refused) out.push_back("refused=1");
+  if (out.empty()) out.push_back("rank=-1");  // a key list is never empty
+  return out;
+}
+
+absl::StatusOr<StoreHello> ParseHelloFields(
+    const std::vector<std::string>& fields) {
+  StoreHello out;
+  uint32_t seen = 0;
+  for (const std::string& field : fields) {
+    const size_t eq = field.find('=');
+    if (eq == std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("store handshake field '",
+                                                     field.substr(0, 64),
+                                                     "': expected name=value"));
+    }
+    const absl::string_view name = absl::string_view(field).substr(0, eq);
+    const absl::string_view value = absl::string_view(field).substr(eq + 1);
+    static constexpr absl::string_view kNames[] = {
+        "job", "rank", "claim", "nonce", "proof", "owner", "refused"};
+    int index = -1;
+    for (int i = 0; i < 7; ++i) {
+      if (name == kNames[i]) index = i;
+    }
+    if (index < 0 || (seen & (1u << index)) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "store handshake field '", name.substr(0, 64),
+          index < 0 ? "' is unknown" : "' appears twice",
+          ": expected each of job, rank, claim, nonce, proof, owner, refused "
+          "at most once"));
+    }
+    seen |= 1u << index;
+    // Hex fields: bounded and made of hex digits only.
+    if (index >= 2) {
+      if (value.size() > 2 * 64) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "store handshake field '", name, "' has ", value.size(),
+            " characters: expected at most 128 hex digits"));
+      }
+      for (char c : value) {
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "store handshake field '", name,
+              "' holds a character that is no lower-case hex digit"));
+        }
+      }
+    }
+    switch (index) {
+      case 0:
+        out.job = std::string(value);
+        break;
+      case 1: {
+        int64_t rank = 0;
+        if (!absl::SimpleAtoi(value, &rank) || rank < -1 ||
+            rank > (int64_t{1} << 24)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("store handshake rank '", value.substr(0, 32),
+                           "': expected an integer in [-1, 16777216]"));
+        }
+        out.rank = rank;
+        break;
+      }
+      case 2:
+        out.claim = std::string(value);
+        break;
+      case 3:
+        out.nonce = std::string(value);
+        break;
+      case 4:
+        out.proof = std::string(value);
+        break;
+      case 5:
+        out.owner = std::string(value);
+        break;
+      default:
+        if (value != "1") {
+          return absl::InvalidArgumentError(
+              "store handshake field 'refused' must be 1 when present");
+        }
+        out.refused = true;
+        break;
+    }
+  }
+  return out;
+}
+
+std::string HelloProofText(absl::string_view role,
+                           absl::string_view server_nonce,
+                           absl::string_view client_nonce) {
+  return absl::StrCat("vemesh-store ", role, " ", server_nonce, " ",
+                      client_nonce);
 }
 
 absl::Status ReplyStatus(const StoreReply& reply) {

@@ -20,6 +20,15 @@
 //   COMPARE_SET key, expected, desired            the value afterwards
 //   REMOVE      key                               "1" if it existed, else "0"
 //   PING        -                                 -
+//   HELLO       u32 n, n "name=value" fields      server nonce, server
+//                                                 proof, the store's job
+//   AUTH        u32 n, n "name=value" fields      -
+//
+// HELLO and AUTH open a connection (StoreHello below): HELLO names the job,
+// the rank it claims and a client nonce; AUTH answers the server's nonce
+// with an HMAC of the shared token (and, from rank 0's own client, of the
+// server's owner secret). A server with a token serves nothing else before
+// AUTH succeeds.
 //
 // The parsers take bytes from the network, so they are incremental and
 // distrustful: a length is checked against the bytes present and against
@@ -63,6 +72,8 @@ enum class StoreOp : uint8_t {
   kCompareSet = 5,
   kRemove = 6,
   kPing = 7,
+  kHello = 8,
+  kAuth = 9,
 };
 
 // "SET", "GET", ...; "op 42" for a byte that is no op.
@@ -110,6 +121,31 @@ using ParsedReply = Parsed<StoreReply>;
 // when the header already announces a frame over the bound: kMalformed).
 ParsedRequest ParseRequest(absl::string_view bytes);
 ParsedReply ParseReply(absl::string_view bytes);
+
+// The fields of HELLO and AUTH, parsed from their "name=value" keys. Each
+// name at most once; unknown names are refused (InvalidArgument), so that
+// a typo is not a silently weaker handshake.
+struct StoreHello {
+  std::string job;    // the job's identity ("" : none given)
+  int64_t rank = -1;  // the rank claimed (-1: none, e.g. a tool)
+  std::string claim;  // hex: the claimer's identity (a process nonce)
+  std::string nonce;  // hex: the client's challenge to the server
+  std::string proof;  // AUTH, hex: HMAC(token, client proof text)
+  std::string owner;  // AUTH, hex: HMAC(owner secret, ...)
+  // HELLO: this rank's claim was refused by another store on this port (a
+  // rank claimed twice there): the store answering now records a conflict,
+  // so that its job fails too instead of waiting for this rank.
+  bool refused = false;
+};
+std::vector<std::string> HelloFields(const StoreHello& hello);
+absl::StatusOr<StoreHello> ParseHelloFields(
+    const std::vector<std::string>& fields);
+
+// What each side's HMAC covers: a role and both nonces, so that a proof
+// cannot be replayed in the other direction or on another connection.
+std::string HelloProofText(absl::string_view role,
+                           absl::string_view server_nonce,
+                           absl::string_view client_nonce);
 
 // The Status a reply carries (OK, or its code and message).
 absl::Status ReplyStatus(const StoreReply& reply);
