@@ -57,7 +57,7 @@ for preset in $presets; do
   echo "=== vemesh: ${timings[-1]}"
 done
 
-# libFuzzer targets, each for VEMESH_FUZZ_SECONDS (default 30); VEMESH_FUZZ=0
+# libFuzzer targets, each for VEMESH_FUZZ_SECONDS (default 20); VEMESH_FUZZ=0
 # skips them.
 if [ "${VEMESH_FUZZ:-1}" != 0 ]; then
   start=$SECONDS

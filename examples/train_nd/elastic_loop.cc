@@ -261,6 +261,7 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
   el.min_replicas = settings.min_replicas;
   el.heartbeat_ttl = settings.heartbeat_ttl;
   el.op_timeout = settings.op_timeout;
+  el.recovery_timeout = settings.recovery_timeout;
   // What a joiner must share with the job (the mesh is added by vemesh):
   // a replica with another model, batch or optimizer is refused.
   const TrainOptions& o = plan0.options;

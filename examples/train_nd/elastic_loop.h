@@ -41,6 +41,8 @@ struct ElasticSettings {
   std::string job = "train_nd";
   absl::Duration heartbeat_ttl = absl::Seconds(1);
   absl::Duration op_timeout = absl::Seconds(3);
+  // Bound of one recovery, retries included (ElasticOptions).
+  absl::Duration recovery_timeout = absl::Seconds(60);
   std::string fault;  // STEP:WHERE[:RANK], empty = none
   // Each step lasts at least this long (demos, and fault tests that act
   // from outside at a moment of their choosing).

@@ -99,6 +99,9 @@ ABSL_FLAG(int, min_replicas, 1, "elastic: fewer live replicas is an error");
 ABSL_FLAG(int, heartbeat_ms, 1000,
           "elastic: a rank silent for this long is dead");
 ABSL_FLAG(int, op_timeout_ms, 3000, "elastic: bound of a DP operation");
+ABSL_FLAG(int, recovery_timeout_ms, 60000,
+          "elastic: bound of one recovery (and of forming the first epoch, "
+          "after its form timeout), retries included");
 ABSL_FLAG(std::string, job, "train_nd",
           "elastic: the job's name in the control plane");
 ABSL_FLAG(int, pace_ms, 0,
@@ -515,6 +518,8 @@ int Run() {
     e.min_replicas = absl::GetFlag(FLAGS_min_replicas);
     e.heartbeat_ttl = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms));
     e.op_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_op_timeout_ms));
+    e.recovery_timeout =
+        absl::Milliseconds(absl::GetFlag(FLAGS_recovery_timeout_ms));
     e.job = absl::GetFlag(FLAGS_job);
     e.fault = absl::GetFlag(FLAGS_fault);
     e.pace = absl::Milliseconds(absl::GetFlag(FLAGS_pace_ms));

@@ -125,7 +125,7 @@ TEST(Safetensors, BadHeadersAreRefusedBeforeAllocating) {
   std::string deep(100, '[');
   EXPECT_THAT(
       ParseSafetensors(WithLength(deep.size(), deep), 200).status().message(),
-      HasSubstr("nests deeper"));
+      HasSubstr("levels deep; at most"));
 }
 
 Manifest SmallManifest() {

@@ -220,10 +220,11 @@ case $scenario in
     # 20 SIGKILLs of a whole replica at random moments (in a step, a
     # recovery, a join, a state transfer), each relaunched at once; then
     # the job must finish with every replica back and PASS.
-    # Long enough (60 s of paced steps) that training outlasts the kills
-    # (about 50 s here): a job that ends before the last relaunch leaves
-    # that replica to found a fresh job alone.
-    steps=${SOAK_STEPS:-3000}; pace=20
+    # Long enough (2200 paced steps, about 90 s with the recoveries) that
+    # training outlasts the kills (about 50 s here): a job that ends before
+    # the last relaunch leaves that replica to found a fresh job alone.
+    steps=${SOAK_STEPS:-2200}; pace=20
+    limit=${ELASTIC_LIMIT:-190}
     declare -A gen=([0]=0 [1]=0 [2]=0)
     launch 0 r0.0; launch 1 r1.0; launch 2 r2.0
     for k in 0 1 2; do wait_for "r$k.0" "^membership: epoch 1" 60; done

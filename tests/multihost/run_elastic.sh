@@ -37,7 +37,8 @@ for k in 0 1; do
   mh_exec node$k "${extra[@]}" mpirun -n 2 --bind-to none -x VEMESH_GLOO_HOST \
     "$bin" --mesh PP=1,DP=2,TP=2 --batch 24 --micro_batches 2 --steps 20 \
     --elastic "redis://$redis:$port" --job two_hosts --replica $k \
-    --op_timeout_ms 2000 >"$MH_STATE/r$k.out" 2>&1 &
+    --op_timeout_ms 2000 --recovery_timeout_ms 15000 \
+    >"$MH_STATE/r$k.out" 2>&1 &
   pids+=($!)
 done
 codes=()

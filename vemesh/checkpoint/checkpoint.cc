@@ -142,6 +142,16 @@ absl::Status ReadPiece(const File& file, const std::string& tensor,
   return absl::OkStatus();
 }
 
+// The manifest of the committed step directory `path`, read bounded.
+absl::StatusOr<Manifest> ReadManifestIn(const std::string& path) {
+  const std::string manifest_path =
+      absl::StrCat(path, "/", internal::kManifestName);
+  VEMESH_ASSIGN_OR_RETURN(
+      std::string text,
+      internal::ReadSmallFile(manifest_path, kMaxManifestBytes));
+  return ParseManifest(text, manifest_path);
+}
+
 std::string ShapeText(DType dtype, const std::vector<int64_t>& shape) {
   return absl::StrCat(DTypeName(dtype), " [", absl::StrJoin(shape, ", "), "]");
 }
@@ -157,12 +167,9 @@ absl::StatusOr<LoadResult> LoadLocal(StateDict& state, const std::string& dir,
                             dir, "'")
              : absl::StrCat("no committed checkpoint in '", dir, "'"));
   }
+  VEMESH_ASSIGN_OR_RETURN(Manifest m, ReadManifestIn(*path));
   const std::string manifest_path =
       absl::StrCat(*path, "/", internal::kManifestName);
-  VEMESH_ASSIGN_OR_RETURN(
-      std::string text,
-      internal::ReadSmallFile(manifest_path, kMaxManifestBytes));
-  VEMESH_ASSIGN_OR_RETURN(Manifest m, ParseManifest(text, manifest_path));
   LoadResult result;
   result.step = m.step;
   result.path = *path;
@@ -258,12 +265,7 @@ absl::StatusOr<std::optional<int64_t>> LatestStep(const std::string& dir) {
   VEMESH_ASSIGN_OR_RETURN(std::optional<std::string> path,
                           internal::FindCheckpoint(dir, std::nullopt));
   if (!path) return std::optional<int64_t>();
-  const std::string manifest_path =
-      absl::StrCat(*path, "/", internal::kManifestName);
-  VEMESH_ASSIGN_OR_RETURN(
-      std::string text,
-      internal::ReadSmallFile(manifest_path, kMaxManifestBytes));
-  VEMESH_ASSIGN_OR_RETURN(Manifest m, ParseManifest(text, manifest_path));
+  VEMESH_ASSIGN_OR_RETURN(Manifest m, ReadManifestIn(*path));
   return std::optional<int64_t>(m.step);
 }
 

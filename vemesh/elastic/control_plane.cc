@@ -2,10 +2,8 @@
 
 #include <utility>
 
-#include "absl/container/btree_map.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
+#include "vemesh/elastic/job_descriptor.h"
 
 namespace vemesh {
 
@@ -34,46 +32,16 @@ absl::StatusOr<ControlPlane::Reading> ControlPlane::Transition(
   return Reading{*std::move(record), *std::move(now)};
 }
 
-namespace {
-
-absl::btree_map<std::string, std::string> DescriptorFields(
-    absl::string_view text) {
-  absl::btree_map<std::string, std::string> fields;
-  for (absl::string_view item : absl::StrSplit(text, ';', absl::SkipEmpty())) {
-    std::pair<std::string, std::string> kv =
-        absl::StrSplit(item, absl::MaxSplits('=', 1));
-    fields[kv.first] = kv.second;
-  }
-  return fields;
-}
-
-}  // namespace
-
 absl::Status ControlPlane::CheckDescriptor(const std::string& mine,
                                            int replica) const {
   auto job = store_->compare_set(root_ + "descriptor", "", mine);
   if (!job.ok()) return job.status();
   if (*job == mine) return absl::OkStatus();
-  const auto ours = DescriptorFields(mine);
-  const auto theirs = DescriptorFields(*job);
-  std::vector<std::string> diffs;
-  for (const auto& [key, value] : ours) {
-    auto it = theirs.find(key);
-    const std::string other = it == theirs.end() ? "(none)" : it->second;
-    if (other != value) {
-      diffs.push_back(
-          absl::StrCat(key, " is ", value, " here but ", other, " in the job"));
-    }
-  }
-  for (const auto& [key, value] : theirs) {
-    if (!ours.contains(key)) {
-      diffs.push_back(absl::StrCat(key, " is (none) here but ",
-                                   value.substr(0, 200), " in the job"));
-    }
-  }
+  const absl::Status differs = CompareJobDescriptors(mine, *job);
+  if (differs.ok()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       "replica ", replica, " cannot join elastic job '", root_,
-      "': it differs from the running job: ", absl::StrJoin(diffs, "; "),
+      "': it differs from the running job: ", differs.message(),
       " (relaunch it with the job's settings, or use another --job)"));
 }
 

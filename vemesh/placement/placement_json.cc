@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "vemesh/base/json_depth.h"
 
 namespace vemesh {
 namespace {
@@ -118,29 +119,6 @@ class FieldReader {
   std::string source_;
 };
 
-// Nesting depth of the JSON text, strings skipped: a linear pre-scan.
-int MaxDepth(absl::string_view text) {
-  int depth = 0, max_depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      max_depth = std::max(max_depth, ++depth);
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return max_depth;
-}
-
 }  // namespace
 
 std::string Placement::ToJson() const {
@@ -179,7 +157,7 @@ absl::StatusOr<Placement> Placement::FromJson(absl::string_view text,
         absl::StrCat("placement file '", source, "' has ", text.size(),
                      " bytes: expected at most ", kMaxPlacementJsonBytes));
   }
-  if (const int depth = MaxDepth(text); depth > kMaxDepth) {
+  if (const int depth = JsonNestingDepth(text); depth > kMaxDepth) {
     return absl::InvalidArgumentError(absl::StrCat(
         "placement file '", source, "' nests ", depth,
         " levels deep: expected the JSON of DeviceMesh::get_placement() "

@@ -3,33 +3,17 @@
 #include "vemesh/checkpoint/internal/json_util.h"
 
 #include "absl/strings/str_cat.h"
+#include "vemesh/base/json_depth.h"
 
 namespace vemesh::checkpoint::internal {
 
 absl::StatusOr<Json> ParseJson(absl::string_view text, absl::string_view what,
                                int max_depth) {
-  // Depth first, outside strings: nlohmann's DOM would nest as deep.
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    char c = text[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > max_depth) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(what, ": JSON nests deeper than ", max_depth,
-                         " levels at byte ", i));
-      }
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
+  // Depth first: nlohmann's DOM would recurse as deep as the text nests.
+  if (const int depth = JsonNestingDepth(text); depth > max_depth) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": JSON nests ", depth,
+                                                   " levels deep; at most ",
+                                                   max_depth, " expected"));
   }
   Json j = Json::parse(text.begin(), text.end(), nullptr,
                        /*allow_exceptions=*/false);
