@@ -59,7 +59,7 @@ struct Connection {
   size_t out_off = 0;
   uint32_t interest = 0;   // the epoll events registered now
   absl::Time last_active;  // the last byte moved (the idle clock)
-  size_t claim = 0;        // a large frame being received: its admitted size
+  size_t admitted = 0;     // a large frame being received: its admitted size
   size_t discard = 0;      // bytes of a refused frame still to drop
   size_t accounted = 0;    // bytes counted against the memory budget
   bool dead = false;       // closed at the end of this loop turn
@@ -339,12 +339,12 @@ bool TcpStoreServer::Loop::Read(Connection& c) {
 size_t TcpStoreServer::Loop::InputLimit(const Connection& c) const {
   // Small requests are read a chunk at a time; a larger frame only once
   // Admit has counted it against the budget.
-  return c.claim > 0 ? c.claim : kReadChunkBytes;
+  return c.admitted > 0 ? c.admitted : kReadChunkBytes;
 }
 
 void TcpStoreServer::Loop::Admit(Connection& c) {
   const size_t have = c.in.size() - c.in_off;
-  if (c.claim > 0 || have < kStoreFrameHeaderBytes) return;
+  if (c.admitted > 0 || have < kStoreFrameHeaderBytes) return;
   const auto* h =
       reinterpret_cast<const unsigned char*>(c.in.data() + c.in_off);
   const size_t frame =
@@ -353,7 +353,7 @@ void TcpStoreServer::Loop::Admit(Connection& c) {
   if (frame <= kReadChunkBytes) return;
   const size_t others = table_bytes_ + buffered_bytes_ - c.accounted;
   if (others + frame <= LargeLimit()) {
-    c.claim = frame;
+    c.admitted = frame;
     return;
   }
   ReplyStatus(c, absl::ResourceExhaustedError(BudgetText(frame)));
@@ -374,7 +374,7 @@ std::string TcpStoreServer::Loop::BudgetText(size_t request) const {
 
 void TcpStoreServer::Loop::Account(Connection& c) {
   const size_t now =
-      std::max(c.claim, c.in.size() - c.in_off) + (c.out.size() - c.out_off);
+      std::max(c.admitted, c.in.size() - c.in_off) + (c.out.size() - c.out_off);
   buffered_bytes_ = buffered_bytes_ - c.accounted + now;
   c.accounted = now;
 }
@@ -420,7 +420,7 @@ bool TcpStoreServer::Loop::EvictQuiet() {
        ++it, ++looked) {
     if (now - it->first < options_.min_quiet_to_evict) return false;
     Connection* c = Find(it->second);
-    if (c == nullptr || c->waiter || c->claim > 0 ||
+    if (c == nullptr || c->waiter || c->admitted > 0 ||
         c->in_off != c->in.size() || c->out_off != c->out.size()) {
       continue;
     }
@@ -465,7 +465,7 @@ void TcpStoreServer::Loop::Process(Connection& c) {
     ParsedRequest p = ParseRequest(absl::string_view(c.in).substr(c.in_off));
     if (p.outcome == ParsedRequest::kIncomplete) {
       Admit(c);  // a large frame: counted against the budget, or refused
-      if (c.discard > 0 || c.claim > 0 || c.in_off == c.in.size()) break;
+      if (c.discard > 0 || c.admitted > 0 || c.in_off == c.in.size()) break;
       if (c.in.size() - c.in_off < kReadChunkBytes) break;
       continue;  // refused whole: the next frame follows
     }
@@ -475,7 +475,7 @@ void TcpStoreServer::Loop::Process(Connection& c) {
       return;
     }
     c.in_off += p.consumed;
-    c.claim = 0;
+    c.admitted = 0;
     Handle(c, std::move(p.message));
   }
   // Consumed input is dropped once it is at least half the buffer, so each
@@ -1023,14 +1023,29 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
     return absl::InternalError(absl::StrCat("store server on ", where,
                                             ": epoll_ctl: ", ErrnoText(errno)));
   }
-       TcpStoreServerOptions options, size_t descriptor_limit,
-       std::string owner_secret)
-      : listen_fd_(std::move(listen_fd)),
-        epoll_fd_(std::move(epoll_fd)),
-        wake_fd_(std::move(wake_fd)),
-        options_(std::move(options)),
-        descriptor_limit_(descriptor_limit),
-        owner_secret_(std::move(owner_secret)) {}
+  // The cap stays under the descriptor limit, leaving a quarter of it (at
+  // least 32) to the rest of the process: accept() never runs out first.
+  size_t descriptor_limit = 0;
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 &&
+      limit.rlim_cur != RLIM_INFINITY) {
+    descriptor_limit = static_cast<size_t>(limit.rlim_cur);
+    const size_t reserve = std::max<size_t>(32, descriptor_limit / 4);
+    const size_t room = descriptor_limit > 2 * reserve
+                            ? descriptor_limit - reserve
+                            : std::max<size_t>(descriptor_limit / 2, 1);
+    options.max_connections = std::min(options.max_connections, room);
+  }
+  options.max_connections = std::max<size_t>(options.max_connections, 1);
+  const size_t max_connections = options.max_connections;
+  std::string owner_secret = RandomBytes(32);
+  auto loop = std::make_unique<Loop>(std::move(listen_fd), std::move(epoll_fd),
+                                     std::move(wake_fd), std::move(options),
+                                     descriptor_limit, owner_secret);
+  std::unique_ptr<TcpStoreServer> server(
+      new TcpStoreServer(std::string(host), bound_port, std::move(loop)));
+  server->max_connections_ = max_connections;
+  server->owner_secret_ = std::move(owner_secret);
   Loop* raw = server->loop_.get();
   server->thread_ = std::thread([raw] { raw->Run(); });
   return server;
