@@ -190,8 +190,6 @@ TEST(Checkpoint, FlatRangesLoadAsWholeTensors) {
     int64_t at;
   };
   for (const Param& p : {Param{"a", {5, 7}, 0}, Param{"c", {11}, 35}}) {
-    int64_t numel = 1;
-    for (int64_t s : p.shape) numel *= s;
     for (const Box& box : FlatRangeToBoxes(p.shape, begin - p.at, end - p.at)) {
       keep.push_back(Fill(p.shape, box, 3));
       ASSERT_TRUE(
