@@ -72,6 +72,12 @@ absl::Status CheckOptions(DeviceType device_type, const MeshLayout& layout,
         absl::StrCat("ElasticOptions.min_replicas is ", o.min_replicas,
                      ": expected 1 to ", kMaxReplicas));
   }
+  if (o.fingerprint_every < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ElasticOptions.fingerprint_every is ",
+                     o.fingerprint_every, ": expected 0 (only after "
+                     "membership changes) or a positive step count"));
+  }
   if (o.store.empty() && o.control_store == nullptr) {
     return absl::InvalidArgumentError(
         "ElasticOptions.store is empty: expected redis://HOST:PORT");
@@ -652,9 +658,10 @@ absl::StatusOr<Recovery> ElasticMesh::Establish(const MembershipRecord& record,
   // Agree on the step to resume: the least that a member with state has
   // committed (one may be a step ahead), and whether anyone lacks state.
   absl::Status status = group.status();
-  // And the source of the state: the lowest DP rank that has it.
+  // And the source of the state: the lowest DP rank that has it at the
+  // least committed step (committed * n + dp rank, so that one min says).
   int64_t least[2] = {has_state_ ? committed : kNoState,
-                      has_state_ ? me : kNoState};
+                      has_state_ ? committed * n + me : kNoState};
   int64_t most[2] = {has_state_ ? 0 : 1, has_state_ ? committed : -1};
   if (status.ok() && n > 1) {
     status =
@@ -698,6 +705,11 @@ absl::StatusOr<Recovery> ElasticMesh::Establish(const MembershipRecord& record,
   }
   Recovery r;
   r.receives_state = !has_state_;
+  // With registered state the library carries it (CarryState): to every
+  // member without it and to one a step ahead (it then needs no undo).
+  receive_pending_ = !has_state_ || committed > least[0];
+  transfer_pending_ = most[0] != 0 || most[1] > least[0];
+  steps_since_fingerprint_ = 0;
   // Counted as holding state from now on: the transfer follows at once, and
   // the caller says mark_stateless() if it fails.
   has_state_ = true;
@@ -706,7 +718,7 @@ absl::StatusOr<Recovery> ElasticMesh::Establish(const MembershipRecord& record,
   r.dp_rank = me;
   r.replicas = record.members;
   r.resume_step = least[0];
-  r.state_root = static_cast<int>(least[1]);
+  r.state_root = static_cast<int>(least[1] % n);
   r.transfer_state = most[0] != 0;
   return r;
 }
@@ -754,6 +766,18 @@ absl::StatusOr<Recovery> ElasticMesh::Rebuild(
     agree_time += build_start - agree_start;
     auto r = Establish(record, committed);
     build_time += absl::Now() - build_start;
+    if (r.ok() && !state_.empty()) {
+      // The library carries the registered state before any step commits.
+      last_ = *r;
+      const absl::Time state_start = absl::Now();
+      const bool carried = transfer_pending_;
+      absl::Status s = CarryState(
+          absl::StrCat("after the change to epoch ", record.epoch));
+      r->state_time = absl::Now() - state_start;
+      r->state_carried = carried && s.ok();
+      if (absl::IsDataLoss(s) || (!s.ok() && !IsRetryable(s))) return s;
+      if (!s.ok()) r = s;  // retired: the next epoch
+    }
     if (r.ok()) {
       Remember(record);
       last_ = *r;
@@ -867,7 +891,81 @@ absl::StatusOr<StepVerdict> ElasticMesh::end_step(
   StepVerdict v;
   v.committed = agreed[0] == 0;
   v.recover = agreed[0] != 0 || agreed[1] > epoch();
+  // Every N committed steps of an epoch (the same count on every member):
+  // the replicas' states must still agree.
+  if (v.committed && !v.recover && options_.fingerprint_every > 0 &&
+      !state_.empty() && dp_ != nullptr &&
+      ++steps_since_fingerprint_ >= options_.fingerprint_every) {
+    absl::Status s = CarryState(absl::StrCat(
+        "after ", steps_since_fingerprint_, " steps of epoch ", epoch()));
+    if (absl::IsDataLoss(s) || (!s.ok() && !IsRetryable(s))) return s;
+    if (!s.ok()) v.recover = true;
+  }
   return v;
+}
+
+absl::Status ElasticMesh::register_state_dict_fn(
+    const std::string& name, ReplicaState::StateDictFn state_dict,
+    ReplicaState::LoadStateDictFn load_state_dict) {
+  return state_.Register(name, std::move(state_dict),
+                         std::move(load_state_dict));
+}
+
+absl::Status ElasticMesh::CarryState(absl::string_view where) {
+  absl::Status s;
+  if (dp_ == nullptr) {
+    s = absl::FailedPreconditionError(
+        absl::StrCat("epoch ", epoch(), " was retired: call recover() first"));
+  }
+  if (s.ok() && transfer_pending_) {
+    s = state_.Transfer(*dp_, last_.state_root, receive_pending_);
+  }
+  if (s.ok()) s = state_.CompareFingerprints(*dp_, last_.replicas, where);
+  // The replica agrees: one rank's failure (its own shard coordinate) is
+  // the whole replica's.
+  int64_t code = s.ok() ? 0 : absl::IsDataLoss(s) ? 2 : 1;
+  if (absl::Status r = ReplicaMax(absl::MakeSpan(&code, 1)); !r.ok()) {
+    return r;
+  }
+  if (code == 0) {
+    transfer_pending_ = false;
+    receive_pending_ = false;
+    steps_since_fingerprint_ = 0;
+    return absl::OkStatus();
+  }
+  if (s.ok()) {
+    s = code == 2 ? absl::DataLossError(absl::StrCat(
+                        "the replicas' states differ ", where,
+                        " at another shard coordinate of replica ",
+                        options_.replica, " (its other ranks name them)"))
+                  : absl::AbortedError(absl::StrCat(
+                        "another rank of replica ", options_.replica,
+                        " failed its state transfer ", where));
+  }
+  if (code == 1) {
+    // This rank stays without state; the epoch is to be rebuilt.
+    if (receive_pending_) has_state_ = false;
+    RetireEpoch();
+    if (!IsRetryable(s)) s = absl::AbortedError(s.message());
+  }
+  return s;
+}
+
+absl::Status ElasticMesh::sync_state() {
+  if (last_.evicted) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("replica ", options_.replica, " was evicted in epoch ",
+                     last_.epoch, ": launch it again to rejoin"));
+  }
+  if (state_.empty()) {
+    return absl::FailedPreconditionError(
+        "sync_state: no state registered (register_state_dict_fn first)");
+  }
+  const absl::Time start = absl::Now();
+  absl::Status s =
+      CarryState(absl::StrCat("at the start of epoch ", epoch()));
+  last_.state_time += absl::Now() - start;
+  return s;
 }
 
 absl::StatusOr<Recovery> ElasticMesh::recover(int64_t committed_steps) {

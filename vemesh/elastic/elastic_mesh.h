@@ -66,6 +66,7 @@
 #include "vemesh/comm/communicator.h"
 #include "vemesh/elastic/control_plane.h"
 #include "vemesh/elastic/epoch_communicator.h"
+#include "vemesh/elastic/replica_state.h"
 #include "vemesh/mesh/device_mesh.h"
 #include "vemesh/rendezvous/store.h"
 
@@ -106,6 +107,10 @@ struct ElasticOptions {
   // the address of the interface that reaches the control plane (a UDP
   // socket connected to it), as the env:// store advertises MASTER_ADDR's.
   std::string gloo_host;
+  // With state registered (register_state_dict_fn): also compare the
+  // replicas' state fingerprints every this many committed steps of an
+  // epoch (0: only after each membership change).
+  int fingerprint_every = 0;
   // Fault injection for tests: called at named points ("establish").
   std::function<void(const char* point)> fault_hook;
 };
@@ -138,6 +143,13 @@ struct Recovery {
   // dead replica's lease included), and building its groups.
   absl::Duration agree_time;
   absl::Duration build_time;
+  // With state registered: the time spent sending it to the replicas that
+  // lacked it (or were a step ahead) and comparing the fingerprints. Zero
+  // when nothing was sent or the transfer waits for sync_state().
+  absl::Duration state_time;
+  // The library carried the state in this recovery (the caller must not
+  // broadcast it again, and resume_step is already every member's state).
+  bool state_carried = false;
 };
 
 class ElasticMesh {
@@ -168,6 +180,23 @@ class ElasticMesh {
   // failed): the next recover() counts it as a newcomer again.
   void mark_stateless() { has_state_ = false; }
   int replica() const { return options_.replica; }
+  // The training state of this rank, the shape of torchft's Manager: the
+  // library calls `state_dict` for the bytes of entry `name` and
+  // `load_state_dict` to replace it (replica_state.h). Register the same
+  // names on every rank, before sync_state(); or register nothing and carry
+  // the state yourself (Recovery::transfer_state).
+  absl::Status register_state_dict_fn(
+      const std::string& name, ReplicaState::StateDictFn state_dict,
+      ReplicaState::LoadStateDictFn load_state_dict);
+  // Collective over the epoch's members, once after registering (before the
+  // first step): a replica that joined receives the state here from a
+  // member holding the same shard coordinate, the members that owe it send
+  // it, and every rank compares the state fingerprints along the replicate
+  // dimension. recover() does the same itself for every later change.
+  // Errors: DataLoss when the replicas' states differ (naming them); a
+  // failed transfer leaves this rank without state and retires the epoch
+  // (Aborted or Unavailable): pass it to end_step as the step's status.
+  absl::Status sync_state();
   // Called by the registry after each epoch's mesh is made (publishes it).
   void set_publisher(std::function<absl::Status(const DeviceMesh&)> publish) {
     publish_ = std::move(publish);
@@ -196,6 +225,9 @@ class ElasticMesh {
   // Max of `values` over the replica's ranks (never fails but on a
   // replica-internal error, which its launcher turns into the replica's end).
   absl::Status ReplicaMax(absl::Span<int64_t> values);
+  // With state registered: the pending transfer of the current epoch (if
+  // any), then the fingerprint comparison; agreed over the replica.
+  absl::Status CarryState(absl::string_view where);
   void RetireEpoch();
   absl::StatusOr<DeviceMesh> FullMesh(const MembershipRecord& record,
                                       std::shared_ptr<Communicator> dp_group);
@@ -218,6 +250,12 @@ class ElasticMesh {
   std::optional<DeviceMesh> mesh_;
   Recovery last_;
   bool has_state_ = false;
+  ReplicaState state_;
+  // The current epoch's state transfer is still to be done (Create's, which
+  // runs before the caller can register), and this rank then receives.
+  bool transfer_pending_ = false;
+  bool receive_pending_ = false;
+  int64_t steps_since_fingerprint_ = 0;
   std::function<absl::Status(const DeviceMesh&)> publish_;
   uint64_t incarnation_ = 0;      // this launch's (membership.h)
   bool joined_unformed_ = false;  // Join saw the job before its first epoch

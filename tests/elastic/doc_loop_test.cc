@@ -1,0 +1,287 @@
+// The training loop of vemesh/elastic/elastic_mesh.h, run as written on
+// three replicas of two ranks each (DP x SHARD = 3 x 2, one thread per rank,
+// every replica its own "launch" over a MemoryStore of its own, the control
+// plane a MemoryStore they share). The library carries the registered state:
+// a replica killed and relaunched mid-run receives it from the replica of
+// the same shard coordinate and every rank ends with the serial run's
+// parameters; a replica whose state is corrupted is named by the fingerprint
+// check on every rank (DataLoss), never trained on.
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "vemesh/bootstrap/store_bootstrap.h"
+#include "vemesh/elastic/elastic_mesh.h"
+#include "vemesh/rendezvous/memory_store.h"
+
+namespace vemesh {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kShard = 2;     // ranks per replica
+constexpr int kWidth = 4;     // floats per rank
+constexpr int64_t kSteps = 60;
+
+// The gradient every replica computes at `step` for element i of shard s:
+// small multiples of 1/8, so that sums and means are exact in float.
+float Grad(int64_t step, int shard, int i) {
+  return static_cast<float>((step % 5) + shard + i) * 0.125f;
+}
+
+float Serial(int shard, int i, int64_t steps) {
+  float w = 1.0f;
+  for (int64_t s = 0; s < steps; ++s) w -= Grad(s, shard, i);
+  return w;
+}
+
+// One rank's model: its shard of the parameters.
+struct Model {
+  int shard = 0;
+  std::vector<float> w = std::vector<float>(kWidth, 1.0f);
+  std::vector<float> start;  // the start of the step
+  ElasticMesh* el = nullptr;
+
+  absl::Status TrainStep(int64_t step) {
+    start = w;
+    auto dp = el->mesh().get_group("DP");
+    if (!dp.ok()) return dp.status();
+    std::vector<float> g(kWidth);
+    for (int i = 0; i < kWidth; ++i) g[i] = Grad(step, shard, i);
+    absl::Status s = (*dp)->all_reduce(g.data(), g.data(), kWidth,
+                                       DataType::kFloat32, ReduceOp::kSum);
+    if (!s.ok()) return s;
+    const float n = static_cast<float>((*dp)->size());
+    for (int i = 0; i < kWidth; ++i) w[i] -= g[i] / n;
+    absl::SleepFor(absl::Milliseconds(15));
+    return absl::OkStatus();
+  }
+  void RestoreStartOfStep() {
+    if (!start.empty()) w = start;
+  }
+  ReplicaState::StateDictFn SaveModel() {
+    return [this]() -> absl::StatusOr<std::string> {
+      return std::string(reinterpret_cast<const char*>(w.data()),
+                         w.size() * sizeof(float));
+    };
+  }
+  ReplicaState::LoadStateDictFn LoadModel() {
+    return [this](absl::string_view b) {
+      if (b.size() != w.size() * sizeof(float)) {
+        return absl::InvalidArgumentError("model: wrong size");
+      }
+      std::memcpy(w.data(), b.data(), b.size());
+      return absl::OkStatus();
+    };
+  }
+};
+
+ReplicaState::StateDictFn SaveStep(int64_t* step) {
+  return [step]() -> absl::StatusOr<std::string> {
+    return std::string(reinterpret_cast<const char*>(step), sizeof(*step));
+  };
+}
+ReplicaState::LoadStateDictFn LoadStep(int64_t* step) {
+  return [step](absl::string_view b) {
+    if (b.size() != sizeof(*step)) return absl::InvalidArgumentError("step");
+    std::memcpy(step, b.data(), sizeof(*step));
+    return absl::OkStatus();
+  };
+}
+
+// What one rank did.
+struct Outcome {
+  absl::Status status;
+  int64_t step = -1;
+  std::vector<float> w;
+  int dp_size = 0;
+  bool evicted = false;
+};
+
+// `quit(step)`: this rank's replica leaves (as if killed) before `step`.
+// `after_commit(step, model)`: a test hook after each committed step.
+struct Hooks {
+  std::function<bool(int64_t)> quit;
+  std::function<void(int64_t, Model&)> after_commit;
+};
+
+// The header's loop, from `ElasticMesh& el` on, verbatim but for the hooks
+// and the model being this file's.
+absl::Status Loop(ElasticMesh& el, Model& model, int64_t steps,
+                  const Hooks& hooks, Outcome& out) {
+  int64_t step = el.last_recovery().resume_step;
+  absl::Status reg = el.register_state_dict_fn("step", SaveStep(&step),
+                                               LoadStep(&step));
+  if (reg.ok()) {
+    reg = el.register_state_dict_fn("model", model.SaveModel(),
+                                    model.LoadModel());
+  }
+  if (!reg.ok()) return reg;
+  absl::Status s = el.sync_state();  // a joiner receives the state here
+  while (step < steps) {
+    if (hooks.quit && hooks.quit(step)) return absl::CancelledError("quit");
+    if (s.ok()) s = model.TrainStep(step);  // DP ops may fail
+    absl::StatusOr<StepVerdict> v = el.end_step(s);  // collective
+    if (!v.ok()) return v.status();  // store lost, states differ
+    if (v->committed) {
+      ++step;
+      if (hooks.after_commit) hooks.after_commit(step, model);
+    } else {
+      model.RestoreStartOfStep();
+    }
+    s = absl::OkStatus();
+    if (v->recover) {
+      absl::StatusOr<Recovery> r = el.recover(step);  // carries the state
+      if (!r.ok()) return r.status();
+      if (r->evicted) {
+        out.evicted = true;
+        return absl::OkStatus();
+      }
+    }
+  }
+  out.step = step;
+  return absl::OkStatus();
+}
+
+class DocLoop : public ::testing::Test {
+ protected:
+  std::shared_ptr<MemoryStore> control_ = std::make_shared<MemoryStore>();
+
+  // Launches replica `k` (two threads) and returns them; each writes its
+  // outcome to outcomes[shard].
+  std::vector<std::thread> Launch(int k, const Hooks& hooks,
+                                  std::vector<Outcome>& outcomes,
+                                  int fingerprint_every = 0) {
+    auto launch_store = std::make_shared<MemoryStore>();
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kShard; ++r) {
+      threads.emplace_back([this, k, r, hooks, launch_store, &outcomes,
+                            fingerprint_every] {
+        Outcome& out = outcomes[r];
+        MeshOptions inner;
+        inner.backend = "gloo";
+        inner.timeout = absl::Seconds(20);
+        inner.bootstrap = std::make_shared<StoreBootstrap>(
+            launch_store, r, kShard, absl::StrCat("launch", k));
+        ElasticOptions o;
+        o.control_store = control_;
+        o.replica = k;
+        o.job = "doc_loop";
+        o.heartbeat_ttl = absl::Milliseconds(300);
+        o.op_timeout = absl::Seconds(5);
+        o.recovery_timeout = absl::Seconds(30);
+        o.form_timeout = absl::Seconds(10);
+        o.fingerprint_every = fingerprint_every;
+        auto layout = MeshLayout::Create({3, kShard}, {"DP", "SHARD"});
+        if (!layout.ok()) {
+          out.status = layout.status();
+          return;
+        }
+        auto el = ElasticMesh::Create(DeviceType::kCpu, *layout, inner, o);
+        if (!el.ok()) {
+          out.status = el.status();
+          return;
+        }
+        Model model;
+        model.shard = r;
+        model.el = el->get();
+        out.status = Loop(**el, model, kSteps, hooks, out);
+        out.w = model.w;
+        out.dp_size = (*el)->last_recovery().dp_size;
+      });
+    }
+    return threads;
+  }
+};
+
+TEST_F(DocLoop, KilledReplicaRelaunchedReceivesTheState) {
+  std::vector<std::vector<Outcome>> outcomes(
+      4, std::vector<Outcome>(kShard));  // [3]: replica 2's relaunch
+  std::atomic<bool> killed{false};
+  Hooks plain;
+  Hooks dies;
+  dies.quit = [&](int64_t step) {
+    if (step < 10) return false;
+    killed = true;
+    return true;
+  };
+  std::vector<std::thread> all;
+  for (int k = 0; k < 3; ++k) {
+    for (std::thread& t : Launch(k, k == 2 ? dies : plain, outcomes[k])) {
+      all.push_back(std::move(t));
+    }
+  }
+  while (!killed) absl::SleepFor(absl::Milliseconds(5));
+  // The dead launch's threads are gone before its relaunch.
+  all[4].join();
+  all[5].join();
+  absl::SleepFor(absl::Milliseconds(500));
+  std::vector<std::thread> again = Launch(2, plain, outcomes[3]);
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (i != 4 && i != 5) all[i].join();
+  }
+  for (std::thread& t : again) t.join();
+
+  for (int k : {0, 1, 3}) {
+    for (int r = 0; r < kShard; ++r) {
+      const Outcome& o = outcomes[k][r];
+      SCOPED_TRACE(absl::StrCat("launch ", k, " rank ", r));
+      ASSERT_TRUE(o.status.ok()) << o.status;
+      EXPECT_FALSE(o.evicted);
+      EXPECT_EQ(o.step, kSteps);
+      EXPECT_EQ(o.dp_size, 3);  // the relaunch came back in
+      ASSERT_EQ(o.w.size(), static_cast<size_t>(kWidth));
+      for (int i = 0; i < kWidth; ++i) {
+        EXPECT_EQ(o.w[i], Serial(r, i, kSteps)) << "element " << i;
+      }
+    }
+  }
+  EXPECT_TRUE(absl::IsCancelled(outcomes[2][0].status));
+}
+
+TEST_F(DocLoop, CorruptedReplicaIsNamedOnEveryRank) {
+  std::vector<std::vector<Outcome>> outcomes(3,
+                                             std::vector<Outcome>(kShard));
+  Hooks plain;
+  Hooks corrupt;
+  corrupt.after_commit = [](int64_t step, Model& m) {
+    if (step == 5 && m.shard == 0) m.w[0] += 1.0f;
+  };
+  std::vector<std::thread> all;
+  for (int k = 0; k < 3; ++k) {
+    for (std::thread& t :
+         Launch(k, k == 1 ? corrupt : plain, outcomes[k], 1)) {
+      all.push_back(std::move(t));
+    }
+  }
+  for (std::thread& t : all) t.join();
+  for (int k = 0; k < 3; ++k) {
+    for (int r = 0; r < kShard; ++r) {
+      const Outcome& o = outcomes[k][r];
+      SCOPED_TRACE(absl::StrCat("replica ", k, " rank ", r));
+      EXPECT_TRUE(absl::IsDataLoss(o.status)) << o.status;
+      if (r == 0) {
+        EXPECT_THAT(std::string(o.status.message()),
+                    HasSubstr("replica 1 holds"));
+        EXPECT_THAT(std::string(o.status.message()),
+                    HasSubstr("replicas 0, 2 hold"));
+      }
+      EXPECT_LT(o.step, 0);  // never reached the end
+    }
+  }
+}
+
+}  // namespace
+}  // namespace vemesh

@@ -1,0 +1,197 @@
+#include "vemesh/elastic/replica_state.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace vemesh {
+namespace {
+
+// The largest piece of one broadcast (Gloo counts are ints).
+constexpr size_t kChunk = size_t{1} << 28;
+
+}  // namespace
+
+uint64_t Fingerprint64(absl::string_view bytes, uint64_t seed) {
+  uint64_t h = seed;
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+absl::Status ReplicaState::Register(const std::string& name,
+                                    StateDictFn state_dict,
+                                    LoadStateDictFn load_state_dict) {
+  if (name.empty() || !state_dict || !load_state_dict) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "register_state_dict_fn('", name,
+        "'): expected a non-empty name and both callbacks set"));
+  }
+  entries_[name] = Entry{std::move(state_dict), std::move(load_state_dict)};
+  return absl::OkStatus();
+}
+
+std::vector<std::string> ReplicaState::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, entry] : entries_) out.push_back(name);
+  return out;
+}
+
+absl::StatusOr<uint64_t> ReplicaState::Fingerprint() const {
+  uint64_t h = Fingerprint64("");
+  for (const auto& [name, entry] : entries_) {
+    absl::StatusOr<std::string> bytes = entry.state_dict();
+    if (!bytes.ok()) {
+      return absl::Status(bytes.status().code(),
+                          absl::StrCat("state_dict of '", name,
+                                       "': ", bytes.status().message()));
+    }
+    h = Fingerprint64(name, h);
+    h = Fingerprint64(*bytes, h);
+  }
+  return h;
+}
+
+absl::Status ReplicaState::Transfer(Communicator& group, int root,
+                                    bool receive) const {
+  const bool sender = group.rank() == root;
+  // The root's entries, and what every rank expects (the same names).
+  std::string local_error;
+  std::vector<int64_t> sizes;
+  std::string bytes;
+  if (sender) {
+    for (const auto& [name, entry] : entries_) {
+      absl::StatusOr<std::string> b = entry.state_dict();
+      if (!b.ok()) {
+        local_error = absl::StrCat("state_dict of '", name,
+                                   "': ", b.status().message());
+        break;
+      }
+      sizes.push_back(static_cast<int64_t>(b->size()));
+      bytes += *b;
+    }
+  }
+  const uint64_t names_hash = Fingerprint64(absl::StrJoin(names(), "\n"));
+  int64_t head[2] = {static_cast<int64_t>(names_hash >> 1),
+                     static_cast<int64_t>(entries_.size())};
+  int64_t root_head[2] = {head[0], head[1]};
+  if (absl::Status s =
+          group.broadcast(root_head, 2, DataType::kInt64, root);
+      !s.ok()) {
+    return s;
+  }
+  if (local_error.empty() && (root_head[0] != head[0] ||
+                              root_head[1] != head[1])) {
+    local_error = absl::StrCat(
+        "the sender registered other state entries than this rank's [",
+        absl::StrJoin(names(), ", "), "]");
+  }
+  // Agree before the sizes: a rank that cannot go on must not leave the
+  // others in a broadcast of another length.
+  int64_t bad = local_error.empty() ? 0 : 1;
+  if (absl::Status s =
+          group.all_reduce(&bad, &bad, 1, DataType::kInt64, ReduceOp::kMax);
+      !s.ok()) {
+    return s;
+  }
+  if (bad != 0) {
+    return absl::AbortedError(absl::StrCat(
+        "state transfer from DP rank ", root, " failed: ",
+        local_error.empty() ? "on another rank" : local_error));
+  }
+  sizes.resize(entries_.size(), 0);
+  if (!sizes.empty()) {
+    absl::Status s =
+        group.broadcast(sizes.data(), sizes.size(), DataType::kInt64, root);
+    if (!s.ok()) return s;
+  }
+  int64_t total = 0;
+  for (int64_t n : sizes) {
+    if (n < 0) return absl::InternalError("state transfer: negative size");
+    total += n;
+  }
+  bytes.resize(static_cast<size_t>(total));
+  for (size_t at = 0; at < bytes.size(); at += kChunk) {
+    const size_t n = std::min(kChunk, bytes.size() - at);
+    absl::Status s = group.broadcast(bytes.data() + at, n, DataType::kUInt8,
+                                     root);
+    if (!s.ok()) return s;
+  }
+  if (receive && !sender) {
+    size_t at = 0;
+    size_t i = 0;
+    for (const auto& [name, entry] : entries_) {
+      const size_t n = static_cast<size_t>(sizes[i++]);
+      absl::Status s =
+          entry.load_state_dict(absl::string_view(bytes).substr(at, n));
+      at += n;
+      if (!s.ok()) {
+        local_error = absl::StrCat("load_state_dict of '", name,
+                                   "': ", s.message());
+        break;
+      }
+    }
+  }
+  // The receivers' confirmation.
+  bad = local_error.empty() ? 0 : 1;
+  if (absl::Status s =
+          group.all_reduce(&bad, &bad, 1, DataType::kInt64, ReduceOp::kMax);
+      !s.ok()) {
+    return s;
+  }
+  if (bad != 0) {
+    return absl::AbortedError(absl::StrCat(
+        "state transfer from DP rank ", root, " failed: ",
+        local_error.empty() ? "a receiver could not load it" : local_error));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReplicaState::CompareFingerprints(
+    Communicator& group, const std::vector<int>& replicas,
+    absl::string_view where) const {
+  absl::StatusOr<uint64_t> mine = Fingerprint();
+  // A rank whose state_dict failed sends 0 with a flag.
+  int64_t word[2] = {mine.ok() ? static_cast<int64_t>(*mine) : 0,
+                     mine.ok() ? 0 : 1};
+  std::vector<int64_t> all(2 * static_cast<size_t>(group.size()), 0);
+  if (absl::Status s =
+          group.all_gather(word, all.data(), 2, DataType::kInt64);
+      !s.ok()) {
+    return s;
+  }
+  std::map<int64_t, std::vector<int>> by_value;
+  bool failed = false;
+  for (int j = 0; j < group.size(); ++j) {
+    failed = failed || all[2 * j + 1] != 0;
+    const int id = j < static_cast<int>(replicas.size()) ? replicas[j] : j;
+    by_value[all[2 * j]].push_back(id);
+  }
+  if (failed) {
+    return absl::InternalError(absl::StrCat(
+        "state fingerprint ", where, ": a state_dict failed",
+        mine.ok() ? "" : ": ", mine.ok() ? "" : mine.status().message()));
+  }
+  if (by_value.size() == 1) return absl::OkStatus();
+  std::vector<std::string> parts;
+  for (const auto& [value, ids] : by_value) {
+    const bool many = ids.size() > 1;
+    parts.push_back(absl::StrFormat("replica%s %s hold%s %016x",
+                                    many ? "s" : "", absl::StrJoin(ids, ", "),
+                                    many ? "" : "s",
+                                    static_cast<uint64_t>(value)));
+  }
+  return absl::DataLossError(
+      absl::StrCat("the replicas' states differ ", where, ": ",
+                   absl::StrJoin(parts, "; "),
+                   " (registered state fingerprints along the replicate "
+                   "dimension)"));
+}
+
+}  // namespace vemesh
