@@ -44,14 +44,15 @@ absl::StatusOr<Fault> ParseFault(const std::string& text) {
   const bool known =
       parts.size() >= 2 &&
       (parts[1] == "dp" || parts[1] == "tp" || parts[1] == "stop" ||
-       parts[1] == "establish" || parts[1] == "recovery");
+       parts[1] == "establish" || parts[1] == "recovery" ||
+       parts[1] == "corrupt");
   if (parts.size() < 2 || parts.size() > 3 || !known ||
       !absl::SimpleAtoi(parts[0], &f.step) ||
       (parts.size() == 3 && !absl::SimpleAtoi(parts[2], &f.rank))) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--fault=", text,
         ": expected STEP:WHERE[:RANK] with WHERE one of dp, tp, stop, "
-        "establish, recovery"));
+        "establish, recovery, corrupt"));
   }
   f.where = parts[1];
   return f;
@@ -101,13 +102,14 @@ void PrintMembership(bool leader, const vemesh::Recovery& r, int replica,
   std::printf(
       "membership: epoch %lld, DP=%d [%s] (replica %d is DP rank %d; "
       "%s; resume at step %lld%s) agreed in %.1f ms, built in %.1f ms, "
-      "at %lld ms\n",
+      "state %.1f ms, at %lld ms\n",
       static_cast<long long>(r.epoch), r.dp_size,
       absl::StrJoin(r.replicas, ", ").c_str(), replica, r.dp_rank,
       std::string(why).c_str(), static_cast<long long>(r.resume_step),
       r.transfer_state ? ", state sent to the new replicas" : "",
       absl::ToDoubleMilliseconds(r.agree_time),
       absl::ToDoubleMilliseconds(r.build_time),
+      absl::ToDoubleMilliseconds(r.state_time),
       static_cast<long long>(absl::ToUnixMillis(absl::Now())));
   std::fflush(stdout);
 }
@@ -262,6 +264,7 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
   el.heartbeat_ttl = settings.heartbeat_ttl;
   el.op_timeout = settings.op_timeout;
   el.recovery_timeout = settings.recovery_timeout;
+  el.fingerprint_every = settings.fingerprint_every;
   // What a joiner must share with the job (the mesh is added by vemesh):
   // a replica with another model, batch or optimizer is refused.
   const TrainOptions& o = plan0.options;
@@ -312,12 +315,49 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
     }
     step = *loaded;
   }
-  // A fresh job makes its replicas equal (they were initialised
-  // differently); a joiner receives the state. Done as the first thing of
-  // the next round, so that a failure while sending is a failed step.
-  bool send_state = rec.transfer_state || rec.resume_step == 0;
-  int state_root = rec.transfer_state ? rec.state_root : 0;
-  bool stateless = rec.receives_state;
+  // The library carries the parameters: to a joiner (here, in sync_state,
+  // or in a later recover), and to a replica one step ahead of the others;
+  // it compares their fingerprints after every change.
+  ParallelMlpStage* model = stage->get();
+  absl::Status registered = elastic->register_state_dict_fn(
+      "parameters",
+      [model]() -> absl::StatusOr<std::string> {
+        std::string bytes;
+        for (const Parameter* p : model->parameters()) {
+          bytes.append(reinterpret_cast<const char*>(p->value.data()),
+                       static_cast<size_t>(p->value.size()) * sizeof(double));
+        }
+        return bytes;
+      },
+      [model](absl::string_view bytes) -> absl::Status {
+        size_t total = 0;
+        for (const Parameter* p : model->parameters()) {
+          total += static_cast<size_t>(p->value.size()) * sizeof(double);
+        }
+        if (bytes.size() != total) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("parameters: ", bytes.size(), " bytes, expected ",
+                           total));
+        }
+        size_t at = 0;
+        for (Parameter* p : model->parameters()) {
+          const size_t n =
+              static_cast<size_t>(p->value.size()) * sizeof(double);
+          std::memcpy(p->value.data(), bytes.data() + at, n);
+          at += n;
+        }
+        return absl::OkStatus();
+      });
+  if (!registered.ok()) {
+    return Fail(replica, launch_rank, "elastic", registered);
+  }
+  // Done as the first thing of the first round, so that a failure while
+  // sending is a failed step.
+  absl::Status synced = elastic->sync_state();
+  if (absl::IsDataLoss(synced)) {
+    return Fail(replica, launch_rank, "elastic", synced);
+  }
+  bool send_state = !synced.ok();
   std::vector<Matrix> before_step = Save(params);
   std::vector<Matrix> before_previous = before_step;
   int recoveries = 0;
@@ -332,16 +372,7 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
     const absl::Time step_start = absl::Now();
     const bool finishing = step >= plan0.options.steps && !send_state;
     absl::StatusOr<double> loss = absl::UnknownError("not run");
-    if (send_state) {
-      auto sent = dp.BroadcastParameters(params, state_root);
-      if (!sent.ok()) loss = sent.status();
-      if (sent.ok()) {
-        send_state = false;
-        stateless = false;
-      } else if (stateless) {
-        elastic->mark_stateless();
-      }
-    }
+    if (send_state) loss = synced;  // the state did not arrive: recover
     before_previous = std::move(before_step);
     before_step = Save(params);
     if (finishing) {
@@ -366,6 +397,14 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
     } else if (verdict->committed) {
       losses[step] = *loss;
       ++step;
+      if (fault->where == "corrupt" && fault->step == step &&
+          fault->rank == launch_rank && !params.empty()) {
+        std::fprintf(stderr,
+                     "train_nd: fault: corrupt after step %lld on launch "
+                     "rank %d\n",
+                     static_cast<long long>(step), launch_rank);
+        params[0]->value(0, 0) += 1.0;
+      }
       // A failed save leaves the previous checkpoint; training goes on.
       if (absl::Status s = checkpoints.MaybeSave(*plan, **stage, step, leader);
           !s.ok() && leader) {
@@ -400,26 +439,12 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
       return 3;
     }
     ++recoveries;
-    if (stateless) {
-      // Still waiting for the state: start wherever the members are.
-      step = r->resume_step;
-    } else if (r->resume_step == step - 1) {
-      // One step ahead of a survivor: undo it.
-      Restore(before_step, params);
-      --step;
-    } else if (r->resume_step != step) {
-      return Fail(
-          replica, launch_rank, "recover",
-          absl::InternalError(absl::StrCat("resume at step ", r->resume_step,
-                                           " but this replica "
-                                           "committed ",
-                                           step)));
-    }
+    // The library loaded the members' state where this replica lacked it
+    // or was one step ahead: resume where they are.
+    step = r->resume_step;
     losses.erase(losses.lower_bound(step), losses.end());
     before_step = Save(params);
-    send_state = r->transfer_state || r->resume_step == 0;
-    state_root = r->transfer_state ? r->state_root : 0;
-    stateless = r->receives_state;
+    send_state = false;
     PrintMembership(leader, *r, replica,
                     verdict->committed ? "membership changed"
                                        : "recovered from a failed step");

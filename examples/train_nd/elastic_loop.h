@@ -9,8 +9,10 @@
 // Per step: snapshot the parameters, train, then ElasticMesh::end_step
 // (one verdict for the whole job). A failed step is undone; after a
 // membership change the replica re-shards the global batch over the new DP
-// size, rolls back the one step it may be ahead, and, when a replica
-// joined, broadcasts the parameters from DP rank 0. Replica leaders print
+// size; the library carries the registered parameters (ElasticMesh::
+// register_state_dict_fn) to a replica that joined or was one step ahead,
+// and compares the replicas' state fingerprints after every change (and
+// every --fingerprint_every steps). Replica leaders print
 // `membership: epoch E, DP=N ...` at start and at every change; each
 // replica's rank 0 ends with PASS/FAIL against the serial reference over the
 // steps it trained, whether the parameters are identical on every replica,
@@ -21,7 +23,9 @@
 // DP gradient all_reduce), `tp` (SIGKILL before the step's first TP
 // operation), `stop` (SIGSTOP before the DP all_reduce), `establish`
 // (SIGKILL while the first epoch's DP groups are built; STEP ignored),
-// `recovery` (SIGKILL on entering the first recovery at or after STEP).
+// `recovery` (SIGKILL on entering the first recovery at or after STEP),
+// `corrupt` (no signal: adds 1 to one parameter after committing STEP, which
+// the fingerprint check must report as DataLoss on every replica).
 
 #ifndef EXAMPLES_TRAIN_ND_ELASTIC_LOOP_H_
 #define EXAMPLES_TRAIN_ND_ELASTIC_LOOP_H_
@@ -47,6 +51,8 @@ struct ElasticSettings {
   // Each step lasts at least this long (demos, and fault tests that act
   // from outside at a moment of their choosing).
   absl::Duration pace = absl::ZeroDuration();
+  // ElasticOptions::fingerprint_every.
+  int fingerprint_every = 0;
 };
 
 // Returns the process exit code: 0 PASS, 1 FAIL or error, 3 evicted.

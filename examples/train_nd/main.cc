@@ -119,6 +119,9 @@ ABSL_FLAG(int, checkpoint_keep, kDefaults.checkpoint_keep,
 ABSL_FLAG(std::string, resume, kDefaults.resume,
           "continue from the latest checkpoint in DIR (saved on any mesh); "
           "the loss curve is checked against the serial run of all steps");
+ABSL_FLAG(int, fingerprint_every, 0,
+          "elastic: compare the replicas' state fingerprints every N steps "
+          "(0: only after each membership change)");
 ABSL_FLAG(std::string, fault, "",
           "elastic fault tests: STEP:WHERE[:RANK] (see elastic_loop.h)");
 
@@ -522,6 +525,7 @@ int Run() {
         absl::Milliseconds(absl::GetFlag(FLAGS_recovery_timeout_ms));
     e.job = absl::GetFlag(FLAGS_job);
     e.fault = absl::GetFlag(FLAGS_fault);
+    e.fingerprint_every = absl::GetFlag(FLAGS_fingerprint_every);
     e.pace = absl::Milliseconds(absl::GetFlag(FLAGS_pace_ms));
     return RunElastic(*plan, e, world_rank);
   }

@@ -95,8 +95,11 @@ absl::StatusOr<std::unique_ptr<ParallelMlpStage>> ParallelMlpStage::Create(
   }
   for (int l = range.begin; l < range.end; ++l) {
     const std::string name = absl::StrCat("layer", l);
-    const Matrix w = InitialWeight(plan.options.seed, l, shape, *dp_rank);
-    const Matrix b = InitialBias(plan.options.seed, l, shape, *dp_rank);
+    // An elastic job's replicas start equal (the library's fingerprint
+    // check compares them from the first epoch on): replica 0's weights.
+    const int64_t init = plan.options.elastic.empty() ? *dp_rank : 0;
+    const Matrix w = InitialWeight(plan.options.seed, l, shape, init);
+    const Matrix b = InitialBias(plan.options.seed, l, shape, init);
     if (MlpShape::column_parallel(l)) {
       // Gather only at the model's end: the loss needs the whole output.
       absl::StatusOr<ColumnParallelLinear> layer = ColumnParallelLinear::Create(

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <span>
@@ -268,8 +269,23 @@ void PlacementExample() {
 // The training loop's own functions that the example calls.
 absl::Status TrainStep(int64_t step) { return absl::OkStatus(); }
 void RestoreStartOfStep() {}
-void RestorePreviousStep() {}
-void BroadcastParameters(int root) {}
+ReplicaState::StateDictFn SaveStep(int64_t* step) {
+  return [step]() -> absl::StatusOr<std::string> {
+    return std::string(reinterpret_cast<const char*>(step), sizeof(*step));
+  };
+}
+ReplicaState::LoadStateDictFn LoadStep(int64_t* step) {
+  return [step](absl::string_view b) {
+    if (b.size() == sizeof(*step)) std::memcpy(step, b.data(), b.size());
+    return absl::OkStatus();
+  };
+}
+ReplicaState::StateDictFn SaveModel() {
+  return []() -> absl::StatusOr<std::string> { return std::string(); };
+}
+ReplicaState::LoadStateDictFn LoadModel() {
+  return [](absl::string_view) { return absl::OkStatus(); };
+}
 absl::Status ElasticExample(int k, int64_t steps) {
   InitOptions o;
   // GCC 12 warns (-Wmissing-field-initializers) about the fields a C++20
@@ -283,22 +299,22 @@ absl::Status ElasticExample(int k, int64_t steps) {
   if (!mesh.ok()) return mesh.status();
   ElasticMesh& el = *VESCALE_DEVICE_MESH.elastic();
   int64_t step = el.last_recovery().resume_step;
+  (void)el.register_state_dict_fn("step", SaveStep(&step), LoadStep(&step));
+  (void)el.register_state_dict_fn("model", SaveModel(), LoadModel());
+  absl::Status s = el.sync_state();
   while (step < steps) {
-    absl::Status s = TrainStep(step);
+    if (s.ok()) s = TrainStep(step);
     absl::StatusOr<StepVerdict> v = el.end_step(s);
     if (!v.ok()) return v.status();
     if (v->committed)
       ++step;
     else
       RestoreStartOfStep();
+    s = absl::OkStatus();
     if (v->recover) {
       absl::StatusOr<Recovery> r = el.recover(step);
+      if (!r.ok()) return r.status();
       if (r->evicted) return absl::OkStatus();
-      if (r->resume_step == step - 1) {
-        RestorePreviousStep();
-        --step;
-      }
-      if (r->transfer_state) BroadcastParameters(r->state_root);
     }
   }
   return absl::OkStatus();

@@ -319,6 +319,19 @@ case $scenario in
       expect_line r${k}b "^membership: epoch [2-9], DP=3 \[0, 1, 2\].*start"
     done
     ((SECONDS - t0 <= 30)) || fail "the rerun took $((SECONDS - t0)) s" ;;
+  corrupt)
+    # Replica 1's launch rank 0 adds 1 to a parameter after step 5: the
+    # fingerprint check (every 2 steps) ends every replica with DataLoss
+    # naming replica 1, never a PASS (issue 28).
+    launch 0 r0 --fingerprint_every 2
+    launch 1 r1 --fingerprint_every 2 --fault 5:corrupt
+    launch 2 r2 --fingerprint_every 2
+    finish 0; finish 1; finish 2
+    for k in 0 1 2; do
+      [[ ${rc[$k]} != 0 ]] || fail "r$k exited 0 with replica 1 corrupted"
+      grep -qE "^PASS" "$work/r$k.out" && fail "r$k printed PASS"
+      expect_line r$k "DATA_LOSS: the replicas' states differ after 2 steps .*replica 1 holds"
+    done ;;
   replica_stopped)
     # A whole replica (its launcher and both ranks) stopped for 4 s and
     # resumed finds itself evicted: exit 3, not an error blaming Redis.

@@ -217,6 +217,12 @@ absl::StatusOr<std::unique_ptr<ElasticMesh>> ElasticMesh::Create(
                         : options.store;
   el->descriptor_ = absl::StrCat("mesh=", requested.ToString(),
                                  ";replica_dim=", options.replica_dim);
+  // Every member must run the same fingerprint checks (they are
+  // collectives): a joiner with another period is refused.
+  if (options.fingerprint_every > 0) {
+    absl::StrAppend(&el->descriptor_,
+                    ";fingerprint_every=", options.fingerprint_every);
+  }
   if (!options.descriptor.empty()) {
     absl::StrAppend(&el->descriptor_, ";", options.descriptor);
   }

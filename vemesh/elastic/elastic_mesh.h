@@ -13,18 +13,39 @@
 //   if (!mesh.ok()) return mesh.status();
 //   ElasticMesh& el = *VESCALE_DEVICE_MESH.elastic();
 //   int64_t step = el.last_recovery().resume_step;   // 0 for a fresh job
+//   // What this rank holds, once: the library sends it to joiners.
+//   el.register_state_dict_fn("step", SaveStep(&step), LoadStep(&step));
+//   el.register_state_dict_fn("model", SaveModel(), LoadModel());
+//   absl::Status s = el.sync_state();  // a joiner receives the state here
 //   while (step < steps) {
-//     absl::Status s = TrainStep(step);              // DP ops may fail
+//     if (s.ok()) s = TrainStep(step);               // DP ops may fail
 //     absl::StatusOr<StepVerdict> v = el.end_step(s);  // collective
-//     if (!v.ok()) return v.status();                // e.g. store lost
+//     if (!v.ok()) return v.status();  // store lost, states differ
 //     if (v->committed) ++step; else RestoreStartOfStep();
+//     s = absl::OkStatus();
 //     if (v->recover) {
-//       absl::StatusOr<Recovery> r = el.recover(step);
+//       absl::StatusOr<Recovery> r = el.recover(step);  // carries the state
+//       if (!r.ok()) return r.status();
 //       if (r->evicted) return absl::OkStatus();     // not a member any more
-//       if (r->resume_step == step - 1) { RestorePreviousStep(); --step; }
-//       if (r->transfer_state) BroadcastParameters(r->state_root);
 //     }
 //   }
+//
+// The state: register_state_dict_fn takes the torchft Manager's pair of
+// callbacks (bytes out, bytes in; replica_state.h). On every membership
+// change recover() sends it, along the epoch's DP group (the ranks of one
+// shard coordinate, one per replica), from the lowest DP rank holding the
+// least committed step to every member that lacks it (it joined) or is one
+// step ahead (so no undo is left to the caller), and returns only once every
+// receiver loaded it: no step commits before. A failed transfer rebuilds the
+// epoch (the receiver stays without state). Then, and every
+// ElasticOptions::fingerprint_every committed steps, the ranks of each DP
+// group compare a 64-bit FNV-1a of their state bytes; a difference is
+// DataLoss from recover / end_step / sync_state on every rank, naming the
+// replicas and the fingerprints they hold. tests/elastic/doc_loop_test.cc
+// runs this loop through a kill, a relaunch and a corruption. A caller that
+// registers nothing carries the state itself (Recovery::transfer_state,
+// state_root, receives_state; resume_step one step behind this replica:
+// undo it), as before.
 //
 // A replica is every rank with one DP coordinate; each replica is its own
 // launch (mpirun, srun or torchrun), and its inner dimensions (PP, TP, ...)
