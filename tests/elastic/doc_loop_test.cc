@@ -1,5 +1,6 @@
-// The training loop of vemesh/elastic/elastic_mesh.h, run as written on
-// three replicas of two ranks each (DP x SHARD = 3 x 2, one thread per rank,
+// The training loop of vemesh/elastic/elastic_mesh.h, run as written on an
+// HSDP-shaped mesh: DP_REPLICATE x DP_SHARD = 3 x 2, DP_REPLICATE the
+// elastic dimension (three replicas of two ranks each, one thread per rank,
 // every replica its own "launch" over a MemoryStore of its own, the control
 // plane a MemoryStore they share). The library carries the registered state:
 // a replica killed and relaunched mid-run receives it from the replica of
@@ -56,7 +57,7 @@ struct Model {
 
   absl::Status TrainStep(int64_t step) {
     start = w;
-    auto dp = el->mesh().get_group("DP");
+    auto dp = el->mesh().get_group("DP_REPLICATE");
     if (!dp.ok()) return dp.status();
     std::vector<float> g(kWidth);
     for (int i = 0; i < kWidth; ++i) g[i] = Grad(step, shard, i);
@@ -178,13 +179,15 @@ class DocLoop : public ::testing::Test {
         ElasticOptions o;
         o.control_store = control_;
         o.replica = k;
+        o.replica_dim = "DP_REPLICATE";
         o.job = "doc_loop";
         o.heartbeat_ttl = absl::Milliseconds(300);
         o.op_timeout = absl::Seconds(5);
         o.recovery_timeout = absl::Seconds(30);
         o.form_timeout = absl::Seconds(10);
         o.fingerprint_every = fingerprint_every;
-        auto layout = MeshLayout::Create({3, kShard}, {"DP", "SHARD"});
+        auto layout =
+            MeshLayout::Create({3, kShard}, {"DP_REPLICATE", "DP_SHARD"});
         if (!layout.ok()) {
           out.status = layout.status();
           return;
