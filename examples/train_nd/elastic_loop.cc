@@ -42,10 +42,9 @@ absl::StatusOr<Fault> ParseFault(const std::string& text) {
   if (text.empty()) return f;
   std::vector<std::string> parts = absl::StrSplit(text, ':');
   const bool known =
-      parts.size() >= 2 &&
-      (parts[1] == "dp" || parts[1] == "tp" || parts[1] == "stop" ||
-       parts[1] == "establish" || parts[1] == "recovery" ||
-       parts[1] == "corrupt");
+      parts.size() >= 2 && (parts[1] == "dp" || parts[1] == "tp" ||
+                            parts[1] == "stop" || parts[1] == "establish" ||
+                            parts[1] == "recovery" || parts[1] == "corrupt");
   if (parts.size() < 2 || parts.size() > 3 || !known ||
       !absl::SimpleAtoi(parts[0], &f.step) ||
       (parts.size() == 3 && !absl::SimpleAtoi(parts[2], &f.rank))) {
@@ -335,9 +334,8 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
           total += static_cast<size_t>(p->value.size()) * sizeof(double);
         }
         if (bytes.size() != total) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("parameters: ", bytes.size(), " bytes, expected ",
-                           total));
+          return absl::InvalidArgumentError(absl::StrCat(
+              "parameters: ", bytes.size(), " bytes, expected ", total));
         }
         size_t at = 0;
         for (Parameter* p : model->parameters()) {

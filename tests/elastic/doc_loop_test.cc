@@ -32,8 +32,8 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr int kShard = 2;     // ranks per replica
-constexpr int kWidth = 4;     // floats per rank
+constexpr int kShard = 2;  // ranks per replica
+constexpr int kWidth = 4;  // floats per rank
 constexpr int64_t kSteps = 60;
 
 // The gradient every replica computes at `step` for element i of shard s:
@@ -123,8 +123,8 @@ struct Hooks {
 absl::Status Loop(ElasticMesh& el, Model& model, int64_t steps,
                   const Hooks& hooks, Outcome& out) {
   int64_t step = el.last_recovery().resume_step;
-  absl::Status reg = el.register_state_dict_fn("step", SaveStep(&step),
-                                               LoadStep(&step));
+  absl::Status reg =
+      el.register_state_dict_fn("step", SaveStep(&step), LoadStep(&step));
   if (reg.ok()) {
     reg = el.register_state_dict_fn("model", model.SaveModel(),
                                     model.LoadModel());
@@ -133,7 +133,7 @@ absl::Status Loop(ElasticMesh& el, Model& model, int64_t steps,
   absl::Status s = el.sync_state();  // a joiner receives the state here
   while (step < steps) {
     if (hooks.quit && hooks.quit(step)) return absl::CancelledError("quit");
-    if (s.ok()) s = model.TrainStep(step);  // DP ops may fail
+    if (s.ok()) s = model.TrainStep(step);           // DP ops may fail
     absl::StatusOr<StepVerdict> v = el.end_step(s);  // collective
     if (!v.ok()) return v.status();  // store lost, states differ
     if (v->committed) {
@@ -168,42 +168,42 @@ class DocLoop : public ::testing::Test {
     auto launch_store = std::make_shared<MemoryStore>();
     std::vector<std::thread> threads;
     for (int r = 0; r < kShard; ++r) {
-      threads.emplace_back([this, k, r, hooks, launch_store, &outcomes,
-                            fingerprint_every] {
-        Outcome& out = outcomes[r];
-        MeshOptions inner;
-        inner.backend = "gloo";
-        inner.timeout = absl::Seconds(20);
-        inner.bootstrap = std::make_shared<StoreBootstrap>(
-            launch_store, r, kShard, absl::StrCat("launch", k));
-        ElasticOptions o;
-        o.control_store = control_;
-        o.replica = k;
-        o.replica_dim = "DP_REPLICATE";
-        o.job = "doc_loop";
-        o.heartbeat_ttl = absl::Milliseconds(300);
-        o.op_timeout = absl::Seconds(5);
-        o.recovery_timeout = absl::Seconds(30);
-        o.form_timeout = absl::Seconds(10);
-        o.fingerprint_every = fingerprint_every;
-        auto layout =
-            MeshLayout::Create({3, kShard}, {"DP_REPLICATE", "DP_SHARD"});
-        if (!layout.ok()) {
-          out.status = layout.status();
-          return;
-        }
-        auto el = ElasticMesh::Create(DeviceType::kCpu, *layout, inner, o);
-        if (!el.ok()) {
-          out.status = el.status();
-          return;
-        }
-        Model model;
-        model.shard = r;
-        model.el = el->get();
-        out.status = Loop(**el, model, kSteps, hooks, out);
-        out.w = model.w;
-        out.dp_size = (*el)->last_recovery().dp_size;
-      });
+      threads.emplace_back(
+          [this, k, r, hooks, launch_store, &outcomes, fingerprint_every] {
+            Outcome& out = outcomes[r];
+            MeshOptions inner;
+            inner.backend = "gloo";
+            inner.timeout = absl::Seconds(20);
+            inner.bootstrap = std::make_shared<StoreBootstrap>(
+                launch_store, r, kShard, absl::StrCat("launch", k));
+            ElasticOptions o;
+            o.control_store = control_;
+            o.replica = k;
+            o.replica_dim = "DP_REPLICATE";
+            o.job = "doc_loop";
+            o.heartbeat_ttl = absl::Milliseconds(300);
+            o.op_timeout = absl::Seconds(5);
+            o.recovery_timeout = absl::Seconds(30);
+            o.form_timeout = absl::Seconds(10);
+            o.fingerprint_every = fingerprint_every;
+            auto layout =
+                MeshLayout::Create({3, kShard}, {"DP_REPLICATE", "DP_SHARD"});
+            if (!layout.ok()) {
+              out.status = layout.status();
+              return;
+            }
+            auto el = ElasticMesh::Create(DeviceType::kCpu, *layout, inner, o);
+            if (!el.ok()) {
+              out.status = el.status();
+              return;
+            }
+            Model model;
+            model.shard = r;
+            model.el = el->get();
+            out.status = Loop(**el, model, kSteps, hooks, out);
+            out.w = model.w;
+            out.dp_size = (*el)->last_recovery().dp_size;
+          });
     }
     return threads;
   }
@@ -255,8 +255,7 @@ TEST_F(DocLoop, KilledReplicaRelaunchedReceivesTheState) {
 }
 
 TEST_F(DocLoop, CorruptedReplicaIsNamedOnEveryRank) {
-  std::vector<std::vector<Outcome>> outcomes(3,
-                                             std::vector<Outcome>(kShard));
+  std::vector<std::vector<Outcome>> outcomes(3, std::vector<Outcome>(kShard));
   Hooks plain;
   Hooks corrupt;
   corrupt.after_commit = [](int64_t step, Model& m) {
@@ -264,8 +263,7 @@ TEST_F(DocLoop, CorruptedReplicaIsNamedOnEveryRank) {
   };
   std::vector<std::thread> all;
   for (int k = 0; k < 3; ++k) {
-    for (std::thread& t :
-         Launch(k, k == 1 ? corrupt : plain, outcomes[k], 1)) {
+    for (std::thread& t : Launch(k, k == 1 ? corrupt : plain, outcomes[k], 1)) {
       all.push_back(std::move(t));
     }
   }

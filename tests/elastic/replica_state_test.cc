@@ -30,8 +30,8 @@ void OnRanks(int n, const std::function<void(int, Communicator&)>& body) {
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
-      auto comm = GlooCommunicator::Create(store, "rs", r, n, ranks,
-                                           absl::Seconds(20));
+      auto comm =
+          GlooCommunicator::Create(store, "rs", r, n, ranks, absl::Seconds(20));
       ASSERT_TRUE(comm.ok()) << comm.status();
       body(r, **comm);
     });
@@ -42,18 +42,16 @@ void OnRanks(int n, const std::function<void(int, Communicator&)>& body) {
 // One string entry named `name` on `state`, stored in `value`.
 void RegisterString(ReplicaState& state, const std::string& name,
                     std::string* value, bool refuse = false) {
-  ASSERT_TRUE(state
-                  .Register(
-                      name,
-                      [value]() -> absl::StatusOr<std::string> {
-                        return *value;
-                      },
-                      [value, refuse](absl::string_view b) {
-                        if (refuse) return absl::InvalidArgumentError("no");
-                        *value = std::string(b);
-                        return absl::OkStatus();
-                      })
-                  .ok());
+  ASSERT_TRUE(
+      state
+          .Register(
+              name, [value]() -> absl::StatusOr<std::string> { return *value; },
+              [value, refuse](absl::string_view b) {
+                if (refuse) return absl::InvalidArgumentError("no");
+                *value = std::string(b);
+                return absl::OkStatus();
+              })
+          .ok());
 }
 
 TEST(ReplicaState, RegisterRefusesEmptyNamesAndCallbacks) {
@@ -128,8 +126,7 @@ TEST(ReplicaState, FingerprintsNameTheReplicasThatDiffer) {
   });
   for (int r = 0; r < 3; ++r) {
     ASSERT_TRUE(absl::IsDataLoss(out[r])) << out[r];
-    EXPECT_THAT(std::string(out[r].message()),
-                HasSubstr("differ at step 3: "));
+    EXPECT_THAT(std::string(out[r].message()), HasSubstr("differ at step 3: "));
     EXPECT_THAT(std::string(out[r].message()), HasSubstr("replicas 4, 7 hold"));
     EXPECT_THAT(std::string(out[r].message()), HasSubstr("replica 9 holds"));
   }

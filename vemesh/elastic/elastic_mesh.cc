@@ -73,10 +73,10 @@ absl::Status CheckOptions(DeviceType device_type, const MeshLayout& layout,
                      ": expected 1 to ", kMaxReplicas));
   }
   if (o.fingerprint_every < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ElasticOptions.fingerprint_every is ",
-                     o.fingerprint_every, ": expected 0 (only after "
-                     "membership changes) or a positive step count"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ElasticOptions.fingerprint_every is ", o.fingerprint_every,
+        ": expected 0 (only after "
+        "membership changes) or a positive step count"));
   }
   if (o.store.empty() && o.control_store == nullptr) {
     return absl::InvalidArgumentError(
@@ -777,8 +777,8 @@ absl::StatusOr<Recovery> ElasticMesh::Rebuild(
       last_ = *r;
       const absl::Time state_start = absl::Now();
       const bool carried = transfer_pending_;
-      absl::Status s = CarryState(
-          absl::StrCat("after the change to epoch ", record.epoch));
+      absl::Status s =
+          CarryState(absl::StrCat("after the change to epoch ", record.epoch));
       r->state_time = absl::Now() - state_start;
       r->state_carried = carried && s.ok();
       if (absl::IsDataLoss(s) || (!s.ok() && !IsRetryable(s))) return s;
@@ -902,8 +902,8 @@ absl::StatusOr<StepVerdict> ElasticMesh::end_step(
   if (v.committed && !v.recover && options_.fingerprint_every > 0 &&
       !state_.empty() && dp_ != nullptr &&
       ++steps_since_fingerprint_ >= options_.fingerprint_every) {
-    absl::Status s = CarryState(absl::StrCat(
-        "after ", steps_since_fingerprint_, " steps of epoch ", epoch()));
+    absl::Status s = CarryState(absl::StrCat("after ", steps_since_fingerprint_,
+                                             " steps of epoch ", epoch()));
     if (absl::IsDataLoss(s) || (!s.ok() && !IsRetryable(s))) return s;
     if (!s.ok()) v.recover = true;
   }
@@ -968,8 +968,7 @@ absl::Status ElasticMesh::sync_state() {
         "sync_state: no state registered (register_state_dict_fn first)");
   }
   const absl::Time start = absl::Now();
-  absl::Status s =
-      CarryState(absl::StrCat("at the start of epoch ", epoch()));
+  absl::Status s = CarryState(absl::StrCat("at the start of epoch ", epoch()));
   last_.state_time += absl::Now() - start;
   return s;
 }

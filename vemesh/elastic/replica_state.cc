@@ -29,9 +29,9 @@ absl::Status ReplicaState::Register(const std::string& name,
                                     StateDictFn state_dict,
                                     LoadStateDictFn load_state_dict) {
   if (name.empty() || !state_dict || !load_state_dict) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "register_state_dict_fn('", name,
-        "'): expected a non-empty name and both callbacks set"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("register_state_dict_fn('", name,
+                     "'): expected a non-empty name and both callbacks set"));
   }
   entries_[name] = Entry{std::move(state_dict), std::move(load_state_dict)};
   return absl::OkStatus();
@@ -69,8 +69,8 @@ absl::Status ReplicaState::Transfer(Communicator& group, int root,
     for (const auto& [name, entry] : entries_) {
       absl::StatusOr<std::string> b = entry.state_dict();
       if (!b.ok()) {
-        local_error = absl::StrCat("state_dict of '", name,
-                                   "': ", b.status().message());
+        local_error =
+            absl::StrCat("state_dict of '", name, "': ", b.status().message());
         break;
       }
       sizes.push_back(static_cast<int64_t>(b->size()));
@@ -81,13 +81,12 @@ absl::Status ReplicaState::Transfer(Communicator& group, int root,
   int64_t head[2] = {static_cast<int64_t>(names_hash >> 1),
                      static_cast<int64_t>(entries_.size())};
   int64_t root_head[2] = {head[0], head[1]};
-  if (absl::Status s =
-          group.broadcast(root_head, 2, DataType::kInt64, root);
+  if (absl::Status s = group.broadcast(root_head, 2, DataType::kInt64, root);
       !s.ok()) {
     return s;
   }
-  if (local_error.empty() && (root_head[0] != head[0] ||
-                              root_head[1] != head[1])) {
+  if (local_error.empty() &&
+      (root_head[0] != head[0] || root_head[1] != head[1])) {
     local_error = absl::StrCat(
         "the sender registered other state entries than this rank's [",
         absl::StrJoin(names(), ", "), "]");
@@ -102,8 +101,8 @@ absl::Status ReplicaState::Transfer(Communicator& group, int root,
   }
   if (bad != 0) {
     return absl::AbortedError(absl::StrCat(
-        "state transfer from DP rank ", root, " failed: ",
-        local_error.empty() ? "on another rank" : local_error));
+        "state transfer from DP rank ", root,
+        " failed: ", local_error.empty() ? "on another rank" : local_error));
   }
   sizes.resize(entries_.size(), 0);
   if (!sizes.empty()) {
@@ -119,8 +118,8 @@ absl::Status ReplicaState::Transfer(Communicator& group, int root,
   bytes.resize(static_cast<size_t>(total));
   for (size_t at = 0; at < bytes.size(); at += kChunk) {
     const size_t n = std::min(kChunk, bytes.size() - at);
-    absl::Status s = group.broadcast(bytes.data() + at, n, DataType::kUInt8,
-                                     root);
+    absl::Status s =
+        group.broadcast(bytes.data() + at, n, DataType::kUInt8, root);
     if (!s.ok()) return s;
   }
   if (receive && !sender) {
@@ -132,8 +131,8 @@ absl::Status ReplicaState::Transfer(Communicator& group, int root,
           entry.load_state_dict(absl::string_view(bytes).substr(at, n));
       at += n;
       if (!s.ok()) {
-        local_error = absl::StrCat("load_state_dict of '", name,
-                                   "': ", s.message());
+        local_error =
+            absl::StrCat("load_state_dict of '", name, "': ", s.message());
         break;
       }
     }
@@ -153,16 +152,15 @@ absl::Status ReplicaState::Transfer(Communicator& group, int root,
   return absl::OkStatus();
 }
 
-absl::Status ReplicaState::CompareFingerprints(
-    Communicator& group, const std::vector<int>& replicas,
-    absl::string_view where) const {
+absl::Status ReplicaState::CompareFingerprints(Communicator& group,
+                                               const std::vector<int>& replicas,
+                                               absl::string_view where) const {
   absl::StatusOr<uint64_t> mine = Fingerprint();
   // A rank whose state_dict failed sends 0 with a flag.
   int64_t word[2] = {mine.ok() ? static_cast<int64_t>(*mine) : 0,
                      mine.ok() ? 0 : 1};
   std::vector<int64_t> all(2 * static_cast<size_t>(group.size()), 0);
-  if (absl::Status s =
-          group.all_gather(word, all.data(), 2, DataType::kInt64);
+  if (absl::Status s = group.all_gather(word, all.data(), 2, DataType::kInt64);
       !s.ok()) {
     return s;
   }
@@ -182,16 +180,14 @@ absl::Status ReplicaState::CompareFingerprints(
   std::vector<std::string> parts;
   for (const auto& [value, ids] : by_value) {
     const bool many = ids.size() > 1;
-    parts.push_back(absl::StrFormat("replica%s %s hold%s %016x",
-                                    many ? "s" : "", absl::StrJoin(ids, ", "),
-                                    many ? "" : "s",
-                                    static_cast<uint64_t>(value)));
+    parts.push_back(absl::StrFormat(
+        "replica%s %s hold%s %016x", many ? "s" : "", absl::StrJoin(ids, ", "),
+        many ? "" : "s", static_cast<uint64_t>(value)));
   }
-  return absl::DataLossError(
-      absl::StrCat("the replicas' states differ ", where, ": ",
-                   absl::StrJoin(parts, "; "),
-                   " (registered state fingerprints along the replicate "
-                   "dimension)"));
+  return absl::DataLossError(absl::StrCat(
+      "the replicas' states differ ", where, ": ", absl::StrJoin(parts, "; "),
+      " (registered state fingerprints along the replicate "
+      "dimension)"));
 }
 
 }  // namespace vemesh
