@@ -74,7 +74,7 @@ struct FakeComm {
   ncclResult_t outcome = ncclSuccess;
   int aborted = 0;
   int destroyed = 0;
-  int device = -1;  // the CUDA device current when it was made
+  int device = -1;        // the CUDA device current when it was made
   int shrink_flags = -1;  // ncclCommShrink's flags; -1: not a shrink
 };
 
@@ -235,7 +235,7 @@ class FakeNccl {
     std::map<int64_t, Slot> slots;  // by collective sequence number
     // By (source, destination) rank: sends and receives not yet paired.
     std::map<std::pair<int, int>, std::deque<Transfer>> sends, recvs;
-    std::map<int64_t, SplitRound> splits;  // by split sequence number
+    std::map<int64_t, SplitRound> splits;   // by split sequence number
     std::map<int64_t, SplitRound> shrinks;  // by shrink sequence number
   };
   // What the fake keeps per communicator beside its public record.
@@ -635,8 +635,7 @@ class FakeNccl {
       return f.group_depth_ > 0 ? ncclSuccess : ncclInProgress;
     };
     t.ncclCommShrink = [](ncclComm_t parent, int* /*exclude*/, int count,
-                          ncclComm_t* child, ncclConfig_t* config,
-                          int flags) {
+                          ncclComm_t* child, ncclConfig_t* config, int flags) {
       FakeNccl& f = Self();
       std::lock_guard<std::mutex> lock(f.mu_);
       const int pid = Id(parent);

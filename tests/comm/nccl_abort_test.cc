@@ -71,8 +71,7 @@ absl::StatusOr<DeviceMesh> CudaMesh(std::shared_ptr<MemoryStore> store,
 // The calls made on this thread from index `from` on.
 std::vector<Call> CallsFrom(FakeNccl& fake, size_t from) {
   std::vector<Call> all = fake.CallsOf(std::this_thread::get_id());
-  return std::vector<Call>(all.begin() + std::min(from, all.size()),
-                           all.end());
+  return std::vector<Call>(all.begin() + std::min(from, all.size()), all.end());
 }
 
 // The sum over `group` of each member's global rank, on "device" memory.
@@ -102,9 +101,9 @@ TEST(NcclAbort, AMeshIsAbortedInOneGroupAndNeverDestroyed) {
     for (const Call& c : CallsFrom(fake, before)) {
       fns.push_back(c.in_group ? "  " + c.fn : c.fn);
     }
-    EXPECT_THAT(fns, ElementsAre("ncclGroupStart", "  ncclCommAbort",
-                                 "  ncclCommAbort", "  ncclCommAbort",
-                                 "ncclGroupEnd"));
+    EXPECT_THAT(
+        fns, ElementsAre("ncclGroupStart", "  ncclCommAbort", "  ncclCommAbort",
+                         "  ncclCommAbort", "ncclGroupEnd"));
     // Idempotent: a second abort calls nothing.
     const size_t after = fake.CallsOf(threads[r]).size();
     ASSERT_TRUE(mesh->abort().ok());

@@ -40,8 +40,8 @@ double MsSince(Clock::time_point start) {
 absl::StatusOr<int64_t> SumOfRanks(Communicator& group) {
   int64_t mine = group.global_rank();
   int64_t sum = 0;
-  VEMESH_RETURN_IF_ERROR(group.all_reduce(&mine, &sum, 1, DataType::kInt64,
-                                          ReduceOp::kSum));
+  VEMESH_RETURN_IF_ERROR(
+      group.all_reduce(&mine, &sum, 1, DataType::kInt64, ReduceOp::kSum));
   return sum;
 }
 
@@ -120,7 +120,8 @@ TEST(MeshShrinkMpi, AfterAbortEveryDimensionIsRebuilt) {
   EXPECT_EQ(MPI_Barrier(MPI_COMM_WORLD), MPI_SUCCESS);
 }
 
-// -- Gloo, thread-ranks --------------------------------------------------------
+// -- Gloo, thread-ranks
+// --------------------------------------------------------
 
 constexpr absl::Duration kTimeout = absl::Seconds(30);
 

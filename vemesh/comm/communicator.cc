@@ -129,14 +129,14 @@ absl::StatusOr<std::shared_ptr<Communicator>> Communicator::shrink(
                        " is outside this group of ", size(), " ranks"));
     }
     if (i > 0 && sorted[i] == sorted[i - 1]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "shrink: group rank ", sorted[i], " is excluded twice"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("shrink: group rank ", sorted[i], " is excluded twice"));
     }
     if (sorted[i] == rank()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "shrink: this rank (group rank ", rank(), ", global rank ",
-          global_rank(),
-          ") is excluded; only the ranks that stay call shrink"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("shrink: this rank (group rank ", rank(),
+                       ", global rank ", global_rank(),
+                       ") is excluded; only the ranks that stay call shrink"));
     }
   }
   if (static_cast<int>(sorted.size()) >= size()) {
@@ -148,9 +148,8 @@ absl::StatusOr<std::shared_ptr<Communicator>> Communicator::shrink(
 
 absl::StatusOr<std::shared_ptr<Communicator>> Communicator::Shrink(
     absl::Span<const int> /*exclude*/, const ShrinkOptions& /*options*/) {
-  return absl::UnimplementedError(
-      absl::StrCat("shrink is not implemented for a ", backend(),
-                   " communicator"));
+  return absl::UnimplementedError(absl::StrCat(
+      "shrink is not implemented for a ", backend(), " communicator"));
 }
 
 std::vector<int> Communicator::Survivors(absl::Span<const int> exclude,

@@ -69,9 +69,9 @@ absl::StatusOr<DeviceMesh> DeviceMesh::shrink(
     }
   }
   if (static_cast<int64_t>(sorted.size()) >= extent) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shrink: excluding all ", extent, " coordinates of '",
-                     dim, "' leaves no mesh"));
+    return absl::InvalidArgumentError(absl::StrCat("shrink: excluding all ",
+                                                   extent, " coordinates of '",
+                                                   dim, "' leaves no mesh"));
   }
   const bool member = view_->has_self;
   if (member && shared.device_type != DeviceType::kMeta) {
@@ -117,14 +117,12 @@ absl::StatusOr<DeviceMesh> DeviceMesh::shrink(
   std::vector<int> excluded(sorted.begin(), sorted.end());
   std::vector<std::shared_ptr<Communicator>> groups;
   for (int64_t e = 0; e < layout.ndim(); ++e) {
-    VEMESH_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> group,
-                            get_group(e));
+    VEMESH_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> group, get_group(e));
     const std::string& name = layout.dim_name(e);
     if (e != d && !rebuild) {
       if (group->aborted()) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "shrink: the group of '", name,
-            "' was aborted on this rank (",
+            "shrink: the group of '", name, "' was aborted on this rank (",
             group->AbortedError("shrink").message(),
             "); call abort() on the mesh on every survivor, then shrink "
             "(every dimension is then rebuilt)"));
@@ -136,9 +134,9 @@ absl::StatusOr<DeviceMesh> DeviceMesh::shrink(
         e == d ? absl::MakeConstSpan(excluded) : absl::Span<const int>(),
         options);
     if (!made.ok()) {
-      return absl::Status(made.status().code(),
-                          absl::StrCat("shrink of '", name,
-                                       "': ", made.status().message()));
+      return absl::Status(
+          made.status().code(),
+          absl::StrCat("shrink of '", name, "': ", made.status().message()));
     }
     (*made)->set_timeout(group->timeout());
     groups.push_back(*std::move(made));

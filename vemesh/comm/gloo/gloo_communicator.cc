@@ -905,12 +905,11 @@ absl::StatusOr<std::shared_ptr<Communicator>> GlooCommunicator::Shrink(
   std::vector<int> global = Survivors(exclude, &new_rank);
   const int size = static_cast<int>(global.size());
   VEMESH_ASSIGN_OR_RETURN(
-      auto child,
-      Connect(store_,
-              absl::StrCat(prefix_, "/shrink/", seq, "/",
-                           absl::StrJoin(exclude, ",")),
-              new_rank, size, std::move(global), gloo_timeout_, hostname_,
-              device_));
+      auto child, Connect(store_,
+                          absl::StrCat(prefix_, "/shrink/", seq, "/",
+                                       absl::StrJoin(exclude, ",")),
+                          new_rank, size, std::move(global), gloo_timeout_,
+                          hostname_, device_));
   return std::shared_ptr<Communicator>(std::move(child));
 }
 

@@ -232,8 +232,8 @@ class GlooCommunicator final : public Communicator {
   // The issuing thread's.
   int64_t next_split_ = 0;
   int64_t next_shrink_ = 0;  // numbers shrinks alike on every survivor
-  int64_t self_sent_ = 0;   // messages to oneself issued
-  int64_t self_taken_ = 0;  // receives from oneself issued
+  int64_t self_sent_ = 0;    // messages to oneself issued
+  int64_t self_taken_ = 0;   // receives from oneself issued
 
   // The worker's own state: only it reads or writes these.
   uint32_t next_tag_ = 1;  // 0 is the rendezvous barrier's

@@ -472,9 +472,9 @@ absl::StatusOr<std::shared_ptr<Communicator>> MpiCommunicator::Shrink(
   if (status.ok()) {
     // Collective over `survivors` only: the excluded ranks do not call.
     constexpr int kShrinkTag = 0x5eed;
-    status = MpiStatus(
-        MPI_Comm_create_group(comm_, survivors, kShrinkTag, &child),
-        "MPI_Comm_create_group");
+    status =
+        MpiStatus(MPI_Comm_create_group(comm_, survivors, kShrinkTag, &child),
+                  "MPI_Comm_create_group");
   }
   if (survivors != MPI_GROUP_NULL) MPI_Group_free(&survivors);
   if (all != MPI_GROUP_NULL) MPI_Group_free(&all);

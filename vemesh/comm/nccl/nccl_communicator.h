@@ -65,9 +65,9 @@
 // before NCCL 2.27, which cannot group them). Once any NCCL communicator of
 // one lineage (a communicator made by ncclCommInitRankConfig, all split or
 // shrunk from it: one mesh's) was aborted, failed, or shrunk, every one of
-// them released afterwards is released with ncclCommAbort, never ncclCommDestroy
-// (a destroy flushes with peers that may be gone). `shrink` uses
-// ncclCommShrink (nccl_shrink.cc): NCCL_SHRINK_ABORT when ShrinkOptions
+// them released afterwards is released with ncclCommAbort, never
+// ncclCommDestroy (a destroy flushes with peers that may be gone). `shrink`
+// uses ncclCommShrink (nccl_shrink.cc): NCCL_SHRINK_ABORT when ShrinkOptions
 // says so or this rank has unfinished operations on the parent, else
 // NCCL_SHRINK_DEFAULT.
 //

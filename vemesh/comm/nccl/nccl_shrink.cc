@@ -80,13 +80,12 @@ absl::StatusOr<std::shared_ptr<Communicator>> NcclCommunicator::Shrink(
   // and carries a rebuild's unique id.
   auto twin = twin_->shrink(exclude, options);
   if (!twin.ok()) {
-    return absl::Status(twin.status().code(),
-                        absl::StrCat("shrink of the host twin: ",
-                                     twin.status().message()));
+    return absl::Status(
+        twin.status().code(),
+        absl::StrCat("shrink of the host twin: ", twin.status().message()));
   }
   const bool abort_in_flight =
-      options.abort_in_flight ||
-      in_flight_.load(std::memory_order_acquire) > 0;
+      options.abort_in_flight || in_flight_.load(std::memory_order_acquire) > 0;
   DeviceGuard guard(device_);
   if (!guard.status().ok()) return guard.status();
   ncclComm_t child = nullptr;
@@ -98,13 +97,13 @@ absl::StatusOr<std::shared_ptr<Communicator>> NcclCommunicator::Shrink(
     std::lock_guard<std::mutex> lock(comm_mu_);
     if (comm_ != nullptr) {
       derived = true;
-      status = NcclStatus(
-          Nccl().ncclCommShrink(
-              comm_, excluded.empty() ? nullptr : excluded.data(),
-              static_cast<int>(excluded.size()), &child, &config,
-              abort_in_flight ? VEMESH_NCCL_SHRINK_ABORT
-                              : VEMESH_NCCL_SHRINK_DEFAULT),
-          "ncclCommShrink");
+      status =
+          NcclStatus(Nccl().ncclCommShrink(
+                         comm_, excluded.empty() ? nullptr : excluded.data(),
+                         static_cast<int>(excluded.size()), &child, &config,
+                         abort_in_flight ? VEMESH_NCCL_SHRINK_ABORT
+                                         : VEMESH_NCCL_SHRINK_DEFAULT),
+                     "ncclCommShrink");
     }
   }
   if (!derived) {
