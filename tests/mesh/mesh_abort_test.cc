@@ -9,6 +9,7 @@
 //   * bad input is InvalidArgument naming the value.
 #include <mpi.h>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -133,13 +134,14 @@ void OnThreads(int n, const std::function<void(int)>& body) {
 
 absl::StatusOr<DeviceMesh> GlooMesh(std::shared_ptr<MemoryStore> store,
                                     int rank, std::vector<int64_t> shape,
-                                    std::vector<std::string> names) {
+                                    std::vector<std::string> names,
+                                    absl::Duration timeout = kTimeout) {
   int64_t n = 1;
   for (int64_t s : shape) n *= s;
   VEMESH_ASSIGN_OR_RETURN(MeshLayout layout, MeshLayout::Create(shape, names));
   MeshOptions options;
   options.backend = "gloo";
-  options.timeout = kTimeout;
+  options.timeout = timeout;
   options.bootstrap = std::make_shared<StoreBootstrap>(
       std::move(store), rank, static_cast<int>(n), "job");
   return DeviceMesh::Create(DeviceType::kCpu, layout, options);
@@ -163,6 +165,40 @@ TEST(MeshAbortGloo, EveryGroupAndFlatteningFailsAtOnce) {
       EXPECT_TRUE(absl::IsAborted(s)) << dim << ": " << s;
     }
     EXPECT_LT(MsSince(start), 1000);
+  });
+}
+
+// Gloo cannot interrupt a wait inside its collectives: abort() closes the
+// connections (peers fail at once) and the blocked collective returns
+// Aborted at the latest at the Gloo timeout (MeshOptions::timeout, 3 s
+// here), never hangs.
+TEST(MeshAbortGloo, ABlockedCollectiveReturnsAbortedByTheGlooTimeout) {
+  auto store = std::make_shared<MemoryStore>();
+  std::atomic<bool> checked{false};
+  OnThreads(2, [&](int r) {
+    auto mesh = GlooMesh(store, r, {2}, {"DP"}, absl::Seconds(3));
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    if (r == 1) {  // alive, connected, never joins the all_reduce
+      while (!checked.load()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      return;
+    }
+    auto dp = *mesh->get_group("DP");
+    int64_t x = 1;
+    auto work = dp->iall_reduce(&x, &x, 1, DataType::kInt64, ReduceOp::kSum);
+    ASSERT_TRUE(work.ok()) << work.status();
+    std::thread aborter([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      ASSERT_TRUE(mesh->abort().ok());
+    });
+    const auto start = Clock::now();
+    absl::Status s = (*work)->wait();
+    const double ms = MsSince(start);
+    aborter.join();
+    checked.store(true);
+    EXPECT_TRUE(absl::IsAborted(s)) << s;
+    EXPECT_LT(ms, 3000 + 2000) << s;
   });
 }
 

@@ -314,7 +314,9 @@ class DeviceMesh {
   // ncclCommDestroy, from then on. MPI: MPI cannot abort one communicator;
   // they are marked (operations fail at once, a blocked one is abandoned)
   // and freed by the last holder with MPI_Comm_free, which is local. Gloo:
-  // blocked waits are interrupted and pending operations end Aborted.
+  // the connections are closed (peers fail at once), waits on this rank's
+  // messages are interrupted, and a collective blocked inside Gloo returns
+  // Aborted at the latest at the Gloo timeout (MeshOptions::timeout).
   // The backend worlds the mesh was split from are not aborted. OK for a
   // meta mesh (nothing to abort).
   absl::Status abort() const;
