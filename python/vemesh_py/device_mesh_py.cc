@@ -172,6 +172,24 @@ void RegisterDeviceMesh(py::module_& m) {
           "into one dimension named `mesh_dim_name` (default: the names "
           "joined by '_'). PyTorch's DeviceMesh._flatten.")
       .def(
+          "abort", [](const DeviceMesh& d) { ThrowIfError(d.abort()); },
+          "Aborts every group of this mesh, its children and flattenings: "
+          "their operations raise at once (DeviceMesh::abort).")
+      .def(
+          "shrink",
+          [](const DeviceMesh& d, const std::string& dim,
+             std::vector<int64_t> exclude) {
+            absl::StatusOr<DeviceMesh> out;
+            {
+              py::gil_scoped_release nogil;
+              out = d.shrink(dim, exclude);
+            }
+            return Unwrap(std::move(out));
+          },
+          py::arg("mesh_dim"), py::arg("exclude"),
+          "Collective over the survivors: this mesh without the coordinates "
+          "`exclude` of `mesh_dim` (DeviceMesh::shrink).")
+      .def(
           "_flatten",
           [](const DeviceMesh& d, const std::string& name) {
             absl::StatusOr<DeviceMesh> out;

@@ -13,6 +13,9 @@
 //     communicator), and each communicator's creation: its split's color,
 //     key, name and config. Splits can be made to fail, fail late or never
 //     finish (fail_on_issue, fail_async, never_ready, by commName).
+//   * ncclCommShrink: the survivors' i-th shrink of a communicator forms its
+//     child once every rank not excluded issued it; NCCL_SHRINK_ABORT
+//     withdraws the parent's unfinished parts first, as ncclCommAbort does.
 //   * It moves data. "Device memory" is host memory the fake hands out (and
 //     reports as device memory to cudaPointerGetAttributes); the ranks of a
 //     communicator are threads of this process. Each collective and each
@@ -71,7 +74,8 @@ struct FakeComm {
   ncclResult_t outcome = ncclSuccess;
   int aborted = 0;
   int destroyed = 0;
-  int device = -1;  // the CUDA device current when it was made
+  int device = -1;        // the CUDA device current when it was made
+  int shrink_flags = -1;  // ncclCommShrink's flags; -1: not a shrink
 };
 
 // One recorded NCCL call.
@@ -231,7 +235,8 @@ class FakeNccl {
     std::map<int64_t, Slot> slots;  // by collective sequence number
     // By (source, destination) rank: sends and receives not yet paired.
     std::map<std::pair<int, int>, std::deque<Transfer>> sends, recvs;
-    std::map<int64_t, SplitRound> splits;  // by split sequence number
+    std::map<int64_t, SplitRound> splits;   // by split sequence number
+    std::map<int64_t, SplitRound> shrinks;  // by shrink sequence number
   };
   // What the fake keeps per communicator beside its public record.
   struct State {
@@ -239,6 +244,7 @@ class FakeNccl {
     int rank = -1;
     int64_t collectives = 0;
     int64_t splits = 0;
+    int64_t shrinks = 0;
     ncclResult_t error = ncclSuccess;  // a mismatch the fake noticed
     // As NCCL's background job of a split: the parent answers
     // ncclInProgress for this many more polls, and a negative color's
@@ -525,6 +531,7 @@ class FakeNccl {
   void FormChildren(SplitRound& round) {
     std::map<int, std::vector<std::pair<std::pair<int, int>, int>>> by_color;
     for (size_t r = 0; r < round.members.size(); ++r) {
+      if (!round.members[r].has_value()) continue;  // excluded by a shrink
       const Member& m = *round.members[r];
       if (m.child < 0) continue;
       by_color[m.color].push_back({{m.key, static_cast<int>(r)}, m.child});
@@ -626,6 +633,34 @@ class FakeNccl {
       // In a group the call only records the split; outside one a
       // non-blocking split is under way when it returns.
       return f.group_depth_ > 0 ? ncclSuccess : ncclInProgress;
+    };
+    t.ncclCommShrink = [](ncclComm_t parent, int* /*exclude*/, int count,
+                          ncclComm_t* child, ncclConfig_t* config, int flags) {
+      FakeNccl& f = Self();
+      std::lock_guard<std::mutex> lock(f.mu_);
+      const int pid = Id(parent);
+      if (f.comms_[pid].aborted + f.comms_[pid].destroyed > 0 ||
+          f.states_[pid].clique == nullptr) {
+        f.Record("ncclCommShrink", -1);
+        return ncclInvalidUsage;
+      }
+      if ((flags & NCCL_SHRINK_ABORT) != 0) f.Withdraw(pid);
+      FakeComm c;
+      c.parent = pid;
+      c.key = f.states_[pid].rank;
+      c.shrink_flags = flags;
+      c.blocking = config != nullptr ? config->blocking : -1;
+      c.polls_left = f.polls_until_ready;
+      c.device = device_;
+      const int id = f.NewComm(c);
+      *child = Handle(id);
+      f.Record("ncclCommShrink", id);
+      State& p = f.states_[pid];
+      SplitRound& round = p.clique->shrinks[p.shrinks++];
+      if (round.members.empty()) round.members.resize(p.clique->nranks);
+      round.members[p.rank] = Member{0, p.rank, id};
+      if (++round.arrived == p.clique->nranks - count) f.FormChildren(round);
+      return c.blocking == 0 ? ncclInProgress : ncclSuccess;
     };
     t.ncclCommGetAsyncError = [](ncclComm_t comm, ncclResult_t* state) {
       FakeNccl& f = Self();

@@ -144,6 +144,17 @@ def test_bad_shape_is_value_error():
         "mesh dimension 1 ('TP') has size 0: expected a size >= 1")
 
 
+def test_meta_mesh_shrink_and_abort():
+    m = vemesh.init_device_mesh("meta", (3, 2), mesh_dim_names=("DP", "TP"))
+    m.abort()  # nothing to abort: no error
+    small = m.shrink("DP", [1])
+    assert small.mesh_dim_names == ("DP", "TP")
+    assert small.size() == 4
+    with pytest.raises(ValueError) as e:
+        m.shrink("DP", [0, 1, 2])
+    assert "excluding all 3" in str(e.value)
+
+
 def one_rank_group():
     return vemesh.init_device_mesh("cpu", (1,), mesh_dim_names=("w",)).get_group()
 

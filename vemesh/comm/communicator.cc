@@ -1,5 +1,6 @@
 #include "vemesh/comm/communicator.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <string>
@@ -79,14 +80,91 @@ absl::Duration Communicator::timeout() const {
   return ns < 0 ? absl::InfiniteDuration() : absl::Nanoseconds(ns);
 }
 
+bool Communicator::MarkAborted(absl::string_view reason) {
+  std::lock_guard<std::mutex> lock(abort_mu_);
+  if (aborted_.load(std::memory_order_relaxed)) return false;
+  abort_reason_ = std::string(reason);
+  aborted_.store(true, std::memory_order_release);
+  return true;
+}
+
 void Communicator::abort(absl::string_view reason) {
-  {
-    std::lock_guard<std::mutex> lock(abort_mu_);
-    if (aborted_.load(std::memory_order_relaxed)) return;
-    abort_reason_ = std::string(reason);
-    aborted_.store(true, std::memory_order_release);
+  if (MarkAborted(reason)) OnAbort();
+}
+
+void Communicator::OnAbortMany(absl::Span<Communicator* const> same_backend) {
+  for (Communicator* comm : same_backend) comm->OnAbort();
+}
+
+void AbortCommunicators(absl::Span<const std::shared_ptr<Communicator>> comms,
+                        absl::string_view reason) {
+  // Marked first, all of them, so that no operation starts on one while
+  // another is being released; then one release per backend.
+  std::vector<std::vector<Communicator*>> by_backend;
+  for (const std::shared_ptr<Communicator>& comm : comms) {
+    if (comm == nullptr || !comm->MarkAborted(reason)) continue;
+    auto same = std::find_if(
+        by_backend.begin(), by_backend.end(), [&](const auto& group) {
+          return group.front()->backend() == comm->backend();
+        });
+    if (same == by_backend.end()) {
+      by_backend.push_back({comm.get()});
+    } else {
+      same->push_back(comm.get());
+    }
   }
-  OnAbort();
+  for (const std::vector<Communicator*>& group : by_backend) {
+    group.front()->OnAbortMany(group);
+  }
+}
+
+absl::StatusOr<std::shared_ptr<Communicator>> Communicator::shrink(
+    absl::Span<const int> exclude, const ShrinkOptions& options) {
+  std::vector<int> sorted(exclude.begin(), exclude.end());
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    if (sorted[i] < 0 || sorted[i] >= size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shrink: group rank ", sorted[i],
+                       " is outside this group of ", size(), " ranks"));
+    }
+    if (i > 0 && sorted[i] == sorted[i - 1]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shrink: group rank ", sorted[i], " is excluded twice"));
+    }
+    if (sorted[i] == rank()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shrink: this rank (group rank ", rank(),
+                       ", global rank ", global_rank(),
+                       ") is excluded; only the ranks that stay call shrink"));
+    }
+  }
+  if (static_cast<int>(sorted.size()) >= size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shrink: excluding all ", size(), " ranks leaves no group"));
+  }
+  return Shrink(sorted, options);
+}
+
+absl::StatusOr<std::shared_ptr<Communicator>> Communicator::Shrink(
+    absl::Span<const int> /*exclude*/, const ShrinkOptions& /*options*/) {
+  return absl::UnimplementedError(absl::StrCat(
+      "shrink is not implemented for a ", backend(), " communicator"));
+}
+
+std::vector<int> Communicator::Survivors(absl::Span<const int> exclude,
+                                         int* new_rank) const {
+  std::vector<int> out;
+  size_t next = 0;
+  for (int r = 0; r < size(); ++r) {
+    if (next < exclude.size() && exclude[next] == r) {
+      ++next;
+      continue;
+    }
+    if (r == rank()) *new_rank = static_cast<int>(out.size());
+    out.push_back(ranks()[r]);
+  }
+  return out;
 }
 
 absl::Status Communicator::AbortedError(absl::string_view op) const {

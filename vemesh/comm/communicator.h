@@ -121,6 +121,26 @@ struct SplitRequest {
 // How errors name a request: "'TP'", or "request 2" when it has no name.
 std::string SplitRequestName(const SplitRequest& request, size_t index);
 
+// Options of Communicator::shrink.
+struct ShrinkOptions {
+  // Operations of the parent may still be in flight (a peer died during
+  // one): NCCL stops them first (NCCL_SHRINK_ABORT) instead of waiting for
+  // them. NCCL also does so by itself when this rank has unfinished
+  // operations on the parent. The host backends ignore it.
+  bool abort_in_flight = false;
+};
+
+class Communicator;
+// Aborts several communicators in one call, from any thread, as abort()
+// does for one: each is marked aborted first (every blocked and later
+// operation returns Aborted with `reason`), then each backend releases its
+// own together. NCCL: every ncclCommAbort inside one
+// ncclGroupStart/ncclGroupEnd, never one after another (a communicator
+// aborted alone can wait for one still running on the same device). Nulls
+// and communicators already aborted are skipped; idempotent.
+void AbortCommunicators(absl::Span<const std::shared_ptr<Communicator>> comms,
+                        absl::string_view reason = "abort() was called");
+
 class Communicator : public std::enable_shared_from_this<Communicator> {
  public:
   using WorkOr = absl::StatusOr<std::shared_ptr<Work>>;
@@ -264,6 +284,27 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   virtual absl::StatusOr<std::vector<std::shared_ptr<Communicator>>> split_many(
       absl::Span<const SplitRequest> requests,
       absl::Time deadline = absl::InfiniteFuture());
+
+  // Collective over the members that stay (the excluded ones do not call):
+  // a new communicator of this group without the group ranks `exclude`,
+  // in the same order; ranks() keeps their global ranks. The parent is left
+  // as it is (it may be aborted: the new group is then rebuilt, not derived
+  // from it). Per backend:
+  //   NCCL  ncclCommShrink of the parent (NCCL >= 2.27), NCCL_SHRINK_ABORT
+  //         when operations may be in flight (ShrinkOptions), else
+  //         NCCL_SHRINK_DEFAULT; a new ncclCommInitRankConfig over the
+  //         shrunk twin when the parent was aborted or NCCL is older. The
+  //         parent is afterwards released with ncclCommAbort, never
+  //         ncclCommDestroy (its excluded peers may be gone).
+  //   MPI   MPI_Comm_create_group over the survivors' group: collective over
+  //         them only. MPI cannot recover from a dead process: it works when
+  //         the excluded ranks are alive (leaving, idle or gone through
+  //         MPI_Finalize), not after one was killed (Open MPI ends the job).
+  //   Gloo  a new rendezvous of the survivors over the parent's store.
+  // InvalidArgument (naming the value) for a group rank out of range or
+  // given twice, this rank in `exclude`, or everyone excluded.
+  absl::StatusOr<std::shared_ptr<Communicator>> shrink(
+      absl::Span<const int> exclude, const ShrinkOptions& options = {});
 
   virtual NativeHandle native_handle() const = 0;
 
@@ -502,6 +543,18 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // ncclCommAbort). The default does nothing: blocked waits notice the
   // abort themselves.
   virtual void OnAbort() {}
+  // Called by AbortCommunicators with every newly aborted communicator of
+  // this one's backend (this one included, all of this class): release
+  // them together. The default calls OnAbort on each.
+  virtual void OnAbortMany(absl::Span<Communicator* const> same_backend);
+  // shrink's backend part: `exclude` is checked, sorted and non-empty or
+  // empty (a rebuild of the same members). The default is Unimplemented.
+  virtual absl::StatusOr<std::shared_ptr<Communicator>> Shrink(
+      absl::Span<const int> exclude, const ShrinkOptions& options);
+  // The members of this group that stay after `exclude` (sorted group
+  // ranks): their global ranks, and this rank's index among them.
+  std::vector<int> Survivors(absl::Span<const int> exclude,
+                             int* new_rank) const;
 
   // The shared_ptr that owns this communicator, for the Works it starts
   // (null when it is not owned by one).
@@ -560,6 +613,12 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
                            absl::Span<const size_t> counts,
                            size_t* total) const;
   absl::StatusOr<int> PeerOf(absl::string_view op, GlobalRank peer) const;
+  // Marks this communicator aborted with `reason`; false when it already
+  // was (abort() and AbortCommunicators then do nothing more).
+  bool MarkAborted(absl::string_view reason);
+  friend void AbortCommunicators(
+      absl::Span<const std::shared_ptr<Communicator>> comms,
+      absl::string_view reason);
   std::string AllToAllLengthText(size_t send, size_t recv) const;
 
   std::atomic<bool> aborted_{false};

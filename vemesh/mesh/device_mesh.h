@@ -15,6 +15,11 @@
 //   (*mesh)["DPTP"];                   // afterwards: a name like any other
 //   mesh->slice({"PP", "DPTP"});       // 2-D child (PP, DPTP)
 //
+//   // A DP replica is lost, not elastic: stop everything, go on without it.
+//   mesh->abort();                     // every group: Aborted at once
+//   auto smaller = mesh->shrink("DP", {1});   // on the survivors only
+//   smaller->shape();                  // [2, 1, 2]: DP coordinate 1 gone
+//
 // Flattened names. After `flatten(dims, name)` (on every rank), `name` is a
 // dimension of every mesh of the same root that holds all of `dims`: the
 // root, its children, the flattened 1-D mesh. It can be sliced
@@ -295,6 +300,50 @@ class DeviceMesh {
   // InvalidArgument.
   absl::StatusOr<DeviceMesh> view(absl::Span<const int64_t> shape,
                                   absl::Span<const std::string> names) const;
+
+  // -- Abort and shrink (jobs that are not elastic; vemesh/elastic/ grows
+  // and shrinks a dimension in place) --------------------------------------
+  // Any thread, local, idempotent: aborts every communicator of this mesh's
+  // root (its dimensions, every flattening, the views sharing them), so
+  // every child mesh and caller holding one sees it: blocked and later
+  // operations return Aborted ("... communicator ... was aborted
+  // (DeviceMesh::abort() was called)") at once, and flatten is
+  // FailedPrecondition. All are aborted in one call (AbortCommunicators):
+  // NCCL: one ncclGroupStart/ncclGroupEnd of ncclCommAbort, and the mesh's
+  // NCCL communicators are released with ncclCommAbort, never
+  // ncclCommDestroy, from then on. MPI: MPI cannot abort one communicator;
+  // they are marked (operations fail at once, a blocked one is abandoned)
+  // and freed by the last holder with MPI_Comm_free, which is local. Gloo:
+  // the connections are closed (peers fail at once), waits on this rank's
+  // messages are interrupted, and a collective blocked inside Gloo returns
+  // Aborted at the latest at the Gloo timeout (MeshOptions::timeout).
+  // The backend worlds the mesh was split from are not aborted. OK for a
+  // meta mesh (nothing to abort).
+  absl::Status abort() const;
+
+  // Collective over the ranks that stay (the excluded ranks do not call):
+  // this mesh without the coordinates `exclude` of dimension `dim`
+  // (PyTorch's RFC shrink(exclude=...), given as coordinates along one
+  // dimension so that the result is a mesh: DP=4 x TP=2 without DP
+  // coordinate 1 is DP=3 x TP=2, ranks keep their global numbers). Only the
+  // groups along `dim` change: each is shrunk from its communicator
+  // (Communicator::shrink: NCCL ncclCommShrink, NCCL_SHRINK_ABORT when
+  // `options` or unfinished operations say so; MPI MPI_Comm_create_group
+  // over the survivors, which needs the excluded ranks alive, e.g. a
+  // planned removal; Gloo a new rendezvous over the store). The other
+  // dimensions' groups are the same communicators (a group along another
+  // dimension lies at one coordinate of `dim`, so it lost no one), unless
+  // the mesh was aborted: then every dimension is rebuilt among the
+  // survivors (call abort() on every survivor first). The result is a
+  // mesh of its own (FromGroups): it cannot flatten (FailedPrecondition).
+  // Errors: InvalidArgument naming the value for an unknown dim, a
+  // coordinate out of range or given twice, excluding every coordinate, or
+  // this rank's own coordinate; FailedPrecondition outside the mesh or when
+  // a kept group was aborted without abort() of the mesh. A meta mesh
+  // shrinks its layout locally.
+  absl::StatusOr<DeviceMesh> shrink(absl::string_view dim,
+                                    absl::Span<const int64_t> exclude,
+                                    const ShrinkOptions& options = {}) const;
 
   // This process's device index on its host and the number of ranks there,
   // from the host identities gathered at creation, cross-checked with the

@@ -36,6 +36,12 @@ absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::flatten(
         absl::StrCat("a meta mesh has no communicators: cannot flatten [",
                      absl::StrJoin(dims, ", "), "]"));
   }
+  if (shared.aborted.load(std::memory_order_acquire)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot flatten [", absl::StrJoin(dims, ", "),
+        "]: the mesh was aborted (DeviceMesh::abort); shrink it or make a "
+        "new one"));
+  }
   // The root dimensions spanned, in the order the flattened index runs.
   VEMESH_ASSIGN_OR_RETURN(int64_t flat_dim, flat.dim_index(flat_name));
   const std::vector<int64_t> key = flat.root_dims(flat_dim);

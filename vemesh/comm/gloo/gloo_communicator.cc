@@ -898,6 +898,21 @@ absl::StatusOr<std::shared_ptr<Communicator>> GlooCommunicator::split(int color,
   return std::shared_ptr<Communicator>(std::move(child));
 }
 
+absl::StatusOr<std::shared_ptr<Communicator>> GlooCommunicator::Shrink(
+    absl::Span<const int> exclude, const ShrinkOptions& /*options*/) {
+  const int64_t seq = next_shrink_++;
+  int new_rank = 0;
+  std::vector<int> global = Survivors(exclude, &new_rank);
+  const int size = static_cast<int>(global.size());
+  VEMESH_ASSIGN_OR_RETURN(
+      auto child, Connect(store_,
+                          absl::StrCat(prefix_, "/shrink/", seq, "/",
+                                       absl::StrJoin(exclude, ",")),
+                          new_rank, size, std::move(global), gloo_timeout_,
+                          hostname_, device_));
+  return std::shared_ptr<Communicator>(std::move(child));
+}
+
 NativeHandle GlooCommunicator::native_handle() const {
   return NativeHandle{BackendName(Backend::kGloo), context_.get()};
 }

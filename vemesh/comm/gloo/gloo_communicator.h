@@ -157,6 +157,11 @@ class GlooCommunicator final : public Communicator {
   WorkOr Start(const Operation& op) override;
   size_t MaxCount() const override;
   void OnAbort() override;
+  // A new rendezvous of the survivors over this group's store (prefix
+  // "<prefix>/shrink/<n>/<excluded>"), on this group's device; it needs
+  // no connection of this group, so it works after an abort.
+  absl::StatusOr<std::shared_ptr<Communicator>> Shrink(
+      absl::Span<const int> exclude, const ShrinkOptions& options) override;
 
  private:
   struct Job;
@@ -226,8 +231,9 @@ class GlooCommunicator final : public Communicator {
   std::shared_ptr<gloo::Context> context_;
   // The issuing thread's.
   int64_t next_split_ = 0;
-  int64_t self_sent_ = 0;   // messages to oneself issued
-  int64_t self_taken_ = 0;  // receives from oneself issued
+  int64_t next_shrink_ = 0;  // numbers shrinks alike on every survivor
+  int64_t self_sent_ = 0;    // messages to oneself issued
+  int64_t self_taken_ = 0;   // receives from oneself issued
 
   // The worker's own state: only it reads or writes these.
   uint32_t next_tag_ = 1;  // 0 is the rendezvous barrier's

@@ -446,6 +446,43 @@ absl::StatusOr<std::shared_ptr<Communicator>> MpiCommunicator::split(int color,
   return std::shared_ptr<Communicator>(std::move(child));
 }
 
+absl::StatusOr<std::shared_ptr<Communicator>> MpiCommunicator::Shrink(
+    absl::Span<const int> exclude, const ShrinkOptions& /*options*/) {
+  absl::Status status = CheckUsable("shrink");
+  if (!status.ok()) return status;
+  // The survivors' group ranks in this communicator.
+  std::vector<int> stay;
+  size_t next = 0;
+  for (int r = 0; r < size_; ++r) {
+    if (next < exclude.size() && exclude[next] == r) {
+      ++next;
+    } else {
+      stay.push_back(r);
+    }
+  }
+  MPI_Group all = MPI_GROUP_NULL;
+  MPI_Group survivors = MPI_GROUP_NULL;
+  status = MpiStatus(MPI_Comm_group(comm_, &all), "MPI_Comm_group");
+  if (status.ok()) {
+    status = MpiStatus(MPI_Group_incl(all, static_cast<int>(stay.size()),
+                                      stay.data(), &survivors),
+                       "MPI_Group_incl");
+  }
+  MPI_Comm child = MPI_COMM_NULL;
+  if (status.ok()) {
+    // Collective over `survivors` only: the excluded ranks do not call.
+    constexpr int kShrinkTag = 0x5eed;
+    status =
+        MpiStatus(MPI_Comm_create_group(comm_, survivors, kShrinkTag, &child),
+                  "MPI_Comm_create_group");
+  }
+  if (survivors != MPI_GROUP_NULL) MPI_Group_free(&survivors);
+  if (all != MPI_GROUP_NULL) MPI_Group_free(&all);
+  if (!status.ok()) return status;
+  VEMESH_ASSIGN_OR_RETURN(auto made, Adopt(child, comm_, &ranks_));
+  return std::shared_ptr<Communicator>(std::move(made));
+}
+
 NativeHandle MpiCommunicator::native_handle() const {
   return NativeHandle{BackendName(Backend::kMpi),
                       const_cast<MPI_Comm*>(&comm_)};

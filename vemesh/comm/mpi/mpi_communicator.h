@@ -71,6 +71,14 @@
 // SINGLE, not the main thread) calls no MPI: the wait answers
 // FailedPrecondition naming the thread level, and the operation is
 // abandoned as above. After MPI_Finalize it answers FailedPrecondition.
+// MPI has no abort of one communicator (MPI_Abort ends the job): an aborted
+// MpiCommunicator is only marked, and its MPI_Comm is freed when the last
+// holder lets go, by MPI_Comm_free, which Open MPI and MPICH do locally
+// (it marks the communicator for deallocation; no message).
+//
+// shrink: MPI_Comm_create_group over the survivors (collective over them
+// only, MPI-3), so the excluded ranks need not call; it needs them alive
+// (MPI without ULFM cannot survive a killed process).
 
 #ifndef VEMESH_COMM_MPI_MPI_COMMUNICATOR_H_
 #define VEMESH_COMM_MPI_MPI_COMMUNICATOR_H_
@@ -129,6 +137,8 @@ class MpiCommunicator final : public Communicator {
   absl::Status CheckUsable(absl::string_view op) const override;
   // Nothing: see "Abort and deadlines" above.
   void OnAbort() override {}
+  absl::StatusOr<std::shared_ptr<Communicator>> Shrink(
+      absl::Span<const int> exclude, const ShrinkOptions& options) override;
 
  private:
   MpiCommunicator(MPI_Comm comm, int rank, int size, std::vector<int> ranks);

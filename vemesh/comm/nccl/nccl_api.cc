@@ -30,6 +30,15 @@ const char* Failure<const char*>() {
   return "vemesh could not load libnccl or libcudart (see LoadNccl())";
 }
 
+// What an optional entry the library lacks answers (ncclCommShrink before
+// NCCL 2.27): a usage error the caller can fall back from.
+template <typename F>
+struct Missing;
+template <typename... Args>
+struct Missing<ncclResult_t (*)(Args...)> {
+  static ncclResult_t Call(Args...) { return ncclInvalidUsage; }
+};
+
 template <typename F>
 struct Unbound;
 template <typename R, typename... Args>
@@ -91,6 +100,17 @@ struct Library {
     *entry = reinterpret_cast<F>(address);
   }
 
+  // Binds `*entry` to `symbol` when the library has it; its absence is no
+  // error (an entry of a newer NCCL than the one loaded).
+  template <typename F>
+  void BindOptional(const char* symbol, F* entry) {
+    *entry = &Missing<F>::Call;
+    if (handle == nullptr) return;
+    dlerror();
+    void* address = dlsym(handle, symbol);
+    if (address != nullptr) *entry = reinterpret_cast<F>(address);
+  }
+
   // Every name tried with dlerror()'s text, and the remedy; empty when the
   // library and all its symbols were found.
   std::string Reason() const {
@@ -137,6 +157,11 @@ RealTable LoadReal() {
   VEMESH_BIND(nccl, ncclGetUniqueId);
   VEMESH_BIND(nccl, ncclCommInitRankConfig);
   VEMESH_BIND(nccl, ncclCommSplit);
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+  nccl.BindOptional("ncclCommShrink", &out.table.ncclCommShrink);
+#else
+  out.table.ncclCommShrink = &Missing<decltype(out.table.ncclCommShrink)>::Call;
+#endif
   VEMESH_BIND(nccl, ncclCommGetAsyncError);
   VEMESH_BIND(nccl, ncclCommAbort);
   VEMESH_BIND(nccl, ncclCommDestroy);

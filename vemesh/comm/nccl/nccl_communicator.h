@@ -59,6 +59,18 @@
 // ends the Work with that status and aborts the communicator (NCCL's rule:
 // a failed communicator cannot be used again).
 //
+// Abort and release (NCCL's rules, 2.27+): AbortCommunicators (a
+// DeviceMesh's abort()) releases all its NCCL communicators with
+// ncclCommAbort inside one ncclGroupStart/ncclGroupEnd (one at a time
+// before NCCL 2.27, which cannot group them). Once any NCCL communicator of
+// one lineage (a communicator made by ncclCommInitRankConfig, all split or
+// shrunk from it: one mesh's) was aborted, failed, or shrunk, every one of
+// them released afterwards is released with ncclCommAbort, never
+// ncclCommDestroy (a destroy flushes with peers that may be gone). `shrink`
+// uses ncclCommShrink (nccl_shrink.cc): NCCL_SHRINK_ABORT when ShrinkOptions
+// says so or this rank has unfinished operations on the parent, else
+// NCCL_SHRINK_DEFAULT.
+//
 // Sources: nccl_lifecycle.cc (create, destroy, abort, state), nccl_ops.cc
 // (operations and their Work), nccl_split.cc (split, split_many); under
 // internal/: nccl_status.h (return codes as Status), cuda_resources.h (the
@@ -68,6 +80,7 @@
 #ifndef VEMESH_COMM_NCCL_NCCL_COMMUNICATOR_H_
 #define VEMESH_COMM_NCCL_NCCL_COMMUNICATOR_H_
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -152,6 +165,11 @@ class NcclCommunicator final : public Communicator {
   size_t MaxCount() const override;
   // ncclCommAbort, once, from any thread.
   void OnAbort() override;
+  // One NCCL group of ncclCommAbort (see the file comment).
+  void OnAbortMany(absl::Span<Communicator* const> same_backend) override;
+  // ncclCommShrink, or a new communicator over the shrunk twin.
+  absl::StatusOr<std::shared_ptr<Communicator>> Shrink(
+      absl::Span<const int> exclude, const ShrinkOptions& options) override;
 
  private:
   friend class NcclWork;
@@ -186,6 +204,13 @@ class NcclCommunicator final : public Communicator {
   CUstream_st* stream_;
   // A one-element device buffer: barrier is an all_reduce of it.
   void* scratch_;
+  // Operations started and not yet seen finished (NcclWork counts them).
+  std::atomic<int> in_flight_{0};
+  // Shared by a communicator made by ncclCommInitRankConfig and every one
+  // split or shrunk from it: set once any of them was aborted, failed or
+  // shrunk, after which all are released with ncclCommAbort.
+  std::shared_ptr<std::atomic<bool>> lineage_aborted_ =
+      std::make_shared<std::atomic<bool>>(false);
 };
 
 }  // namespace vemesh

@@ -162,10 +162,14 @@ NcclCommunicator::~NcclCommunicator() {
   std::lock_guard<std::mutex> lock(comm_mu_);
   if (comm_ != nullptr) {
     // A communicator with an error cannot flush: abort it, as NCCL asks.
+    // After any abort (here or of a sibling) or a shrink, a destroy could
+    // wait for peers that are gone: abort too (NCCL's rule).
     ncclResult_t state = ncclInternalError;
     const bool healthy =
+        !lineage_aborted_->load(std::memory_order_acquire) &&
         Nccl().ncclCommGetAsyncError(comm_, &state) == ncclSuccess &&
         state == ncclSuccess;
+    if (!healthy) lineage_aborted_->store(true, std::memory_order_release);
     const ncclResult_t code =
         healthy ? Nccl().ncclCommDestroy(comm_) : Nccl().ncclCommAbort(comm_);
     if (code != ncclSuccess) {
@@ -183,6 +187,7 @@ size_t NcclCommunicator::MaxCount() const {
 }
 
 void NcclCommunicator::OnAbort() {
+  lineage_aborted_->store(true, std::memory_order_release);
   std::lock_guard<std::mutex> lock(comm_mu_);
   if (comm_ == nullptr) return;
   DeviceGuard guard(device_);

@@ -162,8 +162,11 @@ class NcclWork final : public Work {
  public:
   NcclWork(std::shared_ptr<Communicator> owner, std::string name,
            NcclCommunicator* comm, cudaEvent_t event)
-      : Work(std::move(owner), std::move(name)), comm_(comm), event_(event) {}
+      : Work(std::move(owner), std::move(name)), comm_(comm), event_(event) {
+    comm_->in_flight_.fetch_add(1, std::memory_order_acq_rel);
+  }
   ~NcclWork() override {
+    Finished();
     DeviceGuard guard(comm_->device_);
     if (Nccl().cudaEventDestroy(event_) != cudaSuccess)
       Nccl().cudaGetLastError();
@@ -171,6 +174,19 @@ class NcclWork final : public Work {
 
  protected:
   std::optional<absl::Status> Poll() override {
+    std::optional<absl::Status> result = PollOnce();
+    if (result.has_value()) Finished();
+    return result;
+  }
+
+ private:
+  // No longer in flight (once): shrink then needs no NCCL_SHRINK_ABORT.
+  void Finished() {
+    if (!counted_) return;
+    counted_ = false;
+    comm_->in_flight_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+  std::optional<absl::Status> PollOnce() {
     const cudaError_t done = Nccl().cudaEventQuery(event_);
     if (done != cudaSuccess && done != cudaErrorNotReady) {
       absl::Status failed =
@@ -190,7 +206,7 @@ class NcclWork final : public Work {
     return std::nullopt;
   }
 
- private:
+  bool counted_ = true;
   NcclCommunicator* comm_;  // kept alive by the Work's owner
   cudaEvent_t event_;
 };

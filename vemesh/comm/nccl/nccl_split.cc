@@ -172,9 +172,10 @@ NcclCommunicator::split_many(absl::Span<const SplitRequest> requests,
   std::vector<std::shared_ptr<Communicator>> groups(n);
   for (size_t i = 0; i < n; ++i) {
     if (requests[i].color < 0) continue;
-    groups[i] = std::shared_ptr<Communicator>(
-        new NcclCommunicator(std::move(twins[i]), device_, options_,
-                             children[i], streams[i], scratch[i]));
+    auto* child = new NcclCommunicator(std::move(twins[i]), device_, options_,
+                                       children[i], streams[i], scratch[i]);
+    child->lineage_aborted_ = lineage_aborted_;
+    groups[i] = std::shared_ptr<Communicator>(child);
   }
   return groups;
 }

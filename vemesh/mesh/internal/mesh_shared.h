@@ -18,6 +18,7 @@
 #ifndef VEMESH_MESH_INTERNAL_MESH_SHARED_H_
 #define VEMESH_MESH_INTERNAL_MESH_SHARED_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -97,6 +98,9 @@ struct DeviceMesh::Shared {
   std::shared_ptr<Communicator> device_world;
   // One per root dimension; null on ranks outside the mesh.
   std::vector<std::shared_ptr<Communicator>> dims;
+  // Set by DeviceMesh::abort(): flatten refuses, shrink rebuilds every
+  // dimension.
+  std::atomic<bool> aborted{false};
 
   // Serialises flattens, collective and as slow as the slowest rank. Held
   // across the collective; `mu` never is, so get_group does not wait on a

@@ -54,6 +54,15 @@
 
 #include "absl/status/statusor.h"
 
+// ncclCommShrink's flags, for headers older than 2.27 too.
+#if defined(NCCL_SHRINK_ABORT)
+#define VEMESH_NCCL_SHRINK_DEFAULT NCCL_SHRINK_DEFAULT
+#define VEMESH_NCCL_SHRINK_ABORT NCCL_SHRINK_ABORT
+#else
+#define VEMESH_NCCL_SHRINK_DEFAULT 0x00
+#define VEMESH_NCCL_SHRINK_ABORT 0x01
+#endif
+
 namespace vemesh {
 
 struct NcclApi {
@@ -65,6 +74,11 @@ struct NcclApi {
                                          ncclConfig_t* config);
   ncclResult_t (*ncclCommSplit)(ncclComm_t comm, int color, int key,
                                 ncclComm_t* newcomm, ncclConfig_t* config);
+  // NCCL >= 2.27 (headers and library); where either is older the entry
+  // answers ncclInvalidUsage and LoadNccl() does not fail for it.
+  ncclResult_t (*ncclCommShrink)(ncclComm_t comm, int* exclude_ranks,
+                                 int exclude_count, ncclComm_t* newcomm,
+                                 ncclConfig_t* config, int shrink_flags);
   ncclResult_t (*ncclCommGetAsyncError)(ncclComm_t comm,
                                         ncclResult_t* async_error);
   ncclResult_t (*ncclCommAbort)(ncclComm_t comm);
