@@ -26,8 +26,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "vemesh/bootstrap/launch_session.h"
@@ -94,8 +94,7 @@ int main(int argc, char** argv) {
   vemesh::MeshOptions options;
   options.timeout = absl::Seconds(120);
   std::vector<double> samples;
-  absl::StatusOr<vemesh::DeviceMesh> mesh =
-      absl::UnknownError("no mesh yet");
+  absl::StatusOr<vemesh::DeviceMesh> mesh = absl::UnknownError("no mesh yet");
   for (int i = 0; i <= reps; ++i) {
     if (mesh.ok()) {
       double zero = 0;
