@@ -200,12 +200,15 @@ absl::StatusOr<std::shared_ptr<Communicator>> StoreBootstrap::world(
   std::iota(ranks.begin(), ranks.end(), 0);
   const std::string prefix = absl::StrCat(prefix_, "/world/", worlds_++);
   // Gloo has one timeout for its rendezvous and its operations: the
-  // operations' bound, never less than what is left of the deadline.
+  // operations' bound, never less than what is left of the deadline. The
+  // world connects its pairs on first use only: a mesh's groups connect
+  // their own members (GlooCommunicator::subgroup), so that no rank holds a
+  // socket per world member unless the world itself is used.
   VEMESH_ASSIGN_OR_RETURN(
       auto world,
-      GlooCommunicator::Create(store_, prefix, rank_, size_, std::move(ranks),
-                               std::max(op_timeout, deadline - absl::Now()),
-                               gloo_host_));
+      GlooCommunicator::CreateLazy(
+          store_, prefix, rank_, size_, std::move(ranks),
+          std::max(op_timeout, deadline - absl::Now()), gloo_host_));
   return std::shared_ptr<Communicator>(std::move(world));
 }
 

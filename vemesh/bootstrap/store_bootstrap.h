@@ -4,7 +4,11 @@
 // Kubernetes' PyTorchJob, hand-written Slurm scripts): every rank knows its
 // RANK and WORLD_SIZE and reaches one Store (a TcpStore hosted by rank 0 at
 // MASTER_ADDR:MASTER_PORT, or any other Store). Host-memory worlds are Gloo
-// communicators that rendezvous through the same store.
+// communicators that rendezvous through the same store, lazily: world()
+// connects no pairs until the world's first operation or split
+// (GlooCommunicator::CreateLazy), so a mesh whose groups connect among their
+// members (GlooCommunicator::subgroup) leaves no rank a socket per world
+// member.
 //
 //   auto store = ...;                                  // every rank: the same
 //   auto boot = std::make_shared<StoreBootstrap>(store, rank, size, "job");

@@ -17,6 +17,7 @@
 #include "vemesh/bootstrap/bootstrap_over.h"
 #include "vemesh/bootstrap/init_timeout.h"
 #include "vemesh/bootstrap/launch.h"
+#include "vemesh/comm/gloo/gloo_communicator.h"
 #include "vemesh/mesh/device_mesh.h"
 #include "vemesh/mesh/internal/mesh_backends.h"
 #include "vemesh/mesh/internal/mesh_shared.h"
@@ -31,6 +32,28 @@ std::string ShapeText(absl::Span<const int64_t> shape) {
 std::string RankListText(const MeshLayout& layout) {
   if (!layout.has_rank_table()) return "arange";
   return absl::StrCat("[", absl::StrJoin(layout.ranks(), ", "), "]");
+}
+
+// The group of dimension `dim` through this rank, connected among its
+// members only (nullptr for a rank outside the mesh). The members follow
+// from the layout every rank agreed on, so no gather is needed.
+absl::StatusOr<std::shared_ptr<Communicator>> DimSubgroup(
+    GlooCommunicator& world, const MeshLayout& layout, int64_t dim,
+    int64_t world_rank, bool member) {
+  if (!member) return std::shared_ptr<Communicator>();
+  VEMESH_ASSIGN_OR_RETURN(Coordinate at, layout.coordinate_of(world_rank));
+  const int64_t size = layout.dim_size(dim).value_or(0);
+  std::vector<int> members;
+  members.reserve(static_cast<size_t>(size));
+  for (int64_t i = 0; i < size; ++i) {
+    at[dim] = i;
+    VEMESH_ASSIGN_OR_RETURN(int64_t r, layout.rank_at(at));
+    members.push_back(static_cast<int>(r));
+  }
+  VEMESH_ASSIGN_OR_RETURN(
+      auto group,
+      world.subgroup(absl::StrCat("dim", dim, "/", members.front()), members));
+  return std::shared_ptr<Communicator>(std::move(group));
 }
 
 }  // namespace
@@ -232,6 +255,16 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
       dims.push_back(e);
       batch.push_back(requests[e]);
       made[e] = true;
+    }
+    // A Gloo world not connected yet (env://): each group connects its own
+    // members through the store, and the world's pairs are never made.
+    auto* lazy = dynamic_cast<GlooCommunicator*>(world.get());
+    if (lazy != nullptr && !lazy->connected()) {
+      for (int64_t e : dims) {
+        VEMESH_ASSIGN_OR_RETURN(
+            shared->dims[e], DimSubgroup(*lazy, layout, e, world_rank, member));
+      }
+      continue;
     }
     VEMESH_ASSIGN_OR_RETURN(auto groups, world->split_many(batch, deadline));
     for (size_t i = 0; i < dims.size(); ++i) {

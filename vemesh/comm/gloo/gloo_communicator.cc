@@ -656,7 +656,9 @@ GlooCommunicator::GlooCommunicator(
       gloo_timeout_(timeout),
       hostname_(std::move(hostname)),
       device_(std::move(device)),
-      context_(std::move(context)) {}
+      context_(std::move(context)) {
+  connected_ = context_ != nullptr;
+}
 
 // No Work can be alive here (each keeps its communicator), so the queue
 // holds only operations whose handles were dropped: they are not run. The
@@ -689,6 +691,7 @@ Communicator::WorkOr GlooCommunicator::Start(const Operation& op) {
     return absl::FailedPreconditionError(
         "a Gloo communicator must be owned by a shared_ptr (Create's)");
   }
+  VEMESH_RETURN_IF_ERROR(EnsureConnected());
   if (op.kind == OpKind::kBatch) {
     // Messages to oneself are matched in issue order: a receive from
     // oneself issued before its send would wait for this very thread.
@@ -790,15 +793,17 @@ void GlooCommunicator::OnAbort() {
       buffer->abortWaitSend();
     }
   }
+  if (!connected_.load()) return;  // a lazy world with no pairs yet
   RunGloo("close", [&] { context_->closeConnections(); }).IgnoreError();
 }
 
 // -- Creation and split -------------------------------------------------------
 
-absl::StatusOr<std::shared_ptr<GlooCommunicator>> GlooCommunicator::Create(
-    std::shared_ptr<Store> store, absl::string_view prefix, int rank, int size,
-    std::vector<int> global_ranks, absl::Duration timeout,
-    absl::string_view hostname) {
+namespace {
+
+absl::Status CheckCreate(const std::shared_ptr<Store>& store, int rank,
+                         int size, const std::vector<int>& global_ranks,
+                         absl::Duration timeout) {
   if (store == nullptr) {
     return absl::InvalidArgumentError("GlooCommunicator::Create needs a store");
   }
@@ -817,6 +822,11 @@ absl::StatusOr<std::shared_ptr<GlooCommunicator>> GlooCommunicator::Create(
         absl::StrCat("GlooCommunicator::Create: timeout ",
                      absl::FormatDuration(timeout), " is below 1ms"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<gloo::transport::Device>> MakeDevice(
+    absl::string_view hostname) {
   std::shared_ptr<gloo::transport::Device> device;
   // The device's I/O thread, started here, inherits SIGPIPE blocked.
   ScopedSigpipeBlock no_sigpipe;
@@ -826,16 +836,40 @@ absl::StatusOr<std::shared_ptr<GlooCommunicator>> GlooCommunicator::Create(
     device = gloo::transport::tcp::CreateDevice(attr);
   });
   if (!status.ok()) return status;
+  return device;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<GlooCommunicator>> GlooCommunicator::Create(
+    std::shared_ptr<Store> store, absl::string_view prefix, int rank, int size,
+    std::vector<int> global_ranks, absl::Duration timeout,
+    absl::string_view hostname) {
+  VEMESH_RETURN_IF_ERROR(CheckCreate(store, rank, size, global_ranks, timeout));
+  VEMESH_ASSIGN_OR_RETURN(auto device, MakeDevice(hostname));
   return Connect(std::move(store), std::string(prefix), rank, size,
                  std::move(global_ranks), timeout, std::string(hostname),
                  std::move(device));
 }
 
-absl::StatusOr<std::shared_ptr<GlooCommunicator>> GlooCommunicator::Connect(
-    std::shared_ptr<Store> store, std::string prefix, int rank, int size,
-    std::vector<int> ranks, absl::Duration timeout, std::string hostname,
-    std::shared_ptr<gloo::transport::Device> device) {
-  GlooStore rendezvous(std::make_shared<PrefixStore>(store, prefix), timeout);
+absl::StatusOr<std::shared_ptr<GlooCommunicator>> GlooCommunicator::CreateLazy(
+    std::shared_ptr<Store> store, absl::string_view prefix, int rank, int size,
+    std::vector<int> global_ranks, absl::Duration timeout,
+    absl::string_view hostname) {
+  VEMESH_RETURN_IF_ERROR(CheckCreate(store, rank, size, global_ranks, timeout));
+  VEMESH_ASSIGN_OR_RETURN(auto device, MakeDevice(hostname));
+  return std::shared_ptr<GlooCommunicator>(
+      new GlooCommunicator(std::move(store), std::string(prefix), rank, size,
+                           std::move(global_ranks), timeout,
+                           std::string(hostname), std::move(device), nullptr));
+}
+
+absl::StatusOr<std::shared_ptr<gloo::Context>> GlooCommunicator::ConnectContext(
+    const std::shared_ptr<Store>& store, const std::string& prefix, int rank,
+    int size, absl::Duration timeout, const std::vector<int>& ranks,
+    const std::shared_ptr<gloo::transport::Device>& device, bool lazy) {
+  auto group = std::make_shared<PrefixStore>(store, prefix);
+  GlooStore rendezvous(group, timeout);
   std::shared_ptr<gloo::rendezvous::Context> context;
   ScopedSigpipeBlock no_sigpipe;  // connecting and the barrier write here
   absl::Status status = RunGloo(
@@ -844,7 +878,8 @@ absl::StatusOr<std::shared_ptr<GlooCommunicator>> GlooCommunicator::Connect(
       [&] {
         context = std::make_shared<gloo::rendezvous::Context>(rank, size);
         context->setTimeout(absl::ToChronoMilliseconds(timeout));
-        context->connectFullMesh(rendezvous, device);
+        std::shared_ptr<gloo::transport::Device> shared_device = device;
+        context->connectFullMesh(rendezvous, shared_device);
         // connectFullMesh can return before the peers have finished: a TCP
         // connect completes in the kernel before the listener accepts it.
         // A rank that returned and at once dropped the group would close a
@@ -854,18 +889,90 @@ absl::StatusOr<std::shared_ptr<GlooCommunicator>> GlooCommunicator::Connect(
         barrier.setTag(0);
         gloo::barrier(barrier);
       });
-  if (!status.ok()) {
-    // The store's own code (DeadlineExceeded: a rank never came) says more
-    // than the IoException that carried it through Gloo.
-    absl::Status store_error = rendezvous.error();
-    if (!store_error.ok()) {
-      return absl::Status(store_error.code(), status.message());
-    }
-    return status;
+  if (status.ok()) return std::shared_ptr<gloo::Context>(std::move(context));
+  // The store's own code (DeadlineExceeded: a rank never came) says more
+  // than the IoException that carried it through Gloo.
+  absl::Status store_error = rendezvous.error();
+  if (store_error.ok()) return status;
+  if (!absl::IsDeadlineExceeded(store_error)) {
+    return absl::Status(store_error.code(), status.message());
   }
+  // Name the peers that never published their address (Gloo's key
+  // "rank_<r>"): gone, or never made this call.
+  std::vector<std::string> missing;
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) continue;
+    if (!group->get(absl::StrCat("rank_", r)).ok()) {
+      missing.push_back(
+          absl::StrCat(r, " (global rank ",
+                       r < static_cast<int>(ranks.size()) ? ranks[r] : r, ")"));
+    }
+  }
+  if (missing.empty()) {
+    return absl::Status(store_error.code(), status.message());
+  }
+  // Creation keeps its DeadlineExceeded (a rank never came); a lazy connect
+  // on first use says the peer is unavailable, as a lost connection does.
+  return absl::Status(
+      lazy ? absl::StatusCode::kUnavailable
+           : absl::StatusCode::kDeadlineExceeded,
+      absl::StrCat("gloo group '", prefix, "': peer rank(s) ",
+                   absl::StrJoin(missing, ", "), " never connected within ",
+                   absl::FormatDuration(timeout),
+                   " (gone, or never made this call); rank ", rank, " of ",
+                   size, " gives up: ", status.message()));
+}
+
+absl::StatusOr<std::shared_ptr<GlooCommunicator>> GlooCommunicator::Connect(
+    std::shared_ptr<Store> store, std::string prefix, int rank, int size,
+    std::vector<int> ranks, absl::Duration timeout, std::string hostname,
+    std::shared_ptr<gloo::transport::Device> device) {
+  VEMESH_ASSIGN_OR_RETURN(
+      auto context,
+      ConnectContext(store, prefix, rank, size, timeout, ranks, device,
+                     /*lazy=*/false));
   return std::shared_ptr<GlooCommunicator>(new GlooCommunicator(
       std::move(store), std::move(prefix), rank, size, std::move(ranks),
       timeout, std::move(hostname), std::move(device), std::move(context)));
+}
+
+absl::Status GlooCommunicator::EnsureConnected() {
+  if (connected_.load()) return absl::OkStatus();
+  if (!connect_error_.ok()) return connect_error_;
+  auto context = ConnectContext(store_, prefix_, rank_, size_, gloo_timeout_,
+                                ranks_, device_, /*lazy=*/true);
+  if (!context.ok()) {
+    connect_error_ = context.status();
+    return connect_error_;
+  }
+  context_ = *std::move(context);
+  connected_.store(true);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<GlooCommunicator>> GlooCommunicator::subgroup(
+    absl::string_view name, std::vector<int> members) {
+  int new_rank = -1;
+  std::vector<int> global;
+  global.reserve(members.size());
+  for (size_t i = 0; i < members.size(); ++i) {
+    const int m = members[i];
+    if (m < 0 || m >= size_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GlooCommunicator::subgroup '", name, "': member ", m,
+                       " is outside this group of ", size_, " ranks"));
+    }
+    if (m == rank_) new_rank = static_cast<int>(i);
+    global.push_back(ranks_[m]);
+  }
+  if (new_rank < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GlooCommunicator::subgroup '", name, "': this rank (", rank_,
+        ") is not among the members [", absl::StrJoin(members, ", "), "]"));
+  }
+  return Connect(store_, absl::StrCat(prefix_, "/sub/", name), new_rank,
+                 static_cast<int>(members.size()), std::move(global),
+                 gloo_timeout_, hostname_, device_);
 }
 
 absl::StatusOr<std::shared_ptr<Communicator>> GlooCommunicator::split(int color,
@@ -873,6 +980,7 @@ absl::StatusOr<std::shared_ptr<Communicator>> GlooCommunicator::split(int color,
   // Splits are collective, so every rank numbers them alike and the new
   // groups' prefixes agree without talking.
   const int64_t seq = next_split_++;
+  VEMESH_RETURN_IF_ERROR(EnsureConnected());
   const int64_t mine[2] = {color, key};
   std::vector<int64_t> all(2 * static_cast<size_t>(size_));
   VEMESH_RETURN_IF_ERROR(all_gather(mine, all.data(), 2, DataType::kInt64));

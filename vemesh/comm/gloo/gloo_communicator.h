@@ -89,6 +89,18 @@
 // each with its own connections and worker. `native_handle()` must not be
 // used while an operation is in flight (the worker uses the context).
 //
+// Connections only where they are used (CreateLazy, subgroup): a world made
+// by CreateLazy holds its device (one listening socket) and no pairs; it
+// connects its full mesh on its first operation or split, which must then be
+// collective over the whole group (every rank's first use is the same call).
+// subgroup() connects a group of some of its members through the store
+// without touching the parent's pairs: a process holds sockets only to the
+// peers of the groups it is in. When a peer of a lazy connect is gone (it
+// never publishes its address within the Gloo timeout), the operation is
+// Unavailable naming that peer's group and global rank (and every later one
+// says the same at once); a creation or subgroup whose member never comes
+// stays DeadlineExceeded, now naming the missing members.
+//
 // A vemesh built with VEMESH_WITH_GLOO=OFF has no Gloo: Create then answers
 // Unimplemented naming the option (comm/gloo/gloo_stub.cc), and so does
 // every world built on it (StoreBootstrap::world, a cpu mesh under env://).
@@ -96,6 +108,7 @@
 #ifndef VEMESH_COMM_GLOO_GLOO_COMMUNICATOR_H_
 #define VEMESH_COMM_GLOO_GLOO_COMMUNICATOR_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -130,6 +143,27 @@ class GlooCommunicator final : public Communicator {
       int size, std::vector<int> global_ranks, absl::Duration timeout,
       absl::string_view hostname = "127.0.0.1");
 
+  // As Create, but connects nothing yet (see above): the first operation or
+  // split connects the whole group.
+  static absl::StatusOr<std::shared_ptr<GlooCommunicator>> CreateLazy(
+      std::shared_ptr<Store> store, absl::string_view prefix, int rank,
+      int size, std::vector<int> global_ranks, absl::Duration timeout,
+      absl::string_view hostname = "127.0.0.1");
+
+  // Collective over `members` (indices into this group, in the new group's
+  // rank order, this rank among them) only: each member calls it with the
+  // same `name` (fresh within this group) and list. Connects the new group
+  // through the store on this group's device; this group's own pairs are
+  // neither used nor made.
+  //
+  //   auto row = world->subgroup("dim0/3", {6, 7});   // ranks 6 and 7 only
+  absl::StatusOr<std::shared_ptr<GlooCommunicator>> subgroup(
+      absl::string_view name, std::vector<int> members);
+
+  // Whether the pairs are connected (false for a CreateLazy world not used
+  // yet).
+  bool connected() const { return connected_.load(); }
+
   // Drops queued operations and joins the worker (at most the Gloo
   // timeout, when it is blocked inside an operation).
   ~GlooCommunicator() override;
@@ -150,7 +184,8 @@ class GlooCommunicator final : public Communicator {
   absl::StatusOr<std::shared_ptr<Communicator>> split(int color,
                                                       int key) override;
 
-  // `handle` is the gloo::Context* (valid while this object lives).
+  // `handle` is the gloo::Context* (valid while this object lives; null for
+  // a lazy world not connected yet).
   NativeHandle native_handle() const override;
 
  protected:
@@ -178,6 +213,14 @@ class GlooCommunicator final : public Communicator {
       std::shared_ptr<Store> store, std::string prefix, int rank, int size,
       std::vector<int> ranks, absl::Duration timeout, std::string hostname,
       std::shared_ptr<gloo::transport::Device> device);
+
+  // The rendezvous of a group on `device` (a full mesh, then a barrier).
+  static absl::StatusOr<std::shared_ptr<gloo::Context>> ConnectContext(
+      const std::shared_ptr<Store>& store, const std::string& prefix, int rank,
+      int size, absl::Duration timeout, const std::vector<int>& ranks,
+      const std::shared_ptr<gloo::transport::Device>& device, bool lazy);
+  // Connects a lazy world on its first use (issuing thread).
+  absl::Status EnsureConnected();
 
   // The worker thread: runs queued jobs in order until stopping_.
   void WorkerLoop();
@@ -229,6 +272,9 @@ class GlooCommunicator final : public Communicator {
   // Declared before the context so that the context is destroyed first.
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
+  // Set once context_ is (OnAbort reads it from any thread).
+  std::atomic<bool> connected_{false};
+  absl::Status connect_error_;  // a failed lazy connect, kept
   // The issuing thread's.
   int64_t next_split_ = 0;
   int64_t next_shrink_ = 0;  // numbers shrinks alike on every survivor

@@ -19,4 +19,20 @@ absl::StatusOr<std::shared_ptr<GlooCommunicator>> GlooCommunicator::Create(
       prefix, "' (rank ", rank, " of ", size, ")"));
 }
 
+absl::StatusOr<std::shared_ptr<GlooCommunicator>> GlooCommunicator::CreateLazy(
+    std::shared_ptr<Store> store, absl::string_view prefix, int rank, int size,
+    std::vector<int> ranks, absl::Duration timeout,
+    absl::string_view hostname) {
+  return Create(std::move(store), prefix, rank, size, std::move(ranks), timeout,
+                hostname);
+}
+
+// Never reached: no GlooCommunicator exists in this build.
+absl::StatusOr<std::shared_ptr<GlooCommunicator>> GlooCommunicator::subgroup(
+    absl::string_view name, std::vector<int>) {
+  return absl::UnimplementedError(
+      absl::StrCat("GlooCommunicator::subgroup '", name,
+                   "': built with VEMESH_WITH_GLOO=OFF"));
+}
+
 }  // namespace vemesh

@@ -1,0 +1,175 @@
+// Gloo connections made only where they are used (issue 32): a CreateLazy
+// world holds no pairs until its first operation, subgroup() connects its
+// members only, and a lazy connect whose peer is gone fails Unavailable
+// naming that peer within the Gloo timeout, never a hang (a subgroup's
+// creation: DeadlineExceeded naming it). One thread per
+// rank, one MemoryStore.
+
+#include <dirent.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "vemesh/comm/gloo/gloo_communicator.h"
+#include "vemesh/rendezvous/memory_store.h"
+
+namespace vemesh {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kTimeout = absl::Seconds(30);
+
+std::vector<int> GlobalRanks(int n) {
+  std::vector<int> out(n);
+  for (int r = 0; r < n; ++r) out[r] = 100 + r;
+  return out;
+}
+
+// Sockets this process holds (/proc/self/fd entries that are sockets).
+int Sockets() {
+  int count = 0;
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  while (dirent* e = readdir(dir)) {
+    char target[64] = {};
+    const std::string path = absl::StrCat("/proc/self/fd/", e->d_name);
+    if (readlink(path.c_str(), target, sizeof(target) - 1) > 0 &&
+        std::string(target).rfind("socket:", 0) == 0) {
+      ++count;
+    }
+  }
+  closedir(dir);
+  return count;
+}
+
+TEST(GlooLazyTest, WorldConnectsOnFirstOperation) {
+  constexpr int n = 4;
+  auto store = std::make_shared<MemoryStore>();
+  std::vector<std::shared_ptr<GlooCommunicator>> worlds(n);
+  const int before = Sockets();
+  for (int r = 0; r < n; ++r) {
+    auto w = GlooCommunicator::CreateLazy(store, "w", r, n, GlobalRanks(n),
+                                          kTimeout);
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_FALSE((*w)->connected());
+    worlds[r] = *std::move(w);
+  }
+  // No pairs (and Gloo's tcp device listens only while pairs connect).
+  EXPECT_EQ(Sockets() - before, 0);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      int64_t v = r + 1;
+      absl::Status s =
+          worlds[r]->all_reduce(absl::MakeSpan(&v, 1), ReduceOp::kSum);
+      EXPECT_TRUE(s.ok()) << s;
+      EXPECT_EQ(v, n * (n + 1) / 2);
+      EXPECT_TRUE(worlds[r]->connected());
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+TEST(GlooLazyTest, SubgroupConnectsOnlyItsMembers) {
+  constexpr int n = 4;
+  auto store = std::make_shared<MemoryStore>();
+  std::vector<std::shared_ptr<GlooCommunicator>> worlds(n);
+  for (int r = 0; r < n; ++r) {
+    worlds[r] = *GlooCommunicator::CreateLazy(store, "w", r, n, GlobalRanks(n),
+                                              kTimeout);
+  }
+  const int before = Sockets();
+  std::vector<std::shared_ptr<GlooCommunicator>> pairs(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      // {0, 1} and {2, 3}; in the second, rank 3 comes first.
+      std::vector<int> members =
+          r < 2 ? std::vector<int>{0, 1} : std::vector<int>{3, 2};
+      auto g = worlds[r]->subgroup(absl::StrCat("pair", r / 2), members);
+      ASSERT_TRUE(g.ok()) << g.status();
+      EXPECT_EQ((*g)->size(), 2);
+      EXPECT_EQ((*g)->rank(), r < 2 ? r : 3 - r);
+      EXPECT_EQ((*g)->ranks()[0], 100 + members[0]);
+      int64_t v = r;
+      EXPECT_TRUE((*g)->all_reduce(absl::MakeSpan(&v, 1), ReduceOp::kSum).ok());
+      EXPECT_EQ(v, r < 2 ? 1 : 5);
+      pairs[r] = *std::move(g);
+    });
+  }
+  for (auto& t : threads) t.join();
+  // Two pairs of two ranks, one socket per side; the world has none.
+  EXPECT_EQ(Sockets() - before, 4);
+  for (auto& w : worlds) EXPECT_FALSE(w->connected());
+}
+
+TEST(GlooLazyTest, SubgroupRejectsBadMembers) {
+  auto store = std::make_shared<MemoryStore>();
+  auto w =
+      *GlooCommunicator::CreateLazy(store, "w", 0, 2, GlobalRanks(2), kTimeout);
+  auto outside = w->subgroup("a", {0, 5});
+  EXPECT_EQ(outside.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(outside.status().message(), HasSubstr("member 5"));
+  auto without_me = w->subgroup("b", {1});
+  EXPECT_EQ(without_me.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(without_me.status().message(), HasSubstr("not among"));
+}
+
+// Rank 2 is gone (it never uses the world): the others' first operation
+// connects lazily and fails Unavailable naming it, within the Gloo timeout.
+TEST(GlooLazyTest, LazyConnectToGonePeerIsUnavailableNamingIt) {
+  constexpr int n = 3;
+  const absl::Duration timeout = absl::Seconds(2);
+  auto store = std::make_shared<MemoryStore>();
+  std::vector<std::shared_ptr<GlooCommunicator>> worlds(n);
+  for (int r = 0; r < n; ++r) {
+    worlds[r] = *GlooCommunicator::CreateLazy(store, "w", r, n, GlobalRanks(n),
+                                              timeout);
+  }
+  worlds[2].reset();  // gone
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      const absl::Time start = absl::Now();
+      int64_t v = 1;
+      absl::Status s =
+          worlds[r]->all_reduce(absl::MakeSpan(&v, 1), ReduceOp::kSum);
+      const absl::Duration took = absl::Now() - start;
+      EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+      EXPECT_THAT(s.message(), HasSubstr("2 (global rank 102)"));
+      EXPECT_LT(took, timeout + absl::Seconds(3));
+      // The failure is kept: the next operation says the same at once.
+      absl::Status again =
+          worlds[r]->all_reduce(absl::MakeSpan(&v, 1), ReduceOp::kSum);
+      EXPECT_EQ(again, s);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+// A subgroup is made at once (like Create): a member that never comes is
+// DeadlineExceeded, naming it.
+TEST(GlooLazyTest, SubgroupWithGoneMemberIsUnavailableNamingIt) {
+  const absl::Duration timeout = absl::Seconds(2);
+  auto store = std::make_shared<MemoryStore>();
+  auto w =
+      *GlooCommunicator::CreateLazy(store, "w", 0, 4, GlobalRanks(4), timeout);
+  const absl::Time start = absl::Now();
+  auto g = w->subgroup("pp", {0, 3});
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << g.status();
+  EXPECT_THAT(g.status().message(), HasSubstr("1 (global rank 103)"));
+  EXPECT_LT(absl::Now() - start, timeout + absl::Seconds(3));
+}
+
+}  // namespace
+}  // namespace vemesh
