@@ -504,9 +504,9 @@ MpiCommunicator::split_many(absl::Span<const SplitRequest> requests,
     // The tag keeps this request's context-id agreement apart from the
     // others' (a rank may be in several groups with the same peers).
     if (status.ok()) {
-      status = MpiStatus(MPI_Comm_create_group(comm_, group,
-                                               static_cast<int>(i), &child),
-                         "MPI_Comm_create_group");
+      status = MpiStatus(
+          MPI_Comm_create_group(comm_, group, static_cast<int>(i), &child),
+          "MPI_Comm_create_group");
     }
     if (group != MPI_GROUP_NULL) MPI_Group_free(&group);
     if (!status.ok()) break;
@@ -527,9 +527,9 @@ MpiCommunicator::split_many(absl::Span<const SplitRequest> requests,
     const size_t failed = groups.size();  // the request that failed
     groups.clear();                       // those made are freed
     return absl::Status(
-        status.code(), absl::StrCat("split ",
-                                    SplitRequestName(requests[failed], failed),
-                                    ": ", status.message()));
+        status.code(),
+        absl::StrCat("split ", SplitRequestName(requests[failed], failed), ": ",
+                     status.message()));
   }
   return groups;
 }
