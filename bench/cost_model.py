@@ -85,8 +85,9 @@ def print_worlds(spec):
     """--worlds 8:2x2x2,...: the model's per-rank counts, as bench/init
     --counts prints the measured ones."""
     print("| ranks | mesh | collective calls | by kind | rounds | bytes "
-          "received | sockets vemesh opens | store operations |")
-    print("|---|---|---:|---|---:|---:|---:|---:|")
+          "received | sockets vemesh opens | store operations | rounds / "
+          "floor's (ndim world splits) |")
+    print("|---|---|---:|---|---:|---:|---:|---:|---:|")
     for item in spec.split(","):
         world, _, text = item.partition(":")
         P = int(world)
@@ -96,8 +97,10 @@ def print_worlds(spec):
                      f"not {P}")
         calls, rounds, nbytes, sockets, store = vemesh_mpi(P, shape)
         kinds = " + ".join(f"{n} {k}" for k, n in calls.items())
+        floor = len(shape) * 4 * log2(P)
         print(f"| {P:,} | {shape} | {sum(calls.values())} | {kinds} | "
-              f"{rounds} | {nbytes:,} B | {sockets} | {store} |")
+              f"{rounds} | {nbytes:,} B | {sockets} | {store} | "
+              f"{rounds / floor:.2f} |")
 
 
 def main():
