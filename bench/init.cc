@@ -123,11 +123,11 @@ Made ByCart(const HandMesh& hand) {
 
 // Waits as vemesh's bootstrap does (WaitForMpiRequest in
 // vemesh/bootstrap/mpi/mpi_bootstrap.cc): test back to back for the first
-// 5 ms, then test and sleep 20 us, doubling up to 1 ms (a sleeping rank does
-// not drive MPI's progress).
+// 100 ms, then test and sleep 20 us, doubling up to 1 ms (a sleeping rank
+// does not drive MPI's progress).
 void WaitPolling(MPI_Request* request) {
   const auto spin_until =
-      std::chrono::steady_clock::now() + std::chrono::milliseconds(5);
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
   auto pause = std::chrono::microseconds(20);
   for (int done = 0;;) {
     MPI_Test(request, &done, MPI_STATUS_IGNORE);
