@@ -1,11 +1,18 @@
 #!/usr/bin/env python3
-"""Cost model of mesh creation, 1,024 to 65,536 ranks (bench/RESULTS.md §3).
+"""Cost model of mesh creation, 1,024 to 131,072 ranks (bench/RESULTS.md).
 
 Counts, per rank, the message rounds on the critical path and the bytes each
 rank receives, for three ways of making every per-dimension group of a 3-D
 (PP, DP, TP=8) mesh, then turns them into time with a per-round latency
 fitted to this machine's 4-rank floor (alpha) and an assumed bandwidth
 (beta). Run: python3 bench/cost_model.py [alpha_us] [GB_per_s]
+
+  python3 bench/cost_model.py --worlds 8:2x2x2,16:2x4x2,32:2x4x4,64:4x4x4
+prints instead, per rank, what the model says one vemesh creation (steady
+state, the MPI path) uses at those worlds: collective calls by kind, rounds,
+bytes received, sockets vemesh opens, store operations: the figures that
+`mpirun -n N build/release/bench/init --shapes=... --counts` measures
+(calls, sockets, store operations) to check the model against.
 
 Per collective (Open MPI 4.1, P ranks, L = ceil(log2 P)):
   MPI_Comm_split   allgather of (color, key) over the parent, L rounds, 8P B;
@@ -14,6 +21,11 @@ Per collective (Open MPI 4.1, P ranks, L = ceil(log2 P)):
   MPI_Comm_idup    nextcid + activate                         -> 3L rounds, ~0 B
   Iallgather       256-byte block per rank (recursive doubling / Bruck)
                                                               -> L rounds, 256P B
+  MPI_Comm_create_group  (vemesh since issue 32: one per dimension,
+                   collective over the group of s ranks only): the context
+                   id agreed by tagged allreduces over the group (nextcid's
+                   2 + activate's 1), each a reduce and a broadcast on a
+                   tree, 2 ceil(log2 s) rounds           -> 6 log2(s) rounds, ~0 B
   MPI_Comm_create  (one per sub-group, collective over the world):
                    nextcid + activate                         -> 3L rounds, ~0 B
   ncclCommSplit    NCCL's bootstrap all-gather of (color, key) over the
@@ -26,7 +38,27 @@ import math
 import sys
 
 SHAPES = {1024: (4, 32, 8), 4096: (4, 128, 8), 16384: (8, 256, 8),
-          65536: (16, 512, 8)}
+          65536: (16, 512, 8), 131072: (16, 1024, 8)}
+# The meshes bench/init times at 8-64 ranks (RESULTS.md, issue 32).
+SMALL = "8:2x2x2,16:2x4x2,32:2x4x4,64:4x4x4"
+
+
+def log2(n):
+    return math.ceil(math.log2(n)) if n > 1 else 0
+
+
+def vemesh_mpi(P, shape):
+    """One vemesh creation under mpirun, steady state, per rank: calls by
+    kind, rounds, bytes received, sockets vemesh opens, store operations.
+    The agreement gather and the world's idup span the world; each
+    dimension's group is made over its members (MPI_Comm_create_group).
+    MPI carries everything over its own transport (shared memory on a
+    host, its own connections between hosts): vemesh opens no socket and
+    uses no store on this path."""
+    L = log2(P)
+    calls = {"Iallgather": 1, "Comm_idup": 1, "Comm_create_group": len(shape)}
+    rounds = L + 3 * L + sum(6 * log2(s) for s in shape)
+    return calls, rounds, 256 * P, 0, 0
 
 
 def model(P, shape):
@@ -34,10 +66,12 @@ def model(P, shape):
     D = len(shape)
     rows = {}
     rows["split (floor)"] = (D * 4 * L, D * 8 * P, D)
-    rows["vemesh (steady state)"] = (L + 3 * L + D * 4 * L,
-                                     256 * P + D * 8 * P, D + 2)
-    rows["vemesh, first init in a process"] = (3 * L + L + 3 * L + D * 4 * L,
-                                               256 * P + D * 8 * P, D + 3)
+    calls, rounds, nbytes, _, _ = vemesh_mpi(P, shape)
+    rows["vemesh (steady state)"] = (rounds, nbytes, sum(calls.values()))
+    rows["vemesh, first init in a process"] = (3 * L + rounds, nbytes,
+                                               sum(calls.values()) + 1)
+    rows["vemesh until issue 32 (a world split per dim)"] = (
+        L + 3 * L + D * 4 * L, 256 * P + D * 8 * P, D + 2)
     groups = sum(P // s for s in shape)
     rows["every-group (MPI_Comm_create / new_group)"] = (groups * 3 * L, 0,
                                                          groups)
@@ -47,7 +81,34 @@ def model(P, shape):
     return rows
 
 
+def print_worlds(spec):
+    """--worlds 8:2x2x2,...: the model's per-rank counts, as bench/init
+    --counts prints the measured ones."""
+    print("| ranks | mesh | collective calls | by kind | rounds | bytes "
+          "received | sockets vemesh opens | store operations | rounds / "
+          "floor's (ndim world splits) |")
+    print("|---|---|---:|---|---:|---:|---:|---:|---:|")
+    for item in spec.split(","):
+        world, _, text = item.partition(":")
+        P = int(world)
+        shape = tuple(int(x) for x in text.split("x"))
+        if math.prod(shape) != P:
+            sys.exit(f"--worlds: mesh {text} has {math.prod(shape)} ranks, "
+                     f"not {P}")
+        calls, rounds, nbytes, sockets, store = vemesh_mpi(P, shape)
+        kinds = " + ".join(f"{n} {k}" for k, n in calls.items())
+        floor = len(shape) * 4 * log2(P)
+        print(f"| {P:,} | {shape} | {sum(calls.values())} | {kinds} | "
+              f"{rounds} | {nbytes:,} B | {sockets} | {store} | "
+              f"{rounds / floor:.2f} |")
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1].startswith("--worlds"):
+        spec = (sys.argv[1].partition("=")[2] or
+                (sys.argv[2] if len(sys.argv) > 2 else SMALL))
+        print_worlds(spec)
+        return
     alpha = float(sys.argv[1]) * 1e-6 if len(sys.argv) > 1 else 4.7e-6
     beta = 1 / (float(sys.argv[2]) * 1e9) if len(sys.argv) > 2 else 1 / 10e9
     print(f"alpha {alpha * 1e6:.1f} us per round, {1 / beta / 1e9:.0f} GB/s")

@@ -19,8 +19,15 @@
 // each median to the floor's, and the collective MPI calls one rank made
 // (counted through the MPI profiling interface, bench/call_count.h). The
 // communicators are freed after each sample, outside the timing.
+//
+//   mpirun ... -n 8 build/bench/init --shapes=2x2x2 --counts
+// prints instead, per rank, what one vemesh creation used: collective MPI
+// calls by kind, sockets held (/proc/self/fd) and store operations (none
+// under MPI), for bench/cost_model.py --worlds to be compared with.
 
+#include <dirent.h>
 #include <mpi.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -29,6 +36,7 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -44,6 +52,9 @@ ABSL_FLAG(int, warmup, 2, "untimed repetitions first (connections, caches)");
 ABSL_FLAG(std::vector<std::string>, shapes, {},
           "mesh shapes, e.g. 2x4,2x2x2; default: a 2-D and a 3-D mesh of "
           "the world");
+ABSL_FLAG(bool, counts, false,
+          "print what one vemesh creation uses per rank (calls, sockets, "
+          "store operations) instead of timing");
 ABSL_FLAG(bool, smoke, false,
           "one repetition, no warm-up: proves the program works (ctest)");
 
@@ -112,11 +123,11 @@ Made ByCart(const HandMesh& hand) {
 
 // Waits as vemesh's bootstrap does (WaitForMpiRequest in
 // vemesh/bootstrap/mpi/mpi_bootstrap.cc): test back to back for the first
-// 5 ms, then test and sleep 20 us, doubling up to 1 ms (a sleeping rank does
-// not drive MPI's progress).
+// 100 ms, then test and sleep 20 us, doubling up to 1 ms (a sleeping rank
+// does not drive MPI's progress).
 void WaitPolling(MPI_Request* request) {
   const auto spin_until =
-      std::chrono::steady_clock::now() + std::chrono::milliseconds(5);
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
   auto pause = std::chrono::microseconds(20);
   for (int done = 0;;) {
     MPI_Test(request, &done, MPI_STATUS_IGNORE);
@@ -130,12 +141,14 @@ void WaitPolling(MPI_Request* request) {
 // Not baselines: diagnostics that split vemesh's cost over the floor into
 // the extra collectives, the polling and the rest (vemesh's own work).
 //
-// "vemesh's MPI calls by hand": the calls an init makes since issue 18, in
+// "vemesh's MPI calls by hand": the calls an init makes since issue 32, in
 // its order: the agreement all-gather (fingerprint + host identity, one
 // 256-byte block per rank), the private world as MPI_Comm_idup (which is
-// also the gather's outcome step), one split of it per dimension. Waited on
-// plainly (MPI_Wait), then as vemesh waits (MPI_Test with yields, then
-// sleeps).
+// also the gather's outcome step), one MPI_Comm_create_group of it per
+// dimension (collective over the group only). Waited on plainly (MPI_Wait),
+// then as vemesh waits (MPI_Test back to back, then sleeps). "Issue 18's
+// calls" are the same with one MPI_Comm_split of the world per dimension
+// instead, which vemesh made until issue 32.
 void Await(MPI_Request* request, bool poll) {
   if (poll) {
     WaitPolling(request);
@@ -172,18 +185,15 @@ Made SameCalls(const HandMesh& hand, bool poll) {
   made.comms.push_back(world);
   return made;
 }
-Made BySameCalls(const HandMesh& hand) { return SameCalls(hand, false); }
-Made BySameCallsPolling(const HandMesh& hand) { return SameCalls(hand, true); }
+Made BySplitCalls(const HandMesh& hand) { return SameCalls(hand, false); }
 
-// A prototype, not what vemesh does: the same agreement and world, then each
-// group made by MPI_Comm_create_group, which is collective over the group
-// only (every rank knows every group once the arguments agree), instead of
-// a split, which is collective over the whole world. What a
-// Communicator::create_group in vemesh/comm/ would buy.
-Made ByCreateGroup(const HandMesh& hand) {
+// The agreement and world, then each group by MPI_Comm_create_group, which
+// is collective over the group only (every rank knows every group once the
+// arguments agree), as MpiCommunicator::split_many makes a mesh's groups.
+Made CreateGroupCalls(const HandMesh& hand, bool poll) {
   const int rank = WorldRank();
   Made made;
-  MPI_Comm world = GatherAndDup(true);
+  MPI_Comm world = GatherAndDup(poll);
   MPI_Group all;
   MPI_Comm_group(world, &all);
   for (size_t d = 0; d < hand.shape.size(); ++d) {
@@ -200,6 +210,10 @@ Made ByCreateGroup(const HandMesh& hand) {
   MPI_Group_free(&all);
   made.comms.push_back(world);
   return made;
+}
+Made BySameCalls(const HandMesh& hand) { return CreateGroupCalls(hand, false); }
+Made BySameCallsPolling(const HandMesh& hand) {
+  return CreateGroupCalls(hand, true);
 }
 
 // The frameworks' loop: for each dimension, for each of its groups, every
@@ -294,7 +308,7 @@ void RunShape(const std::vector<int64_t>& shape, int reps, int warmup) {
       {"every-group", ByEveryGroup},
       {"vemesh's MPI calls by hand", BySameCalls},
       {"same, polled like vemesh", BySameCallsPolling},
-      {"prototype: create_group per dim", ByCreateGroup}};
+      {"issue 18's calls by hand (a world split per dim)", BySplitCalls}};
   CheckSameGroups(methods, hand);
 
   std::vector<Result> results(methods.size());
@@ -343,6 +357,67 @@ void RunShape(const std::vector<int64_t>& shape, int reps, int warmup) {
       static_cast<long long>(EveryGroupCalls(shape)));
 }
 
+// Sockets this process holds now (entries of /proc/self/fd that are
+// sockets); -1 where /proc cannot be read.
+int SocketsHeld() {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  int sockets = 0;
+  while (const dirent* entry = readdir(dir)) {
+    char target[64] = {};
+    const std::string path = absl::StrCat("/proc/self/fd/", entry->d_name);
+    const ssize_t n = readlink(path.c_str(), target, sizeof(target) - 1);
+    if (n > 0 && std::string(target, n).rfind("socket:", 0) == 0) ++sockets;
+  }
+  closedir(dir);
+  return sockets;
+}
+
+// --counts: one vemesh creation (after one untimed, as in the timed runs),
+// and what it used on each rank, printed by rank 0 as a table row per rank
+// class (ranks that used the same are one row).
+void PrintCounts(const std::vector<int64_t>& shape) {
+  const HandMesh hand(shape);
+  Made warm = ByVemesh(hand);
+  Release(warm);
+  const int sockets_before = SocketsHeld();
+  const CallCounts before = CollectiveCalls();
+  Made made = ByVemesh(hand);
+  const CallCounts used = CollectiveCalls() - before;
+  const int sockets = SocketsHeld();
+  Release(made);
+  // Every rank's line to rank 0 (fixed width: a small table, not data).
+  char line[256] = {};
+  std::snprintf(line, sizeof(line), "| %s | %lld | %s | %d (%+d) | 0 |",
+                ShapeText(shape).c_str(), static_cast<long long>(used.total()),
+                used.ToString().c_str(), sockets, sockets - sockets_before);
+  int world = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  std::vector<char> all(sizeof(line) * static_cast<size_t>(world));
+  MPI_Gather(line, sizeof(line), MPI_CHAR, all.data(), sizeof(line), MPI_CHAR,
+             0, MPI_COMM_WORLD);
+  if (WorldRank() != 0) return;
+  std::printf(
+      "\nworld %d: one vemesh creation, per rank (ranks with the same counts "
+      "on one row)\n\n| ranks | mesh | collective calls | by kind | sockets "
+      "held (change) | store operations |\n|---|---|---:|---|---:|---:|\n",
+      world);
+  std::vector<std::pair<std::string, std::vector<int>>> rows;
+  for (int r = 0; r < world; ++r) {
+    std::string text(all.data() + sizeof(line) * r);
+    auto it = std::find_if(rows.begin(), rows.end(),
+                           [&](const auto& row) { return row.first == text; });
+    if (it == rows.end()) {
+      rows.push_back({text, {r}});
+    } else {
+      it->second.push_back(r);
+    }
+  }
+  for (const auto& [text, ranks] : rows) {
+    std::printf("| %zu of %d %s\n", ranks.size(), world, text.c_str());
+  }
+}
+
 std::vector<std::vector<int64_t>> DefaultShapes(int world) {
   switch (world) {
     case 4:
@@ -378,7 +453,13 @@ int main(int argc, char** argv) {
     shapes.push_back(*shape);
   }
   if (shapes.empty()) shapes = DefaultShapes(world);
-  for (const auto& shape : shapes) RunShape(shape, reps, warmup);
+  for (const auto& shape : shapes) {
+    if (absl::GetFlag(FLAGS_counts)) {
+      PrintCounts(shape);
+    } else {
+      RunShape(shape, reps, warmup);
+    }
+  }
   MPI_Finalize();
   return 0;
 }

@@ -113,10 +113,21 @@ struct AsyncOptions {
 // and the group's name (a mesh passes the dimension's name, "TP"). Backends
 // that can label a communicator use the name (NCCL: ncclConfig_t::commName,
 // which NCCL's logs and profilers show); the others ignore it.
+//
+// `members`, when the caller knows them: this communicator's ranks of the
+// group's members in key order (this rank at index `key`), the same list on
+// every member. It lets a backend make the group by a call collective over
+// the group only (MPI: MPI_Comm_create_group, whose context id is agreed in
+// log2(group) rounds instead of log2(world)); a rank with a negative color
+// then makes no call at all. Either every rank's requests carry members
+// (or a negative color) or none do: a mix would leave ranks in different
+// calls. Backends without such a call split as usual.
 struct SplitRequest {
   int color = -1;
   int key = 0;
   std::string name;
+  std::vector<int> members = {};
+  bool group_local = false;  // set with `members` (on every rank)
 };
 // How errors name a request: "'TP'", or "request 2" when it has no name.
 std::string SplitRequestName(const SplitRequest& request, size_t index);

@@ -43,10 +43,20 @@ absl::StatusOr<SplitRequest> DimSplitRequest(const MeshLayout& layout,
                                              int64_t rank, bool member) {
   SplitRequest request;
   request.name = name;
+  // A dimension of the layout (every rank answers alike): the group's
+  // members go with the request (world ranks, which are the backend
+  // worlds' ranks; O(group size)), so MPI makes it over its members only.
+  const absl::StatusOr<int64_t> dim = layout.dim_index(name);
+  request.group_local = dim.ok();
   if (member) {
     VEMESH_ASSIGN_OR_RETURN(auto pos, layout.group_position({name}, rank));
     request.color = static_cast<int>(pos.group);
     request.key = static_cast<int>(pos.index);
+    if (dim.ok()) {
+      for (int64_t m : layout.group_members(*dim, pos.group)) {
+        request.members.push_back(static_cast<int>(m));
+      }
+    }
   }
   return request;
 }

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "vemesh/base/log.h"
 #include "vemesh/base/status_macros.h"
 #include "vemesh/comm/internal/host_reduce.h"
@@ -481,6 +482,105 @@ absl::StatusOr<std::shared_ptr<Communicator>> MpiCommunicator::Shrink(
   if (!status.ok()) return status;
   VEMESH_ASSIGN_OR_RETURN(auto made, Adopt(child, comm_, &ranks_));
   return std::shared_ptr<Communicator>(std::move(made));
+absl::StatusOr<std::vector<std::shared_ptr<Communicator>>>
+MpiCommunicator::split_many(absl::Span<const SplitRequest> requests,
+                            absl::Time deadline) {
+  const bool group_local =
+      std::any_of(requests.begin(), requests.end(),
+                  [](const SplitRequest& r) { return r.group_local; });
+  if (!group_local) return Communicator::split_many(requests, deadline);
+  absl::Status status = CheckUsable("split_many");
+  if (!status.ok()) return status;
+  // Every check below reads only what every member was given alike, so a
+  // request refused here is refused on each of its members before any call.
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const SplitRequest& r = requests[i];
+    if (!r.group_local || r.color < 0) continue;
+    const auto& m = r.members;
+    bool fits = r.key >= 0 && static_cast<size_t>(r.key) < m.size() &&
+                m[static_cast<size_t>(r.key)] == rank_;
+    for (size_t k = 0; fits && k < m.size(); ++k) {
+      fits = m[k] >= 0 && m[k] < size_;
+    }
+    if (!fits) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "split ", SplitRequestName(r, i), ": members [",
+          absl::StrJoin(m, ", "), "] of a communicator of ", size_,
+          " must hold this rank (", rank_, ") at index key (", r.key, ")"));
+    }
+  }
+  std::vector<std::shared_ptr<Communicator>> groups;
+  groups.reserve(requests.size());
+  MPI_Group all = MPI_GROUP_NULL;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const SplitRequest& r = requests[i];
+    if (!r.group_local) {
+      auto group = split(r.color, r.key);
+      if (!group.ok()) {
+        status = group.status();
+        break;
+      }
+      groups.push_back(*std::move(group));
+      continue;
+    }
+    if (r.color < 0) {  // not a member: no call
+      groups.push_back(nullptr);
+      continue;
+    }
+    if (all == MPI_GROUP_NULL) {
+      status = MpiStatus(MPI_Comm_group(comm_, &all), "MPI_Comm_group");
+      if (!status.ok()) break;
+    }
+    MPI_Group group = MPI_GROUP_NULL;
+    MPI_Comm child = MPI_COMM_NULL;
+    status = MpiStatus(MPI_Group_incl(all, static_cast<int>(r.members.size()),
+                                      r.members.data(), &group),
+                       "MPI_Group_incl");
+    // The tag keeps this request's context-id agreement apart from the
+    // others' (a rank may be in several groups with the same peers).
+    if (status.ok()) {
+      status = MpiStatus(
+          MPI_Comm_create_group(comm_, group, static_cast<int>(i), &child),
+          "MPI_Comm_create_group");
+    }
+    if (group != MPI_GROUP_NULL) MPI_Group_free(&group);
+    if (!status.ok()) break;
+    // The members are known: their origin ranks without translating groups.
+    std::vector<int> origin(r.members.size());
+    for (size_t k = 0; k < origin.size(); ++k) {
+      origin[k] = ranks_[static_cast<size_t>(r.members[k])];
+    }
+    auto made = AdoptKnown(child, r.key, std::move(origin));
+    if (!made.ok()) {
+      status = made.status();
+      break;
+    }
+    groups.push_back(*std::move(made));
+  }
+  if (all != MPI_GROUP_NULL) MPI_Group_free(&all);
+  if (!status.ok()) {
+    const size_t failed = groups.size();  // the request that failed
+    groups.clear();                       // those made are freed
+    return absl::Status(
+        status.code(),
+        absl::StrCat("split ", SplitRequestName(requests[failed], failed), ": ",
+                     status.message()));
+  }
+  return groups;
+}
+
+absl::StatusOr<std::shared_ptr<MpiCommunicator>> MpiCommunicator::AdoptKnown(
+    MPI_Comm comm, int rank, std::vector<int> ranks) {
+  absl::Status status =
+      MpiStatus(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN),
+                "MPI_Comm_set_errhandler");
+  if (!status.ok()) {
+    FreeQuietly(&comm);
+    return status;
+  }
+  const int size = static_cast<int>(ranks.size());
+  return std::shared_ptr<MpiCommunicator>(
+      new MpiCommunicator(comm, rank, size, std::move(ranks)));
 }
 
 NativeHandle MpiCommunicator::native_handle() const {

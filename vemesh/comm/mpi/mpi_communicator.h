@@ -120,6 +120,12 @@ class MpiCommunicator final : public Communicator {
   // A negative color gives nullptr (MPI_UNDEFINED).
   absl::StatusOr<std::shared_ptr<Communicator>> split(int color,
                                                       int key) override;
+  // Requests marked group_local (with their members) are made by
+  // MPI_Comm_create_group, collective over each group only; the others by
+  // MPI_Comm_split, as split_many always does.
+  absl::StatusOr<std::vector<std::shared_ptr<Communicator>>> split_many(
+      absl::Span<const SplitRequest> requests,
+      absl::Time deadline = absl::InfiniteFuture()) override;
   // The same split, typed (the NCCL backend splits its MPI twin with it).
   absl::StatusOr<std::shared_ptr<MpiCommunicator>> split_mpi(int color,
                                                              int key);
@@ -142,6 +148,10 @@ class MpiCommunicator final : public Communicator {
 
  private:
   MpiCommunicator(MPI_Comm comm, int rank, int size, std::vector<int> ranks);
+  // A communicator whose members are known (origin ranks, this one at
+  // `rank`): no group translation. Takes ownership of `comm`.
+  static absl::StatusOr<std::shared_ptr<MpiCommunicator>> AdoptKnown(
+      MPI_Comm comm, int rank, std::vector<int> ranks);
   // Takes ownership of `comm` (freed on failure too); `parent_ranks` maps the
   // parent's ranks to origin ranks, null when `comm` is a new origin.
   static absl::StatusOr<std::shared_ptr<MpiCommunicator>> Adopt(

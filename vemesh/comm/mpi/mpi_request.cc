@@ -12,7 +12,12 @@ namespace vemesh {
 
 absl::Status WaitForMpiRequest(MPI_Request* request, absl::Time deadline,
                                absl::string_view call) {
-  const absl::Time spin_until = absl::Now() + absl::Milliseconds(5);
+  // Back to back for the first 100 ms: a sleeping rank does not drive MPI's
+  // progress, so a sleep in a step of a many-round collective (an idup's
+  // context-id allreduces at 64 oversubscribed ranks take tens of ms) adds
+  // up to the sleep to every round (issue 32). Later, sleeps spare the core
+  // while a late rank is awaited.
+  const absl::Time spin_until = absl::Now() + absl::Milliseconds(100);
   auto pause = std::chrono::microseconds(20);
   while (true) {
     int done = 0;

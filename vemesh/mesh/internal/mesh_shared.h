@@ -142,7 +142,10 @@ struct DeviceMesh::View {
 
 // This rank's request to split out the groups along dimension `name` of
 // `layout`: its group and place in it, or no group (color -1) when the rank
-// is not in the layout (it still takes part in the collective split).
+// is not in the layout (it still takes part in the collective split). For
+// a dimension of `layout` the request also carries the group's members and
+// is group_local (communicator.h: MPI makes the group over its members, and
+// a rank outside the layout makes no call).
 absl::StatusOr<SplitRequest> DimSplitRequest(const MeshLayout& layout,
                                              const std::string& name,
                                              int64_t rank, bool member);
