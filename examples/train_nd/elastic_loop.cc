@@ -8,6 +8,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -262,6 +263,7 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
   el.heartbeat_ttl = settings.heartbeat_ttl;
   el.op_timeout = settings.op_timeout;
   el.recovery_timeout = settings.recovery_timeout;
+  el.data_plane_detection = !settings.lease_detection;
   // What a joiner must share with the job (the mesh is added by vemesh):
   // a replica with another model, batch or optimizer is refused.
   const TrainOptions& o = plan0.options;
@@ -321,6 +323,8 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
   std::vector<Matrix> before_step = Save(params);
   std::vector<Matrix> before_previous = before_step;
   int recoveries = 0;
+  // The last recovery's record, printed once its first step commits.
+  std::optional<vemesh::Recovery> record;
   // The round after the last step trains nothing: its end_step makes sure
   // every replica committed that step too (one that failed it sends all
   // into recovery, and the last step is trained again).
@@ -333,7 +337,9 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
     const bool finishing = step >= plan0.options.steps && !send_state;
     absl::StatusOr<double> loss = absl::UnknownError("not run");
     if (send_state) {
+      const absl::Time state_start = absl::Now();
       auto sent = dp.BroadcastParameters(params, state_root);
+      if (record.has_value()) record->state_time = absl::Now() - state_start;
       if (!sent.ok()) loss = sent.status();
       if (sent.ok()) {
         send_state = false;
@@ -360,6 +366,21 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
     auto verdict = elastic->end_step(loss.status());
     if (!verdict.ok()) {
       return Fail(replica, launch_rank, "elastic", verdict.status());
+    }
+    if (verdict->committed && record.has_value() && !send_state) {
+      if (leader) {
+        std::printf(
+            "recovery: detect %.1f ms, agree %.1f ms, rebuild %.1f ms, state "
+            "%.1f ms; first good step %lld at=%lld\n",
+            absl::ToDoubleMilliseconds(record->detect_time),
+            absl::ToDoubleMilliseconds(record->agree_time),
+            absl::ToDoubleMilliseconds(record->build_time),
+            absl::ToDoubleMilliseconds(record->state_time),
+            static_cast<long long>(step + (finishing ? 0 : 1)),
+            static_cast<long long>(absl::ToUnixMillis(absl::Now())));
+        std::fflush(stdout);
+      }
+      record.reset();
     }
     if (verdict->committed && finishing) {
       if (!verdict->recover) break;
@@ -400,6 +421,7 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
       return 3;
     }
     ++recoveries;
+    record = *r;
     if (stateless) {
       // Still waiting for the state: start wherever the members are.
       step = r->resume_step;
