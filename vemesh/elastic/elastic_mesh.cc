@@ -26,8 +26,11 @@ constexpr int kMaxEpochAttempts = 64;
 constexpr absl::Duration kPollPeriod = absl::Milliseconds(5);
 // How long a quorum round waits for a silent member's port to answer.
 constexpr absl::Duration kProbeTimeout = absl::Milliseconds(20);
-// How often a quorum round reads the posts (each read is one get per member).
+// How often a quorum round reads the posts (each read is one get per
+// member): at first every millisecond, the normal period after
+// kQuorumFastFor (a silent member then waits for its lease anyway).
 constexpr absl::Duration kQuorumPollPeriod = absl::Milliseconds(1);
+constexpr absl::Duration kQuorumFastFor = absl::Milliseconds(50);
 
 bool IsRetryable(const absl::Status& s) {
   return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) ||
@@ -515,6 +518,7 @@ absl::StatusOr<MembershipRecord> ElasticMesh::ChooseEpoch(int64_t failed,
   const absl::Time settle = absl::Now() + options_.heartbeat_ttl * 3 / 2;
   // The quorum round over the failed epoch's members (data_plane_detection).
   std::optional<QuorumRound> round;
+  const absl::Time round_start = absl::Now();
   while (absl::Now() < deadline) {
     auto now = control_->Read();
     if (!now.ok()) return now.status();
@@ -596,7 +600,10 @@ absl::StatusOr<MembershipRecord> ElasticMesh::ChooseEpoch(int64_t failed,
       }
       continue;  // read what won
     }
-    absl::SleepFor(round.has_value() ? kQuorumPollPeriod : kPollPeriod);
+    absl::SleepFor(round.has_value() &&
+                           absl::Now() - round_start < kQuorumFastFor
+                       ? kQuorumPollPeriod
+                       : kPollPeriod);
   }
   return absl::DeadlineExceededError(
       absl::StrCat("no epoch after ", failed,

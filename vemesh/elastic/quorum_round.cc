@@ -7,6 +7,9 @@
 #include "vemesh/elastic/liveness_probe.h"
 
 namespace vemesh {
+namespace {
+constexpr absl::Duration kReprobe = absl::Milliseconds(25);
+}  // namespace
 
 QuorumRound::QuorumRound(const ControlPlane& control, MembershipRecord failed,
                          int me, uint64_t incarnation,
@@ -37,16 +40,23 @@ absl::StatusOr<std::optional<std::vector<int>>> QuorumRound::Poll() {
       continue;
     }
     if (gone_.count(id) != 0) continue;
+    if (auto a = answered_.find(id);
+        a != answered_.end() && absl::Now() - a->second < kReprobe) {
+      silent = true;
+      continue;
+    }
     // Silent: its port says whether the process still exists.
     auto where = control_.store()->get(control_.ProbeKey(id, inc));
     if (!where.ok() && !absl::IsNotFound(where.status())) {
       return where.status();
     }
-    if (where.ok() &&
-        ProbeLiveness(*where, probe_timeout_) == Liveness::kGone) {
+    const Liveness v = where.ok() ? ProbeLiveness(*where, probe_timeout_)
+                                  : Liveness::kUnknown;
+    if (v == Liveness::kGone) {
       gone_.insert(id);
       continue;
     }
+    answered_[id] = absl::Now();
     silent = true;
   }
   if (silent) return std::optional<std::vector<int>>();

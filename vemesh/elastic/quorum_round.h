@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <map>
 #include <set>
 #include <vector>
 
@@ -53,6 +54,9 @@ class QuorumRound {
   const uint64_t incarnation_;
   const absl::Duration probe_timeout_;
   std::set<int> gone_;
+  // When each silent member's port last answered: probed again only after
+  // kReprobe (a stopped process's backlog is not to be filled).
+  std::map<int, absl::Time> answered_;
 };
 
 }  // namespace vemesh
