@@ -44,6 +44,9 @@ REC = re.compile(r"^recovery: detect ([\d.]+) ms, agree ([\d.]+) ms, "
                  r"(\d+) at=(\d+)$")
 
 
+STDBUF = ["stdbuf", "-oL"] if shutil.which("stdbuf") else []
+
+
 def now_ms():
     return int(time.time() * 1000)
 
@@ -77,7 +80,9 @@ class Job:
         n = self.launches.get(k, 0) + 1
         self.launches[k] = n
         path = os.path.join(self.work, f"{self.name}_r{k}_{n}.out")
-        cmd = [self.a.train_nd, "--mesh", f"PP=1,DP={self.a.replicas},TP=1",
+        # Line-buffered (stdbuf): the script reads the step lines as they
+        # come, not 4 KiB later.
+        cmd = STDBUF + [self.a.train_nd, "--mesh", f"PP=1,DP={self.a.replicas},TP=1",
                "--batch", "840", "--micro_batches", "1",
                "--steps", str(self.steps), "--elastic",
                f"redis://127.0.0.1:{self.port}", "--job", self.name,
@@ -367,6 +372,8 @@ def main():
                     help="seconds every process has to end after the chaos")
     ap.add_argument("--time_limit", type=float, default=3600)
     a = ap.parse_args()
+    # SIGTERM (a ctest timeout) ends the processes too, by their PIDs.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     if shutil.which("redis-server") is None:
         print("FAIL: redis-server not found")
         return 1
