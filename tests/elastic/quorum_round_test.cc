@@ -50,10 +50,9 @@ class QuorumRoundTest : public ::testing::Test {
   std::unique_ptr<LivenessListener> Listen(int id) {
     auto l = LivenessListener::Start("127.0.0.1");
     EXPECT_TRUE(l.ok()) << l.status();
-    EXPECT_TRUE(store_
-                    ->set(cp_.ProbeKey(id, rec_.incarnation_of(id)),
-                          (*l)->address())
-                    .ok());
+    EXPECT_TRUE(
+        store_->set(cp_.ProbeKey(id, rec_.incarnation_of(id)), (*l)->address())
+            .ok());
     return *std::move(l);
   }
   std::shared_ptr<MemoryStore> store_ = std::make_shared<MemoryStore>();

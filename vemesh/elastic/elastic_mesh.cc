@@ -563,11 +563,11 @@ absl::StatusOr<MembershipRecord> ElasticMesh::ChooseEpoch(int64_t failed,
         const MembershipRecord next =
             NextEpoch(rec, **posted, *joiners, Without(rec.pending, *joiners));
         if (static_cast<int>(next.members.size()) < options_.min_replicas) {
-          return absl::UnavailableError(absl::StrCat(
-              "only ", next.members.size(), " replica(s) alive [",
-              absl::StrJoin(next.members, ", "), "] after ",
-              MembershipText(rec), ": min_replicas is ",
-              options_.min_replicas));
+          return absl::UnavailableError(
+              absl::StrCat("only ", next.members.size(), " replica(s) alive [",
+                           absl::StrJoin(next.members, ", "), "] after ",
+                           MembershipText(rec), ": min_replicas is ",
+                           options_.min_replicas));
         }
         if (auto t = control_->Transition(*now, next); !t.ok()) {
           return t.status();

@@ -64,11 +64,11 @@ absl::StatusOr<std::unique_ptr<LivenessListener>> LivenessListener::Start(
       getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
     const int e = errno;
     close(fd);
-    return absl::UnavailableError(absl::StrCat("liveness listener on ", host,
-                                               ": ", std::strerror(e)));
+    return absl::UnavailableError(
+        absl::StrCat("liveness listener on ", host, ": ", std::strerror(e)));
   }
-  std::unique_ptr<LivenessListener> l(new LivenessListener(
-      fd, absl::StrCat(host, ":", ntohs(addr.sin_port))));
+  std::unique_ptr<LivenessListener> l(
+      new LivenessListener(fd, absl::StrCat(host, ":", ntohs(addr.sin_port))));
   l->thread_ = std::thread([p = l.get()] { p->Run(); });
   return l;
 }

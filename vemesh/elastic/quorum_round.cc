@@ -50,8 +50,8 @@ absl::StatusOr<std::optional<std::vector<int>>> QuorumRound::Poll() {
     if (!where.ok() && !absl::IsNotFound(where.status())) {
       return where.status();
     }
-    const Liveness v = where.ok() ? ProbeLiveness(*where, probe_timeout_)
-                                  : Liveness::kUnknown;
+    const Liveness v =
+        where.ok() ? ProbeLiveness(*where, probe_timeout_) : Liveness::kUnknown;
     if (v == Liveness::kGone) {
       gone_.insert(id);
       continue;

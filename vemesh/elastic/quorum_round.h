@@ -21,8 +21,8 @@
 #define VEMESH_ELASTIC_QUORUM_ROUND_H_
 
 #include <cstdint>
-#include <optional>
 #include <map>
+#include <optional>
 #include <set>
 #include <vector>
 
