@@ -455,6 +455,19 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
   // Verdicts: the curve this replica trained against the serial one, the
   // parameters against every other replica's, the communicators against
   // the count after start.
+  // The parameters first, while the replicas are still in step: the serial
+  // reference below takes each one a different time, which must not run a
+  // DP operation past its timeout.
+  int64_t digest[2] = {Digest(params), -Digest(params)};
+  auto dp_group = VESCALE_DEVICE_MESH.get_data_parallel_dim_groups();
+  bool identical = false;
+  if (dp_group.ok() &&
+      (*dp_group)
+          ->all_reduce(digest, digest, 2, vemesh::DataType::kInt64,
+                       vemesh::ReduceOp::kMax)
+          .ok()) {
+    identical = digest[0] == -digest[1];
+  }
   absl::StatusOr<std::vector<double>> serial_or = SerialLosses(plan0);
   if (!serial_or.ok()) {
     return Fail(replica, launch_rank, "serial", serial_or.status());
@@ -469,16 +482,6 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
       worst = rel;
       worst_step = s;
     }
-  }
-  int64_t digest[2] = {Digest(params), -Digest(params)};
-  auto dp_group = VESCALE_DEVICE_MESH.get_data_parallel_dim_groups();
-  bool identical = false;
-  if (dp_group.ok() &&
-      (*dp_group)
-          ->all_reduce(digest, digest, 2, vemesh::DataType::kInt64,
-                       vemesh::ReduceOp::kMax)
-          .ok()) {
-    identical = digest[0] == -digest[1];
   }
   const int64_t communicators = vemesh::LiveCommunicatorCount();
   const bool pass = worst < plan0.options.tolerance && !losses.empty() &&

@@ -47,6 +47,11 @@ REC = re.compile(r"^recovery: detect ([\d.]+) ms, agree ([\d.]+) ms, "
 STDBUF = ["stdbuf", "-oL"] if shutil.which("stdbuf") else []
 
 
+# Divisible by every DP size the job can shrink to.
+def batch_for(n):
+    return 24 if n <= 3 else 840
+
+
 def now_ms():
     return int(time.time() * 1000)
 
@@ -83,7 +88,7 @@ class Job:
         # Line-buffered (stdbuf): the script reads the step lines as they
         # come, not 4 KiB later.
         cmd = STDBUF + [self.a.train_nd, "--mesh", f"PP=1,DP={self.a.replicas},TP=1",
-               "--batch", "840", "--micro_batches", "1",
+               "--batch", str(batch_for(self.a.replicas)), "--micro_batches", "1",
                "--steps", str(self.steps), "--elastic",
                f"redis://127.0.0.1:{self.port}", "--job", self.name,
                "--replica", str(k), "--heartbeat_ms", "1000",
