@@ -62,8 +62,8 @@ class QuorumRoundTest : public ::testing::Test {
 
 TEST_F(QuorumRoundTest, DecidesOnceEveryMemberPostedOrIsGone) {
   auto l2 = Listen(2);
-  QuorumRound r0(cp_, rec_, 0, 0xa, absl::Milliseconds(50));
-  QuorumRound r1(cp_, rec_, 1, 0xb, absl::Milliseconds(50));
+  QuorumRound r0(cp_, rec_, 0, 0xa, absl::Milliseconds(50), {0xa, 0xb, 0xc});
+  QuorumRound r1(cp_, rec_, 1, 0xb, absl::Milliseconds(50), {0xa, 0xb, 0xc});
   ASSERT_TRUE(r0.Post().ok());
   // Replica 1 has no port advertised and has not posted: silent.
   auto p = r0.Poll();
@@ -84,13 +84,24 @@ TEST_F(QuorumRoundTest, DecidesOnceEveryMemberPostedOrIsGone) {
   EXPECT_THAT(r0.gone(), ElementsAre(2));
 }
 
+TEST_F(QuorumRoundTest, ARefusedPortThatNeverAnsweredIsNotGone) {
+  { auto l2 = Listen(2); }  // advertised, never seen answering, now closed
+  QuorumRound r0(cp_, rec_, 0, 0xa, absl::Milliseconds(50), {0xb});
+  ASSERT_TRUE(r0.Post().ok());
+  QuorumRound r1(cp_, rec_, 1, 0xb, absl::Milliseconds(50), {});
+  ASSERT_TRUE(r1.Post().ok());
+  auto p = r0.Poll();
+  ASSERT_TRUE(p.ok());
+  EXPECT_FALSE(p->has_value());  // the lease decides for replica 2
+}
+
 TEST_F(QuorumRoundTest, EveryMemberPostedKeepsThemAll) {
   for (int id : {0, 1, 2}) {
     QuorumRound r(cp_, rec_, id, rec_.incarnation_of(id),
-                  absl::Milliseconds(50));
+                  absl::Milliseconds(50), {0xa, 0xb, 0xc});
     ASSERT_TRUE(r.Post().ok());
   }
-  QuorumRound r(cp_, rec_, 0, 0xa, absl::Milliseconds(50));
+  QuorumRound r(cp_, rec_, 0, 0xa, absl::Milliseconds(50), {0xa, 0xb, 0xc});
   auto p = r.Poll();
   ASSERT_TRUE(p.ok());
   ASSERT_TRUE(p->has_value());
@@ -100,11 +111,12 @@ TEST_F(QuorumRoundTest, EveryMemberPostedKeepsThemAll) {
 TEST_F(QuorumRoundTest, APostOfAnotherIncarnationDoesNotCount) {
   auto l1 = Listen(1);
   auto l2 = Listen(2);
-  QuorumRound r0(cp_, rec_, 0, 0xa, absl::Milliseconds(50));
+  QuorumRound r0(cp_, rec_, 0, 0xa, absl::Milliseconds(50), {0xa, 0xb, 0xc});
   ASSERT_TRUE(r0.Post().ok());
-  QuorumRound old1(cp_, rec_, 1, 0xbad, absl::Milliseconds(50));
+  QuorumRound old1(cp_, rec_, 1, 0xbad, absl::Milliseconds(50),
+                   {0xa, 0xb, 0xc});
   ASSERT_TRUE(old1.Post().ok());  // a relaunch of replica 1, not the member
-  QuorumRound r2(cp_, rec_, 2, 0xc, absl::Milliseconds(50));
+  QuorumRound r2(cp_, rec_, 2, 0xc, absl::Milliseconds(50), {0xa, 0xb, 0xc});
   ASSERT_TRUE(r2.Post().ok());
   auto p = r0.Poll();
   ASSERT_TRUE(p.ok());

@@ -550,7 +550,7 @@ absl::StatusOr<MembershipRecord> ElasticMesh::ChooseEpoch(int64_t failed,
         rec.admits(options_.replica, incarnation_)) {
       if (!round.has_value()) {
         round.emplace(*control_, rec, options_.replica, incarnation_,
-                      kProbeTimeout);
+                      kProbeTimeout, reachable_);
         if (absl::Status s = round->Post(); !s.ok()) return s;
       }
       auto posted = round->Poll();
@@ -811,6 +811,20 @@ absl::StatusOr<Recovery> ElasticMesh::Rebuild(
     build_time += absl::Now() - build_start;
     if (r.ok()) {
       Remember(record);
+      if (inner_rank_ == 0 && options_.data_plane_detection) {
+        // Which members' ports answer from here (a port that never did
+        // may be an address wrong from this host: its refusal proves
+        // nothing).
+        for (int id : record.members) {
+          const uint64_t inc = record.incarnation_of(id);
+          if (id == options_.replica || reachable_.count(inc) != 0) continue;
+          auto where = control_->store()->get(control_->ProbeKey(id, inc));
+          if (where.ok() &&
+              ProbeLiveness(*where, kProbeTimeout) == Liveness::kListening) {
+            reachable_.insert(inc);
+          }
+        }
+      }
       last_ = *r;
       last_.detect_time = detect_time_;
       last_.agree_time = agree_time;

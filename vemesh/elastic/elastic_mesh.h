@@ -58,6 +58,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -229,6 +230,9 @@ class ElasticMesh {
   std::unique_ptr<Heartbeat> heartbeat_;
   // The leader's liveness port (quorum_round.h); null if it could not open.
   std::unique_ptr<LivenessListener> liveness_;
+  // The incarnations whose liveness port answered this leader (probed once
+  // after each epoch is built): only their refusal means gone.
+  std::set<uint64_t> reachable_;
   absl::Time step_began_ = absl::Now();  // the last end_step's return
   absl::Duration detect_time_;           // of the verdict that asks recovery
   const std::shared_ptr<std::atomic<int64_t>> current_epoch_;

@@ -13,12 +13,14 @@ constexpr absl::Duration kReprobe = absl::Milliseconds(25);
 
 QuorumRound::QuorumRound(const ControlPlane& control, MembershipRecord failed,
                          int me, uint64_t incarnation,
-                         absl::Duration probe_timeout)
+                         absl::Duration probe_timeout,
+                         std::set<uint64_t> reachable)
     : control_(control),
       failed_(std::move(failed)),
       me_(me),
       incarnation_(incarnation),
-      probe_timeout_(probe_timeout) {}
+      probe_timeout_(probe_timeout),
+      reachable_(std::move(reachable)) {}
 
 absl::Status QuorumRound::Post() {
   return control_.store()->set(control_.AliveKey(failed_.epoch, me_),
@@ -52,7 +54,7 @@ absl::StatusOr<std::optional<std::vector<int>>> QuorumRound::Poll() {
     }
     const Liveness v =
         where.ok() ? ProbeLiveness(*where, probe_timeout_) : Liveness::kUnknown;
-    if (v == Liveness::kGone) {
+    if (v == Liveness::kGone && reachable_.count(inc) != 0) {
       gone_.insert(id);
       continue;
     }

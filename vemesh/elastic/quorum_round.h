@@ -12,7 +12,8 @@
 // out by the round itself, and every leader proposes by compare-and-set on
 // the one record: one proposal wins, the others read it.
 //
-//   QuorumRound round(control, rec, me, incarnation, absl::Milliseconds(20));
+//   QuorumRound round(control, rec, me, incarnation, absl::Milliseconds(20),
+//                     /*reachable=*/{0x1f, 0x2a});
 //   if (absl::Status s = round.Post(); !s.ok()) return s;
 //   auto alive = round.Poll();   // nullopt while a member is silent
 //   if (alive.ok() && alive->has_value()) { /* propose NextEpoch(**alive) */ }
@@ -36,8 +37,12 @@ namespace vemesh {
 class QuorumRound {
  public:
   // `failed`: the record of the epoch that failed (this replica a member).
+  // `reachable`: the incarnations whose port this replica has seen answer;
+  // a refused port counts as gone only for them (an address that never
+  // answered may be wrong from here, e.g. another host's loopback).
   QuorumRound(const ControlPlane& control, MembershipRecord failed, int me,
-              uint64_t incarnation, absl::Duration probe_timeout);
+              uint64_t incarnation, absl::Duration probe_timeout,
+              std::set<uint64_t> reachable);
 
   // Posts this replica's "alive after epoch E".
   absl::Status Post();
@@ -53,6 +58,7 @@ class QuorumRound {
   const int me_;
   const uint64_t incarnation_;
   const absl::Duration probe_timeout_;
+  const std::set<uint64_t> reachable_;
   std::set<int> gone_;
   // When each silent member's port last answered: probed again only after
   // kReprobe (a stopped process's backlog is not to be filled).
