@@ -8,6 +8,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -264,6 +265,7 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
   el.op_timeout = settings.op_timeout;
   el.recovery_timeout = settings.recovery_timeout;
   el.fingerprint_every = settings.fingerprint_every;
+  el.data_plane_detection = !settings.lease_detection;
   // What a joiner must share with the job (the mesh is added by vemesh):
   // a replica with another model, batch or optimizer is refused.
   const TrainOptions& o = plan0.options;
@@ -359,6 +361,8 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
   std::vector<Matrix> before_step = Save(params);
   std::vector<Matrix> before_previous = before_step;
   int recoveries = 0;
+  // The last recovery's record, printed once its first step commits.
+  std::optional<vemesh::Recovery> record;
   // The round after the last step trains nothing: its end_step makes sure
   // every replica committed that step too (one that failed it sends all
   // into recovery, and the last step is trained again).
@@ -389,6 +393,21 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
     auto verdict = elastic->end_step(loss.status());
     if (!verdict.ok()) {
       return Fail(replica, launch_rank, "elastic", verdict.status());
+    }
+    if (verdict->committed && record.has_value() && !send_state) {
+      if (leader) {
+        std::printf(
+            "recovery: detect %.1f ms, agree %.1f ms, rebuild %.1f ms, state "
+            "%.1f ms; first good step %lld at=%lld\n",
+            absl::ToDoubleMilliseconds(record->detect_time),
+            absl::ToDoubleMilliseconds(record->agree_time),
+            absl::ToDoubleMilliseconds(record->build_time),
+            absl::ToDoubleMilliseconds(record->state_time),
+            static_cast<long long>(step + (finishing ? 0 : 1)),
+            static_cast<long long>(absl::ToUnixMillis(absl::Now())));
+        std::fflush(stdout);
+      }
+      record.reset();
     }
     if (verdict->committed && finishing) {
       if (!verdict->recover) break;
@@ -439,6 +458,7 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
     ++recoveries;
     // The library loaded the members' state where this replica lacked it
     // or was one step ahead: resume where they are.
+    record = *r;
     step = r->resume_step;
     losses.erase(losses.lower_bound(step), losses.end());
     before_step = Save(params);
@@ -456,6 +476,19 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
   // Verdicts: the curve this replica trained against the serial one, the
   // parameters against every other replica's, the communicators against
   // the count after start.
+  // The parameters first, while the replicas are still in step: the serial
+  // reference below takes each one a different time, which must not run a
+  // DP operation past its timeout.
+  int64_t digest[2] = {Digest(params), -Digest(params)};
+  auto dp_group = VESCALE_DEVICE_MESH.get_data_parallel_dim_groups();
+  bool identical = false;
+  if (dp_group.ok() &&
+      (*dp_group)
+          ->all_reduce(digest, digest, 2, vemesh::DataType::kInt64,
+                       vemesh::ReduceOp::kMax)
+          .ok()) {
+    identical = digest[0] == -digest[1];
+  }
   absl::StatusOr<std::vector<double>> serial_or = SerialLosses(plan0);
   if (!serial_or.ok()) {
     return Fail(replica, launch_rank, "serial", serial_or.status());
@@ -470,16 +503,6 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
       worst = rel;
       worst_step = s;
     }
-  }
-  int64_t digest[2] = {Digest(params), -Digest(params)};
-  auto dp_group = VESCALE_DEVICE_MESH.get_data_parallel_dim_groups();
-  bool identical = false;
-  if (dp_group.ok() &&
-      (*dp_group)
-          ->all_reduce(digest, digest, 2, vemesh::DataType::kInt64,
-                       vemesh::ReduceOp::kMax)
-          .ok()) {
-    identical = digest[0] == -digest[1];
   }
   const int64_t communicators = vemesh::LiveCommunicatorCount();
   const bool pass = worst < plan0.options.tolerance && !losses.empty() &&

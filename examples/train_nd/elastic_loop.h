@@ -53,8 +53,18 @@ struct ElasticSettings {
   absl::Duration pace = absl::ZeroDuration();
   // ElasticOptions::fingerprint_every.
   int fingerprint_every = 0;
+  // Leases alone detect a lost replica (ElasticOptions.data_plane_detection
+  // off): the baseline of bench/elastic_kill.py.
+  bool lease_detection = false;
 };
 
+// After each recovery, the replica's rank 0 prints its record once the first
+// step after it commits:
+//   recovery: detect D ms, agree A ms, rebuild R ms, state S ms; first good
+//   step K at=UNIX_MS
+// (one line; S is the state broadcast to the joiners, 0 if none; K the
+// committed step count; UNIX_MS the wall clock when it committed).
+//
 // Returns the process exit code: 0 PASS, 1 FAIL or error, 3 evicted.
 int RunElastic(const TrainPlan& plan, const ElasticSettings& settings,
                int launch_rank);

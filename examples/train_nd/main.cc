@@ -104,6 +104,9 @@ ABSL_FLAG(int, recovery_timeout_ms, 60000,
           "after its form timeout), retries included");
 ABSL_FLAG(std::string, job, "train_nd",
           "elastic: the job's name in the control plane");
+ABSL_FLAG(bool, lease_detection, false,
+          "elastic: survivors learn of a lost replica from its lease alone "
+          "(the way before the quorum round; a benchmark's baseline)");
 ABSL_FLAG(int, pace_ms, 0,
           "elastic: each step lasts at least this long (demos, fault tests)");
 ABSL_FLAG(std::string, checkpoint_dir, kDefaults.checkpoint_dir,
@@ -527,6 +530,7 @@ int Run() {
     e.fault = absl::GetFlag(FLAGS_fault);
     e.fingerprint_every = absl::GetFlag(FLAGS_fingerprint_every);
     e.pace = absl::Milliseconds(absl::GetFlag(FLAGS_pace_ms));
+    e.lease_detection = absl::GetFlag(FLAGS_lease_detection);
     return RunElastic(*plan, e, world_rank);
   }
 

@@ -157,6 +157,8 @@ case $scenario in
     for k in 0 2; do
       expect_pass r$k 2 $k
       expect_line r$k "^membership: epoch 2, DP=2 \[0, 2\].*resume at step 1[01]"
+      # The recovery record (issue 28), once its first step committed.
+      expect_line r$k "^recovery: detect [0-9.]+ ms, agree [0-9.]+ ms, rebuild [0-9.]+ ms, state [0-9.]+ ms; first good step 1[12] at=[0-9]{13}$"
     done
     expect_dead r1 1 ;;
   build_kill)

@@ -68,6 +68,14 @@ std::string ControlPlane::GroupPrefix(int64_t epoch, int pos) const {
   return absl::StrCat(root_, "epoch/", epoch, "/dp/", pos);
 }
 
+std::string ControlPlane::ProbeKey(int replica, uint64_t incarnation) const {
+  return absl::StrCat(root_, "probe/", replica, "/", absl::Hex(incarnation));
+}
+
+std::string ControlPlane::AliveKey(int64_t epoch, int replica) const {
+  return absl::StrCat(root_, "epoch/", epoch, "/alive/", replica);
+}
+
 absl::StatusOr<bool> ControlPlane::Alive(int replica,
                                          uint64_t incarnation) const {
   for (int r = 0; r < ranks_per_replica_; ++r) {

@@ -9,6 +9,9 @@
 //                         founder and compared by every joiner
 //   hb/REPLICA/INC/RANK   a lease per rank of a replica's incarnation INC
 //                         (membership.h): its heartbeat
+//   probe/REPLICA/INC     HOST:PORT of the incarnation's liveness port
+//   epoch/E/alive/REPLICA the incarnation of a replica that reached the
+//                         recovery after epoch E (the quorum round)
 //   epoch/E/dp/POS/...    the rendezvous of epoch E's DP group at inner
 //                         position POS (Gloo's keys)
 //
@@ -81,6 +84,11 @@ class ControlPlane {
   std::string LeaseKey(int replica, uint64_t incarnation, int rank) const;
   // The key prefix of epoch `epoch`'s DP group at inner position `pos`.
   std::string GroupPrefix(int64_t epoch, int pos) const;
+  // Where a replica's incarnation advertises its liveness port
+  // (liveness_probe.h), and where its leader posts "alive after epoch E"
+  // (quorum_round.h).
+  std::string ProbeKey(int replica, uint64_t incarnation) const;
+  std::string AliveKey(int64_t epoch, int replica) const;
   const std::shared_ptr<Store>& store() const { return store_; }
 
  private:

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "vemesh/bootstrap/launch.h"
 #include "vemesh/comm/gloo/gloo_communicator.h"
+#include "vemesh/elastic/quorum_round.h"
 #include "vemesh/rendezvous/redis/redis_store.h"
 
 namespace vemesh {
@@ -23,6 +24,13 @@ constexpr int64_t kNoState = std::numeric_limits<int64_t>::max();
 constexpr int kMaxEpochAttempts = 64;
 // How often a waiting leader reads the record again.
 constexpr absl::Duration kPollPeriod = absl::Milliseconds(5);
+// How long a quorum round waits for a silent member's port to answer.
+constexpr absl::Duration kProbeTimeout = absl::Milliseconds(20);
+// How often a quorum round reads the posts (each read is one get per
+// member): at first every millisecond, the normal period after
+// kQuorumFastFor (a silent member then waits for its lease anyway).
+constexpr absl::Duration kQuorumPollPeriod = absl::Milliseconds(1);
+constexpr absl::Duration kQuorumFastFor = absl::Milliseconds(50);
 
 bool IsRetryable(const absl::Status& s) {
   return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) ||
@@ -309,6 +317,18 @@ absl::StatusOr<std::unique_ptr<ElasticMesh>> ElasticMesh::Create(
         options.store, "'"));
   }
 
+  // The leader's liveness port, advertised for this incarnation: the others'
+  // quorum rounds tell a killed replica by it (without it, leases decide).
+  if (el->inner_rank_ == 0 && options.data_plane_detection) {
+    auto listener = LivenessListener::Start(el->gloo_host_);
+    if (listener.ok() &&
+        el->control_->store()
+            ->set(el->control_->ProbeKey(options.replica, el->incarnation_),
+                  (*listener)->address())
+            .ok()) {
+      el->liveness_ = *std::move(listener);
+    }
+  }
   auto record = el->ShareRecord(
       el->inner_rank_ == 0
           ? el->Join()
@@ -508,6 +528,9 @@ absl::StatusOr<MembershipRecord> ElasticMesh::ChooseEpoch(int64_t failed,
   // (and a little) for the store to tell the dead from the living before
   // re-forming the same members.
   const absl::Time settle = absl::Now() + options_.heartbeat_ttl * 3 / 2;
+  // The quorum round over the failed epoch's members (data_plane_detection).
+  std::optional<QuorumRound> round;
+  const absl::Time round_start = absl::Now();
   while (absl::Now() < deadline) {
     auto now = control_->Read();
     if (!now.ok()) return now.status();
@@ -535,6 +558,35 @@ absl::StatusOr<MembershipRecord> ElasticMesh::ChooseEpoch(int64_t failed,
         !rec.admits(options_.replica, incarnation_)) {
       return rec;
     }
+    if (options_.data_plane_detection && rec.epoch == failed &&
+        rec.admits(options_.replica, incarnation_)) {
+      if (!round.has_value()) {
+        round.emplace(*control_, rec, options_.replica, incarnation_,
+                      kProbeTimeout, reachable_);
+        if (absl::Status s = round->Post(); !s.ok()) return s;
+      }
+      auto posted = round->Poll();
+      if (!posted.ok()) return posted.status();
+      if (posted->has_value()) {
+        // Every member posted or is gone: the next epoch is those that
+        // posted, with the joiners that are alive.
+        auto joiners = control_->AliveOf(rec, rec.pending);
+        if (!joiners.ok()) return joiners.status();
+        const MembershipRecord next =
+            NextEpoch(rec, **posted, *joiners, Without(rec.pending, *joiners));
+        if (static_cast<int>(next.members.size()) < options_.min_replicas) {
+          return absl::UnavailableError(
+              absl::StrCat("only ", next.members.size(), " replica(s) alive [",
+                           absl::StrJoin(next.members, ", "), "] after ",
+                           MembershipText(rec), ": min_replicas is ",
+                           options_.min_replicas));
+        }
+        if (auto t = control_->Transition(*now, next); !t.ok()) {
+          return t.status();
+        }
+        continue;  // read what won
+      }
+    }
     auto alive = control_->AliveOf(rec, rec.members);
     if (!alive.ok()) return alive.status();
     // This launch proposes: it counts itself alive even if a renewal of its
@@ -560,7 +612,10 @@ absl::StatusOr<MembershipRecord> ElasticMesh::ChooseEpoch(int64_t failed,
       }
       continue;  // read what won
     }
-    absl::SleepFor(kPollPeriod);
+    absl::SleepFor(round.has_value() &&
+                           absl::Now() - round_start < kQuorumFastFor
+                       ? kQuorumPollPeriod
+                       : kPollPeriod);
   }
   return absl::DeadlineExceededError(
       absl::StrCat("no epoch after ", failed,
@@ -786,7 +841,22 @@ absl::StatusOr<Recovery> ElasticMesh::Rebuild(
     }
     if (r.ok()) {
       Remember(record);
+      if (inner_rank_ == 0 && options_.data_plane_detection) {
+        // Which members' ports answer from here (a port that never did
+        // may be an address wrong from this host: its refusal proves
+        // nothing).
+        for (int id : record.members) {
+          const uint64_t inc = record.incarnation_of(id);
+          if (id == options_.replica || reachable_.count(inc) != 0) continue;
+          auto where = control_->store()->get(control_->ProbeKey(id, inc));
+          if (where.ok() &&
+              ProbeLiveness(*where, kProbeTimeout) == Liveness::kListening) {
+            reachable_.insert(inc);
+          }
+        }
+      }
       last_ = *r;
+      last_.detect_time = detect_time_;
       last_.agree_time = agree_time;
       last_.build_time = build_time;
       return last_;
@@ -907,6 +977,9 @@ absl::StatusOr<StepVerdict> ElasticMesh::end_step(
     if (absl::IsDataLoss(s) || (!s.ok() && !IsRetryable(s))) return s;
     if (!s.ok()) v.recover = true;
   }
+  const absl::Time now = absl::Now();
+  if (v.recover) detect_time_ = now - step_began_;
+  step_began_ = now;
   return v;
 }
 
@@ -981,7 +1054,10 @@ absl::StatusOr<Recovery> ElasticMesh::recover(int64_t committed_steps) {
   }
   const int64_t failed = epoch();
   RetireEpoch();
-  return Rebuild(failed, std::nullopt, committed_steps);
+  auto r = Rebuild(failed, std::nullopt, committed_steps);
+  detect_time_ = absl::ZeroDuration();
+  step_began_ = absl::Now();
+  return r;
 }
 
 }  // namespace vemesh

@@ -79,6 +79,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -88,6 +89,7 @@
 #include "vemesh/elastic/control_plane.h"
 #include "vemesh/elastic/epoch_communicator.h"
 #include "vemesh/elastic/replica_state.h"
+#include "vemesh/elastic/liveness_probe.h"
 #include "vemesh/mesh/device_mesh.h"
 #include "vemesh/rendezvous/store.h"
 
@@ -132,6 +134,14 @@ struct ElasticOptions {
   // replicas' state fingerprints every this many committed steps of an
   // epoch (0: only after each membership change).
   int fingerprint_every = 0;
+  // After a failed step, the survivors agree on the next epoch in a quorum
+  // round (quorum_round.h): each replica's leader posts that it is alive,
+  // a silent member is probed on its liveness port, and the epoch forms
+  // as soon as every member has posted or is gone, milliseconds after the
+  // loss instead of one lease TTL. false: leases alone decide (the way
+  // before; a benchmark's baseline). Either way a replica that is stopped
+  // or hung but still has its port open is decided by its lease.
+  bool data_plane_detection = true;
   // Fault injection for tests: called at named points ("establish").
   std::function<void(const char* point)> fault_hook;
 };
@@ -160,8 +170,12 @@ struct Recovery {
   bool receives_state = false;
   // The DP rank to send the state from (the lowest that holds it).
   int state_root = 0;
-  // Where recover() spent its time: agreeing on the epoch (waiting out a
-  // dead replica's lease included), and building its groups.
+  // The recovery record. detect: the failed step, from its start (the
+  // previous end_step's return) to the verdict that sent this rank into
+  // recovery (the data plane's error included). agree: the epoch agreed
+  // (the quorum round, or waiting out a dead replica's lease). build: its
+  // groups built. state: state_time below.
+  absl::Duration detect_time;
   absl::Duration agree_time;
   absl::Duration build_time;
   // With state registered: the time spent sending it to the replicas that
@@ -265,6 +279,13 @@ class ElasticMesh {
   int inner_size_ = 1;
   std::unique_ptr<ControlPlane> control_;
   std::unique_ptr<Heartbeat> heartbeat_;
+  // The leader's liveness port (quorum_round.h); null if it could not open.
+  std::unique_ptr<LivenessListener> liveness_;
+  // The incarnations whose liveness port answered this leader (probed once
+  // after each epoch is built): only their refusal means gone.
+  std::set<uint64_t> reachable_;
+  absl::Time step_began_ = absl::Now();  // the last end_step's return
+  absl::Duration detect_time_;           // of the verdict that asks recovery
   const std::shared_ptr<std::atomic<int64_t>> current_epoch_;
   std::vector<std::shared_ptr<EpochCommunicator>> epoch_comms_;
   std::shared_ptr<EpochCommunicator> dp_;

@@ -1,0 +1,127 @@
+// The quorum round's parts (issue 28): the liveness port tells a process
+// that is gone from one that lives, and the round decides only once every
+// member has posted or is gone.
+
+#include "vemesh/elastic/quorum_round.h"
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "vemesh/elastic/control_plane.h"
+#include "vemesh/elastic/liveness_probe.h"
+#include "vemesh/rendezvous/memory_store.h"
+
+namespace vemesh {
+namespace {
+
+using ::testing::ElementsAre;
+
+TEST(LivenessProbeTest, ListeningWhileTheListenerLivesGoneAfter) {
+  auto l = LivenessListener::Start("127.0.0.1");
+  ASSERT_TRUE(l.ok()) << l.status();
+  const std::string where = (*l)->address();
+  for (int i = 0; i < 300; ++i) {  // more than the backlog: it is drained
+    ASSERT_EQ(ProbeLiveness(where, absl::Milliseconds(200)),
+              Liveness::kListening);
+  }
+  l->reset();
+  EXPECT_EQ(ProbeLiveness(where, absl::Milliseconds(200)), Liveness::kGone);
+}
+
+TEST(LivenessProbeTest, BadAddressesAreUnknown) {
+  EXPECT_EQ(ProbeLiveness("no-port", absl::Milliseconds(10)),
+            Liveness::kUnknown);
+  EXPECT_EQ(ProbeLiveness("127.0.0.1:99999", absl::Milliseconds(10)),
+            Liveness::kUnknown);
+  EXPECT_FALSE(LivenessListener::Start("not an address!").ok());
+}
+
+class QuorumRoundTest : public ::testing::Test {
+ protected:
+  QuorumRoundTest() : cp_(store_, "job", 1) {
+    rec_.epoch = 4;
+    rec_.members = {0, 1, 2};
+    rec_.incarnations = {{0, 0xa}, {1, 0xb}, {2, 0xc}};
+  }
+  // Replica `id` listens and advertises its port.
+  std::unique_ptr<LivenessListener> Listen(int id) {
+    auto l = LivenessListener::Start("127.0.0.1");
+    EXPECT_TRUE(l.ok()) << l.status();
+    EXPECT_TRUE(
+        store_->set(cp_.ProbeKey(id, rec_.incarnation_of(id)), (*l)->address())
+            .ok());
+    return *std::move(l);
+  }
+  std::shared_ptr<MemoryStore> store_ = std::make_shared<MemoryStore>();
+  ControlPlane cp_;
+  MembershipRecord rec_;
+};
+
+TEST_F(QuorumRoundTest, DecidesOnceEveryMemberPostedOrIsGone) {
+  auto l2 = Listen(2);
+  QuorumRound r0(cp_, rec_, 0, 0xa, absl::Milliseconds(50), {0xa, 0xb, 0xc});
+  QuorumRound r1(cp_, rec_, 1, 0xb, absl::Milliseconds(50), {0xa, 0xb, 0xc});
+  ASSERT_TRUE(r0.Post().ok());
+  // Replica 1 has no port advertised and has not posted: silent.
+  auto p = r0.Poll();
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_FALSE(p->has_value());
+  ASSERT_TRUE(r1.Post().ok());
+  // Replica 2 is silent but alive (stopped, slow): waited for.
+  p = r0.Poll();
+  ASSERT_TRUE(p.ok());
+  EXPECT_FALSE(p->has_value());
+  // Killed: its port refuses; the round is decided without it.
+  l2.reset();
+  absl::SleepFor(absl::Milliseconds(30));  // past the re-probe period
+  p = r0.Poll();
+  ASSERT_TRUE(p.ok());
+  ASSERT_TRUE(p->has_value());
+  EXPECT_THAT(**p, ElementsAre(0, 1));
+  EXPECT_THAT(r0.gone(), ElementsAre(2));
+}
+
+TEST_F(QuorumRoundTest, ARefusedPortThatNeverAnsweredIsNotGone) {
+  { auto l2 = Listen(2); }  // advertised, never seen answering, now closed
+  QuorumRound r0(cp_, rec_, 0, 0xa, absl::Milliseconds(50), {0xb});
+  ASSERT_TRUE(r0.Post().ok());
+  QuorumRound r1(cp_, rec_, 1, 0xb, absl::Milliseconds(50), {});
+  ASSERT_TRUE(r1.Post().ok());
+  auto p = r0.Poll();
+  ASSERT_TRUE(p.ok());
+  EXPECT_FALSE(p->has_value());  // the lease decides for replica 2
+}
+
+TEST_F(QuorumRoundTest, EveryMemberPostedKeepsThemAll) {
+  for (int id : {0, 1, 2}) {
+    QuorumRound r(cp_, rec_, id, rec_.incarnation_of(id),
+                  absl::Milliseconds(50), {0xa, 0xb, 0xc});
+    ASSERT_TRUE(r.Post().ok());
+  }
+  QuorumRound r(cp_, rec_, 0, 0xa, absl::Milliseconds(50), {0xa, 0xb, 0xc});
+  auto p = r.Poll();
+  ASSERT_TRUE(p.ok());
+  ASSERT_TRUE(p->has_value());
+  EXPECT_THAT(**p, ElementsAre(0, 1, 2));
+}
+
+TEST_F(QuorumRoundTest, APostOfAnotherIncarnationDoesNotCount) {
+  auto l1 = Listen(1);
+  auto l2 = Listen(2);
+  QuorumRound r0(cp_, rec_, 0, 0xa, absl::Milliseconds(50), {0xa, 0xb, 0xc});
+  ASSERT_TRUE(r0.Post().ok());
+  QuorumRound old1(cp_, rec_, 1, 0xbad, absl::Milliseconds(50),
+                   {0xa, 0xb, 0xc});
+  ASSERT_TRUE(old1.Post().ok());  // a relaunch of replica 1, not the member
+  QuorumRound r2(cp_, rec_, 2, 0xc, absl::Milliseconds(50), {0xa, 0xb, 0xc});
+  ASSERT_TRUE(r2.Post().ok());
+  auto p = r0.Poll();
+  ASSERT_TRUE(p.ok());
+  EXPECT_FALSE(p->has_value());  // member 1 (0xb) is silent and listening
+}
+
+}  // namespace
+}  // namespace vemesh
