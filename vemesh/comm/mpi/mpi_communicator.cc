@@ -482,6 +482,8 @@ absl::StatusOr<std::shared_ptr<Communicator>> MpiCommunicator::Shrink(
   if (!status.ok()) return status;
   VEMESH_ASSIGN_OR_RETURN(auto made, Adopt(child, comm_, &ranks_));
   return std::shared_ptr<Communicator>(std::move(made));
+}
+
 absl::StatusOr<std::vector<std::shared_ptr<Communicator>>>
 MpiCommunicator::split_many(absl::Span<const SplitRequest> requests,
                             absl::Time deadline) {
