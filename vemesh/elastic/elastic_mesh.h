@@ -88,8 +88,8 @@
 #include "vemesh/comm/communicator.h"
 #include "vemesh/elastic/control_plane.h"
 #include "vemesh/elastic/epoch_communicator.h"
-#include "vemesh/elastic/replica_state.h"
 #include "vemesh/elastic/liveness_probe.h"
+#include "vemesh/elastic/replica_state.h"
 #include "vemesh/mesh/device_mesh.h"
 #include "vemesh/rendezvous/store.h"
 
