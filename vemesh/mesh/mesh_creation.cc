@@ -260,12 +260,11 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
       if (!member) continue;  // nullptr groups outside the mesh
       std::vector<GlooCommunicator::SubgroupSpec> specs;
       for (int64_t e : dims) {
-        VEMESH_ASSIGN_OR_RETURN(auto spec,
-                                DimGroupSpec(layout, e, world_rank));
+        VEMESH_ASSIGN_OR_RETURN(auto spec, DimGroupSpec(layout, e, world_rank));
         specs.push_back(std::move(spec));
       }
-      VEMESH_ASSIGN_OR_RETURN(
-          auto groups, lazy->subgroups(absl::StrCat("dims", d), specs));
+      VEMESH_ASSIGN_OR_RETURN(auto groups,
+                              lazy->subgroups(absl::StrCat("dims", d), specs));
       for (size_t i = 0; i < dims.size(); ++i) {
         shared->dims[dims[i]] = std::move(groups[i]);
       }
