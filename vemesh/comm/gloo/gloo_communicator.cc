@@ -883,7 +883,7 @@ class LoopSpinner final : public gloo::transport::tcp::Handler {
         return;
       }
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
 
  private:
