@@ -112,6 +112,70 @@ TEST(GlooLazyTest, SubgroupConnectsOnlyItsMembers) {
   for (auto& w : worlds) EXPECT_FALSE(w->connected());
 }
 
+// subgroups(): a 2x2 grid's rows and columns in one store round per rank;
+// each group works, holds one socket per peer, and the world none.
+TEST(GlooLazyTest, SubgroupsConnectAllGroupsInOneRound) {
+  constexpr int n = 4;
+  auto store = std::make_shared<MemoryStore>();
+  std::vector<std::shared_ptr<GlooCommunicator>> worlds(n);
+  for (int r = 0; r < n; ++r) {
+    worlds[r] = *GlooCommunicator::CreateLazy(store, "w", r, n, GlobalRanks(n),
+                                              kTimeout);
+  }
+  const int before = Sockets();
+  std::vector<std::vector<std::shared_ptr<GlooCommunicator>>> groups(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      const int row = r / 2, col = r % 2;
+      std::vector<GlooCommunicator::SubgroupSpec> specs = {
+          {absl::StrCat("row", row), {2 * row, 2 * row + 1}},
+          {absl::StrCat("col", col), {col, col + 2}}};
+      auto g = worlds[r]->subgroups("grid", specs);
+      ASSERT_TRUE(g.ok()) << g.status();
+      ASSERT_EQ(g->size(), 2u);
+      EXPECT_EQ((*g)[0]->rank(), col);
+      EXPECT_EQ((*g)[1]->rank(), row);
+      EXPECT_EQ((*g)[1]->ranks()[1], 100 + col + 2);
+      int64_t across_row = r, across_col = r;
+      EXPECT_TRUE(
+          (*g)[0]
+              ->all_reduce(absl::MakeSpan(&across_row, 1), ReduceOp::kSum)
+              .ok());
+      EXPECT_TRUE(
+          (*g)[1]
+              ->all_reduce(absl::MakeSpan(&across_col, 1), ReduceOp::kSum)
+              .ok());
+      EXPECT_EQ(across_row, 4 * row + 1);
+      EXPECT_EQ(across_col, 2 * col + 2);
+      groups[r] = *std::move(g);
+    });
+  }
+  for (auto& t : threads) t.join();
+  // Four groups of two ranks, one socket per side; the world has none.
+  EXPECT_EQ(Sockets() - before, 8);
+  for (auto& w : worlds) EXPECT_FALSE(w->connected());
+}
+
+// A member of one of the groups never comes: DeadlineExceeded naming it (in
+// its group's rank and global rank), within the Gloo timeout.
+TEST(GlooLazyTest, SubgroupsWithGoneMemberIsDeadlineExceededNamingIt) {
+  const absl::Duration timeout = absl::Seconds(2);
+  auto store = std::make_shared<MemoryStore>();
+  auto w =
+      *GlooCommunicator::CreateLazy(store, "w", 0, 4, GlobalRanks(4), timeout);
+  const absl::Time start = absl::Now();
+  auto g = w->subgroups("dims", {{"a", {0, 3}}, {"b", {2, 0}}});
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << g.status();
+  EXPECT_THAT(g.status().message(), HasSubstr("1 (global rank 103)"));
+  EXPECT_THAT(g.status().message(), HasSubstr("0 (global rank 102)"));
+  EXPECT_LT(absl::Now() - start, timeout + absl::Seconds(3));
+  auto bad = w->subgroups("bad", {{"c", {0, 7}}});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("member 7"));
+}
+
 TEST(GlooLazyTest, SubgroupRejectsBadMembers) {
   auto store = std::make_shared<MemoryStore>();
   auto w =

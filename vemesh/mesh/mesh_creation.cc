@@ -34,26 +34,22 @@ std::string RankListText(const MeshLayout& layout) {
   return absl::StrCat("[", absl::StrJoin(layout.ranks(), ", "), "]");
 }
 
-// The group of dimension `dim` through this rank, connected among its
-// members only (nullptr for a rank outside the mesh). The members follow
-// from the layout every rank agreed on, so no gather is needed.
-absl::StatusOr<std::shared_ptr<Communicator>> DimSubgroup(
-    GlooCommunicator& world, const MeshLayout& layout, int64_t dim,
-    int64_t world_rank, bool member) {
-  if (!member) return std::shared_ptr<Communicator>();
+// The members of dimension `dim`'s group through this rank, in the group's
+// rank order (they follow from the layout every rank agreed on, so no gather
+// is needed), named after the dimension and its first member.
+absl::StatusOr<GlooCommunicator::SubgroupSpec> DimGroupSpec(
+    const MeshLayout& layout, int64_t dim, int64_t world_rank) {
   VEMESH_ASSIGN_OR_RETURN(Coordinate at, layout.coordinate_of(world_rank));
   const int64_t size = layout.dim_size(dim).value_or(0);
-  std::vector<int> members;
-  members.reserve(static_cast<size_t>(size));
+  GlooCommunicator::SubgroupSpec spec;
+  spec.members.reserve(static_cast<size_t>(size));
   for (int64_t i = 0; i < size; ++i) {
     at[dim] = i;
     VEMESH_ASSIGN_OR_RETURN(int64_t r, layout.rank_at(at));
-    members.push_back(static_cast<int>(r));
+    spec.members.push_back(static_cast<int>(r));
   }
-  VEMESH_ASSIGN_OR_RETURN(
-      auto group,
-      world.subgroup(absl::StrCat("dim", dim, "/", members.front()), members));
-  return std::shared_ptr<Communicator>(std::move(group));
+  spec.name = absl::StrCat("dim", dim, "/", spec.members.front());
+  return spec;
 }
 
 }  // namespace
@@ -259,10 +255,18 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
     // A Gloo world not connected yet (env://): each group connects its own
     // members through the store, and the world's pairs are never made.
     auto* lazy = dynamic_cast<GlooCommunicator*>(world.get());
+    // All of them in one store round (GlooCommunicator::subgroups).
     if (lazy != nullptr && !lazy->connected()) {
+      if (!member) continue;  // nullptr groups outside the mesh
+      std::vector<GlooCommunicator::SubgroupSpec> specs;
       for (int64_t e : dims) {
-        VEMESH_ASSIGN_OR_RETURN(
-            shared->dims[e], DimSubgroup(*lazy, layout, e, world_rank, member));
+        VEMESH_ASSIGN_OR_RETURN(auto spec, DimGroupSpec(layout, e, world_rank));
+        specs.push_back(std::move(spec));
+      }
+      VEMESH_ASSIGN_OR_RETURN(auto groups,
+                              lazy->subgroups(absl::StrCat("dims", d), specs));
+      for (size_t i = 0; i < dims.size(); ++i) {
+        shared->dims[dims[i]] = std::move(groups[i]);
       }
       continue;
     }

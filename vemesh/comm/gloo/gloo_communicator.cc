@@ -1,5 +1,9 @@
 #include "vemesh/comm/gloo/gloo_communicator.h"
 
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -25,8 +29,11 @@
 #include "gloo/reduce.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/scatter.h"
+#include "gloo/transport/context.h"
+#include "gloo/transport/device.h"
 #include "gloo/transport/tcp/attr.h"
 #include "gloo/transport/tcp/device.h"
+#include "gloo/transport/tcp/loop.h"
 #include "gloo/transport/unbound_buffer.h"
 #include "vemesh/base/sigpipe.h"
 #include "vemesh/base/status_macros.h"
@@ -825,6 +832,70 @@ absl::Status CheckCreate(const std::shared_ptr<Store>& store, int rank,
   return absl::OkStatus();
 }
 
+// Keeps a tcp device's event loop turning while pairs connect. Idle, Gloo's
+// loop sleeps in epoll_wait for up to 10 ms, and a pair that starts its
+// connect from the caller's thread waits for the loop's next turn (it
+// unregisters its listening socket): about 10 ms per connect, more than the
+// rest of a mesh's creation. An eventfd that is always readable makes the
+// loop turn at once (pausing a few microseconds per turn); the spinner takes
+// itself off the loop from the loop's own thread, which never waits.
+class LoopSpinner final : public gloo::transport::tcp::Handler {
+ public:
+  explicit LoopSpinner(gloo::transport::Device* device)
+      : device_(dynamic_cast<gloo::transport::tcp::Device*>(device)) {
+    if (device_ == nullptr) return;
+    fd_ = eventfd(1, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (fd_ < 0) return;
+    try {
+      device_->registerDescriptor(fd_, EPOLLIN, this);
+      registered_ = true;
+    } catch (const std::exception&) {
+      // Without it connects are only slower.
+    }
+  }
+
+  ~LoopSpinner() override {
+    if (registered_) {
+      std::unique_lock<std::mutex> lock(mu_);
+      stop_ = true;
+      if (!cv_.wait_for(lock, std::chrono::seconds(5), [&] { return off_; })) {
+        lock.unlock();  // the loop is not turning: take it off from here
+        try {
+          device_->unregisterDescriptor(fd_, this);
+        } catch (const std::exception&) {
+        }
+      }
+    }
+    if (fd_ >= 0) close(fd_);
+  }
+
+  // On the loop's thread.
+  void handleEvents(int /*events*/) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_ && !off_) {
+        try {
+          device_->unregisterDescriptor(fd_, this);
+        } catch (const std::exception&) {
+        }
+        off_ = true;
+        cv_.notify_all();  // under the lock: the waiter returns after us
+        return;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+
+ private:
+  gloo::transport::tcp::Device* device_;
+  int fd_ = -1;
+  bool registered_ = false;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;  // under mu_
+  bool off_ = false;   // under mu_
+};
+
 absl::StatusOr<std::shared_ptr<gloo::transport::Device>> MakeDevice(
     absl::string_view hostname) {
   std::shared_ptr<gloo::transport::Device> device;
@@ -973,6 +1044,238 @@ absl::StatusOr<std::shared_ptr<GlooCommunicator>> GlooCommunicator::subgroup(
   return Connect(store_, absl::StrCat(prefix_, "/sub/", name), new_rank,
                  static_cast<int>(members.size()), std::move(global),
                  gloo_timeout_, hostname_, device_);
+}
+
+namespace {
+
+// A gloo::Context put together from a transport context whose pairs were
+// connected by hand (subgroups), as gloo's rendezvous would leave it.
+class AssembledContext final : public gloo::Context {
+ public:
+  AssembledContext(int rank, int size,
+                   std::shared_ptr<gloo::transport::Device> device,
+                   std::shared_ptr<gloo::transport::Context> transport)
+      : gloo::Context(rank, size) {
+    device_ = std::move(device);
+    transportContext_ = std::move(transport);
+  }
+};
+
+void AppendU32(std::string& out, uint32_t v) {
+  char bytes[4];
+  std::memcpy(bytes, &v, 4);
+  out.append(bytes, 4);
+}
+
+bool ReadU32(absl::string_view& in, uint32_t* v) {
+  if (in.size() < 4) return false;
+  std::memcpy(v, in.data(), 4);
+  in.remove_prefix(4);
+  return true;
+}
+
+bool ReadBytes(absl::string_view& in, absl::string_view* out) {
+  uint32_t n = 0;
+  if (!ReadU32(in, &n) || in.size() < n) return false;
+  *out = in.substr(0, n);
+  in.remove_prefix(n);
+  return true;
+}
+
+// In a peer's posted value (groups of: name, then (peer, address) entries),
+// the address its pair of group `name` made for `me`; nullopt if absent.
+std::optional<std::vector<char>> FindAddress(absl::string_view value,
+                                             absl::string_view name,
+                                             uint32_t me) {
+  uint32_t groups = 0;
+  if (!ReadU32(value, &groups)) return std::nullopt;
+  for (uint32_t g = 0; g < groups; ++g) {
+    absl::string_view group;
+    uint32_t entries = 0;
+    if (!ReadBytes(value, &group) || !ReadU32(value, &entries)) break;
+    for (uint32_t e = 0; e < entries; ++e) {
+      uint32_t peer = 0;
+      absl::string_view address;
+      if (!ReadU32(value, &peer) || !ReadBytes(value, &address)) {
+        return std::nullopt;
+      }
+      if (group == name && peer == me) {
+        return std::vector<char>(address.begin(), address.end());
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::shared_ptr<GlooCommunicator>>>
+GlooCommunicator::subgroups(absl::string_view batch,
+                            std::vector<SubgroupSpec> specs) {
+  const std::string what =
+      absl::StrCat("GlooCommunicator::subgroups '", batch, "'");
+  // Each group's rank of this process and global ranks, checked as
+  // subgroup() checks them.
+  std::vector<int> new_rank(specs.size(), -1);
+  std::vector<std::vector<int>> global(specs.size());
+  std::vector<int> peers;  // the union of the groups' other members
+  for (size_t g = 0; g < specs.size(); ++g) {
+    for (size_t i = 0; i < specs[g].members.size(); ++i) {
+      const int m = specs[g].members[i];
+      if (m < 0 || m >= size_) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": group '", specs[g].name, "' member ", m,
+                         " is outside this group of ", size_, " ranks"));
+      }
+      if (m == rank_) {
+        new_rank[g] = static_cast<int>(i);
+      } else {
+        peers.push_back(m);
+      }
+      global[g].push_back(ranks_[m]);
+    }
+    if (new_rank[g] < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": this rank (", rank_, ") is not among the members [",
+          absl::StrJoin(specs[g].members, ", "), "] of group '", specs[g].name,
+          "'"));
+    }
+  }
+  std::sort(peers.begin(), peers.end());
+  peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
+  const std::string key_prefix = absl::StrCat(prefix_, "/fold/", batch, "/");
+  const absl::Time deadline = absl::Now() + gloo_timeout_;
+
+  // (1) Every group's pairs, and their addresses in one value.
+  std::vector<std::shared_ptr<gloo::transport::Context>> transports(
+      specs.size());
+  std::string value;
+  ScopedSigpipeBlock no_sigpipe;  // connecting and the barriers write here
+  VEMESH_RETURN_IF_ERROR(RunGloo(absl::StrCat(what, ": pairs"), [&] {
+    AppendU32(value, static_cast<uint32_t>(specs.size()));
+    for (size_t g = 0; g < specs.size(); ++g) {
+      const int size = static_cast<int>(specs[g].members.size());
+      transports[g] = device_->createContext(new_rank[g], size);
+      transports[g]->setTimeout(absl::ToChronoMilliseconds(gloo_timeout_));
+      AppendU32(value, static_cast<uint32_t>(specs[g].name.size()));
+      value += specs[g].name;
+      AppendU32(value, static_cast<uint32_t>(size - 1));
+      for (int i = 0; i < size; ++i) {
+        if (i == new_rank[g]) continue;
+        const std::vector<char> address =
+            transports[g]->createPair(i)->address().bytes();
+        AppendU32(value, static_cast<uint32_t>(specs[g].members[i]));
+        AppendU32(value, static_cast<uint32_t>(address.size()));
+        value.append(address.data(), address.size());
+      }
+    }
+  }));
+  VEMESH_RETURN_IF_ERROR(store_->set(absl::StrCat(key_prefix, rank_), value));
+
+  // (2) The peers' values, in one wait.
+  std::vector<std::string> keys;
+  keys.reserve(peers.size());
+  for (int p : peers) keys.push_back(absl::StrCat(key_prefix, p));
+  auto values = store_->wait_get(keys, deadline);
+  if (!values.ok()) {
+    if (!absl::IsDeadlineExceeded(values.status())) return values.status();
+    // Name, per group, the members whose value never came.
+    std::vector<std::string> lines;
+    for (size_t g = 0; g < specs.size(); ++g) {
+      std::vector<std::string> missing;
+      for (size_t i = 0; i < specs[g].members.size(); ++i) {
+        const int m = specs[g].members[i];
+        if (m == rank_) continue;
+        if (!store_->get(absl::StrCat(key_prefix, m)).ok()) {
+          missing.push_back(absl::StrCat(i, " (global rank ", ranks_[m], ")"));
+        }
+      }
+      if (missing.empty()) continue;
+      lines.push_back(absl::StrCat("gloo group '", prefix_, "/sub/",
+                                   specs[g].name, "': peer rank(s) ",
+                                   absl::StrJoin(missing, ", ")));
+    }
+    return absl::DeadlineExceededError(
+        absl::StrCat(absl::StrJoin(lines, "; "), " never connected within ",
+                     absl::FormatDuration(gloo_timeout_),
+                     " (gone, or never made this call); rank ", rank_,
+                     " gives up: ", values.status().message()));
+  }
+  auto value_of = [&](int member) -> absl::string_view {
+    const size_t at = static_cast<size_t>(
+        std::lower_bound(peers.begin(), peers.end(), member) - peers.begin());
+    return (*values)[at];
+  };
+
+  // (3) Connect every pair, then one barrier per group (every rank takes
+  // its groups in the same order, so the barriers cannot wait in a cycle):
+  // a TCP connect completes before the peer accepts it, and a rank that
+  // dropped a group at once would close a socket still being accepted.
+  // A pair's connect blocks until its peer reaches the same pair, and each
+  // rank takes its pairs in its own order: one after another, those waits
+  // chain across the job. So every pair connects on a thread of its own
+  // (they share nothing but the device, which is made for many pairs).
+  struct PairConnect {
+    size_t group;
+    int peer;
+    std::vector<char> address;
+    absl::Status status;
+  };
+  LoopSpinner spinner(device_.get());
+  std::vector<PairConnect> connects;
+  for (size_t g = 0; g < specs.size(); ++g) {
+    const int size = static_cast<int>(specs[g].members.size());
+    for (int i = 0; i < size; ++i) {
+      if (i == new_rank[g]) continue;
+      auto address = FindAddress(value_of(specs[g].members[i]), specs[g].name,
+                                 static_cast<uint32_t>(rank_));
+      if (!address.has_value()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, ": member ", specs[g].members[i], " (global rank ",
+            ranks_[specs[g].members[i]], ") posted no address for group '",
+            specs[g].name, "' toward rank ", rank_,
+            " (the members' group lists differ)"));
+      }
+      connects.push_back({g, i, *std::move(address), absl::OkStatus()});
+    }
+  }
+  auto connect = [&](PairConnect& c) {
+    ScopedSigpipeBlock thread_no_sigpipe;
+    c.status = RunGloo(
+        absl::StrCat(what, ": connect group '", specs[c.group].name, "' rank ",
+                     new_rank[c.group], " to ", c.peer),
+        [&] { transports[c.group]->getPair(c.peer)->connect(c.address); });
+  };
+  {
+    std::vector<std::thread> threads;
+    threads.reserve(connects.size());
+    for (size_t k = 1; k < connects.size(); ++k) {
+      threads.emplace_back(connect, std::ref(connects[k]));
+    }
+    if (!connects.empty()) connect(connects[0]);
+    for (std::thread& t : threads) t.join();
+  }
+  for (const PairConnect& c : connects) VEMESH_RETURN_IF_ERROR(c.status);
+  std::vector<std::shared_ptr<GlooCommunicator>> out;
+  out.reserve(specs.size());
+  for (size_t g = 0; g < specs.size(); ++g) {
+    const int size = static_cast<int>(specs[g].members.size());
+    auto context = std::make_shared<AssembledContext>(new_rank[g], size,
+                                                      device_, transports[g]);
+    context->setTimeout(absl::ToChronoMilliseconds(gloo_timeout_));
+    VEMESH_RETURN_IF_ERROR(RunGloo(
+        absl::StrCat(what, ": barrier of group '", specs[g].name, "'"), [&] {
+          gloo::BarrierOptions barrier(
+              std::static_pointer_cast<gloo::Context>(context));
+          barrier.setTag(0);
+          gloo::barrier(barrier);
+        }));
+    out.push_back(std::shared_ptr<GlooCommunicator>(new GlooCommunicator(
+        store_, absl::StrCat(prefix_, "/sub/", specs[g].name), new_rank[g],
+        size, std::move(global[g]), gloo_timeout_, hostname_, device_,
+        std::move(context))));
+  }
+  return out;
 }
 
 absl::StatusOr<std::shared_ptr<Communicator>> GlooCommunicator::split(int color,

@@ -160,6 +160,27 @@ class GlooCommunicator final : public Communicator {
   absl::StatusOr<std::shared_ptr<GlooCommunicator>> subgroup(
       absl::string_view name, std::vector<int> members);
 
+  // Several subgroups in one store round (a mesh's dimension groups):
+  // collective over the union of their members, each of which passes the
+  // groups it is in, with the same `batch` (fresh within this group) on
+  // every rank and, for each group, the same name and members as its other
+  // members. Each rank makes the pairs of all its groups first, posts their
+  // addresses as one value under `<prefix>/fold/<batch>/<rank>`, reads its
+  // groups' peers' values in one wait, then connects every pair and ends
+  // with one barrier per group in `specs` order. The groups are as
+  // subgroup()'s (prefixes `<prefix>/sub/<name>`), in `specs` order; a
+  // member that never posts is DeadlineExceeded naming it in each of its
+  // groups.
+  //
+  //   auto groups = world->subgroups("dims", {{"dim0/0", {0, 1}},
+  //                                           {"dim1/0", {0, 2}}});
+  struct SubgroupSpec {
+    std::string name;
+    std::vector<int> members;
+  };
+  absl::StatusOr<std::vector<std::shared_ptr<GlooCommunicator>>> subgroups(
+      absl::string_view batch, std::vector<SubgroupSpec> specs);
+
   // Whether the pairs are connected (false for a CreateLazy world not used
   // yet).
   bool connected() const { return connected_.load(); }
