@@ -254,9 +254,9 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
     }
     // A Gloo world not connected yet (env://): each group connects its own
     // members through the store, and the world's pairs are never made.
-    auto* lazy = dynamic_cast<GlooCommunicator*>(world.get());
     // All of them in one store round (GlooCommunicator::subgroups).
-    if (lazy != nullptr && !lazy->connected()) {
+    if (auto* lazy = GlooCommunicator::UnconnectedWorld(world.get());
+        lazy != nullptr) {
       if (!member) continue;  // nullptr groups outside the mesh
       std::vector<GlooCommunicator::SubgroupSpec> specs;
       for (int64_t e : dims) {

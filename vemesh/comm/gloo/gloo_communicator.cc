@@ -1328,4 +1328,9 @@ NativeHandle GlooCommunicator::native_handle() const {
   return NativeHandle{BackendName(Backend::kGloo), context_.get()};
 }
 
+GlooCommunicator* GlooCommunicator::UnconnectedWorld(Communicator* comm) {
+  auto* gloo = dynamic_cast<GlooCommunicator*>(comm);
+  return gloo != nullptr && !gloo->connected() ? gloo : nullptr;
+}
+
 }  // namespace vemesh

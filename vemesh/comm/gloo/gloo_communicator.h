@@ -184,6 +184,10 @@ class GlooCommunicator final : public Communicator {
   // Whether the pairs are connected (false for a CreateLazy world not used
   // yet).
   bool connected() const { return connected_.load(); }
+  // `comm` as a GlooCommunicator whose pairs are not connected yet (a
+  // CreateLazy world), else nullptr. A function of this file rather than a
+  // dynamic_cast at the caller: a build without Gloo has no type info.
+  static GlooCommunicator* UnconnectedWorld(Communicator* comm);
 
   // Drops queued operations and joins the worker (at most the Gloo
   // timeout, when it is blocked inside an operation).

@@ -35,4 +35,16 @@ absl::StatusOr<std::shared_ptr<GlooCommunicator>> GlooCommunicator::subgroup(
                    "': built with VEMESH_WITH_GLOO=OFF"));
 }
 
+absl::StatusOr<std::vector<std::shared_ptr<GlooCommunicator>>>
+GlooCommunicator::subgroups(absl::string_view batch,
+                            std::vector<SubgroupSpec>) {
+  return absl::UnimplementedError(
+      absl::StrCat("GlooCommunicator::subgroups '", batch,
+                   "': built with VEMESH_WITH_GLOO=OFF"));
+}
+
+GlooCommunicator* GlooCommunicator::UnconnectedWorld(Communicator*) {
+  return nullptr;
+}
+
 }  // namespace vemesh
