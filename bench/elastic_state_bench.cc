@@ -8,14 +8,16 @@
 // --replicas - 1 founders train, one more replica joins late, and the
 // joiner's sync_state() receives the registered state (one entry of SIZE
 // bytes). Its Recovery::state_time is the figure; the table gives its
-// median as MB/s and as a share of the link, and beside it the parts of
-// the same path timed alone on the same data (median):
+// median as MB/s and as a share of the link. Beside it, in seconds
+// (median), the parts of the same path timed alone on the same data:
 //
-//   copy    state_dict's bytes into one buffer (Transfer's serialisation)
-//   fp      ReplicaState::Fingerprint (state_dict + FNV-1a over the bytes),
-//           which sync_state runs on every rank after the transfer
-//   bcast   one Gloo broadcast of SIZE bytes over the same DP group, run
-//           right after the transfer (the wire part alone)
+//   xfer    ReplicaState::Transfer over the same DP group, right after the
+//           join (serialisation copy, Gloo broadcast, load)
+//   cmp     ReplicaState::CompareFingerprints over it, which sync_state
+//           runs after the transfer on every rank
+//   bcast   one plain Gloo broadcast of SIZE bytes (the wire part alone)
+//   copy    state_dict's bytes appended into one buffer, one thread
+//   fp      ReplicaState::Fingerprint (state_dict + FNV-1a), one thread
 //
 //   build/bench/elastic_state_bench                       # 64, 256 MiB
 //   build/bench/elastic_state_bench --sizes_mib=1 --runs=1 --link_runs=1
@@ -155,6 +157,8 @@ struct JobResult {
   absl::Status status;
   double state_s = 0;  // the joiner's Recovery::state_time
   double bcast_s = 0;  // one plain Gloo broadcast of the same size
+  double xfer_s = 0;   // ReplicaState::Transfer alone
+  double cmp_s = 0;    // ReplicaState::CompareFingerprints alone
 };
 
 // One job: founders 0 .. replicas-2, then replica `replicas - 1` joins.
@@ -165,6 +169,8 @@ JobResult RunJob(int job, int replicas, size_t bytes) {
   std::atomic<bool> go_join{false};
   std::vector<absl::Status> status(replicas);
   std::vector<double> bcast(replicas, 0.0);
+  std::vector<double> xfer(replicas, 0.0);
+  std::vector<double> cmp(replicas, 0.0);
   double state_s = 0;
 
   auto run = [&](int k) {
@@ -234,6 +240,25 @@ JobResult RunJob(int job, int replicas, size_t bytes) {
         const absl::Time start = absl::Now();
         s = (*dp)->broadcast(st.data.data(), bytes, DataType::kUInt8, 0);
         bcast[k] = absl::ToDoubleSeconds(absl::Now() - start);
+        // The two halves of sync_state alone, through the same public
+        // calls: ReplicaState::Transfer, then CompareFingerprints.
+        ReplicaState rs;
+        if (s.ok()) {
+          s = rs.Register(
+              "model", [&]() -> absl::StatusOr<std::string> { return st.data; },
+              [&](absl::string_view b) {
+                std::memcpy(st.data.data(), b.data(), b.size());
+                return absl::OkStatus();
+              });
+        }
+        std::vector<int> ids(replicas);
+        for (int i = 0; i < replicas; ++i) ids[i] = i;
+        absl::Time t0 = absl::Now();
+        if (s.ok()) s = rs.Transfer(**dp, 0, k == founders);
+        xfer[k] = absl::ToDoubleSeconds(absl::Now() - t0);
+        t0 = absl::Now();
+        if (s.ok()) s = rs.CompareFingerprints(**dp, ids, "in the bench");
+        cmp[k] = absl::ToDoubleSeconds(absl::Now() - t0);
       }
     }
     if (k == founders) joined = true;
@@ -254,6 +279,8 @@ JobResult RunJob(int job, int replicas, size_t bytes) {
   }
   out.state_s = state_s;
   out.bcast_s = *std::max_element(bcast.begin(), bcast.end());
+  out.xfer_s = *std::max_element(xfer.begin(), xfer.end());
+  out.cmp_s = *std::max_element(cmp.begin(), cmp.end());
   return out;
 }
 
@@ -267,9 +294,9 @@ int Main() {
       "state transfer to one joiner, %d replicas after the join, "
       "one rank each (threads), Gloo over 127.0.0.1\n",
       replicas);
-  std::printf("%8s %10s %10s %10s %7s %10s %10s %10s\n", "MiB", "link MB/s",
-              "state MB/s", "of link", "bcast", "copy MB/s", "fp MB/s",
-              "state s");
+  std::printf("%6s %9s %10s %8s %8s %8s %8s %8s %8s %8s\n", "MiB",
+              "link MB/s", "state MB/s", "of link", "state s", "xfer s",
+              "cmp s", "bcast s", "copy s", "fp s");
   int job = 0;
   for (const std::string& text : absl::GetFlag(FLAGS_sizes_mib)) {
     const size_t mib = std::stoul(text);
@@ -283,7 +310,7 @@ int Main() {
       }
       link_s = std::min(link_s, *t);
     }
-    std::vector<double> state, bc, copy, fp;
+    std::vector<double> state, bc, xf, cm, copy, fp;
     for (int i = 0; i < absl::GetFlag(FLAGS_runs); ++i) {
       JobResult r = RunJob(job++, replicas, bytes);
       if (!r.status.ok()) {
@@ -293,6 +320,8 @@ int Main() {
       }
       state.push_back(r.state_s);
       bc.push_back(r.bcast_s);
+      xf.push_back(r.xfer_s);
+      cm.push_back(r.cmp_s);
       // The parts of the path, alone on the same bytes.
       std::string data(bytes, '\x5a');
       ReplicaState rs;
@@ -310,10 +339,10 @@ int Main() {
       if (!f.ok()) return 1;
     }
     const double st = Median(state);
-    std::printf("%8zu %10.0f %10.0f %9.1f%% %7.0f %10.0f %10.0f %10.3f\n",
-                mib, MBps(bytes, link_s), MBps(bytes, st),
-                100.0 * link_s / st, MBps(bytes, Median(bc)),
-                MBps(bytes, Median(copy)), MBps(bytes, Median(fp)), st);
+    std::printf(
+        "%6zu %9.0f %10.0f %7.1f%% %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f\n", mib,
+        MBps(bytes, link_s), MBps(bytes, st), 100.0 * link_s / st, st,
+        Median(xf), Median(cm), Median(bc), Median(copy), Median(fp));
     std::fflush(stdout);
   }
   return 0;
