@@ -50,8 +50,7 @@
 #include "vemesh/rendezvous/memory_store.h"
 
 ABSL_FLAG(std::vector<std::string>, sizes_mib,
-          std::vector<std::string>({"64", "256"}),
-          "state sizes in MiB");
+          std::vector<std::string>({"64", "256"}), "state sizes in MiB");
 ABSL_FLAG(int, runs, 3, "jobs per size (median)");
 ABSL_FLAG(int, link_runs, 3, "loopback socket runs per size (best)");
 ABSL_FLAG(int, replicas, 2,
@@ -141,8 +140,7 @@ struct State {
         });
     if (!s.ok()) return s;
     return el.register_state_dict_fn(
-        "model",
-        [this]() -> absl::StatusOr<std::string> { return data; },
+        "model", [this]() -> absl::StatusOr<std::string> { return data; },
         [this](absl::string_view b) {
           if (b.size() != data.size()) {
             return absl::InvalidArgumentError("model: wrong size");
@@ -294,9 +292,9 @@ int Main() {
       "state transfer to one joiner, %d replicas after the join, "
       "one rank each (threads), Gloo over 127.0.0.1\n",
       replicas);
-  std::printf("%6s %9s %10s %8s %8s %8s %8s %8s %8s %8s\n", "MiB",
-              "link MB/s", "state MB/s", "of link", "state s", "xfer s",
-              "cmp s", "bcast s", "copy s", "fp s");
+  std::printf("%6s %9s %10s %8s %8s %8s %8s %8s %8s %8s\n", "MiB", "link MB/s",
+              "state MB/s", "of link", "state s", "xfer s", "cmp s", "bcast s",
+              "copy s", "fp s");
   int job = 0;
   for (const std::string& text : absl::GetFlag(FLAGS_sizes_mib)) {
     const size_t mib = std::stoul(text);
