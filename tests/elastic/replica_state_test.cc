@@ -63,6 +63,19 @@ TEST(ReplicaState, RegisterRefusesEmptyNamesAndCallbacks) {
 TEST(ReplicaState, FingerprintIsStableAndSeesEveryByte) {
   EXPECT_EQ(Fingerprint64("abc"), Fingerprint64("abc"));
   EXPECT_NE(Fingerprint64("abc"), Fingerprint64("abd"));
+  // Every bit of a buffer longer than the lanes' 32-byte blocks counts, in
+  // any lane and in the tail; so does the length (trailing zeros).
+  std::string big(1000, '\0');
+  const uint64_t zero = Fingerprint64(big);
+  for (size_t i = 0; i < big.size(); i += 37) {
+    for (int bit = 0; bit < 8; bit += 3) {
+      big[i] = static_cast<char>(1 << bit);
+      EXPECT_NE(Fingerprint64(big), zero) << "byte " << i << " bit " << bit;
+      big[i] = '\0';
+    }
+  }
+  EXPECT_NE(Fingerprint64(big + std::string(1, '\0')), zero);
+  EXPECT_NE(Fingerprint64(big, 1), zero);
   ReplicaState s;
   std::string v = "hello";
   RegisterString(s, "v", &v);

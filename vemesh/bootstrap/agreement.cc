@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "vemesh/base/fnv1a.h"
 #include "vemesh/base/status_macros.h"
 #include "vemesh/comm/communicator.h"
 
@@ -12,14 +13,7 @@ namespace vemesh {
 namespace {
 
 // FNV-1a: the same on every process (absl::Hash is seeded per process).
-uint64_t Fingerprint(absl::string_view bytes) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : bytes) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
+uint64_t Fingerprint(absl::string_view bytes) { return Fnv1a(bytes); }
 
 // Length-prefixed fields, so that no value can fake a separator.
 std::string Serialize(absl::Span<const AgreementField> fields) {

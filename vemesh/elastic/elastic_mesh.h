@@ -39,7 +39,7 @@
 // receiver loaded it: no step commits before. A failed transfer rebuilds the
 // epoch (the receiver stays without state). Then, and every
 // ElasticOptions::fingerprint_every committed steps, the ranks of each DP
-// group compare a 64-bit FNV-1a of their state bytes; a difference is
+// group compare a 64-bit hash (Fingerprint64) of their state bytes; a difference is
 // DataLoss from recover / end_step / sync_state on every rank, naming the
 // replicas and the fingerprints they hold. tests/elastic/doc_loop_test.cc
 // runs this loop through a kill, a relaunch and a corruption. A caller that

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "vemesh/base/fnv1a.h"
 
 namespace vemesh {
 namespace {
@@ -17,11 +18,30 @@ constexpr size_t kChunk = size_t{1} << 28;
 }  // namespace
 
 uint64_t Fingerprint64(absl::string_view bytes, uint64_t seed) {
-  uint64_t h = seed;
-  for (unsigned char c : bytes) {
-    h ^= c;
-    h *= 0x100000001b3ULL;
+  // Four independent lanes so that the multiplies overlap; each word is
+  // folded in and mixed (xor-shift after the multiply), the tail and the
+  // length go through FNV-1a, and a final avalanche spreads every bit.
+  constexpr uint64_t kMul = 0x9e3779b97f4a7c15ULL;
+  uint64_t lane[4] = {
+      seed ^ 0x243f6a8885a308d3ULL, seed ^ 0x13198a2e03707344ULL,
+      seed ^ 0xa4093822299f31d0ULL, seed ^ 0x082efa98ec4e6c89ULL};
+  const char* p = bytes.data();
+  const size_t n = bytes.size();
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    for (int k = 0; k < 4; ++k) {
+      uint64_t w;
+      std::memcpy(&w, p + i + 8 * k, sizeof(w));
+      lane[k] = (lane[k] ^ w) * kMul;
+      lane[k] ^= lane[k] >> 29;
+    }
   }
+  uint64_t h = Fnv1aWord(n, kFnv1aOffset ^ seed);
+  for (uint64_t l : lane) h = (h ^ l) * kMul;
+  h = Fnv1a(bytes.substr(i), h);
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdULL;
+  h ^= h >> 33;
   return h;
 }
 

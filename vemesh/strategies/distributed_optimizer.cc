@@ -5,6 +5,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "vemesh/base/fnv1a.h"
 #include "vemesh/base/status_macros.h"
 #include "vemesh/comm/half.h"
 #include "vemesh/registry/ve_device_mesh.h"
@@ -20,16 +21,10 @@ absl::StatusOr<RoleGroup> CurrentDpGroup() {
 // FNV-1a over the shapes, to compare parameter lists across ranks in one
 // number.
 int64_t ShapeHash(const std::vector<std::pair<int64_t, int64_t>>& shapes) {
-  uint64_t h = 1469598103934665603ull;
-  auto mix = [&h](int64_t v) {
-    for (int i = 0; i < 8; ++i) {
-      h ^= static_cast<uint64_t>(v >> (8 * i)) & 0xff;
-      h *= 1099511628211ull;
-    }
-  };
+  uint64_t h = kFnv1aOffset;
   for (const auto& [rows, cols] : shapes) {
-    mix(rows);
-    mix(cols);
+    h = Fnv1aWord(static_cast<uint64_t>(rows), h);
+    h = Fnv1aWord(static_cast<uint64_t>(cols), h);
   }
   return static_cast<int64_t>(h);
 }

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "vemesh/base/fnv1a.h"
 #include "vemesh/base/status_macros.h"
 #include "vemesh/comm/half.h"
 
@@ -389,24 +390,21 @@ absl::Status CheckLocally(const DeviceMesh& mesh,
   return absl::OkStatus();
 }
 
-// FNV-1a over what is fed to it: the same on every process (absl::Hash is
-// seeded per process, so it cannot be compared across ranks).
+// FNV-1a (base/fnv1a.h) over what is fed to it, lengths included.
 class Fnv {
  public:
   Fnv& Add(absl::string_view bytes) {
-    for (unsigned char c : bytes) h_ = (h_ ^ c) * 0x100000001b3ULL;
+    h_ = Fnv1a(bytes, h_);
     return Add(static_cast<int64_t>(bytes.size()));
   }
   Fnv& Add(int64_t v) {
-    for (int i = 0; i < 8; ++i)
-      h_ = (h_ ^ ((static_cast<uint64_t>(v) >> (8 * i)) & 0xff)) *
-           0x100000001b3ULL;
+    h_ = Fnv1aWord(static_cast<uint64_t>(v), h_);
     return *this;
   }
   uint64_t value() const { return h_; }
 
  private:
-  uint64_t h_ = 0xcbf29ce484222325ULL;
+  uint64_t h_ = kFnv1aOffset;
 };
 
 // What every rank must agree on: the options and every unit's name and

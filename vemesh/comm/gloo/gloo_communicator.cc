@@ -35,6 +35,7 @@
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/tcp/loop.h"
 #include "gloo/transport/unbound_buffer.h"
+#include "vemesh/base/fnv1a.h"
 #include "vemesh/base/sigpipe.h"
 #include "vemesh/base/status_macros.h"
 #include "vemesh/comm/gloo/internal/gloo_error.h"
@@ -331,13 +332,8 @@ struct Summary {
 static_assert(sizeof(Summary) == 32);
 
 uint64_t HashCounts(const std::vector<size_t>& counts) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a over the 64-bit counts
-  for (size_t c : counts) {
-    for (int b = 0; b < 8; ++b) {
-      h = (h ^ ((static_cast<uint64_t>(c) >> (8 * b)) & 0xff)) *
-          1099511628211ull;
-    }
-  }
+  uint64_t h = kFnv1aOffset;  // FNV-1a over the 64-bit counts
+  for (size_t c : counts) h = Fnv1aWord(c, h);
   return h;
 }
 
