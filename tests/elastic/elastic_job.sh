@@ -10,7 +10,8 @@
 # Scenarios: dp_kill tp_kill pp_dp_kill build_kill second_failure sigstop
 # replica_killed rejoin redis_killed soak, and the control plane's
 # (issue 29): redis_restarted redis_restarted_newcomer mismatch rerun
-# below_min replica_stopped. Every process this script starts
+# below_min replica_stopped; HSDP (issue 28): hsdp_kill hsdp_rejoin
+# hsdp_corrupt hsdp_tp_rejoin. Every process this script starts
 # is ended by its PID (mpirun and its ranks, redis-server), never by name,
 # also when an assertion fails.
 set -u
