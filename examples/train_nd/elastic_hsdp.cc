@@ -16,9 +16,9 @@ using vemesh::strategies::Parameter;
 absl::StatusOr<std::unique_ptr<ElasticHsdp>> ElasticHsdp::Create(
     const TrainPlan& plan, ParallelMlpStage* stage) {
   if (plan.dp_replicate == 0 || plan.dp_shard == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--mesh=", plan.options.mesh,
-        ": an elastic HSDP job needs DP_REPLICATE and DP_SHARD"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--mesh=", plan.options.mesh,
+                     ": an elastic HSDP job needs DP_REPLICATE and DP_SHARD"));
   }
   std::unique_ptr<ElasticHsdp> h(new ElasticHsdp(stage));
   for (const std::vector<Parameter*>& unit : stage->layer_parameters()) {
@@ -45,7 +45,8 @@ absl::Status ElasticHsdp::Build(const Shards* carry) {
   shard_ = *s;
   // The replica's own DP_SHARD mesh: Create agrees over it alone, so a
   // rebuild involves no other replica.
-  absl::StatusOr<vemesh::DeviceMesh> shard_mesh = mesh->slice(std::vector<std::string>{"DP_SHARD"});
+  absl::StatusOr<vemesh::DeviceMesh> shard_mesh =
+      mesh->slice(std::vector<std::string>{"DP_SHARD"});
   if (!shard_mesh.ok()) return shard_mesh.status();
   std::vector<vemesh::strategies::FsdpUnit> units;
   std::vector<std::vector<Parameter*>> layers = stage_->layer_parameters();

@@ -72,9 +72,7 @@ class ElasticHsdp {
   const std::shared_ptr<vemesh::Communicator>& replicate() const {
     return replicate_;
   }
-  const std::shared_ptr<vemesh::Communicator>& shard() const {
-    return shard_;
-  }
+  const std::shared_ptr<vemesh::Communicator>& shard() const { return shard_; }
 
  private:
   explicit ElasticHsdp(ParallelMlpStage* stage) : stage_(stage) {}

@@ -240,6 +240,39 @@ class ElasticCheckpoints {
   std::shared_ptr<vemesh::Communicator> replica_world_;
 };
 
+// The whole replicated model as the registered state (DataParallel).
+absl::Status RegisterParameters(vemesh::ElasticMesh& elastic,
+                                ParallelMlpStage* model) {
+  return elastic.register_state_dict_fn(
+      "parameters",
+      [model]() -> absl::StatusOr<std::string> {
+        std::string bytes;
+        for (const Parameter* p : model->parameters()) {
+          bytes.append(reinterpret_cast<const char*>(p->value.data()),
+                       static_cast<size_t>(p->value.size()) * sizeof(double));
+        }
+        return bytes;
+      },
+      [model](absl::string_view bytes) -> absl::Status {
+        size_t total = 0;
+        for (const Parameter* p : model->parameters()) {
+          total += static_cast<size_t>(p->value.size()) * sizeof(double);
+        }
+        if (bytes.size() != total) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "parameters: ", bytes.size(), " bytes, expected ", total));
+        }
+        size_t at = 0;
+        for (Parameter* p : model->parameters()) {
+          const size_t n =
+              static_cast<size_t>(p->value.size()) * sizeof(double);
+          std::memcpy(p->value.data(), bytes.data() + at, n);
+          at += n;
+        }
+        return absl::OkStatus();
+      });
+}
+
 // The plan for an epoch of `replicas` replicas: DP is their number, or
 // under HSDP DP_REPLICATE is, and DP their product with DP_SHARD.
 absl::StatusOr<TrainPlan> EpochPlan(const TrainPlan& plan0, int replicas) {
@@ -358,43 +391,15 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
   ParallelMlpStage* model = stage->get();
   ElasticHsdp* shards = hsdp.get();
   absl::Status registered =
-      shards != nullptr
-          ? elastic->register_state_dict_fn(
-                "parameter_shards",
-                [shards]() -> absl::StatusOr<std::string> {
-                  return shards->State();
-                },
-                [shards](absl::string_view bytes) {
-                  return shards->LoadState(bytes);
-                })
-          : elastic->register_state_dict_fn(
-      "parameters",
-      [model]() -> absl::StatusOr<std::string> {
-        std::string bytes;
-        for (const Parameter* p : model->parameters()) {
-          bytes.append(reinterpret_cast<const char*>(p->value.data()),
-                       static_cast<size_t>(p->value.size()) * sizeof(double));
-        }
-        return bytes;
-      },
-      [model](absl::string_view bytes) -> absl::Status {
-        size_t total = 0;
-        for (const Parameter* p : model->parameters()) {
-          total += static_cast<size_t>(p->value.size()) * sizeof(double);
-        }
-        if (bytes.size() != total) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "parameters: ", bytes.size(), " bytes, expected ", total));
-        }
-        size_t at = 0;
-        for (Parameter* p : model->parameters()) {
-          const size_t n =
-              static_cast<size_t>(p->value.size()) * sizeof(double);
-          std::memcpy(p->value.data(), bytes.data() + at, n);
-          at += n;
-        }
-        return absl::OkStatus();
-      });
+      shards != nullptr ? elastic->register_state_dict_fn(
+                              "parameter_shards",
+                              [shards]() -> absl::StatusOr<std::string> {
+                                return shards->State();
+                              },
+                              [shards](absl::string_view bytes) {
+                                return shards->LoadState(bytes);
+                              })
+                        : RegisterParameters(*elastic, model);
   if (!registered.ok()) {
     return Fail(replica, launch_rank, "elastic", registered);
   }
@@ -427,10 +432,9 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
     if (finishing) {
       loss = 0.0;
     } else if (!send_state && hsdp) {
-      loss = hsdp->Step(*plan, static_cast<int>(step),
-                        [&](const char* where) {
-                          inject(where, static_cast<int>(step));
-                        });
+      loss = hsdp->Step(*plan, static_cast<int>(step), [&](const char* where) {
+        inject(where, static_cast<int>(step));
+      });
       absl::SleepFor(settings.pace - (absl::Now() - step_start));
     } else if (!send_state) {
       loss = Step(*plan, **stage, params, dp, static_cast<int>(step), *fault,
@@ -558,11 +562,11 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
   if (hsdp) {
     // Identical only if every shard is: one verdict for the replica.
     int64_t same = identical ? 1 : 0;
-    identical = hsdp->shard()
-                    ->all_reduce(absl::MakeSpan(&same, 1),
-                                 vemesh::ReduceOp::kMin)
-                    .ok() &&
-                same == 1;
+    identical =
+        hsdp->shard()
+            ->all_reduce(absl::MakeSpan(&same, 1), vemesh::ReduceOp::kMin)
+            .ok() &&
+        same == 1;
   }
   absl::StatusOr<std::vector<double>> serial_or = SerialLosses(plan0);
   if (!serial_or.ok()) {

@@ -179,11 +179,12 @@ absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
     const char* why =
         std::count(mesh->names.begin(), mesh->names.end(), "DP") > 0
             ? "DP as well: DP is their flattening, expected one or the other"
-        : !o.elastic.empty() && plan.dp_replicate == 0
-            ? "--elastic without DP_REPLICATE: an elastic HSDP job grows and "
-              "shrinks DP_REPLICATE, expected DP_REPLICATE=N"
-        : o.zero             ? "--zero: FSDP shards the optimizer already"
-                             : nullptr;
+        : !o.elastic.empty() && (plan.dp_replicate == 0 || plan.dp_shard == 0)
+            ? "--elastic with only one of them: an elastic HSDP job grows and "
+              "shrinks DP_REPLICATE and shards over DP_SHARD, expected both "
+              "(or DP alone)"
+        : o.zero ? "--zero: FSDP shards the optimizer already"
+                 : nullptr;
     if (why != nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--mesh=", o.mesh, " has DP_REPLICATE or DP_SHARD and ", why));

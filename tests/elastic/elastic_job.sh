@@ -361,7 +361,7 @@ case $scenario in
     if [[ $scenario == hsdp_tp_rejoin ]]; then
       mesh=PP=1,DP_REPLICATE=2,DP_SHARD=2,TP=2; n=2; export NP=4
     fi
-    [[ $scenario == hsdp_kill ]] && steps=20 || { steps=100; pace=25; }
+    [[ $scenario == hsdp_kill ]] && steps=20 || { steps=240; pace=25; }
     launch 0 r0; launch 1 r1 --fault 6:dp
     ((n == 3)) && launch 2 r2
     alive=(0); ((n == 3)) && alive=(0 2)

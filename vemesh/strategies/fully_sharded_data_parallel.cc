@@ -800,8 +800,7 @@ absl::Span<const double> FullyShardedDataParallel::local_shard(size_t u) const {
 
 absl::Span<double> FullyShardedDataParallel::mutable_local_shard(size_t u) {
   State::Unit& unit = state_->units.at(u);
-  return absl::MakeSpan(unit.shard.data() + unit.valid_begin,
-                        unit.valid_count);
+  return absl::MakeSpan(unit.shard.data() + unit.valid_begin, unit.valid_count);
 }
 
 absl::Span<const double> FullyShardedDataParallel::local_grad_shard(
