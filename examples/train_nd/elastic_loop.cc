@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "checkpoint_state.h"
+#include "elastic_hsdp.h"
 #include "parallel_mlp_stage.h"
 #include "synthetic_data.h"
 #include "train_step.h"
@@ -75,13 +76,6 @@ std::vector<Matrix> Save(const std::vector<Parameter*>& params) {
   out.reserve(params.size());
   for (const Parameter* p : params) out.push_back(p->value);
   return out;
-}
-
-void Restore(const std::vector<Matrix>& saved,
-             const std::vector<Parameter*>& params) {
-  for (size_t i = 0; i < params.size() && i < saved.size(); ++i) {
-    params[i]->value = saved[i];
-  }
 }
 
 // FNV-1a of every parameter's bytes: equal on two replicas iff their
@@ -246,81 +240,10 @@ class ElasticCheckpoints {
   std::shared_ptr<vemesh::Communicator> replica_world_;
 };
 
-}  // namespace
-
-int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
-               int launch_rank) {
-  const int replica = settings.replica;
-  auto fault = ParseFault(settings.fault);
-  if (!fault.ok()) return Fail(replica, launch_rank, "error", fault.status());
-  const bool leader = launch_rank == 0;
-
-  vemesh::InitOptions init;
-  vemesh::ElasticOptions& el = init.elastic.emplace();
-  el.store = settings.store;
-  el.replica = replica;
-  el.job = settings.job;
-  el.min_replicas = settings.min_replicas;
-  el.heartbeat_ttl = settings.heartbeat_ttl;
-  el.op_timeout = settings.op_timeout;
-  el.recovery_timeout = settings.recovery_timeout;
-  el.fingerprint_every = settings.fingerprint_every;
-  el.data_plane_detection = !settings.lease_detection;
-  // What a joiner must share with the job (the mesh is added by vemesh):
-  // a replica with another model, batch or optimizer is refused.
-  const TrainOptions& o = plan0.options;
-  el.descriptor =
-      absl::StrCat("model=", o.layers, "x", o.hidden, ",in=", o.input_dim,
-                   ",out=", o.output_dim, ";batch=", o.batch,
-                   ";micro_batches=", o.micro_batches,
-                   ";optimizer=", o.optimizer, ";lr=", o.lr, ";seed=", o.seed,
-                   ";schedule=", o.schedule, ";steps=", o.steps);
-  el.fault_hook = [f = *fault, launch_rank](const char* point) {
-    Inject(f, launch_rank, point, -1);
-  };
-  // The epoch-1 mesh is not kept: the registry hands out each epoch's.
-  if (absl::Status s =
-          VESCALE_DEVICE_MESH
-              .init_device_mesh("cpu", plan0.mesh.shape, plan0.mesh.names, init)
-              .status();
-      !s.ok()) {
-    return Fail(replica, launch_rank, "init_device_mesh", s);
-  }
-  vemesh::ElasticMesh* elastic = VESCALE_DEVICE_MESH.elastic();
-  vemesh::Recovery rec = elastic->last_recovery();
-  PrintMembership(leader, rec, replica, "start");
-  auto plan = Replan(plan0, rec.dp_size);
-  if (!plan.ok()) return Fail(replica, launch_rank, "error", plan.status());
-  auto stage = ParallelMlpStage::Create(*plan);
-  if (!stage.ok()) return Fail(replica, launch_rank, "model", stage.status());
-  std::vector<Parameter*> params = (*stage)->parameters();
-  // No overlap: an elastic step puts every DP operation after the
-  // replica's own (see Step), so there is no backward to overlap with.
-  DataParallel dp(
-      {.bucket_elements = static_cast<size_t>(plan0.options.bucket_elements),
-       .overlap = false});
-  // Its communicator (the replica's launch) counts in the baseline below.
-  ElasticCheckpoints checkpoints;
-  if (absl::Status s = checkpoints.Init(*plan); !s.ok()) {
-    return Fail(replica, launch_rank, "checkpoint", s);
-  }
-  const int64_t communicators_at_start = vemesh::LiveCommunicatorCount();
-
-  std::map<int64_t, double> losses;
-  int64_t step = rec.resume_step;
-  if (step == 0 && !rec.receives_state) {
-    absl::StatusOr<int64_t> loaded =
-        checkpoints.MaybeLoad(*plan, **stage, leader);
-    if (!loaded.ok()) {
-      return Fail(replica, launch_rank, "checkpoint", loaded.status());
-    }
-    step = *loaded;
-  }
-  // The library carries the parameters: to a joiner (here, in sync_state,
-  // or in a later recover), and to a replica one step ahead of the others;
-  // it compares their fingerprints after every change.
-  ParallelMlpStage* model = stage->get();
-  absl::Status registered = elastic->register_state_dict_fn(
+// The whole replicated model as the registered state (DataParallel).
+absl::Status RegisterParameters(vemesh::ElasticMesh& elastic,
+                                ParallelMlpStage* model) {
+  return elastic.register_state_dict_fn(
       "parameters",
       [model]() -> absl::StatusOr<std::string> {
         std::string bytes;
@@ -348,6 +271,135 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
         }
         return absl::OkStatus();
       });
+}
+
+// The plan for an epoch of `replicas` replicas: DP is their number, or
+// under HSDP DP_REPLICATE is, and DP their product with DP_SHARD.
+absl::StatusOr<TrainPlan> EpochPlan(const TrainPlan& plan0, int replicas) {
+  if (!plan0.fsdp()) return Replan(plan0, replicas);
+  TrainPlan p = plan0;
+  p.dp_replicate = replicas;
+  return Replan(p, replicas * std::max(plan0.dp_shard, 1));
+}
+
+}  // namespace
+
+int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
+               int launch_rank) {
+  const int replica = settings.replica;
+  auto fault = ParseFault(settings.fault);
+  if (!fault.ok()) return Fail(replica, launch_rank, "error", fault.status());
+  const bool leader = launch_rank == 0;
+
+  vemesh::InitOptions init;
+  vemesh::ElasticOptions& el = init.elastic.emplace();
+  el.store = settings.store;
+  el.replica = replica;
+  el.job = settings.job;
+  el.min_replicas = settings.min_replicas;
+  el.heartbeat_ttl = settings.heartbeat_ttl;
+  el.op_timeout = settings.op_timeout;
+  el.recovery_timeout = settings.recovery_timeout;
+  el.fingerprint_every = settings.fingerprint_every;
+  el.data_plane_detection = !settings.lease_detection;
+  // HSDP: the replicas are DP_REPLICATE's; DP_SHARD lives in each launch.
+  if (plan0.fsdp()) el.replica_dim = "DP_REPLICATE";
+  if (plan0.fsdp() && !plan0.options.checkpoint_dir.empty()) {
+    return Fail(replica, launch_rank, "error",
+                absl::InvalidArgumentError(
+                    "--checkpoint_dir with --elastic and DP_REPLICATE/"
+                    "DP_SHARD: an elastic HSDP job keeps no checkpoints yet"));
+  }
+  // What a joiner must share with the job (the mesh is added by vemesh):
+  // a replica with another model, batch or optimizer is refused.
+  const TrainOptions& o = plan0.options;
+  el.descriptor =
+      absl::StrCat("model=", o.layers, "x", o.hidden, ",in=", o.input_dim,
+                   ",out=", o.output_dim, ";batch=", o.batch,
+                   ";micro_batches=", o.micro_batches,
+                   ";optimizer=", o.optimizer, ";lr=", o.lr, ";seed=", o.seed,
+                   ";schedule=", o.schedule, ";steps=", o.steps);
+  el.fault_hook = [f = *fault, launch_rank](const char* point) {
+    Inject(f, launch_rank, point, -1);
+  };
+  // The epoch-1 mesh is not kept: the registry hands out each epoch's.
+  if (absl::Status s =
+          VESCALE_DEVICE_MESH
+              .init_device_mesh("cpu", plan0.mesh.shape, plan0.mesh.names, init)
+              .status();
+      !s.ok()) {
+    return Fail(replica, launch_rank, "init_device_mesh", s);
+  }
+  vemesh::ElasticMesh* elastic = VESCALE_DEVICE_MESH.elastic();
+  vemesh::Recovery rec = elastic->last_recovery();
+  PrintMembership(leader, rec, replica, "start");
+  auto plan = EpochPlan(plan0, rec.dp_size);
+  if (!plan.ok()) return Fail(replica, launch_rank, "error", plan.status());
+  auto stage = ParallelMlpStage::Create(*plan);
+  if (!stage.ok()) return Fail(replica, launch_rank, "model", stage.status());
+  std::vector<Parameter*> params = (*stage)->parameters();
+  // HSDP: the layers live as shards from here on (params are freed).
+  std::unique_ptr<ElasticHsdp> hsdp;
+  if (plan0.fsdp()) {
+    auto h = ElasticHsdp::Create(*plan, stage->get());
+    if (!h.ok()) return Fail(replica, launch_rank, "fsdp", h.status());
+    hsdp = *std::move(h);
+  }
+  const auto inject = [f = *fault, launch_rank](const char* where, int at) {
+    Inject(f, launch_rank, where, at);
+  };
+  // The replica's state between steps, to roll a failed one back.
+  const auto save = [&]() -> std::vector<std::vector<double>> {
+    if (hsdp) return hsdp->SaveShards();
+    std::vector<std::vector<double>> out;
+    for (const Matrix& m : Save(params)) {
+      out.emplace_back(m.data(), m.data() + m.size());
+    }
+    return out;
+  };
+  const auto restore = [&](const std::vector<std::vector<double>>& saved) {
+    if (hsdp) return hsdp->RestoreShards(saved);
+    for (size_t i = 0; i < params.size() && i < saved.size(); ++i) {
+      std::copy(saved[i].begin(), saved[i].end(), params[i]->value.data());
+    }
+  };
+  // No overlap: an elastic step puts every DP operation after the
+  // replica's own (see Step), so there is no backward to overlap with.
+  DataParallel dp(
+      {.bucket_elements = static_cast<size_t>(plan0.options.bucket_elements),
+       .overlap = false});
+  // Its communicator (the replica's launch) counts in the baseline below.
+  ElasticCheckpoints checkpoints;
+  if (absl::Status s = checkpoints.Init(*plan); !s.ok()) {
+    return Fail(replica, launch_rank, "checkpoint", s);
+  }
+  const int64_t communicators_at_start = vemesh::LiveCommunicatorCount();
+
+  std::map<int64_t, double> losses;
+  int64_t step = rec.resume_step;
+  if (step == 0 && !rec.receives_state) {
+    absl::StatusOr<int64_t> loaded =
+        checkpoints.MaybeLoad(*plan, **stage, leader);
+    if (!loaded.ok()) {
+      return Fail(replica, launch_rank, "checkpoint", loaded.status());
+    }
+    step = *loaded;
+  }
+  // The library carries the parameters: to a joiner (here, in sync_state,
+  // or in a later recover), and to a replica one step ahead of the others;
+  // it compares their fingerprints after every change.
+  ParallelMlpStage* model = stage->get();
+  ElasticHsdp* shards = hsdp.get();
+  absl::Status registered =
+      shards != nullptr ? elastic->register_state_dict_fn(
+                              "parameter_shards",
+                              [shards]() -> absl::StatusOr<std::string> {
+                                return shards->State();
+                              },
+                              [shards](absl::string_view bytes) {
+                                return shards->LoadState(bytes);
+                              })
+                        : RegisterParameters(*elastic, model);
   if (!registered.ok()) {
     return Fail(replica, launch_rank, "elastic", registered);
   }
@@ -358,8 +410,8 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
     return Fail(replica, launch_rank, "elastic", synced);
   }
   bool send_state = !synced.ok();
-  std::vector<Matrix> before_step = Save(params);
-  std::vector<Matrix> before_previous = before_step;
+  std::vector<std::vector<double>> before_step = save();
+  std::vector<std::vector<double>> before_previous = before_step;
   int recoveries = 0;
   // The last recovery's record, printed once its first step commits.
   std::optional<vemesh::Recovery> record;
@@ -376,9 +428,14 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
     absl::StatusOr<double> loss = absl::UnknownError("not run");
     if (send_state) loss = synced;  // the state did not arrive: recover
     before_previous = std::move(before_step);
-    before_step = Save(params);
+    before_step = save();
     if (finishing) {
       loss = 0.0;
+    } else if (!send_state && hsdp) {
+      loss = hsdp->Step(*plan, static_cast<int>(step), [&](const char* where) {
+        inject(where, static_cast<int>(step));
+      });
+      absl::SleepFor(settings.pace - (absl::Now() - step_start));
     } else if (!send_state) {
       loss = Step(*plan, **stage, params, dp, static_cast<int>(step), *fault,
                   launch_rank);
@@ -415,12 +472,16 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
       losses[step] = *loss;
       ++step;
       if (fault->where == "corrupt" && fault->step == step &&
-          fault->rank == launch_rank && !params.empty()) {
+          fault->rank == launch_rank && (hsdp || !params.empty())) {
         std::fprintf(stderr,
                      "train_nd: fault: corrupt after step %lld on launch "
                      "rank %d\n",
                      static_cast<long long>(step), launch_rank);
-        params[0]->value(0, 0) += 1.0;
+        if (hsdp) {
+          hsdp->Corrupt(1.0);
+        } else {
+          params[0]->value(0, 0) += 1.0;
+        }
       }
       // A failed save leaves the previous checkpoint; training goes on.
       if (absl::Status s = checkpoints.MaybeSave(*plan, **stage, step, leader);
@@ -436,7 +497,7 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
                     static_cast<long long>(absl::ToUnixMillis(absl::Now())));
       }
     } else {
-      Restore(before_step, params);
+      restore(before_step);
       before_step = before_previous;
     }
     if (!verdict->recover) continue;
@@ -461,15 +522,20 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
     record = *r;
     step = r->resume_step;
     losses.erase(losses.lower_bound(step), losses.end());
-    before_step = Save(params);
+    before_step = save();
     send_state = false;
     PrintMembership(leader, *r, replica,
                     verdict->committed ? "membership changed"
                                        : "recovered from a failed step");
-    plan = Replan(plan0, r->dp_size);
+    plan = EpochPlan(plan0, r->dp_size);
     if (!plan.ok()) return Fail(replica, launch_rank, "error", plan.status());
     if (absl::Status s = (*stage)->Rebind(*plan); !s.ok()) {
       return Fail(replica, launch_rank, "rebind", s);
+    }
+    if (hsdp) {
+      if (absl::Status s = hsdp->Rebuild(*plan); !s.ok()) {
+        return Fail(replica, launch_rank, "fsdp", s);
+      }
     }
   }
 
@@ -479,8 +545,12 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
   // The parameters first, while the replicas are still in step: the serial
   // reference below takes each one a different time, which must not run a
   // DP operation past its timeout.
-  int64_t digest[2] = {Digest(params), -Digest(params)};
-  auto dp_group = VESCALE_DEVICE_MESH.get_data_parallel_dim_groups();
+  // (HSDP: each rank's shards against the same shard of every replica.)
+  const int64_t mine = hsdp ? hsdp->Digest() : Digest(params);
+  int64_t digest[2] = {mine, -mine};
+  auto dp_group = hsdp ? absl::StatusOr<std::shared_ptr<vemesh::Communicator>>(
+                             hsdp->replicate())
+                       : VESCALE_DEVICE_MESH.get_data_parallel_dim_groups();
   bool identical = false;
   if (dp_group.ok() &&
       (*dp_group)
@@ -488,6 +558,15 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
                        vemesh::ReduceOp::kMax)
           .ok()) {
     identical = digest[0] == -digest[1];
+  }
+  if (hsdp) {
+    // Identical only if every shard is: one verdict for the replica.
+    int64_t same = identical ? 1 : 0;
+    identical =
+        hsdp->shard()
+            ->all_reduce(absl::MakeSpan(&same, 1), vemesh::ReduceOp::kMin)
+            .ok() &&
+        same == 1;
   }
   absl::StatusOr<std::vector<double>> serial_or = SerialLosses(plan0);
   if (!serial_or.ok()) {
@@ -511,14 +590,15 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
     std::printf(
         "%s: replica %d: loss curve vs serial reference over steps %lld..%lld "
         "(%zu steps): max relative difference %.3g (step %lld) %s %.0e; "
-        "parameters %s across DP=%d replicas; %d recoveries; communicators "
+        "parameters %s across %s=%d replicas; %d recoveries; communicators "
         "%lld (after start %lld)\n",
         pass ? "PASS" : "FAIL", replica,
         static_cast<long long>(losses.empty() ? 0 : losses.begin()->first + 1),
         static_cast<long long>(losses.empty() ? 0 : losses.rbegin()->first + 1),
         losses.size(), worst, static_cast<long long>(worst_step + 1),
         worst < plan0.options.tolerance ? "<" : ">=", plan0.options.tolerance,
-        identical ? "identical" : "DIFFERENT", plan->dp, recoveries,
+        identical ? "identical" : "DIFFERENT", hsdp ? "DP_REPLICATE" : "DP",
+        hsdp ? plan->dp_replicate : plan->dp, recoveries,
         static_cast<long long>(communicators),
         static_cast<long long>(communicators_at_start));
     std::fflush(stdout);

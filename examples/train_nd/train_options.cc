@@ -123,8 +123,8 @@ absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
       (o.zero || *kind != vemesh::strategies::OptimizerKind::kSgd)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--elastic with ", o.zero ? "--zero" : "--optimizer=" + o.optimizer,
-        ": the elastic loop trains with plain SGD and DataParallel; expected "
-        "--optimizer=sgd without --zero"));
+        ": the elastic loop trains with plain SGD (DataParallel, or FSDP "
+        "over DP_SHARD); expected --optimizer=sgd without --zero"));
   }
 
   absl::StatusOr<vemesh::strategies::PipelineSchedule> schedule =
@@ -163,7 +163,11 @@ absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
             "--mesh=", o.mesh, ": dimension '", name, "' appears twice"));
       }
     }
-    if (size > world_size && !(name == "DP" && !o.elastic.empty())) {
+    // An elastic launch holds one replica: the elastic dimension (DP, or
+    // DP_REPLICATE under FSDP) counts replicas, not this launch's ranks.
+    const bool elastic_dim =
+        !o.elastic.empty() && (name == "DP" || name == "DP_REPLICATE");
+    if (size > world_size && !elastic_dim) {
       return absl::InvalidArgumentError(
           absl::StrCat("--mesh=", o.mesh, ": ", name, "=", size,
                        " is larger than the job's ", world_size, " ranks"));
@@ -175,9 +179,12 @@ absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
     const char* why =
         std::count(mesh->names.begin(), mesh->names.end(), "DP") > 0
             ? "DP as well: DP is their flattening, expected one or the other"
-        : !o.elastic.empty() ? "--elastic: expected a static job"
-        : o.zero             ? "--zero: FSDP shards the optimizer already"
-                             : nullptr;
+        : !o.elastic.empty() && (plan.dp_replicate == 0 || plan.dp_shard == 0)
+            ? "--elastic with only one of them: an elastic HSDP job grows and "
+              "shrinks DP_REPLICATE and shards over DP_SHARD, expected both "
+              "(or DP alone)"
+        : o.zero ? "--zero: FSDP shards the optimizer already"
+                 : nullptr;
     if (why != nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--mesh=", o.mesh, " has DP_REPLICATE or DP_SHARD and ", why));
@@ -185,7 +192,9 @@ absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
     plan.dp = std::max(plan.dp_replicate, 1) * std::max(plan.dp_shard, 1);
   }
   // An elastic launch holds one replica: every dimension but DP.
-  if (!o.elastic.empty()) product /= plan.dp;
+  if (!o.elastic.empty()) {
+    product /= plan.fsdp() ? plan.dp_replicate : plan.dp;
+  }
   if (product != world_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--mesh=", o.mesh, " has ", product, " ranks but the job has ",

@@ -10,7 +10,8 @@
 # Scenarios: dp_kill tp_kill pp_dp_kill build_kill second_failure sigstop
 # replica_killed rejoin redis_killed soak, and the control plane's
 # (issue 29): redis_restarted redis_restarted_newcomer mismatch rerun
-# below_min replica_stopped. Every process this script starts
+# below_min replica_stopped; HSDP (issue 28): hsdp_kill hsdp_rejoin
+# hsdp_corrupt hsdp_tp_rejoin. Every process this script starts
 # is ended by its PID (mpirun and its ranks, redis-server), never by name,
 # also when an assertion fails.
 set -u
@@ -114,8 +115,8 @@ finish() {
 }
 expect_pass() {  # expect_pass OUT DP
   [[ ${rc[$3]} == 0 ]] || fail "$1 exited ${rc[$3]}, expected 0"
-  grep -qE "^PASS: replica .*parameters identical across DP=$2 replicas" \
-    "$work/$1.out" || fail "$1: no PASS line with DP=$2"
+  grep -qE "^PASS: replica .*parameters identical across ${dp_name:-DP}=$2 replicas" \
+    "$work/$1.out" || fail "$1: no PASS line with ${dp_name:-DP}=$2"
   local line
   line=$(grep -E "^PASS|^FAIL" "$work/$1.out")
   [[ $line =~ communicators\ ([0-9]+)\ \(after\ start\ ([0-9]+)\) ]] &&
@@ -350,6 +351,54 @@ case $scenario in
     expect_line r1 "replica 1 evicted"
     grep -q "control plane .* is lost" "$work/r1.out" && fail "r1 blamed the control plane"
     true ;;
+  hsdp_kill|hsdp_rejoin|hsdp_tp_rejoin)
+    # HSDP (issue 28): DP_REPLICATE is the elastic dimension, each replica
+    # runs FSDP over DP_SHARD (x TP); replica 1 is SIGKILLed in its
+    # DP_REPLICATE all_reduce, the survivors go on at DP_REPLICATE=2 (or 1);
+    # *_rejoin relaunches it: its ranks receive their shards from the
+    # live ranks of their DP_SHARD coordinate, and all end PASS, equal.
+    dp_name=DP_REPLICATE; mesh=PP=1,DP_REPLICATE=3,DP_SHARD=2,TP=1; n=3
+    if [[ $scenario == hsdp_tp_rejoin ]]; then
+      mesh=PP=1,DP_REPLICATE=2,DP_SHARD=2,TP=2; n=2; export NP=4
+    fi
+    [[ $scenario == hsdp_kill ]] && steps=20 || { steps=240; pace=25; }
+    launch 0 r0; launch 1 r1 --fault 6:dp
+    ((n == 3)) && launch 2 r2
+    alive=(0); ((n == 3)) && alive=(0 2)
+    list=$(IFS=,; echo "${alive[*]}" | sed 's/,/, /g')
+    if [[ $scenario == hsdp_kill ]]; then
+      for k in 0 1 2; do finish $k; done
+      for k in 0 2; do
+        expect_pass r$k 2 $k
+        expect_line r$k "^membership: epoch 2, DP=2 \[0, 2\].*resume at step [67]"
+      done
+      expect_dead r1 1
+    else
+      wait_for r0 "^membership: epoch 2, DP=$((n - 1))" 60
+      finish 1
+      launch 1 r1b
+      for k in "${alive[@]}"; do finish $k; done; finish 1
+      for k in "${alive[@]}"; do
+        expect_pass r$k $n $k
+        expect_line r$k "^membership: epoch 3, DP=$n \[$list, 1\].*state sent"
+      done
+      expect_pass r1b $n 1
+      expect_line r1b "^membership: epoch 3, DP=$n \[$list, 1\] \(replica 1 is DP rank $((n - 1))"
+    fi ;;
+  hsdp_corrupt)
+    # The same HSDP job; replica 1's launch rank 0 adds 1 to its first
+    # parameter shard after step 5: the fingerprint check ends every
+    # replica with DataLoss naming replica 1, never a PASS.
+    mesh=PP=1,DP_REPLICATE=3,DP_SHARD=2,TP=1; steps=20
+    launch 0 r0 --fingerprint_every 2
+    launch 1 r1 --fingerprint_every 2 --fault 5:corrupt
+    launch 2 r2 --fingerprint_every 2
+    finish 0; finish 1; finish 2
+    for k in 0 1 2; do
+      [[ ${rc[$k]} != 0 ]] || fail "r$k exited 0 with replica 1 corrupted"
+      grep -qE "^PASS" "$work/r$k.out" && fail "r$k printed PASS"
+      expect_line r$k "DATA_LOSS: the replicas' states differ after 2 steps .*replica 1 holds"
+    done ;;
   *) echo "unknown scenario $scenario"; exit 2 ;;
 esac
 echo "elastic $scenario: whole run $((SECONDS - start_time)) s (bound ${limit} s)"

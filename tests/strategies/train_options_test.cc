@@ -128,6 +128,23 @@ TEST(TrainOptionsTest, ReplicateAndShardDimensionsPlanFsdp) {
   o = {};
   o.mesh = "DP=2,DP_SHARD=4";
   EXPECT_NE(ErrorOf(o, 8).find("DP as well"), std::string::npos);
+  // Elastic HSDP: DP_REPLICATE counts replicas, a launch holds DP_SHARD x TP.
+  o = {};
+  o.elastic = "redis://localhost:1";
+  o.mesh = "PP=1,DP_REPLICATE=3,DP_SHARD=2,TP=1";
+  o.batch = 24;
+  o.micro_batches = 2;
+  plan = PlanTraining(o, 2);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->dp, 6);
+  EXPECT_EQ(plan->dp_replicate, 3);
+  EXPECT_NE(ErrorOf(o, 6).find("launch with mpirun -n 2"), std::string::npos);
+  o.mesh = "DP_SHARD=2,TP=1";
+  EXPECT_NE(ErrorOf(o, 2).find("--elastic with only one of them"),
+            std::string::npos);
+  o.mesh = "DP_REPLICATE=3,TP=2";
+  EXPECT_NE(ErrorOf(o, 2).find("--elastic with only one of them"),
+            std::string::npos);
 }
 
 TEST(TrainOptionsTest, ExpertsComposeWithReplicateAndShardDimensions) {

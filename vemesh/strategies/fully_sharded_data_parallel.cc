@@ -796,6 +796,11 @@ absl::Span<const double> FullyShardedDataParallel::local_shard(size_t u) const {
                              unit.valid_count);
 }
 
+absl::Span<double> FullyShardedDataParallel::mutable_local_shard(size_t u) {
+  State::Unit& unit = state_->units.at(u);
+  return absl::MakeSpan(unit.shard.data() + unit.valid_begin, unit.valid_count);
+}
+
 absl::Span<const double> FullyShardedDataParallel::local_grad_shard(
     size_t u) const {
   const State::Unit& unit = state_->units.at(u);

@@ -213,6 +213,10 @@ class FullyShardedDataParallel {
   // parameters' order (for checkpoints and tests). Does not materialise.
   absl::StatusOr<std::vector<Matrix>> FullParameters(size_t u);
   absl::Span<const double> local_shard(size_t u) const;
+  // The same elements, writable (to load a replica's state, e.g. an elastic
+  // joiner's). Only between steps, with no unit materialised (kFullShard
+  // or kHybridShard after PostBackward): a gathered copy would go stale.
+  absl::Span<double> mutable_local_shard(size_t u);
   absl::Span<const double> local_grad_shard(size_t u) const;
   FsdpMemory MemoryUsage() const;
 
