@@ -39,13 +39,13 @@
 // receiver loaded it: no step commits before. A failed transfer rebuilds the
 // epoch (the receiver stays without state). Then, and every
 // ElasticOptions::fingerprint_every committed steps, the ranks of each DP
-// group compare a 64-bit hash (Fingerprint64) of their state bytes; a difference is
-// DataLoss from recover / end_step / sync_state on every rank, naming the
-// replicas and the fingerprints they hold. tests/elastic/doc_loop_test.cc
-// runs this loop through a kill, a relaunch and a corruption. A caller that
-// registers nothing carries the state itself (Recovery::transfer_state,
-// state_root, receives_state; resume_step one step behind this replica:
-// undo it), as before.
+// group compare a 64-bit hash (Fingerprint64) of their state bytes; a
+// difference is DataLoss from recover / end_step / sync_state on every rank,
+// naming the replicas and the fingerprints they hold.
+// tests/elastic/doc_loop_test.cc runs this loop through a kill, a relaunch and
+// a corruption. A caller that registers nothing carries the state itself
+// (Recovery::transfer_state, state_root, receives_state; resume_step one step
+// behind this replica: undo it), as before.
 //
 // A replica is every rank with one DP coordinate; each replica is its own
 // launch (mpirun, srun or torchrun), and its inner dimensions (PP, TP, ...)
