@@ -15,8 +15,6 @@
 //
 //   vemesh world 16 mesh (2,2,4): median 41.2 ms of 9 [..samples..];
 //   sockets per rank max 8 (rank 0 9 without its store's)
-#include <dirent.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -30,26 +28,13 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "open_sockets.h"
 #include "vemesh/bootstrap/launch_session.h"
 #include "vemesh/mesh/device_mesh.h"
 
 namespace {
 
-int Sockets() {
-  int count = 0;
-  DIR* dir = opendir("/proc/self/fd");
-  if (dir == nullptr) return -1;
-  while (dirent* e = readdir(dir)) {
-    char target[64] = {};
-    const std::string path = absl::StrCat("/proc/self/fd/", e->d_name);
-    if (readlink(path.c_str(), target, sizeof(target) - 1) > 0 &&
-        std::string(target).rfind("socket:", 0) == 0) {
-      ++count;
-    }
-  }
-  closedir(dir);
-  return count;
-}
+int Sockets() { return static_cast<int>(vemesh::OpenSocketInodes().size()); }
 
 // Reduces `v` (max) along every dimension: the whole mesh's max. Also a
 // barrier over the mesh.

@@ -5,9 +5,6 @@
 // creation: DeadlineExceeded naming it). One thread per
 // rank, one MemoryStore.
 
-#include <dirent.h>
-#include <unistd.h>
-
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -18,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "open_sockets.h"
 #include "vemesh/comm/gloo/gloo_communicator.h"
 #include "vemesh/rendezvous/memory_store.h"
 
@@ -34,22 +32,7 @@ std::vector<int> GlobalRanks(int n) {
   return out;
 }
 
-// Sockets this process holds (/proc/self/fd entries that are sockets).
-int Sockets() {
-  int count = 0;
-  DIR* dir = opendir("/proc/self/fd");
-  if (dir == nullptr) return -1;
-  while (dirent* e = readdir(dir)) {
-    char target[64] = {};
-    const std::string path = absl::StrCat("/proc/self/fd/", e->d_name);
-    if (readlink(path.c_str(), target, sizeof(target) - 1) > 0 &&
-        std::string(target).rfind("socket:", 0) == 0) {
-      ++count;
-    }
-  }
-  closedir(dir);
-  return count;
-}
+int Sockets() { return static_cast<int>(vemesh::OpenSocketInodes().size()); }
 
 TEST(GlooLazyTest, WorldConnectsOnFirstOperation) {
   constexpr int n = 4;

@@ -14,8 +14,6 @@
 // rank 0 hosts that store, one connection per rank, as torch's TCPStore
 // does); G = T - S; B = sum over dimensions of (group size - 1) plus
 // kSlack. OVER (and exit code 1) when G > B.
-#include <dirent.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -28,6 +26,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "open_sockets.h"
 #include "vemesh/bootstrap/launch.h"
 #include "vemesh/mesh/device_mesh.h"
 
@@ -36,21 +35,6 @@ namespace {
 // Sockets a rank may hold beyond its groups' peers (the store's client is
 // counted apart; this covers a listener left open or a wake-up pipe pair).
 constexpr int kSlack = 2;
-
-std::set<std::string> SocketInodes() {
-  std::set<std::string> out;
-  DIR* dir = opendir("/proc/self/fd");
-  if (dir == nullptr) return out;
-  while (dirent* e = readdir(dir)) {
-    char target[64] = {};
-    const std::string path = absl::StrCat("/proc/self/fd/", e->d_name);
-    if (readlink(path.c_str(), target, sizeof(target) - 1) <= 0) continue;
-    std::string t(target);
-    if (t.rfind("socket:[", 0) == 0) out.insert(t.substr(8, t.size() - 9));
-  }
-  closedir(dir);
-  return out;
-}
 
 // Inodes of TCP sockets with local or remote port `port`.
 std::set<std::string> InodesOnPort(int port) {
@@ -112,7 +96,7 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  const std::set<std::string> all = SocketInodes();
+  const std::set<std::string> all = vemesh::OpenSocketInodes();
   int port = 0;
   if (const char* p = std::getenv("MASTER_PORT"))
     (void)absl::SimpleAtoi(p, &port);

@@ -22,21 +22,6 @@
 #include "vemesh/comm/nccl/nccl_communicator.h"
 
 namespace vemesh {
-namespace {
-
-// Whether the headers and the library loaded are NCCL 2.27 or newer: grouped
-// aborts and ncclCommShrink.
-bool Nccl227() {
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
-  int version = 0;
-  return Nccl().ncclGetVersion(&version) == ncclSuccess &&
-         version >= NCCL_VERSION(2, 27, 0);
-#else
-  return false;
-#endif
-}
-
-}  // namespace
 
 void NcclCommunicator::OnAbortMany(
     absl::Span<Communicator* const> same_backend) {
@@ -54,7 +39,7 @@ void NcclCommunicator::OnAbortMany(
     locks.emplace_back(c->comm_mu_);
   }
   DeviceGuard guard(device_);
-  const bool grouped = Nccl227();
+  const bool grouped = NcclAtLeast227();
   if (grouped) Nccl().ncclGroupStart();
   for (NcclCommunicator* c : comms) {
     if (c->comm_ == nullptr) continue;
@@ -93,7 +78,7 @@ absl::StatusOr<std::shared_ptr<Communicator>> NcclCommunicator::Shrink(
   std::vector<int> excluded(exclude.begin(), exclude.end());
   bool derived = false;
   absl::Status status;
-  if (Nccl227()) {
+  if (NcclAtLeast227()) {
     std::lock_guard<std::mutex> lock(comm_mu_);
     if (comm_ != nullptr) {
       derived = true;

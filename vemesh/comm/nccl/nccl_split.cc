@@ -25,18 +25,6 @@
 namespace vemesh {
 namespace {
 
-// NCCL builds the communicators of splits issued in one group concurrently
-// from 2.27 on: the headers must have it and so must the library loaded.
-bool CanGroupSplits() {
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
-  int version = 0;
-  return Nccl().ncclGetVersion(&version) == ncclSuccess &&
-         version >= NCCL_VERSION(2, 27, 0);
-#else
-  return false;
-#endif
-}
-
 // The config of one ncclCommSplit: non-blocking like its parent, named
 // after the group (NCCL keeps the pointer during the split: `name` must
 // outlive it), sharing the parent's resources when asked. Fields newer than
@@ -115,7 +103,8 @@ NcclCommunicator::split_many(absl::Span<const SplitRequest> requests,
   // NCCL 2.28.9 builds grouped splits on concurrent threads, and with
   // splitShare those race on the shared stream ("host threads racing to
   // launch NCCL on same device", ncclInvalidUsage; seen on an H200).
-  if (options_.group_splits && !options_.split_share && CanGroupSplits()) {
+  // Grouped splits are built concurrently from NCCL 2.27 on.
+  if (options_.group_splits && !options_.split_share && NcclAtLeast227()) {
     // Every split in one group: the calls only record the splits, and
     // ncclGroupEnd hands them to NCCL together (ncclInProgress: the
     // non-blocking parent builds them in the background).

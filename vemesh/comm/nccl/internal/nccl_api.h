@@ -152,6 +152,18 @@ inline const NcclApi& Nccl() {
   return api != nullptr ? *api : NcclApi::Real();
 }
 
+// Whether the headers built against and the library in use (Nccl()) are
+// NCCL 2.27 or newer: grouped splits and aborts, ncclCommShrink.
+inline bool NcclAtLeast227() {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+  int version = 0;
+  return Nccl().ncclGetVersion(&version) == ncclSuccess &&
+         version >= NCCL_VERSION(2, 27, 0);
+#else
+  return false;
+#endif
+}
+
 // Installs `api` (which must outlive the scope) for the life of this object,
 // then puts back the table that was there. For tests: install before the
 // backend makes its first communicator and keep it until the last one is
