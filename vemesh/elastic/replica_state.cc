@@ -8,12 +8,27 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "vemesh/base/fnv1a.h"
+#include "vemesh/base/status_macros.h"
 
 namespace vemesh {
 namespace {
 
 // The largest piece of one broadcast (Gloo counts are ints).
 constexpr size_t kChunk = size_t{1} << 28;
+
+// Every rank learns whether any rank of `group` failed (`local_error`
+// non-empty): Aborted everywhere, naming this rank's error or `elsewhere`.
+absl::Status AgreeNoneFailed(Communicator& group, int root,
+                             const std::string& local_error,
+                             absl::string_view elsewhere) {
+  int64_t bad = local_error.empty() ? 0 : 1;
+  VEMESH_RETURN_IF_ERROR(
+      group.all_reduce(&bad, &bad, 1, DataType::kInt64, ReduceOp::kMax));
+  if (bad == 0) return absl::OkStatus();
+  return absl::AbortedError(
+      absl::StrCat("state transfer from DP rank ", root,
+                   " failed: ", local_error.empty() ? elsewhere : local_error));
+}
 
 }  // namespace
 
@@ -119,17 +134,8 @@ absl::Status ReplicaState::Transfer(Communicator& group, int root,
   }
   // Agree before the sizes: a rank that cannot go on must not leave the
   // others in a broadcast of another length.
-  int64_t bad = local_error.empty() ? 0 : 1;
-  if (absl::Status s =
-          group.all_reduce(&bad, &bad, 1, DataType::kInt64, ReduceOp::kMax);
-      !s.ok()) {
-    return s;
-  }
-  if (bad != 0) {
-    return absl::AbortedError(absl::StrCat(
-        "state transfer from DP rank ", root,
-        " failed: ", local_error.empty() ? "on another rank" : local_error));
-  }
+  VEMESH_RETURN_IF_ERROR(
+      AgreeNoneFailed(group, root, local_error, "on another rank"));
   sizes.resize(entries_.size(), 0);
   if (!sizes.empty()) {
     absl::Status s =
@@ -164,18 +170,8 @@ absl::Status ReplicaState::Transfer(Communicator& group, int root,
     }
   }
   // The receivers' confirmation.
-  bad = local_error.empty() ? 0 : 1;
-  if (absl::Status s =
-          group.all_reduce(&bad, &bad, 1, DataType::kInt64, ReduceOp::kMax);
-      !s.ok()) {
-    return s;
-  }
-  if (bad != 0) {
-    return absl::AbortedError(absl::StrCat(
-        "state transfer from DP rank ", root, " failed: ",
-        local_error.empty() ? "a receiver could not load it" : local_error));
-  }
-  return absl::OkStatus();
+  return AgreeNoneFailed(group, root, local_error,
+                         "a receiver could not load it");
 }
 
 absl::Status ReplicaState::CompareFingerprints(Communicator& group,
