@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "vemesh/bootstrap/launch.h"
 #include "vemesh/comm/gloo/gloo_communicator.h"
+#include "vemesh/comm/nccl/nccl_communicator.h"
 #include "vemesh/elastic/quorum_round.h"
 #include "vemesh/rendezvous/redis/redis_store.h"
 
@@ -37,12 +38,25 @@ bool IsRetryable(const absl::Status& s) {
          absl::IsAborted(s);
 }
 
+// The host communicator with the members of `comm`: an NCCL group's twin,
+// `comm` itself for a host backend. The elastic mesh's own agreements (host
+// buffers) run on it.
+std::shared_ptr<Communicator> HostSideOf(std::shared_ptr<Communicator> comm) {
+#ifdef VEMESH_HAVE_NCCL
+  if (auto nccl = std::dynamic_pointer_cast<NcclCommunicator>(comm)) {
+    return nccl->twin();
+  }
+#endif
+  return comm;
+}
+
 absl::Status CheckOptions(DeviceType device_type, const MeshLayout& layout,
                           const ElasticOptions& o) {
-  if (device_type != DeviceType::kCpu) {
+  if (device_type != DeviceType::kCpu && device_type != DeviceType::kCuda) {
     return absl::UnimplementedError(absl::StrCat(
         "an elastic mesh on device '", DeviceTypeName(device_type),
-        "' is not built yet: use 'cpu' (the DP groups are Gloo groups)"));
+        "' is not built: use 'cpu' (Gloo DP groups) or 'cuda' (NCCL DP "
+        "groups over Gloo twins)"));
   }
   if (o.replica < 0 || o.replica >= kMaxReplicas) {
     return absl::InvalidArgumentError(
@@ -198,16 +212,28 @@ absl::StatusOr<std::unique_ptr<ElasticMesh>> ElasticMesh::Create(
   auto inner = DeviceMesh::Create(device_type, *inner_layout, inner_options);
   if (!inner.ok()) return inner.status();
   el->inner_ = *inner;
+  // cuda: each epoch's DP group is an NCCL communicator on the device the
+  // launch's mesh bound.
+  el->cuda_request_ = CudaDeviceRequest{inner_options.cuda_device,
+                                        inner->host_local_rank(),
+                                        inner->host_size()};
+  el->nccl_options_ = inner_options.nccl;
   // The replica's agreement runs on a communicator of its own, never on one
   // the training step uses: a rank that left its step early must not meet
-  // its partner inside another collective.
+  // its partner inside another collective. On cuda it is the host side (an
+  // NCCL group's twin): its buffers are host memory.
   auto replica_comm = names.size() == 1
                           ? inner->get_group(names[0])
                           : inner->flatten(names, kReplicaDimName);
   if (!replica_comm.ok()) return replica_comm.status();
+  replica_comm = HostSideOf(*replica_comm);
   if (names.size() == 1) {
     replica_comm = (*replica_comm)->split(0, (*replica_comm)->rank());
     if (!replica_comm.ok()) return replica_comm.status();
+  }
+  if ((*replica_comm)->backend() == BackendName(Backend::kNccl)) {
+    return absl::InternalError(
+        "elastic mesh: the replica's NCCL group has no host twin");
   }
   el->replica_comm_ = *replica_comm;
   el->inner_rank_ = el->replica_comm_->rank();
@@ -639,7 +665,8 @@ int64_t ElasticMesh::FullRank(int inner_rank, int dp_index, int dp_size) const {
 }
 
 absl::StatusOr<DeviceMesh> ElasticMesh::FullMesh(
-    const MembershipRecord& record, std::shared_ptr<Communicator> dp_group) {
+    const MembershipRecord& record, std::shared_ptr<Communicator> dp_group,
+    std::shared_ptr<Communicator> device_group) {
   const int n = static_cast<int>(record.members.size());
   const int me = record.dp_rank_of(options_.replica);
   std::vector<int64_t> shape = requested_.shape();
@@ -648,7 +675,8 @@ absl::StatusOr<DeviceMesh> ElasticMesh::FullMesh(
   if (!layout.ok()) return layout.status();
   std::vector<std::shared_ptr<Communicator>> groups;
   for (int64_t d = 0; d < requested_.ndim(); ++d) {
-    std::shared_ptr<Communicator> inner = dp_group;
+    std::shared_ptr<Communicator> inner =
+        device_group != nullptr ? device_group : dp_group;
     std::vector<int> ranks;
     if (d == replica_dim_) {
       // The DP group was made with the epoch's global ranks.
@@ -661,10 +689,21 @@ absl::StatusOr<DeviceMesh> ElasticMesh::FullMesh(
         ranks.push_back(static_cast<int>(FullRank(q, me, n)));
       }
     }
+    if (d == replica_dim_ && device_group != nullptr) {
+      // The mesh's DP group is the NCCL one, bounded as a Gloo group is;
+      // the mesh's own agreements and state transfer stay on its twin.
+      dp_ = std::make_shared<EpochCommunicator>(dp_group, ranks, record.epoch,
+                                                current_epoch_);
+      epoch_comms_.push_back(dp_);
+    }
     auto comm = std::make_shared<EpochCommunicator>(
         inner, std::move(ranks), record.epoch, current_epoch_);
     epoch_comms_.push_back(comm);
-    if (d == replica_dim_) dp_ = comm;
+    if (d == replica_dim_ && device_group != nullptr) {
+      comm->set_timeout(options_.op_timeout);
+    } else if (d == replica_dim_) {
+      dp_ = comm;
+    }
     groups.push_back(std::move(comm));
   }
   return DeviceMesh::FromGroups(device_type_, *std::move(layout),
@@ -732,11 +771,27 @@ absl::StatusOr<Recovery> ElasticMesh::Establish(const MembershipRecord& record,
     status =
         (*group)->all_reduce(most, most, 2, DataType::kInt64, ReduceOp::kMax);
   }
+  // cuda: the epoch's NCCL DP group, over the Gloo group as its twin (the
+  // unique id goes over it, whose rendezvous went through the control
+  // plane). Released with ncclCommAbort when the epoch ends (RetireEpoch).
+  std::shared_ptr<Communicator> device_group;
+  if (status.ok() && device_type_ == DeviceType::kCuda) {
+    auto made = CreateNcclCommunicator(*group, cuda_request_, nccl_options_);
+    if (made.ok()) {
+      device_group = *std::move(made);
+      device_group->set_timeout(options_.op_timeout);
+      epoch_device_groups_.push_back(device_group);
+    } else {
+      status = made.status();
+    }
+  }
   int64_t failed = status.ok() ? 0 : 1;
   if (absl::Status s = ReplicaMax(absl::MakeSpan(&failed, 1)); !s.ok()) {
+    RetireEpoch();
     return s;
   }
   if (failed != 0) {
+    RetireEpoch();
     if (status.ok()) {
       status = absl::UnavailableError(
           "another rank of this replica could not join its DP group");
@@ -758,7 +813,7 @@ absl::StatusOr<Recovery> ElasticMesh::Establish(const MembershipRecord& record,
                      ": more than one step apart"));
   }
   current_epoch_->store(record.epoch);
-  auto mesh = FullMesh(record, *std::move(group));
+  auto mesh = FullMesh(record, *std::move(group), std::move(device_group));
   if (!mesh.ok()) return mesh.status();
   mesh_ = *std::move(mesh);
   if (publish_) {
@@ -880,6 +935,12 @@ void ElasticMesh::Remember(const MembershipRecord& record) {
 }
 
 void ElasticMesh::RetireEpoch() {
+  // NCCL's rule after any abort: the epoch's NCCL communicators are
+  // released with ncclCommAbort, all in one ncclGroupStart/ncclGroupEnd,
+  // never ncclCommDestroy (which flushes with peers that may be gone).
+  // Idempotent: one a timed-out operation aborted already is skipped.
+  AbortCommunicators(epoch_device_groups_, "its elastic mesh epoch ended");
+  epoch_device_groups_.clear();
   for (const auto& c : epoch_comms_) c->retire();
   epoch_comms_.clear();
   dp_.reset();

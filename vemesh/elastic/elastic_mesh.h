@@ -86,6 +86,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "vemesh/comm/communicator.h"
+#include "vemesh/comm/nccl/cuda_device.h"
+#include "vemesh/comm/nccl/nccl_options.h"
 #include "vemesh/elastic/control_plane.h"
 #include "vemesh/elastic/epoch_communicator.h"
 #include "vemesh/elastic/liveness_probe.h"
@@ -264,8 +266,11 @@ class ElasticMesh {
   // any), then the fingerprint comparison; agreed over the replica.
   absl::Status CarryState(absl::string_view where);
   void RetireEpoch();
-  absl::StatusOr<DeviceMesh> FullMesh(const MembershipRecord& record,
-                                      std::shared_ptr<Communicator> dp_group);
+  // `device_group` (cuda: the epoch's NCCL DP group, else null) is the
+  // mesh's DP group; `dp_group` (Gloo) then carries the mesh's agreements.
+  absl::StatusOr<DeviceMesh> FullMesh(
+      const MembershipRecord& record, std::shared_ptr<Communicator> dp_group,
+      std::shared_ptr<Communicator> device_group);
   int64_t FullRank(int inner_rank, int dp_index, int dp_size) const;
 
   const DeviceType device_type_;
@@ -288,7 +293,13 @@ class ElasticMesh {
   absl::Duration detect_time_;           // of the verdict that asks recovery
   const std::shared_ptr<std::atomic<int64_t>> current_epoch_;
   std::vector<std::shared_ptr<EpochCommunicator>> epoch_comms_;
+  // The host DP group: end_step's agreement, state transfer, fingerprints.
   std::shared_ptr<EpochCommunicator> dp_;
+  // cuda: the current epoch's NCCL communicators (its DP group), aborted
+  // together when it ends; and where and how the next are made.
+  std::vector<std::shared_ptr<Communicator>> epoch_device_groups_;
+  CudaDeviceRequest cuda_request_;
+  NcclOptions nccl_options_;
   std::optional<DeviceMesh> mesh_;
   Recovery last_;
   bool has_state_ = false;

@@ -21,7 +21,12 @@
 // communicator (a Gloo group closes its connections, which releases a peer
 // still blocked on it), once no operation of this process is in flight on
 // it. The elastic mesh retires every communicator of an epoch when it
-// leaves that epoch.
+// leaves that epoch (an NCCL one it aborts first: NCCL's rule).
+//
+// Over an NCCL communicator (an elastic cuda mesh's DP group) an operation
+// is bounded by this communicator's timeout (`set_timeout`, the elastic
+// mesh's op_timeout), and its abort, by a deadline or by `abort()`, is one
+// ncclCommAbort inside ncclGroupStart/ncclGroupEnd (AbortCommunicators).
 
 #ifndef VEMESH_ELASTIC_EPOCH_COMMUNICATOR_H_
 #define VEMESH_ELASTIC_EPOCH_COMMUNICATOR_H_
