@@ -11,6 +11,7 @@
 //     ncclGroupStart/ncclGroupEnd, never ncclCommDestroy, none twice;
 //   * the replica comes back: a new epoch, a new NCCL communicator, sums
 //     right over all three.
+// And 'meta' is still refused, naming the devices that work.
 
 #include <atomic>
 #include <cstdint>
@@ -28,15 +29,33 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
+#include "vemesh/elastic/elastic_mesh.h"
+
 #ifdef VEMESH_HAVE_NCCL
 #include "tests/comm/fake_nccl.h"
 #include "vemesh/bootstrap/store_bootstrap.h"
-#include "vemesh/elastic/elastic_mesh.h"
 #include "vemesh/rendezvous/memory_store.h"
 #endif
 
 namespace vemesh {
 namespace {
+
+// Devices other than cpu and cuda are still refused, saying which work.
+TEST(ElasticDevices, MetaIsRefusedNamingCpuAndCuda) {
+  auto layout = MeshLayout::Create({2, 2}, {"DP", "TP"});
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  ElasticOptions o;
+  o.store = "redis://127.0.0.1:1";
+  o.replica = 0;
+  auto el = ElasticMesh::Create(DeviceType::kMeta, *layout, MeshOptions{}, o);
+  ASSERT_FALSE(el.ok());
+  EXPECT_EQ(el.status().code(), absl::StatusCode::kUnimplemented)
+      << el.status();
+  EXPECT_THAT(std::string(el.status().message()),
+              ::testing::AllOf(::testing::HasSubstr("'meta'"),
+                               ::testing::HasSubstr("'cpu'"),
+                               ::testing::HasSubstr("'cuda'")));
+}
 
 #ifndef VEMESH_HAVE_NCCL
 
