@@ -105,8 +105,8 @@ struct Rank {
     auto* x = static_cast<float*>(fake->DeviceAlloc(kWidth * sizeof(float)));
     for (int i = 0; i < kWidth; ++i) x[i] = Value(replica, shard, i, step);
     const absl::Time start = absl::Now();
-    absl::Status s = (*dp)->all_reduce(x, x, kWidth, DataType::kFloat32,
-                                       ReduceOp::kSum);
+    absl::Status s =
+        (*dp)->all_reduce(x, x, kWidth, DataType::kFloat32, ReduceOp::kSum);
     std::vector<float> got(x, x + kWidth);
     fake->DeviceFree(x);
     if (!s.ok()) {
@@ -257,7 +257,7 @@ class NcclElastic : public ::testing::Test {
 
 TEST_F(NcclElastic, AllReduceOverTheDpGroupSumsRight) {
   constexpr int64_t kSteps = 8;
-  std::vector<std::vector<Outcome>> outcomes(3, std::vector<Outcome>(kShard));
+  std::vector<std::vector<Outcome> > outcomes(3, std::vector<Outcome>(kShard));
   std::vector<std::thread> all;
   for (int k = 0; k < 3; ++k) {
     for (std::thread& t : Launch(k, 3, kSteps, nullptr, outcomes[k])) {
@@ -286,7 +286,7 @@ TEST_F(NcclElastic, AllReduceOverTheDpGroupSumsRight) {
 TEST_F(NcclElastic, ReplicaLeavesThenRejoins) {
   constexpr int64_t kSteps = 60;
   // [3]: replica 2's relaunch.
-  std::vector<std::vector<Outcome>> outcomes(4, std::vector<Outcome>(kShard));
+  std::vector<std::vector<Outcome> > outcomes(4, std::vector<Outcome>(kShard));
   std::atomic<bool> left{false};
   std::atomic<int64_t> progress{0};
   std::function<bool(int64_t)> leaves = [&](int64_t step) {

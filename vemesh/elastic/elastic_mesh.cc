@@ -214,9 +214,8 @@ absl::StatusOr<std::unique_ptr<ElasticMesh>> ElasticMesh::Create(
   el->inner_ = *inner;
   // cuda: each epoch's DP group is an NCCL communicator on the device the
   // launch's mesh bound.
-  el->cuda_request_ = CudaDeviceRequest{inner_options.cuda_device,
-                                        inner->host_local_rank(),
-                                        inner->host_size()};
+  el->cuda_request_ = CudaDeviceRequest{
+      inner_options.cuda_device, inner->host_local_rank(), inner->host_size()};
   el->nccl_options_ = inner_options.nccl;
   // The replica's agreement runs on a communicator of its own, never on one
   // the training step uses: a rank that left its step early must not meet

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "vemesh/base/status_macros.h"
+#include "vemesh/comm/backend.h"
 #include "vemesh/comm/work.h"
 
 namespace vemesh {
@@ -71,7 +72,7 @@ absl::StatusOr<std::shared_ptr<Communicator>> EpochCommunicator::Use(
 
 Communicator::WorkOr EpochCommunicator::Start(const Operation& op) {
   VEMESH_ASSIGN_OR_RETURN(auto c, Use(op.Name()));
-  if (c->backend() != "nccl") return c->start(op);
+  if (c->backend() != BackendName(Backend::kNccl)) return c->start(op);
   // NCCL (an elastic cuda mesh's DP group): bounded by this communicator's
   // timeout, and aborted through it.
   VEMESH_ASSIGN_OR_RETURN(std::shared_ptr<Work> work, c->start(op));
