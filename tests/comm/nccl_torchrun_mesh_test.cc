@@ -66,8 +66,8 @@ void OnThreads(int n, const std::function<void(int)>& body) {
 }
 
 // Eight thread-ranks, each with a (2, 2, 2) cuda mesh (or its error) over a
-// lazy Gloo world; the meshes live until the Run goes.
-struct Run {
+// lazy Gloo world; the meshes live until the MeshRun goes.
+struct MeshRun {
   std::vector<std::thread::id> threads{kRanks};
   std::vector<absl::Status> status{kRanks};
   std::vector<std::optional<DeviceMesh>> meshes{kRanks};
@@ -75,7 +75,7 @@ struct Run {
   absl::Duration took;
 };
 
-void CreateMeshes(Run& run) {
+void CreateMeshes(MeshRun& run) {
   auto layout = MeshLayout::Create({2, 2, 2}, kNames);
   ASSERT_TRUE(layout.ok()) << layout.status();
   auto store = std::make_shared<MemoryStore>();
@@ -104,7 +104,7 @@ bool Roots(int r, const std::string& name) {
 TEST(NcclTorchrunMesh, EachGroupTakesItsIdFromTheStoreAndNoWorldIsMade) {
   FakeNccl fake;
   const int before = Sockets();
-  Run run;
+  MeshRun run;
   CreateMeshes(run);
   for (int r = 0; r < kRanks; ++r) {
     ASSERT_TRUE(run.status[r].ok()) << "rank " << r << ": " << run.status[r];
@@ -121,7 +121,7 @@ TEST(NcclTorchrunMesh, EachGroupTakesItsIdFromTheStoreAndNoWorldIsMade) {
     EXPECT_EQ(fake.Count(t, "ncclCommInitRankConfig"), 3);
     EXPECT_EQ(fake.Count(t, "ncclCommSplit"), 0);
     EXPECT_FALSE(run.boots[r]->gloo_world()->connected());
-    EXPECT_EQ(run.meshes[r]->backend(), "nccl");
+    EXPECT_EQ(run.meshes[r]->backend("TP").value_or(""), "nccl");
   }
 
   // Each dimension's group sums over its members only.
@@ -153,7 +153,7 @@ TEST(NcclTorchrunMesh, EachGroupTakesItsIdFromTheStoreAndNoWorldIsMade) {
 
 TEST(NcclTorchrunMesh, TheWorldNcclCommunicatorIsMadeOnFirstUse) {
   FakeNccl fake;
-  Run run;
+  MeshRun run;
   CreateMeshes(run);
   for (int r = 0; r < kRanks; ++r) {
     ASSERT_TRUE(run.status[r].ok()) << "rank " << r << ": " << run.status[r];
@@ -167,6 +167,7 @@ TEST(NcclTorchrunMesh, TheWorldNcclCommunicatorIsMadeOnFirstUse) {
     auto flat = run.meshes[r]->flatten(dims, "DPTP");
     ASSERT_TRUE(flat.ok()) << "rank " << r << ": " << flat.status();
     EXPECT_EQ((*flat)->size(), 4);
+    EXPECT_EQ((*flat)->backend(), "nccl");
     // The world (its id over the host world, which connects now), then
     // the flattened group split from it.
     EXPECT_EQ(fake.Count(me, "ncclCommInitRankConfig") - inits, 1);
@@ -186,7 +187,7 @@ TEST(NcclTorchrunMesh, ARankWithoutItsGpuFailsEveryRankNamingIt) {
   const char* saved = std::getenv("CUDA_VISIBLE_DEVICES");
   const std::string saved_value = saved != nullptr ? saved : "";
   unsetenv("CUDA_VISIBLE_DEVICES");
-  Run run;
+  MeshRun run;
   CreateMeshes(run);
   if (saved != nullptr) setenv("CUDA_VISIBLE_DEVICES", saved_value.c_str(), 1);
   // At once, not at the timeout.
@@ -197,7 +198,9 @@ TEST(NcclTorchrunMesh, ARankWithoutItsGpuFailsEveryRankNamingIt) {
         << run.status[r];
     const std::string text(run.status[r].message());
     EXPECT_THAT(text, HasSubstr("rank(s) 7 could not prepare their GPU"));
-    if (r == 7) EXPECT_THAT(text, HasSubstr("sees only 7 device(s)"));
+    if (r == 7) {
+      EXPECT_THAT(text, HasSubstr("sees only 7 device(s)"));
+    }
     EXPECT_EQ(fake.Count(run.threads[r], "ncclCommInitRankConfig"), 0);
     EXPECT_FALSE(run.boots[r]->gloo_world()->connected());
   }
