@@ -208,6 +208,31 @@ TEST(NcclTorchrunMesh, ARankWithoutItsGpuFailsEveryRankNamingIt) {
   EXPECT_EQ(fake.LiveAllocations(), 0);
 }
 
+// The store agreement alone: a rank that never posts ends the others' wait
+// at the timeout, naming what is missing; bad arguments are refused first.
+TEST(NcclStoreGroups, ARankThatNeverPostsEndsTheWaitAtTheTimeout) {
+  FakeNccl fake;
+  auto store = std::make_shared<MemoryStore>();
+  for (int rank : {0, 1}) {  // the judge, then a rank waiting for it
+    SCOPED_TRACE(absl::StrCat("rank ", rank));
+    const absl::Time start = absl::Now();
+    auto groups = CreateNcclGroupsOverStore(
+        store, absl::StrCat("alone", rank), rank, 3, {}, CudaDeviceRequest{},
+        absl::Milliseconds(300));
+    EXPECT_EQ(groups.status().code(), absl::StatusCode::kDeadlineExceeded)
+        << groups.status();
+    EXPECT_THAT(std::string(groups.status().message()),
+                HasSubstr(rank == 0 ? "alone0/ok/1" : "alone1/verdict"));
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  }
+  auto bad = CreateNcclGroupsOverStore(store, "bad", 3, 3, {},
+                                       CudaDeviceRequest{}, absl::Seconds(1));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("rank 3 of 3"));
+  EXPECT_EQ(fake.LiveComms(), 0);
+  EXPECT_EQ(fake.LiveAllocations(), 0);
+}
+
 #endif  // VEMESH_HAVE_NCCL
 
 }  // namespace

@@ -122,7 +122,11 @@ CreateNcclGroupsOverStore(const std::shared_ptr<Store>& store,
                  ? store->set(absl::StrCat(prefix, "/verdict"), *verdict)
                  : verdict.status();
   }
-  if (!posted.ok()) return fail(posted);
+  if (!posted.ok()) {
+    return fail(absl::Status(posted.code(),
+                             absl::StrCat("NCCL communicators not created: ",
+                                          posted.message())));
+  }
 
   // (3) The verdict and this rank's groups' ids, in one wait.
   std::vector<std::string> keys = {absl::StrCat(prefix, "/verdict")};
