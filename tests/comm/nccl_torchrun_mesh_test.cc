@@ -70,8 +70,8 @@ void OnThreads(int n, const std::function<void(int)>& body) {
 struct MeshRun {
   std::vector<std::thread::id> threads{kRanks};
   std::vector<absl::Status> status{kRanks};
-  std::vector<std::optional<DeviceMesh>> meshes{kRanks};
-  std::vector<std::shared_ptr<StoreWorldBootstrap>> boots{kRanks};
+  std::vector<std::optional<DeviceMesh> > meshes{kRanks};
+  std::vector<std::shared_ptr<StoreWorldBootstrap> > boots{kRanks};
   absl::Duration took;
 };
 
@@ -133,9 +133,9 @@ TEST(NcclTorchrunMesh, EachGroupTakesItsIdFromTheStoreAndNoWorldIsMade) {
       EXPECT_EQ((*group)->backend(), "nccl");
       auto* x = static_cast<double*>(fake.DeviceAlloc(sizeof(double)));
       *x = r + 1;
-      EXPECT_TRUE(
-          (*group)->all_reduce(x, x, 1, DataType::kFloat64, ReduceOp::kSum)
-              .ok());
+      EXPECT_TRUE((*group)
+                      ->all_reduce(x, x, 1, DataType::kFloat64, ReduceOp::kSum)
+                      .ok());
       double want = 0;
       for (int m : (*group)->ranks()) want += m + 1;
       EXPECT_EQ(*x, want) << "rank " << r << " " << name;
@@ -216,9 +216,9 @@ TEST(NcclStoreGroups, ARankThatNeverPostsEndsTheWaitAtTheTimeout) {
   for (int rank : {0, 1}) {  // the judge, then a rank waiting for it
     SCOPED_TRACE(absl::StrCat("rank ", rank));
     const absl::Time start = absl::Now();
-    auto groups = CreateNcclGroupsOverStore(
-        store, absl::StrCat("alone", rank), rank, 3, {}, CudaDeviceRequest{},
-        absl::Milliseconds(300));
+    auto groups = CreateNcclGroupsOverStore(store, absl::StrCat("alone", rank),
+                                            rank, 3, {}, CudaDeviceRequest{},
+                                            absl::Milliseconds(300));
     EXPECT_EQ(groups.status().code(), absl::StatusCode::kDeadlineExceeded)
         << groups.status();
     EXPECT_THAT(std::string(groups.status().message()),

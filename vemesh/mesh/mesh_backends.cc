@@ -144,9 +144,9 @@ absl::StatusOr<std::unique_ptr<MeshBackends>> MeshBackends::Create(
       // waits for a use that needs it (world()).
       out->nccl_deferred_ = true;
     } else {
-      VEMESH_ASSIGN_OR_RETURN(auto nccl,
-                              CreateNcclCommunicator(out->worlds_[host],
-                                                     cuda_device, nccl_options));
+      VEMESH_ASSIGN_OR_RETURN(
+          auto nccl, CreateNcclCommunicator(out->worlds_[host], cuda_device,
+                                            nccl_options));
       out->worlds_[Backend::kNccl] = std::move(nccl);
     }
   }
@@ -160,8 +160,8 @@ absl::StatusOr<std::shared_ptr<Communicator>> MeshBackends::world(
   auto it = worlds_.find(backend);
   if (it != worlds_.end()) return it->second;
   if (backend != Backend::kNccl || !nccl_deferred_) {
-    return absl::InternalError(absl::StrCat("MeshBackends: no ",
-                                            BackendName(backend), " world"));
+    return absl::InternalError(
+        absl::StrCat("MeshBackends: no ", BackendName(backend), " world"));
   }
   // Collective: the first use of the NCCL world is the same call on every
   // rank (a flatten or an unflatten); it connects the host world too.

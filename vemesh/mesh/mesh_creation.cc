@@ -282,10 +282,9 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
         VEMESH_ASSIGN_OR_RETURN(
             auto twins, lazy->subgroups(absl::StrCat("nccl-dims", d), specs));
         for (size_t i = 0; i < dims.size(); ++i) {
-          nccl_groups.push_back(
-              {absl::StrCat(layout.dim_name(dims[i]), "/",
-                            specs[i].members.front()),
-               std::move(twins[i])});
+          nccl_groups.push_back({absl::StrCat(layout.dim_name(dims[i]), "/",
+                                              specs[i].members.front()),
+                                 std::move(twins[i])});
         }
       }
       VEMESH_ASSIGN_OR_RETURN(

@@ -104,9 +104,9 @@ absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::flatten(
     // split_many of one: the same split, named for NCCL's logs.
     const SplitRequest request{color, split_key, flat_name};
     VEMESH_ASSIGN_OR_RETURN(auto device_world, shared.DeviceWorld());
-    VEMESH_ASSIGN_OR_RETURN(auto groups, device_world->split_many(
-                                             absl::MakeConstSpan(&request, 1),
-                                             absl::Now() + shared.timeout));
+    VEMESH_ASSIGN_OR_RETURN(
+        auto groups, device_world->split_many(absl::MakeConstSpan(&request, 1),
+                                              absl::Now() + shared.timeout));
     known = std::move(groups[0]);
   }
   {
@@ -415,9 +415,9 @@ absl::StatusOr<DeviceMesh> DeviceMesh::view(
       requests.push_back(std::move(request));
     }
     VEMESH_ASSIGN_OR_RETURN(auto device_world, shared.DeviceWorld());
-    VEMESH_ASSIGN_OR_RETURN(auto made,
-                            device_world->split_many(
-                                requests, absl::Now() + shared.timeout));
+    VEMESH_ASSIGN_OR_RETURN(
+        auto made,
+        device_world->split_many(requests, absl::Now() + shared.timeout));
     size_t next_new = 0;
     for (int64_t d = 0; d < layout.ndim(); ++d) {
       next->dims.push_back(is_new[d] ? std::move(made[next_new++]) : known[d]);

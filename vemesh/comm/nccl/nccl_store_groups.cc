@@ -59,16 +59,16 @@ CreateNcclGroupsOverStore(const std::shared_ptr<Store>& store,
                           absl::Duration timeout, const NcclOptions& options) {
   if (store == nullptr || world_size < 1 || world_rank < 0 ||
       world_rank >= world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CreateNcclGroupsOverStore: rank ", world_rank, " of ", world_size,
-        store == nullptr ? " with no store" : "",
-        ": expected a store and 0 <= rank < size"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("CreateNcclGroupsOverStore: rank ", world_rank, " of ",
+                     world_size, store == nullptr ? " with no store" : "",
+                     ": expected a store and 0 <= rank < size"));
   }
   for (const NcclStoreGroup& g : groups) {
     if (g.twin == nullptr || g.name.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "CreateNcclGroupsOverStore: group '", g.name,
-          "' needs a name and a host twin"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("CreateNcclGroupsOverStore: group '", g.name,
+                       "' needs a name and a host twin"));
     }
   }
   const std::string prefix(prefix_view);
@@ -123,9 +123,9 @@ CreateNcclGroupsOverStore(const std::shared_ptr<Store>& store,
                  : verdict.status();
   }
   if (!posted.ok()) {
-    return fail(absl::Status(posted.code(),
-                             absl::StrCat("NCCL communicators not created: ",
-                                          posted.message())));
+    return fail(absl::Status(
+        posted.code(),
+        absl::StrCat("NCCL communicators not created: ", posted.message())));
   }
 
   // (3) The verdict and this rank's groups' ids, in one wait.
@@ -135,10 +135,9 @@ CreateNcclGroupsOverStore(const std::shared_ptr<Store>& store,
   }
   auto values = store->wait_get(keys, deadline);
   if (!values.ok()) {
-    return fail(absl::Status(
-        values.status().code(),
-        absl::StrCat("NCCL communicators not created: ",
-                     values.status().message())));
+    return fail(absl::Status(values.status().code(),
+                             absl::StrCat("NCCL communicators not created: ",
+                                          values.status().message())));
   }
   const std::string& failed = (*values)[0];
   if (!failed.empty()) {
@@ -165,10 +164,9 @@ CreateNcclGroupsOverStore(const std::shared_ptr<Store>& store,
   for (size_t i = 0; i < n; ++i) {
     const std::string& id = (*values)[i + 1];
     if (id.size() != sizeof(ncclUniqueId)) {
-      return fail(absl::InternalError(
-          absl::StrCat("the unique id of '", groups[i].name, "' under ", prefix,
-                       " has ", id.size(), " bytes: expected ",
-                       sizeof(ncclUniqueId))));
+      return fail(absl::InternalError(absl::StrCat(
+          "the unique id of '", groups[i].name, "' under ", prefix, " has ",
+          id.size(), " bytes: expected ", sizeof(ncclUniqueId))));
     }
     std::memcpy(&ids[i], id.data(), sizeof(ncclUniqueId));
   }
@@ -182,9 +180,8 @@ CreateNcclGroupsOverStore(const std::shared_ptr<Store>& store,
     configs[i].commName = groups[i].name.c_str();
 #endif
     status = NcclStatus(
-        Nccl().ncclCommInitRankConfig(&comms[i], groups[i].twin->size(),
-                                      ids[i], groups[i].twin->rank(),
-                                      &configs[i]),
+        Nccl().ncclCommInitRankConfig(&comms[i], groups[i].twin->size(), ids[i],
+                                      groups[i].twin->rank(), &configs[i]),
         absl::StrCat("ncclCommInitRankConfig of '", groups[i].name, "'"));
   }
   for (size_t i = 0; i < n && status.ok(); ++i) {
@@ -199,9 +196,9 @@ CreateNcclGroupsOverStore(const std::shared_ptr<Store>& store,
   out.reserve(n);
   auto lineage = std::make_shared<std::atomic<bool>>(false);
   for (size_t i = 0; i < n; ++i) {
-    auto* comm = new NcclCommunicator(std::move(groups[i].twin), device,
-                                      options, comms[i], streams[i],
-                                      scratch[i]);
+    auto* comm =
+        new NcclCommunicator(std::move(groups[i].twin), device, options,
+                             comms[i], streams[i], scratch[i]);
     comm->lineage_aborted_ = lineage;
     out.push_back(std::shared_ptr<Communicator>(comm));
   }

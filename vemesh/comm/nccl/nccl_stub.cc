@@ -24,8 +24,8 @@ absl::StatusOr<std::shared_ptr<Communicator>> CreateNcclCommunicator(
 }
 
 absl::StatusOr<std::vector<std::shared_ptr<Communicator>>>
-CreateNcclGroupsOverStore(const std::shared_ptr<Store>&, absl::string_view,
-                          int, int, std::vector<NcclStoreGroup>,
+CreateNcclGroupsOverStore(const std::shared_ptr<Store>&, absl::string_view, int,
+                          int, std::vector<NcclStoreGroup>,
                           const CudaDeviceRequest&, absl::Duration,
                           const NcclOptions&) {
   return CudaDeviceCount().status();

@@ -20,7 +20,9 @@
 // rank 0 starts for Gloo listens on loopback only) and makes each world in
 // the same order on every rank after the bootstrap's own host world, which
 // the agreement step made (NCCL's unique id travels over it): a Gloo world
-// over MPI when asked for, then NCCL.
+// over MPI when asked for, then NCCL. Over an unconnected Gloo world
+// (env://) the NCCL world is deferred: the mesh's NCCL groups then take
+// their ids from the store, and world() makes it on first use.
 
 #ifndef VEMESH_MESH_INTERNAL_MESH_BACKENDS_H_
 #define VEMESH_MESH_INTERNAL_MESH_BACKENDS_H_
