@@ -560,6 +560,8 @@ class FakeNccl {
       std::memset(id, 7, sizeof(*id));
       const int64_t serial = ++f.unique_ids_;
       std::memcpy(id->internal, &serial, sizeof(serial));
+      std::lock_guard<std::mutex> lock(f.mu_);
+      f.Record("ncclGetUniqueId", -1);
       return ncclSuccess;
     };
     t.ncclCommInitRankConfig = [](ncclComm_t* comm, int nranks,

@@ -135,7 +135,9 @@ TEST(NcclAbort, AHealthyMeshIsDestroyed) {
     ASSERT_TRUE(mesh.ok()) << mesh.status();
   });
   for (int r = 0; r < 2; ++r) {
-    EXPECT_EQ(fake.Count(threads[r], "ncclCommDestroy"), 2) << r;
+    // The DP group only: under a store bootstrap (env://) no world NCCL
+    // communicator is made until a use needs it (issue 32 item 3).
+    EXPECT_EQ(fake.Count(threads[r], "ncclCommDestroy"), 1) << r;
     EXPECT_EQ(fake.Count(threads[r], "ncclCommAbort"), 0) << r;
   }
   EXPECT_EQ(fake.LiveComms(), 0);

@@ -36,6 +36,7 @@
 
 #ifdef VEMESH_HAVE_NCCL
 #include "fake_nccl.h"
+#include "store_world_bootstrap.h"
 #include "vemesh/bootstrap/store_bootstrap.h"
 #include "vemesh/comm/gloo/gloo_communicator.h"
 #include "vemesh/layout/mesh_layout.h"
@@ -105,8 +106,8 @@ struct MeshRun {
   std::vector<std::vector<SplitRequest> > expected;  // per rank, per dim
 };
 
-// Creates a cuda mesh (2, 2, 2) on eight thread-ranks, checks it and keeps
-// what each rank should have asked NCCL for.
+// Creates a cuda mesh (2, 2, 2) on eight thread-ranks over a connected host
+// world, checks it and keeps what each rank should have asked NCCL for.
 MeshRun CreateMesh(const MeshOptions& base) {
   constexpr int kRanks = 8;
   auto layout = MeshLayout::Create({2, 2, 2}, kNames);
@@ -125,8 +126,11 @@ MeshRun CreateMesh(const MeshOptions& base) {
     }
     MeshOptions options = base;
     options.timeout = kTimeout;
-    options.bootstrap =
-        std::make_shared<StoreBootstrap>(store, r, kRanks, "job");
+    // A connected host world (as MPI's): the world NCCL communicator and
+    // ncclCommSplit path. An unconnected one (torchrun) takes the store
+    // path instead: nccl_torchrun_mesh_test.cc.
+    options.bootstrap = std::make_shared<vemesh::testing::StoreWorldBootstrap>(
+        store, r, kRanks, /*connected_world=*/true);
     auto mesh = DeviceMesh::Create(DeviceType::kCuda, *layout, options);
     ASSERT_TRUE(mesh.ok()) << "rank " << r << ": " << mesh.status();
     // What the user gets: the TP group is an NCCL communicator of the two

@@ -247,6 +247,11 @@ absl::StatusOr<std::string> DeviceMesh::backend(absl::string_view dim) const {
   }
   const int64_t plan_dim = view_->shared->backend_dim[root_dim];
   if (plan_dim < 0) {
+    if (view_->shared->device_world == nullptr &&
+        view_->shared->backends != nullptr) {
+      return std::string(
+          BackendName(view_->shared->backends->default_backend()));
+    }
     return std::string(view_->shared->device_world->backend());
   }
   return std::string(

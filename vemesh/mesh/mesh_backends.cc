@@ -9,6 +9,7 @@
 #include "vemesh/base/status_macros.h"
 #include "vemesh/bootstrap/launch.h"
 #include "vemesh/bootstrap/rank0_store.h"
+#include "vemesh/comm/gloo/gloo_communicator.h"
 #include "vemesh/comm/nccl/nccl_communicator.h"
 #include "vemesh/rendezvous/tcp/tcp_store_server.h"
 
@@ -132,29 +133,70 @@ absl::StatusOr<std::unique_ptr<MeshBackends>> MeshBackends::Create(
                             out->gloo_bootstrap_->world(deadline, op_timeout));
     out->worlds_[Backend::kGloo] = std::move(gloo);
   }
+  out->host_ = host;
+  out->cuda_device_ = cuda_device;
+  out->nccl_options_ = nccl_options;
   if (used.count(Backend::kNccl) > 0) {
-    VEMESH_ASSIGN_OR_RETURN(
-        auto nccl,
-        CreateNcclCommunicator(out->worlds_[host], cuda_device, nccl_options));
-    out->worlds_[Backend::kNccl] = std::move(nccl);
+    if (GlooCommunicator::UnconnectedWorld(out->worlds_[host].get()) !=
+        nullptr) {
+      // torchrun / env://: the dimensions' NCCL groups take their ids from
+      // the store (DeviceMesh::Create), and the world's NCCL communicator
+      // waits for a use that needs it (world()).
+      out->nccl_deferred_ = true;
+    } else {
+      VEMESH_ASSIGN_OR_RETURN(
+          auto nccl, CreateNcclCommunicator(out->worlds_[host], cuda_device,
+                                            nccl_options));
+      out->worlds_[Backend::kNccl] = std::move(nccl);
+    }
   }
   out->plan_ = std::move(plan);
   return out;
 }
 
+absl::StatusOr<std::shared_ptr<Communicator>> MeshBackends::world(
+    Backend backend) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = worlds_.find(backend);
+  if (it != worlds_.end()) return it->second;
+  if (backend != Backend::kNccl || !nccl_deferred_) {
+    return absl::InternalError(
+        absl::StrCat("MeshBackends: no ", BackendName(backend), " world"));
+  }
+  // Collective: the first use of the NCCL world is the same call on every
+  // rank (a flatten or an unflatten); it connects the host world too.
+  VEMESH_ASSIGN_OR_RETURN(
+      auto nccl,
+      CreateNcclCommunicator(worlds_[host_], cuda_device_, nccl_options_));
+  nccl_deferred_ = false;
+  worlds_[Backend::kNccl] = nccl;
+  return nccl;
+}
+
+bool MeshBackends::nccl_deferred() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return nccl_deferred_;
+}
+
+std::shared_ptr<Communicator> MeshBackends::host_world() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return worlds_.at(host_);
+}
+
 MeshBackends::~MeshBackends() {
   // Communicators go before the store that their peers may still read.
+  std::lock_guard<std::mutex> lock(mu_);
   worlds_.clear();
   gloo_bootstrap_.reset();
 }
 
-const std::shared_ptr<Communicator>& MeshBackends::default_world() const {
-  return worlds_.at(plan_.default_backend);
+absl::StatusOr<std::shared_ptr<Communicator>> MeshBackends::default_world() {
+  return world(plan_.default_backend);
 }
 
-const std::shared_ptr<Communicator>& MeshBackends::world_of_dim(
-    int64_t dim) const {
-  return worlds_.at(plan_.dims[dim]);
+absl::StatusOr<std::shared_ptr<Communicator>> MeshBackends::world_of_dim(
+    int64_t dim) {
+  return world(plan_.dims[dim]);
 }
 
 std::string MeshBackends::ToString() const {

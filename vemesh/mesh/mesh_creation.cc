@@ -18,6 +18,7 @@
 #include "vemesh/bootstrap/init_timeout.h"
 #include "vemesh/bootstrap/launch.h"
 #include "vemesh/comm/gloo/gloo_communicator.h"
+#include "vemesh/comm/nccl/nccl_communicator.h"
 #include "vemesh/mesh/device_mesh.h"
 #include "vemesh/mesh/internal/mesh_backends.h"
 #include "vemesh/mesh/internal/mesh_shared.h"
@@ -224,7 +225,13 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
       shared->host_size == world_size, deadline, timeout, options.nccl);
   if (!backends.ok()) return backends.status();
   shared->backends = *std::move(backends);
-  shared->device_world = shared->backends->default_world();
+  // Null while the NCCL world waits for its first use (torchrun): then
+  // DeviceWorld() makes it.
+  if (!(shared->backends->default_backend() == Backend::kNccl &&
+        shared->backends->nccl_deferred())) {
+    VEMESH_ASSIGN_OR_RETURN(shared->device_world,
+                            shared->backends->default_world());
+  }
   for (int64_t d = 0; d < layout.ndim(); ++d) shared->backend_dim.push_back(d);
 
   // (6) The dimensions' groups: one split_many per backend world, worlds in
@@ -242,16 +249,58 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
   std::vector<bool> made(static_cast<size_t>(ndim), false);
   for (int64_t d = 0; d < ndim; ++d) {
     if (made[d]) continue;
-    const std::shared_ptr<Communicator>& world =
-        shared->backends->world_of_dim(d);
+    const Backend backend = shared->backends->dim_backend(d);
     std::vector<int64_t> dims;
     std::vector<SplitRequest> batch;
     for (int64_t e = d; e < ndim; ++e) {
-      if (shared->backends->world_of_dim(e) != world) continue;
+      if (shared->backends->dim_backend(e) != backend) continue;
       dims.push_back(e);
       batch.push_back(requests[e]);
       made[e] = true;
     }
+    // NCCL over a Gloo world not connected yet (env://): the groups' host
+    // twins in one store round, then their NCCL communicators with ids
+    // through the store (CreateNcclGroupsOverStore). Neither the world's
+    // Gloo pairs nor a world NCCL communicator is made; ranks outside the
+    // mesh take part in the ready agreement only.
+    if (backend == Backend::kNccl && shared->backends->nccl_deferred()) {
+      std::shared_ptr<Communicator> host = shared->backends->host_world();
+      GlooCommunicator* lazy = GlooCommunicator::UnconnectedWorld(host.get());
+      if (lazy == nullptr) {
+        return absl::InternalError(
+            "DeviceMesh::Create: the NCCL world was deferred but the host "
+            "world is connected");
+      }
+      std::vector<NcclStoreGroup> nccl_groups;
+      if (member) {
+        std::vector<GlooCommunicator::SubgroupSpec> specs;
+        for (int64_t e : dims) {
+          VEMESH_ASSIGN_OR_RETURN(auto spec,
+                                  DimGroupSpec(layout, e, world_rank));
+          specs.push_back(std::move(spec));
+        }
+        VEMESH_ASSIGN_OR_RETURN(
+            auto twins, lazy->subgroups(absl::StrCat("nccl-dims", d), specs));
+        for (size_t i = 0; i < dims.size(); ++i) {
+          nccl_groups.push_back({absl::StrCat(layout.dim_name(dims[i]), "/",
+                                              specs[i].members.front()),
+                                 std::move(twins[i])});
+        }
+      }
+      VEMESH_ASSIGN_OR_RETURN(
+          auto groups,
+          CreateNcclGroupsOverStore(
+              lazy->store(), absl::StrCat(lazy->prefix(), "/nccl/dims", d),
+              lazy->rank(), lazy->size(), std::move(nccl_groups),
+              shared->backends->cuda_device(), timeout,
+              shared->backends->nccl_options()));
+      for (size_t i = 0; i < groups.size(); ++i) {
+        shared->dims[dims[i]] = std::move(groups[i]);
+      }
+      continue;
+    }
+    VEMESH_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> world,
+                            shared->backends->world_of_dim(d));
     // A Gloo world not connected yet (env://): each group connects its own
     // members through the store, and the world's pairs are never made.
     // All of them in one store round (GlooCommunicator::subgroups).

@@ -103,9 +103,10 @@ absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::flatten(
     }
     // split_many of one: the same split, named for NCCL's logs.
     const SplitRequest request{color, split_key, flat_name};
-    VEMESH_ASSIGN_OR_RETURN(auto groups, shared.device_world->split_many(
-                                             absl::MakeConstSpan(&request, 1),
-                                             absl::Now() + shared.timeout));
+    VEMESH_ASSIGN_OR_RETURN(auto device_world, shared.DeviceWorld());
+    VEMESH_ASSIGN_OR_RETURN(
+        auto groups, device_world->split_many(absl::MakeConstSpan(&request, 1),
+                                              absl::Now() + shared.timeout));
     known = std::move(groups[0]);
   }
   {
@@ -257,9 +258,10 @@ absl::StatusOr<DeviceMesh> DeviceMesh::unflatten(
           requests[j],
           DimSplitRequest(root, names[j], shared.global_rank, member));
     }
-    VEMESH_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Communicator>> made,
-                            shared.backends->world_of_dim(b)->split_many(
-                                requests, absl::Now() + shared.timeout));
+    VEMESH_ASSIGN_OR_RETURN(auto world, shared.backends->world_of_dim(b));
+    VEMESH_ASSIGN_OR_RETURN(
+        std::vector<std::shared_ptr<Communicator>> made,
+        world->split_many(requests, absl::Now() + shared.timeout));
     for (int64_t i = 0; i < shared.root.ndim(); ++i) {
       if (i == r) {
         next->dims.insert(next->dims.end(), made.begin(), made.end());
@@ -412,9 +414,10 @@ absl::StatusOr<DeviceMesh> DeviceMesh::view(
                                               shared.global_rank, member));
       requests.push_back(std::move(request));
     }
-    VEMESH_ASSIGN_OR_RETURN(auto made,
-                            shared.device_world->split_many(
-                                requests, absl::Now() + shared.timeout));
+    VEMESH_ASSIGN_OR_RETURN(auto device_world, shared.DeviceWorld());
+    VEMESH_ASSIGN_OR_RETURN(
+        auto made,
+        device_world->split_many(requests, absl::Now() + shared.timeout));
     size_t next_new = 0;
     for (int64_t d = 0; d < layout.ndim(); ++d) {
       next->dims.push_back(is_new[d] ? std::move(made[next_new++]) : known[d]);

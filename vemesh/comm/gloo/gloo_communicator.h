@@ -200,6 +200,8 @@ class GlooCommunicator final : public Communicator {
     return BackendName(Backend::kGloo);
   }
   const std::string& prefix() const { return prefix_; }
+  // The store this group met through (a lazy world's NCCL ids go there).
+  const std::shared_ptr<Store>& store() const { return store_; }
   // Gloo's bound on the rendezvous and on each wait inside an operation
   // (not Communicator::timeout(), the bound of blocking forms).
   absl::Duration gloo_timeout() const { return gloo_timeout_; }

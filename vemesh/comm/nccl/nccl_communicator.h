@@ -83,6 +83,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -91,6 +92,7 @@
 #include "vemesh/comm/communicator.h"
 #include "vemesh/comm/nccl/cuda_device.h"
 #include "vemesh/comm/nccl/nccl_options.h"
+#include "vemesh/rendezvous/store.h"
 
 namespace vemesh {
 
@@ -112,6 +114,39 @@ absl::StatusOr<std::shared_ptr<Communicator>> CreateNcclCommunicator(
 absl::StatusOr<std::shared_ptr<Communicator>> CreateNcclCommunicator(
     std::shared_ptr<Communicator> twin, const CudaDeviceRequest& request,
     const NcclOptions& options = {});
+
+// One group of CreateNcclGroupsOverStore: its host twin (connected, the same
+// members in the same order as the NCCL communicator will have) and a name
+// that is the same on all its members and unique within the call.
+struct NcclStoreGroup {
+  std::string name;
+  std::shared_ptr<Communicator> twin;
+};
+
+// Collective over all `world_size` ranks sharing `store` (a torchrun mesh's
+// dimensions, whose world is never connected): one NCCL communicator per
+// group in `groups` (those this rank is in; none is fine), with no NCCL or
+// host collective over the world. Every rank prepares its GPU and posts
+// whether it could under `<prefix>/ok/<world_rank>`; each group's rank 0
+// posts its unique id under `<prefix>/id/<name>` (empty when it failed);
+// world rank 0 reads the world's flags and posts the verdict; every rank
+// reads the verdict and its groups' ids in one wait, then calls
+// ncclCommInitRankConfig once per group. A rank that cannot prepare its GPU
+// fails every rank with the same FailedPrecondition naming it (its own
+// status keeps its code), as CreateNcclCommunicator does; a rank that never
+// posts ends the others' wait at `timeout` (DeadlineExceeded naming the
+// keys). The groups share one lineage (abort, never destroy, after any
+// abort). `prefix` must be fresh in `store`.
+//
+//   auto groups = CreateNcclGroupsOverStore(store, "job/nccl", rank, 8,
+//       {{"dim0/0", twin0}, {"dim1/0", twin1}}, request, absl::Seconds(60));
+absl::StatusOr<std::vector<std::shared_ptr<Communicator>>>
+CreateNcclGroupsOverStore(const std::shared_ptr<Store>& store,
+                          absl::string_view prefix, int world_rank,
+                          int world_size, std::vector<NcclStoreGroup> groups,
+                          const CudaDeviceRequest& request,
+                          absl::Duration timeout,
+                          const NcclOptions& options = {});
 
 }  // namespace vemesh
 
@@ -165,6 +200,13 @@ class NcclCommunicator final : public Communicator {
   size_t MaxCount() const override;
   // ncclCommAbort, once, from any thread.
   void OnAbort() override;
+  // See CreateNcclGroupsOverStore.
+  friend absl::StatusOr<std::vector<std::shared_ptr<Communicator>>>
+  CreateNcclGroupsOverStore(const std::shared_ptr<Store>& store,
+                            absl::string_view prefix, int world_rank,
+                            int world_size, std::vector<NcclStoreGroup> groups,
+                            const CudaDeviceRequest& request,
+                            absl::Duration timeout, const NcclOptions& options);
   // One NCCL group of ncclCommAbort (see the file comment).
   void OnAbortMany(absl::Span<Communicator* const> same_backend) override;
   // ncclCommShrink, or a new communicator over the shrunk twin.

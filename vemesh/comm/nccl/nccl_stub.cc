@@ -23,6 +23,14 @@ absl::StatusOr<std::shared_ptr<Communicator>> CreateNcclCommunicator(
   return CudaDeviceCount().status();
 }
 
+absl::StatusOr<std::vector<std::shared_ptr<Communicator>>>
+CreateNcclGroupsOverStore(const std::shared_ptr<Store>&, absl::string_view, int,
+                          int, std::vector<NcclStoreGroup>,
+                          const CudaDeviceRequest&, absl::Duration,
+                          const NcclOptions&) {
+  return CudaDeviceCount().status();
+}
+
 }  // namespace vemesh
 
 #endif  // VEMESH_HAVE_NCCL

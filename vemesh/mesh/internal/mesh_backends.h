@@ -13,20 +13,23 @@
 //   auto backends = MeshBackends::Create(*bootstrap, *plan, agreed->world,
 //                                        {-1, host_local_rank, host_size},
 //                                        one_host, deadline, timeout);
-//   (*backends)->world_of_dim(2)->split(color, key);
+//   (*(*backends)->world_of_dim(2))->split(color, key);
 //
 // The plan is local (the agreement check compares it across ranks); Create
 // is collective (`one_host`: every rank is on this host, so a store that
 // rank 0 starts for Gloo listens on loopback only) and makes each world in
 // the same order on every rank after the bootstrap's own host world, which
 // the agreement step made (NCCL's unique id travels over it): a Gloo world
-// over MPI when asked for, then NCCL.
+// over MPI when asked for, then NCCL. Over an unconnected Gloo world
+// (env://) the NCCL world is deferred: the mesh's NCCL groups then take
+// their ids from the store, and world() makes it on first use.
 
 #ifndef VEMESH_MESH_INTERNAL_MESH_BACKENDS_H_
 #define VEMESH_MESH_INTERNAL_MESH_BACKENDS_H_
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -76,8 +79,21 @@ class MeshBackends {
       absl::Duration op_timeout, const NcclOptions& nccl_options = {});
   ~MeshBackends();
 
-  const std::shared_ptr<Communicator>& default_world() const;
-  const std::shared_ptr<Communicator>& world_of_dim(int64_t dim) const;
+  // A backend's world. Over an unconnected Gloo world (torchrun), the NCCL
+  // world is made on the first call that asks for it (collective: the same
+  // call on every rank), with its unique id over the host world.
+  absl::StatusOr<std::shared_ptr<Communicator>> world(Backend backend);
+  absl::StatusOr<std::shared_ptr<Communicator>> default_world();
+  absl::StatusOr<std::shared_ptr<Communicator>> world_of_dim(int64_t dim);
+  // Whether the NCCL world waits for its first use (the host world is an
+  // unconnected Gloo world): the dimensions' NCCL groups are then made over
+  // the store (CreateNcclGroupsOverStore) beside Gloo subgroups.
+  bool nccl_deferred() const;
+  // The bootstrap's own host world (NCCL's twin).
+  std::shared_ptr<Communicator> host_world() const;
+  const CudaDeviceRequest& cuda_device() const { return cuda_device_; }
+  const NcclOptions& nccl_options() const { return nccl_options_; }
+  Backend default_backend() const { return plan_.default_backend; }
   Backend dim_backend(int64_t dim) const { return plan_.dims[dim]; }
   // "backend=gloo (RANK/WORLD_SIZE are set ...)"; per-dimension backends
   // are listed when they differ.
@@ -87,6 +103,12 @@ class MeshBackends {
   MeshBackends() = default;
 
   BackendPlan plan_;
+  Backend host_ = Backend::kGloo;
+  CudaDeviceRequest cuda_device_;
+  NcclOptions nccl_options_;
+  // Guards worlds_ and nccl_deferred_ (the NCCL world may be made late).
+  mutable std::mutex mu_;
+  bool nccl_deferred_ = false;
   std::map<Backend, std::shared_ptr<Communicator>> worlds_;
   // Gloo under an MPI launcher: rank 0's store and the bootstrap over it.
   std::unique_ptr<TcpStoreServer> server_;

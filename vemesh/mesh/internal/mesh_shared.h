@@ -94,8 +94,18 @@ struct DeviceMesh::Shared {
   // backend from: the identity for a created mesh; an unflattened dimension's
   // parts all map to the dimension they split.
   std::vector<int64_t> backend_dim;
-  // The world on the mesh's default backend (flatten splits it).
+  // The world on the mesh's default backend (flatten splits it); null while
+  // a torchrun cuda mesh's NCCL world waits for its first use.
   std::shared_ptr<Communicator> device_world;
+  // device_world, made now if it waited (collective: the same call on every
+  // rank, under flatten_mu or in an unflatten).
+  absl::StatusOr<std::shared_ptr<Communicator>> DeviceWorld() const {
+    if (device_world != nullptr) return device_world;
+    if (backends == nullptr) {
+      return absl::FailedPreconditionError("this mesh has no device world");
+    }
+    return backends->default_world();
+  }
   // One per root dimension; null on ranks outside the mesh.
   std::vector<std::shared_ptr<Communicator>> dims;
   // Set by DeviceMesh::abort(): flatten refuses, shrink rebuilds every
