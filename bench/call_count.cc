@@ -22,9 +22,9 @@ class Timed {
     ++g_counts.n[i_];
   }
   ~Timed() {
-    g_counts.seconds[i_] += std::chrono::duration<double>(
-                                std::chrono::steady_clock::now() - start_)
-                                .count();
+    g_counts.seconds[i_] +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_)
+            .count();
   }
 
  private:
@@ -32,18 +32,22 @@ class Timed {
   std::chrono::steady_clock::time_point start_;
 };
 
-const char* const kNames[] = {
-    "Comm_split",  "Comm_split_type", "Comm_dup",
-    "Comm_idup",   "Comm_create",     "Comm_create_group",
-    "Cart_create", "Cart_sub",        "Allreduce",
-    "Iallreduce",  "Allgather",       "Iallgather",
-    "Iallgatherv", "Bcast",           "Ibcast",
-    "Barrier",     "Ibarrier",        "Comm_group",
-    "Group_incl",  "Group_translate_ranks", "Group_free",
-    "Comm_set_errhandler", "Comm_set_attr", "Comm_rank",
-    "Comm_size",   "Comm_free",       "Test",
-    "Wait",        "Is_thread_main",  "Query_thread",
-    "Initialized", "Finalized"};
+const char* const kNames[] = {"Comm_split",     "Comm_split_type",
+                              "Comm_dup",       "Comm_idup",
+                              "Comm_create",    "Comm_create_group",
+                              "Cart_create",    "Cart_sub",
+                              "Allreduce",      "Iallreduce",
+                              "Allgather",      "Iallgather",
+                              "Iallgatherv",    "Bcast",
+                              "Ibcast",         "Barrier",
+                              "Ibarrier",       "Comm_group",
+                              "Group_incl",     "Group_translate_ranks",
+                              "Group_free",     "Comm_set_errhandler",
+                              "Comm_set_attr",  "Comm_rank",
+                              "Comm_size",      "Comm_free",
+                              "Test",           "Wait",
+                              "Is_thread_main", "Query_thread",
+                              "Initialized",    "Finalized"};
 static_assert(sizeof(kNames) / sizeof(kNames[0]) ==
               static_cast<size_t>(Call::kCount));
 
@@ -183,8 +187,7 @@ int MPI_Comm_group(MPI_Comm comm, MPI_Group* group) {
   Timed t(Call::kCommGroup);
   return PMPI_Comm_group(comm, group);
 }
-int MPI_Group_incl(MPI_Group group, int n, const int ranks[],
-                   MPI_Group* out) {
+int MPI_Group_incl(MPI_Group group, int n, const int ranks[], MPI_Group* out) {
   Timed t(Call::kGroupIncl);
   return PMPI_Group_incl(group, n, ranks, out);
 }

@@ -311,8 +311,10 @@ void PrintAllCalls(const std::vector<const char*>& names,
   }
   if (WorldRank() != 0) return;
   const double per = 1.0 / (static_cast<double>(world) * reps);
-  std::printf("\nevery MPI call per creation (mean over ranks and %d reps): "
-              "calls, us inside\n\n| call |", reps);
+  std::printf(
+      "\nevery MPI call per creation (mean over ranks and %d reps): "
+      "calls, us inside\n\n| call |",
+      reps);
   for (const char* n : names) std::printf(" %s |", n);
   std::printf("\n|---|");
   for (size_t i = 0; i < names.size(); ++i) std::printf("---:|");
