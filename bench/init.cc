@@ -55,6 +55,10 @@ ABSL_FLAG(std::vector<std::string>, shapes, {},
 ABSL_FLAG(bool, counts, false,
           "print what one vemesh creation uses per rank (calls, sockets, "
           "store operations) instead of timing");
+ABSL_FLAG(bool, calls, false,
+          "also print, for vemesh and its calls by hand, every MPI call per "
+          "creation (local calls and waits included) and the time in each, "
+          "averaged over ranks and repetitions");
 ABSL_FLAG(bool, smoke, false,
           "one repetition, no warm-up: proves the program works (ctest)");
 
@@ -281,7 +285,60 @@ void CheckSameGroups(const std::vector<Method>& methods, const HandMesh& hand) {
 struct Result {
   std::vector<double> seconds;
   CallCounts calls;  // one repetition's, on this rank
+  CallCounts all;    // every MPI call, summed over the timed repetitions
+  double own = 0;    // this rank's own time, summed likewise
 };
+
+// --calls: per creation, averaged over ranks and repetitions, each kind of
+// MPI call (count and microseconds inside it) and the time outside MPI.
+void PrintAllCalls(const std::vector<const char*>& names,
+                   const std::vector<const Result*>& results, int reps) {
+  int world = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const size_t kinds = static_cast<size_t>(Call::kCount);
+  std::vector<std::vector<double>> sums;
+  for (const Result* r : results) {
+    std::vector<double> mine(2 * kinds + 1);
+    for (size_t k = 0; k < kinds; ++k) {
+      mine[k] = static_cast<double>(r->all.n[k]);
+      mine[kinds + k] = r->all.seconds[k];
+    }
+    mine[2 * kinds] = r->own;
+    std::vector<double> sum(mine.size());
+    MPI_Reduce(mine.data(), sum.data(), static_cast<int>(mine.size()),
+               MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
+    sums.push_back(sum);
+  }
+  if (WorldRank() != 0) return;
+  const double per = 1.0 / (static_cast<double>(world) * reps);
+  std::printf(
+      "\nevery MPI call per creation (mean over ranks and %d reps): "
+      "calls, us inside\n\n| call |",
+      reps);
+  for (const char* n : names) std::printf(" %s |", n);
+  std::printf("\n|---|");
+  for (size_t i = 0; i < names.size(); ++i) std::printf("---:|");
+  std::printf("\n");
+  for (size_t k = 0; k < kinds; ++k) {
+    bool any = false;
+    for (const auto& s : sums) any = any || s[k] != 0;
+    if (!any) continue;
+    std::printf("| %s |", CallName(k));
+    for (const auto& s : sums) {
+      std::printf(" %.2f, %.1f |", s[k] * per, s[kinds + k] * per * 1e6);
+    }
+    std::printf("\n");
+  }
+  std::printf("| whole creation, us |");
+  for (const auto& s : sums) std::printf(" %.1f |", s[2 * kinds] * per * 1e6);
+  std::printf("\n| outside MPI, us |");
+  for (const auto& s : sums) {
+    double in = 0;
+    for (size_t k = 0; k < kinds; ++k) in += s[kinds + k];
+    std::printf(" %.1f |", (s[2 * kinds] - in) * per * 1e6);
+  }
+  std::printf("\n");
+}
 
 // Collective calls one rank makes to create every per-dimension group of a
 // mesh, as a formula of the shape (what the table projects to big worlds).
@@ -317,19 +374,30 @@ void RunShape(const std::vector<int64_t>& shape, int reps, int warmup) {
       const size_t m = (i + static_cast<size_t>(r)) % methods.size();
       MPI_Barrier(MPI_COMM_WORLD);
       const CallCounts before = CollectiveCalls();
+      const CallCounts all_before = AllCalls();
       const double start = MPI_Wtime();
       Made made = methods[m].make(hand);
       const double took = MPI_Wtime() - start;
       const CallCounts used = CollectiveCalls() - before;
+      const CallCounts all_used = AllCalls() - all_before;
       Release(made);
       const double slowest = MaxOverRanks(took);
       if (r >= warmup) {
         results[m].seconds.push_back(slowest);
         results[m].calls = used;
+        for (size_t k = 0; k < all_used.n.size(); ++k) {
+          results[m].all.n[k] += all_used.n[k];
+          results[m].all.seconds[k] += all_used.seconds[k];
+        }
+        results[m].own += took;
       }
     }
   }
 
+  if (absl::GetFlag(FLAGS_calls)) {
+    PrintAllCalls({methods[1].name, methods[4].name, methods[5].name},
+                  {&results[1], &results[4], &results[5]}, reps);
+  }
   if (WorldRank() != 0) return;
   const double floor = Median(results[0].seconds);
   std::printf("\nworld %d, mesh %s (%s), %d repetitions\n\n", world,

@@ -80,8 +80,6 @@ absl::StatusOr<std::vector<std::string>> Verdict(
         gathered.status().code(),
         absl::StrCat(operation, ": ", gathered.status().message()));
   }
-  std::vector<std::string> payloads;
-  payloads.reserve(gathered->size());
   bool agree = true;
   for (const std::string& m : *gathered) {
     if (m.size() < kFingerprintBytes) {
@@ -91,9 +89,13 @@ absl::StatusOr<std::vector<std::string>> Verdict(
     }
     agree =
         agree && std::memcmp(m.data(), message.data(), kFingerprintBytes) == 0;
-    payloads.push_back(m.substr(kFingerprintBytes));
   }
-  if (agree) return payloads;
+  if (agree) {
+    // The payloads in place, without a copy per rank (issue 32: creation's
+    // CPU per rank should not grow with allocations per world rank).
+    for (std::string& m : *gathered) m.erase(0, kFingerprintBytes);
+    return std::move(*gathered);
+  }
 
   // They disagree (every rank knows it): one more step fetches everyone's
   // arguments, so that the message names the first rank that differs from

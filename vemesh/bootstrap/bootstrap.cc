@@ -27,9 +27,16 @@ std::string HostIdentity() {
   if (const char* id = std::getenv("VEMESH_HOST_ID"); id != nullptr && *id) {
     return id;
   }
-  char name[256] = {};
-  if (gethostname(name, sizeof(name) - 1) != 0) return "localhost";
-  return name;
+  // The host's name does not change under a running job: asked once (a
+  // system call per mesh creation was a microsecond of every rank's CPU).
+  static const std::string* const host = [] {
+    char name[256] = {};
+    if (gethostname(name, sizeof(name) - 1) != 0) {
+      return new std::string("localhost");
+    }
+    return new std::string(name);
+  }();
+  return *host;
 }
 
 }  // namespace vemesh

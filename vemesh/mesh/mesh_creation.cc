@@ -207,7 +207,10 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
   }
   shared->host_size =
       static_cast<int>(std::count(hosts.begin(), hosts.end(), mine));
-  shared->world_hosts = std::make_shared<const std::vector<std::string>>(hosts);
+  // Moved, not copied: one string per world rank (issue 32: O(world)
+  // allocations per rank were part of creation's CPU).
+  shared->world_hosts = std::make_shared<const std::vector<std::string>>(
+      std::move(agreed.payloads));
   const LauncherLocal launcher = LauncherLocalRank();
   if (options.world == nullptr && launcher.rank >= 0 &&
       launcher.rank != shared->host_local_rank) {

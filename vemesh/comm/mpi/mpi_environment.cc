@@ -42,9 +42,15 @@ std::mutex reason_mu;
 std::string* abandon_time = nullptr;
 std::string* abandon_reason = nullptr;
 
+// MPI_Initialized stays true once true (even after MPI_Finalize), so a
+// true answer is kept: the usability checks of every call ask it.
+std::atomic<bool> seen_initialized{false};
+
 bool Initialized() {
+  if (seen_initialized.load(std::memory_order_relaxed)) return true;
   int flag = 0;
   MPI_Initialized(&flag);
+  if (flag != 0) seen_initialized.store(true, std::memory_order_relaxed);
   return flag != 0;
 }
 
