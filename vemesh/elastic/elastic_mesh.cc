@@ -562,7 +562,8 @@ absl::StatusOr<MembershipRecord> ElasticMesh::ChooseEpoch(int64_t failed,
         rec.admits(options_.replica, incarnation_)) {
       if (!round.has_value()) {
         round.emplace(*control_, rec, options_.replica, incarnation_,
-                      kProbeTimeout, reachable_);
+                      kProbeTimeout, reachable_.incarnations,
+                      reachable_.hosts);
         if (absl::Status s = round->Post(); !s.ok()) return s;
       }
       auto posted = round->Poll();
@@ -696,9 +697,21 @@ absl::StatusOr<Recovery> ElasticMesh::Establish(const MembershipRecord& record,
   const std::string prefix = control_->GroupPrefix(record.epoch, inner_rank_);
   (void)control_->store()->set(absl::StrCat(prefix, "/vemesh_host/", me),
                                gloo_host_);
+  // A member that died as the epoch formed is told by its port, not by
+  // the group's rendezvous timing out (epoch_gate.h).
+  absl::Status gate = absl::OkStatus();
+  if (n > 1 && options_.data_plane_detection) {
+    EpochGate g(*control_, record, prefix,
+                absl::StrCat(control_->GroupPrefix(record.epoch, 0),
+                             "/vemesh_gone"),
+                inner_rank_ == 0 ? &reachable_ : nullptr);
+    gate = g.Await(absl::Now() + options_.op_timeout);
+  }
   absl::StatusOr<std::shared_ptr<GlooCommunicator>> group =
-      GlooCommunicator::Create(control_->store(), prefix, me, n, ranks,
-                               options_.op_timeout, gloo_host_);
+      gate.ok() ? GlooCommunicator::Create(control_->store(), prefix, me, n,
+                                           ranks, options_.op_timeout,
+                                           gloo_host_)
+                : absl::StatusOr<std::shared_ptr<GlooCommunicator>>(gate);
   if (!group.ok()) {
     std::vector<std::string> tried;
     for (int j = 0; j < n; ++j) {
@@ -847,11 +860,13 @@ absl::StatusOr<Recovery> ElasticMesh::Rebuild(
         // nothing).
         for (int id : record.members) {
           const uint64_t inc = record.incarnation_of(id);
-          if (id == options_.replica || reachable_.count(inc) != 0) continue;
+          if (id == options_.replica || reachable_.incarnations.count(inc)) {
+            continue;
+          }
           auto where = control_->store()->get(control_->ProbeKey(id, inc));
           if (where.ok() &&
               ProbeLiveness(*where, kProbeTimeout) == Liveness::kListening) {
-            reachable_.insert(inc);
+            reachable_.Answered(inc, *where);
           }
         }
       }

@@ -87,6 +87,7 @@
 #include "absl/time/time.h"
 #include "vemesh/comm/communicator.h"
 #include "vemesh/elastic/control_plane.h"
+#include "vemesh/elastic/epoch_gate.h"
 #include "vemesh/elastic/epoch_communicator.h"
 #include "vemesh/elastic/liveness_probe.h"
 #include "vemesh/elastic/replica_state.h"
@@ -281,9 +282,10 @@ class ElasticMesh {
   std::unique_ptr<Heartbeat> heartbeat_;
   // The leader's liveness port (quorum_round.h); null if it could not open.
   std::unique_ptr<LivenessListener> liveness_;
-  // The incarnations whose liveness port answered this leader (probed once
-  // after each epoch is built): only their refusal means gone.
-  std::set<uint64_t> reachable_;
+  // The incarnations (and hosts) whose liveness port answered this leader
+  // (probed once after each epoch is built, and while one forms): only
+  // their refusal means gone.
+  Reachable reachable_;
   absl::Time step_began_ = absl::Now();  // the last end_step's return
   absl::Duration detect_time_;           // of the verdict that asks recovery
   const std::shared_ptr<std::atomic<int64_t>> current_epoch_;
