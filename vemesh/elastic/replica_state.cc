@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -99,7 +100,9 @@ absl::Status ReplicaState::Transfer(Communicator& group, int root,
   // The root's entries, and what every rank expects (the same names).
   std::string local_error;
   std::vector<int64_t> sizes;
-  std::string bytes;
+  // The sender's serialised entries, each broadcast from the string that
+  // state_dict returned (no concatenation into one buffer).
+  std::vector<std::string> sent;
   if (sender) {
     for (const auto& [name, entry] : entries_) {
       absl::StatusOr<std::string> b = entry.state_dict();
@@ -109,13 +112,7 @@ absl::Status ReplicaState::Transfer(Communicator& group, int root,
         break;
       }
       sizes.push_back(static_cast<int64_t>(b->size()));
-      // The first entry's bytes become the buffer: one copy of the state
-      // fewer on the sender (bench/elastic_state_bench.cc).
-      if (bytes.empty()) {
-        bytes = *std::move(b);
-      } else {
-        bytes += *b;
-      }
+      sent.push_back(*std::move(b));
     }
   }
   const uint64_t names_hash = Fingerprint64(absl::StrJoin(names(), "\n"));
@@ -142,30 +139,33 @@ absl::Status ReplicaState::Transfer(Communicator& group, int root,
         group.broadcast(sizes.data(), sizes.size(), DataType::kInt64, root);
     if (!s.ok()) return s;
   }
-  int64_t total = 0;
+  int64_t largest = 0;
   for (int64_t n : sizes) {
     if (n < 0) return absl::InternalError("state transfer: negative size");
-    total += n;
+    largest = std::max(largest, n);
   }
-  bytes.resize(static_cast<size_t>(total));
-  for (size_t at = 0; at < bytes.size(); at += kChunk) {
-    const size_t n = std::min(kChunk, bytes.size() - at);
-    absl::Status s =
-        group.broadcast(bytes.data() + at, n, DataType::kUInt8, root);
-    if (!s.ok()) return s;
+  // A receiver's one buffer for every entry in turn, left uninitialised
+  // (the broadcast writes all of it: no zero-filling pass over the state).
+  std::unique_ptr<char[]> received;
+  if (!sender && largest > 0) {
+    received.reset(new char[static_cast<size_t>(largest)]);
   }
-  if (receive && !sender) {
-    size_t at = 0;
-    size_t i = 0;
-    for (const auto& [name, entry] : entries_) {
-      const size_t n = static_cast<size_t>(sizes[i++]);
-      absl::Status s =
-          entry.load_state_dict(absl::string_view(bytes).substr(at, n));
-      at += n;
+  size_t i = 0;
+  for (const auto& [name, entry] : entries_) {
+    const size_t n = static_cast<size_t>(sizes[i]);
+    char* data = sender ? sent[i].data() : received.get();
+    ++i;
+    for (size_t at = 0; at < n; at += kChunk) {
+      absl::Status s = group.broadcast(data + at, std::min(kChunk, n - at),
+                                       DataType::kUInt8, root);
+      if (!s.ok()) return s;
+    }
+    if (receive && !sender && local_error.empty()) {
+      // Loaded before the next entry reuses the buffer.
+      absl::Status s = entry.load_state_dict(absl::string_view(data, n));
       if (!s.ok()) {
         local_error =
             absl::StrCat("load_state_dict of '", name, "': ", s.message());
-        break;
       }
     }
   }
