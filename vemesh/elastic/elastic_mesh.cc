@@ -1005,6 +1005,11 @@ absl::Status ElasticMesh::register_state_dict_fn(
                          std::move(load_state_dict));
 }
 
+absl::Status ElasticMesh::register_state_bytes(const std::string& name,
+                                               ReplicaState::BytesFn bytes) {
+  return state_.RegisterBytes(name, std::move(bytes));
+}
+
 absl::Status ElasticMesh::CarryState(absl::string_view where) {
   absl::Status s;
   if (dp_ == nullptr) {

@@ -224,6 +224,10 @@ class ElasticMesh {
   absl::Status register_state_dict_fn(
       const std::string& name, ReplicaState::StateDictFn state_dict,
       ReplicaState::LoadStateDictFn load_state_dict);
+  // Or the entry's live bytes, sent from, received into and fingerprinted
+  // in place (no copy; ReplicaState::RegisterBytes).
+  absl::Status register_state_bytes(const std::string& name,
+                                    ReplicaState::BytesFn bytes);
   // Collective over the epoch's members, once after registering (before the
   // first step): a replica that joined receives the state here from a
   // member holding the same shard coordinate, the members that owe it send

@@ -69,7 +69,34 @@ absl::Status ReplicaState::Register(const std::string& name,
         absl::StrCat("register_state_dict_fn('", name,
                      "'): expected a non-empty name and both callbacks set"));
   }
-  entries_[name] = Entry{std::move(state_dict), std::move(load_state_dict)};
+  entries_[name] =
+      Entry{std::move(state_dict), std::move(load_state_dict), nullptr};
+  return absl::OkStatus();
+}
+
+absl::Status ReplicaState::RegisterBytes(const std::string& name,
+                                         BytesFn bytes) {
+  if (name.empty() || !bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "register_state_bytes('", name,
+        "'): expected a non-empty name and the bytes callback set"));
+  }
+  Entry e;
+  e.bytes = bytes;
+  e.state_dict = [bytes]() -> absl::StatusOr<std::string> {
+    absl::Span<char> b = bytes();
+    return std::string(b.data(), b.size());
+  };
+  e.load_state_dict = [name, bytes](absl::string_view in) {
+    absl::Span<char> b = bytes();
+    if (in.size() != b.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "'", name, "': ", in.size(), " bytes, expected ", b.size()));
+    }
+    if (!in.empty()) std::memcpy(b.data(), in.data(), in.size());
+    return absl::OkStatus();
+  };
+  entries_[name] = std::move(e);
   return absl::OkStatus();
 }
 
@@ -82,6 +109,12 @@ std::vector<std::string> ReplicaState::names() const {
 absl::StatusOr<uint64_t> ReplicaState::Fingerprint() const {
   uint64_t h = Fingerprint64("");
   for (const auto& [name, entry] : entries_) {
+    if (entry.bytes) {  // hashed in place
+      absl::Span<char> b = entry.bytes();
+      h = Fingerprint64(name, h);
+      h = Fingerprint64(absl::string_view(b.data(), b.size()), h);
+      continue;
+    }
     absl::StatusOr<std::string> bytes = entry.state_dict();
     if (!bytes.ok()) {
       return absl::Status(bytes.status().code(),
@@ -105,6 +138,11 @@ absl::Status ReplicaState::Transfer(Communicator& group, int root,
   std::vector<std::string> sent;
   if (sender) {
     for (const auto& [name, entry] : entries_) {
+      if (entry.bytes) {  // sent in place
+        sizes.push_back(static_cast<int64_t>(entry.bytes().size()));
+        sent.emplace_back();
+        continue;
+      }
       absl::StatusOr<std::string> b = entry.state_dict();
       if (!b.ok()) {
         local_error =
@@ -155,12 +193,26 @@ absl::Status ReplicaState::Transfer(Communicator& group, int root,
     const size_t n = static_cast<size_t>(sizes[i]);
     char* data = sender ? sent[i].data() : received.get();
     ++i;
+    bool in_place = false;
+    if (entry.bytes && sender) data = entry.bytes().data();
+    if (entry.bytes && !sender && receive && local_error.empty()) {
+      // Received straight into the live bytes when the sizes agree.
+      absl::Span<char> live = entry.bytes();
+      if (live.size() == n) {
+        data = live.data();
+        in_place = true;
+      } else {
+        local_error =
+            absl::StrCat("load of '", name, "': ", n,
+                         " bytes sent, this rank holds ", live.size());
+      }
+    }
     for (size_t at = 0; at < n; at += kChunk) {
       absl::Status s = group.broadcast(data + at, std::min(kChunk, n - at),
                                        DataType::kUInt8, root);
       if (!s.ok()) return s;
     }
-    if (receive && !sender && local_error.empty()) {
+    if (receive && !sender && local_error.empty() && !in_place) {
       // Loaded before the next entry reuses the buffer.
       absl::Status s = entry.load_state_dict(absl::string_view(data, n));
       if (!s.ok()) {
