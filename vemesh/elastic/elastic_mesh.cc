@@ -562,8 +562,7 @@ absl::StatusOr<MembershipRecord> ElasticMesh::ChooseEpoch(int64_t failed,
         rec.admits(options_.replica, incarnation_)) {
       if (!round.has_value()) {
         round.emplace(*control_, rec, options_.replica, incarnation_,
-                      kProbeTimeout, reachable_.incarnations,
-                      reachable_.hosts);
+                      kProbeTimeout, reachable_.incarnations, reachable_.hosts);
         if (absl::Status s = round->Post(); !s.ok()) return s;
       }
       auto posted = round->Poll();
@@ -701,17 +700,17 @@ absl::StatusOr<Recovery> ElasticMesh::Establish(const MembershipRecord& record,
   // the group's rendezvous timing out (epoch_gate.h).
   absl::Status gate = absl::OkStatus();
   if (n > 1 && options_.data_plane_detection) {
-    EpochGate g(*control_, record, prefix,
-                absl::StrCat(control_->GroupPrefix(record.epoch, 0),
-                             "/vemesh_gone"),
-                inner_rank_ == 0 ? &reachable_ : nullptr);
+    EpochGate g(
+        *control_, record, prefix,
+        absl::StrCat(control_->GroupPrefix(record.epoch, 0), "/vemesh_gone"),
+        inner_rank_ == 0 ? &reachable_ : nullptr);
     gate = g.Await(absl::Now() + options_.op_timeout);
   }
   absl::StatusOr<std::shared_ptr<GlooCommunicator>> group =
-      gate.ok() ? GlooCommunicator::Create(control_->store(), prefix, me, n,
-                                           ranks, options_.op_timeout,
-                                           gloo_host_)
-                : absl::StatusOr<std::shared_ptr<GlooCommunicator>>(gate);
+      gate.ok()
+          ? GlooCommunicator::Create(control_->store(), prefix, me, n, ranks,
+                                     options_.op_timeout, gloo_host_)
+          : absl::StatusOr<std::shared_ptr<GlooCommunicator>>(gate);
   if (!group.ok()) {
     std::vector<std::string> tried;
     for (int j = 0; j < n; ++j) {
