@@ -19,7 +19,11 @@
 //   copy    state_dict's bytes appended into one buffer, one thread
 //   fp      ReplicaState::Fingerprint (state_dict + FNV-1a), one thread
 //
+// --in_place registers the model as its live bytes (register_state_bytes):
+// no serialisation copy, received in place, hashed without a copy.
+//
 //   build/bench/elastic_state_bench                       # 64, 256 MiB
+//   build/bench/elastic_state_bench --in_place
 //   build/bench/elastic_state_bench --sizes_mib=1 --runs=1 --link_runs=1
 
 #include <arpa/inet.h>
@@ -53,6 +57,9 @@ ABSL_FLAG(std::vector<std::string>, sizes_mib,
           std::vector<std::string>({"64", "256"}), "state sizes in MiB");
 ABSL_FLAG(int, runs, 3, "jobs per size (median)");
 ABSL_FLAG(int, link_runs, 3, "loopback socket runs per size (best)");
+ABSL_FLAG(bool, in_place, false,
+          "register the model entry as its live bytes (register_state_bytes: "
+          "sent, received and hashed in place) instead of a state_dict pair");
 ABSL_FLAG(int, replicas, 2,
           "replicas after the join: replicas - 1 founders and one joiner");
 
@@ -139,6 +146,10 @@ struct State {
           return absl::OkStatus();
         });
     if (!s.ok()) return s;
+    if (absl::GetFlag(FLAGS_in_place)) {
+      return el.register_state_bytes(
+          "model", [this] { return absl::MakeSpan(data.data(), data.size()); });
+    }
     return el.register_state_dict_fn(
         "model", [this]() -> absl::StatusOr<std::string> { return data; },
         [this](absl::string_view b) {
@@ -241,7 +252,11 @@ JobResult RunJob(int job, int replicas, size_t bytes) {
         // The two halves of sync_state alone, through the same public
         // calls: ReplicaState::Transfer, then CompareFingerprints.
         ReplicaState rs;
-        if (s.ok()) {
+        if (s.ok() && absl::GetFlag(FLAGS_in_place)) {
+          s = rs.RegisterBytes("model", [&] {
+            return absl::MakeSpan(st.data.data(), st.data.size());
+          });
+        } else if (s.ok()) {
           s = rs.Register(
               "model", [&]() -> absl::StatusOr<std::string> { return st.data; },
               [&](absl::string_view b) {
@@ -290,8 +305,10 @@ int Main() {
   }
   std::printf(
       "state transfer to one joiner, %d replicas after the join, "
-      "one rank each (threads), Gloo over 127.0.0.1\n",
-      replicas);
+      "one rank each (threads), Gloo over 127.0.0.1; model entry %s\n",
+      replicas,
+      absl::GetFlag(FLAGS_in_place) ? "in place (register_state_bytes)"
+                                    : "a state_dict pair");
   std::printf("%6s %9s %10s %8s %8s %8s %8s %8s %8s %8s\n", "MiB", "link MB/s",
               "state MB/s", "of link", "state s", "xfer s", "cmp s", "bcast s",
               "copy s", "fp s");

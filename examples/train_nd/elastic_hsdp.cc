@@ -186,6 +186,13 @@ absl::Status ElasticHsdp::LoadState(absl::string_view bytes) {
   return absl::OkStatus();
 }
 
+absl::Span<char> ElasticHsdp::ShardBytes(size_t u) {
+  if (!fsdp_.has_value() || u >= fsdp_->num_units()) return {};
+  absl::Span<double> s = fsdp_->mutable_local_shard(u);
+  return absl::MakeSpan(reinterpret_cast<char*>(s.data()),
+                        s.size() * sizeof(double));
+}
+
 void ElasticHsdp::Corrupt(double delta) {
   for (size_t u = 0; u < fsdp_->num_units(); ++u) {
     absl::Span<double> s = fsdp_->mutable_local_shard(u);

@@ -31,6 +31,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "parallel_mlp_stage.h"
 #include "train_options.h"
 #include "vemesh/comm/communicator.h"
@@ -62,6 +63,10 @@ class ElasticHsdp {
   // The registered state: the local shards' bytes, and their loading.
   std::string State() const;
   absl::Status LoadState(absl::string_view bytes);
+  // Unit `u`'s local shard as live bytes (register_state_bytes: sent,
+  // received and fingerprinted in place); empty past the last unit.
+  size_t num_units() const { return shapes_.size(); }
+  absl::Span<char> ShardBytes(size_t u);
   // Adds `delta` to this rank's first shard element, if it has one (the
   // corrupt fault).
   void Corrupt(double delta);

@@ -390,16 +390,17 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
   // it compares their fingerprints after every change.
   ParallelMlpStage* model = stage->get();
   ElasticHsdp* shards = hsdp.get();
-  absl::Status registered =
-      shards != nullptr ? elastic->register_state_dict_fn(
-                              "parameter_shards",
-                              [shards]() -> absl::StatusOr<std::string> {
-                                return shards->State();
-                              },
-                              [shards](absl::string_view bytes) {
-                                return shards->LoadState(bytes);
-                              })
-                        : RegisterParameters(*elastic, model);
+  // HSDP: each unit's shard as its live bytes (no copy of the shards).
+  absl::Status registered = absl::OkStatus();
+  if (shards != nullptr) {
+    for (size_t u = 0; u < shards->num_units() && registered.ok(); ++u) {
+      registered = elastic->register_state_bytes(
+          absl::StrCat("parameter_shards/unit", u),
+          [shards, u] { return shards->ShardBytes(u); });
+    }
+  } else {
+    registered = RegisterParameters(*elastic, model);
+  }
   if (!registered.ok()) {
     return Fail(replica, launch_rank, "elastic", registered);
   }

@@ -11,7 +11,7 @@
 # replica_killed rejoin redis_killed soak, and the control plane's
 # (issue 29): redis_restarted redis_restarted_newcomer mismatch rerun
 # below_min replica_stopped; HSDP (issue 28): hsdp_kill hsdp_rejoin
-# hsdp_corrupt hsdp_tp_rejoin. Every process this script starts
+# hsdp_corrupt hsdp_tp_rejoin hsdp_pp_rejoin. Every process this script starts
 # is ended by its PID (mpirun and its ranks, redis-server), never by name,
 # also when an assertion fails.
 set -u
@@ -351,15 +351,18 @@ case $scenario in
     expect_line r1 "replica 1 evicted"
     grep -q "control plane .* is lost" "$work/r1.out" && fail "r1 blamed the control plane"
     true ;;
-  hsdp_kill|hsdp_rejoin|hsdp_tp_rejoin)
+  hsdp_kill|hsdp_rejoin|hsdp_tp_rejoin|hsdp_pp_rejoin)
     # HSDP (issue 28): DP_REPLICATE is the elastic dimension, each replica
-    # runs FSDP over DP_SHARD (x TP); replica 1 is SIGKILLed in its
+    # runs FSDP over DP_SHARD (x TP or x PP); replica 1 is SIGKILLed in its
     # DP_REPLICATE all_reduce, the survivors go on at DP_REPLICATE=2 (or 1);
     # *_rejoin relaunches it: its ranks receive their shards from the
     # live ranks of their DP_SHARD coordinate, and all end PASS, equal.
     dp_name=DP_REPLICATE; mesh=PP=1,DP_REPLICATE=3,DP_SHARD=2,TP=1; n=3
     if [[ $scenario == hsdp_tp_rejoin ]]; then
       mesh=PP=1,DP_REPLICATE=2,DP_SHARD=2,TP=2; n=2; export NP=4
+    elif [[ $scenario == hsdp_pp_rejoin ]]; then
+      # Two stages per replica: a rank's state is its stage's shards.
+      mesh=PP=2,DP_REPLICATE=2,DP_SHARD=2,TP=1; n=2; export NP=4
     fi
     [[ $scenario == hsdp_kill ]] && steps=20 || { steps=240; pace=25; }
     launch 0 r0; launch 1 r1 --fault 6:dp

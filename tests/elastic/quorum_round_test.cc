@@ -6,11 +6,13 @@
 
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "vemesh/elastic/control_plane.h"
+#include "vemesh/elastic/epoch_gate.h"
 #include "vemesh/elastic/liveness_probe.h"
 #include "vemesh/rendezvous/memory_store.h"
 
@@ -121,6 +123,101 @@ TEST_F(QuorumRoundTest, APostOfAnotherIncarnationDoesNotCount) {
   auto p = r0.Poll();
   ASSERT_TRUE(p.ok());
   EXPECT_FALSE(p->has_value());  // member 1 (0xb) is silent and listening
+}
+
+// A joiner killed as it was admitted: its port never answered this leader,
+// but its host did (another replica's port there): its refusal is trusted.
+TEST_F(QuorumRoundTest, ARefusedPortOnAHostThatAnsweredIsGone) {
+  { auto l2 = Listen(2); }  // the joiner: advertised, then killed
+  QuorumRound r0(cp_, rec_, 0, 0xa, absl::Milliseconds(50), {0xb},
+                 {"127.0.0.1"});
+  ASSERT_TRUE(r0.Post().ok());
+  QuorumRound r1(cp_, rec_, 1, 0xb, absl::Milliseconds(50), {});
+  ASSERT_TRUE(r1.Post().ok());
+  auto p = r0.Poll();
+  ASSERT_TRUE(p.ok());
+  ASSERT_TRUE(p->has_value());
+  EXPECT_THAT(**p, ElementsAre(0, 1));
+  EXPECT_THAT(r0.gone(), ElementsAre(2));
+}
+
+// A port seen answering during the round is trusted when it refuses later.
+TEST_F(QuorumRoundTest, APortThatAnsweredInTheRoundIsTrusted) {
+  auto l2 = Listen(2);
+  QuorumRound r0(cp_, rec_, 0, 0xa, absl::Milliseconds(50), {});
+  ASSERT_TRUE(r0.Post().ok());
+  QuorumRound r1(cp_, rec_, 1, 0xb, absl::Milliseconds(50), {});
+  ASSERT_TRUE(r1.Post().ok());
+  auto p = r0.Poll();
+  ASSERT_TRUE(p.ok());
+  EXPECT_FALSE(p->has_value());
+  l2.reset();
+  absl::SleepFor(absl::Milliseconds(30));  // past the re-probe period
+  p = r0.Poll();
+  ASSERT_TRUE(p.ok());
+  ASSERT_TRUE(p->has_value());
+  EXPECT_THAT(**p, ElementsAre(0, 1));
+}
+
+// The epoch gate (epoch_gate.h): members 0 and 1 advertised their DP group
+// address, member 2 (a joiner) was killed as the epoch formed.
+class EpochGateTest : public QuorumRoundTest {
+ protected:
+  std::string Prefix() const { return cp_.GroupPrefix(rec_.epoch, 0); }
+  std::string GoneKey() const { return Prefix() + "/vemesh_gone"; }
+  void Advertise(int dp_rank) {
+    ASSERT_TRUE(
+        store_
+            ->set(absl::StrCat(Prefix(), "/vemesh_host/", dp_rank), "127.0.0.1")
+            .ok());
+  }
+};
+
+TEST_F(EpochGateTest, EveryMemberAdvertisedPasses) {
+  for (int j : {0, 1, 2}) Advertise(j);
+  EpochGate gate(cp_, rec_, Prefix(), GoneKey(), nullptr);
+  EXPECT_TRUE(gate.Await(absl::Now() + absl::Seconds(5)).ok());
+}
+
+TEST_F(EpochGateTest, ADeadJoinerEndsTheWaitAtOnceNotAtTheTimeout) {
+  Advertise(0);
+  Advertise(1);
+  { auto l2 = Listen(2); }  // advertised its port, then SIGKILLed
+  Reachable leader;
+  leader.hosts.insert("127.0.0.1");  // replica 1's port answered there
+  const absl::Time start = absl::Now();
+  EpochGate gate(cp_, rec_, Prefix(), GoneKey(), &leader);
+  absl::Status s = gate.Await(start + absl::Seconds(10));
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("replica 2"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  // The other ranks read the leader's verdict from the gone key.
+  EpochGate other(cp_, rec_, Prefix(), GoneKey(), nullptr);
+  s = other.Await(absl::Now() + absl::Seconds(10));
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+}
+
+TEST_F(EpochGateTest, AnUntrustedRefusalWaitsForTheDeadline) {
+  Advertise(0);
+  Advertise(1);
+  { auto l2 = Listen(2); }  // refuses, but nothing ever answered from there
+  Reachable leader;
+  EpochGate gate(cp_, rec_, Prefix(), GoneKey(), &leader);
+  absl::Status s = gate.Await(absl::Now() + absl::Milliseconds(150));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+  EXPECT_THAT(std::string(s.message()),
+              ::testing::HasSubstr("DP rank 2 (replica 2)"));
+}
+
+TEST_F(EpochGateTest, ASilentLiveMemberIsWaitedFor) {
+  Advertise(0);
+  Advertise(1);
+  auto l2 = Listen(2);  // alive, slow to advertise
+  Reachable leader;
+  EpochGate gate(cp_, rec_, Prefix(), GoneKey(), &leader);
+  absl::Status s = gate.Await(absl::Now() + absl::Milliseconds(150));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+  EXPECT_EQ(leader.incarnations.count(0xc), 1u);  // it answered
 }
 
 }  // namespace

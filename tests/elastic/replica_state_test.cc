@@ -129,6 +129,53 @@ TEST(ReplicaState, OtherRegistrationsAreRefused) {
   EXPECT_EQ(v[1], "");
 }
 
+// Live-bytes entries (RegisterBytes) beside a state_dict pair: sent from
+// and received into the buffers themselves; the fingerprint is the one the
+// same bytes give through a state_dict pair.
+TEST(ReplicaState, BytesEntriesAreSentAndReceivedInPlace) {
+  std::vector<std::string> w = {"0123456789abcdef", std::string(16, '.'),
+                                "keep-keep-keep-k"};
+  std::vector<std::string> step = {"7", "", "6"};
+  const char* const before = w[1].data();
+  OnRanks(3, [&](int r, Communicator& group) {
+    ReplicaState s;
+    ASSERT_TRUE(s.RegisterBytes("w", [&w, r] {
+                   return absl::MakeSpan(w[r].data(), w[r].size());
+                 }).ok());
+    RegisterString(s, "step", &step[r]);
+    EXPECT_TRUE(s.Transfer(group, 0, /*receive=*/r == 1).ok());
+  });
+  EXPECT_EQ(w[1], "0123456789abcdef");
+  EXPECT_EQ(w[1].data(), before);  // the same buffer, written in place
+  EXPECT_EQ(step[1], "7");
+  EXPECT_EQ(w[2], "keep-keep-keep-k");  // a member with state keeps its own
+  ReplicaState bytes, pair;
+  ASSERT_TRUE(
+      bytes
+          .RegisterBytes(
+              "w", [&w] { return absl::MakeSpan(w[0].data(), w[0].size()); })
+          .ok());
+  RegisterString(pair, "w", &w[0]);
+  EXPECT_EQ(*bytes.Fingerprint(), *pair.Fingerprint());
+  EXPECT_TRUE(absl::IsInvalidArgument(bytes.RegisterBytes("w", nullptr)));
+}
+
+TEST(ReplicaState, ABytesEntryOfAnotherSizeFailsTheTransfer) {
+  std::vector<std::string> w = {"0123456789", "short"};
+  std::vector<absl::Status> out(2);
+  OnRanks(2, [&](int r, Communicator& group) {
+    ReplicaState s;
+    ASSERT_TRUE(s.RegisterBytes("w", [&w, r] {
+                   return absl::MakeSpan(w[r].data(), w[r].size());
+                 }).ok());
+    out[r] = s.Transfer(group, 0, r == 1);
+  });
+  EXPECT_TRUE(absl::IsAborted(out[0])) << out[0];
+  EXPECT_THAT(std::string(out[1].message()),
+              HasSubstr("'w': 10 bytes sent, this rank holds 5"));
+  EXPECT_EQ(w[1], "short");  // nothing written
+}
+
 TEST(ReplicaState, FingerprintsNameTheReplicasThatDiffer) {
   std::vector<std::string> v = {"same", "same", "other"};
   std::vector<absl::Status> out(3);

@@ -587,7 +587,7 @@ absl::StatusOr<MembershipRecord> ElasticMesh::ChooseEpoch(int64_t failed,
         rec.admits(options_.replica, incarnation_)) {
       if (!round.has_value()) {
         round.emplace(*control_, rec, options_.replica, incarnation_,
-                      kProbeTimeout, reachable_);
+                      kProbeTimeout, reachable_.incarnations, reachable_.hosts);
         if (absl::Status s = round->Post(); !s.ok()) return s;
       }
       auto posted = round->Poll();
@@ -734,9 +734,21 @@ absl::StatusOr<Recovery> ElasticMesh::Establish(const MembershipRecord& record,
   const std::string prefix = control_->GroupPrefix(record.epoch, inner_rank_);
   (void)control_->store()->set(absl::StrCat(prefix, "/vemesh_host/", me),
                                gloo_host_);
+  // A member that died as the epoch formed is told by its port, not by
+  // the group's rendezvous timing out (epoch_gate.h).
+  absl::Status gate = absl::OkStatus();
+  if (n > 1 && options_.data_plane_detection) {
+    EpochGate g(
+        *control_, record, prefix,
+        absl::StrCat(control_->GroupPrefix(record.epoch, 0), "/vemesh_gone"),
+        inner_rank_ == 0 ? &reachable_ : nullptr);
+    gate = g.Await(absl::Now() + options_.op_timeout);
+  }
   absl::StatusOr<std::shared_ptr<GlooCommunicator>> group =
-      GlooCommunicator::Create(control_->store(), prefix, me, n, ranks,
-                               options_.op_timeout, gloo_host_);
+      gate.ok()
+          ? GlooCommunicator::Create(control_->store(), prefix, me, n, ranks,
+                                     options_.op_timeout, gloo_host_)
+          : absl::StatusOr<std::shared_ptr<GlooCommunicator>>(gate);
   if (!group.ok()) {
     std::vector<std::string> tried;
     for (int j = 0; j < n; ++j) {
@@ -901,11 +913,13 @@ absl::StatusOr<Recovery> ElasticMesh::Rebuild(
         // nothing).
         for (int id : record.members) {
           const uint64_t inc = record.incarnation_of(id);
-          if (id == options_.replica || reachable_.count(inc) != 0) continue;
+          if (id == options_.replica || reachable_.incarnations.count(inc)) {
+            continue;
+          }
           auto where = control_->store()->get(control_->ProbeKey(id, inc));
           if (where.ok() &&
               ProbeLiveness(*where, kProbeTimeout) == Liveness::kListening) {
-            reachable_.insert(inc);
+            reachable_.Answered(inc, *where);
           }
         }
       }
@@ -1048,6 +1062,11 @@ absl::Status ElasticMesh::register_state_dict_fn(
     ReplicaState::LoadStateDictFn load_state_dict) {
   return state_.Register(name, std::move(state_dict),
                          std::move(load_state_dict));
+}
+
+absl::Status ElasticMesh::register_state_bytes(const std::string& name,
+                                               ReplicaState::BytesFn bytes) {
+  return state_.RegisterBytes(name, std::move(bytes));
 }
 
 absl::Status ElasticMesh::CarryState(absl::string_view where) {

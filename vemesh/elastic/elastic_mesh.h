@@ -90,6 +90,7 @@
 #include "vemesh/comm/nccl/nccl_options.h"
 #include "vemesh/elastic/control_plane.h"
 #include "vemesh/elastic/epoch_communicator.h"
+#include "vemesh/elastic/epoch_gate.h"
 #include "vemesh/elastic/liveness_probe.h"
 #include "vemesh/elastic/replica_state.h"
 #include "vemesh/mesh/device_mesh.h"
@@ -225,6 +226,10 @@ class ElasticMesh {
   absl::Status register_state_dict_fn(
       const std::string& name, ReplicaState::StateDictFn state_dict,
       ReplicaState::LoadStateDictFn load_state_dict);
+  // Or the entry's live bytes, sent from, received into and fingerprinted
+  // in place (no copy; ReplicaState::RegisterBytes).
+  absl::Status register_state_bytes(const std::string& name,
+                                    ReplicaState::BytesFn bytes);
   // Collective over the epoch's members, once after registering (before the
   // first step): a replica that joined receives the state here from a
   // member holding the same shard coordinate, the members that owe it send
@@ -286,9 +291,10 @@ class ElasticMesh {
   std::unique_ptr<Heartbeat> heartbeat_;
   // The leader's liveness port (quorum_round.h); null if it could not open.
   std::unique_ptr<LivenessListener> liveness_;
-  // The incarnations whose liveness port answered this leader (probed once
-  // after each epoch is built): only their refusal means gone.
-  std::set<uint64_t> reachable_;
+  // The incarnations (and hosts) whose liveness port answered this leader
+  // (probed once after each epoch is built, and while one forms): only
+  // their refusal means gone.
+  Reachable reachable_;
   absl::Time step_began_ = absl::Now();  // the last end_step's return
   absl::Duration detect_time_;           // of the verdict that asks recovery
   const std::shared_ptr<std::atomic<int64_t>> current_epoch_;

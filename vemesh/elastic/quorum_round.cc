@@ -4,6 +4,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "vemesh/elastic/epoch_gate.h"
 #include "vemesh/elastic/liveness_probe.h"
 
 namespace vemesh {
@@ -14,13 +15,15 @@ constexpr absl::Duration kReprobe = absl::Milliseconds(25);
 QuorumRound::QuorumRound(const ControlPlane& control, MembershipRecord failed,
                          int me, uint64_t incarnation,
                          absl::Duration probe_timeout,
-                         std::set<uint64_t> reachable)
+                         std::set<uint64_t> reachable,
+                         std::set<std::string> reachable_hosts)
     : control_(control),
       failed_(std::move(failed)),
       me_(me),
       incarnation_(incarnation),
       probe_timeout_(probe_timeout),
-      reachable_(std::move(reachable)) {}
+      reachable_(std::move(reachable)),
+      reachable_hosts_(std::move(reachable_hosts)) {}
 
 absl::Status QuorumRound::Post() {
   return control_.store()->set(control_.AliveKey(failed_.epoch, me_),
@@ -54,7 +57,10 @@ absl::StatusOr<std::optional<std::vector<int>>> QuorumRound::Poll() {
     }
     const Liveness v =
         where.ok() ? ProbeLiveness(*where, probe_timeout_) : Liveness::kUnknown;
-    if (v == Liveness::kGone && reachable_.count(inc) != 0) {
+    if (v == Liveness::kListening) reachable_.insert(inc);
+    if (v == Liveness::kGone &&
+        (reachable_.count(inc) != 0 ||
+         reachable_hosts_.count(HostOfAddress(*where)) != 0)) {
       gone_.insert(id);
       continue;
     }

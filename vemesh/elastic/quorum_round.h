@@ -25,6 +25,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -37,12 +38,16 @@ namespace vemesh {
 class QuorumRound {
  public:
   // `failed`: the record of the epoch that failed (this replica a member).
-  // `reachable`: the incarnations whose port this replica has seen answer;
-  // a refused port counts as gone only for them (an address that never
-  // answered may be wrong from here, e.g. another host's loopback).
+  // `reachable`: the incarnations whose port this replica has seen answer,
+  // `reachable_hosts`: the hosts where some port answered it; a refused
+  // port counts as gone only for them (an address that never answered may
+  // be wrong from here, e.g. another host's loopback; a refusal from a host
+  // that answers means nobody listens: a joiner killed as it was admitted).
+  // A port that answers during the round is trusted from then on.
   QuorumRound(const ControlPlane& control, MembershipRecord failed, int me,
               uint64_t incarnation, absl::Duration probe_timeout,
-              std::set<uint64_t> reachable);
+              std::set<uint64_t> reachable,
+              std::set<std::string> reachable_hosts = {});
 
   // Posts this replica's "alive after epoch E".
   absl::Status Post();
@@ -58,7 +63,8 @@ class QuorumRound {
   const int me_;
   const uint64_t incarnation_;
   const absl::Duration probe_timeout_;
-  const std::set<uint64_t> reachable_;
+  std::set<uint64_t> reachable_;
+  const std::set<std::string> reachable_hosts_;
   std::set<int> gone_;
   // When each silent member's port last answered: probed again only after
   // kReprobe (a stopped process's backlog is not to be filled).

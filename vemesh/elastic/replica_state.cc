@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -68,7 +69,34 @@ absl::Status ReplicaState::Register(const std::string& name,
         absl::StrCat("register_state_dict_fn('", name,
                      "'): expected a non-empty name and both callbacks set"));
   }
-  entries_[name] = Entry{std::move(state_dict), std::move(load_state_dict)};
+  entries_[name] =
+      Entry{std::move(state_dict), std::move(load_state_dict), nullptr};
+  return absl::OkStatus();
+}
+
+absl::Status ReplicaState::RegisterBytes(const std::string& name,
+                                         BytesFn bytes) {
+  if (name.empty() || !bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "register_state_bytes('", name,
+        "'): expected a non-empty name and the bytes callback set"));
+  }
+  Entry e;
+  e.bytes = bytes;
+  e.state_dict = [bytes]() -> absl::StatusOr<std::string> {
+    absl::Span<char> b = bytes();
+    return std::string(b.data(), b.size());
+  };
+  e.load_state_dict = [name, bytes](absl::string_view in) {
+    absl::Span<char> b = bytes();
+    if (in.size() != b.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "'", name, "': ", in.size(), " bytes, expected ", b.size()));
+    }
+    if (!in.empty()) std::memcpy(b.data(), in.data(), in.size());
+    return absl::OkStatus();
+  };
+  entries_[name] = std::move(e);
   return absl::OkStatus();
 }
 
@@ -81,6 +109,12 @@ std::vector<std::string> ReplicaState::names() const {
 absl::StatusOr<uint64_t> ReplicaState::Fingerprint() const {
   uint64_t h = Fingerprint64("");
   for (const auto& [name, entry] : entries_) {
+    if (entry.bytes) {  // hashed in place
+      absl::Span<char> b = entry.bytes();
+      h = Fingerprint64(name, h);
+      h = Fingerprint64(absl::string_view(b.data(), b.size()), h);
+      continue;
+    }
     absl::StatusOr<std::string> bytes = entry.state_dict();
     if (!bytes.ok()) {
       return absl::Status(bytes.status().code(),
@@ -99,9 +133,16 @@ absl::Status ReplicaState::Transfer(Communicator& group, int root,
   // The root's entries, and what every rank expects (the same names).
   std::string local_error;
   std::vector<int64_t> sizes;
-  std::string bytes;
+  // The sender's serialised entries, each broadcast from the string that
+  // state_dict returned (no concatenation into one buffer).
+  std::vector<std::string> sent;
   if (sender) {
     for (const auto& [name, entry] : entries_) {
+      if (entry.bytes) {  // sent in place
+        sizes.push_back(static_cast<int64_t>(entry.bytes().size()));
+        sent.emplace_back();
+        continue;
+      }
       absl::StatusOr<std::string> b = entry.state_dict();
       if (!b.ok()) {
         local_error =
@@ -109,13 +150,7 @@ absl::Status ReplicaState::Transfer(Communicator& group, int root,
         break;
       }
       sizes.push_back(static_cast<int64_t>(b->size()));
-      // The first entry's bytes become the buffer: one copy of the state
-      // fewer on the sender (bench/elastic_state_bench.cc).
-      if (bytes.empty()) {
-        bytes = *std::move(b);
-      } else {
-        bytes += *b;
-      }
+      sent.push_back(*std::move(b));
     }
   }
   const uint64_t names_hash = Fingerprint64(absl::StrJoin(names(), "\n"));
@@ -142,30 +177,47 @@ absl::Status ReplicaState::Transfer(Communicator& group, int root,
         group.broadcast(sizes.data(), sizes.size(), DataType::kInt64, root);
     if (!s.ok()) return s;
   }
-  int64_t total = 0;
+  int64_t largest = 0;
   for (int64_t n : sizes) {
     if (n < 0) return absl::InternalError("state transfer: negative size");
-    total += n;
+    largest = std::max(largest, n);
   }
-  bytes.resize(static_cast<size_t>(total));
-  for (size_t at = 0; at < bytes.size(); at += kChunk) {
-    const size_t n = std::min(kChunk, bytes.size() - at);
-    absl::Status s =
-        group.broadcast(bytes.data() + at, n, DataType::kUInt8, root);
-    if (!s.ok()) return s;
+  // A receiver's one buffer for every entry in turn, left uninitialised
+  // (the broadcast writes all of it: no zero-filling pass over the state).
+  std::unique_ptr<char[]> received;
+  if (!sender && largest > 0) {
+    received.reset(new char[static_cast<size_t>(largest)]);
   }
-  if (receive && !sender) {
-    size_t at = 0;
-    size_t i = 0;
-    for (const auto& [name, entry] : entries_) {
-      const size_t n = static_cast<size_t>(sizes[i++]);
-      absl::Status s =
-          entry.load_state_dict(absl::string_view(bytes).substr(at, n));
-      at += n;
+  size_t i = 0;
+  for (const auto& [name, entry] : entries_) {
+    const size_t n = static_cast<size_t>(sizes[i]);
+    char* data = sender ? sent[i].data() : received.get();
+    ++i;
+    bool in_place = false;
+    if (entry.bytes && sender) data = entry.bytes().data();
+    if (entry.bytes && !sender && receive && local_error.empty()) {
+      // Received straight into the live bytes when the sizes agree.
+      absl::Span<char> live = entry.bytes();
+      if (live.size() == n) {
+        data = live.data();
+        in_place = true;
+      } else {
+        local_error =
+            absl::StrCat("load of '", name, "': ", n,
+                         " bytes sent, this rank holds ", live.size());
+      }
+    }
+    for (size_t at = 0; at < n; at += kChunk) {
+      absl::Status s = group.broadcast(data + at, std::min(kChunk, n - at),
+                                       DataType::kUInt8, root);
+      if (!s.ok()) return s;
+    }
+    if (receive && !sender && local_error.empty() && !in_place) {
+      // Loaded before the next entry reuses the buffer.
+      absl::Status s = entry.load_state_dict(absl::string_view(data, n));
       if (!s.ok()) {
         local_error =
             absl::StrCat("load_state_dict of '", name, "': ", s.message());
-        break;
       }
     }
   }

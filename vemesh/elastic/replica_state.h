@@ -28,7 +28,14 @@
 // Bytes, not typed buffers: a sharded model, an optimizer and a data loader
 // each serialise what they hold their own way; the library only moves and
 // hashes it. The cost is one copy of the state per transfer and per
-// fingerprint.
+// fingerprint. State that already is one buffer of a fixed size (a
+// parameter shard) can be registered as its live bytes instead: sent from,
+// received into and hashed in place, with no copy:
+//
+//   state.RegisterBytes("w", [&] {
+//     return absl::MakeSpan(reinterpret_cast<char*>(w.data()),
+//                           w.size() * sizeof(float));
+//   });
 
 #ifndef VEMESH_ELASTIC_REPLICA_STATE_H_
 #define VEMESH_ELASTIC_REPLICA_STATE_H_
@@ -41,6 +48,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "vemesh/comm/communicator.h"
 
 namespace vemesh {
@@ -61,6 +69,12 @@ class ReplicaState {
   // the same names.
   absl::Status Register(const std::string& name, StateDictFn state_dict,
                         LoadStateDictFn load_state_dict);
+  // Adds (or replaces) the entry `name` as the live bytes `bytes` returns
+  // (valid until the next step changes the buffer, of the same size on
+  // every replica): a receiver's transfer writes them in place, and a size
+  // other than the sender's fails the transfer (nothing written).
+  using BytesFn = std::function<absl::Span<char>()>;
+  absl::Status RegisterBytes(const std::string& name, BytesFn bytes);
   bool empty() const { return entries_.empty(); }
   std::vector<std::string> names() const;
 
@@ -86,6 +100,7 @@ class ReplicaState {
   struct Entry {
     StateDictFn state_dict;
     LoadStateDictFn load_state_dict;
+    BytesFn bytes;  // set for RegisterBytes entries (the others null)
   };
   std::map<std::string, Entry> entries_;
 };
