@@ -26,6 +26,15 @@ absl::Status MayCallMpi(absl::string_view what) {
 #endif
 }
 
+// MayCallMpi's answer without a message (the success path builds none).
+bool MpiThreadOk() {
+#ifndef VEMESH_NO_MPI
+  return MpiThreadAllowed();
+#else
+  return true;
+#endif
+}
+
 }  // namespace
 
 // Everything a query needs, built once per init and never changed: readers
@@ -223,7 +232,7 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::init_device_mesh(
   // thread that MPI's thread level forbids, before any rank communicates.
   // (A bad device type is left to init_device_mesh to name.)
   if (auto parsed = ParseDeviceType(device_type);
-      parsed.ok() && parsed->type != DeviceType::kMeta) {
+      parsed.ok() && parsed->type != DeviceType::kMeta && !MpiThreadOk()) {
     VEMESH_RETURN_IF_ERROR(MayCallMpi(absl::StrCat(
         "VESCALE_DEVICE_MESH.init_device_mesh(\"", device_type, "\")")));
   }
