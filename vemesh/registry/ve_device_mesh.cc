@@ -298,8 +298,12 @@ VeDeviceMesh::MakeState(const DeviceMesh& mesh, bool collective) {
     auto coordinate = mesh.get_coordinate();
     if (!coordinate.ok()) return coordinate.status();
     state->coordinate = *coordinate;
-    for (const std::string& name : mesh.mesh_dim_names()) {
-      VEMESH_ASSIGN_OR_RETURN(auto child, mesh[name]);
+    const MeshLayout& layout = state->layout();
+    state->dim_meshes.reserve(static_cast<size_t>(layout.ndim()));
+    for (int64_t d = 0; d < layout.ndim(); ++d) {
+      // mesh[name] without copying the names (issue 32).
+      VEMESH_ASSIGN_OR_RETURN(
+          auto child, mesh.slice(absl::MakeConstSpan(&layout.dim_name(d), 1)));
       state->dim_meshes.push_back(std::move(child));
     }
     for (int next = 0; next < 2; ++next) {
