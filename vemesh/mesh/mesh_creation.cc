@@ -255,10 +255,12 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
     const Backend backend = shared->backends->dim_backend(d);
     std::vector<int64_t> dims;
     std::vector<SplitRequest> batch;
+    dims.reserve(static_cast<size_t>(ndim - d));
+    batch.reserve(static_cast<size_t>(ndim - d));
     for (int64_t e = d; e < ndim; ++e) {
       if (shared->backends->dim_backend(e) != backend) continue;
       dims.push_back(e);
-      batch.push_back(requests[e]);
+      batch.push_back(std::move(requests[e]));  // each is used once
       made[e] = true;
     }
     // NCCL over a Gloo world not connected yet (env://): the groups' host
@@ -307,7 +309,10 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
     // A Gloo world not connected yet (env://): each group connects its own
     // members through the store, and the world's pairs are never made.
     // All of them in one store round (GlooCommunicator::subgroups).
-    if (auto* lazy = GlooCommunicator::UnconnectedWorld(world.get());
+    // (Only a Gloo world can be one: the cast is skipped for the others.)
+    if (auto* lazy = backend == Backend::kGloo
+                         ? GlooCommunicator::UnconnectedWorld(world.get())
+                         : nullptr;
         lazy != nullptr) {
       if (!member) continue;  // nullptr groups outside the mesh
       std::vector<GlooCommunicator::SubgroupSpec> specs;
@@ -329,7 +334,10 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
   }
   // (7) Placement warnings, once per job: from global rank 0, after every
   // rank made its groups (so the mesh works whatever is said).
-  if (world_rank == 0 && !options.latency_sensitive_dims.empty()) {
+  // A world on one host has no group that crosses hosts, so nothing to
+  // warn about: the O(world) placement is skipped (issue 32).
+  if (world_rank == 0 && !options.latency_sensitive_dims.empty() &&
+      shared->host_size < world_size) {
     auto placement = ComputePlacement(layout, *shared->world_hosts);
     if (placement.ok()) {
       for (const std::string& warning : PlacementWarnings(

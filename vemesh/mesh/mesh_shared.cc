@@ -48,7 +48,24 @@ absl::StatusOr<SplitRequest> DimSplitRequest(const MeshLayout& layout,
   // worlds' ranks; O(group size)), so MPI makes it over its members only.
   const absl::StatusOr<int64_t> dim = layout.dim_index(name);
   request.group_local = dim.ok();
-  if (member) {
+  if (member && dim.ok()) {
+    // group_position and group_members for one dimension, from one
+    // coordinate (issue 32: no name lookups or per-member decoding).
+    VEMESH_ASSIGN_OR_RETURN(Coordinate at, layout.coordinate_of(rank));
+    int64_t group = 0;
+    for (int64_t d = 0; d < layout.ndim(); ++d) {
+      if (d != *dim) group = group * layout.dim_size(d).value_or(1) + at[d];
+    }
+    request.color = static_cast<int>(group);
+    request.key = static_cast<int>(at[*dim]);
+    const int64_t size = layout.dim_size(*dim).value_or(0);
+    request.members.reserve(static_cast<size_t>(size));
+    for (int64_t k = 0; k < size; ++k) {
+      at[*dim] = k;
+      request.members.push_back(
+          static_cast<int>(layout.rank_at(at).value_or(-1)));
+    }
+  } else if (member) {
     VEMESH_ASSIGN_OR_RETURN(auto pos, layout.group_position({name}, rank));
     request.color = static_cast<int>(pos.group);
     request.key = static_cast<int>(pos.index);

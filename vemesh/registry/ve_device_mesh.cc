@@ -26,6 +26,15 @@ absl::Status MayCallMpi(absl::string_view what) {
 #endif
 }
 
+// MayCallMpi's answer without a message (the success path builds none).
+bool MpiThreadOk() {
+#ifndef VEMESH_NO_MPI
+  return MpiThreadAllowed();
+#else
+  return true;
+#endif
+}
+
 }  // namespace
 
 // Everything a query needs, built once per init and never changed: readers
@@ -223,7 +232,7 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::init_device_mesh(
   // thread that MPI's thread level forbids, before any rank communicates.
   // (A bad device type is left to init_device_mesh to name.)
   if (auto parsed = ParseDeviceType(device_type);
-      parsed.ok() && parsed->type != DeviceType::kMeta) {
+      parsed.ok() && parsed->type != DeviceType::kMeta && !MpiThreadOk()) {
     VEMESH_RETURN_IF_ERROR(MayCallMpi(absl::StrCat(
         "VESCALE_DEVICE_MESH.init_device_mesh(\"", device_type, "\")")));
   }
@@ -289,8 +298,12 @@ VeDeviceMesh::MakeState(const DeviceMesh& mesh, bool collective) {
     auto coordinate = mesh.get_coordinate();
     if (!coordinate.ok()) return coordinate.status();
     state->coordinate = *coordinate;
-    for (const std::string& name : mesh.mesh_dim_names()) {
-      VEMESH_ASSIGN_OR_RETURN(auto child, mesh[name]);
+    const MeshLayout& layout = state->layout();
+    state->dim_meshes.reserve(static_cast<size_t>(layout.ndim()));
+    for (int64_t d = 0; d < layout.ndim(); ++d) {
+      // mesh[name] without copying the names (issue 32).
+      VEMESH_ASSIGN_OR_RETURN(
+          auto child, mesh.slice(absl::MakeConstSpan(&layout.dim_name(d), 1)));
       state->dim_meshes.push_back(std::move(child));
     }
     for (int next = 0; next < 2; ++next) {

@@ -54,11 +54,50 @@ bool Initialized() {
   return flag != 0;
 }
 
+// MPI_Finalize deletes MPI_COMM_SELF's attributes first (MPI 3.1, 8.7.1):
+// a delete callback there tells that finalising has begun, so that until
+// then the usability checks of every call need not ask MPI_Finalized (a
+// library call, ~0.2 us, several per mesh creation). Installed once, by a
+// thread that may call MPI (WatchFinalize); before that, and once
+// finalising has begun, MPI_Finalized is asked as always.
+std::atomic<bool> finalize_watched{false};
+std::atomic<bool> finalize_begun{false};
+
+int FinalizeBegun(MPI_Comm, int, void*, void*) {
+  finalize_begun.store(true);
+  return MPI_SUCCESS;
+}
+
 bool Finalized() {
+  if (finalize_watched.load(std::memory_order_acquire) &&
+      !finalize_begun.load(std::memory_order_acquire)) {
+    return false;
+  }
   int flag = 0;
   MPI_Finalized(&flag);
   return flag != 0;
 }
+
+// Installs the callback above; only on a thread that may call MPI, while
+// MPI is running.
+std::mutex watch_mu;
+void WatchFinalize() {
+  if (finalize_watched.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> lock(watch_mu);
+  if (finalize_watched.load() || Finalized()) return;
+  int keyval = MPI_KEYVAL_INVALID;
+  if (MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, FinalizeBegun, &keyval,
+                             nullptr) != MPI_SUCCESS) {
+    return;
+  }
+  if (MPI_Comm_set_attr(MPI_COMM_SELF, keyval, nullptr) != MPI_SUCCESS) return;
+  finalize_watched.store(true, std::memory_order_release);
+}
+
+// The thread MPI_Is_thread_main last said is the main one: it stays so, so
+// the check of every call under MPI_THREAD_SINGLE / _FUNNELED asks MPI once
+// per thread, not once per call.
+std::atomic<std::thread::id> main_thread{};
 
 // Finalises MPI if vemesh started it and nobody finalised it yet.
 void FinalizeIfOwned() {
@@ -288,19 +327,32 @@ absl::string_view MpiThreadLevelName(int level) {
   return "no thread level (MPI not initialised)";
 }
 
-absl::Status CheckMpiThread(absl::string_view what) {
-  if (!MpiIsUsable()) return absl::OkStatus();
+bool MpiThreadAllowed() {
+  if (!MpiIsUsable()) return true;
   const int level = MpiThreadLevel();
-  if (level >= MPI_THREAD_SERIALIZED) return absl::OkStatus();
-  // MPI_Is_thread_main may be called from any thread (MPI 3.1, 12.4.3).
-  int is_main = 0;
-  MPI_Is_thread_main(&is_main);
-  if (is_main) return absl::OkStatus();
+  bool allowed = level >= MPI_THREAD_SERIALIZED;
+  if (!allowed) {
+    const std::thread::id self = std::this_thread::get_id();
+    allowed = main_thread.load(std::memory_order_relaxed) == self;
+    if (!allowed) {
+      // MPI_Is_thread_main may be called from any thread (MPI 3.1, 12.4.3).
+      int is_main = 0;
+      MPI_Is_thread_main(&is_main);
+      allowed = is_main != 0;
+      if (allowed) main_thread.store(self, std::memory_order_relaxed);
+    }
+  }
+  if (allowed) WatchFinalize();
+  return allowed;
+}
+
+absl::Status CheckMpiThread(absl::string_view what) {
+  if (MpiThreadAllowed()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       what,
       " would call MPI from a thread other than the main one, but MPI "
       "was initialised with ",
-      MpiThreadLevelName(level),
+      MpiThreadLevelName(MpiThreadLevel()),
       ": call it from the thread that initialised MPI, or initialise MPI with "
       "MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE"));
 }
@@ -331,7 +383,7 @@ absl::Status MpiUsable(absl::string_view op, int size) {
         "be used again; finish communicating before MPI_Finalize"));
   }
   // The common case first, without building a message.
-  if (MpiThreadLevel() >= MPI_THREAD_SERIALIZED) return absl::OkStatus();
+  if (MpiThreadAllowed()) return absl::OkStatus();
   return CheckMpiThread(absl::StrCat(op, " on an MPI communicator"));
 }
 

@@ -87,6 +87,8 @@ absl::string_view MpiThreadLevelName(int level);
 // way out: under MPI_THREAD_FUNNELED or MPI_THREAD_SINGLE only the main
 // thread may call MPI.
 absl::Status CheckMpiThread(absl::string_view what);
+// CheckMpiThread's answer without a message: true when it would be OK.
+bool MpiThreadAllowed();
 
 // Turns an MPI return code into a Status naming the call and MPI's own
 // message, by the code's error class: OK for MPI_SUCCESS; Unavailable for a
