@@ -31,7 +31,7 @@ export OMP_NUM_THREADS=1
 declare -A shapes=([8]=2,2,2 [16]=2,2,4 [32]=2,4,4)
 # torch 1.13 on Python 3.11 needs --redirects/--tee given explicitly.
 run=(torchrun --standalone --redirects 1 --tee 1)
-declare -A vm tm vs ts
+declare -A vm tm vs ts vc
 IFS=, read -r -a list <<<"$worlds"
 for n in "${list[@]}"; do
   shape=${shapes[$n]}
@@ -45,11 +45,12 @@ for n in "${list[@]}"; do
   tm[$n]=$(sed -E 's/.*median ([0-9.]+) ms.*/\1/' <<<"$t")
   vs[$n]=$(sed -E 's/.*sockets per rank ([0-9]+).*/\1/' <<<"$v")
   ts[$n]=$(sed -E 's/.*sockets per rank ([0-9]+).*/\1/' <<<"$t")
+  vc[$n]=$(sed -E 's/.*CPU of all ranks per creation ([0-9.]+) ms.*/\1/' <<<"$v")
 done
 echo
-echo "| ranks (mesh) | vemesh ms | torch 1.13 ms | torch / vemesh | sockets per rank, vemesh | torch |"
-echo "|---|---|---|---|---|---|"
+echo "| ranks (mesh) | vemesh ms | torch 1.13 ms | torch / vemesh | sockets per rank, vemesh | torch | vemesh CPU of all ranks per creation, ms |"
+echo "|---|---|---|---|---|---|---|"
 for n in "${list[@]}"; do
   ratio=$(python3 -c "print(f'{${tm[$n]:-0} / max(${vm[$n]:-1}, 1e-9):.1f}x')" 2>/dev/null)
-  echo "| $n (${shapes[$n]}) | ${vm[$n]} | ${tm[$n]} | $ratio | ${vs[$n]} | ${ts[$n]} |"
+  echo "| $n (${shapes[$n]}) | ${vm[$n]} | ${tm[$n]} | $ratio | ${vs[$n]} | ${ts[$n]} | ${vc[$n]} |"
 done

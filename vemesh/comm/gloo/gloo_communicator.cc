@@ -1,5 +1,6 @@
 #include "vemesh/comm/gloo/gloo_communicator.h"
 
+#include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -31,6 +32,7 @@
 #include "gloo/scatter.h"
 #include "gloo/transport/context.h"
 #include "gloo/transport/device.h"
+#include "gloo/transport/tcp/address.h"
 #include "gloo/transport/tcp/attr.h"
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/tcp/loop.h"
@@ -828,13 +830,17 @@ absl::Status CheckCreate(const std::shared_ptr<Store>& store, int rank,
   return absl::OkStatus();
 }
 
-// Keeps a tcp device's event loop turning while pairs connect. Idle, Gloo's
-// loop sleeps in epoll_wait for up to 10 ms, and a pair that starts its
-// connect from the caller's thread waits for the loop's next turn (it
-// unregisters its listening socket): about 10 ms per connect, more than the
-// rest of a mesh's creation. An eventfd that is always readable makes the
-// loop turn at once (pausing a few microseconds per turn); the spinner takes
-// itself off the loop from the loop's own thread, which never waits.
+// Turns a tcp device's event loop while armed. Idle, Gloo's loop sleeps in
+// epoll_wait for up to 10 ms, and a pair that connects out from the
+// caller's thread first waits for the loop's next turn (it unregisters its
+// listening socket): about 10 ms per such connect, more than the rest of a
+// mesh's creation. Armed, an always-readable eventfd makes the loop turn at
+// once (pausing 200 us per turn). Disarmed, the fd stays registered with no
+// events, so the loop sleeps and the spinner costs nothing: a turn costs a
+// few microseconds of CPU, and on a busy machine the turns of every rank
+// add up. Arming only re-registers the fd (epoll_ctl wakes the loop);
+// disarming happens on the loop's next turn, from the loop's own thread,
+// as does taking the spinner off, so nothing here waits for a turn.
 class LoopSpinner final : public gloo::transport::tcp::Handler {
  public:
   explicit LoopSpinner(gloo::transport::Device* device)
@@ -842,19 +848,16 @@ class LoopSpinner final : public gloo::transport::tcp::Handler {
     if (device_ == nullptr) return;
     fd_ = eventfd(1, EFD_NONBLOCK | EFD_CLOEXEC);
     if (fd_ < 0) return;
-    try {
-      device_->registerDescriptor(fd_, EPOLLIN, this);
-      registered_ = true;
-    } catch (const std::exception&) {
-      // Without it connects are only slower.
-    }
+    registered_ = Watch(0);  // without it connects are only slower
   }
 
   ~LoopSpinner() override {
     if (registered_) {
       std::unique_lock<std::mutex> lock(mu_);
       stop_ = true;
-      if (!cv_.wait_for(lock, std::chrono::seconds(5), [&] { return off_; })) {
+      // The loop takes the spinner off on its next turn: make it come.
+      if (!Watch(EPOLLIN) ||
+          !cv_.wait_for(lock, std::chrono::seconds(5), [&] { return off_; })) {
         lock.unlock();  // the loop is not turning: take it off from here
         try {
           device_->unregisterDescriptor(fd_, this);
@@ -865,11 +868,22 @@ class LoopSpinner final : public gloo::transport::tcp::Handler {
     if (fd_ >= 0) close(fd_);
   }
 
+  // Keeps the loop turning until the matching Disarm (they nest).
+  void Arm() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (armed_++ == 0 && registered_ && !stop_) Watch(EPOLLIN);
+  }
+  void Disarm() {
+    std::lock_guard<std::mutex> lock(mu_);
+    --armed_;  // the loop's next turn goes back to sleep
+  }
+
   // On the loop's thread.
   void handleEvents(int /*events*/) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (stop_ && !off_) {
+      if (off_) return;
+      if (stop_) {
         try {
           device_->unregisterDescriptor(fd_, this);
         } catch (const std::exception&) {
@@ -878,19 +892,67 @@ class LoopSpinner final : public gloo::transport::tcp::Handler {
         cv_.notify_all();  // under the lock: the waiter returns after us
         return;
       }
+      if (armed_ == 0) {
+        Watch(0);
+        return;
+      }
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
 
  private:
+  // (Re-)registers the fd for `events` (0: registered, never reported).
+  bool Watch(int events) {
+    try {
+      device_->registerDescriptor(fd_, events, this);
+      return true;
+    } catch (const std::exception&) {
+      return false;
+    }
+  }
+
   gloo::transport::tcp::Device* device_;
   int fd_ = -1;
   bool registered_ = false;
   std::mutex mu_;
   std::condition_variable cv_;
+  int armed_ = 0;      // under mu_
   bool stop_ = false;  // under mu_
   bool off_ = false;   // under mu_
 };
+
+// Which side of a tcp pair connects out, by Gloo's rule (tcp::Pair::connect
+// in gloo 2022-05): the pair whose listening address is the larger (the IP,
+// then the port as stored) connects to the other, which accepts. Only the
+// connecting side needs the loop to turn (see LoopSpinner). Unsure (an
+// address that does not parse): true, which costs only some loop turns.
+bool ConnectsOut(const std::vector<char>& self_bytes,
+                 const std::vector<char>& peer_bytes) {
+  try {
+    const gloo::transport::tcp::Address self(self_bytes);
+    const gloo::transport::tcp::Address peer(peer_bytes);
+    const sockaddr_storage& a = self.getSockaddr();
+    const sockaddr_storage& b = peer.getSockaddr();
+    if (a.ss_family != b.ss_family) return true;
+    int order = 0;
+    if (a.ss_family == AF_INET) {
+      const auto* sa = reinterpret_cast<const sockaddr_in*>(&a);
+      const auto* sb = reinterpret_cast<const sockaddr_in*>(&b);
+      order = std::memcmp(&sa->sin_addr, &sb->sin_addr, sizeof(in_addr));
+      if (order == 0) order = sa->sin_port - sb->sin_port;
+    } else if (a.ss_family == AF_INET6) {
+      const auto* sa = reinterpret_cast<const sockaddr_in6*>(&a);
+      const auto* sb = reinterpret_cast<const sockaddr_in6*>(&b);
+      order = std::memcmp(&sa->sin6_addr, &sb->sin6_addr, sizeof(in6_addr));
+      if (order == 0) order = sa->sin6_port - sb->sin6_port;
+    } else {
+      return true;
+    }
+    return order > 0;
+  } catch (const std::exception&) {
+    return true;
+  }
+}
 
 absl::StatusOr<std::shared_ptr<gloo::transport::Device>> MakeDevice(
     absl::string_view hostname) {
@@ -1207,15 +1269,17 @@ GlooCommunicator::subgroups(absl::string_view batch,
   // its groups in the same order, so the barriers cannot wait in a cycle):
   // a TCP connect completes before the peer accepts it, and a rank that
   // dropped a group at once would close a socket still being accepted.
-  // A pair's connect blocks until its peer reaches the same pair, and each
-  // rank takes its pairs in its own order: one after another, those waits
-  // chain across the job. So every pair connects on a thread of its own
-  // (they share nothing but the device, which is made for many pairs).
+  // Of a pair, one side connects out (to the listening socket its peer made
+  // before posting its address, so it never waits for the peer) and the
+  // other waits for that. Each rank first makes all its outgoing connects,
+  // then waits for its incoming ones, so no wait depends on another rank's
+  // wait and one thread does it all. Only the outgoing connects need Gloo's
+  // loop to turn: the spinner is armed for those alone.
   struct PairConnect {
     size_t group;
     int peer;
     std::vector<char> address;
-    absl::Status status;
+    bool out;
   };
   LoopSpinner spinner(device_.get());
   std::vector<PairConnect> connects;
@@ -1232,26 +1296,33 @@ GlooCommunicator::subgroups(absl::string_view batch,
             specs[g].name, "' toward rank ", rank_,
             " (the members' group lists differ)"));
       }
-      connects.push_back({g, i, *std::move(address), absl::OkStatus()});
+      const bool out =
+          ConnectsOut(transports[g]->getPair(i)->address().bytes(), *address);
+      connects.push_back({g, i, *std::move(address), out});
     }
   }
-  auto connect = [&](PairConnect& c) {
-    ScopedSigpipeBlock thread_no_sigpipe;
-    c.status = RunGloo(
+  std::stable_partition(connects.begin(), connects.end(),
+                        [](const PairConnect& c) { return c.out; });
+  auto connect = [&](const PairConnect& c) {
+    return RunGloo(
         absl::StrCat(what, ": connect group '", specs[c.group].name, "' rank ",
                      new_rank[c.group], " to ", c.peer),
         [&] { transports[c.group]->getPair(c.peer)->connect(c.address); });
   };
   {
-    std::vector<std::thread> threads;
-    threads.reserve(connects.size());
-    for (size_t k = 1; k < connects.size(); ++k) {
-      threads.emplace_back(connect, std::ref(connects[k]));
+    spinner.Arm();
+    absl::Status status;
+    for (const PairConnect& c : connects) {
+      if (!c.out) break;
+      status = connect(c);
+      if (!status.ok()) break;
     }
-    if (!connects.empty()) connect(connects[0]);
-    for (std::thread& t : threads) t.join();
+    spinner.Disarm();
+    VEMESH_RETURN_IF_ERROR(status);
   }
-  for (const PairConnect& c : connects) VEMESH_RETURN_IF_ERROR(c.status);
+  for (const PairConnect& c : connects) {
+    if (!c.out) VEMESH_RETURN_IF_ERROR(connect(c));
+  }
   std::vector<std::shared_ptr<GlooCommunicator>> out;
   out.reserve(specs.size());
   for (size_t g = 0; g < specs.size(); ++g) {
