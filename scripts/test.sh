@@ -19,6 +19,10 @@ launcher=()
 if command -v ccache >/dev/null; then
   export CMAKE_CXX_COMPILER_LAUNCHER=ccache
   export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
+  # The tests share one precompiled header (tests/common): ccache caches
+  # the objects that use it only when told to overlook the header's
+  # time stamps and __DATE__/__TIME__.
+  export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros}"
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 fi
 
