@@ -25,6 +25,20 @@ DeviceGuard::~DeviceGuard() {
   }
 }
 
+PreparedDevice PrepareDevice(const CudaDeviceRequest& request,
+                             std::optional<DeviceGuard>* guard) {
+  PreparedDevice out;
+  auto chosen = ChooseCudaDeviceHere(request);
+  if (!chosen.ok()) {
+    out.status = chosen.status();
+    return out;
+  }
+  out.device = *chosen;
+  guard->emplace(out.device);
+  out.status = (*guard)->status();
+  return out;
+}
+
 absl::Status MakeStream(cudaStream_t* stream, void** scratch) {
   absl::Status status = CudaStatus(
       Nccl().cudaStreamCreateWithFlags(stream, cudaStreamNonBlocking),

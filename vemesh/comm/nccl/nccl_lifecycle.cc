@@ -97,15 +97,10 @@ absl::StatusOr<std::shared_ptr<NcclCommunicator>> NcclCommunicator::Create(
   // Everything that can fail locally happens before the first NCCL
   // collective, and the ranks agree on it: one rank failing must not leave
   // the others waiting in ncclCommInitRankConfig.
-  absl::Status local = absl::OkStatus();
-  auto chosen = ChooseCudaDeviceHere(request);
-  const int device = chosen.ok() ? *chosen : -1;
-  if (!chosen.ok()) local = chosen.status();
   std::optional<DeviceGuard> guard;
-  if (local.ok()) {
-    guard.emplace(device);
-    local = guard->status();
-  }
+  const PreparedDevice prepared = PrepareDevice(request, &guard);
+  const int device = prepared.device;
+  absl::Status local = prepared.status;
   cudaStream_t stream = nullptr;
   void* scratch = nullptr;
   if (local.ok()) local = MakeStream(&stream, &scratch);

@@ -76,15 +76,10 @@ CreateNcclGroupsOverStore(const std::shared_ptr<Store>& store,
   const size_t n = groups.size();
 
   // (1) Everything that can fail locally, before anything is posted.
-  absl::Status local = absl::OkStatus();
-  auto chosen = ChooseCudaDeviceHere(request);
-  const int device = chosen.ok() ? *chosen : -1;
-  if (!chosen.ok()) local = chosen.status();
   std::optional<DeviceGuard> guard;
-  if (local.ok()) {
-    guard.emplace(device);
-    local = guard->status();
-  }
+  const PreparedDevice prepared = PrepareDevice(request, &guard);
+  const int device = prepared.device;
+  absl::Status local = prepared.status;
   std::vector<cudaStream_t> streams(n, nullptr);
   std::vector<void*> scratch(n, nullptr);
   std::vector<ncclUniqueId> ids(n);

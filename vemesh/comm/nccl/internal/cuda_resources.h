@@ -18,7 +18,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <optional>
+
 #include "absl/status/status.h"
+#include "vemesh/comm/nccl/cuda_device.h"
 
 namespace vemesh {
 
@@ -38,6 +41,18 @@ class DeviceGuard {
   bool changed_ = false;
   absl::Status status_;
 };
+
+// Chooses this rank's device for `request` and makes it current in
+// `*guard` (left empty when no device could be chosen). Local only: the
+// ranks agree on the outcome before any NCCL call, so that one rank failing
+// never leaves the others waiting in an init. Returns the device, -1 when
+// none, and the first failure.
+struct PreparedDevice {
+  int device = -1;
+  absl::Status status;
+};
+PreparedDevice PrepareDevice(const CudaDeviceRequest& request,
+                             std::optional<DeviceGuard>* guard);
 
 // Makes this rank's stream and scratch buffer (one zeroed int32: barrier is
 // an all_reduce of it) on the current device.
