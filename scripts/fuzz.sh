@@ -17,23 +17,40 @@ cmake --build --preset fuzz --target $targets
 
 artifacts=build/fuzz/artifacts
 mkdir -p "$artifacts"
-status=0
-for t in $targets; do
+# Two targets at a time (2 cores): each still fuzzes for its full time.
+fuzz_one() {
+  local t=$1 work log rc=0
   work=$(mktemp -d)
   log=build/fuzz/$t.log
-  echo "=== vemesh: fuzz $t for ${seconds}s"
   # Scratch corpus first (libFuzzer writes there), the seeds second.
-  if ! build/fuzz/fuzz/$t -max_total_time="$seconds" -print_final_stats=1 \
+  build/fuzz/fuzz/$t -max_total_time="$seconds" -print_final_stats=1 \
       -artifact_prefix="$artifacts/$t-" -rss_limit_mb=2048 -timeout=10 \
-      "$work" "fuzz/corpus/$t" >"$log" 2>&1; then
-    echo "vemesh: fuzz $t FAILED; last lines of $log:"
-    tail -40 "$log"
-    status=1
-  fi
+      "$work" "fuzz/corpus/$t" >"$log" 2>&1 || rc=$?
+  local execs cov
   execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | grep -o '[0-9]*$' || echo "?")
   cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | grep -o '[0-9]*$' || echo "?")
   echo "vemesh: fuzz $t: $execs executions in ${seconds}s, $cov coverage edges," \
-       "$(ls "$work" | wc -l) new corpus inputs, status $([ $status = 0 ] && echo clean || echo FAILED)"
+       "$(ls "$work" | wc -l) new corpus inputs, status $([ $rc = 0 ] && echo clean || echo FAILED)"
+  if [ $rc != 0 ]; then
+    echo "vemesh: fuzz $t FAILED; last lines of $log:"
+    tail -40 "$log"
+  fi
   rm -rf "$work"
+  return $rc
+}
+
+status=0
+pids=()
+for t in $targets; do
+  echo "=== vemesh: fuzz $t for ${seconds}s"
+  fuzz_one "$t" &
+  pids+=($!)
+  if [ ${#pids[@]} = 2 ]; then
+    wait "${pids[0]}" || status=1
+    pids=("${pids[1]}")
+  fi
+done
+for p in "${pids[@]}"; do
+  wait "$p" || status=1
 done
 exit $status
