@@ -53,7 +53,8 @@ for preset in $presets; do
     exit 1
   fi
   # Two passes. The unit tests (label "unit": gtest cases and small
-  # programs, one process each, none an MPI job or a launcher) run 3 at a
+  # programs, none a multi-rank job or a fault scenario between processes;
+  # the CLI catalogue's cases start one `mpiexec -n 1` each) run 3 at a
   # time: most of their time is process start-up and waits (850 of them
   # took 176 s one at a time in release, 63 s three at a time; ASan and
   # TSan 250 -> 107 s). Everything else (MPI jobs, launchers, elastic
