@@ -14,7 +14,7 @@ set -euo pipefail
 # (nlohmann-json) and the main job's launcher (openmpi-bin; procps for the
 # scripts' process handling).
 packages=(
-  cmake g++ make pkg-config
+  cmake g++ make ninja-build pkg-config
   libabsl-dev
   libopenmpi-dev openmpi-bin
   libgloo-dev

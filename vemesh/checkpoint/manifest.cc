@@ -11,8 +11,8 @@ namespace {
 
 using internal::Json;
 
-constexpr size_t kMaxDims = 16;
-constexpr int64_t kMaxDim = int64_t{1} << 50;
+using internal::kMaxDim;
+using internal::kMaxDims;
 constexpr int64_t kMaxFileBytes = int64_t{1} << 60;
 
 bool PlainFileName(const std::string& s) {

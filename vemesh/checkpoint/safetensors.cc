@@ -19,8 +19,8 @@ static_assert(std::endian::native == std::endian::little,
               "checkpoint files are little-endian; a big-endian host would "
               "need byte swaps");
 
-constexpr size_t kMaxDims = 16;
-constexpr int64_t kMaxDim = int64_t{1} << 50;
+using internal::kMaxDim;
+using internal::kMaxDims;
 
 // numel * size without overflow; nullopt when it overflows uint64.
 bool ByteSize(const std::vector<int64_t>& shape, size_t elem, uint64_t* out) {

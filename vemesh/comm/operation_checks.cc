@@ -9,16 +9,12 @@
 #include "absl/strings/str_cat.h"
 #include "vemesh/base/status_macros.h"
 #include "vemesh/comm/communicator.h"
+#include "vemesh/comm/internal/buffer_overlap.h"
 
 namespace vemesh {
 namespace {
 
-bool Overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
-  auto x = reinterpret_cast<uintptr_t>(a);
-  auto y = reinterpret_cast<uintptr_t>(b);
-  return a != nullptr && b != nullptr && a_bytes > 0 && b_bytes > 0 &&
-         x < y + b_bytes && y < x + a_bytes;
-}
+using comm_internal::BuffersOverlap;
 
 bool IsReduction(OpKind kind) {
   return kind == OpKind::kAllReduce || kind == OpKind::kReduce ||
@@ -178,8 +174,8 @@ absl::Status Communicator::Check(const Operation& op) const {
     return op.count * n;
   };
   auto disjoint = [&](size_t send_count, size_t recv_count) -> absl::Status {
-    if (op.send != op.recv &&
-        Overlap(op.send, send_count * width, op.recv, recv_count * width)) {
+    if (op.send != op.recv && BuffersOverlap(op.send, send_count * width,
+                                             op.recv, recv_count * width)) {
       return absl::InvalidArgumentError(absl::StrCat(
           name,
           ": the send and recv buffers overlap without being the same "
@@ -188,7 +184,8 @@ absl::Status Communicator::Check(const Operation& op) const {
     return absl::OkStatus();
   };
   auto apart = [&](size_t send_count, size_t recv_count) -> absl::Status {
-    if (Overlap(op.send, send_count * width, op.recv, recv_count * width)) {
+    if (BuffersOverlap(op.send, send_count * width, op.recv,
+                       recv_count * width)) {
       return absl::InvalidArgumentError(absl::StrCat(
           name,
           ": the send and recv buffers overlap (this operation cannot "
@@ -297,8 +294,8 @@ absl::Status Communicator::Check(const Operation& op) const {
         // A receive must not write over another transfer's buffer.
         for (size_t j = 0; j < op.p2p.size(); ++j) {
           const P2POp& q = op.p2p[j];
-          if (j != i && Overlap(p.data, p.count * SizeOf(p.type), q.data,
-                                q.count * SizeOf(q.type))) {
+          if (j != i && BuffersOverlap(p.data, p.count * SizeOf(p.type), q.data,
+                                       q.count * SizeOf(q.type))) {
             return absl::InvalidArgumentError(
                 absl::StrCat(name, ": the recv buffer of transfer ", i,
                              " overlaps the buffer of transfer ", j));

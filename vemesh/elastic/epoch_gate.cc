@@ -10,8 +10,8 @@
 
 namespace vemesh {
 namespace {
-constexpr absl::Duration kProbeTimeout = absl::Milliseconds(20);
-constexpr absl::Duration kReprobe = absl::Milliseconds(10);
+constexpr absl::Duration kGateProbeTimeout = absl::Milliseconds(20);
+constexpr absl::Duration kGateReprobe = absl::Milliseconds(10);
 // Fast polls while a formation is normally completing, then slower.
 constexpr absl::Duration kFastPoll = absl::Milliseconds(1);
 constexpr absl::Duration kFastFor = absl::Milliseconds(100);
@@ -68,13 +68,13 @@ absl::Status EpochGate::Await(absl::Time deadline) {
         const int id = record_.members[j];
         const uint64_t inc = record_.incarnation_of(id);
         if (auto p = probed_.find(id);
-            p != probed_.end() && absl::Now() - p->second < kReprobe) {
+            p != probed_.end() && absl::Now() - p->second < kGateReprobe) {
           continue;
         }
         probed_[id] = absl::Now();
         auto where = control_.store()->get(control_.ProbeKey(id, inc));
         if (!where.ok()) continue;  // no port advertised: Gloo decides
-        const Liveness v = ProbeLiveness(*where, kProbeTimeout);
+        const Liveness v = ProbeLiveness(*where, kGateProbeTimeout);
         if (v == Liveness::kListening) judge_->Answered(inc, *where);
         if (v == Liveness::kGone && judge_->Trusts(inc, *where)) {
           (void)control_.store()->set(gone_key_, absl::StrCat(id));

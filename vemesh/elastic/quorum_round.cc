@@ -9,7 +9,7 @@
 
 namespace vemesh {
 namespace {
-constexpr absl::Duration kReprobe = absl::Milliseconds(25);
+constexpr absl::Duration kQuorumReprobe = absl::Milliseconds(25);
 }  // namespace
 
 QuorumRound::QuorumRound(const ControlPlane& control, MembershipRecord failed,
@@ -46,7 +46,7 @@ absl::StatusOr<std::optional<std::vector<int>>> QuorumRound::Poll() {
     }
     if (gone_.count(id) != 0) continue;
     if (auto a = answered_.find(id);
-        a != answered_.end() && absl::Now() - a->second < kReprobe) {
+        a != answered_.end() && absl::Now() - a->second < kQuorumReprobe) {
       silent = true;
       continue;
     }

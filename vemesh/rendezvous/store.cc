@@ -12,9 +12,8 @@ namespace vemesh {
 
 absl::Status CheckStoreKey(absl::string_view key) {
   if (key.empty()) {
-    return absl::InvalidArgumentError("store key is empty: expected 1.." +
-                                      std::to_string(kMaxStoreKeyBytes) +
-                                      " bytes");
+    return absl::InvalidArgumentError(absl::StrCat(
+        "store key is empty: expected 1..", kMaxStoreKeyBytes, " bytes"));
   }
   if (key.size() > kMaxStoreKeyBytes) {
     return absl::InvalidArgumentError(

@@ -67,11 +67,6 @@ absl::StatusOr<int> ForEachBucket(
   return buckets;
 }
 
-absl::StatusOr<RoleGroup> CurrentDpGroup() {
-  return RoleGroupFrom(VESCALE_DEVICE_MESH.get_data_parallel_dim_groups(),
-                       "DP");
-}
-
 size_t TotalElements(absl::Span<Parameter* const> params, Field field) {
   size_t n = 0;
   for (const Parameter* p : params)
@@ -141,7 +136,7 @@ DataParallel::~DataParallel() = default;
 
 absl::StatusOr<BucketStats> DataParallel::BroadcastParameters(
     absl::Span<Parameter* const> params, int root) const {
-  VEMESH_ASSIGN_OR_RETURN(RoleGroup dp, CurrentDpGroup());
+  VEMESH_ASSIGN_OR_RETURN(RoleGroup dp, CurrentDataParallelGroup());
   if (root < 0 || root >= dp.size) {
     return absl::InvalidArgumentError(
         absl::StrCat("BroadcastParameters root ", root,
@@ -171,7 +166,7 @@ absl::Status DataParallel::PrepareGradientSync(
         "PrepareGradientSync: a gradient synchronisation is already open; "
         "call FinishGradientSync first");
   }
-  VEMESH_ASSIGN_OR_RETURN(RoleGroup dp, CurrentDpGroup());
+  VEMESH_ASSIGN_OR_RETURN(RoleGroup dp, CurrentDataParallelGroup());
   auto sync = std::make_unique<Sync>();
   sync->dp = std::move(dp);
   sync->params.assign(params.begin(), params.end());

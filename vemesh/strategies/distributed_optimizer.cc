@@ -13,11 +13,6 @@
 namespace vemesh::strategies {
 namespace {
 
-absl::StatusOr<RoleGroup> CurrentDpGroup() {
-  return RoleGroupFrom(VESCALE_DEVICE_MESH.get_data_parallel_dim_groups(),
-                       "DP");
-}
-
 // FNV-1a over the shapes, to compare parameter lists across ranks in one
 // number.
 int64_t ShapeHash(const std::vector<std::pair<int64_t, int64_t>>& shapes) {
@@ -73,7 +68,7 @@ DistributedOptimizer::Create(const DistributedOptimizerOptions& options,
     elements += static_cast<size_t>(p->value.size());
   }
 
-  VEMESH_ASSIGN_OR_RETURN(RoleGroup dp, CurrentDpGroup());
+  VEMESH_ASSIGN_OR_RETURN(RoleGroup dp, CurrentDataParallelGroup());
   const int64_t mine[kSignatureSize] = {
       local_error.empty() ? 1 : 0, static_cast<int64_t>(shapes.size()),
       static_cast<int64_t>(elements), ShapeHash(shapes)};
@@ -249,7 +244,7 @@ absl::Status DistributedOptimizer::ReduceGradients(const RoleGroup& dp,
 }
 
 absl::StatusOr<ZeroStepStats> DistributedOptimizer::Step() {
-  VEMESH_ASSIGN_OR_RETURN(RoleGroup dp, CurrentDpGroup());
+  VEMESH_ASSIGN_OR_RETURN(RoleGroup dp, CurrentDataParallelGroup());
   if (dp.size != dp_size_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "DistributedOptimizer: the DP size is now ", dp.size, " but was ",

@@ -43,4 +43,9 @@ absl::StatusOr<RoleGroup> RoleGroupFrom(
   return group;
 }
 
+absl::StatusOr<RoleGroup> CurrentDataParallelGroup() {
+  return RoleGroupFrom(VESCALE_DEVICE_MESH.get_data_parallel_dim_groups(),
+                       "DP");
+}
+
 }  // namespace vemesh::strategies

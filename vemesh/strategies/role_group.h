@@ -42,6 +42,10 @@ struct RoleGroup {
 absl::StatusOr<RoleGroup> RoleGroupFrom(
     absl::StatusOr<std::shared_ptr<Communicator>> comm, absl::string_view role);
 
+// The registry's data-parallel group ("DP") as a RoleGroup: what DDP and the
+// distributed optimizer reduce over.
+absl::StatusOr<RoleGroup> CurrentDataParallelGroup();
+
 }  // namespace vemesh::strategies
 
 #endif  // VEMESH_STRATEGIES_ROLE_GROUP_H_

@@ -22,6 +22,11 @@
 
 namespace vemesh::checkpoint::internal {
 
+// Bounds on a tensor shape read from a file (manifest or safetensors header):
+// at most kMaxDims dimensions, each at most kMaxDim elements.
+inline constexpr size_t kMaxDims = 16;
+inline constexpr int64_t kMaxDim = int64_t{1} << 50;
+
 using Json = nlohmann::json;
 
 // Parses `text`; InvalidArgument naming `what` when it is not JSON or nests

@@ -42,6 +42,7 @@
 #include "vemesh/base/status_macros.h"
 #include "vemesh/comm/gloo/internal/gloo_error.h"
 #include "vemesh/comm/gloo/internal/gloo_store.h"
+#include "vemesh/comm/internal/buffer_overlap.h"
 #include "vemesh/comm/internal/host_reduce.h"
 #include "vemesh/rendezvous/prefix_store.h"
 
@@ -70,11 +71,7 @@ char* Bytes(const void* data) {
   return Bytes(const_cast<void*>(data));
 }
 
-bool Overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
-  auto x = reinterpret_cast<uintptr_t>(a);
-  auto y = reinterpret_cast<uintptr_t>(b);
-  return a_bytes > 0 && b_bytes > 0 && x < y + b_bytes && y < x + a_bytes;
-}
+using comm_internal::BuffersOverlap;
 
 // The host reduction of `op` (comm/internal/host_reduce.h). The base
 // class refuses unknown types and ops before a Job runs.
@@ -527,7 +524,7 @@ void GlooCommunicator::RunCollective(const Operation& op) {
       // output (MPI's in-place form) is copied out of the way.
       std::vector<char> copy;
       const char* in = Bytes(op.send);
-      if (Overlap(op.send, bytes, op.recv, bytes * size_)) {
+      if (BuffersOverlap(op.send, bytes, op.recv, bytes * size_)) {
         copy.assign(in, in + bytes);
         in = copy.data();
       }
@@ -550,7 +547,7 @@ void GlooCommunicator::RunCollective(const Operation& op) {
       const size_t mine = counts[rank_];
       std::vector<char> copy;
       const char* in = Bytes(op.send);
-      if (Overlap(op.send, mine, op.recv, total * width)) {
+      if (BuffersOverlap(op.send, mine, op.recv, total * width)) {
         copy.assign(in, in + mine);
         in = copy.data();
       }

@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "vemesh/base/sigpipe.h"
 #include "vemesh/base/status_macros.h"
+#include "vemesh/rendezvous/internal/keys_text.h"
 #include "vemesh/rendezvous/memory_store.h"
 #include "vemesh/rendezvous/tcp/socket.h"
 
@@ -30,7 +31,7 @@ constexpr absl::Duration kMinPollTimeout = absl::Milliseconds(100);
 constexpr absl::Duration kFirstPollSleep = absl::Milliseconds(1);
 constexpr absl::Duration kMaxPollSleep = absl::Milliseconds(20);
 // Error texts name at most this many keys.
-constexpr size_t kKeysNamed = 8;
+using rendezvous_internal::kKeysNamed;
 
 // compare_set, atomic because Redis runs a script alone. KEYS[1] the key;
 // ARGV expected, desired, and "1" to keep the key's lease (add's fallback)
@@ -208,12 +209,7 @@ absl::string_view Text(const redisReply& r) {
                           : absl::string_view(r.str, r.len);
 }
 
-// The keys, for an error text.
-std::string KeysText(absl::Span<const std::string> keys) {
-  if (keys.size() <= kKeysNamed) return absl::StrJoin(keys, ", ");
-  return absl::StrCat(absl::StrJoin(keys.subspan(0, kKeysNamed), ", "),
-                      ", ... (", keys.size(), " keys)");
-}
+using rendezvous_internal::KeysText;
 
 // "SET 'rank/3'": a command and its key, for an error text.
 std::string What(absl::string_view command, absl::string_view key) {

@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "vemesh/base/status_macros.h"
+#include "vemesh/rendezvous/internal/keys_text.h"
 #include "vemesh/rendezvous/tcp/sha256.h"
 
 namespace vemesh {
@@ -64,12 +65,7 @@ absl::StatusOr<UniqueFd> ConnectOnce(
   return absl::UnavailableError(error);
 }
 
-// The keys, for an error text.
-std::string KeysText(absl::Span<const std::string> keys) {
-  if (keys.size() <= 8) return absl::StrJoin(keys, ", ");
-  return absl::StrCat(absl::StrJoin(keys.subspan(0, 8), ", "), ", ... (",
-                      keys.size(), " keys)");
-}
+using rendezvous_internal::KeysText;
 
 StoreRequest KeyRequest(StoreOp op, absl::string_view key) {
   StoreRequest r;
