@@ -62,7 +62,8 @@ ABSL_FLAG(int, micro_batches, kDefaults.micro_batches,
           "micro-batches per step and DP replica");
 ABSL_FLAG(int, steps, kDefaults.steps, "SGD steps");
 ABSL_FLAG(double, lr, kDefaults.lr,
-          "learning rate (Adam wants a smaller one, e.g. 0.01)");
+          "learning rate; 0 (the default) picks the optimizer's: sgd 0.5, "
+          "adam 0.001 (torch.optim.Adam's default)");
 ABSL_FLAG(std::string, optimizer, kDefaults.optimizer,
           "sgd, or adam (AdamW with PyTorch's defaults), here and in the "
           "serial reference");

@@ -22,6 +22,14 @@ absl::Status Positive(absl::string_view flag, double value) {
       absl::StrCat("--", flag, "=", value, ": expected a finite number > 0"));
 }
 
+// --lr: 0 stands for the optimizer's default.
+absl::Status NonNegative(absl::string_view flag, double value) {
+  if (std::isfinite(value) && value >= 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--", flag, "=", value,
+      ": expected a finite number > 0 (or 0: the optimizer's default)"));
+}
+
 // The checkpoint flags go together: a directory needs a period and the
 // period a directory; an elastic job resumes from its --checkpoint_dir.
 absl::Status CheckCheckpointFlags(const TrainOptions& o) {
@@ -53,6 +61,10 @@ absl::Status CheckCheckpointFlags(const TrainOptions& o) {
 
 }  // namespace
 
+double DefaultLearningRate(vemesh::strategies::OptimizerKind kind) {
+  return kind == vemesh::strategies::OptimizerKind::kAdamW ? 1e-3 : 0.5;
+}
+
 absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
                                        int64_t world_size) {
   for (absl::Status s :
@@ -67,7 +79,7 @@ absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
         InRange("experts", o.experts, 0, kMaxExperts),
         InRange("checkpoint_every", o.checkpoint_every, 0, kMaxSteps),
         InRange("checkpoint_keep", o.checkpoint_keep, 1, 1000),
-        Positive("lr", o.lr), Positive("tolerance", o.tolerance)}) {
+        NonNegative("lr", o.lr), Positive("tolerance", o.tolerance)}) {
     if (!s.ok()) return s;
   }
   // Each flag is bounded, so these products stay far below 2^63.
@@ -106,9 +118,11 @@ absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
     return absl::InvalidArgumentError(
         absl::StrCat("--optimizer: ", kind.status().message()));
   }
+  if (o.lr == 0) plan.options.lr = DefaultLearningRate(*kind);
+  const double lr = plan.options.lr;
   plan.optimizer = *kind == vemesh::strategies::OptimizerKind::kAdamW
-                       ? vemesh::strategies::OptimizerOptions::AdamW(o.lr)
-                       : vemesh::strategies::OptimizerOptions::Sgd(o.lr);
+                       ? vemesh::strategies::OptimizerOptions::AdamW(lr)
+                       : vemesh::strategies::OptimizerOptions::Sgd(lr);
   if (absl::Status s =
           vemesh::strategies::ValidateOptimizerOptions(plan.optimizer);
       !s.ok()) {

@@ -51,7 +51,9 @@ struct TrainOptions {
   int64_t batch = 32;
   int micro_batches = 4;
   int steps = 50;
-  double lr = 0.5;
+  // 0: the optimizer's default (DefaultLearningRate); PlanTraining puts
+  // the rate it trains at in TrainPlan::options.lr.
+  double lr = 0;
   uint64_t seed = 2024;
   std::string schedule = "1f1b";
   int64_t bucket_elements = 4096;
@@ -111,6 +113,11 @@ struct TrainPlan {
   int64_t rows_per_replica = 0;      // batch / DP
   int64_t rows_per_micro_batch = 0;  // batch / (DP * micro_batches)
 };
+
+// The learning rate an optimizer trains this model at when --lr is not
+// given: 0.5 for SGD; 1e-3 for Adam(W), torch.optim.Adam's default (Adam
+// at SGD's 0.5 diverges: loss 0.26 -> 98 by step 3).
+double DefaultLearningRate(vemesh::strategies::OptimizerKind kind);
 
 absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& options,
                                        int64_t world_size);

@@ -105,6 +105,26 @@ TEST(CommunicatorChecks, NullBufferIsRefusedByName) {
           .ok());
 }
 
+// Integer element types map by width and signedness, whatever their
+// spelling: a buffer of `long long` reaches the backend as int64.
+static_assert(DataTypeOf<long long>() == DataType::kInt64);
+static_assert(DataTypeOf<long>() == DataType::kInt64);
+static_assert(DataTypeOf<int>() == DataType::kInt32);
+static_assert(DataTypeOf<signed char>() == DataType::kInt8);
+static_assert(DataTypeOf<unsigned char>() == DataType::kUInt8);
+
+TEST(CommunicatorChecks, IntegerTypesOfEveryNameAreCarried) {
+  auto c = Group();
+  std::vector<long long> wide(5, 1);
+  ASSERT_TRUE(c->all_reduce(absl::MakeSpan(wide), ReduceOp::kSum).ok());
+  ASSERT_TRUE(c->last.has_value());
+  EXPECT_EQ(c->last->type, DataType::kInt64);
+  EXPECT_EQ(c->last->count, 5u);
+  std::vector<int> narrow(3, 1);
+  ASSERT_TRUE(c->all_reduce(absl::MakeSpan(narrow), ReduceOp::kMax).ok());
+  EXPECT_EQ(c->last->type, DataType::kInt32);
+}
+
 TEST(CommunicatorChecks, RootAndPeerOutsideTheGroup) {
   auto c = Group();
   float x[4] = {};

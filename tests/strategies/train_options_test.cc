@@ -187,6 +187,25 @@ TEST(TrainOptionsTest, OptimizerFlagsMakeThePlansOptimizer) {
   EXPECT_EQ(plan->optimizer.kind, vemesh::strategies::OptimizerKind::kSgd);
 }
 
+// Without --lr each optimizer trains at its own default rate (Adam at
+// SGD's 0.5 diverged); a given --lr wins, and 0 stands for the default.
+TEST(TrainOptionsTest, LearningRateDefaultsPerOptimizer) {
+  TrainOptions o;
+  absl::StatusOr<TrainPlan> plan = PlanTraining(o, 8);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->optimizer.lr, 0.5);
+  EXPECT_EQ(plan->options.lr, 0.5);
+  o.optimizer = "adam";
+  plan = PlanTraining(o, 8);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->optimizer.lr, 1e-3);
+  EXPECT_EQ(plan->options.lr, 1e-3);
+  o.lr = 0.02;
+  plan = PlanTraining(o, 8);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->optimizer.lr, 0.02);
+}
+
 // Sizes that would end in bad_alloc on every rank (reported: --batch=10^12,
 // --hidden=10^9, --layers=10^6, --micro_batches=2^31-1) are refused before
 // any memory is spent, naming the flag, its value and the bound.

@@ -45,23 +45,39 @@ absl::string_view DataTypeName(DataType type);
 absl::string_view ReduceOpName(ReduceOp op);
 bool IsFloatingPoint(DataType type);
 
-// The DataType of a C++ element type, at compile time.
+// The DataType of a C++ element type, at compile time. Integers are
+// matched by width and signedness, not by spelling: `long long`, `long` and
+// `int64_t` are all kInt64 on LP64 (as torch's int64 is), `int` is kInt32,
+// `signed char` kInt8, `unsigned char` kUInt8; plain `char` follows the
+// platform's signedness. bool and unsigned integers wider than a byte have
+// no DataType.
 template <typename T>
 constexpr DataType DataTypeOf() {
-  if constexpr (std::is_same_v<T, float>) return DataType::kFloat32;
-  if constexpr (std::is_same_v<T, double>) return DataType::kFloat64;
-  if constexpr (std::is_same_v<T, int32_t>) return DataType::kInt32;
-  if constexpr (std::is_same_v<T, int64_t>) return DataType::kInt64;
-  if constexpr (std::is_same_v<T, BFloat16>) return DataType::kBFloat16;
-  if constexpr (std::is_same_v<T, Float16>) return DataType::kFloat16;
-  if constexpr (std::is_same_v<T, int8_t>) return DataType::kInt8;
-  if constexpr (std::is_same_v<T, uint8_t>) return DataType::kUInt8;
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> ||
-                    std::is_same_v<T, int32_t> || std::is_same_v<T, int64_t> ||
-                    std::is_same_v<T, BFloat16> || std::is_same_v<T, Float16> ||
-                    std::is_same_v<T, int8_t> || std::is_same_v<T, uint8_t>,
-                "vemesh communicators carry float, double, int32_t, int64_t, "
-                "BFloat16, Float16, int8_t and uint8_t");
+  constexpr bool kInteger = std::is_integral_v<T> && !std::is_same_v<T, bool>;
+  constexpr bool kSigned = std::is_signed_v<T>;
+  if constexpr (std::is_same_v<T, float>) {
+    return DataType::kFloat32;
+  } else if constexpr (std::is_same_v<T, double>) {
+    return DataType::kFloat64;
+  } else if constexpr (std::is_same_v<T, BFloat16>) {
+    return DataType::kBFloat16;
+  } else if constexpr (std::is_same_v<T, Float16>) {
+    return DataType::kFloat16;
+  } else if constexpr (kInteger && kSigned && sizeof(T) == 8) {
+    return DataType::kInt64;
+  } else if constexpr (kInteger && kSigned && sizeof(T) == 4) {
+    return DataType::kInt32;
+  } else if constexpr (kInteger && kSigned && sizeof(T) == 1) {
+    return DataType::kInt8;
+  } else if constexpr (kInteger && !kSigned && sizeof(T) == 1) {
+    return DataType::kUInt8;
+  } else {
+    static_assert(sizeof(T) == 0,
+                  "vemesh communicators carry float, double, BFloat16, "
+                  "Float16 and the signed integers of 1, 4 and 8 bytes "
+                  "(int8_t, int32_t, int64_t, long long, ...) and uint8_t");
+    return DataType::kFloat32;
+  }
 }
 
 }  // namespace vemesh
