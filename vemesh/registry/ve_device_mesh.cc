@@ -1,99 +1,19 @@
+// VeDeviceMesh's queries: each reads one snapshot of the state that
+// ve_device_mesh_init.cc publishes.
+
 #include "vemesh/registry/ve_device_mesh.h"
 
-#include <mutex>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "vemesh/base/status_macros.h"
-#ifndef VEMESH_NO_MPI
-#include "vemesh/comm/mpi/mpi_environment.h"
-#endif
-#include "vemesh/registry/internal/snapshot_guard.h"
+#include "vemesh/registry/internal/registry_state.h"
 
 namespace vemesh {
-namespace {
 
-// CheckMpiThread (mpi_environment.h); in a build without MPI there is no
-// MPI to call, and every thread may.
-absl::Status MayCallMpi(absl::string_view what) {
-#ifndef VEMESH_NO_MPI
-  return CheckMpiThread(what);
-#else
-  (void)what;
-  return absl::OkStatus();
-#endif
-}
-
-// MayCallMpi's answer without a message (the success path builds none).
-bool MpiThreadOk() {
-#ifndef VEMESH_NO_MPI
-  return MpiThreadAllowed();
-#else
-  return true;
-#endif
-}
-
-}  // namespace
-
-// Everything a query needs, built once per init and never changed: readers
-// share it without locks. The registry alone owns it (and through `mesh`,
-// the communicators).
-struct VeDeviceMesh::State {
-  DeviceMesh mesh;
-  // This rank's coordinate; empty when it is outside a mesh smaller than
-  // the world.
-  std::optional<Coordinate> coordinate;
-  // The 1-D sub-mesh along each dimension that holds this rank (members).
-  std::vector<DeviceMesh> dim_meshes;
-  // Index of the PP dimension, or -1 (a one-stage pipeline).
-  int64_t pp_dim = -1;
-  std::vector<int64_t> shape;
-  // This rank's previous / next stage peer, [next][wrap]: the hot lookups of
-  // a pipeline schedule, answered without arithmetic.
-  std::optional<int64_t> peers[2][2];
-  // A copy of the mesh's layout, read without a call into DeviceMesh.
-  MeshLayout layout_copy = mesh.layout();
-  // A mesh without DP but with DP_REPLICATE and DP_SHARD: their dimensions
-  // (in that order), whose flattening plays DP; else empty.
-  std::vector<int64_t> dp_parts = {};
-  // That flattening, the 1-D mesh holding this rank (members of a cpu or
-  // cuda mesh made by init_device_mesh).
-  std::optional<DeviceMesh> dp_flat = std::nullopt;
-
-  const MeshLayout& layout() const { return layout_copy; }
-};
-
-// One reading of the registry: the state as published when it was made,
-// kept alive (not owned) until it dies. Every query makes exactly one, so
-// that all it answers comes from one mesh.
-class VeDeviceMesh::Snapshot {
- public:
-  explicit Snapshot(const VeDeviceMesh& registry)
-      : guard_(registry.published_) {}
-  // Null before init and after reset.
-  const State* get() const { return static_cast<const State*>(guard_.get()); }
-
- private:
-  SnapshotGuard guard_;
-};
-
-namespace {
-
-// The most meshes one get_global_* list builds. Each is a DeviceMesh of a
-// few hundred bytes; a longer list (a meta mesh of 2^40 ranks has 2^20 TP
-// rows) is refused before anything is allocated.
-constexpr int64_t kMaxGlobalMeshes = int64_t{1} << 16;
-
-absl::Status TooManyMeshes(absl::string_view call, int64_t count,
-                           const MeshLayout& layout) {
-  return absl::ResourceExhaustedError(
-      absl::StrCat(call, " would build ", count, " meshes of ",
-                   layout.ToString(), ": expected at most ", kMaxGlobalMeshes,
-                   "; ask for this rank's own (get_role_mesh, get_prev_stage / "
-                   "get_next_stage) or compute members with get_global_rank"));
-}
+namespace registry_internal {
 
 absl::Status NotInitialized() {
   return absl::FailedPreconditionError(
@@ -102,11 +22,7 @@ absl::Status NotInitialized() {
       "mesh_dim_names) first");
 }
 
-absl::Status NotMember(const DeviceMesh& mesh) {
-  return absl::NotFoundError(
-      absl::StrCat("global rank ", mesh.global_rank(), " is not a member of ",
-                   mesh.ToString(), ": the mesh is smaller than the world"));
-}
+namespace {
 
 bool IsKnownRole(absl::string_view name) {
   return absl::EqualsIgnoreCase(name, "PP") ||
@@ -115,6 +31,8 @@ bool IsKnownRole(absl::string_view name) {
          absl::EqualsIgnoreCase(name, "DP_REPLICATE") ||
          absl::EqualsIgnoreCase(name, "DP_SHARD");
 }
+
+}  // namespace
 
 // torchtitan's data-parallel dimensions: DP_REPLICATE (HSDP's replicas) and
 // DP_SHARD (FSDP's shards). On a mesh without DP, the data-parallel role is
@@ -156,11 +74,49 @@ absl::StatusOr<int64_t> RoleDim(const MeshLayout& layout,
   return -1;
 }
 
-absl::StatusOr<DeviceMesh> StageMesh(const DeviceMesh& mesh, int64_t pp_dim,
-                                     int64_t rank);
+// The peer `shift` stages away, within one state.
 absl::StatusOr<std::optional<int64_t>> StagePeer(const DeviceMesh& mesh,
                                                  int64_t pp_dim, int64_t shift,
-                                                 bool wrap);
+                                                 bool wrap) {
+  // Without a PP dimension there is one stage: its only neighbour is itself,
+  // and only when wrapping (MPI_Cart_shift on a periodic dimension of 1).
+  if (pp_dim < 0) {
+    return wrap ? std::optional<int64_t>(mesh.global_rank()) : std::nullopt;
+  }
+  return mesh.layout().neighbor(mesh.layout().dim_name(pp_dim),
+                                mesh.global_rank(), shift, wrap);
+}
+
+}  // namespace registry_internal
+
+using registry_internal::DataParallelParts;
+using registry_internal::RoleDim;
+using registry_internal::StagePeer;
+
+namespace {
+
+// The most meshes one get_global_* list builds. Each is a DeviceMesh of a
+// few hundred bytes; a longer list (a meta mesh of 2^40 ranks has 2^20 TP
+// rows) is refused before anything is allocated.
+constexpr int64_t kMaxGlobalMeshes = int64_t{1} << 16;
+
+absl::Status TooManyMeshes(absl::string_view call, int64_t count,
+                           const MeshLayout& layout) {
+  return absl::ResourceExhaustedError(
+      absl::StrCat(call, " would build ", count, " meshes of ",
+                   layout.ToString(), ": expected at most ", kMaxGlobalMeshes,
+                   "; ask for this rank's own (get_role_mesh, get_prev_stage / "
+                   "get_next_stage) or compute members with get_global_rank"));
+}
+
+absl::Status NotMember(const DeviceMesh& mesh) {
+  return absl::NotFoundError(
+      absl::StrCat("global rank ", mesh.global_rank(), " is not a member of ",
+                   mesh.ToString(), ": the mesh is smaller than the world"));
+}
+
+absl::StatusOr<DeviceMesh> StageMesh(const DeviceMesh& mesh, int64_t pp_dim,
+                                     int64_t rank);
 
 absl::Status MissingRole(const MeshLayout& layout, absl::string_view role) {
   return absl::NotFoundError(
@@ -191,153 +147,6 @@ std::vector<std::string> NamesExcept(const MeshLayout& layout, int64_t skip) {
 }
 
 }  // namespace
-
-VeDeviceMesh& VeDeviceMesh::Instance() {
-  static VeDeviceMesh* const instance = new VeDeviceMesh();
-  return *instance;
-}
-
-VeDeviceMesh::VeDeviceMesh() = default;
-
-VeDeviceMesh::~VeDeviceMesh() { reset(); }
-
-void VeDeviceMesh::replace(std::unique_ptr<const State> next) {
-  std::unique_ptr<const State> old = std::move(owner_);
-  owner_ = std::move(next);
-  published_.store(owner_.get());
-  // No query can start on `old` now; let those in flight finish with it.
-  WaitForReaders(old.get());
-  // Freeing a mesh frees its communicators, which calls MPI: only on a
-  // thread that may (mpi_environment.h). Otherwise keep it for later.
-  if (!MayCallMpi("freeing the replaced mesh").ok()) {
-    if (old != nullptr && old->mesh.device_type() != DeviceType::kMeta) {
-      retired_.push_back(std::move(old));
-    }
-    return;
-  }
-  retired_.clear();
-  old.reset();
-}
-
-absl::StatusOr<DeviceMesh> VeDeviceMesh::init_device_mesh(
-    absl::string_view device_type, std::vector<int64_t> mesh_shape,
-    std::vector<std::string> mesh_dim_names, InitOptions options) {
-  std::lock_guard<std::mutex> init_lock(init_mu_);
-  if (options.check_uniqueness && is_initialized()) {
-    return absl::AlreadyExistsError(
-        "the device mesh is already initialised and check_uniqueness is set: "
-        "call reset() first, or init without check_uniqueness to replace it");
-  }
-  // A cpu or cuda mesh is built with MPI under an MPI launcher: refuse a
-  // thread that MPI's thread level forbids, before any rank communicates.
-  // (A bad device type is left to init_device_mesh to name.)
-  if (auto parsed = ParseDeviceType(device_type);
-      parsed.ok() && parsed->type != DeviceType::kMeta && !MpiThreadOk()) {
-    VEMESH_RETURN_IF_ERROR(MayCallMpi(absl::StrCat(
-        "VESCALE_DEVICE_MESH.init_device_mesh(\"", device_type, "\")")));
-  }
-  MeshOptions mesh_options = std::move(options.mesh);
-  if (options.elastic.has_value()) {
-    if (!mesh_options.ranks.empty()) {
-      return absl::InvalidArgumentError(
-          "an elastic mesh numbers its ranks itself: InitOptions.mesh.ranks "
-          "must be empty");
-    }
-    VEMESH_ASSIGN_OR_RETURN(auto parsed, ParseDeviceType(device_type));
-    mesh_options.cuda_device = parsed.index;  // "cuda:N"
-    VEMESH_ASSIGN_OR_RETURN(auto layout,
-                            MeshLayout::Create(mesh_shape, mesh_dim_names));
-    VEMESH_ASSIGN_OR_RETURN(
-        auto elastic, ElasticMesh::Create(parsed.type, layout, mesh_options,
-                                          *options.elastic));
-    VEMESH_ASSIGN_OR_RETURN(auto state, MakeState(elastic->mesh()));
-    const DeviceMesh mesh = elastic->mesh();
-    replace(std::move(state));
-    elastic_view_.store(nullptr);
-    elastic_ = std::move(elastic);
-    elastic_->set_publisher(
-        [this](const DeviceMesh& next) { return publish_epoch(next); });
-    elastic_view_.store(elastic_.get());
-    return mesh;
-  }
-  VEMESH_ASSIGN_OR_RETURN(
-      auto mesh, vemesh::init_device_mesh(device_type, mesh_shape,
-                                          mesh_dim_names, mesh_options));
-  VEMESH_ASSIGN_OR_RETURN(auto state, MakeState(mesh, /*collective=*/true));
-  replace(std::move(state));
-  elastic_view_.store(nullptr);
-  elastic_.reset();
-  return mesh;
-}
-
-absl::StatusOr<std::unique_ptr<const VeDeviceMesh::State>>
-VeDeviceMesh::MakeState(const DeviceMesh& mesh, bool collective) {
-  auto state = std::make_unique<State>(
-      State{mesh, std::nullopt, {}, -1, mesh.shape(), {}});
-  VEMESH_ASSIGN_OR_RETURN(state->pp_dim, RoleDim(state->layout(), "PP"));
-  if (RoleDim(state->layout(), "DP").value_or(0) < 0) {
-    VEMESH_ASSIGN_OR_RETURN(auto parts, DataParallelParts(state->layout()));
-    if (parts.size() == 2) {
-      state->dp_parts = parts;
-      // Collective (every rank of the world, as init_device_mesh is): the
-      // DP communicator, made once here so that queries never communicate.
-      if (collective && mesh.device_type() != DeviceType::kMeta) {
-        const std::vector<std::string> dims = {
-            state->layout().dim_name(parts[0]),
-            state->layout().dim_name(parts[1])};
-        absl::StatusOr<DeviceMesh> flat = mesh.flatten_mesh(dims);
-        if (flat.ok()) {
-          state->dp_flat = *std::move(flat);
-        } else if (mesh.has_self()) {
-          return flat.status();
-        }
-      }
-    }
-  }
-  if (mesh.has_self()) {
-    auto coordinate = mesh.get_coordinate();
-    if (!coordinate.ok()) return coordinate.status();
-    state->coordinate = *coordinate;
-    const MeshLayout& layout = state->layout();
-    state->dim_meshes.reserve(static_cast<size_t>(layout.ndim()));
-    for (int64_t d = 0; d < layout.ndim(); ++d) {
-      // mesh[name] without copying the names (issue 32).
-      VEMESH_ASSIGN_OR_RETURN(
-          auto child, mesh.slice(absl::MakeConstSpan(&layout.dim_name(d), 1)));
-      state->dim_meshes.push_back(std::move(child));
-    }
-    for (int next = 0; next < 2; ++next) {
-      for (int wrap = 0; wrap < 2; ++wrap) {
-        VEMESH_ASSIGN_OR_RETURN(
-            auto peer, StagePeer(mesh, state->pp_dim, next ? 1 : -1, wrap));
-        state->peers[next][wrap] = peer;
-      }
-    }
-  }
-  return std::unique_ptr<const State>(std::move(state));
-}
-
-absl::Status VeDeviceMesh::publish_epoch(const DeviceMesh& mesh) {
-  auto state = MakeState(mesh);
-  if (!state.ok()) return state.status();
-  std::lock_guard<std::mutex> init_lock(init_mu_);
-  replace(*std::move(state));
-  return absl::OkStatus();
-}
-
-ElasticMesh* VeDeviceMesh::elastic() const { return elastic_view_.load(); }
-
-void VeDeviceMesh::reset() {
-  std::lock_guard<std::mutex> init_lock(init_mu_);
-  replace(nullptr);
-  elastic_view_.store(nullptr);
-  elastic_.reset();
-}
-
-bool VeDeviceMesh::is_initialized() const {
-  return published_.load() != nullptr;
-}
-
 bool VeDeviceMesh::is_current(const DeviceMesh& mesh) const {
   const Snapshot snap(*this);
   const State* s = snap.get();
@@ -365,16 +174,14 @@ absl::Status VeDeviceMesh::check_current(const DeviceMesh& mesh) const {
 
 absl::StatusOr<DeviceMesh> VeDeviceMesh::get() const {
   const Snapshot snap(*this);
-  const State* s = snap.get();
-  if (s == nullptr) return NotInitialized();
+  VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   return s->mesh;
 }
 
 absl::StatusOr<DeviceMesh> VeDeviceMesh::operator[](
     absl::string_view dim) const {
   const Snapshot snap(*this);
-  const State* s = snap.get();
-  if (s == nullptr) return NotInitialized();
+  VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   const State& st = *s;
   auto d = st.layout().find_dim(dim);
   if (!d) {
@@ -389,8 +196,7 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::operator[](
 
 absl::StatusOr<DeviceMesh> VeDeviceMesh::operator[](int64_t dim) const {
   const Snapshot snap(*this);
-  const State* s = snap.get();
-  if (s == nullptr) return NotInitialized();
+  VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   VEMESH_RETURN_IF_ERROR(s->layout().dim_size(dim));
   if (!s->coordinate) return NotMember(s->mesh);
   return s->dim_meshes[dim];
@@ -405,8 +211,7 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::operator[](
 absl::StatusOr<DeviceMesh> VeDeviceMesh::get_submesh(
     absl::Span<const std::string> dims) const {
   const Snapshot snap(*this);
-  const State* s = snap.get();
-  if (s == nullptr) return NotInitialized();
+  VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   return s->mesh.slice(dims);
 }
 
@@ -415,8 +220,7 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::get_submesh(
 absl::StatusOr<int64_t> VeDeviceMesh::get_strategy_size(
     absl::string_view dim) const {
   const Snapshot snap(*this);
-  const State* s = snap.get();
-  if (s == nullptr) return NotInitialized();
+  VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   if (auto d = s->layout().find_dim(dim)) return s->shape[*d];
   VEMESH_ASSIGN_OR_RETURN(auto flat, FlatSize(s->mesh, dim));
   if (flat) return *flat;
@@ -425,15 +229,13 @@ absl::StatusOr<int64_t> VeDeviceMesh::get_strategy_size(
 
 absl::StatusOr<int64_t> VeDeviceMesh::get_strategy_size(int64_t dim) const {
   const Snapshot snap(*this);
-  const State* s = snap.get();
-  if (s == nullptr) return NotInitialized();
+  VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   return s->layout().dim_size(dim);
 }
 
 absl::StatusOr<Coordinate> VeDeviceMesh::get_strategy_coordinate() const {
   const Snapshot snap(*this);
-  const State* s = snap.get();
-  if (s == nullptr) return NotInitialized();
+  VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   if (!s->coordinate) return NotMember(s->mesh);
   return *s->coordinate;
 }
@@ -441,24 +243,20 @@ absl::StatusOr<Coordinate> VeDeviceMesh::get_strategy_coordinate() const {
 absl::StatusOr<Coordinate> VeDeviceMesh::get_strategy_coordinate(
     int64_t global_rank) const {
   const Snapshot snap(*this);
-  const State* s = snap.get();
-  if (s == nullptr) return NotInitialized();
+  VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   return s->layout().coordinate_of(global_rank);
 }
 
 absl::Status VeDeviceMesh::get_strategy_coordinate(
     int64_t global_rank, absl::Span<int64_t> out) const {
   const Snapshot snap(*this);
-  const State* s = snap.get();
-  if (s == nullptr) [[unlikely]]
-    return NotInitialized();
+  VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   return s->layout().coordinate_of(global_rank, out);
 }
 
 absl::StatusOr<int64_t> VeDeviceMesh::lookup_rank(absl::string_view dim) const {
   const Snapshot snap(*this);
-  const State* s = snap.get();
-  if (s == nullptr) return NotInitialized();
+  VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   auto d = s->layout().find_dim(dim);
   if (!d) {
     VEMESH_ASSIGN_OR_RETURN(auto flat, FlatSize(s->mesh, dim));
@@ -472,8 +270,7 @@ absl::StatusOr<int64_t> VeDeviceMesh::lookup_rank(absl::string_view dim) const {
 
 absl::StatusOr<int64_t> VeDeviceMesh::lookup_rank(int64_t dim) const {
   const Snapshot snap(*this);
-  const State* s = snap.get();
-  if (s == nullptr) return NotInitialized();
+  VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   VEMESH_RETURN_IF_ERROR(s->layout().dim_size(dim));
   if (!s->coordinate) return NotMember(s->mesh);
   return (*s->coordinate)[dim];
@@ -482,15 +279,13 @@ absl::StatusOr<int64_t> VeDeviceMesh::lookup_rank(int64_t dim) const {
 absl::StatusOr<int64_t> VeDeviceMesh::get_global_rank(
     absl::Span<const int64_t> coordinate) const {
   const Snapshot snap(*this);
-  const State* s = snap.get();
-  if (s == nullptr) return NotInitialized();
+  VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   return s->layout().rank_at(coordinate);
 }
 
 absl::StatusOr<int64_t> VeDeviceMesh::get_rank() const {
   const Snapshot snap(*this);
-  const State* s = snap.get();
-  if (s == nullptr) return NotInitialized();
+  VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   return s->mesh.global_rank();
 }
 
@@ -500,15 +295,13 @@ absl::StatusOr<int64_t> VeDeviceMesh::get_local_rank() const {
 
 absl::StatusOr<int64_t> VeDeviceMesh::host_local_rank() const {
   const Snapshot snap(*this);
-  const State* s = snap.get();
-  if (s == nullptr) return NotInitialized();
+  VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   return s->mesh.host_local_rank();
 }
 
 absl::StatusOr<Placement> VeDeviceMesh::get_placement() const {
   const Snapshot snap(*this);
-  const State* s = snap.get();
-  if (s == nullptr) return NotInitialized();
+  VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   return s->mesh.get_placement();
 }
 
@@ -518,8 +311,7 @@ absl::StatusOr<Coordinate> VeDeviceMesh::get_coordinate() const {
 
 absl::StatusOr<int64_t> VeDeviceMesh::size() const {
   const Snapshot snap(*this);
-  const State* s = snap.get();
-  if (s == nullptr) return NotInitialized();
+  VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   return s->layout().size();
 }
 
@@ -533,29 +325,25 @@ absl::StatusOr<int64_t> VeDeviceMesh::size(int64_t dim) const {
 
 absl::StatusOr<int64_t> VeDeviceMesh::ndim() const {
   const Snapshot snap(*this);
-  const State* s = snap.get();
-  if (s == nullptr) return NotInitialized();
+  VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   return s->layout().ndim();
 }
 
 absl::StatusOr<std::vector<int64_t>> VeDeviceMesh::shape() const {
   const Snapshot snap(*this);
-  const State* s = snap.get();
-  if (s == nullptr) return NotInitialized();
+  VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   return s->layout().shape();
 }
 
 absl::StatusOr<std::vector<std::string>> VeDeviceMesh::mesh_dim_names() const {
   const Snapshot snap(*this);
-  const State* s = snap.get();
-  if (s == nullptr) return NotInitialized();
+  VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   return s->layout().dim_names();
 }
 
 absl::StatusOr<DeviceType> VeDeviceMesh::device_type() const {
   const Snapshot snap(*this);
-  const State* s = snap.get();
-  if (s == nullptr) return NotInitialized();
+  VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   return s->mesh.device_type();
 }
 
@@ -580,8 +368,7 @@ absl::Status VeDeviceMesh::NoFlatDp(const State& s) {
 absl::StatusOr<int64_t> VeDeviceMesh::get_role_size(
     absl::string_view role) const {
   const Snapshot snap(*this);
-  const State* s = snap.get();
-  if (s == nullptr) return NotInitialized();
+  VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   if (IsFlatDp(*s, role)) {
     return s->shape[s->dp_parts[0]] * s->shape[s->dp_parts[1]];
   }
@@ -594,8 +381,7 @@ absl::StatusOr<int64_t> VeDeviceMesh::get_role_size(
 absl::StatusOr<int64_t> VeDeviceMesh::get_role_rank(
     absl::string_view role) const {
   const Snapshot snap(*this);
-  const State* s = snap.get();
-  if (s == nullptr) return NotInitialized();
+  VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   if (!s->coordinate) return NotMember(s->mesh);
   if (IsFlatDp(*s, role)) {
     return (*s->coordinate)[s->dp_parts[0]] * s->shape[s->dp_parts[1]] +
@@ -611,8 +397,7 @@ absl::StatusOr<int64_t> VeDeviceMesh::get_role_rank(
 absl::StatusOr<DeviceMesh> VeDeviceMesh::get_role_mesh(
     absl::string_view role) const {
   const Snapshot snap(*this);
-  const State* s = snap.get();
-  if (s == nullptr) return NotInitialized();
+  VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   if (IsFlatDp(*s, role)) {
     if (!s->coordinate) return NotMember(s->mesh);
     VEMESH_RETURN_IF_ERROR(NoFlatDp(*s));
@@ -632,8 +417,7 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::get_role_mesh(
 absl::StatusOr<std::shared_ptr<Communicator>> VeDeviceMesh::get_role_dim_groups(
     absl::string_view role) const {
   const Snapshot snap(*this);
-  const State* s = snap.get();
-  if (s == nullptr) return NotInitialized();
+  VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   if (IsFlatDp(*s, role)) {
     if (!s->coordinate) return NotMember(s->mesh);
     VEMESH_RETURN_IF_ERROR(NoFlatDp(*s));
@@ -651,8 +435,7 @@ absl::StatusOr<std::shared_ptr<Communicator>> VeDeviceMesh::get_role_dim_groups(
 absl::StatusOr<std::vector<DeviceMesh>> VeDeviceMesh::get_global_role_meshes(
     absl::string_view role) const {
   const Snapshot snap(*this);
-  const State* s = snap.get();
-  if (s == nullptr) return NotInitialized();
+  VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   const MeshLayout& layout = s->layout();
   if (IsFlatDp(*s, role)) {
     return absl::UnimplementedError(absl::StrCat(
@@ -748,8 +531,7 @@ VeDeviceMesh::get_global_tensor_parallel_meshes() const {
 absl::StatusOr<std::vector<DeviceMesh>>
 VeDeviceMesh::get_global_pipeline_parallel_meshes() const {
   const Snapshot snap(*this);
-  const State* s = snap.get();
-  if (s == nullptr) return NotInitialized();
+  VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   const State& st = *s;
   if (st.pp_dim < 0) return std::vector<DeviceMesh>{st.mesh};
   const int64_t stages = st.shape[st.pp_dim];
@@ -775,16 +557,14 @@ VeDeviceMesh::get_global_pipeline_parallel_meshes() const {
 // and compare the old mesh's stage with the new one's stage count.
 absl::StatusOr<bool> VeDeviceMesh::is_first_stage() const {
   const Snapshot snap(*this);
-  const State* s = snap.get();
-  if (s == nullptr) return NotInitialized();
+  VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   if (!s->coordinate) return NotMember(s->mesh);
   return s->pp_dim < 0 || (*s->coordinate)[s->pp_dim] == 0;
 }
 
 absl::StatusOr<bool> VeDeviceMesh::is_last_stage() const {
   const Snapshot snap(*this);
-  const State* s = snap.get();
-  if (s == nullptr) return NotInitialized();
+  VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   if (!s->coordinate) return NotMember(s->mesh);
   return s->pp_dim < 0 ||
          (*s->coordinate)[s->pp_dim] == s->shape[s->pp_dim] - 1;
@@ -794,19 +574,6 @@ absl::StatusOr<bool> VeDeviceMesh::is_last_stage() const {
 // -------------------------------------------------------
 
 namespace {
-
-// The peer `shift` stages away, within one state.
-absl::StatusOr<std::optional<int64_t>> StagePeer(const DeviceMesh& mesh,
-                                                 int64_t pp_dim, int64_t shift,
-                                                 bool wrap) {
-  // Without a PP dimension there is one stage: its only neighbour is itself,
-  // and only when wrapping (MPI_Cart_shift on a periodic dimension of 1).
-  if (pp_dim < 0) {
-    return wrap ? std::optional<int64_t>(mesh.global_rank()) : std::nullopt;
-  }
-  return mesh.layout().neighbor(mesh.layout().dim_name(pp_dim),
-                                mesh.global_rank(), shift, wrap);
-}
 
 // The stage (every dimension but PP) that holds `rank`. A mesh of PP alone
 // has one-rank stages: a meta mesh of that rank, with no communicator.
@@ -827,8 +594,7 @@ absl::StatusOr<DeviceMesh> StageMesh(const DeviceMesh& mesh, int64_t pp_dim,
 absl::StatusOr<std::optional<int64_t>> VeDeviceMesh::stage_peer(
     int64_t shift, bool wrap) const {
   const Snapshot snap(*this);
-  const State* s = snap.get();
-  if (s == nullptr) return NotInitialized();
+  VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   const State& st = *s;
   if (!st.coordinate) return NotMember(st.mesh);
   return st.peers[shift > 0][wrap];
@@ -837,8 +603,7 @@ absl::StatusOr<std::optional<int64_t>> VeDeviceMesh::stage_peer(
 absl::StatusOr<std::optional<StageNeighbor>> VeDeviceMesh::stage_neighbor(
     int64_t shift, bool wrap) const {
   const Snapshot snap(*this);
-  const State* s = snap.get();
-  if (s == nullptr) return NotInitialized();
+  VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   const State& st = *s;
   if (!st.coordinate) return NotMember(st.mesh);
   VEMESH_ASSIGN_OR_RETURN(auto peer,

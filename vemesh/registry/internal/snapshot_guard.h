@@ -2,7 +2,7 @@
 //
 // Lock-free reading of an object that a writer replaces, with the old object
 // freed by the writer on the writer's thread (hazard pointers, a few per
-// thread). The registry (ve_device_mesh.cc) publishes its state this way.
+// thread). The registry (ve_device_mesh_init.cc) publishes its state this way.
 //
 //   std::atomic<const void*> published;         // the current object
 //
