@@ -8,7 +8,7 @@
 //   MembershipRecord r{.epoch = 4, .members = {0, 2}, .pending = {1},
 //                      .incarnations = {{0, 0x1f}, {2, 0x2a}, {1, 0x3c}}};
 //   std::string text = EncodeMembership(r);
-//       // "e=4;m=0,2;p=1;i=0:1f,2:2a,1:3c"
+//       // "e=4;m=0,2;p=1;i=0:1f,1:3c,2:2a" (incarnations by replica)
 //   absl::StatusOr<MembershipRecord> back = ParseMembership(text);
 //
 // A replica id names a slot; an incarnation (a random 64-bit number each

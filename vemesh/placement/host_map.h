@@ -4,11 +4,12 @@
 // as a value the planner asks "which host holds rank r, and which slot?".
 //
 //   HostMap block = HostMap::Block(/*ranks_per_host=*/4, /*world_size=*/8);
-//   block.host_of(5);     // 1    (srun --distribution=block, mpirun --map-by
-//   slot) HostMap cyclic = HostMap::Cyclic(/*host_count=*/2, 8);
+//   block.host_of(5);     // 1    (srun --distribution=block,
+//                         //       mpirun --map-by slot)
+//   HostMap cyclic = HostMap::Cyclic(/*host_count=*/2, 8);
 //   cyclic.host_of(5);    // 1, cyclic.local_of(5) == 2
-//                         //      (srun --distribution=cyclic, mpirun --map-by
-//                         node)
+//                         //      (srun --distribution=cyclic,
+//                         //       mpirun --map-by node)
 //   HostMap slots = HostMap::Slots({"node0", "node1"}, {4, 2});
 //   slots.host_of(5);     // 1    (an Open MPI hostfile, --map-by slot)
 //

@@ -7,12 +7,12 @@
 //
 //   std::shared_ptr<Store> store = ...;        // TcpStore, MemoryStore, ...
 //   absl::Status s = store->set("rank/3/addr", "10.0.0.7:4242");
-//   s = store->wait({"rank/0/addr", "rank/1/addr"}, absl::Now() +
-//   absl::Seconds(30)); absl::StatusOr<std::string> addr =
-//   store->get("rank/0/addr"); absl::StatusOr<int64_t> n =
-//   store->add("arrived", 1);   // counter auto prev =
-//   store->compare_set("epoch", "7", "8");      // CAS s =
-//   store->set_lease("alive/3", "1", absl::Seconds(10)); // heartbeat
+//   s = store->wait({"rank/0/addr", "rank/1/addr"},
+//                   absl::Now() + absl::Seconds(30));
+//   absl::StatusOr<std::string> addr = store->get("rank/0/addr");
+//   absl::StatusOr<int64_t> n = store->add("arrived", 1);  // counter
+//   auto prev = store->compare_set("epoch", "7", "8");      // CAS
+//   s = store->set_lease("alive/3", "1", absl::Seconds(10));  // heartbeat
 //
 // Semantics every implementation keeps:
 //   * set        stores (or replaces) a value.

@@ -6,7 +6,7 @@
 //
 //   std::vector<Parameter*> params = model.parameters();
 //   DataParallel dp({.bucket_elements = 4096});
-//   absl::Status s = dp.BroadcastParameters(params);   // once, at start
+//   absl::Status s = dp.BroadcastParameters(params).status();  // at start
 //   ... forward, backward on this rank's slice of the batch ...
 //   absl::StatusOr<BucketStats> st = dp.AverageGradients(params);
 //   for (Parameter* p : params) p->SgdStep(lr);

@@ -10,9 +10,9 @@
 //                                         global_ranks, absl::Seconds(30));
 //   if (!world.ok()) return world.status();      // e.g. a rank never came
 //   std::vector<float> grad(1024, 1.0f);
-//   absl::Status s = (*world)->all_reduce(absl::MakeSpan(grad),
-//   ReduceOp::kSum); auto row = (*world)->split(rank / 4, rank % 4);   //
-//   collective
+//   absl::Status s =
+//       (*world)->all_reduce(absl::MakeSpan(grad), ReduceOp::kSum);
+//   auto row = (*world)->split(rank / 4, rank % 4);  // collective
 //
 // Create is collective over the `size` ranks: each calls it once with the
 // same store, prefix, size, global_ranks and timeout, and its own rank. They

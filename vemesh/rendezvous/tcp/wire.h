@@ -37,9 +37,11 @@
 //
 //   std::string in;  // what the socket has delivered so far
 //   ParsedRequest p = ParseRequest(in);
-//   if (p.outcome == ParsedRequest::kComplete) { handle(p.request); in.erase(0,
-//   p.consumed); } if (p.outcome == ParsedRequest::kMalformed) { close(fd); }
-//   // p.error says why
+//   if (p.outcome == ParsedRequest::kComplete) {
+//     handle(p.message);
+//     in.erase(0, p.consumed);
+//   }
+//   if (p.outcome == ParsedRequest::kMalformed) close(fd);  // p.error: why
 
 #ifndef VEMESH_RENDEZVOUS_TCP_WIRE_H_
 #define VEMESH_RENDEZVOUS_TCP_WIRE_H_
