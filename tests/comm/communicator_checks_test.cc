@@ -112,6 +112,8 @@ static_assert(DataTypeOf<long>() == DataType::kInt64);
 static_assert(DataTypeOf<int>() == DataType::kInt32);
 static_assert(DataTypeOf<signed char>() == DataType::kInt8);
 static_assert(DataTypeOf<unsigned char>() == DataType::kUInt8);
+static_assert(DataTypeOf<const long long>() == DataType::kInt64);
+static_assert(DataTypeOf<const float>() == DataType::kFloat32);
 
 TEST(CommunicatorChecks, IntegerTypesOfEveryNameAreCarried) {
   auto c = Group();

@@ -22,7 +22,13 @@ How an entry is proven:
              what it needs: Redis, emulated hosts, Slurm); the entries must
              exist here
   ci         what `bash .ci/run` itself does (scripts/test.sh: set-up,
-             every preset, the main job at its end, the consumer's install)
+             every preset, the main job after the presets)
+  configure  the preset is configured here, into a scratch folder
+  label      the label selects tests in this build
+  manual     not run: a benchmark run by hand (the reason is printed)
+
+docs/PLANNER.md's `$ vemesh plan ...` transcripts are run too: the exit status
+and the first line printed must be the document's.
 
 Prints "PASS doc commands: N commands, ..." on success.
 """
@@ -70,16 +76,18 @@ CHECKS = {
     "bash scripts/setup.sh --test": ("ci", "scripts/test.sh starts with it"),
     "cmake --preset release && cmake --build --preset release && ctest --preset release":
         ("ci", "scripts/test.sh runs the release preset this way"),
-    "cmake --preset dev && cmake --build --preset dev": ("ci", "the dev preset is "
-                                                          "checked below (its "
-                                                          "configure preset exists)"),
-    "ctest --preset dev -L elastic": ("ci", "labels: checked below"),
+    "cmake --preset dev && cmake --build --preset dev":
+        ("configure", "dev: configured here into a scratch folder (the build is "
+                      "the release preset's, with less)"),
+    "ctest --preset dev -L elastic":
+        ("label", "elastic: the label selects tests in this build"),
     # docs/MULTIHOST.md
     "ctest --preset release -L multihost": ("ctest", r"^multihost\."),
     "source tests/multihost/hosts.sh; mh_up 4; mh_exec node2 hostname":
         ("ctest", r"^multihost\.mpirun\.probe\.4x2$"),
     "bench/multihost_init.sh build/release 21 2x2x2,2x4":
-        ("ci", "bench/ script: run by hand for bench/RESULTS.md (root, emulated hosts)"),
+        ("manual", "a benchmark for bench/RESULTS.md, by hand (root, emulated hosts, "
+                   "minutes); its hosts are tests/multihost's, which ctest runs"),
     # docs/STRATEGIES.md
     "bash scripts/main_job.sh PP=2,DP=2,TP=2 --experts 8":
         ("ctest", r"^train_nd\.moe_2x2x2$"),
@@ -105,6 +113,20 @@ CHECKS = {
         ("run", r"PASS: loss curve"),
 }
 
+# docs/PLANNER.md's transcripts (`$ vemesh plan ...` in plain ``` blocks,
+# the output below): run with the built tool as `vemesh`, and the first line
+# shown must be the first line printed (and "(exit N)" the exit status).
+# Those that read a file the document does not give are proven by the gtest
+# cases that feed the same text.
+TRANSCRIPT_FILES = {
+    "vemesh plan --mesh TP=4 --placement hostfile:hosts.txt":
+        r"^Hostfile\.BadLinesNameFileLineTextAndExpectation$",
+    "vemesh plan --mesh TP=8 --placement hostfile:uneven.txt":
+        r"^Hostfile\.TooFewSlotsNamesBothNumbers$",
+    "vemesh plan --mesh PP=2,DP=2,TP=2 --ranks-per-host 4 --check placement.json":
+        r"^PlacementCheck\.CyclicJobAgainstBlockPlanSaysWhatAndHow$",
+}
+
 failures = []
 
 
@@ -113,15 +135,35 @@ def fail(message):
     print(f"FAIL: {message}", flush=True)
 
 
+def fenced(path):
+    """(info string, [line, ...]) for every fenced block of a document,
+    fences paired in order (an opening fence may carry a language)."""
+    info, body = None, []
+    for line in open(path, encoding="utf-8").read().splitlines():
+        if info is None:
+            m = re.match(r"^```(\S*)\s*$", line)
+            if m:
+                info, body = m.group(1), []
+        elif line.startswith("```"):
+            yield info, body
+            info = None
+        else:
+            body.append(line)
+
+
+def documents():
+    return [os.path.join(root, "README.md")] + sorted(
+        glob.glob(os.path.join(root, "docs", "*.md")))
+
+
 def blocks():
     """(document, [command, ...]) for every ```sh block, in order."""
-    docs = [os.path.join(root, "README.md")] + sorted(
-        glob.glob(os.path.join(root, "docs", "*.md")))
-    for path in docs:
-        text = open(path, encoding="utf-8").read()
-        for m in re.finditer(r"^```(?:sh|bash)\n(.*?)^```", text, re.S | re.M):
+    for path in documents():
+        for info, body in fenced(path):
+            if info not in ("sh", "bash"):
+                continue
             commands, pending = [], ""
-            for line in m.group(1).splitlines():
+            for line in body:
                 if line.rstrip().endswith("\\"):
                     pending += line.rstrip()[:-1].strip() + " "
                     continue
@@ -145,6 +187,49 @@ def readme_python():
     return (m.group(1) + "import os\nprint(f'vemesh README python: rank "
             "{VESCALE_DEVICE_MESH.get_rank()} of {os.environ[\"WORLD_SIZE\"]}', "
             "flush=True)\n")
+
+
+def transcripts():
+    """(document, command, first output line, exit status) for every `$ `
+    line of a plain ``` block."""
+    for path in documents():
+        for info, lines in fenced(path):
+            if info != "":
+                continue
+            for i, line in enumerate(lines):
+                if not line.startswith("$ "):
+                    continue
+                shown = lines[i + 1] if i + 1 < len(lines) else ""
+                status = 0
+                code = re.search(r"\(exit (\d+)\)\s*$", shown)
+                if code:
+                    status = int(code.group(1))
+                    shown = shown[:code.start()].rstrip()
+                yield os.path.relpath(path, root), line[2:].strip(), shown, status
+
+
+def check_transcript(doc, command, shown, status, names, cwd):
+    if command in TRANSCRIPT_FILES:
+        pattern = TRANSCRIPT_FILES[command]
+        if any(re.search(pattern, n) for n in names):
+            print(f"ok (ctest {pattern}): {command}")
+        else:
+            fail(f"{doc}: `{command}` is proven by /{pattern}/, which names no ctest "
+                 "entry of this build")
+        return
+    env = dict(os.environ)
+    env["PATH"] = os.path.join(build, "tools") + ":" + env["PATH"]
+    p = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True,
+                       text=True, timeout=60)
+    first = (p.stdout + p.stderr).splitlines()[:1]
+    if p.returncode != status:
+        fail(f"{doc}: `{command}` exited {p.returncode}, the document says {status}:\n"
+             f"{(p.stdout + p.stderr)[-2000:]}")
+    elif shown and shown != "..." and first != [shown]:
+        fail(f"{doc}: `{command}` printed first {first!r}, the document shows "
+             f"{shown!r}")
+    else:
+        print(f"ok (transcript, exit {status}): {command}")
 
 
 def ctest_names():
@@ -215,6 +300,20 @@ def main():
             if how in ("run", "gpu"):
                 scratch = scratch or scratch_for(doc)
                 run(command, scratch, arg, expect_gpu_refusal=how == "gpu")
+            elif how == "configure":
+                preset = re.search(r"--preset (\w+)", command).group(1)
+                out = tempfile.mkdtemp(prefix="vemesh_doc_preset_")
+                p = subprocess.run(["cmake", "--preset", preset, "-B", out],
+                                   cwd=root, capture_output=True, text=True,
+                                   timeout=300)
+                shutil.rmtree(out, ignore_errors=True)
+                if p.returncode != 0:
+                    fail(f"{doc}: `{command}`: `cmake --preset {preset}` failed:\n"
+                         f"{(p.stdout + p.stderr)[-3000:]}")
+                else:
+                    print(f"ok (configured preset {preset}): {command}")
+            elif how == "manual":
+                print(f"not run ({arg}): {command}")
             elif how == "ctest":
                 hits = [n for n in names if re.search(arg, n)]
                 if not hits:
@@ -223,7 +322,7 @@ def main():
                 else:
                     print(f"ok (ctest {hits[0]}{' ...' if len(hits) > 1 else ''}): "
                           f"{command}")
-            else:
+            else:  # ci, label
                 for preset in re.findall(r"--preset (\w+)", command):
                     if preset not in configure:
                         fail(f"{doc}: `{command}` names preset '{preset}', which "
@@ -239,6 +338,11 @@ def main():
                 print(f"ok (ci: {arg}): {command}")
         if scratch:
             shutil.rmtree(scratch, ignore_errors=True)
+    scratch = scratch_for("transcripts")
+    for doc, command, shown, status in transcripts():
+        counts["transcript"] = counts.get("transcript", 0) + 1
+        check_transcript(doc, command, shown, status, names, scratch)
+    shutil.rmtree(scratch, ignore_errors=True)
     for command in CHECKS:
         if command not in seen:
             fail(f"CHECKS lists `{command}`, which no document has any more")

@@ -48,12 +48,19 @@ bool IsFloatingPoint(DataType type);
 // The DataType of a C++ element type, at compile time. Integers are
 // matched by width and signedness, not by spelling: `long long`, `long` and
 // `int64_t` are all kInt64 on LP64 (as torch's int64 is), `int` is kInt32,
-// `signed char` kInt8, `unsigned char` kUInt8; plain `char` follows the
-// platform's signedness. bool and unsigned integers wider than a byte have
-// no DataType.
-template <typename T>
+// `signed char` kInt8, `unsigned char` kUInt8. Character types (plain
+// `char`, whose signedness differs between platforms, `wchar_t`, `charN_t`),
+// bool and unsigned integers wider than a byte have no DataType. const and
+// volatile are ignored.
+template <typename Element>
 constexpr DataType DataTypeOf() {
-  constexpr bool kInteger = std::is_integral_v<T> && !std::is_same_v<T, bool>;
+  using T = std::remove_cv_t<Element>;
+  constexpr bool kCharacter =
+      std::is_same_v<T, char> || std::is_same_v<T, wchar_t> ||
+      std::is_same_v<T, char8_t> || std::is_same_v<T, char16_t> ||
+      std::is_same_v<T, char32_t>;
+  constexpr bool kInteger =
+      std::is_integral_v<T> && !std::is_same_v<T, bool> && !kCharacter;
   constexpr bool kSigned = std::is_signed_v<T>;
   if constexpr (std::is_same_v<T, float>) {
     return DataType::kFloat32;
@@ -75,7 +82,9 @@ constexpr DataType DataTypeOf() {
     static_assert(sizeof(T) == 0,
                   "vemesh communicators carry float, double, BFloat16, "
                   "Float16 and the signed integers of 1, 4 and 8 bytes "
-                  "(int8_t, int32_t, int64_t, long long, ...) and uint8_t");
+                  "(int8_t, int32_t, int64_t, long long, ...) and uint8_t; "
+                  "not char (its signedness is the platform's: use int8_t "
+                  "or uint8_t), bool or wider unsigned integers");
     return DataType::kFloat32;
   }
 }
