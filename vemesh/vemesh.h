@@ -48,7 +48,7 @@
 #endif
 #include "vemesh/comm/nccl/cuda_device.h"
 #include "vemesh/comm/nccl/nccl_communicator.h"
-#include "vemesh/comm/nccl/nccl_options.h"
+#include "vemesh/comm/nccl_options.h"
 #include "vemesh/comm/work.h"
 
 #include "vemesh/checkpoint/async_saver.h"

@@ -175,7 +175,7 @@ EXAMPLES = {
                    "float* device_buffer, size_t n"),
         "subs": [("host_world = ...;", "host_world = world;"),
                  ("grad = ...;", "grad = device_buffer;")]},
-    "comm/nccl/nccl_options.h": {
+    "comm/nccl_options.h": {
         "includes": ["vemesh/mesh/device_mesh.h"],
         "params": "const MeshLayout& layout"},
     "comm/operation.h": {

@@ -503,6 +503,8 @@ std::string SplitRequestName(const SplitRequest& request, size_t index) {
                               : absl::StrCat("'", request.name, "'");
 }
 
+StoreScope Communicator::store_scope() const { return {}; }
+
 absl::StatusOr<std::vector<std::shared_ptr<Communicator>>>
 Communicator::split_many(absl::Span<const SplitRequest> requests, absl::Time) {
   std::vector<std::shared_ptr<Communicator>> groups;

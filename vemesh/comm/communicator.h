@@ -118,8 +118,10 @@ struct AsyncOptions {
 // group's members in key order (this rank at index `key`), the same list on
 // every member. It lets a backend make the group by a call collective over
 // the group only (MPI: MPI_Comm_create_group, whose context id is agreed in
-// log2(group) rounds instead of log2(world)); a rank with a negative color
-// then makes no call at all. Either every rank's requests carry members
+// log2(group) rounds instead of log2(world); a Gloo world not connected yet:
+// all the requests' groups in one store round among their members,
+// GlooCommunicator::subgroups); a rank with a negative color then makes no
+// call at all. Either every rank's requests carry members
 // (or a negative color) or none do: a mix would leave ranks in different
 // calls. Backends without such a call split as usual.
 struct SplitRequest {
@@ -142,6 +144,17 @@ struct ShrinkOptions {
 };
 
 class Communicator;
+class Store;
+
+// Where a group's ranks met (Communicator::store_scope): the store and the
+// key prefix this group owns in it. A backend built over the group posts
+// its own state under the prefix (NCCL's unique ids over a torchrun world
+// that is never connected). A null store: the group met through none.
+struct StoreScope {
+  std::shared_ptr<Store> store;
+  std::string prefix;
+};
+
 // Aborts several communicators in one call, from any thread, as abort()
 // does for one: each is marked aborted first (every blocked and later
 // operation returns Aborted with `reason`), then each backend releases its
@@ -295,6 +308,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   virtual absl::StatusOr<std::vector<std::shared_ptr<Communicator>>> split_many(
       absl::Span<const SplitRequest> requests,
       absl::Time deadline = absl::InfiniteFuture());
+  // The store this group's ranks met through and the prefix it owns there
+  // (Gloo); a null store for the backends that meet through none (MPI,
+  // NCCL). Local.
+  virtual StoreScope store_scope() const;
 
   // Collective over the members that stay (the excluded ones do not call):
   // a new communicator of this group without the group ranks `exclude`,

@@ -103,7 +103,7 @@
 #include "absl/types/span.h"
 #include "vemesh/bootstrap/bootstrap.h"
 #include "vemesh/comm/communicator.h"
-#include "vemesh/comm/nccl/nccl_options.h"
+#include "vemesh/comm/nccl_options.h"
 #include "vemesh/layout/device_type.h"
 #include "vemesh/layout/mesh_layout.h"
 #include "vemesh/mesh/mesh_options.h"

@@ -136,6 +136,7 @@ absl::StatusOr<std::unique_ptr<MeshBackends>> MeshBackends::Create(
   out->host_ = host;
   out->cuda_device_ = cuda_device;
   out->nccl_options_ = nccl_options;
+  out->op_timeout_ = op_timeout;
   if (used.count(Backend::kNccl) > 0) {
     if (GlooCommunicator::UnconnectedWorld(out->worlds_[host].get()) !=
         nullptr) {
@@ -171,6 +172,22 @@ absl::StatusOr<std::shared_ptr<Communicator>> MeshBackends::world(
   nccl_deferred_ = false;
   worlds_[Backend::kNccl] = nccl;
   return nccl;
+}
+
+absl::StatusOr<std::vector<std::shared_ptr<Communicator>>>
+MeshBackends::split_dims(Backend backend, absl::string_view batch,
+                         absl::Span<const SplitRequest> requests,
+                         absl::Time deadline) {
+  if (backend == Backend::kNccl && nccl_deferred()) {
+    // NCCL over a Gloo world not connected yet (env://): the groups' host
+    // twins in one store round, then their NCCL communicators with ids
+    // through the store. Ranks outside the mesh take part in the ready
+    // agreement only.
+    return CreateNcclGroupsOverWorld(host_world(), batch, requests,
+                                     cuda_device_, op_timeout_, nccl_options_);
+  }
+  VEMESH_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> comm, world(backend));
+  return comm->split_many(requests, deadline);
 }
 
 bool MeshBackends::nccl_deferred() const {

@@ -17,8 +17,6 @@
 #include "vemesh/bootstrap/bootstrap_over.h"
 #include "vemesh/bootstrap/init_timeout.h"
 #include "vemesh/bootstrap/launch.h"
-#include "vemesh/comm/gloo/gloo_communicator.h"
-#include "vemesh/comm/nccl/nccl_communicator.h"
 #include "vemesh/mesh/device_mesh.h"
 #include "vemesh/mesh/internal/mesh_backends.h"
 #include "vemesh/mesh/internal/mesh_shared.h"
@@ -33,24 +31,6 @@ std::string ShapeText(absl::Span<const int64_t> shape) {
 std::string RankListText(const MeshLayout& layout) {
   if (!layout.has_rank_table()) return "arange";
   return absl::StrCat("[", absl::StrJoin(layout.ranks(), ", "), "]");
-}
-
-// The members of dimension `dim`'s group through this rank, in the group's
-// rank order (they follow from the layout every rank agreed on, so no gather
-// is needed), named after the dimension and its first member.
-absl::StatusOr<GlooCommunicator::SubgroupSpec> DimGroupSpec(
-    const MeshLayout& layout, int64_t dim, int64_t world_rank) {
-  VEMESH_ASSIGN_OR_RETURN(Coordinate at, layout.coordinate_of(world_rank));
-  const int64_t size = layout.dim_size(dim).value_or(0);
-  GlooCommunicator::SubgroupSpec spec;
-  spec.members.reserve(static_cast<size_t>(size));
-  for (int64_t i = 0; i < size; ++i) {
-    at[dim] = i;
-    VEMESH_ASSIGN_OR_RETURN(int64_t r, layout.rank_at(at));
-    spec.members.push_back(static_cast<int>(r));
-  }
-  spec.name = absl::StrCat("dim", dim, "/", spec.members.front());
-  return spec;
 }
 
 }  // namespace
@@ -263,71 +243,15 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(DeviceType device_type,
       batch.push_back(std::move(requests[e]));  // each is used once
       made[e] = true;
     }
-    // NCCL over a Gloo world not connected yet (env://): the groups' host
-    // twins in one store round, then their NCCL communicators with ids
-    // through the store (CreateNcclGroupsOverStore). Neither the world's
-    // Gloo pairs nor a world NCCL communicator is made; ranks outside the
-    // mesh take part in the ready agreement only.
-    if (backend == Backend::kNccl && shared->backends->nccl_deferred()) {
-      std::shared_ptr<Communicator> host = shared->backends->host_world();
-      GlooCommunicator* lazy = GlooCommunicator::UnconnectedWorld(host.get());
-      if (lazy == nullptr) {
-        return absl::InternalError(
-            "DeviceMesh::Create: the NCCL world was deferred but the host "
-            "world is connected");
-      }
-      std::vector<NcclStoreGroup> nccl_groups;
-      if (member) {
-        std::vector<GlooCommunicator::SubgroupSpec> specs;
-        for (int64_t e : dims) {
-          VEMESH_ASSIGN_OR_RETURN(auto spec,
-                                  DimGroupSpec(layout, e, world_rank));
-          specs.push_back(std::move(spec));
-        }
-        VEMESH_ASSIGN_OR_RETURN(
-            auto twins, lazy->subgroups(absl::StrCat("nccl-dims", d), specs));
-        for (size_t i = 0; i < dims.size(); ++i) {
-          nccl_groups.push_back({absl::StrCat(layout.dim_name(dims[i]), "/",
-                                              specs[i].members.front()),
-                                 std::move(twins[i])});
-        }
-      }
-      VEMESH_ASSIGN_OR_RETURN(
-          auto groups,
-          CreateNcclGroupsOverStore(
-              lazy->store(), absl::StrCat(lazy->prefix(), "/nccl/dims", d),
-              lazy->rank(), lazy->size(), std::move(nccl_groups),
-              shared->backends->cuda_device(), timeout,
-              shared->backends->nccl_options()));
-      for (size_t i = 0; i < groups.size(); ++i) {
-        shared->dims[dims[i]] = std::move(groups[i]);
-      }
-      continue;
-    }
-    VEMESH_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> world,
-                            shared->backends->world_of_dim(d));
-    // A Gloo world not connected yet (env://): each group connects its own
-    // members through the store, and the world's pairs are never made.
-    // All of them in one store round (GlooCommunicator::subgroups).
-    // (Only a Gloo world can be one: the cast is skipped for the others.)
-    if (auto* lazy = backend == Backend::kGloo
-                         ? GlooCommunicator::UnconnectedWorld(world.get())
-                         : nullptr;
-        lazy != nullptr) {
-      if (!member) continue;  // nullptr groups outside the mesh
-      std::vector<GlooCommunicator::SubgroupSpec> specs;
-      for (int64_t e : dims) {
-        VEMESH_ASSIGN_OR_RETURN(auto spec, DimGroupSpec(layout, e, world_rank));
-        specs.push_back(std::move(spec));
-      }
-      VEMESH_ASSIGN_OR_RETURN(auto groups,
-                              lazy->subgroups(absl::StrCat("dims", d), specs));
-      for (size_t i = 0; i < dims.size(); ++i) {
-        shared->dims[dims[i]] = std::move(groups[i]);
-      }
-      continue;
-    }
-    VEMESH_ASSIGN_OR_RETURN(auto groups, world->split_many(batch, deadline));
+    // Each backend makes its own groups (mesh_backends.h: split_dims): one
+    // split_many of its world, or, NCCL over a Gloo world not connected
+    // yet (env://), NCCL communicators with ids through the store. Over
+    // such a world the groups connect among their members in one store
+    // round, and neither the world's pairs nor a world NCCL communicator
+    // is made.
+    VEMESH_ASSIGN_OR_RETURN(
+        auto groups, shared->backends->split_dims(
+                         backend, absl::StrCat("dims", d), batch, deadline));
     for (size_t i = 0; i < dims.size(); ++i) {
       shared->dims[dims[i]] = std::move(groups[i]);
     }

@@ -22,7 +22,7 @@
 #include "absl/time/time.h"
 #include "vemesh/bootstrap/bootstrap.h"
 #include "vemesh/comm/communicator.h"
-#include "vemesh/comm/nccl/nccl_options.h"
+#include "vemesh/comm/nccl_options.h"
 
 namespace vemesh {
 
@@ -51,7 +51,7 @@ struct MeshOptions {
   // How a "cuda" mesh makes its NCCL communicators: resource sharing between
   // the world and the dimensions' splits (`split_share`, off by default),
   // and whether the dimensions' ncclCommSplit calls go in one group
-  // (`group_splits`, off). See vemesh/comm/nccl/nccl_options.h.
+  // (`group_splits`, off). See vemesh/comm/nccl_options.h.
   NcclOptions nccl;
   // Roles (matched to dimension names ignoring case, as the registry's
   // roles are) whose groups should stay inside one host. Global rank 0 logs

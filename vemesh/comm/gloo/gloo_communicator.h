@@ -210,6 +210,18 @@ class GlooCommunicator final : public Communicator {
   // new group. A negative color gives nullptr.
   absl::StatusOr<std::shared_ptr<Communicator>> split(int color,
                                                       int key) override;
+  // Over a world not connected yet (CreateLazy), when every request of
+  // this rank carries its members (SplitRequest::members, group_local): the
+  // groups as subgroups() makes them, in one store round among their
+  // members (batch `many<n>`, the n-th split_many of this group; groups
+  // `many<n>/<request index>/<first member>`), and the world's pairs are
+  // not made; a rank whose colors are all negative makes no call. Else one
+  // split() per request (which connects a lazy world first).
+  absl::StatusOr<std::vector<std::shared_ptr<Communicator>>> split_many(
+      absl::Span<const SplitRequest> requests,
+      absl::Time deadline = absl::InfiniteFuture()) override;
+  // The store and prefix() (a lazy world's NCCL ids go there).
+  StoreScope store_scope() const override;
 
   // `handle` is the gloo::Context* (valid while this object lives; null for
   // a lazy world not connected yet).
@@ -304,9 +316,10 @@ class GlooCommunicator final : public Communicator {
   absl::Status connect_error_;  // a failed lazy connect, kept
   // The issuing thread's.
   int64_t next_split_ = 0;
-  int64_t next_shrink_ = 0;  // numbers shrinks alike on every survivor
-  int64_t self_sent_ = 0;    // messages to oneself issued
-  int64_t self_taken_ = 0;   // receives from oneself issued
+  int64_t next_split_many_ = 0;  // numbers split_many calls alike
+  int64_t next_shrink_ = 0;      // numbers shrinks alike on every survivor
+  int64_t self_sent_ = 0;        // messages to oneself issued
+  int64_t self_taken_ = 0;       // receives from oneself issued
 
   // The worker's own state: only it reads or writes these.
   uint32_t next_tag_ = 1;  // 0 is the rendezvous barrier's

@@ -43,6 +43,14 @@ GlooCommunicator::subgroups(absl::string_view batch,
                    "': built with VEMESH_WITH_GLOO=OFF"));
 }
 
+absl::StatusOr<std::vector<std::shared_ptr<Communicator>>>
+GlooCommunicator::split_many(absl::Span<const SplitRequest> requests,
+                             absl::Time deadline) {
+  return Communicator::split_many(requests, deadline);
+}
+
+StoreScope GlooCommunicator::store_scope() const { return {}; }
+
 GlooCommunicator* GlooCommunicator::UnconnectedWorld(Communicator*) {
   return nullptr;
 }

@@ -426,6 +426,40 @@ GlooCommunicator::subgroups(absl::string_view batch,
   return out;
 }
 
+absl::StatusOr<std::vector<std::shared_ptr<Communicator>>>
+GlooCommunicator::split_many(absl::Span<const SplitRequest> requests,
+                             absl::Time deadline) {
+  // Numbered on every rank of this group (split_many is collective over
+  // it), so the batches' keys agree without talking.
+  const int64_t seq = next_split_many_++;
+  const bool by_members =
+      !connected() &&
+      std::all_of(requests.begin(), requests.end(), [](const SplitRequest& r) {
+        return r.color < 0 || (r.group_local && !r.members.empty());
+      });
+  if (!by_members) return Communicator::split_many(requests, deadline);
+  // The groups this rank is in, among their members only.
+  std::vector<SubgroupSpec> specs;
+  std::vector<size_t> index;  // the request of each spec
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const SplitRequest& r = requests[i];
+    if (r.color < 0) continue;
+    specs.push_back(
+        {absl::StrCat("many", seq, "/", i, "/", r.members.front()), r.members});
+    index.push_back(i);
+  }
+  std::vector<std::shared_ptr<Communicator>> out(requests.size());
+  if (specs.empty()) return out;  // in none of the groups: no call
+  VEMESH_ASSIGN_OR_RETURN(
+      auto groups, subgroups(absl::StrCat("many", seq), std::move(specs)));
+  for (size_t g = 0; g < groups.size(); ++g) {
+    out[index[g]] = std::move(groups[g]);
+  }
+  return out;
+}
+
+StoreScope GlooCommunicator::store_scope() const { return {store_, prefix_}; }
+
 absl::StatusOr<std::shared_ptr<Communicator>> GlooCommunicator::split(int color,
                                                                       int key) {
   // Splits are collective, so every rank numbers them alike and the new

@@ -91,7 +91,7 @@
 #include "absl/types/span.h"
 #include "vemesh/comm/communicator.h"
 #include "vemesh/comm/nccl/cuda_device.h"
-#include "vemesh/comm/nccl/nccl_options.h"
+#include "vemesh/comm/nccl_options.h"
 #include "vemesh/rendezvous/store.h"
 
 namespace vemesh {
@@ -144,6 +144,29 @@ absl::StatusOr<std::vector<std::shared_ptr<Communicator>>>
 CreateNcclGroupsOverStore(const std::shared_ptr<Store>& store,
                           absl::string_view prefix, int world_rank,
                           int world_size, std::vector<NcclStoreGroup> groups,
+                          const CudaDeviceRequest& request,
+                          absl::Duration timeout,
+                          const NcclOptions& options = {});
+
+// Collective over every rank of `world`, a host world whose ranks met
+// through a store (Communicator::store_scope: a torchrun world, which is
+// never connected): one NCCL communicator per request (null for a negative
+// color), with no NCCL or host collective over the world. The requests
+// carry their members (SplitRequest::members), the same count on every
+// rank, as for world->split_many. The host twins come from one
+// world->split_many(requests) (a lazy Gloo world: one store round among
+// the groups' members); the communicators from CreateNcclGroupsOverStore
+// over the world's store under `<prefix>/nccl/<batch>` (`batch` fresh in
+// the world), each named `<request name>/<first member>`. Ranks in none of
+// the groups take part in the ready agreement only. FailedPrecondition
+// when `world` met through no store.
+//
+//   auto dims = CreateNcclGroupsOverWorld(host_world, "dims0", requests,
+//                                         request, absl::Seconds(60));
+absl::StatusOr<std::vector<std::shared_ptr<Communicator>>>
+CreateNcclGroupsOverWorld(const std::shared_ptr<Communicator>& world,
+                          absl::string_view batch,
+                          absl::Span<const SplitRequest> requests,
                           const CudaDeviceRequest& request,
                           absl::Duration timeout,
                           const NcclOptions& options = {});

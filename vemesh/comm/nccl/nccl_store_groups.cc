@@ -200,4 +200,45 @@ CreateNcclGroupsOverStore(const std::shared_ptr<Store>& store,
   return out;
 }
 
+absl::StatusOr<std::vector<std::shared_ptr<Communicator>>>
+CreateNcclGroupsOverWorld(const std::shared_ptr<Communicator>& world,
+                          absl::string_view batch,
+                          absl::Span<const SplitRequest> requests,
+                          const CudaDeviceRequest& request,
+                          absl::Duration timeout, const NcclOptions& options) {
+  if (world == nullptr) {
+    return absl::InvalidArgumentError(
+        "CreateNcclGroupsOverWorld: no host world");
+  }
+  const StoreScope scope = world->store_scope();
+  if (scope.store == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "CreateNcclGroupsOverWorld: the ", world->backend(),
+        " host world met through no store: make the NCCL world over it "
+        "instead (CreateNcclCommunicator)"));
+  }
+  // The groups' host twins, among their members only.
+  VEMESH_ASSIGN_OR_RETURN(auto twins, world->split_many(requests));
+  std::vector<NcclStoreGroup> groups;
+  std::vector<size_t> index;  // the request of each group
+  for (size_t i = 0; i < twins.size(); ++i) {
+    if (twins[i] == nullptr) continue;
+    const SplitRequest& r = requests[i];
+    const int first =
+        r.members.empty() ? twins[i]->ranks().front() : r.members.front();
+    groups.push_back(
+        {absl::StrCat(r.name.empty() ? absl::StrCat(i) : r.name, "/", first),
+         std::move(twins[i])});
+    index.push_back(i);
+  }
+  VEMESH_ASSIGN_OR_RETURN(
+      auto made, CreateNcclGroupsOverStore(
+                     scope.store, absl::StrCat(scope.prefix, "/nccl/", batch),
+                     world->rank(), world->size(), std::move(groups), request,
+                     timeout, options));
+  std::vector<std::shared_ptr<Communicator>> out(requests.size());
+  for (size_t g = 0; g < made.size(); ++g) out[index[g]] = std::move(made[g]);
+  return out;
+}
+
 }  // namespace vemesh

@@ -31,6 +31,14 @@ CreateNcclGroupsOverStore(const std::shared_ptr<Store>&, absl::string_view, int,
   return CudaDeviceCount().status();
 }
 
+absl::StatusOr<std::vector<std::shared_ptr<Communicator>>>
+CreateNcclGroupsOverWorld(const std::shared_ptr<Communicator>&,
+                          absl::string_view, absl::Span<const SplitRequest>,
+                          const CudaDeviceRequest&, absl::Duration,
+                          const NcclOptions&) {
+  return CudaDeviceCount().status();
+}
+
 }  // namespace vemesh
 
 #endif  // VEMESH_HAVE_NCCL

@@ -14,6 +14,8 @@
 //                                        {-1, host_local_rank, host_size},
 //                                        one_host, deadline, timeout);
 //   (*(*backends)->world_of_dim(2))->split(color, key);
+//   auto dims = (*backends)->split_dims(Backend::kGloo, "dims0", requests,
+//                                       deadline);
 //
 // The plan is local (the agreement check compares it across ranks); Create
 // is collective (`one_host`: every rank is on this host, so a store that
@@ -22,7 +24,9 @@
 // the agreement step made (NCCL's unique id travels over it): a Gloo world
 // over MPI when asked for, then NCCL. Over an unconnected Gloo world
 // (env://) the NCCL world is deferred: the mesh's NCCL groups then take
-// their ids from the store, and world() makes it on first use.
+// their ids from the store, and world() makes it on first use. Only this
+// plan names backend types: mesh creation asks it for each backend's
+// groups (split_dims) and never casts to a backend.
 
 #ifndef VEMESH_MESH_INTERNAL_MESH_BACKENDS_H_
 #define VEMESH_MESH_INTERNAL_MESH_BACKENDS_H_
@@ -34,12 +38,13 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "vemesh/bootstrap/bootstrap.h"
 #include "vemesh/comm/backend.h"
 #include "vemesh/comm/communicator.h"
 #include "vemesh/comm/nccl/cuda_device.h"
-#include "vemesh/comm/nccl/nccl_options.h"
+#include "vemesh/comm/nccl_options.h"
 #include "vemesh/layout/device_type.h"
 #include "vemesh/layout/mesh_layout.h"
 #include "vemesh/mesh/mesh_options.h"
@@ -87,8 +92,19 @@ class MeshBackends {
   absl::StatusOr<std::shared_ptr<Communicator>> world_of_dim(int64_t dim);
   // Whether the NCCL world waits for its first use (the host world is an
   // unconnected Gloo world): the dimensions' NCCL groups are then made over
-  // the store (CreateNcclGroupsOverStore) beside Gloo subgroups.
+  // the store (split_dims) beside Gloo subgroups.
   bool nccl_deferred() const;
+  // Collective over every rank (the same calls in the same order): the
+  // groups of `requests` (SplitRequest, members included, null for a
+  // negative color) on `backend`, each backend making its own. One
+  // split_many of the backend's world (over an unconnected Gloo world: one
+  // store round among the groups' members, the world's pairs never made);
+  // NCCL deferred: the communicators over the host world's store
+  // (CreateNcclGroupsOverWorld, batch `batch`, fresh per call: "dims0"),
+  // with neither the world's Gloo pairs nor a world NCCL communicator.
+  absl::StatusOr<std::vector<std::shared_ptr<Communicator>>> split_dims(
+      Backend backend, absl::string_view batch,
+      absl::Span<const SplitRequest> requests, absl::Time deadline);
   // The bootstrap's own host world (NCCL's twin).
   std::shared_ptr<Communicator> host_world() const;
   const CudaDeviceRequest& cuda_device() const { return cuda_device_; }
@@ -106,6 +122,7 @@ class MeshBackends {
   Backend host_ = Backend::kGloo;
   CudaDeviceRequest cuda_device_;
   NcclOptions nccl_options_;
+  absl::Duration op_timeout_;
   // Guards worlds_ and nccl_deferred_ (the NCCL world may be made late).
   mutable std::mutex mu_;
   bool nccl_deferred_ = false;
