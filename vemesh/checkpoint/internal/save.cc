@@ -20,6 +20,7 @@
 #include "vemesh/checkpoint/internal/file_io.h"
 #include "vemesh/checkpoint/internal/json_util.h"
 #include "vemesh/checkpoint/safetensors.h"
+#include "vemesh/comm/agreement.h"
 
 namespace vemesh::checkpoint::internal {
 namespace {
@@ -119,10 +120,13 @@ absl::StatusOr<SavePlan> BuildPlan(const std::vector<std::string>& all,
       step0 = step;
       dir0 = at;
     } else if (step != step0 || at != dir0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("checkpoint save: rank ", r, " saves step ", step,
-                       " into '", at, "', rank 0 step ", step0, " into '", dir0,
-                       "': every rank must pass the same step and directory"));
+      // The one format of a disagreement (comm/agreement.h), from the plan
+      // already gathered: no collective more.
+      return absl::InvalidArgumentError(DisagreementMessage(
+          "checkpoint save step and directory (every rank must pass the "
+          "same)",
+          static_cast<int>(r), absl::StrCat("step ", step, " into '", at, "'"),
+          0, absl::StrCat("step ", step0, " into '", dir0, "'")));
     }
     if (r == 0) {
       plan.step_dir_name = j.at("dir").get<std::string>();
