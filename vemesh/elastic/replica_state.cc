@@ -253,15 +253,15 @@ absl::Status ReplicaState::CompareFingerprints(Communicator& group,
   }
   // The one verdict of comm/agreement.h on the words already gathered:
   // the first replica that differs from the group's first, and both.
-  const bool named = replicas.size() == summaries.size();
-  return AgreementVerdict(
-      absl::StrCat("the replicas' states differ ", where,
-                   " (registered state fingerprints along the replicate "
-                   "dimension)"),
-      summaries,
+  absl::Status verdict = AgreementVerdict(
+      absl::StrCat("the replicas' states differ ", where), summaries,
       {.code = absl::StatusCode::kDataLoss,
-       .member = named ? "replica" : "rank",
-       .ids = named ? absl::MakeConstSpan(replicas) : absl::Span<const int>()});
+       .member = "replica",
+       .ids = replicas});
+  if (verdict.ok()) return verdict;
+  return absl::DataLossError(absl::StrCat(
+      verdict.message(),
+      " (registered state fingerprints along the replicate dimension)"));
 }
 
 }  // namespace vemesh
