@@ -107,6 +107,7 @@ absl::StatusOr<SavePlan> BuildPlan(const std::vector<std::string>& all,
     std::vector<std::pair<int, size_t>> ranks;  // (rank, local index)
   };
   std::map<Key, Holders> distinct;
+  std::map<std::string, int> first_holder;  // the rank that named it first
   int64_t step0 = 0;
   std::string dir0;
   for (size_t r = 0; r < all.size(); ++r) {
@@ -146,11 +147,12 @@ absl::StatusOr<SavePlan> BuildPlan(const std::vector<std::string>& all,
       if (fresh) {
         t->second.dtype = dtype;
         t->second.shape = shape;
+        first_holder[name] = static_cast<int>(r);
       } else if (t->second.dtype != dtype || t->second.shape != shape) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "tensor '", name, "' is ", ShapeText(dtype, shape), " on rank ", r,
-            " but ", ShapeText(t->second.dtype, t->second.shape),
-            " on a rank before it"));
+        return absl::InvalidArgumentError(DisagreementMessage(
+            absl::StrCat("checkpoint tensor '", name, "' dtype and shape"),
+            static_cast<int>(r), ShapeText(dtype, shape), first_holder[name],
+            ShapeText(t->second.dtype, t->second.shape)));
       }
       if (BoxNumel(box) > 0) {
         Holders& h = distinct[Key{name, box}];
