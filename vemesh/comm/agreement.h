@@ -7,11 +7,10 @@
 // names what was agreed on, the first rank that differs from rank 0 and
 // both values:
 //
-//   absl::Status s = AgreeAcrossRanks(
-//       *dp, "DistributedOptimizer parameter shapes",
-//       AgreementSummary{ShapeHash(shapes), ShapesText(shapes)});
-//   // "DistributedOptimizer parameter shapes: rank 3 has [4x3, 3],
-//   //  rank 0 has [3x3, 3]"
+//   absl::Status s = AgreeAcrossRanks(*dp, "checkpoint step",
+//                                     AgreementSummary::Of(step_text));
+//   if (!s.ok()) return s;  // the same status on every rank of dp:
+//   // "checkpoint step: rank 3 has step 8, rank 0 has step 7"
 //
 // Agreements made where no Communicator exists yet (a bootstrap's, a
 // backend's own) or from bytes already gathered (a checkpoint's plan) use
