@@ -66,10 +66,11 @@ TEST_F(Agreement, TheFirstDifferingRankIsNamedEverywhere) {
       CheckAgreement(*boot_, "test", fields, absl::Now() + absl::Seconds(20));
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
   EXPECT_THAT(std::string(s.message()),
-              HasSubstr("rank 1 passed names [TP, DP] but rank 0 passed "
+              HasSubstr("test names: rank 1 has [TP, DP], rank 0 has "
                         "[DP, TP]"));
   if (size_ == 2) {
-    EXPECT_THAT(std::string(s.message()), HasSubstr("rank 1 passed shape (4)"));
+    EXPECT_THAT(std::string(s.message()),
+                HasSubstr("test shape: rank 1 has (4), rank 0 has (2, 2)"));
   } else {
     EXPECT_THAT(std::string(s.message()), ::testing::Not(HasSubstr("shape")));
   }

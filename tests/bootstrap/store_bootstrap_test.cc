@@ -133,7 +133,7 @@ TEST(StoreBootstrap, AgreementOverTheStoreNamesTheDifferingRank) {
   for (int rank = 0; rank < kSize; ++rank) {
     EXPECT_TRUE(absl::IsInvalidArgument(outcome[rank])) << outcome[rank];
     EXPECT_THAT(std::string(outcome[rank].message()),
-                HasSubstr("rank 2 passed shape (3) but rank 0 passed (1, 3)"));
+                HasSubstr("init shape: rank 2 has (3), rank 0 has (1, 3)"));
   }
 }
 

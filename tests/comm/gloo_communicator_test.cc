@@ -163,8 +163,8 @@ TEST(GlooMismatch, CountTypeOpAndRootMismatchesAreInvalidArgumentOnEveryRank) {
     // all_reduce: 1000 elements against 400.
     std::vector<float> data(me == 0 ? 1000 : 400, 1.0f);
     expect_invalid(comm->all_reduce(absl::MakeSpan(data), ReduceOp::kSum),
-                   "rank 0 passed all_reduce of 1000 float32 (op sum); rank "
-                   "1 passed all_reduce of 400 float32 (op sum)");
+                   "rank 1 has all_reduce of 400 float32 (op sum), rank 0 "
+                   "has all_reduce of 1000 float32 (op sum)");
     // broadcast from a root of 400 into a buffer of 1000.
     std::vector<int32_t> block(me == 0 ? 400 : 1000, me == 0 ? 7 : -1);
     expect_invalid(comm->broadcast(absl::MakeSpan(block), 0),
@@ -175,7 +175,7 @@ TEST(GlooMismatch, CountTypeOpAndRootMismatchesAreInvalidArgumentOnEveryRank) {
     expect_invalid(
         me == 0 ? comm->all_reduce(absl::MakeSpan(ints), ReduceOp::kSum)
                 : comm->all_reduce(absl::MakeSpan(floats), ReduceOp::kSum),
-        "rank 1 passed all_reduce of 8 float32");
+        "rank 1 has all_reduce of 8 float32");
     // Another reduce op, another root, another collective.
     expect_invalid(comm->all_reduce(absl::MakeSpan(floats),
                                     me == 0 ? ReduceOp::kSum : ReduceOp::kMax),
@@ -184,7 +184,7 @@ TEST(GlooMismatch, CountTypeOpAndRootMismatchesAreInvalidArgumentOnEveryRank) {
     expect_invalid(
         me == 0 ? comm->barrier()
                 : comm->all_reduce(absl::MakeSpan(floats), ReduceOp::kSum),
-        "rank 0 passed barrier");
+        "rank 0 has barrier");
     // all_to_all_v: rank 0 sends 3 to rank 1, which expects 2.
     std::vector<float> send(4, 1.0f), recv(me == 0 ? 3 : 4);
     const std::vector<size_t> sends =

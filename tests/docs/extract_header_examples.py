@@ -144,6 +144,8 @@ EXAMPLES = {
         "params": "const MeshOptions& options",
         "subs": [("if (b == Backend::kNccl) ...;", "if (b == Backend::kNccl) {}")]},
     "comm/buffer.h": {"params": "std::shared_ptr<Communicator> comm"},
+    "comm/agreement.h": {
+        "params": "std::shared_ptr<Communicator> dp, std::string step_text"},
     "comm/communicator.h": {
         "includes": ["vemesh/registry/ve_device_mesh.h"],
         "params": ("std::shared_ptr<Communicator> mesh_tp, "

@@ -275,9 +275,9 @@ TEST_F(DocLoop, CorruptedReplicaIsNamedOnEveryRank) {
       EXPECT_TRUE(absl::IsDataLoss(o.status)) << o.status;
       if (r == 0) {
         EXPECT_THAT(std::string(o.status.message()),
-                    HasSubstr("replica 1 holds"));
+                    HasSubstr("replica 1 has "));
         EXPECT_THAT(std::string(o.status.message()),
-                    HasSubstr("replicas 0, 2 hold"));
+                    HasSubstr(", replica 0 has "));
       }
       EXPECT_LT(o.step, 0);  // never reached the end
     }

@@ -187,8 +187,10 @@ TEST(ReplicaState, FingerprintsNameTheReplicasThatDiffer) {
   for (int r = 0; r < 3; ++r) {
     ASSERT_TRUE(absl::IsDataLoss(out[r])) << out[r];
     EXPECT_THAT(std::string(out[r].message()), HasSubstr("differ at step 3: "));
-    EXPECT_THAT(std::string(out[r].message()), HasSubstr("replicas 4, 7 hold"));
-    EXPECT_THAT(std::string(out[r].message()), HasSubstr("replica 9 holds"));
+    // The first replica that differs from the first one, and both values.
+    EXPECT_THAT(std::string(out[r].message()), HasSubstr("replica 9 has "));
+    EXPECT_THAT(std::string(out[r].message()), HasSubstr(", replica 4 has "));
+    EXPECT_EQ(out[r].message(), out[0].message());
   }
   v[2] = "same";
   OnRanks(3, [&](int r, Communicator& group) {

@@ -443,7 +443,10 @@ TEST(FullyShardedDataParallelTest, BadInputIsInvalidArgumentOnEveryRank) {
     }
     absl::Status s = create({}, m);
     EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
-    EXPECT_NE(s.message().find("different units"), std::string::npos) << s;
+    // The first rank that differs from rank 0, and both values.
+    EXPECT_NE(s.message().find("rank 1 has "), std::string::npos) << s;
+    EXPECT_NE(s.message().find(", rank 0 has "), std::string::npos) << s;
+    EXPECT_NE(s.message().find("10x9"), std::string::npos) << s;
   }
   {
     Mlp m = MakeMlp(true);

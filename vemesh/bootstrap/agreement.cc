@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "vemesh/base/fnv1a.h"
 #include "vemesh/base/status_macros.h"
+#include "vemesh/comm/agreement.h"
 #include "vemesh/comm/communicator.h"
 
 namespace vemesh {
@@ -124,23 +125,24 @@ absl::StatusOr<std::vector<std::string>> Verdict(
   }
   std::vector<AgreementField> zero_fields = Parse((*texts)[0]);
   std::vector<AgreementField> other_fields = Parse((*texts)[other]);
+  // One disagreement per differing field, each in the one format of
+  // comm/agreement.h ("<operation> <field>: rank R has X, rank 0 has Y").
   std::string detail;
   for (size_t i = 0; i < zero_fields.size() && i < other_fields.size(); ++i) {
     if (zero_fields[i].value == other_fields[i].value) continue;
-    absl::StrAppend(&detail, detail.empty() ? "" : "; ", "rank ", other,
-                    " passed ", other_fields[i].name, " ",
-                    Shorten(other_fields[i].value), " but rank 0 passed ",
-                    Shorten(zero_fields[i].value));
+    absl::StrAppend(
+        &detail, detail.empty() ? "" : "; ",
+        DisagreementMessage(absl::StrCat(operation, " ", other_fields[i].name),
+                            other, Shorten(other_fields[i].value), 0,
+                            Shorten(zero_fields[i].value)));
   }
   if (detail.empty()) {
     detail =
-        absl::StrCat("rank ", other, " passed different arguments from rank 0");
+        DisagreementMessage(absl::StrCat(operation, " arguments"), other,
+                            Shorten((*texts)[other]), 0, Shorten((*texts)[0]));
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      operation,
-      ": the ranks disagree on their arguments (every rank must pass the "
-      "same): ",
-      detail));
+  return absl::InvalidArgumentError(
+      absl::StrCat(detail, " (every rank must pass the same arguments)"));
 }
 
 }  // namespace

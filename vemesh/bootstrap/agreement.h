@@ -12,7 +12,13 @@
 // Every rank gets the same answer, because it is computed from the same
 // gathered bytes: OK, InvalidArgument naming the first rank that disagrees
 // with rank 0 and both values of each differing field, or the bootstrap's
-// own error (DeadlineExceeded naming the ranks that never arrived).
+// own error (DeadlineExceeded naming the ranks that never arrived). It runs
+// before any Communicator exists (over the bootstrap: a store or MPI), so it
+// cannot use comm/agreement.h's AgreeAcrossRanks; each differing field is
+// written by its DisagreementMessage, the one format of a disagreement:
+//
+//   init_device_mesh shape: rank 2 has (3), rank 0 has (1, 3) (every rank
+//   must pass the same arguments)
 //
 // Cost: one all_gather of a 64-bit fingerprint plus the payload when the
 // ranks agree; one more all_gather of the full arguments only when they do

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "vemesh/base/fnv1a.h"
 #include "vemesh/base/status_macros.h"
+#include "vemesh/comm/agreement.h"
 
 namespace vemesh {
 namespace {
@@ -238,30 +239,29 @@ absl::Status ReplicaState::CompareFingerprints(Communicator& group,
       !s.ok()) {
     return s;
   }
-  std::map<int64_t, std::vector<int>> by_value;
   bool failed = false;
+  std::vector<AgreementSummary> summaries(static_cast<size_t>(group.size()));
   for (int j = 0; j < group.size(); ++j) {
     failed = failed || all[2 * j + 1] != 0;
-    const int id = j < static_cast<int>(replicas.size()) ? replicas[j] : j;
-    by_value[all[2 * j]].push_back(id);
+    const auto fingerprint = static_cast<uint64_t>(all[2 * j]);
+    summaries[j] = {fingerprint, absl::StrFormat("%016x", fingerprint)};
   }
   if (failed) {
     return absl::InternalError(absl::StrCat(
         "state fingerprint ", where, ": a state_dict failed",
         mine.ok() ? "" : ": ", mine.ok() ? "" : mine.status().message()));
   }
-  if (by_value.size() == 1) return absl::OkStatus();
-  std::vector<std::string> parts;
-  for (const auto& [value, ids] : by_value) {
-    const bool many = ids.size() > 1;
-    parts.push_back(absl::StrFormat(
-        "replica%s %s hold%s %016x", many ? "s" : "", absl::StrJoin(ids, ", "),
-        many ? "" : "s", static_cast<uint64_t>(value)));
-  }
+  // The one verdict of comm/agreement.h on the words already gathered:
+  // the first replica that differs from the group's first, and both.
+  absl::Status verdict = AgreementVerdict(
+      absl::StrCat("the replicas' states differ ", where), summaries,
+      {.code = absl::StatusCode::kDataLoss,
+       .member = "replica",
+       .ids = replicas});
+  if (verdict.ok()) return verdict;
   return absl::DataLossError(absl::StrCat(
-      "the replicas' states differ ", where, ": ", absl::StrJoin(parts, "; "),
-      " (registered state fingerprints along the replicate "
-      "dimension)"));
+      verdict.message(),
+      " (registered state fingerprints along the replicate dimension)"));
 }
 
 }  // namespace vemesh

@@ -89,9 +89,11 @@ class ReplicaState {
   absl::Status Transfer(Communicator& group, int root, bool receive) const;
 
   // Collective over `group`: gathers every rank's Fingerprint and returns
-  // OK if they are equal, else DataLoss naming which of `replicas` (the
-  // replica id of each DP rank) hold which fingerprint. A failed group
-  // operation returns its error instead.
+  // OK if they are equal, else DataLoss in the one format of
+  // comm/agreement.h: the first of `replicas` (the replica id of each DP
+  // rank) whose fingerprint differs from the first's, and both
+  // fingerprints ("...: replica 9 has 00ab..., replica 4 has 13f0...").
+  // A failed group operation returns its error instead.
   absl::Status CompareFingerprints(Communicator& group,
                                    const std::vector<int>& replicas,
                                    absl::string_view where) const;

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "vemesh/base/fnv1a.h"
 #include "vemesh/base/status_macros.h"
+#include "vemesh/comm/agreement.h"
 #include "vemesh/comm/half.h"
 #include "vemesh/registry/ve_device_mesh.h"
 
@@ -24,8 +25,23 @@ int64_t ShapeHash(const std::vector<std::pair<int64_t, int64_t>>& shapes) {
   return static_cast<int64_t>(h);
 }
 
-// What Create exchanges over DP, per rank.
-enum Signature { kOk, kCount, kElements, kHash, kSignatureSize };
+// What Create agrees on over DP: the shapes in order (all of them in the
+// hash, the first few in the text).
+AgreementSummary ShapesSummary(
+    const std::vector<std::pair<int64_t, int64_t>>& shapes, size_t elements) {
+  AgreementSummary s;
+  s.hash = Fnv1aWord(static_cast<uint64_t>(ShapeHash(shapes)),
+                     Fnv1aWord(shapes.size()));
+  s.text =
+      absl::StrCat(shapes.size(), " parameters of ", elements, " values [");
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    if (s.text.size() > kAgreementTextBytes) break;
+    absl::StrAppend(&s.text, i == 0 ? "" : ", ", shapes[i].first, "x",
+                    shapes[i].second);
+  }
+  s.text += ']';
+  return s;
+}
 
 }  // namespace
 
@@ -69,40 +85,25 @@ DistributedOptimizer::Create(const DistributedOptimizerOptions& options,
   }
 
   VEMESH_ASSIGN_OR_RETURN(RoleGroup dp, CurrentDataParallelGroup());
-  const int64_t mine[kSignatureSize] = {
-      local_error.empty() ? 1 : 0, static_cast<int64_t>(shapes.size()),
-      static_cast<int64_t>(elements), ShapeHash(shapes)};
-  std::vector<int64_t> all(mine, mine + kSignatureSize);
+  absl::Status agreed;
   if (dp.size > 1) {
-    all.resize(kSignatureSize * dp.size);
-    VEMESH_RETURN_IF_ERROR(
-        dp.comm->all_gather(absl::MakeConstSpan(mine), absl::MakeSpan(all)));
+    // A rank that rejected its own input says so instead of its shapes:
+    // the others are told which rank, it returns its own error below.
+    agreed = AgreeAcrossRanks(
+        *dp.comm,
+        "DistributedOptimizer parameters (every DP rank must pass the same "
+        "shapes in the same order)",
+        local_error.empty()
+            ? ShapesSummary(shapes, elements)
+            : AgreementSummary::Of("rejected its own input (its error names "
+                                   "it)"),
+        {.member = "DP rank"});
   }
   if (!local_error.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("DistributedOptimizer: ", local_error));
   }
-  for (int r = 0; r < dp.size; ++r) {
-    const int64_t* theirs = &all[kSignatureSize * r];
-    if (theirs[kOk] == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "DistributedOptimizer: DP rank ", r,
-          " rejected its own input (its error names it); no rank proceeds"));
-    }
-    if (theirs[kCount] != mine[kCount] ||
-        theirs[kElements] != mine[kElements] || theirs[kHash] != mine[kHash]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "DistributedOptimizer: DP ranks disagree on the parameters: DP "
-          "rank ",
-          dp.rank, " has ", mine[kCount], " parameters of ", mine[kElements],
-          " values in all, DP rank ", r, " has ", theirs[kCount], " of ",
-          theirs[kElements],
-          theirs[kCount] == mine[kCount] && theirs[kElements] == mine[kElements]
-              ? " (the same counts, different shapes)"
-              : "",
-          "; every DP rank must pass the same shapes in the same order"));
-    }
-  }
+  VEMESH_RETURN_IF_ERROR(agreed);
 
   auto opt = std::unique_ptr<DistributedOptimizer>(new DistributedOptimizer);
   opt->options_ = options;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <utility>
 
@@ -12,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "vemesh/base/fnv1a.h"
 #include "vemesh/base/status_macros.h"
+#include "vemesh/comm/agreement.h"
 #include "vemesh/comm/half.h"
 
 namespace vemesh::strategies {
@@ -443,6 +445,51 @@ absl::Status MinOverMesh(const DeviceMesh& mesh, absl::Span<int64_t> v) {
   return absl::OkStatus();
 }
 
+// What Fingerprint covers, in words for a disagreement: the options but
+// the precision, then the units' names and shapes while they fit.
+std::string FsdpSummaryText(const std::vector<FsdpUnit>& units,
+                            const FsdpOptions& o) {
+  std::string t =
+      absl::StrCat(ShardingStrategyName(o.sharding_strategy), " shard [",
+                   absl::StrJoin(o.shard_dims, ", "), "] replicate [",
+                   absl::StrJoin(o.replicate_dims, ", "), "] prefetch ",
+                   o.prefetch, ", ", units.size(), " units:");
+  for (const FsdpUnit& u : units) {
+    if (t.size() > kAgreementTextBytes) break;
+    absl::StrAppend(&t, " ", u.name, " [");
+    for (size_t i = 0; i < u.params.size(); ++i) {
+      const Parameter* p = u.params[i];
+      absl::StrAppend(
+          &t, i == 0 ? "" : ", ",
+          p == nullptr ? std::string("null")
+                       : absl::StrCat(p->value.rows(), "x", p->value.cols()));
+    }
+    t += ']';
+  }
+  return t;
+}
+
+// Collective over the mesh: the fingerprint and summary text of the one
+// rank where `holder` is true (the others send the maximum), on every rank.
+absl::StatusOr<AgreementSummary> FromOne(const DeviceMesh& mesh, bool holder,
+                                         int64_t fp, absl::string_view text) {
+  constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
+  // One byte past the limit, so that a cut text is shown as cut.
+  std::vector<int64_t> v(kAgreementTextBytes + 2, holder ? 0 : kNone);
+  if (holder) {
+    v[0] = fp;
+    for (size_t i = 0; i + 1 < v.size() && i < text.size(); ++i) {
+      v[i + 1] = static_cast<unsigned char>(text[i]);
+    }
+  }
+  VEMESH_RETURN_IF_ERROR(MinOverMesh(mesh, absl::MakeSpan(v)));
+  AgreementSummary out{static_cast<uint64_t>(v[0]), ""};
+  for (size_t i = 1; i < v.size() && v[i] > 0 && v[i] < 256; ++i) {
+    out.text.push_back(static_cast<char>(v[i]));
+  }
+  return out;
+}
+
 absl::StatusOr<Group> GroupOf(const DeviceMesh& mesh,
                               const std::vector<std::string>& dims,
                               absl::string_view what) {
@@ -475,9 +522,11 @@ absl::StatusOr<Group> GroupOf(const DeviceMesh& mesh,
 absl::StatusOr<FullyShardedDataParallel> FullyShardedDataParallel::Create(
     const DeviceMesh& mesh, std::vector<FsdpUnit> units, FsdpOptions options) {
   const absl::Status local = CheckLocally(mesh, units, options);
-  // Agreement before anything else: [fingerprint, -fingerprint, -bad].
+  // Agreement before anything else: [fingerprint, -fingerprint, -bad,
+  // global rank].
   const int64_t fp = Fingerprint(units, options);
-  std::vector<int64_t> agree = {fp, -fp, local.ok() ? 0 : -1};
+  const int64_t me = mesh.global_rank();
+  std::vector<int64_t> agree = {fp, -fp, local.ok() ? 0 : -1, me};
   VEMESH_RETURN_IF_ERROR(MinOverMesh(mesh, absl::MakeSpan(agree)));
   if (!local.ok()) return local;
   if (agree[2] != 0) {
@@ -486,11 +535,31 @@ absl::StatusOr<FullyShardedDataParallel> FullyShardedDataParallel::Create(
         "every rank must pass the same units and options");
   }
   if (agree[0] != fp || -agree[1] != fp) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "FSDP: ranks registered different units, shapes or options "
-        "(fingerprints from ",
-        agree[0], " to ", -agree[1], ", this rank ", fp,
-        "); every rank must pass the same"));
+    // Every rank knows they differ. The mesh has no one communicator to
+    // gather over (its groups are per dimension), so three more rounds of
+    // minima name the first rank (lowest global rank) that differs from the
+    // mesh's first, and both: then comm/agreement.h's one verdict.
+    constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
+    const int64_t first = agree[3];
+    const std::string text = FsdpSummaryText(units, options);
+    VEMESH_ASSIGN_OR_RETURN(AgreementSummary head,
+                            FromOne(mesh, me == first, fp, text));
+    std::vector<int64_t> other = {
+        static_cast<uint64_t>(fp) != head.hash ? me : kNone};
+    VEMESH_RETURN_IF_ERROR(MinOverMesh(mesh, absl::MakeSpan(other)));
+    VEMESH_ASSIGN_OR_RETURN(AgreementSummary theirs,
+                            FromOne(mesh, me == other[0], fp, text));
+    const AgreementSummary both[2] = {head, theirs};
+    const int ids[2] = {static_cast<int>(first), static_cast<int>(other[0])};
+    absl::Status verdict = AgreementVerdict(
+        "FSDP units, shapes and options (every rank must pass the same)", both,
+        {.ids = ids});
+    if (verdict.ok()) {
+      verdict = absl::InternalError(
+          "FSDP: the fingerprints differ, yet "
+          "the first rank's and another's match");
+    }
+    return verdict;
   }
 
   auto state = std::make_unique<State>();

@@ -20,6 +20,7 @@
 #include "vemesh/checkpoint/internal/file_io.h"
 #include "vemesh/checkpoint/internal/json_util.h"
 #include "vemesh/checkpoint/safetensors.h"
+#include "vemesh/comm/agreement.h"
 
 namespace vemesh::checkpoint::internal {
 namespace {
@@ -106,6 +107,7 @@ absl::StatusOr<SavePlan> BuildPlan(const std::vector<std::string>& all,
     std::vector<std::pair<int, size_t>> ranks;  // (rank, local index)
   };
   std::map<Key, Holders> distinct;
+  std::map<std::string, int> first_holder;  // the rank that named it first
   int64_t step0 = 0;
   std::string dir0;
   for (size_t r = 0; r < all.size(); ++r) {
@@ -119,10 +121,13 @@ absl::StatusOr<SavePlan> BuildPlan(const std::vector<std::string>& all,
       step0 = step;
       dir0 = at;
     } else if (step != step0 || at != dir0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("checkpoint save: rank ", r, " saves step ", step,
-                       " into '", at, "', rank 0 step ", step0, " into '", dir0,
-                       "': every rank must pass the same step and directory"));
+      // The one format of a disagreement (comm/agreement.h), from the plan
+      // already gathered: no collective more.
+      return absl::InvalidArgumentError(DisagreementMessage(
+          "checkpoint save step and directory (every rank must pass the "
+          "same)",
+          static_cast<int>(r), absl::StrCat("step ", step, " into '", at, "'"),
+          0, absl::StrCat("step ", step0, " into '", dir0, "'")));
     }
     if (r == 0) {
       plan.step_dir_name = j.at("dir").get<std::string>();
@@ -142,11 +147,12 @@ absl::StatusOr<SavePlan> BuildPlan(const std::vector<std::string>& all,
       if (fresh) {
         t->second.dtype = dtype;
         t->second.shape = shape;
+        first_holder[name] = static_cast<int>(r);
       } else if (t->second.dtype != dtype || t->second.shape != shape) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "tensor '", name, "' is ", ShapeText(dtype, shape), " on rank ", r,
-            " but ", ShapeText(t->second.dtype, t->second.shape),
-            " on a rank before it"));
+        return absl::InvalidArgumentError(DisagreementMessage(
+            absl::StrCat("checkpoint tensor '", name, "' dtype and shape"),
+            static_cast<int>(r), ShapeText(dtype, shape), first_holder[name],
+            ShapeText(t->second.dtype, t->second.shape)));
       }
       if (BoxNumel(box) > 0) {
         Holders& h = distinct[Key{name, box}];

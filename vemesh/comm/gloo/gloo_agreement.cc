@@ -1,5 +1,8 @@
 // GlooCommunicator's agreement check: every rank's operation, summarised
-// and exchanged before the data, so that Gloo never sees a mismatch.
+// and exchanged before the data, so that Gloo never sees a mismatch. It is
+// the backend's own collective (gloo::allgather), below Communicator, so it
+// cannot call comm/agreement.h's AgreeAcrossRanks; its message is that
+// file's DisagreementMessage, the one format of a disagreement.
 
 #include <cstdint>
 #include <stdexcept>
@@ -10,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "gloo/allgather.h"
 #include "vemesh/base/fnv1a.h"
+#include "vemesh/comm/agreement.h"
 #include "vemesh/comm/gloo/gloo_communicator.h"
 
 namespace vemesh {
@@ -120,10 +124,10 @@ absl::Status GlooCommunicator::CheckAgreement(const Operation& op) {
         all[r].kind == all[0].kind) {
       hint = "the same count list";
     }
-    return absl::InvalidArgumentError(absl::StrCat(
-        op.Name(), ": the ranks disagree: rank 0 passed ", SummaryText(all[0]),
-        "; rank ", r, " passed ", SummaryText(all[r]),
-        ": every rank of the group must pass ", hint));
+    return absl::InvalidArgumentError(DisagreementMessage(
+        absl::StrCat(op.Name(), " (every rank of the group must pass ", hint,
+                     ")"),
+        r, SummaryText(all[r]), 0, SummaryText(all[0])));
   }
   if (op.kind != OpKind::kAllToAllV) return absl::OkStatus();
   // all_to_all_v: what rank a sends to b must be what b expects from a.
