@@ -180,6 +180,8 @@ EXAMPLES = {
     "comm/nccl_options.h": {
         "includes": ["vemesh/mesh/device_mesh.h"],
         "params": "const MeshLayout& layout"},
+    # The old home of NcclOptions, forwarding to comm/nccl_options.h.
+    "comm/nccl/nccl_options.h": {},
     "comm/operation.h": {
         "params": ("std::shared_ptr<Communicator> comm, std::vector<float> grad, "
                    "std::vector<float> out, std::vector<float> in, "
