@@ -3,7 +3,7 @@
 # share (the standard library, Abseil, MPI, Gloo) are parsed and their
 # templates instantiated once per batch instead of once per file. The main
 # job's build (library + train_nd, 2 cores, Ninja) took 104 s file by file,
-# 46 s in batches of 8 (bench/RESULTS.md, "Compile time"). A precompiled
+# 46 s in batches of 8 (bench/RESULTS.md section 16). A precompiled
 # header per floor was tried and dropped: with batches, its own compile
 # (about 3.5 s per target) cost more than it saved.
 #
