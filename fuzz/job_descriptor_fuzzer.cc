@@ -16,7 +16,7 @@
 
 #include "absl/strings/string_view.h"
 #include "fuzz_check.h"
-#include "vemesh/elastic/job_descriptor.h"
+#include "vemesh/elastic/internal/job_descriptor.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const absl::string_view input(reinterpret_cast<const char*>(data), size);

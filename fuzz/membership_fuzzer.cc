@@ -20,7 +20,7 @@
 
 #include "absl/strings/string_view.h"
 #include "fuzz_check.h"
-#include "vemesh/elastic/membership.h"
+#include "vemesh/elastic/internal/membership.h"
 
 namespace {
 

@@ -71,10 +71,8 @@
 #include "vemesh/mesh/device_mesh.h"
 #include "vemesh/mesh/mesh_options.h"
 
-#include "vemesh/elastic/control_plane.h"
 #include "vemesh/elastic/elastic_mesh.h"
 #include "vemesh/elastic/epoch_communicator.h"
-#include "vemesh/elastic/membership.h"
 
 #include "vemesh/registry/ve_device_mesh.h"
 

@@ -199,30 +199,11 @@ EXAMPLES = {
                     "ReplicaState::LoadStateDictFn LoadModel() { return {}; }\n"),
         "params": "int k, int64_t steps",
         "pragma_missing_field_initializers": True},
-    "elastic/control_plane.h": {
-        "start": "ControlPlane cp(",
-        "params": ("std::shared_ptr<Store> store, uint64_t inc, "
-                   "const MembershipRecord& next")},
     "elastic/epoch_communicator.h": {
         "includes": ["vemesh/registry/ve_device_mesh.h"],
         "params": "std::vector<float> grad",
         "subs": [("dp->all_reduce(...);",
                   "dp->all_reduce(absl::MakeSpan(grad), ReduceOp::kSum);")]},
-    "elastic/epoch_gate.h": {
-        "helpers": "std::string GroupPrefix(int64_t epoch, int pos) { return \"\"; }\n",
-        "params": ("const ControlPlane& control, MembershipRecord record, "
-                   "int64_t epoch, int inner_rank, Reachable reachable, "
-                   "absl::Duration op_timeout")},
-    "elastic/quorum_round.h": {
-        "params": ("const ControlPlane& control, MembershipRecord rec, int me, "
-                   "uint64_t incarnation")},
-    "elastic/job_descriptor.h": {
-        "execute": True, "checks": "PROMISE(absl::IsInvalidArgument(s));\n"},
-    "elastic/liveness_probe.h": {},
-    "elastic/membership.h": {
-        "pragma_missing_field_initializers": True, "execute": True,
-        "checks": ("PROMISE(text == \"e=4;m=0,2;p=1;i=0:1f,1:3c,2:2a\");\n"
-                   "PROMISE(back.ok() && back->members == r.members);\n")},
     "elastic/replica_state.h": {
         "runs": [0, 1], "execute": True, "checks": "PROMISE(s.ok() && f.ok());\n"},
     "layout/device_type.h": {

@@ -3,7 +3,7 @@
 // differs is InvalidArgument naming each field, and a lost record is
 // written back only where it is absent.
 
-#include "vemesh/elastic/control_plane.h"
+#include "vemesh/elastic/internal/control_plane.h"
 
 #include <memory>
 #include <string>

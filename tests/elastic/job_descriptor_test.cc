@@ -1,8 +1,8 @@
-// The elastic job descriptor's comparison (vemesh/elastic/job_descriptor.h):
+// The elastic job descriptor's comparison (vemesh/elastic/internal/job_descriptor.h):
 // the differences are named, in any order of items, and the job's text,
 // which anyone who can write the store controls, is bounded.
 
-#include "vemesh/elastic/job_descriptor.h"
+#include "vemesh/elastic/internal/job_descriptor.h"
 
 #include <string>
 

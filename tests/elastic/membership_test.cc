@@ -1,8 +1,8 @@
-// The membership record of an elastic job (vemesh/elastic/membership.h):
+// The membership record of an elastic job (vemesh/elastic/internal/membership.h):
 // its text form round-trips, its queries answer by DP order, and every
 // malformed record from the network is InvalidArgument naming what is wrong.
 
-#include "vemesh/elastic/membership.h"
+#include "vemesh/elastic/internal/membership.h"
 
 #include <ostream>
 #include <string>

@@ -2,7 +2,7 @@
 // that is gone from one that lives, and the round decides only once every
 // member has posted or is gone.
 
-#include "vemesh/elastic/quorum_round.h"
+#include "vemesh/elastic/internal/quorum_round.h"
 
 #include <memory>
 #include <optional>
@@ -12,9 +12,9 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "vemesh/elastic/control_plane.h"
-#include "vemesh/elastic/epoch_gate.h"
-#include "vemesh/elastic/liveness_probe.h"
+#include "vemesh/elastic/internal/control_plane.h"
+#include "vemesh/elastic/internal/epoch_gate.h"
+#include "vemesh/elastic/internal/liveness_probe.h"
 #include "vemesh/rendezvous/memory_store.h"
 
 namespace vemesh {

@@ -8,7 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "vemesh/elastic/elastic_mesh.h"
 #include "vemesh/elastic/internal/elastic_mesh_internal.h"
-#include "vemesh/elastic/quorum_round.h"
+#include "vemesh/elastic/internal/quorum_round.h"
 
 namespace vemesh {
 namespace {
@@ -39,10 +39,10 @@ absl::StatusOr<MembershipRecord> ElasticMesh::ChooseEpoch(int64_t failed,
     auto now = control_->Read();
     if (!now.ok()) return now.status();
     const MembershipRecord& rec = now->record;
-    if (rec.epoch < failed && known_.epoch == failed) {
+    if (rec.epoch < failed && known_->epoch == failed) {
       // The store lost the record (Redis restarted empty, or an older
       // snapshot): the members' own copy is the job's, never a newcomer's.
-      if (auto t = control_->Transition(*now, known_); !t.ok()) {
+      if (auto t = control_->Transition(*now, *known_); !t.ok()) {
         return t.status();
       }
       continue;
@@ -66,7 +66,8 @@ absl::StatusOr<MembershipRecord> ElasticMesh::ChooseEpoch(int64_t failed,
         rec.admits(options_.replica, incarnation_)) {
       if (!round.has_value()) {
         round.emplace(*control_, rec, options_.replica, incarnation_,
-                      kProbeTimeout, reachable_.incarnations, reachable_.hosts);
+                      kProbeTimeout, reachable_->incarnations,
+                      reachable_->hosts);
         if (absl::Status s = round->Post(); !s.ok()) return s;
       }
       auto posted = round->Poll();

@@ -13,6 +13,7 @@
 #include "vemesh/comm/gloo/gloo_communicator.h"
 #include "vemesh/comm/nccl/nccl_communicator.h"
 #include "vemesh/elastic/elastic_mesh.h"
+#include "vemesh/elastic/internal/elastic_mesh_internal.h"
 
 namespace vemesh {
 namespace {
@@ -113,7 +114,7 @@ absl::StatusOr<Recovery> ElasticMesh::Establish(const MembershipRecord& record,
     EpochGate g(
         *control_, record, prefix,
         absl::StrCat(control_->GroupPrefix(record.epoch, 0), "/vemesh_gone"),
-        inner_rank_ == 0 ? &reachable_ : nullptr);
+        inner_rank_ == 0 ? reachable_.get() : nullptr);
     gate = g.Await(absl::Now() + options_.op_timeout);
   }
   absl::StatusOr<std::shared_ptr<GlooCommunicator>> group =
@@ -217,8 +218,8 @@ absl::StatusOr<Recovery> ElasticMesh::Establish(const MembershipRecord& record,
   r.dp_rank = me;
   r.replicas = record.members;
   r.resume_step = least[0];
-  r.state_root = static_cast<int>(least[1] % n);
-  r.transfer_state = most[0] != 0;
+  // The lowest DP rank holding the least committed state sends it.
+  state_root_ = static_cast<int>(least[1] % n);
   return r;
 }
 

@@ -16,7 +16,8 @@
 #include "absl/strings/str_cat.h"
 #include "vemesh/bootstrap/launch.h"
 #include "vemesh/comm/nccl/nccl_communicator.h"
-#include "vemesh/elastic/quorum_round.h"
+#include "vemesh/elastic/internal/elastic_mesh_internal.h"
+#include "vemesh/elastic/internal/quorum_round.h"
 #include "vemesh/rendezvous/redis/redis_store.h"
 
 namespace vemesh {
@@ -125,7 +126,9 @@ ElasticMesh::ElasticMesh(DeviceType device_type, MeshLayout requested,
     : device_type_(device_type),
       requested_(std::move(requested)),
       options_(std::move(options)),
-      current_epoch_(std::make_shared<std::atomic<int64_t>>(0)) {}
+      reachable_(std::make_unique<Reachable>()),
+      current_epoch_(std::make_shared<std::atomic<int64_t>>(0)),
+      known_(std::make_unique<MembershipRecord>()) {}
 
 ElasticMesh::~ElasticMesh() {
   RetireEpoch();

@@ -43,9 +43,9 @@
 // difference is DataLoss from recover / end_step / sync_state on every rank,
 // naming the replicas and the fingerprints they hold.
 // tests/elastic/doc_loop_test.cc runs this loop through a kill, a relaunch and
-// a corruption. A caller that registers nothing carries the state itself
-// (Recovery::transfer_state, state_root, receives_state; resume_step one step
-// behind this replica: undo it), as before.
+// a corruption. The registered state is the one protocol: what is not
+// registered is not carried (a job that registers nothing is stateless, its
+// joiners start from what they hold).
 //
 // A replica is every rank with one DP coordinate; each replica is its own
 // launch (mpirun, srun or torchrun), and its inner dimensions (PP, TP, ...)
@@ -88,15 +88,19 @@
 #include "vemesh/comm/communicator.h"
 #include "vemesh/comm/nccl/cuda_device.h"
 #include "vemesh/comm/nccl_options.h"
-#include "vemesh/elastic/control_plane.h"
 #include "vemesh/elastic/epoch_communicator.h"
-#include "vemesh/elastic/epoch_gate.h"
-#include "vemesh/elastic/liveness_probe.h"
 #include "vemesh/elastic/replica_state.h"
 #include "vemesh/mesh/device_mesh.h"
 #include "vemesh/rendezvous/store.h"
 
 namespace vemesh {
+
+// The protocol's parts (vemesh/elastic/internal/): not part of the API.
+class ControlPlane;
+class Heartbeat;
+class LivenessListener;
+struct MembershipRecord;
+struct Reachable;
 
 struct ElasticOptions {
   // The dimension whose coordinate is the replica; its size in the shape
@@ -165,14 +169,10 @@ struct Recovery {
   std::vector<int> replicas;  // DP rank order
   // The step every member resumes at (steps committed before it).
   int64_t resume_step = 0;
-  // Some member has no state (it joined): every member must now broadcast
-  // the parameters and optimiser state from DP rank 0 over the new DP group.
-  bool transfer_state = false;
-  // This rank is one of those without state: it receives, and until that
-  // succeeds its own parameters are meaningless (mark_stateless on failure).
+  // This rank joined without state: the library loads the registered
+  // state into it (sync_state or recover), so it must not restore anything
+  // else (a checkpoint) over it.
   bool receives_state = false;
-  // The DP rank to send the state from (the lowest that holds it).
-  int state_root = 0;
   // The recovery record. detect: the failed step, from its start (the
   // previous end_step's return) to the verdict that sent this rank into
   // recovery (the data plane's error included). agree: the epoch agreed
@@ -221,8 +221,8 @@ class ElasticMesh {
   // The training state of this rank, the shape of torchft's Manager: the
   // library calls `state_dict` for the bytes of entry `name` and
   // `load_state_dict` to replace it (replica_state.h). Register the same
-  // names on every rank, before sync_state(); or register nothing and carry
-  // the state yourself (Recovery::transfer_state).
+  // names on every rank, before sync_state(). What is not registered is not
+  // carried.
   absl::Status register_state_dict_fn(
       const std::string& name, ReplicaState::StateDictFn state_dict,
       ReplicaState::LoadStateDictFn load_state_dict);
@@ -294,7 +294,7 @@ class ElasticMesh {
   // The incarnations (and hosts) whose liveness port answered this leader
   // (probed once after each epoch is built, and while one forms): only
   // their refusal means gone.
-  Reachable reachable_;
+  std::unique_ptr<Reachable> reachable_;
   absl::Time step_began_ = absl::Now();  // the last end_step's return
   absl::Duration detect_time_;           // of the verdict that asks recovery
   const std::shared_ptr<std::atomic<int64_t>> current_epoch_;
@@ -314,6 +314,7 @@ class ElasticMesh {
   // runs before the caller can register), and this rank then receives.
   bool transfer_pending_ = false;
   bool receive_pending_ = false;
+  int state_root_ = 0;  // the DP rank the pending transfer sends from
   int64_t steps_since_fingerprint_ = 0;
   std::function<absl::Status(const DeviceMesh&)> publish_;
   uint64_t incarnation_ = 0;      // this launch's (membership.h)
@@ -329,7 +330,7 @@ class ElasticMesh {
   };
   void Remember(const MembershipRecord& record);
   std::shared_ptr<Guard> guard_ = std::make_shared<Guard>();
-  MembershipRecord known_;
+  std::unique_ptr<MembershipRecord> known_;
   std::string descriptor_;
   std::string gloo_host_;
   std::string store_name_;  // for messages

@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "vemesh/elastic/elastic_mesh.h"
 #include "vemesh/elastic/internal/elastic_mesh_internal.h"
-#include "vemesh/elastic/quorum_round.h"
+#include "vemesh/elastic/internal/quorum_round.h"
 
 namespace vemesh {
 namespace {
@@ -92,13 +92,13 @@ absl::StatusOr<Recovery> ElasticMesh::Rebuild(
         // nothing).
         for (int id : record.members) {
           const uint64_t inc = record.incarnation_of(id);
-          if (id == options_.replica || reachable_.incarnations.count(inc)) {
+          if (id == options_.replica || reachable_->incarnations.count(inc)) {
             continue;
           }
           auto where = control_->store()->get(control_->ProbeKey(id, inc));
           if (where.ok() &&
               ProbeLiveness(*where, kProbeTimeout) == Liveness::kListening) {
-            reachable_.Answered(inc, *where);
+            reachable_->Answered(inc, *where);
           }
         }
       }
@@ -121,7 +121,7 @@ absl::StatusOr<Recovery> ElasticMesh::Rebuild(
 }
 
 void ElasticMesh::Remember(const MembershipRecord& record) {
-  known_ = record;
+  *known_ = record;
   std::lock_guard<std::mutex> lock(guard_->mu);
   guard_->record = record.epoch == 0 ? "" : EncodeMembership(record);
 }
@@ -153,10 +153,10 @@ absl::StatusOr<StepVerdict> ElasticMesh::end_step(
     absl::StatusOr<ControlPlane::Reading> now =
         read.has_value() ? *std::move(read) : control_->Read();
     if (!now.ok()) now = control_->Read();  // one retry: a blip is not a loss
-    if (now.ok() && now->record.epoch < epoch() && known_.epoch == epoch()) {
+    if (now.ok() && now->record.epoch < epoch() && known_->epoch == epoch()) {
       // The store lost the record (Redis restarted empty, or an older
       // snapshot): the members write theirs back; a newcomer waits for that.
-      auto t = control_->Transition(*now, known_);
+      auto t = control_->Transition(*now, *known_);
       if (t.ok() && t->record.epoch >= epoch()) now = *std::move(t);
     }
     if (now.ok() && now->record.epoch < epoch()) {
@@ -243,7 +243,7 @@ absl::Status ElasticMesh::CarryState(absl::string_view where) {
         absl::StrCat("epoch ", epoch(), " was retired: call recover() first"));
   }
   if (s.ok() && transfer_pending_) {
-    s = state_.Transfer(*dp_, last_.state_root, receive_pending_);
+    s = state_.Transfer(*dp_, state_root_, receive_pending_);
   }
   if (s.ok()) s = state_.CompareFingerprints(*dp_, last_.replicas, where);
   // The replica agrees: one rank's failure (its own shard coordinate) is

@@ -13,7 +13,10 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "vemesh/elastic/membership.h"
+#include "vemesh/elastic/internal/control_plane.h"
+#include "vemesh/elastic/internal/epoch_gate.h"
+#include "vemesh/elastic/internal/liveness_probe.h"
+#include "vemesh/elastic/internal/membership.h"
 
 namespace vemesh::elastic_internal {
 

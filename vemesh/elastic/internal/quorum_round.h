@@ -1,4 +1,4 @@
-// vemesh/elastic/quorum_round.h
+// vemesh/elastic/internal/quorum_round.h
 //
 // The survivors' agreement after a failed epoch, without waiting for a dead
 // replica's lease to expire. Each replica's leader that reaches the recovery
@@ -18,8 +18,8 @@
 //   auto alive = round.Poll();   // nullopt while a member is silent
 //   if (alive.ok() && alive->has_value()) { /* propose NextEpoch(**alive) */ }
 
-#ifndef VEMESH_ELASTIC_QUORUM_ROUND_H_
-#define VEMESH_ELASTIC_QUORUM_ROUND_H_
+#ifndef VEMESH_ELASTIC_INTERNAL_QUORUM_ROUND_H_
+#define VEMESH_ELASTIC_INTERNAL_QUORUM_ROUND_H_
 
 #include <cstdint>
 #include <map>
@@ -30,8 +30,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "vemesh/elastic/control_plane.h"
-#include "vemesh/elastic/membership.h"
+#include "vemesh/elastic/internal/control_plane.h"
+#include "vemesh/elastic/internal/membership.h"
 
 namespace vemesh {
 
@@ -73,4 +73,4 @@ class QuorumRound {
 
 }  // namespace vemesh
 
-#endif  // VEMESH_ELASTIC_QUORUM_ROUND_H_
+#endif  // VEMESH_ELASTIC_INTERNAL_QUORUM_ROUND_H_

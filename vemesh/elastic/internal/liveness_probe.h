@@ -1,4 +1,4 @@
-// vemesh/elastic/liveness_probe.h
+// vemesh/elastic/internal/liveness_probe.h
 //
 // Tells a dead process from a slow one in milliseconds, without waiting for
 // its lease: each replica's leader listens on a TCP port of its own (and
@@ -15,8 +15,8 @@
 //   Liveness v = ProbeLiveness(where, absl::Milliseconds(20));
 //   // kListening while *l lives, kGone once it is destroyed.
 
-#ifndef VEMESH_ELASTIC_LIVENESS_PROBE_H_
-#define VEMESH_ELASTIC_LIVENESS_PROBE_H_
+#ifndef VEMESH_ELASTIC_INTERNAL_LIVENESS_PROBE_H_
+#define VEMESH_ELASTIC_INTERNAL_LIVENESS_PROBE_H_
 
 #include <atomic>
 #include <memory>
@@ -62,4 +62,4 @@ Liveness ProbeLiveness(absl::string_view address, absl::Duration timeout);
 
 }  // namespace vemesh
 
-#endif  // VEMESH_ELASTIC_LIVENESS_PROBE_H_
+#endif  // VEMESH_ELASTIC_INTERNAL_LIVENESS_PROBE_H_

@@ -1,4 +1,4 @@
-// vemesh/elastic/membership.h
+// vemesh/elastic/internal/membership.h
 //
 // One epoch of an elastic job: which replicas train together, in DP rank
 // order, and which are waiting to join. The control plane holds exactly one
@@ -26,8 +26,8 @@
 // (replica ids in [0, kMaxReplicas), at most kMaxReplicas entries, no
 // replica twice) and names what is wrong.
 
-#ifndef VEMESH_ELASTIC_MEMBERSHIP_H_
-#define VEMESH_ELASTIC_MEMBERSHIP_H_
+#ifndef VEMESH_ELASTIC_INTERNAL_MEMBERSHIP_H_
+#define VEMESH_ELASTIC_INTERNAL_MEMBERSHIP_H_
 
 #include <cstdint>
 #include <string>
@@ -66,4 +66,4 @@ std::string MembershipText(const MembershipRecord& record);
 
 }  // namespace vemesh
 
-#endif  // VEMESH_ELASTIC_MEMBERSHIP_H_
+#endif  // VEMESH_ELASTIC_INTERNAL_MEMBERSHIP_H_

@@ -1,4 +1,4 @@
-// vemesh/elastic/control_plane.h
+// vemesh/elastic/internal/control_plane.h
 //
 // What an elastic job keeps in the store that outlives every replica (Redis
 // in production, a MemoryStore in unit tests), under "vemesh/elastic/JOB/":
@@ -27,8 +27,8 @@
 // lease proves the process, not its progress.)
 // A store that cannot be reached is Unavailable, passed up as is.
 
-#ifndef VEMESH_ELASTIC_CONTROL_PLANE_H_
-#define VEMESH_ELASTIC_CONTROL_PLANE_H_
+#ifndef VEMESH_ELASTIC_INTERNAL_CONTROL_PLANE_H_
+#define VEMESH_ELASTIC_INTERNAL_CONTROL_PLANE_H_
 
 #include <atomic>
 #include <condition_variable>
@@ -42,7 +42,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "vemesh/elastic/membership.h"
+#include "vemesh/elastic/internal/membership.h"
 #include "vemesh/rendezvous/store.h"
 
 namespace vemesh {
@@ -135,4 +135,4 @@ class Heartbeat {
 
 }  // namespace vemesh
 
-#endif  // VEMESH_ELASTIC_CONTROL_PLANE_H_
+#endif  // VEMESH_ELASTIC_INTERNAL_CONTROL_PLANE_H_

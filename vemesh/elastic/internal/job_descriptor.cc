@@ -1,4 +1,4 @@
-#include "vemesh/elastic/job_descriptor.h"
+#include "vemesh/elastic/internal/job_descriptor.h"
 
 #include <utility>
 #include <vector>

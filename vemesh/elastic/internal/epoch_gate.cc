@@ -1,4 +1,4 @@
-#include "vemesh/elastic/epoch_gate.h"
+#include "vemesh/elastic/internal/epoch_gate.h"
 
 #include <utility>
 #include <vector>
@@ -6,7 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "vemesh/elastic/liveness_probe.h"
+#include "vemesh/elastic/internal/liveness_probe.h"
 
 namespace vemesh {
 namespace {

@@ -1,11 +1,11 @@
-#include "vemesh/elastic/quorum_round.h"
+#include "vemesh/elastic/internal/quorum_round.h"
 
 #include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "vemesh/elastic/epoch_gate.h"
-#include "vemesh/elastic/liveness_probe.h"
+#include "vemesh/elastic/internal/epoch_gate.h"
+#include "vemesh/elastic/internal/liveness_probe.h"
 
 namespace vemesh {
 namespace {

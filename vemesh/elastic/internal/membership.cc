@@ -1,4 +1,4 @@
-#include "vemesh/elastic/membership.h"
+#include "vemesh/elastic/internal/membership.h"
 
 #include <algorithm>
 

@@ -1,9 +1,9 @@
-#include "vemesh/elastic/control_plane.h"
+#include "vemesh/elastic/internal/control_plane.h"
 
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "vemesh/elastic/job_descriptor.h"
+#include "vemesh/elastic/internal/job_descriptor.h"
 
 namespace vemesh {
 

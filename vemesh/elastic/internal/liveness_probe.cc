@@ -1,4 +1,4 @@
-#include "vemesh/elastic/liveness_probe.h"
+#include "vemesh/elastic/internal/liveness_probe.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -1,4 +1,4 @@
-// vemesh/elastic/job_descriptor.h
+// vemesh/elastic/internal/job_descriptor.h
 //
 // What every replica of an elastic job must share, as text: `key=value`
 // items joined by ';' (train_nd writes the mesh, model, batch, optimizer,
@@ -15,8 +15,8 @@
 // kMaxJobDescriptorFields items), and an error names at most
 // kMaxNamedDifferences differences, each value cut at kMaxQuotedValue
 // characters, then how many more there are.
-#ifndef VEMESH_ELASTIC_JOB_DESCRIPTOR_H_
-#define VEMESH_ELASTIC_JOB_DESCRIPTOR_H_
+#ifndef VEMESH_ELASTIC_INTERNAL_JOB_DESCRIPTOR_H_
+#define VEMESH_ELASTIC_INTERNAL_JOB_DESCRIPTOR_H_
 
 #include <cstddef>
 #include <string>
@@ -46,4 +46,4 @@ absl::Status CompareJobDescriptors(absl::string_view mine,
 
 }  // namespace vemesh
 
-#endif  // VEMESH_ELASTIC_JOB_DESCRIPTOR_H_
+#endif  // VEMESH_ELASTIC_INTERNAL_JOB_DESCRIPTOR_H_

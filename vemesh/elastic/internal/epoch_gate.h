@@ -1,4 +1,4 @@
-// vemesh/elastic/epoch_gate.h
+// vemesh/elastic/internal/epoch_gate.h
 //
 // Before a new epoch's DP group connects, each rank waits here for its
 // peers' advertisements (the `<prefix>/vemesh_host/<dp rank>` key every
@@ -17,8 +17,8 @@
 //                  inner_rank == 0 ? &reachable : nullptr);
 //   absl::Status s = gate.Await(absl::Now() + op_timeout);
 
-#ifndef VEMESH_ELASTIC_EPOCH_GATE_H_
-#define VEMESH_ELASTIC_EPOCH_GATE_H_
+#ifndef VEMESH_ELASTIC_INTERNAL_EPOCH_GATE_H_
+#define VEMESH_ELASTIC_INTERNAL_EPOCH_GATE_H_
 
 #include <cstdint>
 #include <map>
@@ -27,8 +27,8 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "vemesh/elastic/control_plane.h"
-#include "vemesh/elastic/membership.h"
+#include "vemesh/elastic/internal/control_plane.h"
+#include "vemesh/elastic/internal/membership.h"
 
 namespace vemesh {
 
@@ -68,4 +68,4 @@ class EpochGate {
 
 }  // namespace vemesh
 
-#endif  // VEMESH_ELASTIC_EPOCH_GATE_H_
+#endif  // VEMESH_ELASTIC_INTERNAL_EPOCH_GATE_H_
