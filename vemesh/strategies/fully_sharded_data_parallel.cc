@@ -251,6 +251,45 @@ struct FullyShardedDataParallel::State {
     return status;
   }
 
+  // A collective of the replicate group failed in FinishBackward (a replica
+  // was lost, or the group is between configurations): stop that group
+  // only (a ReconfigurableCommunicator until its next configure) and keep
+  // the buffers of its operations in flight. The shard group is healthy:
+  // its reduce_scatters, which every shard peer started in PostBackward,
+  // are waited for, so the module stays usable. Nothing was added to the
+  // gradient shards; every unit is ready for the step to be redone.
+  absl::Status AbandonReplicate(absl::Status status) {
+    if (replicate.comm != nullptr) {
+      replicate.comm->abort(
+          absl::StrCat("FullyShardedDataParallel: ", status.message()));
+    }
+    for (size_t u : pending) {
+      Unit& unit = units[u];
+      if (unit.rs_work != nullptr) {
+        absl::Status s = unit.rs_work->wait(Deadline(shard));
+        if (!s.ok()) return Abandon(u, s);
+        unit.rs_work.reset();
+      }
+    }
+    for (size_t u : pending) {
+      Unit& unit = units[u];
+      Unit keep;
+      keep.rs_out_f64 = std::move(unit.rs_out_f64);
+      keep.rs_out_bf16 = std::move(unit.rs_out_bf16);
+      keep.ar_work = std::move(unit.ar_work);
+      if (keep.ar_work != nullptr && !keep.ar_work->is_completed()) {
+        abandoned.push_back(std::move(keep));
+      }
+      std::vector<double>().swap(unit.rs_f64);
+      std::vector<BFloat16>().swap(unit.rs_bf16);
+      std::vector<double>().swap(unit.rs_out_f64);
+      std::vector<BFloat16>().swap(unit.rs_out_bf16);
+      unit.reducing = false;
+    }
+    pending.clear();
+    return status;
+  }
+
   // The next `options.prefetch` units after (forward) or before (backward)
   // `u` that are not materialised: start their all_gathers.
   absl::Status Prefetch(size_t u, bool forward) {
@@ -758,21 +797,26 @@ absl::Status FullyShardedDataParallel::FinishBackward() {
                         absl::MakeSpan(unit.rs_out_bf16), ReduceOp::kSum)
                   : st.replicate.comm->iall_reduce(
                         absl::MakeSpan(unit.rs_out_f64), ReduceOp::kSum);
-    if (!w.ok()) return st.Abandon(u, w.status());
+    if (!w.ok()) return st.AbandonReplicate(w.status());
     unit.ar_work = *std::move(w);
     ++st.counters.all_reduces;
     // A ring all_reduce sends 2 (R - 1) / R of the buffer.
     st.counters.bytes_sent += static_cast<int64_t>(
         2 * (replicas - 1) * unit.shard_len * st.elt() / replicas);
   }
-  const double scale = 1.0 / (st.shard.size * replicas);
+  // Every all_reduce first, so that a failed one leaves the gradient shards
+  // as they were (the step can be redone after a recovery).
   for (size_t u : st.pending) {
     State::Unit& unit = st.units[u];
     if (unit.ar_work != nullptr) {
       absl::Status s = unit.ar_work->wait(st.Deadline(st.replicate));
-      if (!s.ok()) return st.Abandon(u, s);
+      if (!s.ok()) return st.AbandonReplicate(s);
       unit.ar_work.reset();
     }
+  }
+  const double scale = 1.0 / (st.shard.size * replicas);
+  for (size_t u : st.pending) {
+    State::Unit& unit = st.units[u];
     for (size_t i = 0; i < unit.shard_len; ++i) {
       const double sum =
           st.bf16() ? FromBf16(unit.rs_out_bf16[i]) : unit.rs_out_f64[i];

@@ -199,6 +199,13 @@ class FullyShardedDataParallel {
   absl::Status PostBackward(size_t u);
   // Waits for every reduction started by PostBackward (and all_reduces over
   // the replicate group), and adds the averages to the gradient shards.
+  // When the replicate group fails (a replica lost; a
+  // ReconfigurableCommunicator between configurations answers its status)
+  // only that group is stopped (a reconfigurable one until its next
+  // configure): the shard group's reductions are waited for, nothing is
+  // added to the gradient shards, and after the recovery the step is redone
+  // from its forward (ZeroGrad first if it accumulated). A failure of the
+  // shard group stops both groups.
   absl::Status FinishBackward();
 
   // -- The optimizer --------------------------------------------------------
