@@ -186,6 +186,11 @@ EXAMPLES = {
         "params": ("std::shared_ptr<Communicator> comm, std::vector<float> grad, "
                    "std::vector<float> out, std::vector<float> in, "
                    "int next, int prev")},
+    "comm/reconfigurable_communicator.h": {
+        "params": ("std::shared_ptr<Communicator> epoch_group, "
+                   "std::vector<int> epoch_ranks, "
+                   "std::shared_ptr<Communicator> smaller_group, "
+                   "std::vector<int> smaller_ranks, std::vector<float> grad")},
     "comm/work.h": {
         "params": "std::shared_ptr<Communicator> dp, std::vector<float> bucket",
     },

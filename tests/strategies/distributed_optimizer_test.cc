@@ -11,6 +11,9 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "strategies_test_util.h"
+#include "vemesh/base/status_macros.h"
+#include "vemesh/comm/reconfigurable_communicator.h"
+#include "vemesh/mesh/device_mesh.h"
 
 namespace vemesh::strategies {
 namespace {
@@ -302,6 +305,167 @@ TEST(DistributedOptimizerTest, ReinitThatChangesDpIsFailedPrecondition) {
   absl::StatusOr<ZeroStepStats> st = (*zero)->Step();
   EXPECT_EQ(st.status().code(), absl::StatusCode::kFailedPrecondition)
       << st.status();
+}
+
+std::vector<int> RanksOf(const Communicator& c) {
+  return {c.ranks().begin(), c.ranks().end()};
+}
+
+// The (replicate, shard) groups of a 2 x (n / 2) mesh, and this rank's
+// replica alone (a group of one).
+struct HsdpGroups {
+  std::shared_ptr<Communicator> both, shard, alone;
+};
+absl::StatusOr<HsdpGroups> MakeHsdpGroups() {
+  const int n = WorldSize();
+  VEMESH_ASSIGN_OR_RETURN(
+      DeviceMesh mesh,
+      init_device_mesh("cpu", {2, n / 2}, {"replicate", "shard"}));
+  HsdpGroups g;
+  VEMESH_ASSIGN_OR_RETURN(g.both, mesh.get_group("replicate"));
+  VEMESH_ASSIGN_OR_RETURN(g.shard, mesh.get_group("shard"));
+  VEMESH_ASSIGN_OR_RETURN(g.alone, g.both->split(g.both->rank(), 0));
+  return g;
+}
+
+// Issue 47: HSDP-style ZeRO created once over a replicate group that is a
+// ReconfigurableCommunicator. Two replicas step together, then each alone
+// (the other replica lost), then together again; each step averages over the
+// DP ranks there at that step (shards x replicas), as the serial optimizer
+// on the same average does. In the steps alone both replicas see the same
+// gradients (their DP ranks are their shard ranks), so they stay equal.
+TEST(DistributedOptimizerTest, HsdpReplicateGroupThatChangesSizeMatchesSerial) {
+  const int n = WorldSize();
+  if (n % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
+  absl::StatusOr<HsdpGroups> groups = MakeHsdpGroups();
+  ASSERT_TRUE(groups.ok()) << groups.status();
+  const int shards = n / 2;
+  constexpr int kPhase = 2;
+  for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kAdamW}) {
+    for (ZeroStage stage : {ZeroStage::kOne, ZeroStage::kTwo}) {
+      SCOPED_TRACE(::testing::Message() << OptimizerKindName(kind) << ", ZeRO-"
+                                        << static_cast<int>(stage));
+      auto replicate = std::make_shared<ReconfigurableCommunicator>(
+          "DP_REPLICATE", std::string(groups->both->backend()));
+      ASSERT_TRUE(
+          replicate->configure(groups->both, RanksOf(*groups->both), 1).ok());
+      std::vector<Parameter> ps = MakeParams(kAwkward);
+      std::vector<Parameter> serial = MakeParams(kAwkward);
+      auto zero = DistributedOptimizer::Create({.optimizer = Optim(kind),
+                                                .stage = stage,
+                                                .shard_group = groups->shard,
+                                                .replicate_group = replicate},
+                                               Pointers(ps));
+      ASSERT_TRUE(zero.ok()) << zero.status();
+      EXPECT_EQ((*zero)->num_shards(), shards);
+      EXPECT_EQ((*zero)->shard_rank(), groups->shard->rank());
+      EXPECT_EQ((*zero)->shard_size(), (38u + shards - 1) / shards);
+      auto ref = Optimizer::Create(Optim(kind), Pointers(serial));
+      ASSERT_TRUE(ref.ok()) << ref.status();
+      for (int t = 0; t < 3 * kPhase; ++t) {
+        if (t == kPhase) {
+          ASSERT_TRUE(
+              replicate->configure(groups->alone, RanksOf(*groups->alone), 2)
+                  .ok());
+        } else if (t == 2 * kPhase) {
+          ASSERT_TRUE(
+              replicate->configure(groups->both, RanksOf(*groups->both), 3)
+                  .ok());
+        }
+        const int replicas = t < kPhase || t >= 2 * kPhase ? 2 : 1;
+        const int p = replicas * shards;
+        ASSERT_EQ((*zero)->dp_size(), p);
+        (*zero)->ZeroGrad();
+        for (size_t i = 0; i < ps.size(); ++i) {
+          ps[i].grad = Grad(ps[i], i, (*zero)->dp_rank(), t);
+          serial[i].grad.setZero();
+          for (int q = 0; q < p; ++q)
+            serial[i].grad += Grad(serial[i], i, q, t);
+          serial[i].grad /= p;
+        }
+        absl::StatusOr<ZeroStepStats> st = (*zero)->Step();
+        ASSERT_TRUE(st.ok()) << "step " << t << ": " << st.status();
+        EXPECT_EQ(st->dp_size, p);
+        EXPECT_EQ(st->collectives,
+                  (shards > 1 ? 2 : 0) + (replicas > 1 ? 1 : 0));
+        ASSERT_TRUE(ref->Step().ok());
+        for (size_t i = 0; i < ps.size(); ++i) {
+          EXPECT_TRUE(Close(ps[i].value, serial[i].value, 1e-12))
+              << ps[i].name << " step " << t;
+          if (stage == ZeroStage::kOne) {
+            EXPECT_TRUE(Close(ps[i].grad, serial[i].grad, 1e-12))
+                << ps[i].name << " step " << t;
+          }
+        }
+      }
+      EXPECT_EQ((*zero)->step_count(), 3 * kPhase);
+    }
+  }
+}
+
+TEST(DistributedOptimizerTest, HsdpGroupsThatDoNotFitAreNamed) {
+  const int n = WorldSize();
+  if (n % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
+  absl::StatusOr<HsdpGroups> groups = MakeHsdpGroups();
+  ASSERT_TRUE(groups.ok()) << groups.status();
+  std::vector<Parameter> ps = MakeParams(kAwkward);
+  // A replicate group without a shard group: local, no collective.
+  auto zero =
+      DistributedOptimizer::Create({.optimizer = OptimizerOptions::Sgd(0.1),
+                                    .replicate_group = groups->both},
+                                   Pointers(ps));
+  EXPECT_TRUE(absl::IsInvalidArgument(zero.status())) << zero.status();
+  EXPECT_NE(zero.status().message().find("shard_group is null"),
+            std::string::npos)
+      << zero.status();
+  // A replicate group between configurations: the step answers its status
+  // with nothing stepped, and steps once a group is configured again.
+  auto replicate = std::make_shared<ReconfigurableCommunicator>(
+      "DP_REPLICATE", std::string(groups->both->backend()));
+  ASSERT_TRUE(
+      replicate->configure(groups->both, RanksOf(*groups->both), 1).ok());
+  zero = DistributedOptimizer::Create({.optimizer = OptimizerOptions::Sgd(0.1),
+                                       .shard_group = groups->shard,
+                                       .replicate_group = replicate},
+                                      Pointers(ps));
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  ASSERT_TRUE(replicate
+                  ->unconfigure(absl::UnavailableError(
+                      "DP_REPLICATE is between membership epochs"))
+                  .ok());
+  for (size_t i = 0; i < ps.size(); ++i) ps[i].grad.setOnes();
+  absl::StatusOr<ZeroStepStats> st = (*zero)->Step();
+  EXPECT_TRUE(absl::IsUnavailable(st.status())) << st.status();
+  EXPECT_NE(st.status().message().find("between membership epochs"),
+            std::string::npos)
+      << st.status();
+  EXPECT_EQ((*zero)->step_count(), 0);
+  ASSERT_TRUE(
+      replicate->configure(groups->both, RanksOf(*groups->both), 2).ok());
+  st = (*zero)->Step();
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ((*zero)->step_count(), 1);
+  // A shard group whose size changed since Create: FailedPrecondition,
+  // nothing stepped.
+  if (n < 4) return;
+  auto shard = std::make_shared<ReconfigurableCommunicator>(
+      "DP_SHARD", std::string(groups->shard->backend()));
+  ASSERT_TRUE(shard->configure(groups->shard, RanksOf(*groups->shard), 1).ok());
+  zero = DistributedOptimizer::Create(
+      {.optimizer = OptimizerOptions::Sgd(0.1), .shard_group = shard},
+      Pointers(ps));
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  ASSERT_TRUE(shard->configure(groups->alone, RanksOf(*groups->alone), 2).ok());
+  (*zero)->ZeroGrad();
+  for (size_t i = 0; i < ps.size(); ++i) ps[i].grad.setOnes();
+  const Matrix before = ps[0].value;
+  st = (*zero)->Step();
+  EXPECT_EQ(st.status().code(), absl::StatusCode::kFailedPrecondition)
+      << st.status();
+  EXPECT_NE(st.status().message().find("shard group's size is now 1"),
+            std::string::npos)
+      << st.status();
+  EXPECT_TRUE(Close(ps[0].value, before, 0));
 }
 
 TEST(DistributedOptimizerTest, ParseZeroStage) {

@@ -13,6 +13,7 @@
 #include "strategies_test_util.h"
 #include "vemesh/base/status_macros.h"
 #include "vemesh/comm/half.h"
+#include "vemesh/comm/reconfigurable_communicator.h"
 #include "vemesh/mesh/device_mesh.h"
 #include "vemesh/strategies/fully_sharded_data_parallel.h"
 #include "vemesh/strategies/linear.h"
@@ -110,15 +111,16 @@ OptimizerOptions Opt(bool adam) {
   return adam ? OptimizerOptions::AdamW(0.01) : OptimizerOptions::Sgd(0.1);
 }
 
-// The serial model's parameters after kSteps, unit by unit.
-std::vector<std::vector<Matrix>> SerialRun(bool adam, bool one_unit_per_layer) {
+// The serial model's parameters after `steps`, unit by unit.
+std::vector<std::vector<Matrix>> SerialRun(bool adam, bool one_unit_per_layer,
+                                           int steps = kSteps) {
   Mlp m = MakeMlp(one_unit_per_layer);
   std::vector<Parameter*> all;
   for (Linear& l : m.layers)
     for (Parameter* p : l.parameters()) all.push_back(p);
   absl::StatusOr<Optimizer> opt = Optimizer::Create(Opt(adam), all);
   EXPECT_TRUE(opt.ok()) << opt.status();
-  for (int s = 0; s < kSteps; ++s) {
+  for (int s = 0; s < steps; ++s) {
     EXPECT_TRUE(ForwardBackward(m, nullptr, Inputs(s), Targets(s)).ok());
     EXPECT_TRUE(opt->Step().ok());
     opt->ZeroGrad();
@@ -469,6 +471,102 @@ TEST(FullyShardedDataParallelTest, BadInputIsInvalidArgumentOnEveryRank) {
                        {.sharding_strategy = ShardingStrategy::kHybridShard})
                        .status();
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+}
+
+std::vector<int> RanksOf(const Communicator& c) {
+  return {c.ranks().begin(), c.ranks().end()};
+}
+
+// Issue 47: HYBRID_SHARD created once over a replicate group that is a
+// ReconfigurableCommunicator (as an elastic mesh's is). Two replicas train
+// together, then each alone (its replicate group becomes a group of one, as
+// when the other replica is lost), then together again; every step averages
+// over the replicas there at that step, so the run matches the serial one on
+// the whole batch throughout.
+TEST(FullyShardedDataParallelTest, ReplicateGroupThatChangesSizeBetweenSteps) {
+  const int n = WorldSize();
+  if (n % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
+  const int shards = n / 2;
+  absl::StatusOr<DeviceMesh> base =
+      init_device_mesh("cpu", {2, shards}, {"replicate", "shard"});
+  ASSERT_TRUE(base.ok()) << base.status();
+  absl::StatusOr<std::shared_ptr<Communicator>> both =
+      base->get_group("replicate");
+  absl::StatusOr<std::shared_ptr<Communicator>> shard =
+      base->get_group("shard");
+  ASSERT_TRUE(both.ok() && shard.ok());
+  // This rank's replica alone: a group of one (collective over `both`).
+  absl::StatusOr<std::shared_ptr<Communicator>> alone =
+      (*both)->split((*both)->rank(), 0);
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  constexpr int kPhase = 2;  // steps per configuration
+  for (bool adam : {false, true}) {
+    SCOPED_TRACE(adam ? "adamw" : "sgd");
+    auto replicate = std::make_shared<ReconfigurableCommunicator>(
+        "DP_REPLICATE", std::string((*both)->backend()));
+    ASSERT_TRUE(replicate->configure(*both, RanksOf(**both), 1).ok());
+    absl::StatusOr<DeviceMesh> mesh =
+        DeviceMesh::FromGroups(DeviceType::kCpu, base->layout(),
+                               base->global_rank(), {replicate, *shard});
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    Mlp m = MakeMlp(true);
+    absl::StatusOr<FullyShardedDataParallel> fsdp =
+        FullyShardedDataParallel::Create(
+            *mesh, UnitsOf(m),
+            {.sharding_strategy = ShardingStrategy::kHybridShard,
+             .shard_dims = {"shard"},
+             .replicate_dims = {"replicate"}});
+    ASSERT_TRUE(fsdp.ok()) << fsdp.status();
+    ASSERT_TRUE(fsdp->SetOptimizer(Opt(adam)).ok());
+    for (int s = 0; s < 3 * kPhase; ++s) {
+      if (s == kPhase) {
+        // The other replica is lost mid-step: its group is dropped, the
+        // step fails naming why, with the shard group left usable and the
+        // gradient shards untouched; after the recovery it is redone.
+        ASSERT_TRUE(replicate
+                        ->unconfigure(absl::UnavailableError(
+                            "DP_REPLICATE is between membership epochs"))
+                        .ok());
+        const int64_t rows = kBatch / fsdp->dp_size();
+        const Matrix x = Inputs(s).middleRows(fsdp->dp_rank() * rows, rows);
+        const Matrix t = Targets(s).middleRows(fsdp->dp_rank() * rows, rows);
+        ASSERT_TRUE(ForwardBackward(m, &*fsdp, x, t).ok());
+        absl::Status failed = fsdp->FinishBackward();
+        EXPECT_TRUE(absl::IsUnavailable(failed)) << failed;
+        EXPECT_NE(failed.message().find("between membership epochs"),
+                  std::string::npos)
+            << failed;
+        EXPECT_FALSE((*shard)->aborted()) << "the shard group is healthy";
+        for (size_t u = 0; u < fsdp->num_units(); ++u) {
+          for (double g : fsdp->local_grad_shard(u)) ASSERT_EQ(g, 0.0);
+        }
+        ASSERT_TRUE(replicate->configure(*alone, RanksOf(**alone), 2).ok());
+      } else if (s == 2 * kPhase) {
+        ASSERT_TRUE(replicate->configure(*both, RanksOf(**both), 3).ok());
+      }
+      const bool together = s < kPhase || s >= 2 * kPhase;
+      ASSERT_EQ(fsdp->replicate_size(), together ? 2 : 1) << "step " << s;
+      ASSERT_EQ(fsdp->dp_size(), (together ? 2 : 1) * shards);
+      ASSERT_EQ(fsdp->shard_size(), shards) << "the shard group never changes";
+      const int64_t rows = kBatch / fsdp->dp_size();
+      const Matrix x = Inputs(s).middleRows(fsdp->dp_rank() * rows, rows);
+      const Matrix t = Targets(s).middleRows(fsdp->dp_rank() * rows, rows);
+      ASSERT_TRUE(ForwardBackward(m, &*fsdp, x, t).ok()) << "step " << s;
+      ASSERT_TRUE(fsdp->FinishBackward().ok()) << "step " << s;
+      ASSERT_TRUE(fsdp->OptimizerStep().ok()) << "step " << s;
+      fsdp->ZeroGrad();
+    }
+    // One all_reduce per unit in the steps with two replicas only (none
+    // started in the failed attempt: the first start failed).
+    EXPECT_EQ(fsdp->counters().all_reduces, 2 * kPhase * 3);
+    std::vector<std::vector<Matrix>> got;
+    for (size_t u = 0; u < fsdp->num_units(); ++u) {
+      absl::StatusOr<std::vector<Matrix>> full = fsdp->FullParameters(u);
+      ASSERT_TRUE(full.ok()) << full.status();
+      got.push_back(*std::move(full));
+    }
+    EXPECT_TRUE(SameParams(got, SerialRun(adam, true, 3 * kPhase), 1e-12));
+  }
 }
 
 }  // namespace

@@ -34,15 +34,19 @@ int64_t LiveCommunicatorCount() {
 // -- Rank translation ---------------------------------------------------------
 
 absl::StatusOr<int> Communicator::group_rank(int64_t global) const {
-  std::call_once(group_rank_once_, [this] {
-    const absl::Span<const int> members = ranks();
-    group_rank_of_.reserve(members.size());
-    for (size_t i = 0; i < members.size(); ++i) {
-      group_rank_of_.emplace(members[i], static_cast<int>(i));
+  {
+    std::lock_guard<std::mutex> lock(group_rank_mu_);
+    if (!group_rank_built_) {
+      const absl::Span<const int> members = ranks();
+      group_rank_of_.reserve(members.size());
+      for (size_t i = 0; i < members.size(); ++i) {
+        group_rank_of_.emplace(members[i], static_cast<int>(i));
+      }
+      group_rank_built_ = true;
     }
-  });
-  auto it = group_rank_of_.find(global);
-  if (it != group_rank_of_.end()) return it->second;
+    auto it = group_rank_of_.find(global);
+    if (it != group_rank_of_.end()) return it->second;
+  }
   const absl::Span<const int> members = ranks();
   std::string listed;
   for (size_t i = 0; i < members.size() && i < 8; ++i) {
@@ -52,6 +56,12 @@ absl::StatusOr<int> Communicator::group_rank(int64_t global) const {
   return absl::NotFoundError(
       absl::StrCat("global rank ", global, " is not a member of this group of ",
                    members.size(), " ranks (global ranks ", listed, ")"));
+}
+
+void Communicator::ForgetGroupRanks() {
+  std::lock_guard<std::mutex> lock(group_rank_mu_);
+  group_rank_of_.clear();
+  group_rank_built_ = false;
 }
 
 absl::StatusOr<int> Communicator::PeerOf(absl::string_view op,
@@ -86,6 +96,12 @@ bool Communicator::MarkAborted(absl::string_view reason) {
   abort_reason_ = std::string(reason);
   aborted_.store(true, std::memory_order_release);
   return true;
+}
+
+void Communicator::ClearAborted() {
+  std::lock_guard<std::mutex> lock(abort_mu_);
+  abort_reason_.clear();
+  aborted_.store(false, std::memory_order_release);
 }
 
 void Communicator::abort(absl::string_view reason) {

@@ -588,6 +588,13 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // (null when it is not owned by one).
   std::shared_ptr<Communicator> Self() { return weak_from_this().lock(); }
 
+  // For a communicator whose group can be replaced
+  // (ReconfigurableCommunicator::configure): forgets group_rank's map, built
+  // from the ranks() of the group before, and an abort() of that group, so
+  // that the new group starts usable. No other backend calls them.
+  void ForgetGroupRanks();
+  void ClearAborted();
+
   static absl::Status LengthError(absl::string_view op, absl::string_view what,
                                   size_t got, size_t expected);
   // InvalidArgument when a span of `length` elements does not hold exactly
@@ -653,8 +660,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::atomic<int64_t> timeout_ns_{-1};  // < 0: infinite
   mutable std::mutex abort_mu_;
   std::string abort_reason_;  // under abort_mu_
-  mutable std::once_flag group_rank_once_;
-  mutable absl::flat_hash_map<int64_t, int> group_rank_of_;
+  mutable std::mutex group_rank_mu_;
+  mutable bool group_rank_built_ = false;  // under group_rank_mu_
+  mutable absl::flat_hash_map<int64_t, int> group_rank_of_;  // under it
 };
 
 }  // namespace vemesh

@@ -43,6 +43,19 @@ AgreementSummary ShapesSummary(
   return s;
 }
 
+// The group the state is sharded over: the options' shard_group, or the
+// registry's DP group.
+absl::StatusOr<RoleGroup> ShardGroupOf(
+    const DistributedOptimizerOptions& options) {
+  const std::shared_ptr<Communicator>& g = options.shard_group;
+  if (g == nullptr) return CurrentDataParallelGroup();
+  RoleGroup group;
+  group.size = g->size();
+  group.rank = g->rank();
+  if (group.size > 1) group.comm = g;
+  return group;
+}
+
 }  // namespace
 
 absl::StatusOr<ZeroStage> ParseZeroStage(absl::string_view text) {
@@ -84,7 +97,33 @@ DistributedOptimizer::Create(const DistributedOptimizerOptions& options,
     elements += static_cast<size_t>(p->value.size());
   }
 
-  VEMESH_ASSIGN_OR_RETURN(RoleGroup dp, CurrentDataParallelGroup());
+  // The groups themselves: without a shard group this rank cannot know
+  // whom it would agree with, so it answers at once (every rank passes the
+  // same options, so every rank does).
+  if (options.replicate_group != nullptr && options.shard_group == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DistributedOptimizer: replicate_group (a group of ",
+        options.replicate_group->size(),
+        ") is set but shard_group is null; expected a shard_group with it "
+        "(HSDP-style ZeRO), a shard_group alone, or neither (the registry's "
+        "DP group)"));
+  }
+  for (const auto& [group, what] :
+       {std::pair{&options.shard_group, "shard_group"},
+        std::pair{&options.replicate_group, "replicate_group"}}) {
+    if (*group != nullptr && (*group)->backend() == "nccl") {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "DistributedOptimizer: ", what,
+          " is on nccl, but the optimizer keeps its buffers in host memory; "
+          "expected an mpi or gloo group"));
+    }
+  }
+  VEMESH_ASSIGN_OR_RETURN(RoleGroup dp, ShardGroupOf(options));
+  const AgreementSummary mine =
+      local_error.empty() ? ShapesSummary(shapes, elements)
+                          : AgreementSummary::Of(
+                                "rejected its own input (its error names "
+                                "it)");
   absl::Status agreed;
   if (dp.size > 1) {
     // A rank that rejected its own input says so instead of its shapes:
@@ -93,11 +132,19 @@ DistributedOptimizer::Create(const DistributedOptimizerOptions& options,
         *dp.comm,
         "DistributedOptimizer parameters (every DP rank must pass the same "
         "shapes in the same order)",
-        local_error.empty()
-            ? ShapesSummary(shapes, elements)
-            : AgreementSummary::Of("rejected its own input (its error names "
-                                   "it)"),
-        {.member = "DP rank"});
+        mine,
+        {.member = options.shard_group != nullptr ? "shard rank" : "DP rank"});
+  }
+  // Over the replicate group too, whatever the shard group answered (its
+  // other members wait in this agreement).
+  if (options.replicate_group != nullptr &&
+      options.replicate_group->size() > 1) {
+    absl::Status over_replicas = AgreeAcrossRanks(
+        *options.replicate_group,
+        "DistributedOptimizer parameters (every replica must pass the same "
+        "shapes in the same order)",
+        mine, {.member = "replicate rank"});
+    if (agreed.ok()) agreed = over_replicas;
   }
   if (!local_error.empty()) {
     return absl::InvalidArgumentError(
@@ -109,8 +156,8 @@ DistributedOptimizer::Create(const DistributedOptimizerOptions& options,
   opt->options_ = options;
   opt->params_ = std::move(params);
   opt->shapes_ = std::move(shapes);
-  opt->dp_size_ = dp.size;
-  opt->dp_rank_ = dp.rank;
+  opt->num_shards_ = dp.size;
+  opt->shard_rank_ = dp.rank;
   opt->elements_ = elements;
   opt->shard_ = (elements + dp.size - 1) / dp.size;
   size_t at = 0;
@@ -124,6 +171,16 @@ DistributedOptimizer::Create(const DistributedOptimizerOptions& options,
     opt->grad_shard_.assign(opt->shard_, 0.0);
   }
   return opt;
+}
+
+int DistributedOptimizer::replicate_size() const {
+  const std::shared_ptr<Communicator>& g = options_.replicate_group;
+  return g == nullptr ? 1 : g->size();
+}
+
+int DistributedOptimizer::replicate_rank() const {
+  const std::shared_ptr<Communicator>& g = options_.replicate_group;
+  return g == nullptr ? 0 : g->rank();
 }
 
 std::string DistributedOptimizer::LocalShapeError() const {
@@ -179,14 +236,37 @@ void DistributedOptimizer::Scatter(Matrix Parameter::*field, size_t begin,
 }
 
 absl::Status DistributedOptimizer::ReduceGradients(const RoleGroup& dp,
-                                                   bool bad,
+                                                   int replicas, bool bad,
                                                    std::vector<double>& shard,
                                                    double* bad_ranks) {
   const size_t n = elements_;
   const size_t s = shard_;
   const size_t p = static_cast<size_t>(dp.size);
   const bool bf16 = options_.gradient_type == GradientType::kBFloat16;
-  const double scale = 1.0 / dp.size;
+  const double scale = 1.0 / (dp.size * replicas);
+  Communicator* const replicate =
+      replicas > 1 ? options_.replicate_group.get() : nullptr;
+  // Sums `data` over the shard group (`scatter`: reduce_scatter of p equal
+  // blocks into `out`, else all_reduce in place, `out` unused), then `out`
+  // (or `data`) over the replicate group, each step skipped for a group of
+  // one. Typed, so bf16 sends bf16 over both.
+  auto sum = [&](auto& data, auto& out, bool scatter) -> absl::Status {
+    auto& reduced = scatter ? out : data;
+    if (scatter && p == 1) {
+      std::copy(data.begin(), data.end(), out.begin());
+    } else if (scatter) {
+      VEMESH_RETURN_IF_ERROR(dp.comm->reduce_scatter(
+          absl::MakeConstSpan(data), absl::MakeSpan(out), ReduceOp::kSum));
+    } else if (p > 1) {
+      VEMESH_RETURN_IF_ERROR(
+          dp.comm->all_reduce(absl::MakeSpan(data), ReduceOp::kSum));
+    }
+    if (replicate != nullptr) {
+      VEMESH_RETURN_IF_ERROR(
+          replicate->all_reduce(absl::MakeSpan(reduced), ReduceOp::kSum));
+    }
+    return absl::OkStatus();
+  };
   // The gradients in the layout of the collective; a bad rank sends zeros.
   std::vector<double> grads;
   if (options_.stage == ZeroStage::kTwo) {
@@ -203,14 +283,12 @@ absl::Status DistributedOptimizer::ReduceGradients(const RoleGroup& dp,
         send[j] = BFloat16(static_cast<float>(grads[j]));
       }
       std::vector<BFloat16> recv(s + 1);
-      VEMESH_RETURN_IF_ERROR(dp.comm->reduce_scatter(
-          absl::MakeConstSpan(send), absl::MakeSpan(recv), ReduceOp::kSum));
+      VEMESH_RETURN_IF_ERROR(sum(send, recv, /*scatter=*/true));
       for (size_t j = 0; j <= s; ++j) {
         mine[j] = static_cast<double>(static_cast<float>(recv[j]));
       }
     } else {
-      VEMESH_RETURN_IF_ERROR(dp.comm->reduce_scatter(
-          absl::MakeConstSpan(grads), absl::MakeSpan(mine), ReduceOp::kSum));
+      VEMESH_RETURN_IF_ERROR(sum(grads, mine, /*scatter=*/true));
     }
     *bad_ranks = mine[s];
     if (*bad_ranks != 0) return absl::OkStatus();
@@ -226,14 +304,12 @@ absl::Status DistributedOptimizer::ReduceGradients(const RoleGroup& dp,
     for (size_t j = 0; j <= n; ++j) {
       buf[j] = BFloat16(static_cast<float>(grads[j]));
     }
-    VEMESH_RETURN_IF_ERROR(
-        dp.comm->all_reduce(absl::MakeSpan(buf), ReduceOp::kSum));
+    VEMESH_RETURN_IF_ERROR(sum(buf, buf, /*scatter=*/false));
     for (size_t j = 0; j <= n; ++j) {
       grads[j] = static_cast<double>(static_cast<float>(buf[j]));
     }
   } else {
-    VEMESH_RETURN_IF_ERROR(
-        dp.comm->all_reduce(absl::MakeSpan(grads), ReduceOp::kSum));
+    VEMESH_RETURN_IF_ERROR(sum(grads, grads, /*scatter=*/false));
   }
   *bad_ranks = grads[n];
   if (*bad_ranks != 0) return absl::OkStatus();
@@ -245,28 +321,33 @@ absl::Status DistributedOptimizer::ReduceGradients(const RoleGroup& dp,
 }
 
 absl::StatusOr<ZeroStepStats> DistributedOptimizer::Step() {
-  VEMESH_ASSIGN_OR_RETURN(RoleGroup dp, CurrentDataParallelGroup());
-  if (dp.size != dp_size_) {
+  VEMESH_ASSIGN_OR_RETURN(RoleGroup dp, ShardGroupOf(options_));
+  const bool own_group = options_.shard_group != nullptr;
+  if (dp.size != num_shards_) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "DistributedOptimizer: the DP size is now ", dp.size, " but was ",
-        dp_size_,
+        "DistributedOptimizer: the ", own_group ? "shard group's" : "DP",
+        " size is now ", dp.size, " but was ", num_shards_,
         " at Create (the optimizer state is sharded for it); create a new "
         "DistributedOptimizer after a re-init that changes DP"));
   }
   std::string local = LocalShapeError();
-  if (local.empty() && dp.rank != dp_rank_) {
-    local = absl::StrCat("this rank's DP rank is now ", dp.rank, " but was ",
-                         dp_rank_, " at Create (it owns that shard)");
+  if (local.empty() && dp.rank != shard_rank_) {
+    local = absl::StrCat("this rank's ", own_group ? "shard" : "DP",
+                         " rank is now ", dp.rank, " but was ", shard_rank_,
+                         " at Create (it owns that shard)");
   }
   const bool bad = !local.empty();
-  ZeroStepStats stats{dp.size, elements_, shard_, 0};
+  // The replicate group as it is now: it may have changed size since the
+  // last step (a ReconfigurableCommunicator of an elastic mesh).
+  const int replicas = replicate_size();
+  ZeroStepStats stats{dp.size * replicas, elements_, shard_, 0};
 
   std::vector<double> local_shard;
   std::vector<double>& grad =
       options_.stage == ZeroStage::kTwo
           ? grad_shard_
           : (local_shard.assign(shard_, 0.0), local_shard);
-  if (dp.size == 1) {
+  if (dp.size == 1 && replicas == 1) {
     if (bad) {
       return absl::InvalidArgumentError(absl::StrCat(
           "DistributedOptimizer step: ", local, "; nothing was stepped"));
@@ -275,8 +356,9 @@ absl::StatusOr<ZeroStepStats> DistributedOptimizer::Step() {
     Gather(&Parameter::grad, 0, shard_, grad.data());
   } else {
     double bad_ranks = 0;
-    VEMESH_RETURN_IF_ERROR(ReduceGradients(dp, bad, grad, &bad_ranks));
-    ++stats.collectives;
+    VEMESH_RETURN_IF_ERROR(
+        ReduceGradients(dp, replicas, bad, grad, &bad_ranks));
+    stats.collectives += (dp.size > 1 ? 1 : 0) + (replicas > 1 ? 1 : 0);
     if (bad_ranks != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "DistributedOptimizer step: ",

@@ -60,6 +60,22 @@
 // FailedPrecondition (create a new optimizer). A mesh without DP (or DP=1)
 // is a plain optimizer over one shard of everything.
 //
+// Shard and replicate groups (HSDP-style ZeRO, named as FSDP names them).
+// With `shard_group` in the options the state is sharded over that group
+// instead of the registry's DP group (P is its size; the same rules: it
+// must keep its size and this rank its rank). With `replicate_group` too,
+// every rank of the shard group trains as one replica among the replicate
+// group's: the gradients reduce_scatter (ZeRO-1: all_reduce) over the shard
+// group, the shard all_reduces over the replicate group, and the average is
+// over P x R ranks, R the replicate group's size at that step. Replicas hold
+// the same shard and state, so the updated shards gather over the shard
+// group only. The replicate group may be a ReconfigurableCommunicator
+// (vemesh/comm/reconfigurable_communicator.h) whose size changes between
+// steps, as an elastic mesh's is: the optimizer is created once. A
+// `replicate_group` without a `shard_group` is InvalidArgument at once, on
+// the rank that passed it (every rank passes the same options), as a group
+// on nccl is FailedPrecondition (the buffers are host memory).
+//
 // Parameters must be equal on every DP rank at Create (broadcast them first,
 // DataParallel::BroadcastParameters); every step leaves them equal.
 
@@ -76,6 +92,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "vemesh/comm/communicator.h"
 #include "vemesh/strategies/data_parallel.h"
 #include "vemesh/strategies/optimizer.h"
 #include "vemesh/strategies/parameter.h"
@@ -95,13 +112,21 @@ struct DistributedOptimizerOptions {
   OptimizerOptions optimizer;
   ZeroStage stage = ZeroStage::kTwo;
   GradientType gradient_type = GradientType::kFloat64;
+  // HSDP-style ZeRO (see "Shard and replicate groups" above). Both null:
+  // the registry's DP group. `shard_group` alone: ZeRO over it. Both: the
+  // state sharded over `shard_group`, the gradients also averaged over
+  // `replicate_group`, whose size may change between steps.
+  std::shared_ptr<Communicator> shard_group = nullptr;
+  std::shared_ptr<Communicator> replicate_group = nullptr;
 };
 
 struct ZeroStepStats {
-  int dp_size = 1;
+  int dp_size = 1;        // shards x replicas this step
   size_t elements = 0;    // N
   size_t shard_size = 0;  // S
-  int collectives = 0;    // 2 when dp_size > 1, else 0
+  // 2 when there are several shards (reduce and gather), plus 1 when there
+  // are several replicas (the shard's all_reduce over them); 0 for neither.
+  int collectives = 0;
 };
 
 class DistributedOptimizer {
@@ -123,13 +148,24 @@ class DistributedOptimizer {
   TrainingStateBytes memory() const;
   TrainingStateBytes replicated_memory() const;
 
-  int dp_size() const { return dp_size_; }
-  int dp_rank() const { return dp_rank_; }
+  // The shards (P, fixed at Create) and this rank's shard. Without
+  // shard_group they are the DP size and rank.
+  int num_shards() const { return num_shards_; }
+  int shard_rank() const { return shard_rank_; }
+  // The replicate group as it is now (1 and 0 without one).
+  int replicate_size() const;
+  int replicate_rank() const;
+  // Every rank that trains on its own data: num_shards x replicate_size,
+  // and this rank's index among them (the data slice to train on). Without
+  // groups in the options: the DP size and rank.
+  int dp_size() const { return num_shards_ * replicate_size(); }
+  int dp_rank() const { return replicate_rank() * num_shards_ + shard_rank_; }
   size_t elements() const { return elements_; }
   size_t shard_size() const { return shard_; }
   int64_t step_count() const { return shard_optimizer_->step_count(); }
-  // The optimizer of this rank's values [dp_rank * shard_size, + shard_size)
-  // of the concatenated parameters (its state, for checkpoints).
+  // The optimizer of this rank's values [shard_rank * shard_size,
+  // + shard_size) of the concatenated parameters (its state, for
+  // checkpoints; the same on every replica of the shard).
   FlatOptimizer& shard_optimizer() { return *shard_optimizer_; }
   const DistributedOptimizerOptions& options() const { return options_; }
 
@@ -138,10 +174,12 @@ class DistributedOptimizer {
 
   // Empty if every parameter has the shape it had at Create.
   std::string LocalShapeError() const;
-  // This rank's shard of the averaged gradient into `shard` (S values);
-  // `*bad_ranks`: how many DP ranks flagged bad input (then nothing else is
-  // written). ZeRO-1 also writes the average into every Parameter::grad.
-  absl::Status ReduceGradients(const RoleGroup& dp, bool bad,
+  // This rank's shard of the gradient averaged over the shard group's P
+  // ranks and `replicas` ranks of the replicate group into `shard` (S
+  // values); `*bad_ranks`: how many ranks flagged bad input (then nothing
+  // else is written). ZeRO-1 also writes the average into every
+  // Parameter::grad.
+  absl::Status ReduceGradients(const RoleGroup& dp, int replicas, bool bad,
                                std::vector<double>& shard, double* bad_ranks);
   // Copies values [begin, begin + count) of the concatenated `field` of the
   // parameters to `out` / from `in`.
@@ -153,8 +191,8 @@ class DistributedOptimizer {
   DistributedOptimizerOptions options_;
   std::vector<Parameter*> params_;
   std::vector<std::pair<int64_t, int64_t>> shapes_;  // at Create
-  int dp_size_ = 1;
-  int dp_rank_ = 0;
+  int num_shards_ = 1;                               // at Create
+  int shard_rank_ = 0;                               // at Create
   size_t elements_ = 0;
   size_t shard_ = 0;
   std::unique_ptr<FlatOptimizer> shard_optimizer_;

@@ -15,6 +15,7 @@
 #include "vemesh/base/status_macros.h"
 #include "vemesh/comm/agreement.h"
 #include "vemesh/comm/half.h"
+#include "vemesh/comm/reconfigurable_communicator.h"
 
 namespace vemesh::strategies {
 namespace {
@@ -22,10 +23,17 @@ namespace {
 constexpr int kMaxPrefetch = 64;
 
 // A group of ranks of the mesh; a null communicator is a group of one.
+// `size` and `rank` are Create's: the shard group's for good (the shards are
+// laid out for them). The replicate group keeps its communicator even as a
+// group of one and is asked its size and rank at every use (Current*), so a
+// ReconfigurableCommunicator whose group changed between steps (an elastic
+// mesh's replicate group) averages over the replicas there now.
 struct Group {
   std::shared_ptr<Communicator> comm;
   int size = 1;
   int rank = 0;
+  int CurrentSize() const { return comm == nullptr ? 1 : comm->size(); }
+  int CurrentRank() const { return comm == nullptr ? 0 : comm->rank(); }
 };
 
 // Where a unit is: only its shard, an all_gather in flight, or its
@@ -216,7 +224,9 @@ struct FullyShardedDataParallel::State {
   absl::Status Abandon(size_t u, absl::Status status) {
     (void)u;
     for (Group* g : {&shard, &replicate}) {
-      if (g->comm != nullptr) {
+      // A group of one (a replicate group kept for when it grows) has
+      // nothing in flight to pair wrongly.
+      if (g->comm != nullptr && g->CurrentSize() > 1) {
         g->comm->abort(
             absl::StrCat("FullyShardedDataParallel: ", status.message()));
       }
@@ -236,6 +246,45 @@ struct FullyShardedDataParallel::State {
       abandoned.push_back(std::move(keep));
       unit.reducing = false;
       if (unit.phase == Phase::kGathering) unit.phase = Phase::kSharded;
+    }
+    pending.clear();
+    return status;
+  }
+
+  // A collective of the replicate group failed in FinishBackward (a replica
+  // was lost, or the group is between configurations): stop that group
+  // only (a ReconfigurableCommunicator until its next configure) and keep
+  // the buffers of its operations in flight. The shard group is healthy:
+  // its reduce_scatters, which every shard peer started in PostBackward,
+  // are waited for, so the module stays usable. Nothing was added to the
+  // gradient shards; every unit is ready for the step to be redone.
+  absl::Status AbandonReplicate(absl::Status status) {
+    if (replicate.comm != nullptr) {
+      replicate.comm->abort(
+          absl::StrCat("FullyShardedDataParallel: ", status.message()));
+    }
+    for (size_t u : pending) {
+      Unit& unit = units[u];
+      if (unit.rs_work != nullptr) {
+        absl::Status s = unit.rs_work->wait(Deadline(shard));
+        if (!s.ok()) return Abandon(u, s);
+        unit.rs_work.reset();
+      }
+    }
+    for (size_t u : pending) {
+      Unit& unit = units[u];
+      Unit keep;
+      keep.rs_out_f64 = std::move(unit.rs_out_f64);
+      keep.rs_out_bf16 = std::move(unit.rs_out_bf16);
+      keep.ar_work = std::move(unit.ar_work);
+      if (keep.ar_work != nullptr && !keep.ar_work->is_completed()) {
+        abandoned.push_back(std::move(keep));
+      }
+      std::vector<double>().swap(unit.rs_f64);
+      std::vector<BFloat16>().swap(unit.rs_bf16);
+      std::vector<double>().swap(unit.rs_out_f64);
+      std::vector<BFloat16>().swap(unit.rs_out_bf16);
+      unit.reducing = false;
     }
     pending.clear();
     return status;
@@ -492,7 +541,7 @@ absl::StatusOr<AgreementSummary> FromOne(const DeviceMesh& mesh, bool holder,
 
 absl::StatusOr<Group> GroupOf(const DeviceMesh& mesh,
                               const std::vector<std::string>& dims,
-                              absl::string_view what) {
+                              absl::string_view what, bool replicate) {
   Group g;
   if (dims.empty()) return g;
   std::shared_ptr<Communicator> comm;
@@ -511,9 +560,20 @@ absl::StatusOr<Group> GroupOf(const DeviceMesh& mesh,
         "} is on nccl, but FullyShardedDataParallel keeps its buffers in "
         "host memory; use a cpu mesh (mpi or gloo)"));
   }
+  // A group that may change size later must not be on NCCL either.
+  if (comm->backend() == "nccl" &&
+      dynamic_cast<const ReconfigurableCommunicator*>(comm.get()) != nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "FSDP ", what, " group {", absl::StrJoin(dims, ", "),
+        "} is a reconfigurable nccl group, but FullyShardedDataParallel "
+        "keeps its buffers in host memory; use a cpu mesh (mpi or gloo)"));
+  }
   g.size = comm->size();
   g.rank = comm->rank();
-  g.comm = g.size > 1 ? std::move(comm) : nullptr;
+  // The replicate group is kept whatever its size now: a reconfigurable
+  // one may grow later.
+  const bool keep = g.size > 1 || (replicate && comm->backend() != "nccl");
+  g.comm = keep ? std::move(comm) : nullptr;
   return g;
 }
 
@@ -564,9 +624,11 @@ absl::StatusOr<FullyShardedDataParallel> FullyShardedDataParallel::Create(
 
   auto state = std::make_unique<State>();
   VEMESH_ASSIGN_OR_RETURN(state->shard,
-                          GroupOf(mesh, options.shard_dims, "shard"));
+                          GroupOf(mesh, options.shard_dims, "shard",
+                                  /*replicate=*/false));
   VEMESH_ASSIGN_OR_RETURN(state->replicate,
-                          GroupOf(mesh, options.replicate_dims, "replicate"));
+                          GroupOf(mesh, options.replicate_dims, "replicate",
+                                  /*replicate=*/true));
   state->options = std::move(options);
   const int s = state->shard.size;
   for (FsdpUnit& in : units) {
@@ -714,6 +776,10 @@ absl::Status FullyShardedDataParallel::PostBackward(size_t u) {
 
 absl::Status FullyShardedDataParallel::FinishBackward() {
   State& st = *state_;
+  // The replicate group as it is now (it may have changed size since the
+  // last step: a ReconfigurableCommunicator); read once, so every unit of
+  // this step is averaged alike.
+  const int replicas = st.replicate.CurrentSize();
   // Reduce-scatters in issue order; each shard's all_reduce over the
   // replicate group starts as soon as its reduce_scatter is done.
   for (size_t u : st.pending) {
@@ -725,28 +791,32 @@ absl::Status FullyShardedDataParallel::FinishBackward() {
     }
     std::vector<double>().swap(unit.rs_f64);
     std::vector<BFloat16>().swap(unit.rs_bf16);
-    if (st.replicate.size == 1) continue;
+    if (replicas == 1) continue;
     Communicator::WorkOr w =
         st.bf16() ? st.replicate.comm->iall_reduce(
                         absl::MakeSpan(unit.rs_out_bf16), ReduceOp::kSum)
                   : st.replicate.comm->iall_reduce(
                         absl::MakeSpan(unit.rs_out_f64), ReduceOp::kSum);
-    if (!w.ok()) return st.Abandon(u, w.status());
+    if (!w.ok()) return st.AbandonReplicate(w.status());
     unit.ar_work = *std::move(w);
     ++st.counters.all_reduces;
     // A ring all_reduce sends 2 (R - 1) / R of the buffer.
-    st.counters.bytes_sent +=
-        static_cast<int64_t>(2 * (st.replicate.size - 1) * unit.shard_len *
-                             st.elt() / st.replicate.size);
+    st.counters.bytes_sent += static_cast<int64_t>(
+        2 * (replicas - 1) * unit.shard_len * st.elt() / replicas);
   }
-  const double scale = 1.0 / (st.shard.size * st.replicate.size);
+  // Every all_reduce first, so that a failed one leaves the gradient shards
+  // as they were (the step can be redone after a recovery).
   for (size_t u : st.pending) {
     State::Unit& unit = st.units[u];
     if (unit.ar_work != nullptr) {
       absl::Status s = unit.ar_work->wait(st.Deadline(st.replicate));
-      if (!s.ok()) return st.Abandon(u, s);
+      if (!s.ok()) return st.AbandonReplicate(s);
       unit.ar_work.reset();
     }
+  }
+  const double scale = 1.0 / (st.shard.size * replicas);
+  for (size_t u : st.pending) {
+    State::Unit& unit = st.units[u];
     for (size_t i = 0; i < unit.shard_len; ++i) {
       const double sum =
           st.bf16() ? FromBf16(unit.rs_out_bf16[i]) : unit.rs_out_f64[i];
@@ -911,10 +981,10 @@ size_t FullyShardedDataParallel::shard_elements(size_t u) const {
 int FullyShardedDataParallel::shard_size() const { return state_->shard.size; }
 int FullyShardedDataParallel::shard_rank() const { return state_->shard.rank; }
 int FullyShardedDataParallel::replicate_size() const {
-  return state_->replicate.size;
+  return state_->replicate.CurrentSize();
 }
 int FullyShardedDataParallel::replicate_rank() const {
-  return state_->replicate.rank;
+  return state_->replicate.CurrentRank();
 }
 const FullyShardedDataParallel::Counters& FullyShardedDataParallel::counters()
     const {

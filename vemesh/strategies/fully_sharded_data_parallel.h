@@ -39,7 +39,8 @@
 //                 group, then the shard all_reduces over the replicate group.
 //   kNoShard      DDP: nothing sharded, gradients all_reduced.
 // Gradients are always averaged over the whole data-parallel group (shard
-// size x replicate size ranks), each of which trains on its own data.
+// size x replicate size ranks, the replicate size of that step), each of
+// which trains on its own data.
 //
 // Groups. `shard_dims` names the mesh dimensions the shard group spans (one,
 // or several flattened with DeviceMesh::flatten, e.g. {"DP_SHARD", "CP"}),
@@ -84,7 +85,16 @@
 // on NCCL is FailedPrecondition at Create (a group of one needs no backend).
 // The communicators are taken at Create and kept: a re-init of
 // VESCALE_DEVICE_MESH does not move a module to new groups (its shards are
-// laid out for the old ones). One thread uses a module at a time.
+// laid out for the old ones). The replicate group, though, may be a
+// ReconfigurableCommunicator (vemesh/comm/reconfigurable_communicator.h)
+// whose group changes size between steps, as an elastic mesh's replicate
+// group does when replicas leave or join: FinishBackward reads its size
+// every time (the average is over shard size x the replicate size now), and
+// replicate_size(), replicate_rank(), dp_size() and dp_rank() answer the
+// current group, so the data slice follows too. Every replicate group of a
+// replica must be reconfigured together, between steps (FinishBackward
+// reads the size once per step). The shard group never changes size (the
+// shards are laid out for it). One thread uses a module at a time.
 
 #ifndef VEMESH_STRATEGIES_FULLY_SHARDED_DATA_PARALLEL_H_
 #define VEMESH_STRATEGIES_FULLY_SHARDED_DATA_PARALLEL_H_
@@ -189,6 +199,13 @@ class FullyShardedDataParallel {
   absl::Status PostBackward(size_t u);
   // Waits for every reduction started by PostBackward (and all_reduces over
   // the replicate group), and adds the averages to the gradient shards.
+  // When the replicate group fails (a replica lost; a
+  // ReconfigurableCommunicator between configurations answers its status)
+  // only that group is stopped (a reconfigurable one until its next
+  // configure): the shard group's reductions are waited for, nothing is
+  // added to the gradient shards, and after the recovery the step is redone
+  // from its forward (ZeroGrad first if it accumulated). A failure of the
+  // shard group stops both groups.
   absl::Status FinishBackward();
 
   // -- The optimizer --------------------------------------------------------
@@ -227,6 +244,7 @@ class FullyShardedDataParallel {
   size_t shard_elements(size_t u) const;
   int shard_size() const;
   int shard_rank() const;
+  // The replicate group as it is now (it may change between steps).
   int replicate_size() const;
   int replicate_rank() const;
   // shard_size x replicate_size, and this rank's index among them
