@@ -118,7 +118,8 @@ absl::StatusOr<std::vector<FlatRunPiece>> FlatRunPieces(
     const int64_t hi = std::min(end, at + p.numel());
     if (lo < hi) {
       const std::vector<int64_t>& local = p.box.lengths;
-      for (const Box& b : checkpoint::FlatRangeToBoxes(local, lo - at, hi - at)) {
+      for (const Box& b :
+           checkpoint::FlatRangeToBoxes(local, lo - at, hi - at)) {
         if (checkpoint::BoxNumel(b) == 0) continue;
         // The box's first value, row-major in the local tensor.
         int64_t first = 0;

@@ -16,7 +16,7 @@
 //   absl::StatusOr<std::vector<ParameterPlacement>> row =
 //       RowParallelPlacements("layer1", 128, 64, 1, 4);
 //   // (*row)[0]: layer1.weight [128, 64] box [32:64, 0:64] (a row block)
-//   // (*row)[1]: layer1.bias   [1, 64]   box [0:1, 0:64]  (whole on every rank)
+//   // (*row)[1]: layer1.bias   [1, 64]   box [0:1, 0:64] (on every rank)
 //   // A flat shard (FSDP, ZeRO) of the concatenated local tensors: values
 //   // [2000, 2064) of `col` (2048 of the weight block, then 32 of the
 //   // bias), cut into boxes of each tensor:
@@ -61,8 +61,7 @@ struct ParameterPlacement {
 absl::Status CheckPlacement(const ParameterPlacement& placement);
 
 // The whole [rows, cols] tensor (replicated, or held by one rank).
-ParameterPlacement WholePlacement(std::string name, int64_t rows,
-                                  int64_t cols);
+ParameterPlacement WholePlacement(std::string name, int64_t rows, int64_t cols);
 
 // `prefix`.weight ([in, out]) and `prefix`.bias ([1, out]) as TP rank
 // `tp_rank` of `tp_size` holds them. The split dimension must divide by

@@ -37,11 +37,11 @@ absl::Status TrainingState::AddParameter(Parameter* param,
   }
   VEMESH_RETURN_IF_ERROR(CheckPlacement(placement));
   if (placement.global_shape.size() != 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "state dict: parameter '", placement.name, "' has a ",
-        placement.global_shape.size(), "-D global shape [",
-        absl::StrJoin(placement.global_shape, ", "),
-        "]; a Parameter is a matrix: expected 2-D"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("state dict: parameter '", placement.name, "' has a ",
+                     placement.global_shape.size(), "-D global shape [",
+                     absl::StrJoin(placement.global_shape, ", "),
+                     "]; a Parameter is a matrix: expected 2-D"));
   }
   if (auto it = by_name_.find(placement.name); it != by_name_.end()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -51,11 +51,9 @@ absl::Status TrainingState::AddParameter(Parameter* param,
         "): expected one piece per tensor and rank"));
   }
   if (auto it = index_.find(param); it != index_.end()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("state dict: parameter '", param->name,
-                     "' is added twice, as '",
-                     params_[it->second].placement.name, "' and as '",
-                     placement.name, "'"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "state dict: parameter '", param->name, "' is added twice, as '",
+        params_[it->second].placement.name, "' and as '", placement.name, "'"));
   }
   Param p{param, std::move(placement)};
   // A freed value is checked when it is used (an FSDP module may hold it).
@@ -159,10 +157,9 @@ absl::Status TrainingState::AddFsdp(
     FullyShardedDataParallel& fsdp,
     std::vector<std::vector<Parameter*>> units) {
   if (units.size() != fsdp.num_units()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("state dict: an FSDP module of ", fsdp.num_units(),
-                     " units, given ", units.size(),
-                     " lists of parameters: expected one per unit"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "state dict: an FSDP module of ", fsdp.num_units(), " units, given ",
+        units.size(), " lists of parameters: expected one per unit"));
   }
   Fsdp f{&fsdp, {}};
   for (size_t u = 0; u < units.size(); ++u) {
@@ -179,10 +176,10 @@ absl::Status TrainingState::AddFsdp(
       total += params_[i].placement.numel();
     }
     if (static_cast<size_t>(total) != fsdp.unit_elements(u)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "state dict: FSDP unit '", fsdp.unit_name(u), "' has ",
-          fsdp.unit_elements(u), " values; its parameters' boxes hold ",
-          total));
+      return absl::InvalidArgumentError(
+          absl::StrCat("state dict: FSDP unit '", fsdp.unit_name(u), "' has ",
+                       fsdp.unit_elements(u),
+                       " values; its parameters' boxes hold ", total));
     }
     for (size_t i : unit) params_[i].fsdp = true;
   }
@@ -203,8 +200,7 @@ std::vector<ParameterPlacement> TrainingState::Placements(
   return out;
 }
 
-absl::Status TrainingState::CheckValue(const Param& p,
-                                      bool allow_freed) const {
+absl::Status TrainingState::CheckValue(const Param& p, bool allow_freed) const {
   const Matrix& v = p.param->value;
   const std::vector<int64_t>& want = p.placement.box.lengths;
   if (v.rows() == want[0] && v.cols() == want[1]) return absl::OkStatus();
@@ -255,7 +251,10 @@ std::vector<TrainingState::Run> TrainingState::Runs() const {
   for (Optimizer* opt : optimizers_) {
     for (size_t k = 0; k < opt->params().size(); ++k) {
       const size_t i = index_.at(opt->params()[k]);
-      runs.push_back({&opt->flat(k), {i}, 0, params_[i].placement.numel(),
+      runs.push_back({&opt->flat(k),
+                      {i},
+                      0,
+                      params_[i].placement.numel(),
                       params_[i].placement.name});
     }
   }
@@ -315,19 +314,18 @@ absl::Status TrainingState::get_state_dict(StateDict* dict,
       // (A ZeRO shard's state runs on over its padding: not state.)
       if (static_cast<int64_t>(span.size()) < run.count) {
         return absl::InternalError(absl::StrCat(
-            "state dict: the optimizer of '", run.name, "' keeps ",
-            span.size(), " values of ", state, "; its run has ", run.count));
+            "state dict: the optimizer of '", run.name, "' keeps ", span.size(),
+            " values of ", state, "; its run has ", run.count));
       }
-      VEMESH_RETURN_IF_ERROR(
-          AddRun(run.params, run.begin, run.count, span.data(), "." + state,
-                 dict));
+      VEMESH_RETURN_IF_ERROR(AddRun(run.params, run.begin, run.count,
+                                    span.data(), "." + state, dict));
     }
-    std::vector<int64_t>& steps = steps_.emplace_back(
-        run.params.size(), run.optimizer->step_count());
+    std::vector<int64_t>& steps =
+        steps_.emplace_back(run.params.size(), run.optimizer->step_count());
     for (size_t k = 0; k < run.params.size(); ++k) {
-      VEMESH_RETURN_IF_ERROR(dict->Add(
-          params_[run.params[k]].placement.name + ".step", DType::kI64, {},
-          Box{}, &steps[k]));
+      VEMESH_RETURN_IF_ERROR(
+          dict->Add(params_[run.params[k]].placement.name + ".step",
+                    DType::kI64, {}, Box{}, &steps[k]));
     }
   }
   return absl::OkStatus();
@@ -367,17 +365,17 @@ absl::StatusOr<std::vector<ElasticStateEntry>> TrainingState::elastic_state() {
     VEMESH_RETURN_IF_ERROR(CheckValue(p, /*allow_freed=*/false));
     Parameter* param = p.param;
     entries.push_back(LiveBytes(p.placement.name, [param] {
-                         return Bytes(param->value.data(),
-                                      static_cast<size_t>(param->value.size()));
-                       }));
+      return Bytes(param->value.data(),
+                   static_cast<size_t>(param->value.size()));
+    }));
   }
   for (const Fsdp& f : fsdps_) {
     FullyShardedDataParallel* module = f.module;
     for (size_t u = 0; u < f.units.size(); ++u) {
       entries.push_back(LiveBytes("fsdp." + module->unit_name(u), [module, u] {
-                           absl::Span<double> s = module->mutable_local_shard(u);
-                           return Bytes(s.data(), s.size());
-                         }));
+        absl::Span<double> s = module->mutable_local_shard(u);
+        return Bytes(s.data(), s.size());
+      }));
     }
   }
   const std::vector<Run> runs = Runs();
@@ -388,9 +386,9 @@ absl::StatusOr<std::vector<ElasticStateEntry>> TrainingState::elastic_state() {
       // Through the optimizer each time: the buffers are its own.
       FlatOptimizer* opt = run.optimizer;
       entries.push_back(LiveBytes(run.name + "." + states[k].first, [opt, k] {
-                           absl::Span<double> s = opt->mutable_state()[k].second;
-                           return Bytes(s.data(), s.size());
-                         }));
+        absl::Span<double> s = opt->mutable_state()[k].second;
+        return Bytes(s.data(), s.size());
+      }));
     }
   }
   if (!runs.empty()) {

@@ -102,7 +102,7 @@ enum class StateDictParts { kAll, kModel, kOptimizer };
 // is not one buffer) a pair of callbacks.
 struct ElasticStateEntry {
   std::string name;
-  ReplicaState::BytesFn bytes;  // set: sent, received, hashed in place
+  ReplicaState::BytesFn bytes;           // set: sent, received, hashed in place
   ReplicaState::StateDictFn state_dict;  // else these two
   ReplicaState::LoadStateDictFn load_state_dict;
 };
