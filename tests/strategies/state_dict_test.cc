@@ -37,9 +37,9 @@ using checkpoint::Box;
 using checkpoint::StateDict;
 using testing::Close;
 using testing::Deterministic;
+using ::testing::HasSubstr;
 using testing::InitMesh;
 using testing::WorldSize;
-using ::testing::HasSubstr;
 
 constexpr int kSteps = 3;
 // layer0: 6 -> 8 (column-parallel under TP), layer1: 8 -> 4 (row).
@@ -88,10 +88,10 @@ struct Model {
   explicit Model(bool initial) {
     for (size_t i = 0; i < kShapes.size(); ++i) {
       // Not initial: values that a load must replace.
-      params.emplace_back(kNames[i], initial ? Initial(i)
-                                             : Matrix::Constant(
-                                                   kShapes[i].first,
-                                                   kShapes[i].second, 9.0));
+      params.emplace_back(
+          kNames[i],
+          initial ? Initial(i)
+                  : Matrix::Constant(kShapes[i].first, kShapes[i].second, 9.0));
     }
   }
   std::vector<Parameter*> all() {
@@ -118,12 +118,12 @@ struct Serial {
   Model model{true};
   std::unique_ptr<Optimizer> opt;
   Serial(const OptimizerOptions& options, int steps) {
-    opt = std::make_unique<Optimizer>(
-        *Optimizer::Create(options, model.all()));
+    opt = std::make_unique<Optimizer>(*Optimizer::Create(options, model.all()));
     for (int s = 0; s < steps; ++s) Step(s);
   }
   void Step(int s) {
-    for (size_t i = 0; i < kShapes.size(); ++i) model.params[i].grad = Grad(i, s);
+    for (size_t i = 0; i < kShapes.size(); ++i)
+      model.params[i].grad = Grad(i, s);
     EXPECT_TRUE(opt->Step().ok());
   }
   // Unit `u`'s values [begin, begin + count) of the concatenation, of the
@@ -357,10 +357,12 @@ TEST(StateDictTest, ZeroShardsLoadOnAnotherDpSize) {
     std::vector<double> m1, m2;
     for (size_t i = 0; i < kShapes.size(); ++i) {
       for (auto& [name, span] : serial.opt->flat(i).mutable_state()) {
-        (name == "exp_avg" ? m1 : m2).insert(
-            (name == "exp_avg" ? m1 : m2).end(), span.begin(), span.end());
+        (name == "exp_avg" ? m1 : m2)
+            .insert((name == "exp_avg" ? m1 : m2).end(), span.begin(),
+                    span.end());
       }
-      EXPECT_TRUE(Close(m.params[i].value, serial.model.params[i].value, 1e-12));
+      EXPECT_TRUE(
+          Close(m.params[i].value, serial.model.params[i].value, 1e-12));
     }
     for (auto& [name, span] : (*zero)->shard_optimizer().mutable_state()) {
       const std::vector<double>& want = name == "exp_avg" ? m1 : m2;
@@ -464,8 +466,7 @@ TEST(StateDictBadInputTest, TwoPiecesWithOneName) {
 TEST(StateDictBadInputTest, BoxOutsideTheGlobalShape) {
   Parameter a("a", Matrix::Zero(2, 3));
   TrainingState state;
-  absl::Status s =
-      state.AddParameter(&a, {"w", {4, 4}, Box{{3, 0}, {2, 3}}});
+  absl::Status s = state.AddParameter(&a, {"w", {4, 4}, Box{{3, 0}, {2, 3}}});
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("'w': box [3:5, 0:3]"));
   EXPECT_THAT(s.message(), HasSubstr("[4, 4]"));
@@ -492,10 +493,39 @@ TEST(StateDictBadInputTest, OptimizerOverAParameterNotAdded) {
   EXPECT_THAT(s.message(), HasSubstr("'a', which another optimizer"));
 }
 
+TEST(StateDictStepsTest, SetStateDictAppliesOnlyListedStepCounts) {
+  Parameter a("a", Matrix::Zero(2, 3));
+  TrainingState state;
+  ASSERT_TRUE(state.AddParameter(&a, WholePlacement("a", 2, 3)).ok());
+  auto opt = Optimizer::Create(OptimizerOptions::AdamW(0.1), {&a});
+  ASSERT_TRUE(opt.ok());
+  ASSERT_TRUE(state.AddOptimizer(*opt).ok());
+  opt->set_step_count(5);
+  StateDict all;
+  ASSERT_TRUE(state.get_state_dict(&all).ok());
+  // a, a.exp_avg, a.exp_avg_sq, a.step (an I64 scalar holding 5).
+  ASSERT_EQ(all.pieces().size(), 4u);
+  const checkpoint::Piece& step = all.pieces().back();
+  EXPECT_EQ(step.name, "a.step");
+  EXPECT_TRUE(step.global_shape.empty());
+  EXPECT_EQ(*static_cast<int64_t*>(step.data), 5);
+  *static_cast<int64_t*>(step.data) = 7;  // as a Load would
+  ASSERT_TRUE(state.set_state_dict().ok());
+  EXPECT_EQ(opt->step_count(), 7);
+  // A model-only dict lists no counts, and applies none.
+  StateDict model;
+  ASSERT_TRUE(state.get_state_dict(&model, StateDictParts::kModel).ok());
+  EXPECT_EQ(model.pieces().size(), 1u);
+  opt->set_step_count(9);
+  ASSERT_TRUE(state.set_state_dict().ok());
+  EXPECT_EQ(opt->step_count(), 9);
+}
+
 TEST(StateDictElasticTest, EntriesAreTheLiveBuffersAndTheStepCounts) {
   Parameter a("a", Deterministic(2, 3, 1.0)), b("b", Deterministic(1, 3, 2));
   TrainingState state;
-  ASSERT_TRUE(state.AddParameter(&a, WholePlacement("layer0.weight", 2, 3)).ok());
+  ASSERT_TRUE(
+      state.AddParameter(&a, WholePlacement("layer0.weight", 2, 3)).ok());
   ASSERT_TRUE(state.AddParameter(&b, WholePlacement("layer0.bias", 1, 3)).ok());
   auto opt = Optimizer::Create(OptimizerOptions::AdamW(0.1), {&a, &b});
   ASSERT_TRUE(opt.ok());
@@ -508,11 +538,11 @@ TEST(StateDictElasticTest, EntriesAreTheLiveBuffersAndTheStepCounts) {
   ASSERT_TRUE(entries.ok()) << entries.status();
   std::vector<std::string> names;
   for (const ElasticStateEntry& e : *entries) names.push_back(e.name);
-  EXPECT_THAT(names, ::testing::ElementsAre(
-                         "layer0.weight", "layer0.bias",
-                         "layer0.weight.exp_avg", "layer0.weight.exp_avg_sq",
-                         "layer0.bias.exp_avg", "layer0.bias.exp_avg_sq",
-                         "optimizer.steps"));
+  EXPECT_THAT(names,
+              ::testing::ElementsAre(
+                  "layer0.weight", "layer0.bias", "layer0.weight.exp_avg",
+                  "layer0.weight.exp_avg_sq", "layer0.bias.exp_avg",
+                  "layer0.bias.exp_avg_sq", "optimizer.steps"));
   // Live: the parameter's own storage, and the optimizer's.
   absl::Span<char> w = (*entries)[0].bytes();
   EXPECT_EQ(w.data(), reinterpret_cast<char*>(a.value.data()));

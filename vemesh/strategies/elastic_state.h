@@ -17,6 +17,11 @@
 // TrainingState::elastic_state()'s: the same on every replica holding the
 // same shard coordinate (replicas that differ would not agree on a step).
 //
+// State sharded over the elastic dimension itself (a DistributedOptimizer
+// whose DP group is the replicate dimension) differs from replica to
+// replica and cannot be carried this way: shard inside a replica (HSDP's
+// DP_SHARD) and replicate over the elastic dimension.
+//
 // `state` and what it points at must outlive the mesh's use of them (every
 // recover() and sync_state() reads the buffers through them).
 

@@ -285,6 +285,8 @@ std::vector<TrainingState::Run> TrainingState::Runs() const {
 
 absl::Status TrainingState::get_state_dict(StateDict* dict,
                                            StateDictParts parts) {
+  // A kModel dict lists no step counts: set_state_dict leaves them.
+  steps_.clear();
   if (parts != StateDictParts::kOptimizer) {
     for (Param& p : params_) {
       if (p.fsdp) continue;
@@ -307,7 +309,6 @@ absl::Status TrainingState::get_state_dict(StateDict* dict,
   }
   if (parts == StateDictParts::kModel) return absl::OkStatus();
   const std::vector<Run> runs = Runs();
-  steps_.clear();
   steps_.reserve(runs.size());  // the pieces point into each vector
   for (const Run& run : runs) {
     for (auto& [state, span] : run.optimizer->mutable_state()) {
@@ -334,7 +335,7 @@ absl::Status TrainingState::get_state_dict(StateDict* dict,
 absl::Status TrainingState::set_state_dict() {
   const std::vector<Run> runs = Runs();
   if (steps_.size() != runs.size()) {
-    // Nothing of the optimizers was listed (a kModel load).
+    // The last get_state_dict listed no optimizer state (kModel).
     return absl::OkStatus();
   }
   for (size_t r = 0; r < runs.size(); ++r) {

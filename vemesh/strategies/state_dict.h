@@ -145,13 +145,14 @@ class TrainingState {
   // -- Checkpoints ----------------------------------------------------------
   // Adds this rank's pieces of `parts` to `dict` (see above). Also copies
   // the optimizers' step counts into this object, where the pieces of
-  // <name>.step point.
+  // <name>.step point (until the next get_state_dict).
   absl::Status get_state_dict(checkpoint::StateDict* dict,
                               StateDictParts parts = StateDictParts::kAll);
-  // After checkpoint::Load filled what get_state_dict listed: sets every
-  // optimizer's step count to the loaded <name>.step (InvalidArgument when
-  // the tensors one optimizer steps were saved with different counts).
-  // Without optimizers, or after a kModel load, it does nothing.
+  // After checkpoint::Load filled what the last get_state_dict listed:
+  // sets every optimizer's step count to the loaded <name>.step
+  // (InvalidArgument when the tensors one optimizer steps were saved with
+  // different counts). Without optimizers, or after a kModel
+  // get_state_dict, it does nothing.
   absl::Status set_state_dict();
 
   // -- Elastic state --------------------------------------------------------
