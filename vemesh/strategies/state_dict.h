@@ -161,9 +161,10 @@ class TrainingState {
   // them): each parameter's value not under FSDP (its name), each FSDP
   // unit's shard ("fsdp.<unit>"), each optimizer state buffer
   // ("<name>.<state>", "fsdp.<unit>.<state>", "zero<k>.<state>"), and the
-  // step counts ("optimizer.steps": a pair of callbacks, 8 bytes per
-  // optimizer, in the order they were added). InvalidArgument as
-  // get_state_dict (a value of the wrong shape).
+  // step counts ("optimizer.steps": a pair of callbacks, 8 bytes per flat
+  // optimizer (an Optimizer's parameter, a ZeRO shard, an FSDP unit), in
+  // the order they were added). InvalidArgument as get_state_dict (a value
+  // of the wrong shape).
   absl::StatusOr<std::vector<ElasticStateEntry>> elastic_state();
 
   size_t num_parameters() const { return params_.size(); }
