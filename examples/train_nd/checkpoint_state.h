@@ -1,38 +1,34 @@
 // examples/train_nd/checkpoint_state.h
 //
-// What this rank holds of the training state, described for
-// vemesh/checkpoint with names and shapes of the SERIAL model, so that a
-// checkpoint saved on one mesh loads on any other:
+// What this rank trains, named for the library
+// (vemesh/strategies/state_dict.h): the serial model's tensor names and
+// shapes, which layers are column or row tensor-parallel, and the
+// optimizers and sharding that hold their state. The library turns that
+// into checkpoint pieces (and elastic state); a checkpoint saved on one mesh
+// loads on any other.
 //
-//   TrainingState state{.stage = stage.get(), .local_optimizer = &opt};
+//   TrainingParts parts{.stage = stage.get(), .local_optimizer = &opt};
+//   vemesh::strategies::TrainingState state;
+//   absl::Status s = NameTrainingState(plan, parts, &state);
 //   vemesh::checkpoint::StateDict dict;
-//   absl::Status s = DescribeState(plan, state, StateParts::kAll, &dict);
+//   s = state.get_state_dict(&dict);
+//   SetStateMetadata(plan, step, &dict);
 //   s = vemesh::checkpoint::Save(dict, step, dir, world);
 //
-// Tensors, all float64, 2-D (a bias is 1 x out):
-//   layer<l>.weight, layer<l>.bias   the serial model's; this rank adds its
-//       TP block (column layer: a block of columns, row layer: of rows; a
-//       row layer's bias whole), only for its pipeline stage's layers. DP
-//       replicas add the same boxes (the library writes them once). Under
-//       FSDP the unit's flat shard is cut into per-parameter boxes
-//       (FlatRangeToBoxes), so DP_SHARD ranks add disjoint pieces.
-//   moe.expert<e>.weight / .bias      expert e, by its global index.
-//   <tensor>.exp_avg, <tensor>.exp_avg_sq (AdamW), <tensor>.momentum_buffer
-//       (SGD with momentum): the optimizer state of each value, laid out as
-//       the tensor is, from wherever it lives (DataParallel: whole per
-//       rank; ZeRO and FSDP: this rank's flat shard, again cut into boxes).
-// The optimizers' step count is the training step (every one of them steps
-// once per training step), so the manifest's step restores it.
+// The model: layer<l>.weight ([in, out]) and layer<l>.bias ([1, out]) of
+// this stage's layers, even layers column-parallel and odd ones
+// row-parallel over TP (MlpShape), and moe.expert<e>.weight / .bias whole,
+// by their global index; the optimizer state and step counts follow the
+// library's names (<tensor>.exp_avg, ...; state_dict.h).
 //
 // Metadata: "step" and "data_position" (the next batch's index; batches are
 // a function of the seed and the index), and "model": the fingerprint of
 // what fixes the serial loss curve (ModelFingerprint), compared on resume.
 //
-// Loading reuses the same descriptions as places to write into, in two
-// parts: kParameters right after the stage is built (before FSDP or ZeRO
-// take the values: they shard what they find, so their shards and gathered
-// copies are rebuilt from the loaded values), kOptimizer once the
-// optimizers exist (their state buffers, written in place).
+// Loading: the parameters right after the stage is built (DescribeState
+// with kParameters: FSDP and ZeRO shard the values they find), the
+// optimizer state once the optimizers exist (get_state_dict(kOptimizer),
+// Load, set_state_dict).
 
 #ifndef EXAMPLES_TRAIN_ND_CHECKPOINT_STATE_H_
 #define EXAMPLES_TRAIN_ND_CHECKPOINT_STATE_H_
@@ -48,19 +44,25 @@
 #include "vemesh/strategies/distributed_optimizer.h"
 #include "vemesh/strategies/fully_sharded_data_parallel.h"
 #include "vemesh/strategies/optimizer.h"
+#include "vemesh/strategies/state_dict.h"
 
 namespace train_nd {
 
 // Pointers to what one rank trains with; unset members are absent.
-struct TrainingState {
+struct TrainingParts {
   ParallelMlpStage* stage = nullptr;  // required
-  // Exactly one of these holds the replicated layers' optimizer state
-  // (none of them before the optimizers are made: kParameters only).
+  // At most one of these holds the replicated layers' optimizer state
+  // (none of them before the optimizers are made).
   vemesh::strategies::Optimizer* local_optimizer = nullptr;  // DataParallel
   vemesh::strategies::DistributedOptimizer* zero = nullptr;
   vemesh::strategies::FullyShardedDataParallel* fsdp = nullptr;
   vemesh::strategies::Optimizer* expert_optimizer = nullptr;
 };
+// Names `parts` in `state` (see above). Errors are the library's,
+// InvalidArgument naming the tensor.
+absl::Status NameTrainingState(const TrainPlan& plan,
+                               const TrainingParts& parts,
+                               vemesh::strategies::TrainingState* state);
 
 enum class StateParts {
   kAll,         // saving
@@ -68,12 +70,13 @@ enum class StateParts {
   kOptimizer,   // loading, after
 };
 
-// Adds this rank's pieces to `dict` (see above). Under FSDP the parameters
-// come from its shards (the Parameter objects are freed), so kParameters
-// with `state.fsdp` set is InvalidArgument, as is a piece whose local shape
-// differs from the plan's (a bug, named).
-absl::Status DescribeState(const TrainPlan& plan, const TrainingState& state,
-                           StateParts parts,
+// The model's pieces (kParameters, or kAll without optimizers) added to
+// `dict`, for callers without optimizer state (the elastic loop). The step
+// counts of optimizer state live in a TrainingState, which has to outlive
+// Save / Load: with optimizers, or kParameters under FSDP, it is
+// InvalidArgument (use NameTrainingState).
+absl::Status DescribeState(const TrainPlan& plan, const TrainingParts& parts,
+                           StateParts which,
                            vemesh::checkpoint::StateDict* dict);
 
 // The metadata of a checkpoint at `step` (see above).

@@ -305,12 +305,20 @@ absl::StatusOr<TrainResult> Train(const TrainPlan& plan, bool print,
     if (!o.ok()) return o.status();
     local_opt.emplace(*std::move(o));
   }
-  const TrainingState state{
-      .stage = stage->get(),
-      .local_optimizer = local_opt ? &*local_opt : nullptr,
-      .zero = zero.get(),
-      .fsdp = fsdp ? &*fsdp : nullptr,
-      .expert_optimizer = &*expert_opt};
+  // What this rank trains, named once: the checkpoints' pieces point into
+  // it (and into the modules it names).
+  vemesh::strategies::TrainingState state;
+  if (absl::Status s = NameTrainingState(
+          plan,
+          {.stage = stage->get(),
+           .local_optimizer = local_opt ? &*local_opt : nullptr,
+           .zero = zero.get(),
+           .fsdp = fsdp ? &*fsdp : nullptr,
+           .expert_optimizer = &*expert_opt},
+          &state);
+      !s.ok()) {
+    return s;
+  }
   if (resumed) {
     // Every optimizer stepped once per training step: that is their step
     // count (AdamW's bias correction, SGD momentum's first step).
@@ -329,8 +337,8 @@ absl::StatusOr<TrainResult> Train(const TrainPlan& plan, bool print,
     if (plan.optimizer.kind == vemesh::strategies::OptimizerKind::kAdamW ||
         plan.optimizer.momentum > 0) {
       vemesh::checkpoint::StateDict dict;
-      if (absl::Status s =
-              DescribeState(plan, state, StateParts::kOptimizer, &dict);
+      if (absl::Status s = state.get_state_dict(
+              &dict, vemesh::strategies::StateDictParts::kOptimizer);
           !s.ok()) {
         return s;
       }
@@ -342,6 +350,8 @@ absl::StatusOr<TrainResult> Train(const TrainPlan& plan, bool print,
             absl::StrCat("--resume=", plan.options.resume,
                          ": optimizer state: ", loaded.status().message()));
       }
+      // The loaded step counts (t, saved with the state).
+      if (absl::Status s = state.set_state_dict(); !s.ok()) return s;
     }
   }
   std::unique_ptr<vemesh::checkpoint::AsyncSaver> saver;
@@ -433,10 +443,7 @@ absl::StatusOr<TrainResult> Train(const TrainPlan& plan, bool print,
         done % plan.options.checkpoint_every == 0) {
       const absl::Time save_start = absl::Now();
       vemesh::checkpoint::StateDict dict;
-      if (absl::Status s = DescribeState(plan, state, StateParts::kAll, &dict);
-          !s.ok()) {
-        return s;
-      }
+      if (absl::Status s = state.get_state_dict(&dict); !s.ok()) return s;
       SetStateMetadata(plan, done, &dict);
       absl::Status s =
           saver != nullptr

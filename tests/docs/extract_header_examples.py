@@ -294,6 +294,9 @@ EXAMPLES = {
                     "Matrix Bias(int expert) { return Matrix::Zero(1, 4); }\n"),
         "params": ("absl::Span<const int64_t> token_ids, const Matrix& x, "
                    "const Matrix& dy")},
+    "strategies/elastic_state.h": {
+        "params": ("ElasticMesh& el, FullyShardedDataParallel& fsdp, "
+                   "std::vector<std::vector<Parameter*>> units")},
     "strategies/fully_sharded_data_parallel.h": {
         "includes": ["vemesh/mesh/device_mesh.h", "vemesh/strategies/linear.h"],
         "params": ("Linear& layer1, Linear& layer2, const Matrix& x, "
@@ -314,6 +317,18 @@ EXAMPLES = {
     "strategies/parameter.h": {
         "execute": True,
         "subs": [("w.grad += ...;", "w.grad += Matrix::Ones(16, 64);")]},
+    "strategies/parameter_placement.h": {
+        "execute": True,
+        "checks": ("PROMISE(b.box == (checkpoint::Box{{0, 0}, {1, 10}}));\n"
+                   "PROMISE(col.ok() && (*col)[0].box == "
+                   "(checkpoint::Box{{0, 32}, {64, 32}}));\n"
+                   "PROMISE(row.ok() && (*row)[0].box == "
+                   "(checkpoint::Box{{32, 0}, {32, 64}}));\n"
+                   "PROMISE(pieces.ok() && pieces->size() == 3u);\n"
+                   "PROMISE((*pieces)[0].box == "
+                   "(checkpoint::Box{{62, 48}, {1, 16}}));\n"
+                   "PROMISE((*pieces)[2].placement == 1u && "
+                   "(*pieces)[2].offset == 48);\n")},
     "strategies/pipeline_runner.h": {
         "params": "PipelineStageModel& stage_model",
         "pragma_missing_field_initializers": True},
@@ -330,6 +345,13 @@ EXAMPLES = {
                    "const Matrix& x_t, const Matrix& dy"),
         "pragma_missing_field_initializers": True},
     "strategies/tensor_parallel_shard.h": {},
+    "strategies/state_dict.h": {
+        "includes": ["vemesh/checkpoint/checkpoint.h"],
+        "params": ("ColumnParallelLinear& fc0, RowParallelLinear& fc1, "
+                   "Parameter& head, Optimizer& opt, DistributedOptimizer* zero, "
+                   "std::vector<Parameter*> params, "
+                   "FullyShardedDataParallel& fsdp, int64_t step, "
+                   "const std::string& dir, std::shared_ptr<Communicator> world")},
     "vemesh.h": {"subs": [('#include "vemesh/vemesh.h"\n', "")]},
 }
 
