@@ -195,7 +195,7 @@ EXAMPLES = {
         "params": "std::shared_ptr<Communicator> dp, std::vector<float> bucket",
     },
     "elastic/elastic_mesh.h": {
-        "includes": ["vemesh/registry/ve_device_mesh.h"],
+        "includes": ["vemesh/registry/ve_device_mesh.h", "cstdio"],
         "helpers": ("absl::Status TrainStep(int64_t step) { return absl::OkStatus(); }\n"
                     "void RestoreStartOfStep() {}\n"
                     "ReplicaState::StateDictFn SaveStep(int64_t* step) { return {}; }\n"

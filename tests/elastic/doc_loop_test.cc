@@ -109,13 +109,18 @@ struct Outcome {
   std::vector<float> w;
   int dp_size = 0;
   bool evicted = false;
+  int recoveries = 0;
+  absl::Status last_step_status;  // the last recovery record's
 };
 
 // `quit(step)`: this rank's replica leaves (as if killed) before `step`.
 // `after_commit(step, model)`: a test hook after each committed step.
+// `bug(step, shard)`: a status the caller's step returns after training
+// (a caller's bug), or OK.
 struct Hooks {
   std::function<bool(int64_t)> quit;
   std::function<void(int64_t, Model&)> after_commit;
+  std::function<absl::Status(int64_t, int)> bug;
 };
 
 // The header's loop, from `ElasticMesh& el` on, verbatim but for the hooks
@@ -134,6 +139,7 @@ absl::Status Loop(ElasticMesh& el, Model& model, int64_t steps,
   while (step < steps) {
     if (hooks.quit && hooks.quit(step)) return absl::CancelledError("quit");
     if (s.ok()) s = model.TrainStep(step);           // DP ops may fail
+    if (s.ok() && hooks.bug) s = hooks.bug(step, model.shard);
     absl::StatusOr<StepVerdict> v = el.end_step(s);  // collective
     if (!v.ok()) return v.status();  // store lost, states differ
     if (v->committed) {
@@ -146,6 +152,8 @@ absl::Status Loop(ElasticMesh& el, Model& model, int64_t steps,
     if (v->recover) {
       absl::StatusOr<Recovery> r = el.recover(step);  // carries the state
       if (!r.ok()) return r.status();
+      ++out.recoveries;
+      out.last_step_status = r->step_status;
       if (r->evicted) {
         out.evicted = true;
         return absl::OkStatus();
@@ -282,6 +290,53 @@ TEST_F(DocLoop, CorruptedReplicaIsNamedOnEveryRank) {
       EXPECT_LT(o.step, 0);  // never reached the end
     }
   }
+}
+
+// A caller's bug on one rank (a step that fails with InvalidArgument every
+// time, no member lost) is retried max_step_retries times and then ends the
+// job on every rank of every replica with the bug's code: no livelock of
+// epochs (issue 47: 1,530 recoveries in 300 s before).
+TEST_F(DocLoop, CallerBugEndsTheJobOnEveryRankWithItsStatus) {
+  std::vector<std::vector<Outcome>> outcomes(3, std::vector<Outcome>(kShard));
+  Hooks plain;
+  Hooks buggy;
+  buggy.bug = [](int64_t step, int shard) {
+    return step >= 4 && shard == 1
+               ? absl::InvalidArgumentError("activation shape 3x4, expected 4x4")
+               : absl::OkStatus();
+  };
+  const absl::Time start = absl::Now();
+  std::vector<std::thread> all;
+  for (int k = 0; k < 3; ++k) {
+    for (std::thread& t : Launch(k, k == 1 ? buggy : plain, outcomes[k])) {
+      all.push_back(std::move(t));
+    }
+  }
+  for (std::thread& t : all) t.join();
+  const absl::Duration took = absl::Now() - start;
+  for (int k = 0; k < 3; ++k) {
+    for (int r = 0; r < kShard; ++r) {
+      const Outcome& o = outcomes[k][r];
+      SCOPED_TRACE(absl::StrCat("replica ", k, " rank ", r));
+      EXPECT_TRUE(absl::IsInvalidArgument(o.status)) << o.status;
+      EXPECT_THAT(std::string(o.status.message()),
+                  HasSubstr("on replica 1, which is not a lost member"));
+      EXPECT_LT(o.step, 0);  // never reached the end
+      // Two retries (the default), each through one recovery whose record
+      // carries the failing step's status.
+      EXPECT_EQ(o.recoveries, 2);
+      EXPECT_FALSE(o.last_step_status.ok());
+      if (k == 1) {
+        EXPECT_TRUE(absl::IsInvalidArgument(o.last_step_status))
+            << o.last_step_status;
+      }
+    }
+  }
+  // The failing rank's own message comes with the verdict.
+  EXPECT_THAT(std::string(outcomes[1][1].status.message()),
+              HasSubstr("activation shape 3x4"));
+  // Its bound: the recoveries of a live job, not recovery_timeout (30 s).
+  EXPECT_LT(took, absl::Seconds(30));
 }
 
 }  // namespace

@@ -68,15 +68,26 @@ absl::StatusOr<DeviceMesh> ElasticMesh::FullMesh(
                                                 current_epoch_);
       epoch_comms_.push_back(dp_);
     }
-    auto comm = std::make_shared<EpochCommunicator>(
-        inner, std::move(ranks), record.epoch, current_epoch_);
+    auto comm = std::make_shared<EpochCommunicator>(inner, ranks, record.epoch,
+                                                    current_epoch_);
     epoch_comms_.push_back(comm);
     if (d == replica_dim_ && device_group != nullptr) {
       comm->set_timeout(options_.op_timeout);
     } else if (d == replica_dim_) {
       dp_ = comm;
     }
-    groups.push_back(std::move(comm));
+    // What the mesh hands out: the dimension's long-lived group, now over
+    // this epoch's.
+    if (groups_.size() <= static_cast<size_t>(d)) {
+      groups_.push_back(std::make_shared<ReconfigurableCommunicator>(
+          requested_.dim_names()[d], std::string(comm->backend())));
+    }
+    if (absl::Status s = groups_[d]->configure(comm, std::move(ranks),
+                                               record.epoch);
+        !s.ok()) {
+      return s;
+    }
+    groups.push_back(groups_[d]);
   }
   return DeviceMesh::FromGroups(device_type_, *std::move(layout),
                                 FullRank(inner_rank_, me, n), std::move(groups),
@@ -146,14 +157,17 @@ absl::StatusOr<Recovery> ElasticMesh::Establish(const MembershipRecord& record,
   // least committed step (committed * n + dp rank, so that one min says).
   int64_t least[2] = {has_state_ ? committed : kNoState,
                       has_state_ ? committed * n + me : kNoState};
-  int64_t most[2] = {has_state_ ? 0 : 1, has_state_ ? committed : -1};
+  // And the step failures that were no lost member's (end_step counts them
+  // in the replica that saw one): every member takes the largest count.
+  int64_t most[5] = {has_state_ ? 0 : 1, has_state_ ? committed : -1,
+                     step_errors_, step_error_code_, step_error_replica_};
   if (status.ok() && n > 1) {
     status =
         (*group)->all_reduce(least, least, 2, DataType::kInt64, ReduceOp::kMin);
   }
   if (status.ok() && n > 1) {
     status =
-        (*group)->all_reduce(most, most, 2, DataType::kInt64, ReduceOp::kMax);
+        (*group)->all_reduce(most, most, 5, DataType::kInt64, ReduceOp::kMax);
   }
   // cuda: the epoch's NCCL DP group, over the Gloo group as its twin (the
   // unique id goes over it, whose rendezvous went through the control
@@ -184,6 +198,27 @@ absl::StatusOr<Recovery> ElasticMesh::Establish(const MembershipRecord& record,
         status.code(),
         absl::StrCat("epoch ", record.epoch, " (", MembershipText(record),
                      "): DP group not built: ", status.message()));
+  }
+  step_errors_ = most[2];
+  step_error_code_ = most[3];
+  step_error_replica_ = most[4];
+  if (step_errors_ > options_.max_step_retries) {
+    // Not a lost member: another epoch would fail the same way. Every
+    // member ends here with the same code (no livelock).
+    RetireEpoch();
+    return absl::Status(
+        static_cast<absl::StatusCode>(step_error_code_),
+        absl::StrCat(
+            "the step failed ", step_errors_, " times in a row with ",
+            absl::StatusCodeToString(
+                static_cast<absl::StatusCode>(step_error_code_)),
+            " on replica ", step_error_replica_,
+            ", which is not a lost member: the job ends (ElasticOptions."
+            "max_step_retries = ",
+            options_.max_step_retries, ")",
+            step_status_.ok() || elastic_internal::IsRetryable(step_status_)
+                ? ""
+                : absl::StrCat("; this rank's step: ", step_status_.message())));
   }
   if (least[0] == kNoState) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -230,6 +265,11 @@ void ElasticMesh::RetireEpoch() {
   // Idempotent: one a timed-out operation aborted already is skipped.
   AbortCommunicators(epoch_device_groups_, "its elastic mesh epoch ended");
   epoch_device_groups_.clear();
+  for (const auto& g : groups_) {
+    (void)g->unconfigure(absl::UnavailableError(absl::StrCat(
+        g->name(), " is between membership epochs (epoch ", epoch(),
+        " ended): the elastic mesh's recover() reconfigures it")));
+  }
   for (const auto& c : epoch_comms_) c->retire();
   epoch_comms_.clear();
   dp_.reset();

@@ -14,6 +14,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "vemesh/bootstrap/launch.h"
 #include "vemesh/comm/nccl/nccl_communicator.h"
 #include "vemesh/elastic/internal/elastic_mesh_internal.h"
@@ -120,6 +122,22 @@ std::string StoreHost(absl::string_view url) {
 }
 
 }  // namespace
+
+std::string FormatRecovery(const Recovery& r) {
+  if (r.evicted) {
+    return absl::StrCat("recovery: evicted in epoch ", r.epoch, " (members ",
+                        absl::StrJoin(r.replicas, ", "), ")");
+  }
+  return absl::StrFormat(
+      "recovery: epoch %d, DP=%d [%s], resume at step %d; detect %.1f ms, "
+      "agree %.1f ms, build %.1f ms, state %.1f ms; step failed: %s",
+      r.epoch, r.dp_size, absl::StrJoin(r.replicas, ", "), r.resume_step,
+      absl::ToDoubleMilliseconds(r.detect_time),
+      absl::ToDoubleMilliseconds(r.agree_time),
+      absl::ToDoubleMilliseconds(r.build_time),
+      absl::ToDoubleMilliseconds(r.state_time),
+      r.step_status.ok() ? "(no step failed)" : r.step_status.ToString());
+}
 
 ElasticMesh::ElasticMesh(DeviceType device_type, MeshLayout requested,
                          ElasticOptions options)
@@ -271,6 +289,13 @@ absl::StatusOr<std::unique_ptr<ElasticMesh>> ElasticMesh::Create(
           record = g->record;
         }
         (void)cp->RestoreIfAbsent(record, g->descriptor);
+        // The reading end_step uses instead of its own round trip.
+        absl::StatusOr<ControlPlane::Reading> now = cp->Read();
+        if (!now.ok()) return;
+        std::lock_guard<std::mutex> lock(g->mu);
+        g->seen_epoch = now->record.epoch;
+        g->joiners_waiting = !now->record.pending.empty();
+        g->read_at = absl::Now();
       };
     }
     auto hb = Heartbeat::Start(

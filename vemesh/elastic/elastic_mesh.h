@@ -25,7 +25,8 @@
 //     s = absl::OkStatus();
 //     if (v->recover) {
 //       absl::StatusOr<Recovery> r = el.recover(step);  // carries the state
-//       if (!r.ok()) return r.status();
+//       if (!r.ok()) return r.status();  // e.g. the same bug 3 times in a row
+//       std::fprintf(stderr, "%s\n", FormatRecovery(*r).c_str());
 //       if (r->evicted) return absl::OkStatus();     // not a member any more
 //     }
 //   }
@@ -88,6 +89,7 @@
 #include "vemesh/comm/communicator.h"
 #include "vemesh/comm/nccl/cuda_device.h"
 #include "vemesh/comm/nccl_options.h"
+#include "vemesh/comm/reconfigurable_communicator.h"
 #include "vemesh/elastic/epoch_communicator.h"
 #include "vemesh/elastic/replica_state.h"
 #include "vemesh/mesh/device_mesh.h"
@@ -149,6 +151,13 @@ struct ElasticOptions {
   // before; a benchmark's baseline). Either way a replica that is stopped
   // or hung but still has its port open is decided by its lease.
   bool data_plane_detection = true;
+  // A step that fails for a reason other than a lost member (a status
+  // other than Unavailable, DeadlineExceeded or Aborted on some rank: a
+  // caller's bug, a stale handle, a shape error) is retried through this
+  // many recoveries in a row; the next such failure ends the job: recover()
+  // returns it on every rank (naming the replica and the code), instead of
+  // forming epochs forever.
+  int max_step_retries = 2;
   // Fault injection for tests: called at named points ("establish").
   std::function<void(const char* point)> fault_hook;
 };
@@ -188,7 +197,14 @@ struct Recovery {
   // The library carried the state in this recovery (the caller must not
   // broadcast it again, and resume_step is already every member's state).
   bool state_carried = false;
+  // Why the step failed, as this rank saw it: its own step's status, or
+  // the reason its verdict failed (a peer's failure, a lost member).
+  absl::Status step_status;
 };
+
+// One line for a log: "recovery: epoch E, DP=N [replicas], resume at step
+// S; detect D ms, agree A ms, build B ms, state T ms; step failed: STATUS".
+std::string FormatRecovery(const Recovery& r);
 
 class ElasticMesh {
  public:
@@ -299,6 +315,11 @@ class ElasticMesh {
   absl::Duration detect_time_;           // of the verdict that asks recovery
   const std::shared_ptr<std::atomic<int64_t>> current_epoch_;
   std::vector<std::shared_ptr<EpochCommunicator>> epoch_comms_;
+  // The groups the mesh hands out, one per dimension, made with the first
+  // epoch and reconfigured with each (torchft's configure): a module built
+  // once over them (FSDP, ZeRO, DDP) follows the membership. Between epochs
+  // they fail Unavailable.
+  std::vector<std::shared_ptr<ReconfigurableCommunicator>> groups_;
   // The host DP group: end_step's agreement, state transfer, fingerprints.
   std::shared_ptr<EpochCommunicator> dp_;
   // cuda: the current epoch's NCCL communicators (its DP group), aborted
@@ -316,6 +337,12 @@ class ElasticMesh {
   bool receive_pending_ = false;
   int state_root_ = 0;  // the DP rank the pending transfer sends from
   int64_t steps_since_fingerprint_ = 0;
+  // Step failures that were not a lost member, in a row (agreed by every
+  // member at each epoch), the largest such status code and its replica.
+  int64_t step_errors_ = 0;
+  int64_t step_error_code_ = 0;
+  int64_t step_error_replica_ = -1;
+  absl::Status step_status_;  // of the failed step that asked recovery
   std::function<absl::Status(const DeviceMesh&)> publish_;
   uint64_t incarnation_ = 0;      // this launch's (membership.h)
   bool joined_unformed_ = false;  // Join saw the job before its first epoch
@@ -323,10 +350,17 @@ class ElasticMesh {
   // The record of the epoch this replica is in, and the job's descriptor:
   // what the heartbeat thread of the replica's rank 0 writes back if the
   // store loses them (a Redis restarted empty).
+  // The same thread also reads the record after each renewal, so that a
+  // step's end_step needs no store round trip: the last reading (epoch,
+  // whether replicas wait to join, when) is what end_step uses while it is
+  // younger than the heartbeat TTL.
   struct Guard {
     std::mutex mu;
     std::string record;  // under mu
     std::string descriptor;
+    int64_t seen_epoch = -1;                       // under mu
+    bool joiners_waiting = false;                  // under mu
+    absl::Time read_at = absl::InfinitePast();     // under mu
   };
   void Remember(const MembershipRecord& record);
   std::shared_ptr<Guard> guard_ = std::make_shared<Guard>();

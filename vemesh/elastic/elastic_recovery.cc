@@ -1,6 +1,7 @@
 // ElasticMesh's step and recovery: end_step's verdict, the state carried
 // to a new epoch, and the recovery loop (Rebuild) that recover() runs.
 
+#include <algorithm>
 #include <cstdint>
 #include <mutex>
 #include <optional>
@@ -19,13 +20,9 @@ namespace {
 // Bounds the retries of one recover() besides its deadline.
 constexpr int kMaxEpochAttempts = 64;
 
-bool IsRetryable(const absl::Status& s) {
-  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) ||
-         absl::IsAborted(s);
-}
-
 }  // namespace
 
+using elastic_internal::IsRetryable;
 using elastic_internal::kProbeTimeout;
 using elastic_internal::NextEpoch;
 
@@ -35,6 +32,8 @@ absl::StatusOr<Recovery> ElasticMesh::Rebuild(
   absl::Duration agree_time;
   absl::Duration build_time;
   absl::Status last_error;
+  absl::Time store_down_since = absl::InfiniteFuture();
+  absl::Duration backoff = absl::Milliseconds(20);
   for (int attempt = 0; attempt < kMaxEpochAttempts; ++attempt) {
     if (absl::Now() >= deadline) break;
     const absl::Time agree_start = absl::Now();
@@ -47,6 +46,19 @@ absl::StatusOr<Recovery> ElasticMesh::Rebuild(
           inner_rank_ == 0
               ? ChooseEpoch(failed, deadline)
               : absl::StatusOr<MembershipRecord>(MembershipRecord{}));
+      if (absl::IsUnavailable(shared.status()) && absl::Now() < deadline) {
+        // The store is unreachable (Redis restarting): retried with backoff
+        // for a few lease TTLs, by every rank of the replica together (the
+        // status is shared), as the heartbeat rides out a restart.
+        const absl::Time now = absl::Now();
+        if (store_down_since == absl::InfiniteFuture()) store_down_since = now;
+        if (now - store_down_since <
+            std::max(4 * options_.heartbeat_ttl, absl::Seconds(2))) {
+          absl::SleepFor(backoff);
+          backoff = std::min(2 * backoff, absl::Milliseconds(320));
+          continue;
+        }
+      }
       if (!shared.ok() && !last_error.ok()) {
         // Why the epochs before failed (a group that cannot form names the
         // addresses tried).
@@ -103,6 +115,7 @@ absl::StatusOr<Recovery> ElasticMesh::Rebuild(
         }
       }
       last_ = *r;
+      last_.step_status = step_status_;
       last_.detect_time = detect_time_;
       last_.agree_time = agree_time;
       last_.build_time = build_time;
@@ -134,11 +147,27 @@ absl::StatusOr<StepVerdict> ElasticMesh::end_step(
         ": it takes no part in the job's steps; launch it again to rejoin"));
   }
   int64_t failed = step_status.ok() ? 0 : 1;
+  // Not a lost member's doing: counted, and retried only so often.
+  const int64_t error_code =
+      failed != 0 && !IsRetryable(step_status)
+          ? static_cast<int64_t>(step_status.code())
+          : 0;
   // Retire at once: a peer blocked on our DP group gets a closed connection
   // now instead of waiting out its timeout.
   if (failed != 0) RetireEpoch();
   int64_t seen = -1;
   int64_t lost = 0;
+  // The heartbeat thread's last reading of the record, if fresh: no store
+  // round trip on the step's path (see Guard).
+  std::optional<int64_t> fresh_epoch;
+  if (inner_rank_ == 0) {
+    std::lock_guard<std::mutex> lock(guard_->mu);
+    if (absl::Now() - guard_->read_at < options_.heartbeat_ttl &&
+        guard_->seen_epoch >= epoch() &&
+        (!guard_->joiners_waiting || last_.dp_rank != 0)) {
+      fresh_epoch = guard_->seen_epoch;
+    }
+  }
   absl::Status lost_status = heartbeat_ ? heartbeat_->lost() : absl::OkStatus();
   std::optional<absl::StatusOr<ControlPlane::Reading>> read;
   if (!lost_status.ok()) {
@@ -149,7 +178,10 @@ absl::StatusOr<StepVerdict> ElasticMesh::end_step(
     if (read->ok()) lost_status = absl::OkStatus();
   }
   if (!lost_status.ok()) lost = 1;
-  if (inner_rank_ == 0 && lost == 0) {
+  if (inner_rank_ == 0 && lost == 0 && fresh_epoch.has_value() &&
+      !read.has_value()) {
+    seen = *fresh_epoch;
+  } else if (inner_rank_ == 0 && lost == 0) {
     absl::StatusOr<ControlPlane::Reading> now =
         read.has_value() ? *std::move(read) : control_->Read();
     if (!now.ok()) now = control_->Read();  // one retry: a blip is not a loss
@@ -183,7 +215,7 @@ absl::StatusOr<StepVerdict> ElasticMesh::end_step(
       }
     }
   }
-  int64_t agreed[3] = {failed, seen, lost};
+  int64_t agreed[4] = {failed, seen, lost, error_code};
   if (failed == 0 && dp_ != nullptr) {
     int64_t dp_view[2] = {seen, lost};
     absl::Status s =
@@ -196,7 +228,7 @@ absl::StatusOr<StepVerdict> ElasticMesh::end_step(
       RetireEpoch();
     }
   }
-  if (absl::Status s = ReplicaMax(absl::MakeSpan(agreed, 3)); !s.ok()) {
+  if (absl::Status s = ReplicaMax(absl::MakeSpan(agreed, 4)); !s.ok()) {
     return s;
   }
   if (agreed[2] != 0) {
@@ -208,6 +240,29 @@ absl::StatusOr<StepVerdict> ElasticMesh::end_step(
   StepVerdict v;
   v.committed = agreed[0] == 0;
   v.recover = agreed[0] != 0 || agreed[1] > epoch();
+  if (v.committed) {
+    step_errors_ = 0;
+    step_error_code_ = 0;
+    step_error_replica_ = -1;
+  } else if (agreed[3] != 0) {
+    // This replica saw a step fail for a reason that is not a lost member:
+    // counted (Establish agrees on the count across replicas).
+    ++step_errors_;
+    step_error_code_ = agreed[3];
+    step_error_replica_ = options_.replica;
+  }
+  if (v.recover) {
+    step_status_ =
+        !step_status.ok() ? step_status
+        : agreed[3] != 0
+            ? absl::Status(static_cast<absl::StatusCode>(agreed[3]),
+                           absl::StrCat("another rank of replica ",
+                                        options_.replica, "'s step failed"))
+            : agreed[0] != 0
+                ? absl::AbortedError("another replica's step failed")
+                : absl::AbortedError(absl::StrCat(
+                      "a newer epoch (", agreed[1], ") was formed"));
+  }
   // Every N committed steps of an epoch (the same count on every member):
   // the replicas' states must still agree.
   if (v.committed && !v.recover && options_.fingerprint_every > 0 &&

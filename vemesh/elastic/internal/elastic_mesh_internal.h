@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "vemesh/elastic/internal/control_plane.h"
 #include "vemesh/elastic/internal/epoch_gate.h"
@@ -24,6 +25,14 @@ namespace vemesh::elastic_internal {
 inline constexpr absl::Duration kPollPeriod = absl::Milliseconds(5);
 // How long a quorum round waits for a silent member's port to answer.
 inline constexpr absl::Duration kProbeTimeout = absl::Milliseconds(20);
+
+// A failure a lost (or slow) member explains: a new epoch may cure it.
+// Anything else is the step's own (a caller's bug) and is retried only
+// ElasticOptions::max_step_retries times.
+inline bool IsRetryable(const absl::Status& s) {
+  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) ||
+         absl::IsAborted(s);
+}
 
 inline std::vector<int> Without(const std::vector<int>& from,
                                 const std::vector<int>& drop) {
