@@ -82,8 +82,8 @@ absl::StatusOr<DeviceMesh> ElasticMesh::FullMesh(
       groups_.push_back(std::make_shared<ReconfigurableCommunicator>(
           requested_.dim_names()[d], std::string(comm->backend())));
     }
-    if (absl::Status s = groups_[d]->configure(comm, std::move(ranks),
-                                               record.epoch);
+    if (absl::Status s =
+            groups_[d]->configure(comm, std::move(ranks), record.epoch);
         !s.ok()) {
       return s;
     }
@@ -218,7 +218,8 @@ absl::StatusOr<Recovery> ElasticMesh::Establish(const MembershipRecord& record,
             options_.max_step_retries, ")",
             step_status_.ok() || elastic_internal::IsRetryable(step_status_)
                 ? ""
-                : absl::StrCat("; this rank's step: ", step_status_.message())));
+                : absl::StrCat("; this rank's step: ",
+                               step_status_.message())));
   }
   if (least[0] == kNoState) {
     return absl::FailedPreconditionError(absl::StrCat(

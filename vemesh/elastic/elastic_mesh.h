@@ -358,9 +358,9 @@ class ElasticMesh {
     std::mutex mu;
     std::string record;  // under mu
     std::string descriptor;
-    int64_t seen_epoch = -1;                       // under mu
-    bool joiners_waiting = false;                  // under mu
-    absl::Time read_at = absl::InfinitePast();     // under mu
+    int64_t seen_epoch = -1;                    // under mu
+    bool joiners_waiting = false;               // under mu
+    absl::Time read_at = absl::InfinitePast();  // under mu
   };
   void Remember(const MembershipRecord& record);
   std::shared_ptr<Guard> guard_ = std::make_shared<Guard>();

@@ -148,10 +148,9 @@ absl::StatusOr<StepVerdict> ElasticMesh::end_step(
   }
   int64_t failed = step_status.ok() ? 0 : 1;
   // Not a lost member's doing: counted, and retried only so often.
-  const int64_t error_code =
-      failed != 0 && !IsRetryable(step_status)
-          ? static_cast<int64_t>(step_status.code())
-          : 0;
+  const int64_t error_code = failed != 0 && !IsRetryable(step_status)
+                                 ? static_cast<int64_t>(step_status.code())
+                                 : 0;
   // Retire at once: a peer blocked on our DP group gets a closed connection
   // now instead of waiting out its timeout.
   if (failed != 0) RetireEpoch();
@@ -258,10 +257,9 @@ absl::StatusOr<StepVerdict> ElasticMesh::end_step(
             ? absl::Status(static_cast<absl::StatusCode>(agreed[3]),
                            absl::StrCat("another rank of replica ",
                                         options_.replica, "'s step failed"))
-            : agreed[0] != 0
-                ? absl::AbortedError("another replica's step failed")
-                : absl::AbortedError(absl::StrCat(
-                      "a newer epoch (", agreed[1], ") was formed"));
+        : agreed[0] != 0 ? absl::AbortedError("another replica's step failed")
+                         : absl::AbortedError(absl::StrCat(
+                               "a newer epoch (", agreed[1], ") was formed"));
   }
   // Every N committed steps of an epoch (the same count on every member):
   // the replicas' states must still agree.
