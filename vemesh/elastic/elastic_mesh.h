@@ -54,8 +54,12 @@
 // full one (PP x DP x TP with DP = the current member count), and it is
 // replaced at every epoch: its DP groups are Gloo groups made under the
 // epoch's keys, its other groups the launch's, renumbered to the epoch's
-// global ranks. Handles of an older epoch answer FailedPrecondition ("stale
-// mesh epoch N, current M"), never a wrong group.
+// global ranks. The groups it hands out are long-lived: one
+// ReconfigurableCommunicator per dimension, made with the first epoch and
+// reconfigured with each (torchft's configure), so a module built once on
+// them (FSDP, ZeRO, DDP) keeps training across shrink and grow; between
+// epochs (a failed step until recover() returns) they fail Unavailable. The
+// mesh object (sizes, coordinates) is per epoch: ask the registry again.
 //
 // end_step is collective over the whole job: every rank calls it once per
 // step with its step's status. It retires the DP groups at once on a failed
