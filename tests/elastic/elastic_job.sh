@@ -223,10 +223,12 @@ case $scenario in
     # 20 SIGKILLs of a whole replica at random moments (in a step, a
     # recovery, a join, a state transfer), each relaunched at once; then
     # the job must finish with every replica back and PASS.
-    # Long enough (2200 paced steps, about 90 s with the recoveries) that
-    # training outlasts the kills (about 50 s here): a job that ends before
-    # the last relaunch leaves that replica to found a fresh job alone.
-    steps=${SOAK_STEPS:-2200}; pace=20
+    # Long enough (3500 paced steps: at least 70 s, more with recoveries)
+    # that training outlasts the kills (about 55 s here): a job that ends
+    # before the last relaunch leaves that replica to found a fresh job
+    # alone. (2200 steps sufficed while every step read the record from
+    # Redis; without that round trip they finished before the kills.)
+    steps=${SOAK_STEPS:-3500}; pace=20
     limit=${ELASTIC_LIMIT:-190}
     declare -A gen=([0]=0 [1]=0 [2]=0)
     launch 0 r0.0; launch 1 r1.0; launch 2 r2.0

@@ -81,6 +81,11 @@ absl::StatusOr<DeviceMesh> ElasticMesh::FullMesh(
     if (groups_.size() <= static_cast<size_t>(d)) {
       groups_.push_back(std::make_shared<ReconfigurableCommunicator>(
           requested_.dim_names()[d], std::string(comm->backend())));
+      // An NCCL operation is bounded by the timeout of the communicator it
+      // is called on (a Gloo one bounds itself).
+      if (d == replica_dim_ && device_group != nullptr) {
+        groups_[d]->set_timeout(options_.op_timeout);
+      }
     }
     if (absl::Status s =
             groups_[d]->configure(comm, std::move(ranks), record.epoch);
