@@ -298,13 +298,20 @@ absl::Status ElasticMesh::CarryState(absl::string_view where) {
   if (s.ok() && transfer_pending_) {
     s = state_.Transfer(*dp_, state_root_, receive_pending_);
   }
-  if (s.ok()) s = state_.CompareFingerprints(*dp_, last_.replicas, where);
+  std::pair<int, int> named = {-1, -1};
+  if (s.ok()) {
+    s = state_.CompareFingerprints(*dp_, last_.replicas, where, &named);
+  }
   // The replica agrees: one rank's failure (its own shard coordinate) is
-  // the whole replica's.
-  int64_t code = s.ok() ? 0 : absl::IsDataLoss(s) ? 2 : 1;
-  if (absl::Status r = ReplicaMax(absl::MakeSpan(&code, 1)); !r.ok()) {
+  // the whole replica's, and its other ranks name the replicas it named.
+  int64_t agreed[3] = {s.ok()                ? 0
+                       : absl::IsDataLoss(s) ? 2
+                                             : 1,
+                       named.first, named.second};
+  if (absl::Status r = ReplicaMax(absl::MakeSpan(agreed, 3)); !r.ok()) {
     return r;
   }
+  const int64_t code = agreed[0];
   if (code == 0) {
     transfer_pending_ = false;
     receive_pending_ = false;
@@ -312,13 +319,15 @@ absl::Status ElasticMesh::CarryState(absl::string_view where) {
     return absl::OkStatus();
   }
   if (s.ok()) {
-    s = code == 2 ? absl::DataLossError(absl::StrCat(
-                        "the replicas' states differ ", where,
-                        " at another shard coordinate of replica ",
-                        options_.replica, " (its other ranks name them)"))
-                  : absl::AbortedError(absl::StrCat(
-                        "another rank of replica ", options_.replica,
-                        " failed its state transfer ", where));
+    s = code == 2
+            ? absl::DataLossError(absl::StrCat(
+                  "the replicas' states differ ", where,
+                  " at another shard coordinate of replica ", options_.replica,
+                  ": replica ", agreed[1], " differs from replica ", agreed[2],
+                  " (the ranks there name the fingerprints)"))
+            : absl::AbortedError(
+                  absl::StrCat("another rank of replica ", options_.replica,
+                               " failed its state transfer ", where));
   }
   if (code == 1) {
     // This rank stays without state; the epoch is to be rebuilt.

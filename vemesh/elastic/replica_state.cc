@@ -227,9 +227,10 @@ absl::Status ReplicaState::Transfer(Communicator& group, int root,
                          "a receiver could not load it");
 }
 
-absl::Status ReplicaState::CompareFingerprints(Communicator& group,
-                                               const std::vector<int>& replicas,
-                                               absl::string_view where) const {
+absl::Status ReplicaState::CompareFingerprints(
+    Communicator& group, const std::vector<int>& replicas,
+    absl::string_view where, std::pair<int, int>* named) const {
+  if (named != nullptr) *named = {-1, -1};
   absl::StatusOr<uint64_t> mine = Fingerprint();
   // A rank whose state_dict failed sends 0 with a flag.
   int64_t word[2] = {mine.ok() ? static_cast<int64_t>(*mine) : 0,
@@ -259,6 +260,14 @@ absl::Status ReplicaState::CompareFingerprints(Communicator& group,
        .member = "replica",
        .ids = replicas});
   if (verdict.ok()) return verdict;
+  for (size_t j = 1; named != nullptr && j < summaries.size(); ++j) {
+    if (summaries[j].hash != summaries[0].hash) {
+      const bool known = j < replicas.size();
+      *named = {known ? replicas[j] : static_cast<int>(j),
+                replicas.empty() ? 0 : replicas[0]};
+      break;
+    }
+  }
   return absl::DataLossError(absl::StrCat(
       verdict.message(),
       " (registered state fingerprints along the replicate dimension)"));

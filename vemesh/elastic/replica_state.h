@@ -44,6 +44,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -93,10 +94,13 @@ class ReplicaState {
   // comm/agreement.h: the first of `replicas` (the replica id of each DP
   // rank) whose fingerprint differs from the first's, and both
   // fingerprints ("...: replica 9 has 00ab..., replica 4 has 13f0...").
-  // A failed group operation returns its error instead.
+  // A failed group operation returns its error instead. `named`, if given,
+  // gets those two replica ids on DataLoss ({-1, -1} otherwise), for the
+  // ranks of other shard coordinates, which compared equal states.
   absl::Status CompareFingerprints(Communicator& group,
                                    const std::vector<int>& replicas,
-                                   absl::string_view where) const;
+                                   absl::string_view where,
+                                   std::pair<int, int>* named = nullptr) const;
 
  private:
   struct Entry {

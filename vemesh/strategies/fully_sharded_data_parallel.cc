@@ -483,12 +483,28 @@ int64_t Fingerprint(const std::vector<FsdpUnit>& units, const FsdpOptions& o) {
   return static_cast<int64_t>(f.value() & ((uint64_t{1} << 62) - 1));
 }
 
-// Global min of `v` over the mesh, one all_reduce per dimension (the
-// minimum over each dimension in turn is the minimum over the product).
-absl::Status MinOverMesh(const DeviceMesh& mesh, absl::Span<int64_t> v) {
+// Whether Create agrees over dimension `dim`'s group: not over a
+// reconfigurable group outside the shard dims (an elastic mesh's replicate
+// dimension), whose members do not create their modules together: a
+// replica that joins a running job creates its module alone, while the
+// others are inside their recovery on the same group.
+bool AgreesOver(const Communicator& g, const std::string& dim,
+                const FsdpOptions& o) {
+  if (dynamic_cast<const ReconfigurableCommunicator*>(&g) == nullptr) {
+    return true;
+  }
+  return std::find(o.shard_dims.begin(), o.shard_dims.end(), dim) !=
+         o.shard_dims.end();
+}
+
+// Global min of `v` over the mesh (the dimensions AgreesOver), one
+// all_reduce per dimension (the minimum over each dimension in turn is the
+// minimum over the product).
+absl::Status MinOverMesh(const DeviceMesh& mesh, const FsdpOptions& o,
+                         absl::Span<int64_t> v) {
   for (const std::string& d : mesh.mesh_dim_names()) {
     VEMESH_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> g, mesh.get_group(d));
-    if (g == nullptr || g->size() == 1) continue;
+    if (g == nullptr || g->size() == 1 || !AgreesOver(*g, d, o)) continue;
     VEMESH_RETURN_IF_ERROR(g->all_reduce(v, ReduceOp::kMin));
   }
   return absl::OkStatus();
@@ -520,7 +536,8 @@ std::string FsdpSummaryText(const std::vector<FsdpUnit>& units,
 
 // Collective over the mesh: the fingerprint and summary text of the one
 // rank where `holder` is true (the others send the maximum), on every rank.
-absl::StatusOr<AgreementSummary> FromOne(const DeviceMesh& mesh, bool holder,
+absl::StatusOr<AgreementSummary> FromOne(const DeviceMesh& mesh,
+                                         const FsdpOptions& o, bool holder,
                                          int64_t fp, absl::string_view text) {
   constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
   // One byte past the limit, so that a cut text is shown as cut.
@@ -531,7 +548,7 @@ absl::StatusOr<AgreementSummary> FromOne(const DeviceMesh& mesh, bool holder,
       v[i + 1] = static_cast<unsigned char>(text[i]);
     }
   }
-  VEMESH_RETURN_IF_ERROR(MinOverMesh(mesh, absl::MakeSpan(v)));
+  VEMESH_RETURN_IF_ERROR(MinOverMesh(mesh, o, absl::MakeSpan(v)));
   AgreementSummary out{static_cast<uint64_t>(v[0]), ""};
   for (size_t i = 1; i < v.size() && v[i] > 0 && v[i] < 256; ++i) {
     out.text.push_back(static_cast<char>(v[i]));
@@ -587,7 +604,7 @@ absl::StatusOr<FullyShardedDataParallel> FullyShardedDataParallel::Create(
   const int64_t fp = Fingerprint(units, options);
   const int64_t me = mesh.global_rank();
   std::vector<int64_t> agree = {fp, -fp, local.ok() ? 0 : -1, me};
-  VEMESH_RETURN_IF_ERROR(MinOverMesh(mesh, absl::MakeSpan(agree)));
+  VEMESH_RETURN_IF_ERROR(MinOverMesh(mesh, options, absl::MakeSpan(agree)));
   if (!local.ok()) return local;
   if (agree[2] != 0) {
     return absl::InvalidArgumentError(
@@ -603,12 +620,12 @@ absl::StatusOr<FullyShardedDataParallel> FullyShardedDataParallel::Create(
     const int64_t first = agree[3];
     const std::string text = FsdpSummaryText(units, options);
     VEMESH_ASSIGN_OR_RETURN(AgreementSummary head,
-                            FromOne(mesh, me == first, fp, text));
+                            FromOne(mesh, options, me == first, fp, text));
     std::vector<int64_t> other = {
         static_cast<uint64_t>(fp) != head.hash ? me : kNone};
-    VEMESH_RETURN_IF_ERROR(MinOverMesh(mesh, absl::MakeSpan(other)));
+    VEMESH_RETURN_IF_ERROR(MinOverMesh(mesh, options, absl::MakeSpan(other)));
     VEMESH_ASSIGN_OR_RETURN(AgreementSummary theirs,
-                            FromOne(mesh, me == other[0], fp, text));
+                            FromOne(mesh, options, me == other[0], fp, text));
     const AgreementSummary both[2] = {head, theirs};
     const int ids[2] = {static_cast<int>(first), static_cast<int>(other[0])};
     absl::Status verdict = AgreementVerdict(

@@ -56,6 +56,10 @@
 // every unit's name and shapes, one small all_reduce per mesh dimension,
 // before any other collective. A rank whose arguments are wrong, or differ
 // from another rank's, makes Create InvalidArgument on every rank (no hang).
+// Not over a ReconfigurableCommunicator outside shard_dims (an elastic
+// mesh's replicate dimension): a replica that joins a running job creates
+// its module alone, while the others are in their recovery on that group;
+// the elastic mesh compares the replicas (descriptor, state fingerprint).
 // Parameters must start identical on all ranks of the data-parallel group
 // (initialise them deterministically, or broadcast them first).
 //

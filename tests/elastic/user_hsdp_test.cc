@@ -1,0 +1,598 @@
+// Issue 47's user test: a program that is not train_nd, written only from
+// the public headers and docs/USER_GUIDE.md §5a. Its own two-layer MLP
+// (strategies::Linear, tanh) is wrapped ONCE by FullyShardedDataParallel
+// (HYBRID_SHARD: shard over DP_SHARD, replicate over DP_REPLICATE) with
+// AdamW, its state registered ONCE with the elastic mesh (TrainingState +
+// RegisterElasticState), then the guide's loop. Mesh DP_REPLICATE x
+// DP_SHARD = 3 x 2, DP_REPLICATE elastic: three replicas of two ranks
+// each, one thread per rank, each replica its own "launch" over a
+// MemoryStore of its own, the control plane a MemoryStore they share (or a
+// real redis-server on loopback).
+//
+// What a user checks: every replica ends at the last step with the
+// parameters AND AdamW moments of the same model trained by a plain serial
+// loop (torch.optim-shaped Optimizer over the whole batch), bit-identical
+// across replicas, through a killed and relaunched replica (which receives
+// parameters and optimizer state) and a Redis restart; a replica whose
+// shard is perturbed is named by the fingerprint check on every rank.
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "redis_server.h"  // tests/common: a redis-server of the test's own
+#include "vemesh/base/status_macros.h"
+#include "vemesh/bootstrap/store_bootstrap.h"
+#include "vemesh/elastic/elastic_mesh.h"
+#include "vemesh/rendezvous/memory_store.h"
+#include "vemesh/strategies/elastic_state.h"
+#include "vemesh/strategies/fully_sharded_data_parallel.h"
+#include "vemesh/strategies/linear.h"
+#include "vemesh/strategies/optimizer.h"
+#include "vemesh/strategies/parameter_placement.h"
+#include "vemesh/strategies/state_dict.h"
+
+namespace vemesh {
+namespace {
+
+using strategies::FullyShardedDataParallel;
+using strategies::Linear;
+using strategies::Matrix;
+using strategies::OptimizerOptions;
+using strategies::Parameter;
+using ::testing::HasSubstr;
+
+// ===========================================================================
+// User code: the model, its data, one training step, the guide's loop.
+// ===========================================================================
+
+constexpr int kIn = 4, kHidden = 8, kOut = 3;
+constexpr int kBatch = 12;  // global rows per step; divides by 4 and 6 ranks
+constexpr double kLr = 1e-2;
+
+Matrix Init(int rows, int cols, double seed) {
+  Matrix m(rows, cols);
+  for (int i = 0; i < rows; ++i) {
+    for (int j = 0; j < cols; ++j)
+      m(i, j) = 0.4 * std::sin(seed + 0.7 * i + 0.45 * j);
+  }
+  return m;
+}
+
+// Rows [begin, begin + count) of step `step`'s global batch: inputs, targets.
+std::pair<Matrix, Matrix> Batch(int64_t step, int begin, int count) {
+  Matrix x(count, kIn), t(count, kOut);
+  for (int r = 0; r < count; ++r) {
+    const double row = static_cast<double>(step * kBatch + begin + r);
+    for (int j = 0; j < kIn; ++j) x(r, j) = std::sin(0.37 * row + 0.91 * j);
+    for (int k = 0; k < kOut; ++k) t(r, k) = std::cos(0.23 * row - 0.5 * k);
+  }
+  return {x, t};
+}
+
+struct Mlp {
+  Linear fc0{"fc0", Init(kIn, kHidden, 1.0), Init(1, kHidden, 2.0)};
+  Linear fc1{"fc1", Init(kHidden, kOut, 3.0), Init(1, kOut, 4.0)};
+  std::vector<std::vector<Parameter*>> units() {
+    return {fc0.parameters(), fc1.parameters()};
+  }
+};
+
+// One step of the serial model (the reference) or of a rank's HSDP module
+// (`fsdp` set): loss = mean over the global batch of |y - t|^2 / 2, each
+// rank taking its slice of the rows.
+absl::Status Step(Mlp& m, FullyShardedDataParallel* fsdp, int64_t step) {
+  using F = FullyShardedDataParallel;
+  const int rows = kBatch / (fsdp ? fsdp->dp_size() : 1);
+  auto [x, t] = Batch(step, (fsdp ? fsdp->dp_rank() : 0) * rows, rows);
+  // FSDP's hooks around each unit (none for the serial model).
+  auto hook = [fsdp](absl::Status (F::*h)(size_t), size_t u) {
+    return fsdp ? (fsdp->*h)(u) : absl::OkStatus();
+  };
+  if (fsdp) fsdp->ZeroGrad();
+  VEMESH_RETURN_IF_ERROR(hook(&F::PreForward, 0));
+  const Matrix a = m.fc0.Forward(x).array().tanh().matrix();
+  VEMESH_RETURN_IF_ERROR(hook(&F::PostForward, 0));
+  VEMESH_RETURN_IF_ERROR(hook(&F::PreForward, 1));
+  const Matrix y = m.fc1.Forward(a);
+  VEMESH_RETURN_IF_ERROR(hook(&F::PostForward, 1));
+  VEMESH_RETURN_IF_ERROR(hook(&F::PreBackward, 1));
+  const Matrix da = m.fc1.Backward(a, (y - t) / static_cast<double>(rows));
+  VEMESH_RETURN_IF_ERROR(hook(&F::PostBackward, 1));
+  VEMESH_RETURN_IF_ERROR(hook(&F::PreBackward, 0));
+  m.fc0.Backward(x, (da.array() * (1.0 - a.array().square())).matrix());
+  VEMESH_RETURN_IF_ERROR(hook(&F::PostBackward, 0));
+  if (!fsdp) return absl::OkStatus();
+  VEMESH_RETURN_IF_ERROR(fsdp->FinishBackward());  // DP_REPLICATE may fail
+  return fsdp->OptimizerStep();
+}
+
+// What one rank holds at the end, for the test to compare.
+struct Outcome {
+  absl::Status status;
+  int64_t step = -1;      // at the end (-1: the loop did not finish)
+  int64_t committed = 0;  // the last step committed
+  int dp_size = 0;
+  bool evicted = false;
+  bool received_state = false;  // joined and was sent the state
+  int recoveries = 0;
+  absl::Status last_step_status;  // the last recovery record's
+  int undone = 0;  // steps not committed whose updates were restored
+  int shard_rank = 0;
+  std::vector<std::vector<double>> shard, exp_avg, exp_avg_sq;  // per unit
+  std::vector<int64_t> step_counts;
+};
+
+// Test hooks, outside what a user writes: leave (as if killed) before a
+// step, fail a step after its update, act after a committed step, or pace
+// the steps.
+struct Hooks {
+  std::function<bool(int64_t)> quit;
+  std::function<absl::Status(int64_t, int)> fail_after;
+  std::function<void(int64_t, FullyShardedDataParallel&)> after_commit;
+  absl::Duration pace = absl::Milliseconds(15);
+  std::atomic<int64_t>* progress = nullptr;
+};
+
+class Snapshot;  // glue: the registered state's copy at a step's start
+
+absl::Status Train(ElasticMesh& el, int64_t steps, const Hooks& hooks,
+                   Outcome& out);
+
+// ===========================================================================
+// Glue a user needs that the library does not offer (yet).
+// ===========================================================================
+
+// The guide's RestoreStartOfStep: a copy of every registered buffer (the
+// FSDP shards, the AdamW moments, the step counts) taken before the step,
+// written back when end_step does not commit it.
+class Snapshot {
+ public:
+  absl::Status Take(strategies::TrainingState& state) {
+    absl::StatusOr<std::vector<strategies::ElasticStateEntry>> entries =
+        state.elastic_state();
+    if (!entries.ok()) return entries.status();
+    entries_ = *std::move(entries);
+    saved_.clear();
+    for (strategies::ElasticStateEntry& e : entries_) {
+      if (e.bytes) {
+        absl::Span<char> b = e.bytes();
+        saved_.emplace_back(b.data(), b.size());
+      } else {
+        absl::StatusOr<std::string> b = e.state_dict();
+        if (!b.ok()) return b.status();
+        saved_.push_back(*std::move(b));
+      }
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Restore() {
+    for (size_t i = 0; i < entries_.size(); ++i) {
+      if (entries_[i].bytes) {
+        absl::Span<char> b = entries_[i].bytes();
+        std::memcpy(b.data(), saved_[i].data(), b.size());
+      } else if (absl::Status s = entries_[i].load_state_dict(saved_[i]);
+                 !s.ok()) {
+        return s;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  std::vector<strategies::ElasticStateEntry> entries_;
+  std::vector<std::string> saved_;
+};
+
+// The guide's SaveStep / LoadStep: the loop's step counter as 8 bytes.
+ReplicaState::StateDictFn SaveStep(int64_t* step) {
+  return [step]() -> absl::StatusOr<std::string> {
+    return std::string(reinterpret_cast<const char*>(step), sizeof(*step));
+  };
+}
+ReplicaState::LoadStateDictFn LoadStep(int64_t* step) {
+  return [step](absl::string_view b) {
+    if (b.size() != sizeof(*step)) return absl::InvalidArgumentError("step");
+    std::memcpy(step, b.data(), sizeof(*step));
+    return absl::OkStatus();
+  };
+}
+
+// ===========================================================================
+// User code: the rank's program from the elastic mesh on.
+// ===========================================================================
+
+absl::Status Train(ElasticMesh& el, int64_t steps, const Hooks& hooks,
+                   Outcome& out) {
+  Mlp model;
+  strategies::TrainingState state;
+  for (auto* layer : {&model.fc0, &model.fc1}) {
+    for (Parameter* p : layer->parameters()) {
+      absl::Status s =
+          state.AddParameter(p, strategies::WholePlacement(
+                                    p->name, p->value.rows(), p->value.cols()));
+      if (!s.ok()) return s;
+    }
+  }
+  // Once, on the elastic mesh's long-lived groups: it follows the membership.
+  absl::StatusOr<FullyShardedDataParallel> made =
+      FullyShardedDataParallel::Create(
+          el.mesh(),
+          {{"fc0", model.fc0.parameters()}, {"fc1", model.fc1.parameters()}},
+          {.sharding_strategy = strategies::ShardingStrategy::kHybridShard,
+           .shard_dims = {"DP_SHARD"},
+           .replicate_dims = {"DP_REPLICATE"}});
+  if (!made.ok()) return made.status();
+  FullyShardedDataParallel& fsdp = *made;
+  absl::Status s = fsdp.SetOptimizer(OptimizerOptions::AdamW(kLr));
+  if (s.ok()) s = state.AddFsdp(fsdp, model.units());
+  // USER_GUIDE §5a from here.
+  int64_t step = el.last_recovery().resume_step;
+  if (s.ok()) {
+    s = el.register_state_dict_fn("step", SaveStep(&step), LoadStep(&step));
+  }
+  if (s.ok()) s = strategies::RegisterElasticState(el, state);
+  if (!s.ok()) return s;
+  out.received_state = el.last_recovery().receives_state;
+  Snapshot start;
+  s = el.sync_state();  // a joiner receives the state here
+  while (step < steps) {
+    if (hooks.quit && hooks.quit(step)) return absl::CancelledError("quit");
+    if (s.ok()) s = start.Take(state);
+    if (s.ok()) s = Step(model, &fsdp, step);
+    if (s.ok() && hooks.fail_after)
+      s = hooks.fail_after(step, fsdp.shard_rank());
+    absl::SleepFor(hooks.pace);
+    absl::StatusOr<StepVerdict> v = el.end_step(s);
+    if (!v.ok()) return v.status();  // store lost, states differ
+    if (v->committed) {
+      ++step;
+      out.committed = step;
+      if (hooks.progress) *hooks.progress = step;
+      if (hooks.after_commit) hooks.after_commit(step, fsdp);
+    } else {
+      ++out.undone;
+      if (absl::Status r = start.Restore(); !r.ok()) return r;
+    }
+    s = absl::OkStatus();
+    if (v->recover) {
+      absl::StatusOr<Recovery> r = el.recover(step);
+      if (!r.ok()) return r.status();
+      std::fprintf(stderr, "replica %d: %s\n", el.replica(),
+                   FormatRecovery(*r).c_str());
+      ++out.recoveries;
+      out.last_step_status = r->step_status;
+      if (r->evicted) {
+        out.evicted = true;
+        return absl::OkStatus();
+      }
+    }
+  }
+  // What the test compares (not user code): this rank's shards and moments.
+  out.step = step;
+  out.dp_size = el.last_recovery().dp_size;
+  out.shard_rank = fsdp.shard_rank();
+  for (size_t u = 0; u < fsdp.num_units(); ++u) {
+    absl::Span<const double> sh = fsdp.local_shard(u);
+    out.shard.emplace_back(sh.begin(), sh.end());
+    for (auto& [name, buf] : fsdp.optimizer(u)->mutable_state()) {
+      (name == "exp_avg" ? out.exp_avg : out.exp_avg_sq)
+          .emplace_back(buf.begin(), buf.end());
+    }
+    out.step_counts.push_back(fsdp.optimizer(u)->step_count());
+  }
+  return absl::OkStatus();
+}
+
+// ===========================================================================
+// The test harness.
+// ===========================================================================
+
+constexpr int kShard = 2;  // ranks per replica
+constexpr int64_t kSteps = 60;
+
+// The serial run: each unit's parameters, exp_avg and exp_avg_sq, flattened
+// in the unit's order (as FSDP lays a unit out before sharding it).
+struct Reference {
+  std::vector<std::vector<double>> values, exp_avg, exp_avg_sq;
+};
+
+Reference Serial(int64_t steps) {
+  Mlp m;
+  std::vector<Parameter*> params = {&m.fc0.weight(), &m.fc0.bias(),
+                                    &m.fc1.weight(), &m.fc1.bias()};
+  auto opt =
+      strategies::Optimizer::Create(OptimizerOptions::AdamW(kLr), params);
+  EXPECT_TRUE(opt.ok()) << opt.status();
+  for (int64_t s = 0; s < steps; ++s) {
+    EXPECT_TRUE(Step(m, nullptr, s).ok());
+    EXPECT_TRUE(opt->Step().ok());
+    opt->ZeroGrad();
+  }
+  Reference r;
+  for (size_t u = 0; u < 2; ++u) {
+    r.values.emplace_back();
+    r.exp_avg.emplace_back();
+    r.exp_avg_sq.emplace_back();
+    for (size_t k = 2 * u; k < 2 * u + 2; ++k) {
+      const Matrix& v = params[k]->value;
+      r.values[u].insert(r.values[u].end(), v.data(), v.data() + v.size());
+      for (auto& [name, buf] : opt->flat(k).mutable_state()) {
+        auto& to = name == "exp_avg" ? r.exp_avg[u] : r.exp_avg_sq[u];
+        to.insert(to.end(), buf.begin(), buf.end());
+      }
+    }
+  }
+  return r;
+}
+
+// The elements [begin, begin + n) of shard rank `rank` of a unit of
+// `numel` elements split over kShard ranks (FSDP's even split, padded).
+std::vector<double> ShardOf(const std::vector<double>& unit, int rank) {
+  const size_t len = (unit.size() + kShard - 1) / kShard;
+  const size_t begin = std::min(unit.size(), len * rank);
+  const size_t end = std::min(unit.size(), begin + len);
+  return {unit.begin() + begin, unit.begin() + end};
+}
+
+void ExpectNear(const std::vector<double>& got, const std::vector<double>& want,
+                const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i], 1e-9 * (1.0 + std::fabs(want[i])))
+        << what << " element " << i;
+  }
+}
+
+class UserHsdp : public ::testing::Test {
+ protected:
+  std::shared_ptr<MemoryStore> control_ = std::make_shared<MemoryStore>();
+  std::string redis_;  // "redis://127.0.0.1:PORT" to use Redis instead
+
+  // Launches replica `k` (two threads); each writes outcomes[shard rank].
+  std::vector<std::thread> Launch(int k, const Hooks& hooks,
+                                  std::vector<Outcome>& outcomes,
+                                  int fingerprint_every = 0) {
+    auto launch_store = std::make_shared<MemoryStore>();
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kShard; ++r) {
+      threads.emplace_back(
+          [this, k, r, hooks, launch_store, &outcomes, fingerprint_every] {
+            Outcome& out = outcomes[r];
+            MeshOptions inner;
+            inner.backend = "gloo";
+            inner.timeout = absl::Seconds(20);
+            inner.bootstrap = std::make_shared<StoreBootstrap>(
+                launch_store, r, kShard, absl::StrCat("launch", k));
+            ElasticOptions o;
+            if (redis_.empty()) {
+              o.control_store = control_;
+              o.heartbeat_ttl = absl::Milliseconds(300);
+            } else {
+              o.store = redis_;
+            }
+            o.replica = k;
+            o.replica_dim = "DP_REPLICATE";
+            o.job = "user_hsdp";
+            o.op_timeout = absl::Seconds(5);
+            o.recovery_timeout = absl::Seconds(30);
+            o.form_timeout = absl::Seconds(10);
+            o.fingerprint_every = fingerprint_every;
+            auto layout =
+                MeshLayout::Create({3, kShard}, {"DP_REPLICATE", "DP_SHARD"});
+            if (!layout.ok()) {
+              out.status = layout.status();
+              return;
+            }
+            auto el = ElasticMesh::Create(DeviceType::kCpu, *layout, inner, o);
+            if (!el.ok()) {
+              out.status = el.status();
+              return;
+            }
+            out.status = Train(**el, kSteps, hooks, out);
+          });
+    }
+    return threads;
+  }
+
+  // Every listed launch ended at the last step, DP=3, with the serial
+  // run's parameters and moments, bit-identical across replicas.
+  void ExpectTrainedAsSerial(const std::vector<std::vector<Outcome>>& outcomes,
+                             const std::vector<int>& launches) {
+    const Reference ref = Serial(kSteps);
+    for (int k : launches) {
+      for (int r = 0; r < kShard; ++r) {
+        const Outcome& o = outcomes[k][r];
+        SCOPED_TRACE(absl::StrCat("launch ", k, " rank ", r));
+        ASSERT_TRUE(o.status.ok()) << o.status;
+        EXPECT_FALSE(o.evicted);
+        EXPECT_EQ(o.step, kSteps);
+        EXPECT_EQ(o.dp_size, 3);
+        ASSERT_EQ(o.shard.size(), 2u);
+        ASSERT_EQ(o.exp_avg.size(), 2u);
+        ASSERT_EQ(o.exp_avg_sq.size(), 2u);
+        for (size_t u = 0; u < 2; ++u) {
+          ExpectNear(o.shard[u], ShardOf(ref.values[u], o.shard_rank), "w");
+          ExpectNear(o.exp_avg[u], ShardOf(ref.exp_avg[u], o.shard_rank),
+                     "exp_avg");
+          ExpectNear(o.exp_avg_sq[u], ShardOf(ref.exp_avg_sq[u], o.shard_rank),
+                     "exp_avg_sq");
+          EXPECT_EQ(o.step_counts[u], kSteps);
+          // Every replica holds the same bits as the first.
+          const Outcome& first = outcomes[launches[0]][r];
+          EXPECT_EQ(o.shard[u], first.shard[u]);
+          EXPECT_EQ(o.exp_avg[u], first.exp_avg[u]);
+          EXPECT_EQ(o.exp_avg_sq[u], first.exp_avg_sq[u]);
+        }
+      }
+    }
+  }
+};
+
+TEST_F(UserHsdp, KilledReplicaRelaunchedReceivesParametersAndAdamW) {
+  const absl::Time begin = absl::Now();
+  std::vector<std::vector<Outcome>> outcomes(
+      4, std::vector<Outcome>(kShard));  // [3]: replica 2's relaunch
+  std::atomic<bool> killed{false};
+  Hooks plain;
+  Hooks dies;
+  dies.quit = [&](int64_t step) {
+    if (step < 8) return false;
+    killed = true;
+    return true;
+  };
+  std::vector<std::thread> all;
+  for (int k = 0; k < 3; ++k) {
+    for (std::thread& t : Launch(k, k == 2 ? dies : plain, outcomes[k])) {
+      all.push_back(std::move(t));
+    }
+  }
+  while (!killed) absl::SleepFor(absl::Milliseconds(5));
+  all[4].join();  // the dead launch's threads are gone before its relaunch
+  all[5].join();
+  absl::SleepFor(absl::Milliseconds(200));
+  std::vector<std::thread> again = Launch(2, plain, outcomes[3]);
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (i != 4 && i != 5) all[i].join();
+  }
+  for (std::thread& t : again) t.join();
+
+  for (int r = 0; r < kShard; ++r) {
+    EXPECT_TRUE(absl::IsCancelled(outcomes[2][r].status))
+        << outcomes[2][r].status;
+    // The survivors went through the loss and the return; the relaunch
+    // joined a running job and was sent parameters and optimizer state.
+    EXPECT_GE(outcomes[0][r].recoveries, 2);
+    EXPECT_TRUE(outcomes[3][r].received_state);
+    for (const auto& m : outcomes[3][r].exp_avg_sq) {
+      EXPECT_THAT(m, ::testing::Contains(::testing::Gt(0.0)));
+    }
+  }
+  ExpectTrainedAsSerial(outcomes, {0, 1, 3});
+  EXPECT_LT(absl::Now() - begin, absl::Seconds(60));
+}
+
+// A step that fails on one rank after every rank applied its update (a
+// check of the loss, say): end_step commits it nowhere, every rank restores
+// the start of the step, the recovery retries it, and the job ends as the
+// serial run.
+TEST_F(UserHsdp, StepFailingAfterItsUpdateIsUndoneAndRedone) {
+  const absl::Time begin = absl::Now();
+  std::vector<std::vector<Outcome>> outcomes(3, std::vector<Outcome>(kShard));
+  Hooks plain;
+  Hooks once;
+  auto failed = std::make_shared<std::atomic<bool>>(false);
+  once.fail_after = [failed](int64_t step, int shard) {
+    return step == 12 && shard == 1 && !failed->exchange(true)
+               ? absl::InternalError("loss is not finite")
+               : absl::OkStatus();
+  };
+  std::vector<std::thread> all;
+  for (int k = 0; k < 3; ++k) {
+    for (std::thread& t : Launch(k, k == 1 ? once : plain, outcomes[k])) {
+      all.push_back(std::move(t));
+    }
+  }
+  for (std::thread& t : all) t.join();
+  for (int k = 0; k < 3; ++k) {
+    for (int r = 0; r < kShard; ++r) {
+      const Outcome& o = outcomes[k][r];
+      SCOPED_TRACE(absl::StrCat("replica ", k, " rank ", r));
+      EXPECT_EQ(o.undone, 1);
+      EXPECT_EQ(o.recoveries, 1);
+      EXPECT_FALSE(o.last_step_status.ok());
+    }
+  }
+  EXPECT_TRUE(absl::IsInternal(outcomes[1][1].last_step_status))
+      << outcomes[1][1].last_step_status;
+  ExpectTrainedAsSerial(outcomes, {0, 1, 2});
+  EXPECT_LT(absl::Now() - begin, absl::Seconds(60));
+}
+
+TEST_F(UserHsdp, PerturbedReplicaIsNamedOnEveryRank) {
+  const absl::Time begin = absl::Now();
+  std::vector<std::vector<Outcome>> outcomes(3, std::vector<Outcome>(kShard));
+  Hooks plain;
+  Hooks perturbed;
+  perturbed.after_commit = [](int64_t step, FullyShardedDataParallel& f) {
+    if (step == 5 && f.shard_rank() == 0) f.mutable_local_shard(0)[0] += 1e-3;
+  };
+  std::vector<std::thread> all;
+  for (int k = 0; k < 3; ++k) {
+    for (std::thread& t :
+         Launch(k, k == 1 ? perturbed : plain, outcomes[k], 1)) {
+      all.push_back(std::move(t));
+    }
+  }
+  for (std::thread& t : all) t.join();
+  for (int k = 0; k < 3; ++k) {
+    for (int r = 0; r < kShard; ++r) {
+      const Outcome& o = outcomes[k][r];
+      SCOPED_TRACE(absl::StrCat("replica ", k, " rank ", r));
+      EXPECT_TRUE(absl::IsDataLoss(o.status)) << o.status;
+      // Shard 0's ranks compared the fingerprints; shard 1's are told.
+      EXPECT_THAT(std::string(o.status.message()),
+                  HasSubstr(r == 0 ? "replica 1 has "
+                                   : "replica 1 differs from replica 0"));
+      EXPECT_EQ(o.committed, 5);  // the next step's check stopped the job
+      EXPECT_LT(o.step, 0);       // never reached the end
+    }
+  }
+  EXPECT_LT(absl::Now() - begin, absl::Seconds(60));
+}
+
+TEST_F(UserHsdp, RedisRestartedMidRunEveryReplicaFinishes) {
+  absl::StatusOr<std::unique_ptr<testing::RedisServer>> redis =
+      testing::RedisServer::Start();
+  ASSERT_TRUE(redis.ok()) << redis.status();
+  redis_ = absl::StrCat("redis://", (*redis)->address());
+  const absl::Time begin = absl::Now();
+  std::vector<std::vector<Outcome>> outcomes(3, std::vector<Outcome>(kShard));
+  std::atomic<int64_t> progress{0};
+  Hooks paced;
+  paced.pace = absl::Milliseconds(25);
+  paced.progress = &progress;
+  std::vector<std::thread> all;
+  for (int k = 0; k < 3; ++k) {
+    for (std::thread& t : Launch(k, paced, outcomes[k])) {
+      all.push_back(std::move(t));
+    }
+  }
+  while (progress < 15) absl::SleepFor(absl::Milliseconds(5));
+  // Killed by its PID and started again, empty, on the same port (from this
+  // thread: the server dies with the thread that started it).
+  ASSERT_TRUE((*redis)->Restart().ok());
+  const int64_t restarted_at = progress;
+  for (std::thread& t : all) t.join();
+  EXPECT_LT(restarted_at, kSteps);  // the restart came mid-run
+  // Within the lease TTL: the replicas wrote their record back and trained
+  // on in the same epoch, no recovery.
+  for (int k = 0; k < 3; ++k) {
+    for (int r = 0; r < kShard; ++r) {
+      EXPECT_EQ(outcomes[k][r].recoveries, 0)
+          << "replica " << k << " rank " << r << ": "
+          << outcomes[k][r].last_step_status;
+    }
+  }
+  ExpectTrainedAsSerial(outcomes, {0, 1, 2});
+  EXPECT_LT(absl::Now() - begin, absl::Seconds(60));
+}
+
+}  // namespace
+}  // namespace vemesh
