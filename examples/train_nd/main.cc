@@ -95,6 +95,10 @@ ABSL_FLAG(std::string, placement_out, "",
 ABSL_FLAG(std::string, elastic, "",
           "elastic job: the control plane, redis://HOST:PORT; this launch is "
           "one DP replica (docs/ELASTIC.md)");
+ABSL_FLAG(std::string, replicate_backend, kDefaults.replicate_backend,
+          "static job: the replicate dimension (DP, or DP_REPLICATE) on gloo "
+          "or mpi, the others on the launch's backend; gloo under mpirun is "
+          "an elastic job's transports (its baseline)");
 ABSL_FLAG(int, replica, -1, "elastic: this launch's replica id");
 ABSL_FLAG(int, min_replicas, 1, "elastic: fewer live replicas is an error");
 ABSL_FLAG(int, heartbeat_ms, 1000,
@@ -163,6 +167,7 @@ TrainOptions OptionsFromFlags() {
   o.zero = absl::GetFlag(FLAGS_zero);
   o.zero_stage = absl::GetFlag(FLAGS_zero_stage);
   o.elastic = absl::GetFlag(FLAGS_elastic);
+  o.replicate_backend = absl::GetFlag(FLAGS_replicate_backend);
   o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   o.checkpoint_async = absl::GetFlag(FLAGS_checkpoint_async);
@@ -542,9 +547,14 @@ int Run() {
     return RunElastic(*plan, e, world_rank);
   }
 
+  vemesh::InitOptions init;
+  if (!plan->options.replicate_backend.empty()) {
+    init.mesh.backend_override = {
+        {plan->replicate_dim(), plan->options.replicate_backend}};
+  }
   absl::StatusOr<vemesh::DeviceMesh> mesh =
       VESCALE_DEVICE_MESH.init_device_mesh("cpu", plan->mesh.shape,
-                                           plan->mesh.names);
+                                           plan->mesh.names, init);
   if (!mesh.ok()) return Fail(world_rank, "init_device_mesh", mesh.status(), 1);
   const bool print = world_rank == 0;
   if (print) {

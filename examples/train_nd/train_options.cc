@@ -260,7 +260,33 @@ absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
           " features across TP"));
     }
   }
+  if (!o.replicate_backend.empty()) {
+    if (o.replicate_backend != "gloo" && o.replicate_backend != "mpi") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--replicate_backend=", o.replicate_backend,
+                       ": expected gloo or mpi (or empty: the launch's)"));
+    }
+    if (!o.elastic.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--replicate_backend=", o.replicate_backend,
+          " with --elastic: an elastic job's replicate dimension always "
+          "runs on Gloo through the control plane"));
+    }
+    if (plan.replicate_dim().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--replicate_backend=", o.replicate_backend, " with --mesh=", o.mesh,
+          ": the mesh has no replicate dimension (DP or DP_REPLICATE)"));
+    }
+  }
   return Replan(plan, plan.dp);
+}
+
+std::string TrainPlan::replicate_dim() const {
+  if (fsdp()) return dp_replicate > 0 ? "DP_REPLICATE" : "";
+  for (const std::string& name : mesh.names) {
+    if (name == "DP") return name;
+  }
+  return "";
 }
 
 absl::StatusOr<TrainPlan> Replan(const TrainPlan& plan, int dp) {

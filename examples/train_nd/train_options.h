@@ -80,6 +80,11 @@ struct TrainOptions {
   // static job. The launch then holds one replica, and DP in `mesh` is the
   // number of replicas that start the job.
   std::string elastic;
+  // A static job's replicate dimension (DP, or DP_REPLICATE under FSDP) on
+  // this backend ("gloo" or "mpi"; empty: the launch's), the other
+  // dimensions on the launch's: with "gloo" under mpirun, the transports
+  // of an elastic job, its baseline (bench/elastic_overhead.py).
+  std::string replicate_backend;
   // Checkpoints (vemesh/checkpoint, examples/train_nd/checkpoint_state.h):
   // save into `checkpoint_dir` after every `checkpoint_every` steps (0:
   // never), in the background unless `checkpoint_async` is false, keeping
@@ -106,6 +111,9 @@ struct TrainPlan {
   int dp_replicate = 0;
   int dp_shard = 0;
   bool fsdp() const { return dp_replicate > 0 || dp_shard > 0; }
+  // The dimension whose groups hold the replicas: DP_REPLICATE under FSDP
+  // (empty when the mesh has none), else DP (empty when it has none).
+  std::string replicate_dim() const;
   MlpShape shape;
   vemesh::strategies::OptimizerOptions optimizer;  // from optimizer and lr
   vemesh::strategies::PipelineSchedule schedule =

@@ -123,6 +123,40 @@ TEST_P(GlooCommunicatorTest, ExchangeWithOneself) {
   });
 }
 
+// Tiny all_reduces take Gloo's bcube (log-depth) algorithm, larger ones the
+// ring (gloo_internal::kLogDepthAllReduceBytes). Both must give every rank
+// the same, exact result, also with fewer elements than ranks (empty chunks)
+// and group sizes that are no power of two (6 = 2 x 3, 5 prime).
+TEST(GlooAllReduce, TinyAndLargeAllReducesAreExactOnEveryGroupSize) {
+  for (int n : {2, 3, 5, 6, 8}) {
+    OnRanks(n, [&](std::shared_ptr<GlooCommunicator> comm) {
+      const int me = comm->rank();
+      for (size_t count : {size_t{1}, size_t{2}, size_t{3}, size_t{9},
+                           size_t{512}, size_t{513}}) {
+        std::vector<int64_t> sum(count), max(count), in(count);
+        for (size_t i = 0; i < count; ++i) {
+          sum[i] = max[i] = me * 1000 + static_cast<int64_t>(i);
+          in[i] = me + 1;
+        }
+        std::vector<int64_t> out(count, -1);
+        ASSERT_TRUE(comm->all_reduce(absl::MakeSpan(sum), ReduceOp::kSum).ok());
+        ASSERT_TRUE(comm->all_reduce(absl::MakeSpan(max), ReduceOp::kMax).ok());
+        // Input and output apart.
+        ASSERT_TRUE(comm->all_reduce(in.data(), out.data(), count,
+                                     DataType::kInt64, ReduceOp::kSum)
+                        .ok());
+        for (size_t i = 0; i < count; ++i) {
+          const int64_t j = static_cast<int64_t>(i);
+          ASSERT_EQ(sum[i], 1000 * n * (n - 1) / 2 + n * j)
+              << "n=" << n << " count=" << count << " i=" << i;
+          ASSERT_EQ(max[i], 1000 * (n - 1) + j) << "n=" << n;
+          ASSERT_EQ(out[i], n * (n + 1) / 2) << "n=" << n;
+        }
+      }
+    });
+  }
+}
+
 TEST_P(GlooCommunicatorTest, LengthMismatchIsInvalidArgument) {
   OnRanks(n(), [&](std::shared_ptr<GlooCommunicator> comm) {
     const int me = comm->rank();

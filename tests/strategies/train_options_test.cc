@@ -147,6 +147,37 @@ TEST(TrainOptionsTest, ReplicateAndShardDimensionsPlanFsdp) {
             std::string::npos);
 }
 
+// --replicate_backend names the dimension whose groups hold the replicas:
+// DP, or DP_REPLICATE under FSDP.
+TEST(TrainOptionsTest, ReplicateBackendNamesTheReplicateDimension) {
+  TrainOptions o;
+  o.mesh = "DP=4,TP=2";
+  o.replicate_backend = "gloo";
+  absl::StatusOr<TrainPlan> plan = PlanTraining(o, 8);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->replicate_dim(), "DP");
+  o.mesh = "DP_REPLICATE=2,DP_SHARD=2,TP=2";
+  plan = PlanTraining(o, 8);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->replicate_dim(), "DP_REPLICATE");
+
+  o.replicate_backend = "nccl";
+  EXPECT_NE(ErrorOf(o, 8).find("--replicate_backend=nccl: expected gloo or "
+                               "mpi"),
+            std::string::npos);
+  o.replicate_backend = "gloo";
+  o.mesh = "DP_SHARD=4,TP=2";
+  EXPECT_NE(ErrorOf(o, 8).find("has no replicate dimension"),
+            std::string::npos);
+  o.mesh = "TP=8";
+  EXPECT_NE(ErrorOf(o, 8).find("has no replicate dimension"),
+            std::string::npos);
+  o.mesh = "DP=4,TP=2";
+  o.elastic = "redis://127.0.0.1:6379";
+  EXPECT_NE(ErrorOf(o, 2).find("--replicate_backend=gloo with --elastic"),
+            std::string::npos);
+}
+
 TEST(TrainOptionsTest, ExpertsComposeWithReplicateAndShardDimensions) {
   // The expert-parallel group is DP_REPLICATE x DP_SHARD x TP of a stage.
   TrainOptions o;

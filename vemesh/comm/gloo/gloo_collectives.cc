@@ -87,6 +87,9 @@ void GlooCommunicator::RunCollective(const Operation& op) {
         opts.setOutput(static_cast<T*>(op.recv), op.count);
         opts.setReduceFunction(ReduceFunction(op));
         opts.setTag(tag);
+        if (bytes <= gloo_internal::kLogDepthAllReduceBytes) {
+          opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::BCUBE);
+        }
         gloo::allreduce(opts);
       });
       FinishAverage(op, op.recv, op.count, size_);

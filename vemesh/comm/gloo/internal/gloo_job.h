@@ -35,6 +35,14 @@ constexpr uint64_t kPayloadSlot = kHeaderSlot + 1;
 // null pointer would make even that undefined.
 inline char empty_buffer[1];
 
+// All-reduces of at most this many bytes (verdicts, flags, losses) take
+// Gloo's bcube algorithm: recursive halving/doubling when the group's size
+// is a power of two, log2(n) rounds instead of the ring's 2(n-1) hops one
+// after another, whose latency grows linearly with the group
+// (docs/ELASTIC.md, "The per-step cost"). Larger ones keep the ring, whose
+// bandwidth does not depend on how the size factors.
+constexpr size_t kLogDepthAllReduceBytes = 4096;
+
 inline char* Bytes(void* data) {
   return data == nullptr ? empty_buffer : static_cast<char*>(data);
 }

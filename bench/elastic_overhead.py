@@ -1,0 +1,225 @@
+#!/usr/bin/env python3
+"""Steady-state cost of the elastic mode (issue 47 item 5, "no per-step tax").
+
+Two jobs on the same transports, alternated in one session so that the
+machine's noise hits both alike, at each replica count R:
+
+  plain    mpirun -n R train_nd --mesh PP=1,DP=R,TP=1 --replicate_backend=gloo
+           (a static job: DP on Gloo, the rest on the launch's MPI)
+  elastic  R x (mpirun -n 1 train_nd --mesh PP=1,DP=R,TP=1 --elastic
+           redis://127.0.0.1:PORT --replica K): one launch per replica, DP on
+           the elastic mesh's Gloo group, plus each step's verdict (end_step)
+
+Both train the same model, batch and steps without overlap (the elastic loop
+runs DP after the replica's own work). A run's figure is the median of its
+leader's per-step "time" lines after the first fifth (warm-up); each pair's
+ratio is elastic / plain. Every process it starts (Redis, each mpirun) is
+ended by its PID, never by name.
+
+  elastic_overhead.py TRAIN_ND [--replicas 3,8] [--repeats 3] [--steps 200]
+  elastic_overhead.py TRAIN_ND --smoke      # one short pair at R=2 (ctest)
+
+Prints one "pair" line per run pair, one "bench" line per R (median of the
+pairs' ratios, its min..max, the medians of both jobs' step times, the
+per-step difference in ms) and the load (/proc/loadavg) around each run.
+Ends with "PASS: elastic overhead" or "FAIL: ...". No timing is asserted.
+"""
+import argparse
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+PLAIN_STEP = re.compile(r"^step +(\d+)/\d+ +loss \S+ +time +([\d.]+) ms")
+ELASTIC_STEP = re.compile(r"^step (\d+)/\d+ loss \S+ time ([\d.]+) ms DP=(\d+)")
+MPI_ENV = {
+    "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    "OMPI_MCA_rmaps_base_oversubscribe": "1",
+    "OMPI_MCA_btl_tcp_if_include": "lo", "OMPI_MCA_oob_tcp_if_include": "lo",
+    "OMPI_MCA_btl": "self,vader,tcp",
+    "OMPI_MCA_btl_vader_single_copy_mechanism": "none",
+    # More ranks than cores: a rank waiting in MPI yields.
+    "OMPI_MCA_mpi_yield_when_idle": "1",
+}
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def loadavg():
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def model_args(a, r):
+    return ["--mesh", f"PP=1,DP={r},TP=1", "--layers", str(a.layers),
+            "--hidden", str(a.hidden), "--batch", str(a.batch),
+            "--micro_batches", "1", "--steps", str(a.steps),
+            "--overlap=false"]
+
+
+def steady_median(times, steps):
+    """Median step time after the warm-up (the first fifth)."""
+    kept = [t for s, t in times if s > steps // 5]
+    return statistics.median(kept) if kept else float("nan")
+
+
+def end_all(procs):
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.kill(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        p.wait()
+
+
+def run_plain(a, r, work, tag):
+    out = os.path.join(work, f"plain_{tag}.out")
+    cmd = ["mpirun", "-n", str(r), "--bind-to", "none", a.train_nd,
+           "--replicate_backend=gloo"] + model_args(a, r)
+    with open(out, "w") as f:
+        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
+                             env={**os.environ, **MPI_ENV})
+    try:
+        rc = p.wait(timeout=a.bound)
+    except subprocess.TimeoutExpired:
+        rc = "hung"
+    end_all([p])
+    text = open(out, errors="replace").read()
+    if rc != 0 or "PASS:" not in text or "gloo" not in text:
+        return None, f"plain R={r} ({tag}) exited {rc}; see {out}"
+    times = [(int(m.group(1)), float(m.group(2)))
+             for m in map(PLAIN_STEP.match, text.splitlines()) if m]
+    return steady_median(times, a.steps), None
+
+
+def run_elastic(a, r, work, port, tag):
+    procs, outs = [], []
+    for k in range(r):
+        out = os.path.join(work, f"elastic_{tag}_r{k}.out")
+        cmd = ["mpirun", "-n", "1", "--bind-to", "none", a.train_nd,
+               "--elastic", f"redis://127.0.0.1:{port}", "--job",
+               f"overhead_{tag}", "--replica", str(k)] + model_args(a, r)
+        with open(out, "w") as f:
+            procs.append(subprocess.Popen(cmd, stdout=f,
+                                          stderr=subprocess.STDOUT,
+                                          env={**os.environ, **MPI_ENV}))
+        outs.append(out)
+    deadline = time.time() + a.bound
+    rcs = []
+    for p in procs:
+        try:
+            rcs.append(p.wait(timeout=max(1, deadline - time.time())))
+        except subprocess.TimeoutExpired:
+            rcs.append("hung")
+    end_all(procs)
+    text = open(outs[0], errors="replace").read()
+    if any(rc != 0 for rc in rcs) or "PASS:" not in text:
+        return None, f"elastic R={r} ({tag}) exited {rcs}; see {outs[0]}"
+    times = []
+    for m in map(ELASTIC_STEP.match, text.splitlines()):
+        if m and int(m.group(3)) == r:  # at full strength only
+            times.append((int(m.group(1)), float(m.group(2))))
+    return steady_median(times, a.steps), None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("train_nd")
+    ap.add_argument("--replicas", default="3,8")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=240,
+                    help="divisible by every replica count")
+    ap.add_argument("--bound", type=float, default=300,
+                    help="seconds one run may take before it counts as hung")
+    ap.add_argument("--smoke", action="store_true")
+    a = ap.parse_args()
+    if a.smoke:
+        a.replicas, a.repeats, a.steps, a.hidden = "2", 1, 10, 16
+    # SIGTERM (a ctest timeout) ends the processes too, by their PIDs.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    for tool in ("redis-server", "mpirun"):
+        if shutil.which(tool) is None:
+            print(f"FAIL: {tool} not found")
+            return 1
+    work = tempfile.mkdtemp(prefix="vemesh_overhead.")
+    port = free_port()
+    redis = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save",
+         "", "--appendonly", "no", "--protected-mode", "no", "--logfile",
+         os.path.join(work, "redis.log")])
+    failures = []
+    print(f"model: {a.layers}x{a.hidden}, batch {a.batch}, {a.steps} steps, "
+          f"no overlap; median of steps > {a.steps // 5}")
+    try:
+        for _ in range(50):
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        for r in [int(x) for x in a.replicas.split(",")]:
+            pairs = []
+            for i in range(a.repeats):
+                # Alternate which job goes first.
+                order = ["plain", "elastic"] if i % 2 == 0 else \
+                    ["elastic", "plain"]
+                got = {}
+                for job in order:
+                    before = loadavg()
+                    tag = f"R{r}_{i}"
+                    ms, err = (run_plain(a, r, work, tag) if job == "plain"
+                               else run_elastic(a, r, work, port, tag))
+                    if err:
+                        failures.append(err)
+                        continue
+                    got[job] = ms
+                    print(f"run R={r} #{i} {job}: median {ms:.3f} ms/step; "
+                          f"load {before} -> {loadavg()}", flush=True)
+                if len(got) == 2:
+                    pairs.append((got["plain"], got["elastic"]))
+                    print(f"pair R={r} #{i}: plain {got['plain']:.3f} ms, "
+                          f"elastic {got['elastic']:.3f} ms, ratio "
+                          f"{got['elastic'] / got['plain']:.3f}", flush=True)
+            if not pairs:
+                continue
+            ratios = [e / p for p, e in pairs]
+            plain = statistics.median(p for p, _ in pairs)
+            elastic = statistics.median(e for _, e in pairs)
+            diffs = [e - p for p, e in pairs]
+            print(f"bench R={r}: elastic/plain {statistics.median(ratios):.3f} "
+                  f"(min {min(ratios):.3f}, max {max(ratios):.3f}, "
+                  f"{len(pairs)} pairs); plain {plain:.3f} ms/step, elastic "
+                  f"{elastic:.3f} ms/step; difference "
+                  f"{statistics.median(diffs):.3f} ms/step (min "
+                  f"{min(diffs):.3f}, max {max(diffs):.3f})", flush=True)
+    finally:
+        os.kill(redis.pid, signal.SIGKILL)
+        redis.wait()
+    for f in failures:
+        print(f"FAIL: {f}")
+    if failures:
+        print(f"kept {work}")
+        return 1
+    shutil.rmtree(work, ignore_errors=True)
+    print("PASS: elastic overhead")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
