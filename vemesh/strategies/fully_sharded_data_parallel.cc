@@ -483,10 +483,35 @@ int64_t Fingerprint(const std::vector<FsdpUnit>& units, const FsdpOptions& o) {
   return static_cast<int64_t>(f.value() & ((uint64_t{1} << 62) - 1));
 }
 
-// Global min of `v` over the mesh, one all_reduce per dimension (the
-// minimum over each dimension in turn is the minimum over the product).
-absl::Status MinOverMesh(const DeviceMesh& mesh, absl::Span<int64_t> v) {
+// The replicate dimensions whose group is a ReconfigurableCommunicator (an
+// elastic mesh's): Create does not agree over them, since a replica that
+// joins creates its module while the others train (the elastic job checks
+// what the replicas share: its descriptor and the state fingerprint).
+std::vector<std::string> ElasticReplicateDims(const DeviceMesh& mesh,
+                                              const FsdpOptions& o) {
+  std::vector<std::string> dims = o.replicate_dims;
+  if (dims.empty() && o.sharding_strategy == ShardingStrategy::kHybridShard &&
+      !mesh.mesh_dim_names().empty()) {
+    dims.push_back(mesh.mesh_dim_names()[0]);
+  }
+  std::vector<std::string> out;
+  for (const std::string& d : dims) {
+    absl::StatusOr<std::shared_ptr<Communicator>> g = mesh.get_group(d);
+    if (g.ok() &&
+        dynamic_cast<const ReconfigurableCommunicator*>(g->get()) != nullptr) {
+      out.push_back(d);
+    }
+  }
+  return out;
+}
+
+// Global min of `v` over the mesh but the dimensions in `skip`, one
+// all_reduce per dimension (the minimum over each dimension in turn is the
+// minimum over the product).
+absl::Status MinOverMesh(const DeviceMesh& mesh, absl::Span<int64_t> v,
+                         absl::Span<const std::string> skip) {
   for (const std::string& d : mesh.mesh_dim_names()) {
+    if (std::find(skip.begin(), skip.end(), d) != skip.end()) continue;
     VEMESH_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> g, mesh.get_group(d));
     if (g == nullptr || g->size() == 1) continue;
     VEMESH_RETURN_IF_ERROR(g->all_reduce(v, ReduceOp::kMin));
@@ -520,8 +545,10 @@ std::string FsdpSummaryText(const std::vector<FsdpUnit>& units,
 
 // Collective over the mesh: the fingerprint and summary text of the one
 // rank where `holder` is true (the others send the maximum), on every rank.
-absl::StatusOr<AgreementSummary> FromOne(const DeviceMesh& mesh, bool holder,
-                                         int64_t fp, absl::string_view text) {
+absl::StatusOr<AgreementSummary> FromOne(const DeviceMesh& mesh,
+                                         absl::Span<const std::string> skip,
+                                         bool holder, int64_t fp,
+                                         absl::string_view text) {
   constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
   // One byte past the limit, so that a cut text is shown as cut.
   std::vector<int64_t> v(kAgreementTextBytes + 2, holder ? 0 : kNone);
@@ -531,7 +558,7 @@ absl::StatusOr<AgreementSummary> FromOne(const DeviceMesh& mesh, bool holder,
       v[i + 1] = static_cast<unsigned char>(text[i]);
     }
   }
-  VEMESH_RETURN_IF_ERROR(MinOverMesh(mesh, absl::MakeSpan(v)));
+  VEMESH_RETURN_IF_ERROR(MinOverMesh(mesh, absl::MakeSpan(v), skip));
   AgreementSummary out{static_cast<uint64_t>(v[0]), ""};
   for (size_t i = 1; i < v.size() && v[i] > 0 && v[i] < 256; ++i) {
     out.text.push_back(static_cast<char>(v[i]));
@@ -587,7 +614,8 @@ absl::StatusOr<FullyShardedDataParallel> FullyShardedDataParallel::Create(
   const int64_t fp = Fingerprint(units, options);
   const int64_t me = mesh.global_rank();
   std::vector<int64_t> agree = {fp, -fp, local.ok() ? 0 : -1, me};
-  VEMESH_RETURN_IF_ERROR(MinOverMesh(mesh, absl::MakeSpan(agree)));
+  const std::vector<std::string> skip = ElasticReplicateDims(mesh, options);
+  VEMESH_RETURN_IF_ERROR(MinOverMesh(mesh, absl::MakeSpan(agree), skip));
   if (!local.ok()) return local;
   if (agree[2] != 0) {
     return absl::InvalidArgumentError(
@@ -603,12 +631,12 @@ absl::StatusOr<FullyShardedDataParallel> FullyShardedDataParallel::Create(
     const int64_t first = agree[3];
     const std::string text = FsdpSummaryText(units, options);
     VEMESH_ASSIGN_OR_RETURN(AgreementSummary head,
-                            FromOne(mesh, me == first, fp, text));
+                            FromOne(mesh, skip, me == first, fp, text));
     std::vector<int64_t> other = {
         static_cast<uint64_t>(fp) != head.hash ? me : kNone};
-    VEMESH_RETURN_IF_ERROR(MinOverMesh(mesh, absl::MakeSpan(other)));
+    VEMESH_RETURN_IF_ERROR(MinOverMesh(mesh, absl::MakeSpan(other), skip));
     VEMESH_ASSIGN_OR_RETURN(AgreementSummary theirs,
-                            FromOne(mesh, me == other[0], fp, text));
+                            FromOne(mesh, skip, me == other[0], fp, text));
     const AgreementSummary both[2] = {head, theirs};
     const int ids[2] = {static_cast<int>(first), static_cast<int>(other[0])};
     absl::Status verdict = AgreementVerdict(
@@ -776,6 +804,14 @@ absl::Status FullyShardedDataParallel::PostBackward(size_t u) {
 
 absl::Status FullyShardedDataParallel::FinishBackward() {
   State& st = *state_;
+  // Abandoned operations that have since completed hold nothing any more:
+  // free them (and the communicator of a past epoch their Work keeps).
+  std::erase_if(st.abandoned, [](const State::Unit& u) {
+    for (const auto* w : {&u.gather_work, &u.rs_work, &u.ar_work}) {
+      if (*w != nullptr && !(*w)->is_completed()) return false;
+    }
+    return true;
+  });
   // The replicate group as it is now (it may have changed size since the
   // last step: a ReconfigurableCommunicator); read once, so every unit of
   // this step is averaged alike.

@@ -56,6 +56,10 @@
 // every unit's name and shapes, one small all_reduce per mesh dimension,
 // before any other collective. A rank whose arguments are wrong, or differ
 // from another rank's, makes Create InvalidArgument on every rank (no hang).
+// A replicate dimension whose group is a ReconfigurableCommunicator (an
+// elastic mesh's) is left out of the agreement: a replica that joins a
+// running job creates its module while the others train, and the elastic
+// job checks what replicas share (its descriptor, the state fingerprint).
 // Parameters must start identical on all ranks of the data-parallel group
 // (initialise them deterministically, or broadcast them first).
 //
