@@ -100,10 +100,10 @@ TEST(TrainOptionsTest, NamesTheBadValue) {
             std::string::npos);
 
   o = {};
-  o.optimizer = "adam";
+  o.zero = true;
   o.elastic = "redis://localhost:1";
   o.mesh = "DP=2,TP=2";
-  EXPECT_NE(ErrorOf(o, 2).find("expected --optimizer=sgd without --zero"),
+  EXPECT_NE(ErrorOf(o, 2).find("expected DP_REPLICATE and DP_SHARD"),
             std::string::npos);
 }
 
