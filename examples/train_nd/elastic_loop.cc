@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -17,7 +18,6 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "checkpoint_state.h"
-#include "elastic_hsdp.h"
 #include "parallel_mlp_stage.h"
 #include "synthetic_data.h"
 #include "train_step.h"
@@ -25,13 +25,22 @@
 #include "vemesh/comm/mpi/mpi_communicator.h"
 #include "vemesh/registry/ve_device_mesh.h"
 #include "vemesh/strategies/data_parallel.h"
+#include "vemesh/strategies/distributed_optimizer.h"
+#include "vemesh/strategies/elastic_state.h"
+#include "vemesh/strategies/fully_sharded_data_parallel.h"
+#include "vemesh/strategies/optimizer.h"
 #include "vemesh/strategies/pipeline_runner.h"
+#include "vemesh/strategies/state_dict.h"
+#include "vemesh/strategies/state_snapshot.h"
 
 namespace train_nd {
 namespace {
 
 using vemesh::strategies::DataParallel;
+using vemesh::strategies::DistributedOptimizer;
+using vemesh::strategies::FullyShardedDataParallel;
 using vemesh::strategies::Parameter;
+using vemesh::strategies::RegisterElasticState;
 
 struct Fault {
   int step = -1;
@@ -71,25 +80,6 @@ void Inject(const Fault& f, int launch_rank, const char* where, int step) {
   raise(f.where == "stop" ? SIGSTOP : SIGKILL);
 }
 
-std::vector<Matrix> Save(const std::vector<Parameter*>& params) {
-  std::vector<Matrix> out;
-  out.reserve(params.size());
-  for (const Parameter* p : params) out.push_back(p->value);
-  return out;
-}
-
-// FNV-1a of every parameter's bytes: equal on two replicas iff their
-// parameters are bit-identical (up to hash collisions).
-int64_t Digest(const std::vector<Parameter*>& params) {
-  uint64_t h = 1469598103934665603ull;
-  for (const Parameter* p : params) {
-    const auto* bytes = reinterpret_cast<const unsigned char*>(p->value.data());
-    const size_t n = static_cast<size_t>(p->value.size()) * sizeof(double);
-    for (size_t i = 0; i < n; ++i) h = (h ^ bytes[i]) * 1099511628211ull;
-  }
-  return static_cast<int64_t>(h >> 1);
-}
-
 void PrintMembership(bool leader, const vemesh::Recovery& r, int replica,
                      absl::string_view why) {
   if (!leader) return;
@@ -108,33 +98,167 @@ void PrintMembership(bool leader, const vemesh::Recovery& r, int replica,
   std::fflush(stdout);
 }
 
+// What one replica trains with, built once on the elastic mesh's groups,
+// which are the same objects in every epoch (reconfigured with each
+// membership): FSDP (HYBRID_SHARD over DP_REPLICATE x DP_SHARD), ZeRO over
+// DP_SHARD with DP_REPLICATE averaged (--zero), or DataParallel and an
+// optimizer over DP. `state` names it for the library, which carries it to
+// joiners and fingerprints it; `before` undoes a step that did not commit.
+struct Replica {
+  std::unique_ptr<ParallelMlpStage> stage;
+  std::optional<FullyShardedDataParallel> fsdp;
+  std::unique_ptr<DistributedOptimizer> zero;
+  std::optional<vemesh::strategies::Optimizer> opt;
+  std::optional<DataParallel> dp;
+  // HSDP's groups: the loss sums over both.
+  std::shared_ptr<vemesh::Communicator> shard, replicate;
+  vemesh::strategies::TrainingState state;
+  vemesh::strategies::StateSnapshot before;
+};
+
+absl::StatusOr<std::unique_ptr<Replica>> BuildReplica(const TrainPlan& plan) {
+  auto r = std::make_unique<Replica>();
+  auto stage = ParallelMlpStage::Create(plan);
+  if (!stage.ok()) return stage.status();
+  r->stage = *std::move(stage);
+  std::vector<Parameter*> params = r->stage->parameters();
+  absl::StatusOr<vemesh::DeviceMesh> mesh = VESCALE_DEVICE_MESH.get();
+  if (!mesh.ok()) return mesh.status();
+  if (plan.fsdp()) {
+    auto shard = mesh->get_group("DP_SHARD");
+    auto replicate = mesh->get_group("DP_REPLICATE");
+    if (!shard.ok()) return shard.status();
+    if (!replicate.ok()) return replicate.status();
+    r->shard = *shard;
+    r->replicate = *replicate;
+  }
+  absl::Status s = absl::OkStatus();
+  if (plan.fsdp() && plan.options.zero) {
+    auto z = DistributedOptimizer::Create(
+        {.optimizer = plan.optimizer,
+         .stage = plan.options.zero_stage == 1
+                      ? vemesh::strategies::ZeroStage::kOne
+                      : vemesh::strategies::ZeroStage::kTwo,
+         .shard_group = r->shard,
+         .replicate_group = r->replicate},
+        params);
+    if (!z.ok()) return z.status();
+    r->zero = *std::move(z);
+  } else if (plan.fsdp()) {
+    // One unit per layer of this stage, over this stage's DP dimensions.
+    auto dp_mesh =
+        mesh->slice(std::vector<std::string>{"DP_REPLICATE", "DP_SHARD"});
+    if (!dp_mesh.ok()) return dp_mesh.status();
+    std::vector<vemesh::strategies::FsdpUnit> units;
+    int l = r->stage->first_layer();
+    for (std::vector<Parameter*>& ps : r->stage->layer_parameters()) {
+      units.push_back({absl::StrCat("layer", l++), std::move(ps)});
+    }
+    auto f = FullyShardedDataParallel::Create(
+        *dp_mesh, std::move(units),
+        {.sharding_strategy =
+             vemesh::strategies::ShardingStrategy::kHybridShard,
+         .shard_dims = {"DP_SHARD"},
+         .replicate_dims = {"DP_REPLICATE"}});
+    if (!f.ok()) return f.status();
+    r->fsdp.emplace(*std::move(f));
+    s = r->fsdp->SetOptimizer(plan.optimizer);
+  } else {
+    auto o = vemesh::strategies::Optimizer::Create(plan.optimizer, params);
+    if (!o.ok()) return o.status();
+    r->opt.emplace(*std::move(o));
+    // No overlap: every DP operation comes after the replica's own.
+    r->dp.emplace(vemesh::strategies::DataParallelOptions{
+        .bucket_elements = static_cast<size_t>(plan.options.bucket_elements),
+        .overlap = false});
+  }
+  if (!s.ok()) return s;
+  s = NameTrainingState(plan,
+                        {.stage = r->stage.get(),
+                         .local_optimizer = r->opt ? &*r->opt : nullptr,
+                         .zero = r->zero.get(),
+                         .fsdp = r->fsdp ? &*r->fsdp : nullptr},
+                        &r->state);
+  if (!s.ok()) return s;
+  return r;
+}
+
 // One step on the current epoch's mesh: the loss, or the first error.
-absl::StatusOr<double> Step(const TrainPlan& plan, ParallelMlpStage& stage,
-                            const std::vector<Parameter*>& params,
-                            DataParallel& dp, int step, const Fault& fault,
-                            int launch_rank) {
-  for (Parameter* p : params) p->ZeroGrad();
-  // A failed step may have left its loss sum behind.
-  (void)stage.TakeSquaredError();
+// Every operation on the replica's own groups (PP, TP, DP_SHARD) comes
+// before the first over the elastic dimension: a DP failure then leaves no
+// replica-internal collective unmatched on the way to end_step
+// (docs/ELASTIC.md).
+absl::StatusOr<double> Step(const TrainPlan& plan, Replica& r, int step,
+                            const std::function<void(const char*)>& inject) {
+  ParallelMlpStage& stage = *r.stage;
+  if (r.fsdp) r.fsdp->ZeroGrad();
+  if (r.zero) r.zero->ZeroGrad();
+  if (r.opt) r.opt->ZeroGrad();
+  (void)stage.TakeSquaredError();  // a failed step may have left it
   stage.SetBatch(
       MakeBatch(plan.options.seed, step, plan.shape, plan.options.batch));
-  Inject(fault, launch_rank, "tp", step);
+  inject("tp");
+  // FSDP: every unit gathered for the whole step (the pipeline
+  // interleaves micro-batches), as the static loop does.
+  for (size_t u = r.fsdp ? r.fsdp->num_units() : 0; u-- > 0;) {
+    if (absl::Status s = r.fsdp->PreBackward(u); !s.ok()) return s;
+  }
   auto ran = vemesh::strategies::RunPipeline(
       stage, {plan.schedule, plan.options.micro_batches});
   if (!ran.ok()) return ran.status();
-  // Every operation on the replica's own groups (PP, TP) comes before the
-  // first DP one: a DP failure then leaves no replica-internal collective
-  // unmatched on the way to end_step (docs/ELASTIC.md).
+  for (size_t u = r.fsdp ? r.fsdp->num_units() : 0; u-- > 0;) {
+    if (absl::Status s = r.fsdp->PostBackward(u); !s.ok()) return s;
+  }
   auto sse = PipelineSquaredError(stage.TakeSquaredError());
   if (!sse.ok()) return sse.status();
-  Inject(fault, launch_rank, "dp", step);
-  Inject(fault, launch_rank, "stop", step);
-  auto avg = dp.AverageGradients(params);
-  if (!avg.ok()) return avg.status();
-  auto loss = DataParallelLoss(plan, *sse);
-  if (!loss.ok()) return loss.status();
-  for (Parameter* p : params) p->SgdStep(plan.options.lr);
-  return loss;
+  if (r.shard != nullptr && r.shard->size() > 1) {
+    if (absl::Status s = r.shard->all_reduce(absl::MakeSpan(&*sse, 1),
+                                             vemesh::ReduceOp::kSum);
+        !s.ok()) {
+      return s;
+    }
+  }
+  inject("dp");
+  inject("stop");
+  absl::Status s = absl::OkStatus();
+  if (r.fsdp) {
+    s = r.fsdp->FinishBackward();
+    if (s.ok()) s = r.fsdp->OptimizerStep();
+  } else if (r.zero) {
+    s = r.zero->Step().status();
+  } else {
+    s = r.dp->AverageGradients(stage.parameters()).status();
+    if (s.ok()) s = r.opt->Step();
+  }
+  if (!s.ok()) return s;
+  if (r.replicate == nullptr) return DataParallelLoss(plan, *sse);
+  if (r.replicate->size() > 1) {
+    s = r.replicate->all_reduce(absl::MakeSpan(&*sse, 1),
+                                vemesh::ReduceOp::kSum);
+    if (!s.ok()) return s;
+  }
+  return *sse / static_cast<double>(plan.options.batch * plan.shape.output_dim);
+}
+
+// FNV-1a of every entry of `state` (parameters or shards, optimizer state,
+// step counts): equal on two replicas iff their states are (up to
+// collisions).
+int64_t Digest(vemesh::strategies::TrainingState& state) {
+  uint64_t h = 1469598103934665603ull;
+  auto entries = state.elastic_state();
+  if (!entries.ok()) return 0;
+  for (const auto& e : *entries) {
+    std::string copy;
+    absl::Span<const char> b;
+    if (e.bytes) {
+      b = e.bytes();
+    } else if (auto got = e.state_dict(); got.ok()) {
+      copy = *std::move(got);
+      b = copy;
+    }
+    for (char c : b) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  }
+  return static_cast<int64_t>(h >> 1);
 }
 
 int Fail(int replica, int rank, absl::string_view what,
@@ -169,7 +293,8 @@ class ElasticCheckpoints {
   }
   // The step to start at: 0, or the loaded checkpoint's.
   absl::StatusOr<int64_t> MaybeLoad(const TrainPlan& plan,
-                                    ParallelMlpStage& stage, bool print) {
+                                    vemesh::strategies::TrainingState& state,
+                                    bool print) {
     if (replica_world_ == nullptr) return 0;
     const std::string& dir = plan.options.checkpoint_dir;
     absl::StatusOr<std::optional<int64_t>> latest =
@@ -181,15 +306,13 @@ class ElasticCheckpoints {
     if (!agreed.ok()) return agreed;
     if (!latest.ok()) return latest.status();
     if (found == 0) return 0;
+    // Parameters and optimizer state, in place; then the step counts.
     vemesh::checkpoint::StateDict dict;
-    if (absl::Status s = DescribeState(plan, {.stage = &stage},
-                                       StateParts::kParameters, &dict);
-        !s.ok()) {
-      return s;
-    }
+    if (absl::Status s = state.get_state_dict(&dict); !s.ok()) return s;
     absl::StatusOr<vemesh::checkpoint::LoadResult> loaded =
         vemesh::checkpoint::Load(dict, dir, *replica_world_);
     if (!loaded.ok()) return loaded.status();
+    if (absl::Status s = state.set_state_dict(); !s.ok()) return s;
     if (absl::Status s =
             CheckResumable(plan, loaded->path, loaded->step, loaded->metadata);
         !s.ok()) {
@@ -203,8 +326,9 @@ class ElasticCheckpoints {
     return loaded->step;
   }
   // After committed step `step` (1-based count of steps done).
-  absl::Status MaybeSave(const TrainPlan& plan, ParallelMlpStage& stage,
-                         int64_t step, bool print) {
+  absl::Status MaybeSave(const TrainPlan& plan,
+                         vemesh::strategies::TrainingState& state, int64_t step,
+                         bool print) {
     const int every = plan.options.checkpoint_every;
     if (replica_world_ == nullptr || every == 0 || step % every != 0) {
       return absl::OkStatus();
@@ -215,11 +339,7 @@ class ElasticCheckpoints {
     if (*dp_rank != 0) return absl::OkStatus();
     const absl::Time start = absl::Now();
     vemesh::checkpoint::StateDict dict;
-    if (absl::Status s =
-            DescribeState(plan, {.stage = &stage}, StateParts::kAll, &dict);
-        !s.ok()) {
-      return s;
-    }
+    if (absl::Status s = state.get_state_dict(&dict); !s.ok()) return s;
     SetStateMetadata(plan, step, &dict);
     if (absl::Status s = vemesh::checkpoint::Save(
             dict, step, plan.options.checkpoint_dir, *replica_world_,
@@ -239,39 +359,6 @@ class ElasticCheckpoints {
  private:
   std::shared_ptr<vemesh::Communicator> replica_world_;
 };
-
-// The whole replicated model as the registered state (DataParallel).
-absl::Status RegisterParameters(vemesh::ElasticMesh& elastic,
-                                ParallelMlpStage* model) {
-  return elastic.register_state_dict_fn(
-      "parameters",
-      [model]() -> absl::StatusOr<std::string> {
-        std::string bytes;
-        for (const Parameter* p : model->parameters()) {
-          bytes.append(reinterpret_cast<const char*>(p->value.data()),
-                       static_cast<size_t>(p->value.size()) * sizeof(double));
-        }
-        return bytes;
-      },
-      [model](absl::string_view bytes) -> absl::Status {
-        size_t total = 0;
-        for (const Parameter* p : model->parameters()) {
-          total += static_cast<size_t>(p->value.size()) * sizeof(double);
-        }
-        if (bytes.size() != total) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "parameters: ", bytes.size(), " bytes, expected ", total));
-        }
-        size_t at = 0;
-        for (Parameter* p : model->parameters()) {
-          const size_t n =
-              static_cast<size_t>(p->value.size()) * sizeof(double);
-          std::memcpy(p->value.data(), bytes.data() + at, n);
-          at += n;
-        }
-        return absl::OkStatus();
-      });
-}
 
 // The plan for an epoch of `replicas` replicas: DP is their number, or
 // under HSDP DP_REPLICATE is, and DP their product with DP_SHARD.
@@ -335,39 +422,13 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
   PrintMembership(leader, rec, replica, "start");
   auto plan = EpochPlan(plan0, rec.dp_size);
   if (!plan.ok()) return Fail(replica, launch_rank, "error", plan.status());
-  auto stage = ParallelMlpStage::Create(*plan);
-  if (!stage.ok()) return Fail(replica, launch_rank, "model", stage.status());
-  std::vector<Parameter*> params = (*stage)->parameters();
-  // HSDP: the layers live as shards from here on (params are freed).
-  std::unique_ptr<ElasticHsdp> hsdp;
-  if (plan0.fsdp()) {
-    auto h = ElasticHsdp::Create(*plan, stage->get());
-    if (!h.ok()) return Fail(replica, launch_rank, "fsdp", h.status());
-    hsdp = *std::move(h);
-  }
+  // Built once: the mesh's groups follow every later membership.
+  auto built = BuildReplica(*plan);
+  if (!built.ok()) return Fail(replica, launch_rank, "model", built.status());
+  Replica& rep = **built;
   const auto inject = [f = *fault, launch_rank](const char* where, int at) {
     Inject(f, launch_rank, where, at);
   };
-  // The replica's state between steps, to roll a failed one back.
-  const auto save = [&]() -> std::vector<std::vector<double>> {
-    if (hsdp) return hsdp->SaveShards();
-    std::vector<std::vector<double>> out;
-    for (const Matrix& m : Save(params)) {
-      out.emplace_back(m.data(), m.data() + m.size());
-    }
-    return out;
-  };
-  const auto restore = [&](const std::vector<std::vector<double>>& saved) {
-    if (hsdp) return hsdp->RestoreShards(saved);
-    for (size_t i = 0; i < params.size() && i < saved.size(); ++i) {
-      std::copy(saved[i].begin(), saved[i].end(), params[i]->value.data());
-    }
-  };
-  // No overlap: an elastic step puts every DP operation after the
-  // replica's own (see Step), so there is no backward to overlap with.
-  DataParallel dp(
-      {.bucket_elements = static_cast<size_t>(plan0.options.bucket_elements),
-       .overlap = false});
   // Its communicator (the replica's launch) counts in the baseline below.
   ElasticCheckpoints checkpoints;
   if (absl::Status s = checkpoints.Init(*plan); !s.ok()) {
@@ -379,30 +440,18 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
   int64_t step = rec.resume_step;
   if (step == 0 && !rec.receives_state) {
     absl::StatusOr<int64_t> loaded =
-        checkpoints.MaybeLoad(*plan, **stage, leader);
+        checkpoints.MaybeLoad(*plan, rep.state, leader);
     if (!loaded.ok()) {
       return Fail(replica, launch_rank, "checkpoint", loaded.status());
     }
     step = *loaded;
   }
-  // The library carries the parameters: to a joiner (here, in sync_state,
-  // or in a later recover), and to a replica one step ahead of the others;
-  // it compares their fingerprints after every change.
-  ParallelMlpStage* model = stage->get();
-  ElasticHsdp* shards = hsdp.get();
-  // HSDP: each unit's shard as its live bytes (no copy of the shards).
-  absl::Status registered = absl::OkStatus();
-  if (shards != nullptr) {
-    for (size_t u = 0; u < shards->num_units() && registered.ok(); ++u) {
-      registered = elastic->register_state_bytes(
-          absl::StrCat("parameter_shards/unit", u),
-          [shards, u] { return shards->ShardBytes(u); });
-    }
-  } else {
-    registered = RegisterParameters(*elastic, model);
-  }
-  if (!registered.ok()) {
-    return Fail(replica, launch_rank, "elastic", registered);
+  // The library carries the parameters and the optimizer state (live
+  // buffers, no copy) to a joiner (here, in sync_state, or in a later
+  // recover) and to a replica one step ahead of the others, and compares
+  // their fingerprints after every change.
+  if (absl::Status s = RegisterElasticState(*elastic, rep.state); !s.ok()) {
+    return Fail(replica, launch_rank, "elastic", s);
   }
   // Done as the first thing of the first round, so that a failure while
   // sending is a failed step.
@@ -411,8 +460,6 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
     return Fail(replica, launch_rank, "elastic", synced);
   }
   bool send_state = !synced.ok();
-  std::vector<std::vector<double>> before_step = save();
-  std::vector<std::vector<double>> before_previous = before_step;
   int recoveries = 0;
   // The last recovery's record, printed once its first step commits.
   std::optional<vemesh::Recovery> record;
@@ -428,18 +475,17 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
     const bool finishing = step >= plan0.options.steps && !send_state;
     absl::StatusOr<double> loss = absl::UnknownError("not run");
     if (send_state) loss = synced;  // the state did not arrive: recover
-    before_previous = std::move(before_step);
-    before_step = save();
     if (finishing) {
       loss = 0.0;
-    } else if (!send_state && hsdp) {
-      loss = hsdp->Step(*plan, static_cast<int>(step), [&](const char* where) {
-        inject(where, static_cast<int>(step));
-      });
-      absl::SleepFor(settings.pace - (absl::Now() - step_start));
     } else if (!send_state) {
-      loss = Step(*plan, **stage, params, dp, static_cast<int>(step), *fault,
-                  launch_rank);
+      // What the step changes, to undo it if it does not commit.
+      if (absl::Status saved = rep.before.Save(rep.state); !saved.ok()) {
+        loss = saved;
+      } else {
+        loss = Step(*plan, rep, static_cast<int>(step), [&](const char* where) {
+          inject(where, static_cast<int>(step));
+        });
+      }
       absl::SleepFor(settings.pace - (absl::Now() - step_start));
     }
     if (!loss.ok() && leader) {
@@ -473,19 +519,21 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
       losses[step] = *loss;
       ++step;
       if (fault->where == "corrupt" && fault->step == step &&
-          fault->rank == launch_rank && (hsdp || !params.empty())) {
+          fault->rank == launch_rank) {
         std::fprintf(stderr,
                      "train_nd: fault: corrupt after step %lld on launch "
                      "rank %d\n",
                      static_cast<long long>(step), launch_rank);
-        if (hsdp) {
-          hsdp->Corrupt(1.0);
-        } else {
-          params[0]->value(0, 0) += 1.0;
+        // The first value of the first registered buffer (a parameter).
+        auto entries = rep.state.elastic_state();
+        if (entries.ok() && !entries->empty() && (*entries)[0].bytes &&
+            (*entries)[0].bytes().size() >= sizeof(double)) {
+          reinterpret_cast<double*>((*entries)[0].bytes().data())[0] += 1.0;
         }
       }
       // A failed save leaves the previous checkpoint; training goes on.
-      if (absl::Status s = checkpoints.MaybeSave(*plan, **stage, step, leader);
+      if (absl::Status s =
+              checkpoints.MaybeSave(*plan, rep.state, step, leader);
           !s.ok() && leader) {
         std::printf("checkpoint: step %lld not saved: %s\n",
                     static_cast<long long>(step), s.ToString().c_str());
@@ -497,9 +545,10 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
                     plan->dp,
                     static_cast<long long>(absl::ToUnixMillis(absl::Now())));
       }
-    } else {
-      restore(before_step);
-      before_step = before_previous;
+    } else if (!rep.before.empty()) {
+      if (absl::Status s = rep.before.Restore(rep.state); !s.ok()) {
+        return Fail(replica, launch_rank, "undo", s);
+      }
     }
     if (!verdict->recover) continue;
     if (fault->where == "recovery" && step >= fault->step) {
@@ -523,20 +572,15 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
     record = *r;
     step = r->resume_step;
     losses.erase(losses.lower_bound(step), losses.end());
-    before_step = save();
     send_state = false;
     PrintMembership(leader, *r, replica,
                     verdict->committed ? "membership changed"
                                        : "recovered from a failed step");
     plan = EpochPlan(plan0, r->dp_size);
     if (!plan.ok()) return Fail(replica, launch_rank, "error", plan.status());
-    if (absl::Status s = (*stage)->Rebind(*plan); !s.ok()) {
+    // The data slice follows the new DP size; the modules need nothing.
+    if (absl::Status s = rep.stage->Rebind(*plan); !s.ok()) {
       return Fail(replica, launch_rank, "rebind", s);
-    }
-    if (hsdp) {
-      if (absl::Status s = hsdp->Rebuild(*plan); !s.ok()) {
-        return Fail(replica, launch_rank, "fsdp", s);
-      }
     }
   }
 
@@ -546,28 +590,30 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
   // The parameters first, while the replicas are still in step: the serial
   // reference below takes each one a different time, which must not run a
   // DP operation past its timeout.
-  // (HSDP: each rank's shards against the same shard of every replica.)
-  const int64_t mine = hsdp ? hsdp->Digest() : Digest(params);
+  // (Each rank's state against the same coordinate of every replica, then
+  // one verdict over the replica's own dimensions.)
+  const int64_t mine = Digest(rep.state);
   int64_t digest[2] = {mine, -mine};
-  auto dp_group = hsdp ? absl::StatusOr<std::shared_ptr<vemesh::Communicator>>(
-                             hsdp->replicate())
-                       : VESCALE_DEVICE_MESH.get_data_parallel_dim_groups();
+  const std::string replica_dim = plan0.fsdp() ? "DP_REPLICATE" : "DP";
+  absl::StatusOr<vemesh::DeviceMesh> end_mesh = VESCALE_DEVICE_MESH.get();
   bool identical = false;
-  if (dp_group.ok() &&
-      (*dp_group)
-          ->all_reduce(digest, digest, 2, vemesh::DataType::kInt64,
-                       vemesh::ReduceOp::kMax)
-          .ok()) {
-    identical = digest[0] == -digest[1];
-  }
-  if (hsdp) {
-    // Identical only if every shard is: one verdict for the replica.
+  if (end_mesh.ok()) {
+    auto group = end_mesh->get_group(replica_dim);
+    identical = group.ok() &&
+                (*group)
+                    ->all_reduce(absl::MakeSpan(digest), vemesh::ReduceOp::kMax)
+                    .ok() &&
+                digest[0] == -digest[1];
     int64_t same = identical ? 1 : 0;
-    identical =
-        hsdp->shard()
-            ->all_reduce(absl::MakeSpan(&same, 1), vemesh::ReduceOp::kMin)
-            .ok() &&
-        same == 1;
+    for (const std::string& d : end_mesh->mesh_dim_names()) {
+      auto g = end_mesh->get_group(d);
+      if (d == replica_dim || !g.ok() || (*g)->size() == 1) continue;
+      if (!(*g)->all_reduce(absl::MakeSpan(&same, 1), vemesh::ReduceOp::kMin)
+               .ok()) {
+        same = 0;
+      }
+    }
+    identical = same == 1;
   }
   absl::StatusOr<std::vector<double>> serial_or = SerialLosses(plan0);
   if (!serial_or.ok()) {
@@ -598,8 +644,8 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
         static_cast<long long>(losses.empty() ? 0 : losses.rbegin()->first + 1),
         losses.size(), worst, static_cast<long long>(worst_step + 1),
         worst < plan0.options.tolerance ? "<" : ">=", plan0.options.tolerance,
-        identical ? "identical" : "DIFFERENT", hsdp ? "DP_REPLICATE" : "DP",
-        hsdp ? plan->dp_replicate : plan->dp, recoveries,
+        identical ? "identical" : "DIFFERENT", replica_dim.c_str(),
+        plan0.fsdp() ? plan->dp_replicate : plan->dp, recoveries,
         static_cast<long long>(communicators),
         static_cast<long long>(communicators_at_start));
     std::fflush(stdout);

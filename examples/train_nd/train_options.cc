@@ -133,14 +133,6 @@ absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
     return absl::InvalidArgumentError(
         absl::StrCat("--zero_stage=", o.zero_stage, ": expected 1 or 2"));
   }
-  if (!o.elastic.empty() &&
-      (o.zero || *kind != vemesh::strategies::OptimizerKind::kSgd)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--elastic with ", o.zero ? "--zero" : "--optimizer=" + o.optimizer,
-        ": the elastic loop trains with plain SGD (DataParallel, or FSDP "
-        "over DP_SHARD); expected --optimizer=sgd without --zero"));
-  }
-
   absl::StatusOr<vemesh::strategies::PipelineSchedule> schedule =
       vemesh::strategies::ParsePipelineSchedule(o.schedule);
   if (!schedule.ok()) {
@@ -197,13 +189,25 @@ absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
             ? "--elastic with only one of them: an elastic HSDP job grows and "
               "shrinks DP_REPLICATE and shards over DP_SHARD, expected both "
               "(or DP alone)"
-        : o.zero ? "--zero: FSDP shards the optimizer already"
-                 : nullptr;
+        // Elastic: --zero is ZeRO over DP_SHARD instead of FSDP.
+        : o.zero && o.elastic.empty()
+            ? "--zero: FSDP shards the optimizer already"
+            : nullptr;
     if (why != nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--mesh=", o.mesh, " has DP_REPLICATE or DP_SHARD and ", why));
     }
     plan.dp = std::max(plan.dp_replicate, 1) * std::max(plan.dp_shard, 1);
+  }
+  // ZeRO's state sharded over the elastic dimension would differ from
+  // replica to replica, which no joiner can receive.
+  if (!o.elastic.empty() && o.zero && !plan.fsdp()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--elastic with --zero and --mesh=", o.mesh,
+        ": ZeRO would shard the optimizer state over DP, which the elastic "
+        "job resizes; expected DP_REPLICATE and DP_SHARD (ZeRO over "
+        "DP_SHARD inside each replica), e.g. --mesh "
+        "PP=1,DP_REPLICATE=3,DP_SHARD=2,TP=1"));
   }
   // An elastic launch holds one replica: every dimension but DP.
   if (!o.elastic.empty()) {

@@ -11,7 +11,8 @@
 # replica_killed rejoin redis_killed soak, and the control plane's
 # (issue 29): redis_restarted redis_restarted_newcomer mismatch rerun
 # below_min replica_stopped; HSDP (issue 28): hsdp_kill hsdp_rejoin
-# hsdp_corrupt hsdp_tp_rejoin hsdp_pp_rejoin. Every process this script starts
+# hsdp_corrupt hsdp_tp_rejoin hsdp_pp_rejoin; with the library's optimizers
+# (issue 47): hsdp_adam_rejoin hsdp_zero_rejoin hsdp_adam_tp_pp_rejoin. Every process this script starts
 # is ended by its PID (mpirun and its ranks, redis-server), never by name,
 # also when an assertion fails.
 set -u
@@ -75,6 +76,7 @@ start_redis
 
 mesh=PP=1,DP=3,TP=2
 steps=30
+extra=()   # arguments of every launch of the scenario
 pace=0
 common() {
   echo --mesh "$mesh" --batch 24 --micro_batches 2 --steps "$steps" \
@@ -84,7 +86,8 @@ common() {
 # launch K OUTFILE [extra args]: replica K, in the background.
 launch() {
   local k=$1 out=$2; shift 2
-  mpirun -n "${NP:-2}" --bind-to none $bin $(common) --replica "$k" "$@" \
+  mpirun -n "${NP:-2}" --bind-to none $bin $(common) --replica "$k" \
+    "${extra[@]}" "$@" \
     >"$work/$out.out" 2>&1 &
   launcher[$k]=$!
 }
@@ -353,7 +356,8 @@ case $scenario in
     expect_line r1 "replica 1 evicted"
     grep -q "control plane .* is lost" "$work/r1.out" && fail "r1 blamed the control plane"
     true ;;
-  hsdp_kill|hsdp_rejoin|hsdp_tp_rejoin|hsdp_pp_rejoin)
+  hsdp_kill|hsdp_rejoin|hsdp_tp_rejoin|hsdp_pp_rejoin|hsdp_adam_rejoin|\
+  hsdp_zero_rejoin|hsdp_adam_tp_pp_rejoin)
     # HSDP (issue 28): DP_REPLICATE is the elastic dimension, each replica
     # runs FSDP over DP_SHARD (x TP or x PP); replica 1 is SIGKILLed in its
     # DP_REPLICATE all_reduce, the survivors go on at DP_REPLICATE=2 (or 1);
@@ -365,7 +369,17 @@ case $scenario in
     elif [[ $scenario == hsdp_pp_rejoin ]]; then
       # Two stages per replica: a rank's state is its stage's shards.
       mesh=PP=2,DP_REPLICATE=2,DP_SHARD=2,TP=1; n=2; export NP=4
+    elif [[ $scenario == hsdp_adam_tp_pp_rejoin ]]; then
+      # Issue 47: AdamW with TP and PP inside each replica (FSDP units of
+      # one TP slice of one stage).
+      mesh=PP=2,DP_REPLICATE=2,DP_SHARD=1,TP=2; n=2; export NP=4
+      extra=(--optimizer adam)
     fi
+    # Issue 47: the modules are built once; the joiner receives the
+    # parameters and the optimizer state (AdamW's moments, step counts).
+    [[ $scenario == hsdp_adam_rejoin ]] && extra=(--optimizer adam)
+    # ZeRO-2 over DP_SHARD inside each replica, averaged over DP_REPLICATE.
+    [[ $scenario == hsdp_zero_rejoin ]] && extra=(--optimizer adam --zero)
     [[ $scenario == hsdp_kill ]] && steps=20 || { steps=240; pace=25; }
     launch 0 r0; launch 1 r1 --fault 6:dp
     ((n == 3)) && launch 2 r2

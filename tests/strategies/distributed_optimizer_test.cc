@@ -468,6 +468,53 @@ TEST(DistributedOptimizerTest, HsdpGroupsThatDoNotFitAreNamed) {
   EXPECT_TRUE(Close(ps[0].value, before, 0));
 }
 
+// Issue 47: one shard coordinate's replicate group fails (its partner
+// replica lost) while the other's works: the shard group's collectives
+// still pair up (no rank waits for one that left), the failed ranks step
+// nothing and answer the replicate group's status.
+TEST(DistributedOptimizerTest, FailedReplicateGroupLeavesTheShardGroupMatched) {
+  const int n = WorldSize();
+  if (n < 4 || n % 2 != 0) GTEST_SKIP() << "needs 2 replicas of 2+ shards";
+  absl::StatusOr<HsdpGroups> groups = MakeHsdpGroups();
+  ASSERT_TRUE(groups.ok()) << groups.status();
+  for (ZeroStage stage : {ZeroStage::kOne, ZeroStage::kTwo}) {
+    auto replicate = std::make_shared<ReconfigurableCommunicator>(
+        "DP_REPLICATE", std::string(groups->both->backend()));
+    ASSERT_TRUE(
+        replicate->configure(groups->both, RanksOf(*groups->both), 1).ok());
+    std::vector<Parameter> ps = MakeParams(kAwkward);
+    auto zero =
+        DistributedOptimizer::Create({.optimizer = OptimizerOptions::AdamW(0.1),
+                                      .stage = stage,
+                                      .shard_group = groups->shard,
+                                      .replicate_group = replicate},
+                                     Pointers(ps));
+    ASSERT_TRUE(zero.ok()) << zero.status();
+    const bool lost = groups->shard->rank() == 0;
+    if (lost) {
+      ASSERT_TRUE(replicate
+                      ->unconfigure(absl::UnavailableError(
+                          "DP_REPLICATE is between membership epochs"))
+                      .ok());
+    }
+    (*zero)->ZeroGrad();
+    for (Parameter& p : ps) p.grad.setOnes();
+    absl::StatusOr<ZeroStepStats> st = (*zero)->Step();
+    if (lost) {
+      EXPECT_TRUE(absl::IsUnavailable(st.status())) << st.status();
+      EXPECT_EQ((*zero)->step_count(), 0);
+    } else {
+      EXPECT_TRUE(st.ok()) << st.status();
+    }
+    // Every rank is back in step: a collective over all of them completes.
+    int64_t one = 1;
+    ASSERT_TRUE(
+        groups->shard->all_reduce(absl::MakeSpan(&one, 1), ReduceOp::kSum)
+            .ok());
+    EXPECT_EQ(one, groups->shard->size());
+  }
+}
+
 TEST(DistributedOptimizerTest, ParseZeroStage) {
   EXPECT_EQ(*ParseZeroStage("1"), ZeroStage::kOne);
   EXPECT_EQ(*ParseZeroStage("2"), ZeroStage::kTwo);

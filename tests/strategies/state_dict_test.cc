@@ -29,6 +29,7 @@
 #include "vemesh/strategies/parameter_placement.h"
 #include "vemesh/strategies/row_parallel_linear.h"
 #include "vemesh/strategies/state_dict.h"
+#include "vemesh/strategies/state_snapshot.h"
 
 namespace vemesh::strategies {
 namespace {
@@ -562,6 +563,49 @@ TEST(StateDictElasticTest, EntriesAreTheLiveBuffersAndTheStepCounts) {
   EXPECT_EQ(opt->step_count(), 1);
   EXPECT_EQ(steps.load_state_dict("x").code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// A step undone (an elastic step that did not commit): the parameters, the
+// AdamW moments and the step counts are back as they were at Save, and the
+// redone step gives what the first one gave.
+TEST(StateSnapshotTest, RestoreUndoesAStepParametersMomentsAndCounts) {
+  Parameter a("a", Deterministic(2, 3, 1.0)), b("b", Deterministic(1, 3, 2));
+  TrainingState state;
+  ASSERT_TRUE(
+      state.AddParameter(&a, WholePlacement("layer0.weight", 2, 3)).ok());
+  ASSERT_TRUE(state.AddParameter(&b, WholePlacement("layer0.bias", 1, 3)).ok());
+  auto opt = Optimizer::Create(OptimizerOptions::AdamW(0.1), {&a, &b});
+  ASSERT_TRUE(opt.ok());
+  ASSERT_TRUE(state.AddOptimizer(*opt).ok());
+  StateSnapshot before;
+  EXPECT_EQ(before.Restore(state).code(),
+            absl::StatusCode::kFailedPrecondition);
+  const auto step = [&] {
+    a.grad.setConstant(1.0);
+    b.grad.setConstant(-2.0);
+    return opt->Step();
+  };
+  ASSERT_TRUE(step().ok());
+  ASSERT_TRUE(before.Save(state).ok());
+  const Matrix a1 = a.value;
+  const std::vector<double> m1(opt->flat(0).mutable_state()[0].second.begin(),
+                               opt->flat(0).mutable_state()[0].second.end());
+  ASSERT_TRUE(step().ok());
+  const Matrix a2 = a.value;
+  ASSERT_NE(a2, a1);
+  ASSERT_EQ(opt->step_count(), 2);
+  ASSERT_TRUE(before.Restore(state).ok());
+  EXPECT_EQ(a.value, a1);
+  absl::Span<double> m = opt->flat(0).mutable_state()[0].second;
+  EXPECT_EQ(std::vector<double>(m.begin(), m.end()), m1);
+  EXPECT_EQ(opt->step_count(), 1);
+  EXPECT_EQ(opt->flat(1).step_count(), 1);
+  ASSERT_TRUE(step().ok());  // redone: bit-identical (bias correction too)
+  EXPECT_EQ(a.value, a2);
+  EXPECT_GT(before.bytes(), 0u);
+  // A buffer of another size since Save: nothing written.
+  a.value = Matrix::Zero(3, 3);
+  EXPECT_TRUE(absl::IsInvalidArgument(before.Restore(state)));
 }
 
 }  // namespace

@@ -100,10 +100,10 @@ TEST(TrainOptionsTest, NamesTheBadValue) {
             std::string::npos);
 
   o = {};
-  o.optimizer = "adam";
+  o.zero = true;
   o.elastic = "redis://localhost:1";
   o.mesh = "DP=2,TP=2";
-  EXPECT_NE(ErrorOf(o, 2).find("expected --optimizer=sgd without --zero"),
+  EXPECT_NE(ErrorOf(o, 2).find("expected DP_REPLICATE and DP_SHARD"),
             std::string::npos);
 }
 
@@ -176,6 +176,27 @@ TEST(TrainOptionsTest, ReplicateBackendNamesTheReplicateDimension) {
   o.elastic = "redis://127.0.0.1:6379";
   EXPECT_NE(ErrorOf(o, 2).find("--replicate_backend=gloo with --elastic"),
             std::string::npos);
+}
+
+// Issue 47: the elastic loop trains with the library's optimizers (AdamW,
+// ZeRO over DP_SHARD inside a replica); ZeRO over the elastic DP itself
+// cannot be carried to a joiner and is refused, naming the way that works.
+TEST(TrainOptionsTest, ElasticTrainsWithAdamAndZeroOverDpShard) {
+  TrainOptions o;
+  o.elastic = "redis://localhost:1";
+  o.mesh = "PP=1,DP_REPLICATE=3,DP_SHARD=2,TP=1";
+  o.batch = 24;
+  o.micro_batches = 2;
+  o.optimizer = "adam";
+  EXPECT_TRUE(PlanTraining(o, 2).ok()) << PlanTraining(o, 2).status();
+  o.zero = true;
+  EXPECT_TRUE(PlanTraining(o, 2).ok()) << PlanTraining(o, 2).status();
+  o.mesh = "PP=1,DP=3,TP=2";
+  EXPECT_NE(ErrorOf(o, 2).find("ZeRO would shard the optimizer state over DP"),
+            std::string::npos)
+      << ErrorOf(o, 2);
+  o.zero = false;
+  EXPECT_TRUE(PlanTraining(o, 2).ok()) << PlanTraining(o, 2).status();
 }
 
 TEST(TrainOptionsTest, ExpertsComposeWithReplicateAndShardDimensions) {

@@ -9,6 +9,7 @@
 #include "vemesh/base/status_macros.h"
 #include "vemesh/comm/agreement.h"
 #include "vemesh/comm/half.h"
+#include "vemesh/comm/reconfigurable_communicator.h"
 #include "vemesh/registry/ve_device_mesh.h"
 
 namespace vemesh::strategies {
@@ -137,8 +138,12 @@ DistributedOptimizer::Create(const DistributedOptimizerOptions& options,
   }
   // Over the replicate group too, whatever the shard group answered (its
   // other members wait in this agreement).
+  // Not over a reconfigurable (elastic) one: a joiner creates its optimizer
+  // while the other replicas train.
   if (options.replicate_group != nullptr &&
-      options.replicate_group->size() > 1) {
+      options.replicate_group->size() > 1 &&
+      dynamic_cast<const ReconfigurableCommunicator*>(
+          options.replicate_group.get()) == nullptr) {
     absl::Status over_replicas = AgreeAcrossRanks(
         *options.replicate_group,
         "DistributedOptimizer parameters (every replica must pass the same "
@@ -235,10 +240,9 @@ void DistributedOptimizer::Scatter(Matrix Parameter::*field, size_t begin,
   }
 }
 
-absl::Status DistributedOptimizer::ReduceGradients(const RoleGroup& dp,
-                                                   int replicas, bool bad,
-                                                   std::vector<double>& shard,
-                                                   double* bad_ranks) {
+absl::Status DistributedOptimizer::ReduceGradients(
+    const RoleGroup& dp, int replicas, bool bad, std::vector<double>& shard,
+    double* bad_ranks, absl::Status* replicate_failed) {
   const size_t n = elements_;
   const size_t s = shard_;
   const size_t p = static_cast<size_t>(dp.size);
@@ -261,9 +265,11 @@ absl::Status DistributedOptimizer::ReduceGradients(const RoleGroup& dp,
       VEMESH_RETURN_IF_ERROR(
           dp.comm->all_reduce(absl::MakeSpan(data), ReduceOp::kSum));
     }
-    if (replicate != nullptr) {
-      VEMESH_RETURN_IF_ERROR(
-          replicate->all_reduce(absl::MakeSpan(reduced), ReduceOp::kSum));
+    // A failed replicate group stops only itself (as FSDP's): the shard
+    // group goes on, so that its ranks stay matched (see Step).
+    if (replicate != nullptr && replicate_failed->ok()) {
+      *replicate_failed =
+          replicate->all_reduce(absl::MakeSpan(reduced), ReduceOp::kSum);
     }
     return absl::OkStatus();
   };
@@ -291,7 +297,7 @@ absl::Status DistributedOptimizer::ReduceGradients(const RoleGroup& dp,
       VEMESH_RETURN_IF_ERROR(sum(grads, mine, /*scatter=*/true));
     }
     *bad_ranks = mine[s];
-    if (*bad_ranks != 0) return absl::OkStatus();
+    if (*bad_ranks != 0 || !replicate_failed->ok()) return absl::OkStatus();
     for (size_t j = 0; j < s; ++j) shard[j] = mine[j] * scale;
     return absl::OkStatus();
   }
@@ -312,7 +318,7 @@ absl::Status DistributedOptimizer::ReduceGradients(const RoleGroup& dp,
     VEMESH_RETURN_IF_ERROR(sum(grads, grads, /*scatter=*/false));
   }
   *bad_ranks = grads[n];
-  if (*bad_ranks != 0) return absl::OkStatus();
+  if (*bad_ranks != 0 || !replicate_failed->ok()) return absl::OkStatus();
   for (size_t j = 0; j < n; ++j) grads[j] *= scale;
   Scatter(&Parameter::grad, 0, n, grads.data());
   const size_t begin = static_cast<size_t>(dp.rank) * s;
@@ -337,6 +343,7 @@ absl::StatusOr<ZeroStepStats> DistributedOptimizer::Step() {
                          " at Create (it owns that shard)");
   }
   const bool bad = !local.empty();
+  absl::Status replicate_failed;
   // The replicate group as it is now: it may have changed size since the
   // last step (a ReconfigurableCommunicator of an elastic mesh).
   const int replicas = replicate_size();
@@ -356,8 +363,8 @@ absl::StatusOr<ZeroStepStats> DistributedOptimizer::Step() {
     Gather(&Parameter::grad, 0, shard_, grad.data());
   } else {
     double bad_ranks = 0;
-    VEMESH_RETURN_IF_ERROR(
-        ReduceGradients(dp, replicas, bad, grad, &bad_ranks));
+    VEMESH_RETURN_IF_ERROR(ReduceGradients(dp, replicas, bad, grad, &bad_ranks,
+                                           &replicate_failed));
     stats.collectives += (dp.size > 1 ? 1 : 0) + (replicas > 1 ? 1 : 0);
     if (bad_ranks != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -370,12 +377,15 @@ absl::StatusOr<ZeroStepStats> DistributedOptimizer::Step() {
     }
   }
 
-  // Step this rank's shard of the values (zero padding past N).
+  // Step this rank's shard of the values (zero padding past N); after a
+  // failed replicate group, nothing: the shard is gathered as it is.
   const size_t begin = static_cast<size_t>(dp.rank) * shard_;
   std::vector<double> values(shard_, 0.0);
   Gather(&Parameter::value, begin, shard_, values.data());
-  VEMESH_RETURN_IF_ERROR(shard_optimizer_->Step(absl::MakeSpan(values),
-                                                absl::MakeConstSpan(grad)));
+  if (replicate_failed.ok()) {
+    VEMESH_RETURN_IF_ERROR(shard_optimizer_->Step(absl::MakeSpan(values),
+                                                  absl::MakeConstSpan(grad)));
+  }
   if (dp.size == 1) {
     Scatter(&Parameter::value, 0, shard_, values.data());
   } else {
@@ -385,6 +395,7 @@ absl::StatusOr<ZeroStepStats> DistributedOptimizer::Step() {
     ++stats.collectives;
     Scatter(&Parameter::value, 0, elements_, gathered.data());
   }
+  VEMESH_RETURN_IF_ERROR(replicate_failed);  // the gradients left as they are
   if (options_.stage == ZeroStage::kTwo) {
     // Only the shard is kept; ZeroGrad makes the gradients whole again.
     for (Parameter* p : params_) p->grad.resize(0, 0);

@@ -71,7 +71,13 @@
 // the same shard and state, so the updated shards gather over the shard
 // group only. The replicate group may be a ReconfigurableCommunicator
 // (vemesh/comm/reconfigurable_communicator.h) whose size changes between
-// steps, as an elastic mesh's is: the optimizer is created once. A
+// steps, as an elastic mesh's is: the optimizer is created once, and
+// Create does not agree over such a group (a replica that joins creates its
+// optimizer while the others train). A failed replicate group stops only
+// itself, as FSDP's: the shard group's collectives still run (its ranks stay
+// matched, an elastic step's rule), nothing is stepped on this rank, and
+// Step returns the replicate group's error (undo the step and redo it after
+// the recovery; other ranks of the shard group may have stepped). A
 // `replicate_group` without a `shard_group` is InvalidArgument at once, on
 // the rank that passed it (every rank passes the same options), as a group
 // on nccl is FailedPrecondition (the buffers are host memory).
@@ -179,8 +185,11 @@ class DistributedOptimizer {
   // values); `*bad_ranks`: how many ranks flagged bad input (then nothing
   // else is written). ZeRO-1 also writes the average into every
   // Parameter::grad.
+  // `*replicate_failed`: the replicate group's error (the shard group's
+  // collectives still ran; nothing is written then).
   absl::Status ReduceGradients(const RoleGroup& dp, int replicas, bool bad,
-                               std::vector<double>& shard, double* bad_ranks);
+                               std::vector<double>& shard, double* bad_ranks,
+                               absl::Status* replicate_failed);
   // Copies values [begin, begin + count) of the concatenated `field` of the
   // parameters to `out` / from `in`.
   void Gather(Matrix Parameter::*field, size_t begin, size_t count,
