@@ -345,6 +345,10 @@ EXAMPLES = {
                    "const Matrix& x_t, const Matrix& dy"),
         "pragma_missing_field_initializers": True},
     "strategies/tensor_parallel_shard.h": {},
+    "strategies/state_snapshot.h": {
+        "includes": ["vemesh/elastic/elastic_mesh.h"],
+        "helpers": "absl::Status TrainStep(int64_t step) { return absl::OkStatus(); }\n",
+        "params": "TrainingState& state, ElasticMesh& el, int64_t step"},
     "strategies/state_dict.h": {
         "includes": ["vemesh/checkpoint/checkpoint.h"],
         "params": ("ColumnParallelLinear& fc0, RowParallelLinear& fc1, "

@@ -258,6 +258,21 @@ struct FullyShardedDataParallel::State {
   // its reduce_scatters, which every shard peer started in PostBackward,
   // are waited for, so the module stays usable. Nothing was added to the
   // gradient shards; every unit is ready for the step to be redone.
+  // Lets go of the abandoned operations that have finished since (one
+  // non-blocking look each): their buffers, and the communicator of the
+  // epoch they ran on, which they keep alive until then.
+  void PruneAbandoned() {
+    std::vector<Unit> still;
+    for (Unit& unit : abandoned) {
+      bool done = true;
+      for (auto* w : {&unit.gather_work, &unit.rs_work, &unit.ar_work}) {
+        if (*w != nullptr && !(*w)->test()) done = false;
+      }
+      if (!done) still.push_back(std::move(unit));
+    }
+    abandoned = std::move(still);
+  }
+
   absl::Status AbandonReplicate(absl::Status status) {
     if (replicate.comm != nullptr) {
       replicate.comm->abort(
@@ -793,6 +808,7 @@ absl::Status FullyShardedDataParallel::PostBackward(size_t u) {
 
 absl::Status FullyShardedDataParallel::FinishBackward() {
   State& st = *state_;
+  st.PruneAbandoned();
   // The replicate group as it is now (it may have changed size since the
   // last step: a ReconfigurableCommunicator); read once, so every unit of
   // this step is averaged alike.
