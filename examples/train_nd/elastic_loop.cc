@@ -475,6 +475,9 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
     const bool finishing = step >= plan0.options.steps && !send_state;
     absl::StatusOr<double> loss = absl::UnknownError("not run");
     if (send_state) loss = synced;  // the state did not arrive: recover
+    // Whether this round changed the state (only then is there an undo: the
+    // snapshot of an earlier, committed step must never be put back).
+    bool stepped = false;
     if (finishing) {
       loss = 0.0;
     } else if (!send_state) {
@@ -482,6 +485,7 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
       if (absl::Status saved = rep.before.Save(rep.state); !saved.ok()) {
         loss = saved;
       } else {
+        stepped = true;
         loss = Step(*plan, rep, static_cast<int>(step), [&](const char* where) {
           inject(where, static_cast<int>(step));
         });
@@ -545,7 +549,7 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
                     plan->dp,
                     static_cast<long long>(absl::ToUnixMillis(absl::Now())));
       }
-    } else if (!rep.before.empty()) {
+    } else if (stepped) {
       if (absl::Status s = rep.before.Restore(rep.state); !s.ok()) {
         return Fail(replica, launch_rank, "undo", s);
       }

@@ -339,5 +339,24 @@ TEST_F(DocLoop, CallerBugEndsTheJobOnEveryRankWithItsStatus) {
   EXPECT_LT(took, absl::Seconds(30));
 }
 
+// The bound is checked before anything connects: a negative one would
+// otherwise end every epoch at once, a huge one is a livelock again.
+TEST(DocLoopOptions, MaxStepRetriesOutOfRangeIsNamed) {
+  for (int bad : {-1, 1001}) {
+    ElasticOptions o;
+    o.control_store = std::make_shared<MemoryStore>();
+    o.replica = 0;
+    o.replica_dim = "DP_REPLICATE";
+    o.max_step_retries = bad;
+    auto layout = MeshLayout::Create({3, kShard}, {"DP_REPLICATE", "DP_SHARD"});
+    ASSERT_TRUE(layout.ok());
+    auto el = ElasticMesh::Create(DeviceType::kCpu, *layout, MeshOptions{}, o);
+    ASSERT_FALSE(el.ok());
+    EXPECT_TRUE(absl::IsInvalidArgument(el.status())) << el.status();
+    EXPECT_THAT(std::string(el.status().message()),
+                HasSubstr(absl::StrCat("max_step_retries is ", bad)));
+  }
+}
+
 }  // namespace
 }  // namespace vemesh

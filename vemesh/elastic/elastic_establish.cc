@@ -164,15 +164,20 @@ absl::StatusOr<Recovery> ElasticMesh::Establish(const MembershipRecord& record,
                       has_state_ ? committed * n + me : kNoState};
   // And the step failures that were no lost member's (end_step counts them
   // in the replica that saw one): every member takes the largest count.
-  int64_t most[5] = {has_state_ ? 0 : 1, has_state_ ? committed : -1,
-                     step_errors_, step_error_code_, step_error_replica_};
+  // Packed (count, code, replica) so that the three come from one replica.
+  const int64_t step_error_key =
+      step_errors_ == 0 ? 0
+                        : (step_errors_ << 40) | (step_error_code_ << 32) |
+                              (step_error_replica_ & 0xffffffff);
+  int64_t most[3] = {has_state_ ? 0 : 1, has_state_ ? committed : -1,
+                     step_error_key};
   if (status.ok() && n > 1) {
     status =
         (*group)->all_reduce(least, least, 2, DataType::kInt64, ReduceOp::kMin);
   }
   if (status.ok() && n > 1) {
     status =
-        (*group)->all_reduce(most, most, 5, DataType::kInt64, ReduceOp::kMax);
+        (*group)->all_reduce(most, most, 3, DataType::kInt64, ReduceOp::kMax);
   }
   // cuda: the epoch's NCCL DP group, over the Gloo group as its twin (the
   // unique id goes over it, whose rendezvous went through the control
@@ -204,10 +209,10 @@ absl::StatusOr<Recovery> ElasticMesh::Establish(const MembershipRecord& record,
         absl::StrCat("epoch ", record.epoch, " (", MembershipText(record),
                      "): DP group not built: ", status.message()));
   }
-  step_errors_ = most[2];
-  step_error_code_ = most[3];
-  step_error_replica_ = most[4];
-  if (step_errors_ > options_.max_step_retries) {
+  step_errors_ = most[2] >> 40;
+  step_error_code_ = (most[2] >> 32) & 0xff;
+  step_error_replica_ = most[2] & 0xffffffff;
+  if (step_errors_ > options_.max_step_retries && step_error_code_ != 0) {
     // Not a lost member: another epoch would fail the same way. Every
     // member ends here with the same code (no livelock).
     RetireEpoch();

@@ -89,6 +89,11 @@ absl::Status CheckOptions(DeviceType device_type, const MeshLayout& layout,
         ": expected 0 (only after "
         "membership changes) or a positive step count"));
   }
+  if (o.max_step_retries < 0 || o.max_step_retries > 1000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ElasticOptions.max_step_retries is ", o.max_step_retries,
+                     ": expected 0 to 1000"));
+  }
   if (o.store.empty() && o.control_store == nullptr) {
     return absl::InvalidArgumentError(
         "ElasticOptions.store is empty: expected redis://HOST:PORT");
@@ -230,6 +235,12 @@ absl::StatusOr<std::unique_ptr<ElasticMesh>> ElasticMesh::Create(
     absl::StrAppend(&el->descriptor_,
                     ";fingerprint_every=", options.fingerprint_every);
   }
+  // And the same bound on a step's own failures (every member must decide
+  // alike when the job ends).
+  if (options.max_step_retries != ElasticOptions{}.max_step_retries) {
+    absl::StrAppend(&el->descriptor_,
+                    ";max_step_retries=", options.max_step_retries);
+  }
   if (!options.descriptor.empty()) {
     absl::StrAppend(&el->descriptor_, ";", options.descriptor);
   }
@@ -281,15 +292,20 @@ absl::StatusOr<std::unique_ptr<ElasticMesh>> ElasticMesh::Create(
     // (on the heartbeat's thread: a long step must not delay it).
     std::function<void()> guard;
     if (el->inner_rank_ == 0) {
-      guard = [g = el->guard_, cp = std::make_shared<ControlPlane>(
-                                   beat_store, options.job, el->inner_size_)] {
+      guard = [g = el->guard_,
+               cp = std::make_shared<ControlPlane>(beat_store, options.job,
+                                                   el->inner_size_),
+               renewals = int64_t{0}]() mutable {
         std::string record;
         {
           std::lock_guard<std::mutex> lock(g->mu);
           record = g->record;
         }
         (void)cp->RestoreIfAbsent(record, g->descriptor);
-        // The reading end_step uses instead of its own round trip.
+        // The reading end_step uses instead of its own round trip: every
+        // other renewal (each TTL/2, fresh enough for end_step's window of
+        // one TTL), so that the renewals' own spacing stays short.
+        if (++renewals % 2 != 0) return;
         absl::StatusOr<ControlPlane::Reading> now = cp->Read();
         if (!now.ok()) return;
         std::lock_guard<std::mutex> lock(g->mu);

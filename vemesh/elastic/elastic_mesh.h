@@ -64,8 +64,10 @@
 // end_step is collective over the whole job: every rank calls it once per
 // step with its step's status. It retires the DP groups at once on a failed
 // step (which releases a peer blocked on them), then agrees over DP and
-// inside the replica on three things: did any rank's step fail, did anyone
-// see a newer epoch, is the control plane lost. Every rank gets the same
+// inside the replica on four things: did any rank's step fail, did anyone
+// see a newer epoch, is the control plane lost, and the code of a failure
+// that no lost member explains (max_step_retries). No store round trip:
+// the heartbeat thread's last reading of the record. Every rank gets the same
 // verdict, except that a replica may have committed one step more than
 // another when a peer died inside end_step's own exchange; recover()
 // settles that with `resume_step`.
@@ -157,7 +159,7 @@ struct ElasticOptions {
   bool data_plane_detection = true;
   // A step that fails for a reason other than a lost member (a status
   // other than Unavailable, DeadlineExceeded or Aborted on some rank: a
-  // caller's bug, a stale handle, a shape error) is retried through this
+  // caller's bug, a shape error, a non-finite loss) is retried through this
   // many recoveries in a row; the next such failure ends the job: recover()
   // returns it on every rank (naming the replica and the code), instead of
   // forming epochs forever.

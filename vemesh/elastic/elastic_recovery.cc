@@ -54,8 +54,9 @@ absl::StatusOr<Recovery> ElasticMesh::Rebuild(
         if (store_down_since == absl::InfiniteFuture()) store_down_since = now;
         if (now - store_down_since <
             std::max(4 * options_.heartbeat_ttl, absl::Seconds(2))) {
-          absl::SleepFor(backoff);
+          absl::SleepFor(std::min(backoff, deadline - now));
           backoff = std::min(2 * backoff, absl::Milliseconds(320));
+          --attempt;  // waiting for the store builds no epoch
           continue;
         }
       }
