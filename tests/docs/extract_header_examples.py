@@ -194,6 +194,10 @@ EXAMPLES = {
     "comm/work.h": {
         "params": "std::shared_ptr<Communicator> dp, std::vector<float> bucket",
     },
+    "comm/forwarded_work.h": {
+        "includes": ["vemesh/comm/operation.h"],
+        "params": ("std::shared_ptr<Communicator> wrapper, "
+                   "std::shared_ptr<Communicator> inner, const Operation& op")},
     "elastic/elastic_mesh.h": {
         "includes": ["vemesh/registry/ve_device_mesh.h", "cstdio"],
         "helpers": ("absl::Status TrainStep(int64_t step) { return absl::OkStatus(); }\n"

@@ -7,34 +7,10 @@
 #include "absl/strings/str_cat.h"
 #include "vemesh/base/status_macros.h"
 #include "vemesh/comm/backend.h"
+#include "vemesh/comm/forwarded_work.h"
 #include "vemesh/comm/work.h"
 
 namespace vemesh {
-namespace {
-
-// An operation of an NCCL inner group, owned by the reconfigurable one: a
-// deadline passed to wait() (this communicator's timeout included) then
-// aborts through ReconfigurableCommunicator::OnAbort, which releases the
-// NCCL communicator inside an NCCL group (AbortCommunicators), NCCL's rule.
-class ForwardedWork final : public Work {
- public:
-  ForwardedWork(std::shared_ptr<Communicator> owner,
-                std::shared_ptr<Work> inner)
-      : Work(std::move(owner), inner->name()), inner_(std::move(inner)) {}
-
- protected:
-  std::optional<absl::Status> Poll() override {
-    if (!inner_->test()) return std::nullopt;
-    return inner_->status();
-  }
-  // The inner Work decides when an abort lets the buffers go.
-  bool LeavesOnAbort() const override { return false; }
-
- private:
-  std::shared_ptr<Work> inner_;
-};
-
-}  // namespace
 
 ReconfigurableCommunicator::ReconfigurableCommunicator(std::string name,
                                                        std::string backend)
@@ -160,11 +136,7 @@ absl::Status ReconfigurableCommunicator::CheckUsable(
 
 Communicator::WorkOr ReconfigurableCommunicator::Start(const Operation& op) {
   VEMESH_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> c, Use(op.Name()));
-  if (c->backend() != BackendName(Backend::kNccl)) return c->start(op);
-  // NCCL: bounded by this communicator's timeout, and aborted through it.
-  VEMESH_ASSIGN_OR_RETURN(std::shared_ptr<Work> work, c->start(op));
-  return std::shared_ptr<Work>(
-      std::make_shared<ForwardedWork>(Self(), std::move(work)));
+  return StartForwarded(Self(), *c, op);
 }
 
 void ReconfigurableCommunicator::OnAbort() {

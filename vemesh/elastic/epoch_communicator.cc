@@ -6,33 +6,10 @@
 #include "absl/strings/str_cat.h"
 #include "vemesh/base/status_macros.h"
 #include "vemesh/comm/backend.h"
+#include "vemesh/comm/forwarded_work.h"
 #include "vemesh/comm/work.h"
 
 namespace vemesh {
-namespace {
-
-// An operation of the inner communicator owned by the epoch's: a deadline
-// passed to wait() (the epoch communicator's timeout included) then aborts
-// through EpochCommunicator::OnAbort, which releases an NCCL communicator
-// inside an NCCL group (AbortCommunicators), NCCL's rule.
-class EpochWork final : public Work {
- public:
-  EpochWork(std::shared_ptr<Communicator> owner, std::shared_ptr<Work> inner)
-      : Work(std::move(owner), inner->name()), inner_(std::move(inner)) {}
-
- protected:
-  std::optional<absl::Status> Poll() override {
-    if (!inner_->test()) return std::nullopt;
-    return inner_->status();
-  }
-  // The inner Work decides when an abort lets the buffers go.
-  bool LeavesOnAbort() const override { return false; }
-
- private:
-  std::shared_ptr<Work> inner_;
-};
-
-}  // namespace
 
 EpochCommunicator::EpochCommunicator(
     std::shared_ptr<Communicator> inner, std::vector<int> global_ranks,
@@ -72,12 +49,7 @@ absl::StatusOr<std::shared_ptr<Communicator>> EpochCommunicator::Use(
 
 Communicator::WorkOr EpochCommunicator::Start(const Operation& op) {
   VEMESH_ASSIGN_OR_RETURN(auto c, Use(op.Name()));
-  if (c->backend() != BackendName(Backend::kNccl)) return c->start(op);
-  // NCCL (an elastic cuda mesh's DP group): bounded by this communicator's
-  // timeout, and aborted through it.
-  VEMESH_ASSIGN_OR_RETURN(std::shared_ptr<Work> work, c->start(op));
-  return std::shared_ptr<Work>(
-      std::make_shared<EpochWork>(shared_from_this(), std::move(work)));
+  return StartForwarded(Self(), *c, op);
 }
 
 void EpochCommunicator::OnAbort() {
