@@ -1,10 +1,11 @@
 // python/vemesh_py/module.cc
 //
-// The `vemesh` extension module: the registry (VESCALE_DEVICE_MESH), the
-// DeviceMesh and init_device_mesh, Communicator and Work, and the errors.
-// At import, a process started by an MPI launcher (mpirun, srun) starts MPI
-// here, as the C++ programs do at the top of main (examples/train_nd), and
-// vemesh finalises it at exit; under torchrun (env://) MPI is never touched.
+// The `vemesh._C` extension module (python/vemesh/__init__.py re-exports
+// it): the registry (VESCALE_DEVICE_MESH), the DeviceMesh and
+// init_device_mesh, Communicator and Work, and the errors. At import, a process
+// started by an MPI launcher (mpirun, srun) starts MPI here, as the C++
+// programs do at the top of main (examples/train_nd), and vemesh finalises it
+// at exit; under torchrun (env://) MPI is never touched.
 
 #include <pybind11/pybind11.h>
 
@@ -53,7 +54,7 @@ void StartMpiIfLaunched() {
 }  // namespace
 }  // namespace vemesh::python
 
-PYBIND11_MODULE(vemesh, m) {
+PYBIND11_MODULE(_C, m) {
   using namespace vemesh::python;
   m.doc() =
       "vemesh: one named N-D device mesh per process (veScale's "
