@@ -5,6 +5,7 @@
 #include "vemesh/elastic/internal/quorum_round.h"
 
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -38,6 +39,42 @@ TEST(LivenessProbeTest, ListeningWhileTheListenerLivesGoneAfter) {
   }
   l->reset();
   EXPECT_EQ(ProbeLiveness(where, absl::Milliseconds(200)), Liveness::kGone);
+}
+
+// The port carries one short message to a live listener; a probe (which
+// sends nothing) is no message, and a message past the bound is refused by
+// the sender.
+TEST(LivenessProbeTest, AMessageReachesTheListenersCallback) {
+  std::mutex mu;
+  std::vector<std::string> got;
+  auto l = LivenessListener::Start("127.0.0.1", [&](absl::string_view text) {
+    std::lock_guard<std::mutex> lock(mu);
+    got.emplace_back(text);
+  });
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(ProbeLiveness((*l)->address(), absl::Milliseconds(200)),
+            Liveness::kListening);
+  EXPECT_TRUE(
+      SendToListener((*l)->address(), "abort 1f 3", absl::Milliseconds(200)));
+  EXPECT_FALSE(SendToListener((*l)->address(),
+                              std::string(kMaxListenerMessage + 1, 'x'),
+                              absl::Milliseconds(200)));
+  // Handled on the listener's thread: waited for, within a bound.
+  const absl::Time until = absl::Now() + absl::Seconds(5);
+  while (absl::Now() < until) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!got.empty()) break;
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  const std::string where = (*l)->address();
+  l->reset();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_THAT(got, ElementsAre("abort 1f 3"));
+  }
+  EXPECT_FALSE(SendToListener(where, "abort 1f 3", absl::Milliseconds(200)));
 }
 
 TEST(LivenessProbeTest, BadAddressesAreUnknown) {
@@ -164,6 +201,49 @@ TEST_F(QuorumRoundTest, APortThatAnsweredInTheRoundIsTrusted) {
   ASSERT_TRUE(p.ok());
   ASSERT_TRUE(p->has_value());
   EXPECT_THAT(**p, ElementsAre(0, 1));
+}
+
+// One GPU failing is the common case: one rank of a two-rank replica is
+// killed while its leader lives on (stuck in the replica's own collective
+// until its launcher ends it). Its refused port ends the round at once;
+// the leader's answering port does not keep the replica in.
+TEST_F(QuorumRoundTest, OneDeadRankOfAMultiRankReplicaIsGone) {
+  ControlPlane cp2(store_, "job2", 2);
+  std::vector<std::unique_ptr<LivenessListener>> ports;
+  for (int id : {0, 1, 2}) {
+    for (int rank : {0, 1}) {
+      auto l = LivenessListener::Start("127.0.0.1");
+      ASSERT_TRUE(l.ok()) << l.status();
+      ASSERT_TRUE(store_
+                      ->set(cp2.ProbeKey(id, rec_.incarnation_of(id), rank),
+                            (*l)->address())
+                      .ok());
+      ports.push_back(*std::move(l));
+    }
+  }
+  auto all = cp2.Probe(2, 0xc, absl::Milliseconds(50));
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->liveness, Liveness::kListening);
+  EXPECT_EQ(all->address, ports[4]->address());  // rank 0's
+  QuorumRound r0(cp2, rec_, 0, 0xa, absl::Milliseconds(50), {0xa, 0xb, 0xc});
+  QuorumRound r1(cp2, rec_, 1, 0xb, absl::Milliseconds(50), {0xa, 0xb, 0xc});
+  ASSERT_TRUE(r0.Post().ok());
+  ASSERT_TRUE(r1.Post().ok());
+  auto p = r0.Poll();
+  ASSERT_TRUE(p.ok());
+  EXPECT_FALSE(p->has_value());  // both of replica 2's ranks answer
+  const std::string dead = ports[5]->address();
+  ports[5].reset();  // replica 2's rank 1 is killed; its rank 0 lives
+  absl::SleepFor(absl::Milliseconds(30));  // past the re-probe period
+  auto one = cp2.Probe(2, 0xc, absl::Milliseconds(50));
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one->liveness, Liveness::kGone);
+  EXPECT_EQ(one->address, dead);
+  p = r0.Poll();
+  ASSERT_TRUE(p.ok());
+  ASSERT_TRUE(p->has_value());
+  EXPECT_THAT(**p, ElementsAre(0, 1));
+  EXPECT_THAT(r0.gone(), ElementsAre(2));
 }
 
 // The epoch gate (epoch_gate.h): members 0 and 1 advertised their DP group

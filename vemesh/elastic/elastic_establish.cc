@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -93,6 +94,10 @@ absl::StatusOr<DeviceMesh> ElasticMesh::FullMesh(
       return s;
     }
     groups.push_back(groups_[d]);
+  }
+  {
+    std::lock_guard<std::mutex> lock(guard_->mu);
+    guard_->live_epoch = record.epoch;
   }
   return DeviceMesh::FromGroups(device_type_, *std::move(layout),
                                 FullRank(inner_rank_, me, n), std::move(groups),
@@ -276,6 +281,10 @@ void ElasticMesh::RetireEpoch() {
   // Idempotent: one a timed-out operation aborted already is skipped.
   AbortCommunicators(epoch_device_groups_, "its elastic mesh epoch ended");
   epoch_device_groups_.clear();
+  {
+    std::lock_guard<std::mutex> lock(guard_->mu);
+    guard_->live_epoch = -1;
+  }
   for (const auto& g : groups_) {
     (void)g->unconfigure(absl::UnavailableError(absl::StrCat(
         g->name(), " is between membership epochs (epoch ", epoch(),

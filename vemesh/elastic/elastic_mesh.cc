@@ -6,6 +6,8 @@
 #include "vemesh/elastic/elastic_mesh.h"
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <string>
@@ -13,9 +15,11 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "vemesh/bootstrap/launch.h"
 #include "vemesh/comm/nccl/nccl_communicator.h"
 #include "vemesh/elastic/internal/elastic_mesh_internal.h"
@@ -339,13 +343,21 @@ absl::StatusOr<std::unique_ptr<ElasticMesh>> ElasticMesh::Create(
         options.store, "'"));
   }
 
-  // The leader's liveness port, advertised for this incarnation: the others'
-  // quorum rounds tell a killed replica by it (without it, leases decide).
-  if (el->inner_rank_ == 0 && options.data_plane_detection) {
-    auto listener = LivenessListener::Start(el->gloo_host_);
+  // Every rank's liveness port, advertised for this incarnation: the others'
+  // quorum rounds tell a replica with a killed rank by it (without it,
+  // leases decide).
+  if (options.data_plane_detection) {
+    auto on_message = [guard = el->guard_, inc = el->incarnation_,
+                       replica = options.replica,
+                       rank = el->inner_rank_](absl::string_view text) {
+      OnAbortMessage(*guard, inc, replica, rank, text);
+    };
+    auto listener =
+        LivenessListener::Start(el->gloo_host_, std::move(on_message));
     if (listener.ok() &&
         el->control_->store()
-            ->set(el->control_->ProbeKey(options.replica, el->incarnation_),
+            ->set(el->control_->ProbeKey(options.replica, el->incarnation_,
+                                         el->inner_rank_),
                   (*listener)->address())
             .ok()) {
       el->liveness_ = *std::move(listener);
@@ -356,6 +368,19 @@ absl::StatusOr<std::unique_ptr<ElasticMesh>> ElasticMesh::Create(
           ? el->Join()
           : absl::StatusOr<MembershipRecord>(MembershipRecord{}));
   if (!record.ok()) return record.status();
+  if (el->liveness_ != nullptr) {
+    // Every rank advertised before ShareRecord: the replica's other ranks'
+    // ports, which OnAbortMessage probes.
+    std::vector<std::string> mates;
+    for (int r = 0; r < el->inner_size_; ++r) {
+      if (r == el->inner_rank_) continue;
+      auto where = el->control_->store()->get(
+          el->control_->ProbeKey(options.replica, el->incarnation_, r));
+      if (where.ok()) mates.push_back(*where);
+    }
+    std::lock_guard<std::mutex> lock(el->guard_->mu);
+    el->guard_->mates = std::move(mates);
+  }
   // The first epoch's members start together from their initial state (a
   // replica that saw the job unformed and was admitted to epoch 1); a
   // replica admitted later has none until a member sends it.
@@ -375,6 +400,45 @@ absl::StatusOr<std::unique_ptr<ElasticMesh>> ElasticMesh::Create(
                      first->epoch, " before it could build its groups"));
   }
   return el;
+}
+
+void ElasticMesh::OnAbortMessage(Guard& guard, uint64_t incarnation,
+                                 int replica, int rank,
+                                 absl::string_view text) {
+  std::vector<absl::string_view> f = absl::StrSplit(text, ' ');
+  uint64_t inc = 0;
+  int64_t epoch = 0;
+  if (f.size() != 3 || f[0] != "abort" || !absl::SimpleHexAtoi(f[1], &inc) ||
+      inc != incarnation || !absl::SimpleAtoi(f[2], &epoch)) {
+    return;  // not for this incarnation (or not a message): ignored
+  }
+  std::vector<std::string> mates;
+  {
+    std::lock_guard<std::mutex> lock(guard.mu);
+    if (guard.live_epoch != epoch) return;
+    guard.told_epoch = epoch;
+    mates = guard.mates;
+  }
+  // Gloo cannot interrupt a collective already waiting (and a group that
+  // closed its own connections no longer hears its peers), but a peer's
+  // exit ends it at once. A rank whose replica lost another rank can never
+  // finish a step again (its main thread hangs in the replica's own groups
+  // until the launcher ends it): it ends now, so that its peers are
+  // released in milliseconds instead of at the op timeout. A rank of a
+  // whole replica does nothing.
+  for (const std::string& mate : mates) {
+    if (ProbeLiveness(mate, elastic_internal::kProbeTimeout) ==
+        Liveness::kGone) {
+      std::fprintf(stderr,
+                   "vemesh: replica %d rank %d: another rank of this replica "
+                   "is gone (its liveness port %s refuses) in epoch %lld: "
+                   "ending this process (exit %d) so that its peers go on\n",
+                   replica, rank, mate.c_str(), static_cast<long long>(epoch),
+                   kExitReplicaLost);
+      std::fflush(nullptr);
+      std::_Exit(kExitReplicaLost);
+    }
+  }
 }
 
 absl::Status ElasticMesh::ReplicaMax(absl::Span<int64_t> values) {

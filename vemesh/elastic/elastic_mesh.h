@@ -83,6 +83,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -109,6 +110,15 @@ class Heartbeat;
 class LivenessListener;
 struct MembershipRecord;
 struct Reachable;
+
+// The exit status of a rank that the elastic mesh ends itself: another rank
+// of its replica died (its liveness port refuses) while the epoch's other
+// ranks were blocked on this replica, which can never finish a step again
+// (this rank hangs in the replica's own groups until its launcher ends it).
+// Ending at once releases the survivors in milliseconds (Gloo cannot
+// interrupt a collective already waiting; a peer's exit ends it). EX_TEMPFAIL:
+// launch the replica again. Only with ElasticOptions::data_plane_detection.
+inline constexpr int kExitReplicaLost = 75;
 
 struct ElasticOptions {
   // The dimension whose coordinate is the replica; its size in the shape
@@ -311,7 +321,7 @@ class ElasticMesh {
   int inner_size_ = 1;
   std::unique_ptr<ControlPlane> control_;
   std::unique_ptr<Heartbeat> heartbeat_;
-  // The leader's liveness port (quorum_round.h); null if it could not open.
+  // This rank's liveness port (liveness_probe.h); null if it could not open.
   std::unique_ptr<LivenessListener> liveness_;
   // The incarnations (and hosts) whose liveness port answered this leader
   // (probed once after each epoch is built, and while one forms): only
@@ -367,7 +377,28 @@ class ElasticMesh {
     int64_t seen_epoch = -1;                    // under mu
     bool joiners_waiting = false;               // under mu
     absl::Time read_at = absl::InfinitePast();  // under mu
+    // The epoch this rank is in (-1 between epochs), for the liveness
+    // listener's OnAbortMessage; the epoch in which this rank told the
+    // others (AbortEpochPeers), or was told (once per epoch is enough).
+    int64_t live_epoch = -1;  // under mu
+    int64_t told_epoch = -1;  // under mu
+    // This replica's other ranks' liveness ports (read once at start).
+    std::vector<std::string> mates;  // under mu
   };
+  // The liveness listener's handler of "abort INCARNATION EPOCH"
+  // (AbortEpochPeers): ends the process (kExitReplicaLost) if another rank
+  // of its replica is gone.
+  static void OnAbortMessage(Guard& guard, uint64_t incarnation, int replica,
+                             int rank, absl::string_view text);
+  // Tells every other rank of the epoch (its liveness port) that this
+  // rank's step lost a peer: a replica that cannot progress (one of its
+  // ranks died, the others hang in its own groups until its launcher ends
+  // them) ends its live ranks at once, which releases the ranks blocked
+  // with them in milliseconds, not at the op timeout. Once per epoch, by
+  // the first rank that fails.
+  void AbortEpochPeers();
+  // Probe key -> the address advertised there (fixed per incarnation).
+  std::map<std::string, std::string> peer_ports_;
   void Remember(const MembershipRecord& record);
   std::shared_ptr<Guard> guard_ = std::make_shared<Guard>();
   std::unique_ptr<MembershipRecord> known_;

@@ -108,10 +108,9 @@ absl::StatusOr<Recovery> ElasticMesh::Rebuild(
           if (id == options_.replica || reachable_->incarnations.count(inc)) {
             continue;
           }
-          auto where = control_->store()->get(control_->ProbeKey(id, inc));
-          if (where.ok() &&
-              ProbeLiveness(*where, kProbeTimeout) == Liveness::kListening) {
-            reachable_->Answered(inc, *where);
+          auto probe = control_->Probe(id, inc, kProbeTimeout);
+          if (probe.ok() && probe->liveness == Liveness::kListening) {
+            reachable_->Answered(inc, probe->address);
           }
         }
       }
@@ -153,7 +152,11 @@ absl::StatusOr<StepVerdict> ElasticMesh::end_step(
                                  ? static_cast<int64_t>(step_status.code())
                                  : 0;
   // Retire at once: a peer blocked on our DP group gets a closed connection
-  // now instead of waiting out its timeout.
+  // now instead of waiting out its timeout; and the epoch's other ranks are
+  // told, so that a replica that cannot progress (one of its ranks died)
+  // ends its live ranks, releasing the ranks blocked with them in DP
+  // groups this rank is not in.
+  if (failed != 0 && error_code == 0) AbortEpochPeers();
   if (failed != 0) RetireEpoch();
   int64_t seen = -1;
   int64_t lost = 0;
@@ -245,8 +248,8 @@ absl::StatusOr<StepVerdict> ElasticMesh::end_step(
     step_error_code_ = 0;
     step_error_replica_ = -1;
   } else if (agreed[3] != 0) {
-    // This replica saw a step fail for a reason that is not a lost member:
-    // counted (Establish agrees on the count across replicas).
+    // This replica saw a step fail for a reason that is not a lost
+    // member: counted (Establish agrees on the count across replicas).
     ++step_errors_;
     step_error_code_ = agreed[3];
     step_error_replica_ = options_.replica;
@@ -262,8 +265,8 @@ absl::StatusOr<StepVerdict> ElasticMesh::end_step(
                          : absl::AbortedError(absl::StrCat(
                                "a newer epoch (", agreed[1], ") was formed"));
   }
-  // Every N committed steps of an epoch (the same count on every member):
-  // the replicas' states must still agree.
+  // Every N committed steps of an epoch (the same count on every
+  // member): the replicas' states must still agree.
   if (v.committed && !v.recover && options_.fingerprint_every > 0 &&
       !state_.empty() && dp_ != nullptr &&
       ++steps_since_fingerprint_ >= options_.fingerprint_every) {
@@ -276,6 +279,32 @@ absl::StatusOr<StepVerdict> ElasticMesh::end_step(
   if (v.recover) detect_time_ = now - step_began_;
   step_began_ = now;
   return v;
+}
+
+void ElasticMesh::AbortEpochPeers() {
+  if (!options_.data_plane_detection || known_->epoch != epoch()) return;
+  const int64_t e = epoch();
+  {
+    std::lock_guard<std::mutex> lock(guard_->mu);
+    // Retired already, or told by a peer: the peers were told.
+    if (guard_->live_epoch != e || guard_->told_epoch == e) return;
+    guard_->told_epoch = e;
+  }
+  for (int id : known_->members) {
+    const uint64_t inc = known_->incarnation_of(id);
+    const std::string text = absl::StrCat("abort ", absl::Hex(inc), " ", e);
+    for (int r = 0; r < inner_size_; ++r) {
+      if (id == options_.replica && r == inner_rank_) continue;
+      const std::string key = control_->ProbeKey(id, inc, r);
+      auto at = peer_ports_.find(key);
+      if (at == peer_ports_.end()) {
+        auto where = control_->store()->get(key);
+        if (!where.ok()) continue;  // not advertised: its timeout decides
+        at = peer_ports_.emplace(key, *where).first;
+      }
+      (void)SendToListener(at->second, text, kProbeTimeout);
+    }
+  }
 }
 
 absl::Status ElasticMesh::register_state_dict_fn(

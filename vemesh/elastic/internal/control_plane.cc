@@ -68,8 +68,29 @@ std::string ControlPlane::GroupPrefix(int64_t epoch, int pos) const {
   return absl::StrCat(root_, "epoch/", epoch, "/dp/", pos);
 }
 
-std::string ControlPlane::ProbeKey(int replica, uint64_t incarnation) const {
-  return absl::StrCat(root_, "probe/", replica, "/", absl::Hex(incarnation));
+std::string ControlPlane::ProbeKey(int replica, uint64_t incarnation,
+                                   int rank) const {
+  std::string key =
+      absl::StrCat(root_, "probe/", replica, "/", absl::Hex(incarnation));
+  if (rank != 0) absl::StrAppend(&key, "/", rank);
+  return key;
+}
+
+absl::StatusOr<ControlPlane::ReplicaLiveness> ControlPlane::Probe(
+    int replica, uint64_t incarnation, absl::Duration timeout) const {
+  ReplicaLiveness all{Liveness::kListening, ""};
+  for (int r = 0; r < ranks_per_replica_; ++r) {
+    auto where = store_->get(ProbeKey(replica, incarnation, r));
+    if (!where.ok() && !absl::IsNotFound(where.status())) {
+      return where.status();
+    }
+    const Liveness v =
+        where.ok() ? ProbeLiveness(*where, timeout) : Liveness::kUnknown;
+    if (v == Liveness::kGone) return ReplicaLiveness{v, *where};
+    if (v == Liveness::kUnknown) all.liveness = Liveness::kUnknown;
+    if (r == 0 && where.ok()) all.address = *where;
+  }
+  return all;
 }
 
 std::string ControlPlane::AliveKey(int64_t epoch, int replica) const {

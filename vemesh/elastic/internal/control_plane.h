@@ -9,7 +9,8 @@
 //                         founder and compared by every joiner
 //   hb/REPLICA/INC/RANK   a lease per rank of a replica's incarnation INC
 //                         (membership.h): its heartbeat
-//   probe/REPLICA/INC     HOST:PORT of the incarnation's liveness port
+//   probe/REPLICA/INC[/RANK]  HOST:PORT of a rank's liveness port (rank 0
+//                         without the suffix)
 //   epoch/E/alive/REPLICA the incarnation of a replica that reached the
 //                         recovery after epoch E (the quorum round)
 //   epoch/E/dp/POS/...    the rendezvous of epoch E's DP group at inner
@@ -42,6 +43,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "vemesh/elastic/internal/liveness_probe.h"
 #include "vemesh/elastic/internal/membership.h"
 #include "vemesh/rendezvous/store.h"
 
@@ -84,11 +86,23 @@ class ControlPlane {
   std::string LeaseKey(int replica, uint64_t incarnation, int rank) const;
   // The key prefix of epoch `epoch`'s DP group at inner position `pos`.
   std::string GroupPrefix(int64_t epoch, int pos) const;
-  // Where a replica's incarnation advertises its liveness port
-  // (liveness_probe.h), and where its leader posts "alive after epoch E"
-  // (quorum_round.h).
-  std::string ProbeKey(int replica, uint64_t incarnation) const;
+  // Where rank `rank` of a replica's incarnation advertises its liveness
+  // port (liveness_probe.h), and where its leader posts "alive after epoch
+  // E" (quorum_round.h).
+  std::string ProbeKey(int replica, uint64_t incarnation, int rank = 0) const;
   std::string AliveKey(int64_t epoch, int replica) const;
+
+  // What the liveness ports of every rank of a replica's incarnation say:
+  // kGone as soon as one refuses (`address` is that port's: one dead rank
+  // ends a replica, its launcher ends the rest at its own pace), kListening
+  // when every rank's answers (`address` is rank 0's), kUnknown otherwise
+  // (a port not advertised or not answering: the lease decides).
+  struct ReplicaLiveness {
+    Liveness liveness = Liveness::kUnknown;
+    std::string address;
+  };
+  absl::StatusOr<ReplicaLiveness> Probe(int replica, uint64_t incarnation,
+                                        absl::Duration timeout) const;
   const std::shared_ptr<Store>& store() const { return store_; }
 
  private:

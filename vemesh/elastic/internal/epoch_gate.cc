@@ -6,7 +6,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "vemesh/elastic/internal/liveness_probe.h"
 
 namespace vemesh {
 namespace {
@@ -72,16 +71,17 @@ absl::Status EpochGate::Await(absl::Time deadline) {
           continue;
         }
         probed_[id] = absl::Now();
-        auto where = control_.store()->get(control_.ProbeKey(id, inc));
-        if (!where.ok()) continue;  // no port advertised: Gloo decides
-        const Liveness v = ProbeLiveness(*where, kGateProbeTimeout);
-        if (v == Liveness::kListening) judge_->Answered(inc, *where);
-        if (v == Liveness::kGone && judge_->Trusts(inc, *where)) {
+        // No port advertised (or a store error): Gloo decides.
+        auto probe = control_.Probe(id, inc, kGateProbeTimeout);
+        if (!probe.ok()) continue;
+        const Liveness v = probe->liveness;
+        if (v == Liveness::kListening) judge_->Answered(inc, probe->address);
+        if (v == Liveness::kGone && judge_->Trusts(inc, probe->address)) {
           (void)control_.store()->set(gone_key_, absl::StrCat(id));
           return absl::UnavailableError(
               absl::StrCat("replica ", id, " of epoch ", record_.epoch,
-                           " is gone (its liveness port ", *where,
-                           " refuses) before its DP group formed"));
+                           " is gone (a liveness port of it, ", probe->address,
+                           ", refuses) before its DP group formed"));
         }
       }
     }

@@ -13,6 +13,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace vemesh {
 namespace {
@@ -43,10 +44,41 @@ bool Resolve(absl::string_view address, sockaddr_in* out) {
   return true;
 }
 
+// A non-blocking connect to `address` within `timeout`: the socket, or -1
+// with `*refused` set when nobody listens there.
+int ConnectWithin(absl::string_view address, absl::Duration timeout,
+                  bool* refused) {
+  *refused = false;
+  sockaddr_in addr;
+  if (!Resolve(address, &addr)) return -1;
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return -1;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    return fd;
+  }
+  if (errno == ECONNREFUSED) *refused = true;
+  if (errno == EINPROGRESS) {
+    pollfd p{fd, POLLOUT, 0};
+    const int ms = static_cast<int>(absl::ToInt64Milliseconds(timeout));
+    if (poll(&p, 1, ms < 1 ? 1 : ms) == 1) {
+      int err = 0;
+      socklen_t len = sizeof(err);
+      getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      if (err == 0) return fd;
+      *refused = err == ECONNREFUSED;
+    }
+  }
+  close(fd);
+  return -1;
+}
+
+// How long the listener waits for a message after a connection arrives.
+constexpr int kMessageWaitMs = 20;
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<LivenessListener>> LivenessListener::Start(
-    const std::string& host) {
+    const std::string& host, OnMessage on_message) {
   sockaddr_in addr;
   if (!Resolve(absl::StrCat(host, ":1"), &addr)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -68,13 +100,17 @@ absl::StatusOr<std::unique_ptr<LivenessListener>> LivenessListener::Start(
         absl::StrCat("liveness listener on ", host, ": ", std::strerror(e)));
   }
   std::unique_ptr<LivenessListener> l(
-      new LivenessListener(fd, absl::StrCat(host, ":", ntohs(addr.sin_port))));
+      new LivenessListener(fd, absl::StrCat(host, ":", ntohs(addr.sin_port)),
+                           std::move(on_message)));
   l->thread_ = std::thread([p = l.get()] { p->Run(); });
   return l;
 }
 
-LivenessListener::LivenessListener(int fd, std::string address)
-    : fd_(fd), address_(std::move(address)) {}
+LivenessListener::LivenessListener(int fd, std::string address,
+                                   OnMessage on_message)
+    : fd_(fd),
+      address_(std::move(address)),
+      on_message_(std::move(on_message)) {}
 
 LivenessListener::~LivenessListener() {
   stop_ = true;
@@ -89,6 +125,7 @@ void LivenessListener::Run() {
     if (poll(&p, 1, 200) <= 0) continue;
     const int c = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (c >= 0) {
+      if (on_message_) Read(c);
       close(c);
     } else if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) {
       if (stop_) return;
@@ -97,30 +134,41 @@ void LivenessListener::Run() {
   }
 }
 
-Liveness ProbeLiveness(absl::string_view address, absl::Duration timeout) {
-  sockaddr_in addr;
-  if (!Resolve(address, &addr)) return Liveness::kUnknown;
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) return Liveness::kUnknown;
-  Liveness verdict = Liveness::kUnknown;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    verdict = Liveness::kListening;
-  } else if (errno == ECONNREFUSED) {
-    verdict = Liveness::kGone;
-  } else if (errno == EINPROGRESS) {
-    pollfd p{fd, POLLOUT, 0};
-    const int ms = static_cast<int>(absl::ToInt64Milliseconds(timeout));
-    if (poll(&p, 1, ms < 1 ? 1 : ms) == 1) {
-      int err = 0;
-      socklen_t len = sizeof(err);
-      getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-      verdict = err == 0              ? Liveness::kListening
-                : err == ECONNREFUSED ? Liveness::kGone
-                                      : Liveness::kUnknown;
-    }
+// Reads what the peer sends until it closes, kMaxListenerMessage bytes, or
+// kMessageWaitMs: a slow or silent peer never holds the accepting thread.
+void LivenessListener::Read(int connection) {
+  char buf[kMaxListenerMessage];
+  size_t got = 0;
+  const absl::Time until = absl::Now() + absl::Milliseconds(kMessageWaitMs);
+  while (got < sizeof(buf)) {
+    const int64_t left = absl::ToInt64Milliseconds(until - absl::Now());
+    pollfd p{connection, POLLIN, 0};
+    if (left <= 0 || poll(&p, 1, static_cast<int>(left)) != 1) break;
+    const ssize_t n = recv(connection, buf + got, sizeof(buf) - got, 0);
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
   }
+  if (got > 0) on_message_(absl::string_view(buf, got));
+}
+
+Liveness ProbeLiveness(absl::string_view address, absl::Duration timeout) {
+  bool refused = false;
+  const int fd = ConnectWithin(address, timeout, &refused);
+  if (fd < 0) return refused ? Liveness::kGone : Liveness::kUnknown;
   close(fd);
-  return verdict;
+  return Liveness::kListening;
+}
+
+bool SendToListener(absl::string_view address, absl::string_view text,
+                    absl::Duration timeout) {
+  if (text.empty() || text.size() > kMaxListenerMessage) return false;
+  bool refused = false;
+  const int fd = ConnectWithin(address, timeout, &refused);
+  if (fd < 0) return false;
+  // A few bytes into an empty socket buffer: never blocks.
+  const ssize_t n = send(fd, text.data(), text.size(), MSG_NOSIGNAL);
+  close(fd);
+  return n == static_cast<ssize_t>(text.size());
 }
 
 }  // namespace vemesh

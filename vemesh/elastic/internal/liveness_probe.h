@@ -1,9 +1,10 @@
 // vemesh/elastic/internal/liveness_probe.h
 //
 // Tells a dead process from a slow one in milliseconds, without waiting for
-// its lease: each replica's leader listens on a TCP port of its own (and
+// its lease: every rank of a replica listens on a TCP port of its own (and
 // advertises "HOST:PORT" in the store); a survivor that lost a peer on the
-// data plane connects to the peer's port. The kernel answers for the
+// data plane connects to the peer's ports (ControlPlane::Probe: one refused
+// port ends the replica). The kernel answers for the
 // process: a killed process's port is closed and the connect is refused at
 // once; a live one, even stopped (SIGSTOP) or busy, completes the handshake
 // (the kernel accepts into the backlog). A host that does not answer at all
@@ -14,11 +15,18 @@
 //   std::string where = (*l)->address();          // "127.0.0.1:41234"
 //   Liveness v = ProbeLiveness(where, absl::Milliseconds(20));
 //   // kListening while *l lives, kGone once it is destroyed.
+//
+// The same port carries one short message to a live process: a rank whose
+// step lost a peer tells its replica's other ranks to abort the epoch's
+// groups they may be blocked in (SendToListener; the listener hands the
+// text, at most kMaxListenerMessage bytes, to its callback).
 
 #ifndef VEMESH_ELASTIC_INTERNAL_LIVENESS_PROBE_H_
 #define VEMESH_ELASTIC_INTERNAL_LIVENESS_PROBE_H_
 
 #include <atomic>
+#include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -35,12 +43,19 @@ enum class Liveness {
   kUnknown,    // no answer within the bound, or a bad address
 };
 
+inline constexpr size_t kMaxListenerMessage = 128;
+
 class LivenessListener {
  public:
+  // What a peer sent (called on the listener's thread).
+  using OnMessage = std::function<void(absl::string_view text)>;
+
   // Listens on `host` at a port the kernel picks; a thread accepts and
-  // closes each connection (so that the backlog never fills).
+  // closes each connection (so that the backlog never fills), first
+  // reading what the peer sent within a few milliseconds when `on_message`
+  // is set (a probe sends nothing and closes at once).
   static absl::StatusOr<std::unique_ptr<LivenessListener>> Start(
-      const std::string& host);
+      const std::string& host, OnMessage on_message = nullptr);
   ~LivenessListener();
   LivenessListener(const LivenessListener&) = delete;
   LivenessListener& operator=(const LivenessListener&) = delete;
@@ -48,17 +63,24 @@ class LivenessListener {
   const std::string& address() const { return address_; }
 
  private:
-  LivenessListener(int fd, std::string address);
+  LivenessListener(int fd, std::string address, OnMessage on_message);
   void Run();
+  void Read(int connection);
 
   const int fd_;
   const std::string address_;
+  const OnMessage on_message_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
 
 // Connects to "HOST:PORT" (IPv4 or a name) within `timeout`.
 Liveness ProbeLiveness(absl::string_view address, absl::Duration timeout);
+
+// Connects to a listener within `timeout` and sends `text` (at most
+// kMaxListenerMessage bytes); false if it could not.
+bool SendToListener(absl::string_view address, absl::string_view text,
+                    absl::Duration timeout);
 
 }  // namespace vemesh
 

@@ -5,7 +5,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "vemesh/elastic/internal/epoch_gate.h"
-#include "vemesh/elastic/internal/liveness_probe.h"
 
 namespace vemesh {
 namespace {
@@ -50,17 +49,14 @@ absl::StatusOr<std::optional<std::vector<int>>> QuorumRound::Poll() {
       silent = true;
       continue;
     }
-    // Silent: its port says whether the process still exists.
-    auto where = control_.store()->get(control_.ProbeKey(id, inc));
-    if (!where.ok() && !absl::IsNotFound(where.status())) {
-      return where.status();
-    }
-    const Liveness v =
-        where.ok() ? ProbeLiveness(*where, probe_timeout_) : Liveness::kUnknown;
+    // Silent: its ranks' ports say whether its processes still exist.
+    auto probe = control_.Probe(id, inc, probe_timeout_);
+    if (!probe.ok()) return probe.status();
+    const Liveness v = probe->liveness;
     if (v == Liveness::kListening) reachable_.insert(inc);
     if (v == Liveness::kGone &&
         (reachable_.count(inc) != 0 ||
-         reachable_hosts_.count(HostOfAddress(*where)) != 0)) {
+         reachable_hosts_.count(HostOfAddress(probe->address)) != 0)) {
       gone_.insert(id);
       continue;
     }
