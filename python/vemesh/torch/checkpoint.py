@@ -283,6 +283,8 @@ def _state_entries(opt, param, name, shard, optim_sd):
     """Optimizer state of one parameter into `optim_sd`."""
     state = opt.state.get(param, {})
     names = [name] if shard is None else [p.name for p in shard.pieces]
+    if not names:  # a shard of padding only: nothing of the model
+        return
     for key, value in state.items():
         if value is None:  # SGD before its first momentum step
             continue
