@@ -2,7 +2,8 @@
 //
 // The `vemesh._C` extension module (python/vemesh/__init__.py re-exports
 // it): the registry (VESCALE_DEVICE_MESH), the DeviceMesh and
-// init_device_mesh, Communicator and Work, and the errors. At import, a process
+// init_device_mesh, Communicator and Work, the errors and checkpoints
+// (_checkpoint, vemesh.checkpoint's C++ part). At import, a process
 // started by an MPI launcher (mpirun, srun) starts MPI here, as the C++
 // programs do at the top of main (examples/train_nd), and vemesh finalises it
 // at exit; under torchrun (env://) MPI is never touched.
@@ -16,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "bench_py.h"
+#include "checkpoint_py.h"
 #include "communicator_py.h"
 #include "device_mesh_py.h"
 #include "errors.h"
@@ -66,5 +68,6 @@ PYBIND11_MODULE(_C, m) {
   RegisterDeviceMesh(m);
   RegisterRegistry(m);
   RegisterBench(m);
+  RegisterCheckpoint(m);
   StartMpiIfLaunched();
 }

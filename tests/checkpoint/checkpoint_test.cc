@@ -407,6 +407,29 @@ TEST(Checkpoint, KeepLastAndSavingAStepAgain) {
   auto two = Load(want, dir, *world, 2);
   EXPECT_THAT(two.status().message(),
               HasSubstr("no committed checkpoint of step 2"));
+  // ReadManifest finds what Load reads, without the data.
+  auto manifest = ReadManifest(dir);
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  EXPECT_EQ(manifest->path, dir + "/step-3.1");
+  EXPECT_EQ(manifest->manifest.step, 3);
+  EXPECT_EQ(manifest->manifest.world_size, world->size());
+  EXPECT_EQ(manifest->manifest.metadata.at("data_position"), "30");
+  EXPECT_EQ(manifest->manifest.tensors.at("w").shape,
+            (std::vector<int64_t>{kR, kC}));
+  EXPECT_EQ(manifest->manifest.tensors.at("w").pieces.size(),
+            static_cast<size_t>(world->size()));
+  EXPECT_EQ(ReadManifest(dir, 2).status().code(), absl::StatusCode::kNotFound);
+  // A caller's own check agreed like Save's and Load's errors: the first
+  // failed rank's, on every rank.
+  EXPECT_TRUE(AgreeStatus(*world, absl::OkStatus()).ok());
+  const int last = world->size() - 1;
+  absl::Status agreed = AgreeStatus(
+      *world, world->rank() == last ? absl::DataLossError("bad bytes")
+                                    : absl::OkStatus());
+  EXPECT_EQ(agreed.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(agreed.message(), absl::StrCat("rank ", last, ": bad bytes"));
+  EXPECT_THAT(ReadManifest(dir + "/absent").status().message(),
+              HasSubstr("no committed checkpoint in"));
   RemoveShared(*world, dir);
 }
 

@@ -159,20 +159,14 @@ std::string ShapeText(DType dtype, const std::vector<int64_t>& shape) {
 // This rank's part of a load, with no communication.
 absl::StatusOr<LoadResult> LoadLocal(StateDict& state, const std::string& dir,
                                      std::optional<int64_t> step) {
-  VEMESH_ASSIGN_OR_RETURN(std::optional<std::string> path,
-                          internal::FindCheckpoint(dir, step));
-  if (!path) {
-    return absl::NotFoundError(
-        step ? absl::StrCat("no committed checkpoint of step ", *step, " in '",
-                            dir, "'")
-             : absl::StrCat("no committed checkpoint in '", dir, "'"));
-  }
-  VEMESH_ASSIGN_OR_RETURN(Manifest m, ReadManifestIn(*path));
+  VEMESH_ASSIGN_OR_RETURN(CheckpointManifest found, ReadManifest(dir, step));
+  Manifest& m = found.manifest;
+  const std::string& path = found.path;
   const std::string manifest_path =
-      absl::StrCat(*path, "/", internal::kManifestName);
+      absl::StrCat(path, "/", internal::kManifestName);
   LoadResult result;
   result.step = m.step;
-  result.path = *path;
+  result.path = path;
   for (const auto& [k, v] : m.metadata) result.metadata[k] = v;
 
   // Per saved piece, the runs to copy out of it.
@@ -212,7 +206,7 @@ absl::StatusOr<LoadResult> LoadLocal(StateDict& state, const std::string& dir,
     const ManifestPiece& piece = m.tensors[key.first].pieces[key.second];
     auto f = files.find(piece.file);
     if (f == files.end()) {
-      const std::string file_path = absl::StrCat(*path, "/", piece.file);
+      const std::string file_path = absl::StrCat(path, "/", piece.file);
       VEMESH_ASSIGN_OR_RETURN(File opened, File::OpenRead(file_path));
       VEMESH_ASSIGN_OR_RETURN(uint64_t size, opened.Size());
       if (size != m.files[piece.file]) {
@@ -267,6 +261,26 @@ absl::StatusOr<std::optional<int64_t>> LatestStep(const std::string& dir) {
   if (!path) return std::optional<int64_t>();
   VEMESH_ASSIGN_OR_RETURN(Manifest m, ReadManifestIn(*path));
   return std::optional<int64_t>(m.step);
+}
+
+absl::Status AgreeStatus(Communicator& world, const absl::Status& local) {
+  return internal::AgreeStatus(world, local);
+}
+
+absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir,
+                                                std::optional<int64_t> step) {
+  VEMESH_ASSIGN_OR_RETURN(std::optional<std::string> path,
+                          internal::FindCheckpoint(dir, step));
+  if (!path) {
+    return absl::NotFoundError(
+        step ? absl::StrCat("no committed checkpoint of step ", *step, " in '",
+                            dir, "'")
+             : absl::StrCat("no committed checkpoint in '", dir, "'"));
+  }
+  CheckpointManifest out;
+  VEMESH_ASSIGN_OR_RETURN(out.manifest, ReadManifestIn(*path));
+  out.path = *std::move(path);
+  return out;
 }
 
 }  // namespace vemesh::checkpoint

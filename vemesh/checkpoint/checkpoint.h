@@ -44,6 +44,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "vemesh/checkpoint/manifest.h"
 #include "vemesh/checkpoint/state_dict.h"
 #include "vemesh/comm/communicator.h"
 
@@ -88,6 +89,29 @@ absl::StatusOr<LoadResult> Load(StateDict& state, const std::string& dir,
 // (its committed manifest), or nullopt when <dir> holds none (absent or
 // empty). An error when <dir> cannot be read.
 absl::StatusOr<std::optional<int64_t>> LatestStep(const std::string& dir);
+
+// Collective over `world`: OK when every rank's `local` is OK, else the
+// first failed rank's status (by rank), its message prefixed "rank R: ", on
+// every rank; the errors of Save and Load are agreed this way. For callers
+// that check their own input before a Save or Load (the Python module), so
+// that a bad input on one rank fails every rank rather than leaving them
+// in the collective.
+absl::Status AgreeStatus(Communicator& world, const absl::Status& local);
+
+// What a checkpoint holds, without its data.
+struct CheckpointManifest {
+  std::string path;  // the step directory
+  Manifest manifest;
+};
+
+// Not collective. The manifest of the checkpoint Load would read from <dir>
+// (given `step`, the newest committed directory of that step), read bounded
+// (kMaxManifestBytes) and checked (ParseManifest): tensor names, dtypes,
+// shapes and pieces, the step and the metadata. NotFound when <dir> holds
+// no committed checkpoint (of that step); the parse error naming the file
+// for a damaged one.
+absl::StatusOr<CheckpointManifest> ReadManifest(
+    const std::string& dir, std::optional<int64_t> step = std::nullopt);
 
 }  // namespace vemesh::checkpoint
 

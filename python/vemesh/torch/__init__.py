@@ -7,3 +7,5 @@ DistributedOptimizer, Megatron-style tensor-parallel layers and checkpoints of
 torch state dicts. Importing it imports torch; ``import vemesh`` alone does not.
 See docs/TORCH.md.
 """
+
+from . import checkpoint  # noqa: F401,E402  (torch state dicts in vemesh checkpoints)
