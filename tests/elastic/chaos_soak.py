@@ -24,6 +24,10 @@ replica, wait for the survivors' first good step, launch it again, wait
 until it trains, next. Prints median and p99 of kill -> first good step and
 of each phase of the survivors' recovery record. --lease: the survivors
 detect the loss by the lease alone (train_nd --lease_detection).
+--hsdp: each replica is an mpirun of 2 ranks, FSDP over DP_SHARD=2 with
+AdamW, DP_REPLICATE elastic (issue 47); --kill rank then SIGKILLs one rank
+of the replica (one GPU failing) and leaves the rest to its launcher,
+--kill replica (the default) every rank of it.
 Ends with "PASS: chaos soak" / "PASS: kill bench" or "FAIL: ...".
 """
 import argparse
@@ -47,7 +51,8 @@ REC = re.compile(r"^recovery: detect ([\d.]+) ms, agree ([\d.]+) ms, "
 STDBUF = ["stdbuf", "-oL"] if shutil.which("stdbuf") else []
 
 
-# Divisible by every DP size the job can shrink to.
+# Divisible by every DP size the job can shrink to (twice that for
+# --hsdp: DP_SHARD=2).
 def batch_for(n):
     return 24 if n <= 3 else 840
 
@@ -87,14 +92,21 @@ class Job:
         path = os.path.join(self.work, f"{self.name}_r{k}_{n}.out")
         # Line-buffered (stdbuf): the script reads the step lines as they
         # come, not 4 KiB later.
-        cmd = STDBUF + [self.a.train_nd, "--mesh", f"PP=1,DP={self.a.replicas},TP=1",
-               "--batch", str(batch_for(self.a.replicas)), "--micro_batches", "1",
+        mesh = (f"PP=1,DP_REPLICATE={self.a.replicas},DP_SHARD=2,TP=1"
+                if self.a.hsdp else f"PP=1,DP={self.a.replicas},TP=1")
+        launcher = (["mpirun", "-n", "2", "--bind-to", "none"]
+                    if self.a.hsdp else [])
+        cmd = STDBUF + launcher + [
+               self.a.train_nd, "--mesh", mesh,
+               "--batch", str(batch_for(self.a.replicas) * (2 if self.a.hsdp else 1)), "--micro_batches", "1",
                "--steps", str(self.steps), "--elastic",
                f"redis://127.0.0.1:{self.port}", "--job", self.name,
                "--replica", str(k), "--heartbeat_ms", "1000",
                "--op_timeout_ms", "2000", "--pace_ms", str(self.a.pace_ms)]
         if self.a.lease:
             cmd.append("--lease_detection")
+        if self.a.hsdp:
+            cmd += ["--optimizer", "adam"]
         f = open(path, "w")
         p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
         f.close()
@@ -124,12 +136,26 @@ class Job:
                 best = max(best, int(m.group(1)))
         return best
 
-    def kill(self, k):
+    def ranks(self, k):
+        """The PIDs of replica k's ranks (an mpirun's children, by PID)."""
+        out = subprocess.run(["pgrep", "-P", str(self.procs[k].pid)],
+                             capture_output=True, text=True).stdout
+        return [int(x) for x in out.split()]
+
+    def kill(self, k, one_rank=False):
+        """SIGKILLs replica k (every rank), or one rank of it, whose
+        launcher then ends the rest at its own pace."""
+        ranks = self.ranks(k) if self.a.hsdp else []
+        if one_rank and ranks:
+            victims = [ranks[-1]]
+        else:
+            victims = ranks + [self.procs[k].pid]
         t = now_ms()
-        try:
-            os.kill(self.procs[k].pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         self.procs[k].wait()
         self.stopped.discard(k)
         return t
@@ -137,11 +163,14 @@ class Job:
     def end_all(self):
         for p in self.all:
             if p.poll() is None:
-                try:
-                    os.kill(p.pid, signal.SIGCONT)
-                    os.kill(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                out = subprocess.run(["pgrep", "-P", str(p.pid)],
+                                     capture_output=True, text=True).stdout
+                for pid in [int(x) for x in out.split()] + [p.pid]:
+                    try:
+                        os.kill(pid, signal.SIGCONT)
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
                 p.wait()
 
     def records(self):
@@ -316,7 +345,8 @@ def bench(a, work, port):
     try:
         for k in range(a.replicas):
             job.launch(k)
-        full = rf"DP={a.replicas} at"
+        # The step line's DP is the whole data-parallel size (x DP_SHARD).
+        full = rf"DP={a.replicas * (2 if a.hsdp else 1)} at"
 
         def at_full(k):
             lines = re.findall(r"^step \d+/.*$", job.text(k), re.M)
@@ -331,7 +361,7 @@ def bench(a, work, port):
             k = rng.randrange(a.replicas)
             seen = {s: len(re.findall(r"^recovery:", job.text(s), re.M))
                     for s in range(a.replicas)}
-            t = job.kill(k)
+            t = job.kill(k, one_rank=a.kill == "rank")
             survivors = [s for s in range(a.replicas) if s != k]
 
             def recovered():
@@ -358,6 +388,8 @@ def bench(a, work, port):
         names = ["kill->first good step", "detect", "agree", "rebuild",
                  "state"]
         mode = "lease" if a.lease else "quorum"
+        if a.hsdp:
+            mode += f" hsdp-adamw kill={a.kill}"
         print(f"bench {mode} DP={a.replicas}, {len(rows)} kills: " +
               "; ".join(f"{n} median {statistics.median(c):.1f} p99 "
                         f"{pct(c, 99):.1f} ms" for n, c in zip(names, cols)),
@@ -376,10 +408,20 @@ def main():
     ap.add_argument("--pace_ms", type=int, default=10)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--lease", action="store_true")
+    ap.add_argument("--hsdp", action="store_true")
+    ap.add_argument("--kill", choices=["replica", "rank"], default="replica")
     ap.add_argument("--bound", type=float, default=60,
                     help="seconds every process has to end after the chaos")
     ap.add_argument("--time_limit", type=float, default=3600)
     a = ap.parse_args()
+    if a.hsdp:
+        # Open MPI as root, more ranks than cores, TCP on loopback only.
+        os.environ.update(OMPI_ALLOW_RUN_AS_ROOT="1",
+                          OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                          OMPI_MCA_rmaps_base_oversubscribe="1",
+                          OMPI_MCA_btl_tcp_if_include="lo",
+                          OMPI_MCA_oob_tcp_if_include="lo",
+                          OMPI_MCA_mpi_yield_when_idle="1")
     # SIGTERM (a ctest timeout) ends the processes too, by their PIDs.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     if shutil.which("redis-server") is None:
