@@ -24,10 +24,12 @@ replica, wait for the survivors' first good step, launch it again, wait
 until it trains, next. Prints median and p99 of kill -> first good step and
 of each phase of the survivors' recovery record. --lease: the survivors
 detect the loss by the lease alone (train_nd --lease_detection).
---hsdp: each replica is an mpirun of 2 ranks, FSDP over DP_SHARD=2 with
-AdamW, DP_REPLICATE elastic (issue 47); --kill rank then SIGKILLs one rank
-of the replica (one GPU failing) and leaves the rest to its launcher,
---kill replica (the default) every rank of it.
+--hsdp: each replica is an mpirun of 2 ranks (x --tp), FSDP over
+DP_SHARD=2 with AdamW, DP_REPLICATE elastic (issue 47); --kill rank then
+SIGKILLs one rank of the replica (one GPU failing) and leaves the rest to
+its launcher, --kill replica (the default) every rank of it, --kill mixed
+either at random (in soak mode: the kills during steps). SIGSTOP stops
+every rank of the replica.
 Ends with "PASS: chaos soak" / "PASS: kill bench" or "FAIL: ...".
 """
 import argparse
@@ -92,9 +94,10 @@ class Job:
         path = os.path.join(self.work, f"{self.name}_r{k}_{n}.out")
         # Line-buffered (stdbuf): the script reads the step lines as they
         # come, not 4 KiB later.
-        mesh = (f"PP=1,DP_REPLICATE={self.a.replicas},DP_SHARD=2,TP=1"
+        tp = self.a.tp
+        mesh = (f"PP=1,DP_REPLICATE={self.a.replicas},DP_SHARD=2,TP={tp}"
                 if self.a.hsdp else f"PP=1,DP={self.a.replicas},TP=1")
-        launcher = (["mpirun", "-n", "2", "--bind-to", "none"]
+        launcher = (["mpirun", "-n", str(2 * tp), "--bind-to", "none"]
                     if self.a.hsdp else [])
         cmd = STDBUF + launcher + [
                self.a.train_nd, "--mesh", mesh,
@@ -141,6 +144,15 @@ class Job:
         out = subprocess.run(["pgrep", "-P", str(self.procs[k].pid)],
                              capture_output=True, text=True).stdout
         return [int(x) for x in out.split()]
+
+    def signal(self, k, sig):
+        """Sends `sig` to every rank of replica k (SIGSTOP, SIGCONT)."""
+        for pid in (self.ranks(k) if self.a.hsdp else []) + \
+                [self.procs[k].pid]:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
 
     def kill(self, k, one_rank=False):
         """SIGKILLs replica k (every rank), or one rank of it, whose
@@ -240,19 +252,21 @@ def soak(a, work, port):
                                      "startup", "stop"])
                 if moment == "stop" and stops < a.stops:
                     k = rng.choice(trained)
-                    os.kill(job.procs[k].pid, signal.SIGSTOP)
+                    job.signal(k, signal.SIGSTOP)
                     events.append((now_ms(), "stop", j, k))
                     job.stopped.add(k)
                     stops += 1
                     time.sleep(rng.uniform(0.05, 2.5))
-                    os.kill(job.procs[k].pid, signal.SIGCONT)
+                    job.signal(k, signal.SIGCONT)
                     job.stopped.discard(k)
                     events.append((now_ms(), "cont", j, k))
                     continue
                 if kills >= a.kills:
                     continue
                 k = rng.choice(trained)
-                t = job.kill(k)
+                one = a.kill == "rank" or (a.kill == "mixed" and
+                                           rng.random() < 0.5)
+                t = job.kill(k, one_rank=one)
                 events.append((t, "kill", j, k))
                 kill_times.append((t, j))
                 kills += 1
@@ -361,7 +375,8 @@ def bench(a, work, port):
             k = rng.randrange(a.replicas)
             seen = {s: len(re.findall(r"^recovery:", job.text(s), re.M))
                     for s in range(a.replicas)}
-            t = job.kill(k, one_rank=a.kill == "rank")
+            t = job.kill(k, one_rank=a.kill == "rank" or (
+                a.kill == "mixed" and rng.random() < 0.5))
             survivors = [s for s in range(a.replicas) if s != k]
 
             def recovered():
@@ -409,7 +424,10 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--lease", action="store_true")
     ap.add_argument("--hsdp", action="store_true")
-    ap.add_argument("--kill", choices=["replica", "rank"], default="replica")
+    ap.add_argument("--kill", choices=["replica", "rank", "mixed"],
+                    default="replica")
+    ap.add_argument("--tp", type=int, default=1,
+                    help="--hsdp: TP inside each replica (ranks 2 x TP)")
     ap.add_argument("--bound", type=float, default=60,
                     help="seconds every process has to end after the chaos")
     ap.add_argument("--time_limit", type=float, default=3600)
