@@ -29,6 +29,7 @@
 #include "vemesh/strategies/elastic_state.h"
 #include "vemesh/strategies/fully_sharded_data_parallel.h"
 #include "vemesh/strategies/optimizer.h"
+#include "vemesh/strategies/periodic_checkpoint.h"
 #include "vemesh/strategies/pipeline_runner.h"
 #include "vemesh/strategies/state_dict.h"
 #include "vemesh/strategies/state_snapshot.h"
@@ -268,13 +269,13 @@ int Fail(int replica, int rank, absl::string_view what,
   return 1;
 }
 
-// Checkpoints of an elastic job. Every replica holds the whole model over
-// its own ranks, so the replica at DP rank 0 saves alone, over its launch
-// (MPI's world: the replica's ranks), after every checkpoint_every-th
-// committed step, blocking. A fresh job (its members started together at
-// step 0: the first start, or a restart after every replica was lost) whose
-// --checkpoint_dir holds a checkpoint loads it on every replica instead of
-// starting from the initial weights, and resumes at its step.
+// Checkpoints of an elastic job (vemesh/strategies/periodic_checkpoint.h):
+// every replica holds the whole model over its own ranks, so the replica at
+// DP rank 0 saves alone, over its launch (MPI's world: the replica's ranks),
+// after every checkpoint_every-th committed step, in the background. A fresh
+// job (its members started together at step 0: the first start, or a
+// restart after every replica was lost) whose --checkpoint_dir holds a
+// checkpoint loads it on every replica and resumes at its step.
 class ElasticCheckpoints {
  public:
   absl::Status Init(const TrainPlan& plan) {
@@ -288,76 +289,61 @@ class ElasticCheckpoints {
                        "launched by mpirun: ",
                        w.status().message()));
     }
-    replica_world_ = *std::move(w);
+    world_ = *std::move(w);
+    auto ckpt = vemesh::strategies::PeriodicCheckpoint::Create(
+        world_, {.dir = plan.options.checkpoint_dir,
+                 .every = plan.options.checkpoint_every,
+                 .keep_last = plan.options.checkpoint_keep,
+                 .identity = {{"model", ModelFingerprint(plan)}}});
+    if (!ckpt.ok()) return ckpt.status();
+    ckpt_ = *std::move(ckpt);
     return absl::OkStatus();
   }
   // The step to start at: 0, or the loaded checkpoint's.
   absl::StatusOr<int64_t> MaybeLoad(const TrainPlan& plan,
                                     vemesh::strategies::TrainingState& state,
                                     bool print) {
-    if (replica_world_ == nullptr) return 0;
-    const std::string& dir = plan.options.checkpoint_dir;
-    absl::StatusOr<std::optional<int64_t>> latest =
-        vemesh::checkpoint::LatestStep(dir);
-    // Every rank of the replica reads the directory alike; one verdict.
-    int64_t found = latest.ok() && latest->has_value() ? 1 : 0;
-    absl::Status agreed = replica_world_->all_reduce(absl::MakeSpan(&found, 1),
-                                                     vemesh::ReduceOp::kMin);
-    if (!agreed.ok()) return agreed;
-    if (!latest.ok()) return latest.status();
-    if (found == 0) return 0;
-    // Parameters and optimizer state, in place; then the step counts.
-    vemesh::checkpoint::StateDict dict;
-    if (absl::Status s = state.get_state_dict(&dict); !s.ok()) return s;
-    absl::StatusOr<vemesh::checkpoint::LoadResult> loaded =
-        vemesh::checkpoint::Load(dict, dir, *replica_world_);
-    if (!loaded.ok()) return loaded.status();
-    if (absl::Status s = state.set_state_dict(); !s.ok()) return s;
+    if (ckpt_ == nullptr) return 0;
+    absl::StatusOr<int64_t> step = ckpt_->Restore(state);
+    if (!step.ok() || *step == 0) return step;
+    const vemesh::checkpoint::LoadResult& loaded = *ckpt_->restored();
     if (absl::Status s =
-            CheckResumable(plan, loaded->path, loaded->step, loaded->metadata);
+            CheckResumable(plan, loaded.path, loaded.step, loaded.metadata);
         !s.ok()) {
       return s;
     }
     if (print) {
       std::printf("train_nd: resumed at step %lld from %s\n",
-                  static_cast<long long>(loaded->step), loaded->path.c_str());
+                  static_cast<long long>(loaded.step), loaded.path.c_str());
       std::fflush(stdout);
     }
-    return loaded->step;
+    return loaded.step;
   }
-  // After committed step `step` (1-based count of steps done).
-  absl::Status MaybeSave(const TrainPlan& plan,
-                         vemesh::strategies::TrainingState& state, int64_t step,
-                         bool print) {
-    const int every = plan.options.checkpoint_every;
-    if (replica_world_ == nullptr || every == 0 || step % every != 0) {
-      return absl::OkStatus();
-    }
+  // After committed step `step` (1-based count of steps done); `done`: the
+  // last one (the save in flight is committed).
+  absl::Status MaybeSave(vemesh::strategies::TrainingState& state, int64_t step,
+                         bool done, bool print) {
+    if (ckpt_ == nullptr) return absl::OkStatus();
     absl::StatusOr<int64_t> dp_rank =
         VESCALE_DEVICE_MESH.get_data_parallel_rank();
     if (!dp_rank.ok()) return dp_rank.status();
-    if (*dp_rank != 0) return absl::OkStatus();
-    const absl::Time start = absl::Now();
-    vemesh::checkpoint::StateDict dict;
-    if (absl::Status s = state.get_state_dict(&dict); !s.ok()) return s;
-    SetStateMetadata(plan, step, &dict);
-    if (absl::Status s = vemesh::checkpoint::Save(
-            dict, step, plan.options.checkpoint_dir, *replica_world_,
-            {.keep_last = plan.options.checkpoint_keep});
-        !s.ok()) {
-      return s;
-    }
-    if (print) {
-      std::printf("checkpoint: step %lld saved in %.2f ms\n",
-                  static_cast<long long>(step),
-                  absl::ToDoubleMilliseconds(absl::Now() - start));
+    absl::StatusOr<std::optional<int64_t>> saved =
+        done ? ckpt_->Finish() : ckpt_->AfterStep(state, step, *dp_rank == 0);
+    // Done: its communicator freed with it (the job's count is checked).
+    if (done) ckpt_.reset();
+    if (!saved.ok()) return saved.status();
+    if (print && saved->has_value()) {
+      std::printf("checkpoint: step %lld saved\n",
+                  static_cast<long long>(**saved));
       std::fflush(stdout);
     }
     return absl::OkStatus();
   }
 
  private:
-  std::shared_ptr<vemesh::Communicator> replica_world_;
+  // The launch's world, held for the job (as the count at start saw it).
+  std::shared_ptr<vemesh::Communicator> world_;
+  std::unique_ptr<vemesh::strategies::PeriodicCheckpoint> ckpt_;
 };
 
 // The plan for an epoch of `replicas` replicas: DP is their number, or
@@ -461,6 +447,27 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
   }
   bool send_state = !synced.ok();
   int recoveries = 0;
+  // The parameters against every other replica's: compared in the round
+  // after the last step, while the replicas are still in step, as that
+  // round's work, so that a replica lost then is a failed round like any
+  // (the survivors recover and compare again), not a verdict. (Each rank's
+  // state against the same coordinate of every replica.)
+  const std::string replica_dim = plan0.fsdp() ? "DP_REPLICATE" : "DP";
+  bool identical_across = false;
+  const auto compare_across = [&]() -> absl::StatusOr<bool> {
+    const int64_t mine = Digest(rep.state);
+    int64_t digest[2] = {mine, -mine};
+    absl::StatusOr<vemesh::DeviceMesh> mesh = VESCALE_DEVICE_MESH.get();
+    if (!mesh.ok()) return mesh.status();
+    auto group = mesh->get_group(replica_dim);
+    if (!group.ok()) return group.status();
+    if (absl::Status s = (*group)->all_reduce(absl::MakeSpan(digest),
+                                              vemesh::ReduceOp::kMax);
+        !s.ok()) {
+      return s;
+    }
+    return digest[0] == -digest[1];
+  };
   // The last recovery's record, printed once its first step commits.
   std::optional<vemesh::Recovery> record;
   // The round after the last step trains nothing: its end_step makes sure
@@ -479,7 +486,13 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
     // snapshot of an earlier, committed step must never be put back).
     bool stepped = false;
     if (finishing) {
-      loss = 0.0;
+      absl::StatusOr<bool> same = compare_across();
+      if (same.ok()) {
+        identical_across = *same;
+        loss = 0.0;
+      } else {
+        loss = same.status();
+      }
     } else if (!send_state) {
       // What the step changes, to undo it if it does not commit.
       if (absl::Status saved = rep.before.Save(rep.state); !saved.ok()) {
@@ -518,7 +531,16 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
       record.reset();
     }
     if (verdict->committed && finishing) {
-      if (!verdict->recover) break;
+      if (!verdict->recover) {
+        // The last save in flight, committed (its files and `latest`).
+        if (absl::Status s =
+                checkpoints.MaybeSave(rep.state, step, /*done=*/true, leader);
+            !s.ok() && leader) {
+          std::printf("checkpoint: last save failed: %s\n",
+                      s.ToString().c_str());
+        }
+        break;
+      }
     } else if (verdict->committed) {
       losses[step] = *loss;
       ++step;
@@ -537,7 +559,7 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
       }
       // A failed save leaves the previous checkpoint; training goes on.
       if (absl::Status s =
-              checkpoints.MaybeSave(*plan, rep.state, step, leader);
+              checkpoints.MaybeSave(rep.state, step, /*done=*/false, leader);
           !s.ok() && leader) {
         std::printf("checkpoint: step %lld not saved: %s\n",
                     static_cast<long long>(step), s.ToString().c_str());
@@ -589,25 +611,12 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
   }
 
   // Verdicts: the curve this replica trained against the serial one, the
-  // parameters against every other replica's, the communicators against
-  // the count after start.
-  // The parameters first, while the replicas are still in step: the serial
-  // reference below takes each one a different time, which must not run a
-  // DP operation past its timeout.
-  // (Each rank's state against the same coordinate of every replica, then
-  // one verdict over the replica's own dimensions.)
-  const int64_t mine = Digest(rep.state);
-  int64_t digest[2] = {mine, -mine};
-  const std::string replica_dim = plan0.fsdp() ? "DP_REPLICATE" : "DP";
+  // parameters against every other replica's (compared in the last round,
+  // combined here over the replica's own dimensions), the communicators
+  // against the count after start.
+  bool identical = identical_across;
   absl::StatusOr<vemesh::DeviceMesh> end_mesh = VESCALE_DEVICE_MESH.get();
-  bool identical = false;
   if (end_mesh.ok()) {
-    auto group = end_mesh->get_group(replica_dim);
-    identical = group.ok() &&
-                (*group)
-                    ->all_reduce(absl::MakeSpan(digest), vemesh::ReduceOp::kMax)
-                    .ok() &&
-                digest[0] == -digest[1];
     int64_t same = identical ? 1 : 0;
     for (const std::string& d : end_mesh->mesh_dim_names()) {
       auto g = end_mesh->get_group(d);
@@ -618,6 +627,8 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
       }
     }
     identical = same == 1;
+  } else {
+    identical = false;
   }
   absl::StatusOr<std::vector<double>> serial_or = SerialLosses(plan0);
   if (!serial_or.ok()) {

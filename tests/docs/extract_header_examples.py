@@ -333,6 +333,10 @@ EXAMPLES = {
                    "(checkpoint::Box{{62, 48}, {1, 16}}));\n"
                    "PROMISE((*pieces)[2].placement == 1u && "
                    "(*pieces)[2].offset == 48);\n")},
+    "strategies/periodic_checkpoint.h": {
+        "helpers": "absl::Status TrainStep(int64_t step) { return absl::OkStatus(); }\n",
+        "params": ("std::shared_ptr<Communicator> replica_world, "
+                   "TrainingState& state, int64_t steps, int64_t dp_rank")},
     "strategies/pipeline_runner.h": {
         "params": "PipelineStageModel& stage_model",
         "pragma_missing_field_initializers": True},

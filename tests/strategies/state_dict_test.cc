@@ -27,6 +27,7 @@
 #include "vemesh/strategies/fully_sharded_data_parallel.h"
 #include "vemesh/strategies/optimizer.h"
 #include "vemesh/strategies/parameter_placement.h"
+#include "vemesh/strategies/periodic_checkpoint.h"
 #include "vemesh/strategies/row_parallel_linear.h"
 #include "vemesh/strategies/state_dict.h"
 #include "vemesh/strategies/state_snapshot.h"
@@ -606,6 +607,108 @@ TEST(StateSnapshotTest, RestoreUndoesAStepParametersMomentsAndCounts) {
   // A buffer of another size since Save: nothing written.
   a.value = Matrix::Zero(3, 3);
   EXPECT_TRUE(absl::IsInvalidArgument(before.Restore(state)));
+}
+
+// Periodic checkpoints (periodic_checkpoint.h): AdamW trained 6 steps with a
+// save every 2, in the background; each AfterStep commits the save before
+// it; the job restarted fresh resumes from the latest with the parameters,
+// the moments and the step counts as trained (one more step equals the
+// serial run's); a checkpoint of another model is refused by its identity.
+TEST(PeriodicCheckpointTest, SavesInTheBackgroundAndAFreshJobResumes) {
+  auto world = World();
+  const std::string dir = SharedTempDir(*world);
+  const OptimizerOptions adam = OptimizerOptions::AdamW(0.01);
+  const PeriodicCheckpointOptions options{
+      .dir = dir, .every = 2, .keep_last = 2, .identity = {{"model", "m1"}}};
+  {
+    Model m(true);
+    TrainingState state;
+    ASSERT_TRUE(NameWhole(m, &state).ok());
+    auto opt = Optimizer::Create(adam, m.all());
+    ASSERT_TRUE(opt.ok());
+    ASSERT_TRUE(state.AddOptimizer(*opt).ok());
+    auto ckpt = PeriodicCheckpoint::Create(world, options);
+    ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+    auto start = (*ckpt)->Restore(state);
+    ASSERT_TRUE(start.ok()) << start.status();
+    EXPECT_EQ(*start, 0);  // an empty directory: a fresh start
+    std::vector<std::optional<int64_t>> committed;
+    for (int s = 0; s < 6; ++s) {
+      for (size_t i = 0; i < kShapes.size(); ++i) m.params[i].grad = Grad(i, s);
+      ASSERT_TRUE(opt->Step().ok());
+      auto saved = (*ckpt)->AfterStep(state, s + 1, /*writer=*/true);
+      ASSERT_TRUE(saved.ok()) << saved.status();
+      committed.push_back(*saved);
+    }
+    EXPECT_THAT(committed,
+                ::testing::ElementsAre(std::nullopt, std::nullopt, std::nullopt,
+                                       2, std::nullopt, 4));
+    auto last = (*ckpt)->Finish();
+    ASSERT_TRUE(last.ok()) << last.status();
+    EXPECT_EQ(*last, 6);
+  }
+  auto latest = checkpoint::LatestStep(dir);
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(*latest, 6);
+  {
+    Model m(false);
+    TrainingState state;
+    ASSERT_TRUE(NameWhole(m, &state).ok());
+    auto opt = Optimizer::Create(adam, m.all());
+    ASSERT_TRUE(opt.ok());
+    ASSERT_TRUE(state.AddOptimizer(*opt).ok());
+    auto ckpt = PeriodicCheckpoint::Create(world, options);
+    ASSERT_TRUE(ckpt.ok());
+    auto start = (*ckpt)->Restore(state);
+    ASSERT_TRUE(start.ok()) << start.status();
+    EXPECT_EQ(*start, 6);
+    ASSERT_TRUE((*ckpt)->restored().has_value());
+    EXPECT_EQ((*ckpt)->restored()->metadata.at("data_position"), "6");
+    Serial serial(adam, 6);
+    for (size_t i = 0; i < kShapes.size(); ++i) {
+      EXPECT_EQ(m.params[i].value, serial.model.params[i].value) << kNames[i];
+    }
+    EXPECT_EQ(opt->step_count(), 6);
+    // One more step from the loaded moments and counts is the serial one.
+    serial.Step(6);
+    for (size_t i = 0; i < kShapes.size(); ++i) m.params[i].grad = Grad(i, 6);
+    ASSERT_TRUE(opt->Step().ok());
+    for (size_t i = 0; i < kShapes.size(); ++i) {
+      EXPECT_EQ(m.params[i].value, serial.model.params[i].value) << kNames[i];
+    }
+  }
+  {
+    Model m(false);
+    TrainingState state;
+    ASSERT_TRUE(NameWhole(m, &state).ok());
+    PeriodicCheckpointOptions other = options;
+    other.identity = {{"model", "m2"}};
+    auto ckpt = PeriodicCheckpoint::Create(world, other);
+    ASSERT_TRUE(ckpt.ok());
+    absl::StatusOr<int64_t> start = (*ckpt)->Restore(state);
+    EXPECT_EQ(start.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(start.status().message(),
+                HasSubstr("its 'model' is 'm1'; this one's is 'm2'"));
+  }
+  RemoveShared(*world, dir);
+}
+
+TEST(PeriodicCheckpointTest, BadOptionsAreNamed) {
+  auto world = World();
+  EXPECT_THAT(PeriodicCheckpoint::Create(world, {.dir = "/tmp/x", .every = -1})
+                  .status()
+                  .message(),
+              HasSubstr("options.every is -1"));
+  EXPECT_THAT(PeriodicCheckpoint::Create(world, {.dir = ""}).status().message(),
+              HasSubstr("options.dir is empty"));
+  EXPECT_THAT(
+      PeriodicCheckpoint::Create(world, {.dir = "/tmp/x", .keep_last = 0})
+          .status()
+          .message(),
+      HasSubstr("options.keep_last is 0"));
+  EXPECT_THAT(
+      PeriodicCheckpoint::Create(nullptr, {.dir = "/tmp/x"}).status().message(),
+      HasSubstr("world is null"));
 }
 
 }  // namespace
