@@ -7,6 +7,7 @@ tight):
   torchrun --standalone --nproc_per_node=4 --redirects 1 --tee 1 mp_vescale.py
   mpirun -n 4 python3 mp_vescale.py
 """
+import copy
 import os
 import runpy
 import sys
@@ -145,6 +146,10 @@ def test_column_then_row_mlp_equals_dense_and_from_dense():
     assert_close(col.weight.grad, fc1.weight.grad[4 * t:4 * t + 4])
     assert_close(row.weight.grad, fc2.weight.grad[:, 4 * t:4 * t + 4])
     assert_close(row.bias.grad, fc2.bias.grad)
+    twin = copy.deepcopy(col)  # an EMA copy: the same group, its own weights
+    assert twin.tp_group is col.tp_group
+    assert twin.weight.data_ptr() != col.weight.data_ptr()
+    assert_close(twin(x), col(x))
 
 
 def test_parallelize_module_with_vescale_plan():
@@ -221,7 +226,7 @@ def test_ddp_equals_one_process(overlap, bucket_size):
 def test_ddp_no_sync_accumulates_then_averages():
     init((WORLD,), ("DP",))
     me = rank()
-    ddp = DDP(make_model(), None, bucket_size=25)  # None: the registry's DP
+    ddp = DDP(make_model(), VESCALE_DEVICE_MESH, bucket_size=25)  # its DP
     ref = make_model()
     (x1, y1), (x2, y2) = batches(2)
     with ddp.no_sync():
@@ -541,6 +546,9 @@ def test_bad_arguments_name_what_was_expected():
         DDP(make_model(), "DP")
     with pytest.raises(ValueError, match="bucket_size=0"):
         DDP(make_model(), VESCALE_DEVICE_MESH["DP"], bucket_size=0)
+    with pytest.raises(KeyError, match="ColumnParallelLinear: no group given, "
+                                       "and VESCALE_DEVICE_MESH has no TP"):
+        ColumnParallelLinear(4, 4)
     with pytest.raises(ValueError, match="matches no parameter"):
         parallelize_module(make_model(), VESCALE_DEVICE_MESH["DP"],
                            {"parameter": {"fc9.weight": [Shard(0)]}})

@@ -44,10 +44,22 @@ def _decode(record):
     return chr(record[0]), record[1:5].tobytes(), text
 
 
+def _all_gather(comm, record):
+    if comm.backend != "nccl":
+        out = np.zeros(_RECORD * comm.size(), np.uint8)
+        comm.all_gather(out, record)
+        return out
+    # NCCL moves device memory only.
+    import torch
+    device = torch.device("cuda", torch.cuda.current_device())
+    out = torch.zeros(_RECORD * comm.size(), dtype=torch.uint8, device=device)
+    comm.all_gather(out, torch.from_numpy(record).to(device))
+    return out.cpu().numpy()
+
+
 def gather_texts(comm, text):
     """Every rank's ``text`` (cut to fit a record), in group-rank order."""
-    out = np.zeros(_RECORD * comm.size(), np.uint8)
-    comm.all_gather(out, _encode(ord("O"), text))
+    out = _all_gather(comm, _encode(ord("O"), text))
     return [_decode(out[i * _RECORD:(i + 1) * _RECORD])[2]
             for i in range(comm.size())]
 
@@ -57,8 +69,7 @@ def agree(comm, what, text, error=None, role="rank"):
     an ``error`` or a ``text`` different from group rank 0's; returns
     otherwise. Collective: every rank of the group must call it."""
     kind = ord("E") if error is not None else ord("O")
-    out = np.zeros(_RECORD * comm.size(), np.uint8)
-    comm.all_gather(out, _encode(kind, error if error is not None else text))
+    out = _all_gather(comm, _encode(kind, error if error is not None else text))
     records = [_decode(out[i * _RECORD:(i + 1) * _RECORD])
                for i in range(comm.size())]
     ranks = comm.ranks()

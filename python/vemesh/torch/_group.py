@@ -29,13 +29,37 @@ def resolve_group(group, role, who):
                 f"initialised; call VESCALE_DEVICE_MESH.init_device_mesh(...) "
                 f"(with a {role!r} dimension) first, or pass a "
                 f"vemesh.DeviceMesh or vemesh.Communicator")
-        return registry.get_role_dim_groups(role)
+        try:
+            return registry.get_role_dim_groups(role)
+        except KeyError as e:
+            raise KeyError(f"{who}: no group given, and VESCALE_DEVICE_MESH "
+                           f"has no {role} group: {e.args[0]}") from e
     raise TypeError(
         f"{who}: expected a vemesh.DeviceMesh (such as "
         f"VESCALE_DEVICE_MESH[{role!r}]), a vemesh.Communicator or None "
         f"(VESCALE_DEVICE_MESH's {role} group); got {type(group).__name__}")
 
 
-def describe_member(comm, group_rank, role):
-    """'DP rank 1 (global rank 2)': a member of ``comm`` in messages."""
-    return f"{role} rank {group_rank} (global rank {comm.ranks()[group_rank]})"
+def comm_device(comm):
+    """Where ``comm``'s buffers must live: this process's CUDA device for
+    NCCL, host memory for MPI and Gloo."""
+    import torch
+    if comm.backend == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+class SharedGroup:
+    """A communicator held by a module: a copy of the module (copy.deepcopy,
+    an EMA model) is in the same group, so copying gives the same one."""
+
+    __slots__ = ("comm",)
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __copy__(self):
+        return self

@@ -51,7 +51,7 @@ import torch
 from torch.autograd import Variable
 
 from ._agreement import agree
-from ._group import resolve_group
+from ._group import comm_device, resolve_group
 
 __all__ = ["DistributedDataParallel", "DDP", "GradBuffer"]
 
@@ -89,7 +89,8 @@ class GradBuffer:
     Buckets are padded to a multiple of the DP size so that each splits into
     equal DP shards (the DistributedOptimizer's)."""
 
-    def __init__(self, param_dtype, grad_dtype, params, dp_size, bucket_size):
+    def __init__(self, param_dtype, grad_dtype, params, dp_size, bucket_size,
+                 device=None):
         self.param_dtype = param_dtype
         self.dtype = grad_dtype
         self.grad_is_param_grad = grad_dtype == param_dtype
@@ -110,7 +111,7 @@ class GradBuffer:
             offset = -(-offset // dp_size) * dp_size
             layout.append((start, offset, members))
         self.numel = offset
-        self.data = torch.zeros(self.numel, dtype=grad_dtype)
+        self.data = torch.zeros(self.numel, dtype=grad_dtype, device=device)
         for i, (s, e, ps) in enumerate(layout):
             self.buckets.append(_Bucket(self, i, s, e, ps))
         for p in self.params:
@@ -196,11 +197,15 @@ class DistributedDataParallel(torch.nn.Module):
             by_dtype.setdefault(p.dtype, []).append(p)
         self.grad_buffers = {}
         for dtype, params in by_dtype.items():
+            devices = sorted({str(p.device) for p in params})
+            if len(devices) > 1:
+                raise ValueError(f"DDP: the {dtype} parameters are on "
+                                 f"{devices}; expected one device")
             grad_dtype = (torch.float32 if accumulate_allreduce_grads_in_fp32
                           and dtype in _LOW_PRECISION else dtype)
             self.grad_buffers[dtype] = GradBuffer(
                 dtype, grad_dtype, reversed(params),
-                self.data_parallel_world_size, bucket_size)
+                self.data_parallel_world_size, bucket_size, params[0].device)
         self._buffer_of = {p: gb for gb in self.grad_buffers.values()
                            for p in gb.params}
         self._buckets = [b for gb in self.grad_buffers.values()
@@ -235,9 +240,10 @@ class DistributedDataParallel(torch.nn.Module):
         by_dtype = {}
         for _, t in state:
             by_dtype.setdefault(t.dtype, []).append(t)
+        device = comm_device(comm)
         with torch.no_grad():
             for tensors in by_dtype.values():
-                flat = torch.cat([t.detach().reshape(-1).cpu()
+                flat = torch.cat([t.detach().reshape(-1).to(device)
                                   for t in tensors])
                 comm.broadcast(flat, src=0)
                 offset = 0
@@ -306,7 +312,8 @@ class DistributedDataParallel(torch.nn.Module):
         if self.use_distributed_optimizer:
             if bucket.shard_out is None:
                 bucket.shard_out = torch.empty(data.numel() // comm.size(),
-                                               dtype=data.dtype)
+                                               dtype=data.dtype,
+                                               device=data.device)
             bucket.work = comm.reduce_scatter(bucket.shard_out, data,
                                               op="avg", async_op=True)
         else:
@@ -382,9 +389,11 @@ class DistributedDataParallel(torch.nn.Module):
     def forward(self, *inputs, **kwargs):
         return self.module(*inputs, **kwargs)
 
-    def state_dict(self, prefix="", keep_vars=False):
-        """The wrapped module's state dict (keys without "module.")."""
-        return self.module.state_dict(prefix=prefix, keep_vars=keep_vars)
+    def state_dict(self, *args, destination=None, prefix="", keep_vars=False):
+        """The wrapped module's state dict (keys without "module.", as
+        veScale's)."""
+        return self.module.state_dict(*args, destination=destination,
+                                      prefix=prefix, keep_vars=keep_vars)
 
     def load_state_dict(self, state_dict, strict=True):
         return self.module.load_state_dict(state_dict, strict=strict)

@@ -55,6 +55,7 @@ import math
 import torch
 
 from ._agreement import gather_texts
+from ._group import comm_device
 from .ddp import DistributedDataParallel
 
 __all__ = ["DistributedOptimizer", "ShardedState"]
@@ -198,7 +199,8 @@ class DistributedOptimizer:
     @staticmethod
     def _adopt_parameters(gb):
         # The parameters move into one flat buffer laid out as the gradients.
-        data = torch.zeros(gb.numel, dtype=gb.param_dtype)
+        data = torch.zeros(gb.numel, dtype=gb.param_dtype,
+                           device=gb.data.device)
         with torch.no_grad():
             for p in gb.params:
                 s, e, _ = gb.param_index_map[p]
@@ -262,15 +264,17 @@ class DistributedOptimizer:
         tp = None
         for m in self.models:
             for p in m.param_to_name:
-                tp = getattr(p, "_vemesh_tp_group", None) or tp
-        total = torch.zeros(1, dtype=torch.float64)
+                group = getattr(p, "_vemesh_tp_group", None)
+                tp = group.comm if group is not None else tp
+        total = torch.zeros(1, dtype=torch.float64,
+                            device=comm_device(self.data_parallel_group))
         for piece in self._pieces:
             p = piece.param
             # A parameter replicated over TP counts on TP rank 0 only.
             if tp is None or getattr(p, "tensor_model_parallel", False) \
                     or tp.rank() == 0:
                 g = piece.shard.grad.detach().double()
-                total += (g * g).sum()
+                total += (g * g).sum().to(total.device)
         self.data_parallel_group.all_reduce(total)
         if tp is not None and tp.size() > 1:
             tp.all_reduce(total)
@@ -376,14 +380,16 @@ class DistributedOptimizer:
             for b in gb.buckets:
                 lo, hi = b.shard_range(rank, size)
                 for k in tensors:
-                    mine = torch.zeros(hi - lo, dtype=gb.dtype)
+                    mine = torch.zeros(hi - lo, dtype=gb.dtype,
+                                       device=gb.data.device)
                     for p in b.params:
                         piece = owned.get((gb, p))
                         st = self.optimizer.state.get(piece.shard) if piece else None
                         if st and k in st:
                             mine[piece.lo - lo:piece.hi - lo] = \
                                 st[k].detach().reshape(-1)
-                    full = torch.empty(b.end - b.start, dtype=gb.dtype)
+                    full = torch.empty(b.end - b.start, dtype=gb.dtype,
+                                       device=gb.data.device)
                     if size == 1:
                         full.copy_(mine)
                     else:
@@ -403,7 +409,7 @@ class DistributedOptimizer:
             # Each parameter's scalars come from the rank that owns its first
             # element: the others add zeros, so the sum is exact.
             values = torch.zeros(len(owners) * len(scalar_keys),
-                                 dtype=torch.float64)
+                                 dtype=torch.float64, device=comm_device(comm))
             for j, (key, p, piece) in enumerate(owners):
                 if piece is None or piece.offset != 0:
                     continue
@@ -413,6 +419,7 @@ class DistributedOptimizer:
                         values[j * len(scalar_keys) + i] = float(st[k])
             if size > 1:
                 comm.all_reduce(values)
+            values = values.cpu()
             for j, (key, p, _) in enumerate(owners):
                 for i, k in enumerate(scalar_keys):
                     state.setdefault(key, {})[k] = torch.tensor(
@@ -449,10 +456,6 @@ class DistributedOptimizer:
                     f"optimizer's {mine[:4]}...; expected the same names in "
                     f"the same order")
         current = self.optimizer.state_dict()
-        index = {}
-        for group in current["param_groups"]:
-            for i in group["params"]:
-                index[i] = None
         shard_index = {}
         flat = [p for group in self.optimizer.param_groups
                 for p in group["params"]]

@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from ._agreement import agree
-from ._group import resolve_group
+from ._group import SharedGroup, resolve_group
 
 __all__ = [
     "ColumnParallelLinear",
@@ -171,7 +171,7 @@ class _TensorParallelLinear(torch.nn.Module):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: {arg}={value!r}; expected a "
                                  f"positive int")
-        self.tp_group = resolve_group(tp_group, "TP", name)
+        self._group = SharedGroup(resolve_group(tp_group, "TP", name))
         self.tp_size = self.tp_group.size()
         self.tp_rank = self.tp_group.rank()
         self.in_features = in_features
@@ -209,7 +209,7 @@ class _TensorParallelLinear(torch.nn.Module):
             weight.clone(memory_format=torch.contiguous_format).to(device))
         self.weight.tensor_model_parallel = True
         self.weight.partition_dim = 1 if self._split == "in_features" else 0
-        self.weight._vemesh_tp_group = self.tp_group
+        self.weight._vemesh_tp_group = self._group
         if bias_shard is None:
             self.register_parameter("bias", None)
         else:
@@ -217,7 +217,12 @@ class _TensorParallelLinear(torch.nn.Module):
                 bias_shard.clone(memory_format=torch.contiguous_format).to(device))
             self.bias.tensor_model_parallel = self._split == "out_features"
             self.bias.partition_dim = 0
-            self.bias._vemesh_tp_group = self.tp_group
+            self.bias._vemesh_tp_group = self._group
+
+    @property
+    def tp_group(self):
+        """The TP group's vemesh.Communicator."""
+        return self._group.comm
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, "
