@@ -309,6 +309,32 @@ def test_distributed_optimizer_equals_adam(use_distributed_optimizer, built):
         assert_close(p, q, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("use_distributed_optimizer", [True, False])
+def test_distributed_optimizer_steps_on_accumulated_passes(
+        use_distributed_optimizer):
+    # Two backward passes (the second one reduced) between zero_grad and
+    # step: the step sees the average of their sum, as one process's Adam.
+    init((WORLD,), ("DP",))
+    me = rank()
+    model = DDP(make_model(), VESCALE_DEVICE_MESH["DP"], bucket_size=40,
+                use_distributed_optimizer=use_distributed_optimizer)
+    opt = DistributedOptimizer(torch.optim.Adam, models=[model],
+                               optimizer_kwargs={"lr": 0.01})
+    ref = make_model()
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=0.01)
+    data = batches(4)
+    for (x1, y1), (x2, y2) in zip(data[0::2], data[1::2]):
+        opt.zero_grad()
+        F.mse_loss(model(local(x1, me, WORLD)), local(y1, me, WORLD)).backward()
+        F.mse_loss(model(local(x2, me, WORLD)), local(y2, me, WORLD)).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        (F.mse_loss(ref(x1), y1) + F.mse_loss(ref(x2), y2)).backward()
+        ref_opt.step()
+    for p, q in zip(model.module.parameters(), ref.parameters()):
+        assert_close(p, q, rtol=1e-10, atol=1e-12)
+
+
 def test_optimizer_state_per_rank_is_one_dp_th():
     init((WORLD,), ("DP",))
     dp = VESCALE_DEVICE_MESH.get_data_parallel_dim_groups()

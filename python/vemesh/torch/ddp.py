@@ -23,9 +23,11 @@ the same view of the buffer, holding the DP average: any torch.optim
 optimizer steps on them, and they accumulate across backward passes as
 torch's own gradients do (``zero_grad`` as usual; ``no_sync()`` skips the
 averaging for gradient accumulation, as torch's DDP). With
-``use_distributed_optimizer=True`` each bucket is reduce-scattered instead:
-a rank holds the average of its 1/DP shard only, which is all the
-DistributedOptimizer (ZeRO) reads. 16-bit parameters with
+``use_distributed_optimizer=True`` each bucket is reduce-scattered instead
+into a separate 1/DP-size tensor, the average of this rank's shard, which
+is all the DistributedOptimizer (ZeRO) reads (``averaged_grad``); the buffer
+keeps this rank's own accumulated gradients, so passes accumulate there
+too. 16-bit parameters with
 ``accumulate_allreduce_grads_in_fp32`` (the default) accumulate and average
 in float32 ``main_grad`` (``param.grad`` is None during backward and a
 copy in the parameter's dtype afterwards); that buffer is zeroed by
@@ -69,7 +71,9 @@ class _Bucket:
         self.pending = set()
         self.ready = False
         self.work = None
-        self.shard_out = None  # reduce-scatter's output (it may not alias)
+        # reduce-scatter's output: this rank's shard's average (it may not
+        # alias the buffer, and the buffer keeps the local sums).
+        self.shard_out = None
 
     @property
     def data(self):
@@ -208,6 +212,13 @@ class DistributedDataParallel(torch.nn.Module):
                 self.data_parallel_world_size, bucket_size, params[0].device)
         self._buffer_of = {p: gb for gb in self.grad_buffers.values()
                            for p in gb.params}
+        size = self.data_parallel_world_size
+        if self.use_distributed_optimizer and size > 1:
+            for gb in self.grad_buffers.values():
+                for b in gb.buckets:
+                    b.shard_out = torch.zeros((b.end - b.start) // size,
+                                              dtype=gb.dtype,
+                                              device=gb.data.device)
         self._buckets = [b for gb in self.grad_buffers.values()
                          for b in gb.buckets]
         self._next_launch = 0
@@ -310,10 +321,6 @@ class DistributedDataParallel(torch.nn.Module):
             return
         data = bucket.data
         if self.use_distributed_optimizer:
-            if bucket.shard_out is None:
-                bucket.shard_out = torch.empty(data.numel() // comm.size(),
-                                               dtype=data.dtype,
-                                               device=data.device)
             bucket.work = comm.reduce_scatter(bucket.shard_out, data,
                                               op="avg", async_op=True)
         else:
@@ -350,9 +357,6 @@ class DistributedDataParallel(torch.nn.Module):
                     continue
                 work, b.work = b.work, None
                 work.wait(timeout=timeout)
-                if self.use_distributed_optimizer:
-                    lo, hi = b.shard_range(comm.rank(), comm.size())
-                    b.buffer.data[lo:hi].copy_(b.shard_out)
             for gb in self.grad_buffers.values():
                 if gb.grad_is_param_grad or self.use_distributed_optimizer:
                     continue
@@ -373,12 +377,25 @@ class DistributedDataParallel(torch.nn.Module):
         finally:
             self._sync_enabled = previous
 
+    def averaged_grad(self, buffer, bucket, lo, hi):
+        """The DP average of the gradient elements [lo, hi) of ``buffer``,
+        inside this rank's shard of ``bucket`` (what the DistributedOptimizer
+        reads): a view of the reduce-scatter's output, or of the buffer."""
+        if bucket.shard_out is None:
+            return buffer.data[lo:hi]
+        start, _ = bucket.shard_range(self.data_parallel_rank,
+                                      self.data_parallel_world_size)
+        return bucket.shard_out[lo - start:hi - start]
+
     def zero_grad_buffer(self, zero_buffer=True):
         """Zeros the gradient buffers (veScale's call, once per iteration;
         the DistributedOptimizer's and this module's zero_grad call it)."""
         if zero_buffer:
             for gb in self.grad_buffers.values():
                 gb.data.zero_()
+                for b in gb.buckets:
+                    if b.shard_out is not None:
+                        b.shard_out.zero_()
 
     def zero_grad(self, set_to_none=False):
         super().zero_grad(set_to_none)

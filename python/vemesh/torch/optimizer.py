@@ -21,7 +21,8 @@ then all-gathers the updated parameters, bucket by bucket, over the DP group.
 Zero-copy where the dtypes allow: at construction the models' parameters
 are moved into one flat buffer per dtype with the gradient buffer's layout
 (``param.data`` becomes a view of it), each owned piece is a view of that
-buffer and its gradient a view of DDP's gradient buffer, and the all-gather
+buffer and its gradient a view of DDP's average (its reduce-scatter output,
+or its buffer), and the all-gather
 writes straight into the parameters. 16-bit parameters whose DDP gradients
 are float32 (DDP's default) get float32 master pieces (veScale's
 ``grad_to_fp32``), copied into the parameters after each step.
@@ -78,6 +79,7 @@ class _Piece:
     """The piece of one parameter that this DP rank owns."""
 
     key: str  # the parameter's name in state dicts
+    model: DistributedDataParallel
     param: torch.nn.Parameter  # the model's parameter
     buffer: object  # its DDP GradBuffer
     bucket: object
@@ -186,7 +188,8 @@ class DistributedOptimizer:
                         shard = torch.nn.Parameter(
                             view if gb.dtype == gb.param_dtype
                             else view.to(gb.dtype))
-                        piece = _Piece(names[p], p, gb, b, a, z, a - s, shard)
+                        piece = _Piece(names[p], m, p, gb, b, a, z, a - s,
+                                       shard)
                         self._pieces.append(piece)
                         by_param[p] = piece
         for group in optimizer.param_groups:
@@ -246,7 +249,8 @@ class DistributedOptimizer:
         for m in self.models:
             m.finish_grad_sync()
         for piece in self._pieces:
-            piece.shard.grad = piece.buffer.data[piece.lo:piece.hi]
+            piece.shard.grad = piece.model.averaged_grad(
+                piece.buffer, piece.bucket, piece.lo, piece.hi)
         grad_norm = self.clip_grad_norm(self.clip_grad) if self.clip_grad else None
         self.optimizer.step()
         with torch.no_grad():
