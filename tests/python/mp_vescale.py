@@ -544,13 +544,37 @@ def test_tp_layers_that_differ_across_ranks():
     still_works(VESCALE_DEVICE_MESH.get_tensor_parallel_dim_groups())
 
 
+def test_a_bad_argument_on_one_rank_raises_on_every_rank():
+    init((2, 2), ("DP", "TP"))
+    me = rank()
+    torch.manual_seed(0)
+    if me in (2, 3):  # rank 2's TP group
+        with pytest.raises(ValueError, match=r"on TP rank 0 \(global rank 2\): "
+                                             r"out_features=7 is not divisible"):
+            ColumnParallelLinear(8, 7 if me == 2 else 8)
+    else:
+        ColumnParallelLinear(8, 8)
+    with pytest.raises(ValueError, match=r"\(name, dtype, shape\): on DP rank 1 "
+                                         r"\(global rank [23]\): bucket_size=0"):
+        DDP(make_model(), VESCALE_DEVICE_MESH["DP"],
+            bucket_size=0 if me >= 2 else 100)
+    model = DDP(make_model(), VESCALE_DEVICE_MESH["DP"])
+    with pytest.raises(ValueError, match=r"DistributedOptimizer: on DP rank 0 "
+                                         r"\(global rank [01]\): Adam\(params, "
+                                         r"\*\*\{'lr': -1\.0\}\) raised"):
+        DistributedOptimizer(torch.optim.Adam, [model], optimizer_kwargs={
+            "lr": -1.0 if me < 2 else 0.1})
+    still_works(VESCALE_DEVICE_MESH.get_data_parallel_dim_groups())
+    still_works(VESCALE_DEVICE_MESH.get_tensor_parallel_dim_groups())
+
+
 def test_ddp_module_of_another_size_or_dtype_on_one_rank():
     init((WORLD,), ("DP",))
     dp = VESCALE_DEVICE_MESH.get_data_parallel_dim_groups()
     me = rank()
-    with pytest.raises(ValueError, match=r"DDP: the module's parameters and "
-                                         r"buffers .* must be the same on "
-                                         r"every DP rank: DP rank 1"):
+    with pytest.raises(ValueError, match=r"DDP: the arguments and the module's "
+                                         r"parameters and buffers .* must be "
+                                         r"the same on every DP rank: DP rank 1"):
         DDP(nn.Linear(6, 11 if me == 1 else 10), VESCALE_DEVICE_MESH["DP"])
     model = make_model()
     with pytest.raises(ValueError, match=r"DP rank 2 \(global rank 2\) has .*"
@@ -561,7 +585,7 @@ def test_ddp_module_of_another_size_or_dtype_on_one_rank():
 
 def test_bad_arguments_name_what_was_expected():
     init((WORLD,), ("DP",))
-    with pytest.raises(TypeError, match="wrap it in vemesh.torch.DDP"):
+    with pytest.raises(TypeError, match="vemesh.torch.DDP first"):
         DistributedOptimizer(torch.optim.Adam, models=[make_model()])
     model = DDP(make_model(), VESCALE_DEVICE_MESH["DP"])
     stray = nn.Linear(2, 2)

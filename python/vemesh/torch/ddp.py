@@ -159,16 +159,24 @@ class DistributedDataParallel(torch.nn.Module):
                  disable_bucketing=False, bucket_size=40000000,
                  module_to_enforce=None, param_to_ignore=None, **kwargs):
         super().__init__()
+        comm = resolve_group(data_pg_or_device_mesh, "DP", "DDP")
+        # Bad arguments are agreed with the layout, so that a rank whose
+        # arguments alone are bad does not leave its peers waiting.
+        error = None
         if not isinstance(module, torch.nn.Module):
-            raise TypeError(f"DDP: expected a torch.nn.Module, got "
-                            f"{type(module).__name__}")
-        if bucket_size is not None and (
+            error = f"the module is a {type(module).__name__}, not a torch.nn.Module"
+        elif bucket_size is not None and (
                 isinstance(bucket_size, bool) or not isinstance(bucket_size, int)
                 or bucket_size < 1):
-            raise ValueError(f"DDP: bucket_size={bucket_size!r}; expected a "
-                             f"positive number of elements or None")
+            error = (f"bucket_size={bucket_size!r}; expected a positive number "
+                     f"of elements or None")
+        named = list(module.named_parameters()) if error is None else []
+        ignore = set(param_to_ignore or ())
+        unknown = sorted(ignore - {n for n, _ in named})
+        if error is None and unknown:
+            error = (f"param_to_ignore names {unknown}, which are not "
+                     f"parameters of the module")
         self.module = module
-        comm = resolve_group(data_pg_or_device_mesh, "DP", "DDP")
         self.data_parallel_group = comm
         self.data_parallel_world_size = comm.size()
         self.data_parallel_rank = comm.rank()
@@ -178,14 +186,7 @@ class DistributedDataParallel(torch.nn.Module):
         if not self.overlap_grad_reduce or disable_bucketing:
             bucket_size = None
         self.bucket_size = bucket_size
-
-        named = list(module.named_parameters())
-        ignore = set(param_to_ignore or ())
-        unknown = sorted(ignore - {n for n, _ in named})
-        if unknown:
-            raise ValueError(f"DDP: param_to_ignore names {unknown}, which "
-                             f"are not parameters of the module")
-        self._check_and_broadcast(named)
+        self._check_and_broadcast(named, error)
 
         # Grad buffers per parameter dtype, parameters back to front.
         by_dtype = {}
@@ -237,14 +238,21 @@ class DistributedDataParallel(torch.nn.Module):
 
     # -- construction ------------------------------------------------------
 
-    def _check_and_broadcast(self, named):
+    def _check_and_broadcast(self, named, error):
         comm = self.data_parallel_group
-        state = named + list(self.module.named_buffers())
+        state = named + (list(self.module.named_buffers()) if error is None
+                         else [])
         layout = "; ".join(f"{n} {t.dtype} {list(t.shape)}" for n, t in state)
         count = sum(t.numel() for _, t in state)
-        agree(comm, "DDP: the module's parameters and buffers (name, dtype, "
-              "shape)", f"{len(state)} tensors of {count} elements: {layout}",
-              role="DP")
+        what = ("DDP: the arguments and the module's parameters and buffers "
+                "(name, dtype, shape)")
+        if comm.size() > 1:
+            agree(comm, what,
+                  f"{len(state)} tensors of {count} elements: {layout}",
+                  error, role="DP")
+        elif error is not None:
+            raise (TypeError if "not a torch.nn.Module" in error
+                   else ValueError)(f"DDP: {error}")
         if comm.size() == 1:
             return
         # DP rank 0's values everywhere: one broadcast per dtype.

@@ -55,7 +55,7 @@ import math
 
 import torch
 
-from ._agreement import gather_texts
+from ._agreement import agree, gather_texts
 from ._group import comm_device
 from .ddp import DistributedDataParallel
 
@@ -112,24 +112,28 @@ class DistributedOptimizer:
         if isinstance(models, DistributedDataParallel):
             models = [models]
         models = list(models)
-        if not models:
-            raise ValueError("DistributedOptimizer: models is empty; pass the "
-                             "DDP-wrapped models")
-        for i, m in enumerate(models):
-            if not isinstance(m, DistributedDataParallel):
-                raise TypeError(
-                    f"DistributedOptimizer: models[{i}] is a "
-                    f"{type(m).__name__}; wrap it in vemesh.torch.DDP first")
-        comm = models[0].data_parallel_group
-        for i, m in enumerate(models[1:], 1):
-            if m.data_parallel_ranks != models[0].data_parallel_ranks:
-                raise ValueError(
-                    f"DistributedOptimizer: models[{i}]'s DP group has global "
-                    f"ranks {m.data_parallel_ranks}, models[0]'s "
-                    f"{models[0].data_parallel_ranks}; all must share one")
-        if not isinstance(clip_grad, (int, float)) or clip_grad < 0:
-            raise ValueError(f"DistributedOptimizer: clip_grad={clip_grad!r}; "
-                             f"expected a number >= 0 (0: no clipping)")
+        ddps = [m for m in models if isinstance(m, DistributedDataParallel)]
+        if not ddps:
+            raise TypeError("DistributedOptimizer: models holds no DDP-wrapped "
+                            "model; wrap each in vemesh.torch.DDP first")
+        comm = ddps[0].data_parallel_group
+        names = {}
+        for i, m in enumerate(ddps):
+            for p, name in m.param_to_name.items():
+                names[p] = name if len(models) == 1 else f"{i}.{name}"
+        # A bad argument is agreed over DP like the optimizer's layout, so a
+        # rank whose arguments alone are bad does not leave its peers waiting
+        # in the first step's collectives.
+        error, optimizer = self._checked(optimizer, models, clip_grad,
+                                         optimizer_kwargs, names)
+        layout = "" if error else (
+            f"{type(optimizer).__name__} over {len(models)} model(s), groups "
+            f"of {[len(g['params']) for g in optimizer.param_groups]} "
+            f"parameters")
+        if comm.size() > 1:
+            agree(comm, "DistributedOptimizer", layout, error, role="DP")
+        elif error is not None:
+            raise ValueError(f"DistributedOptimizer: {error}")
         self.models = models
         self.data_parallel_group = comm
         self.data_parallel_world_size = comm.size()
@@ -137,33 +141,7 @@ class DistributedOptimizer:
         self.clip_grad = float(clip_grad)
         self.overlap_param_gather = bool(overlap_param_gather)
         self.grad_to_fp32 = grad_to_fp32
-
-        names = {}
-        for i, m in enumerate(models):
-            for p, name in m.param_to_name.items():
-                names[p] = name if len(models) == 1 else f"{i}.{name}"
-        if isinstance(optimizer, type) and issubclass(optimizer,
-                                                       torch.optim.Optimizer):
-            params = [p for m in models for p in m.module.parameters()
-                      if p.requires_grad]
-            optimizer = optimizer(params, **(optimizer_kwargs or {}))
-        elif not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(
-                f"DistributedOptimizer: expected a torch.optim.Optimizer class "
-                f"or instance, got {optimizer!r}")
-        elif optimizer.state:
-            raise ValueError("DistributedOptimizer: the optimizer has state "
-                             "already (it was stepped); build it fresh over "
-                             "the model's parameters")
         self.optimizer = optimizer
-        for g, group in enumerate(optimizer.param_groups):
-            for p in group["params"]:
-                if p not in names:
-                    raise ValueError(
-                        f"DistributedOptimizer: param_groups[{g}] holds a "
-                        f"parameter of shape {list(p.shape)} that no DDP "
-                        f"model's gradient buffer has (not in the models, "
-                        f"frozen, or in DDP's param_to_ignore)")
         self._group_keys = [[names[p] for p in group["params"]]
                             for group in optimizer.param_groups]
 
@@ -198,6 +176,47 @@ class DistributedOptimizer:
         self._works = []
         self._hooks = [m.register_forward_pre_hook(self._before_forward)
                        for m in models] if self.overlap_param_gather else []
+
+    @staticmethod
+    def _checked(optimizer, models, clip_grad, optimizer_kwargs, names):
+        """(what is wrong or None, the torch optimizer)."""
+        for i, m in enumerate(models):
+            if not isinstance(m, DistributedDataParallel):
+                return (f"models[{i}] is a {type(m).__name__}; wrap it in "
+                        f"vemesh.torch.DDP first"), None
+            if m.data_parallel_ranks != models[0].data_parallel_ranks:
+                return (f"models[{i}]'s DP group has global ranks "
+                        f"{m.data_parallel_ranks}, models[0]'s "
+                        f"{models[0].data_parallel_ranks}; all must share "
+                        f"one"), None
+        if isinstance(clip_grad, bool) or not isinstance(
+                clip_grad, (int, float)) or clip_grad < 0:
+            return (f"clip_grad={clip_grad!r}; expected a number >= 0 (0: no "
+                    f"clipping)"), None
+        if isinstance(optimizer, type) and issubclass(optimizer,
+                                                       torch.optim.Optimizer):
+            params = [p for m in models for p in m.module.parameters()
+                      if p.requires_grad]
+            try:
+                optimizer = optimizer(params, **(optimizer_kwargs or {}))
+            except Exception as e:  # reported on every rank, not here alone
+                return (f"{optimizer.__name__}(params, "
+                        f"**{optimizer_kwargs!r}) raised "
+                        f"{type(e).__name__}: {e}"), None
+        elif not isinstance(optimizer, torch.optim.Optimizer):
+            return (f"expected a torch.optim.Optimizer class or instance, got "
+                    f"{optimizer!r}"), None
+        elif optimizer.state:
+            return ("the optimizer has state already (it was stepped); build "
+                    "it fresh over the model's parameters"), None
+        for g, group in enumerate(optimizer.param_groups):
+            for p in group["params"]:
+                if p not in names:
+                    return (f"param_groups[{g}] holds a parameter of shape "
+                            f"{list(p.shape)} that no DDP model's gradient "
+                            f"buffer has (not in the models, frozen, or in "
+                            f"DDP's param_to_ignore)"), None
+        return None, optimizer
 
     @staticmethod
     def _adopt_parameters(gb):

@@ -166,24 +166,34 @@ class _TensorParallelLinear(torch.nn.Module):
         name = type(self).__name__
         self._flag = flag  # ("gather_output", False), ...
         setattr(self, *flag)
-        for arg, value in (("in_features", in_features),
-                           ("out_features", out_features)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: {arg}={value!r}; expected a "
-                                 f"positive int")
         self._group = SharedGroup(resolve_group(tp_group, "TP", name))
         self.tp_size = self.tp_group.size()
         self.tp_rank = self.tp_group.rank()
         self.in_features = in_features
         self.out_features = out_features
         self.check_inputs = check_inputs
+        # A bad argument is agreed like any other, so that a rank whose
+        # arguments alone are bad does not leave its peers waiting.
+        error = None
+        for arg, value in (("in_features", in_features),
+                           ("out_features", out_features)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                error = error or f"{arg}={value!r}; expected a positive int"
         split = in_features if self._split == "in_features" else out_features
-        if split % self.tp_size != 0:
-            raise ValueError(
-                f"{name}: {self._split}={split} is not divisible by the TP "
-                f"group's size {self.tp_size}; each TP rank keeps "
-                f"{self._split} / {self.tp_size} of the "
-                f"{'columns' if self._split == 'in_features' else 'rows'}")
+        if error is None and split % self.tp_size != 0:
+            error = (f"{self._split}={split} is not divisible by the TP "
+                     f"group's size {self.tp_size}; each TP rank keeps "
+                     f"{self._split} / {self.tp_size} of the "
+                     f"{'columns' if self._split == 'in_features' else 'rows'}")
+        weight_dtype = (full[0].dtype if full is not None
+                        else dtype or torch.get_default_dtype())
+        if self.tp_size > 1:
+            agree(self.tp_group, f"{name} arguments",
+                  f"in_features={in_features}, out_features={out_features}, "
+                  f"bias={bool(bias)}, {flag[0]}={flag[1]}, "
+                  f"dtype={weight_dtype}", error, role="TP")
+        elif error is not None:
+            raise ValueError(f"{name}: {error}")
         if full is None:
             # torch.nn.Linear's own initialisation of the full layer (the same
             # RNG draws), then this rank's shard of it.
@@ -194,10 +204,6 @@ class _TensorParallelLinear(torch.nn.Module):
         else:
             full_weight, full_bias = full
         if self.tp_size > 1:
-            agree(self.tp_group, f"{name} arguments",
-                  f"in_features={in_features}, out_features={out_features}, "
-                  f"bias={full_bias is not None}, {flag[0]}={flag[1]}, "
-                  f"dtype={full_weight.dtype}", role="TP")
             agree(self.tp_group,
                   f"{name}: the full-size initial weights (seed torch's RNG "
                   f"alike on every TP rank, e.g. torch.manual_seed(0), before "
@@ -227,7 +233,7 @@ class _TensorParallelLinear(torch.nn.Module):
     def extra_repr(self):
         return (f"in_features={self.in_features}, "
                 f"out_features={self.out_features}, "
-                f"bias={self.bias is not None}, "
+                f"bias={self._parameters.get('bias') is not None}, "
                 f"{self._flag[0]}={self._flag[1]}, tp_size={self.tp_size}")
 
     def _check(self, x, expected_last, where):
