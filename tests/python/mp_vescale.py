@@ -12,7 +12,6 @@ import os
 import runpy
 import sys
 
-import numpy as np
 import pytest
 
 import vemesh
