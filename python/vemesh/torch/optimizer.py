@@ -17,6 +17,8 @@ over the model's parameters, as veScale takes either) is given, in place of
 each parameter, the piece this rank owns: it keeps optimizer state (Adam's
 moments) for about 1/DP of the parameters and steps only those. ``step()``
 then all-gathers the updated parameters, bucket by bucket, over the DP group.
+That equals one process for optimizers whose update is elementwise (SGD,
+Adam, AdamW, ...), not for one that looks at a whole parameter (LAMB).
 
 Zero-copy where the dtypes allow: at construction the models' parameters
 are moved into one flat buffer per dtype with the gradient buffer's layout
