@@ -9,3 +9,11 @@ See docs/TORCH.md.
 """
 
 from . import checkpoint  # noqa: F401,E402  (torch state dicts in vemesh checkpoints)
+# veScale's DDP, DistributedOptimizer and Megatron-style tensor parallelism.
+from .ddp import DDP, DistributedDataParallel, GradBuffer  # noqa: E402,F401
+from .optimizer import DistributedOptimizer, ShardedState  # noqa: E402,F401
+from .parallelize import Partial, Replicate, Shard, parallelize_module  # noqa: E402,F401
+from .tensor_parallel import (  # noqa: E402,F401
+    ColumnParallelLinear, RowParallelLinear, copy_to_tensor_parallel_region,
+    gather_from_tensor_parallel_region, reduce_from_tensor_parallel_region,
+    scatter_to_tensor_parallel_region)
