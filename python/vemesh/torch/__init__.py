@@ -7,3 +7,6 @@ DistributedOptimizer, Megatron-style tensor-parallel layers and checkpoints of
 torch state dicts. Importing it imports torch; ``import vemesh`` alone does not.
 See docs/TORCH.md.
 """
+
+from .fsdp import (FullyShardedDataParallel, ShardingStrategy,  # noqa: F401
+                   StateDictType)
