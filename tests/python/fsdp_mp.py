@@ -345,6 +345,82 @@ def test_sharded_state_dict_round_trip():
             other.load_state_dict(sd)
 
 
+def optim_state(model, opt, kind):
+    with FSDP.state_dict_type(model, kind):
+        return FSDP.optim_state_dict(model, opt)
+
+
+def assert_same_optim_state(a, b):
+    assert a["param_groups"] == b["param_groups"]
+    assert list(a["state"]) == list(b["state"])
+    for name, entry in a["state"].items():
+        for key, v in entry.items():
+            w = b["state"][name][key]
+            if isinstance(v, FlatShard):
+                assert (v.offset, v.global_shape) == (w.offset, w.global_shape)
+                v, w = v.tensor, w.tensor
+            assert torch.equal(v, w), (name, key)
+
+
+def test_optimizer_state_onto_another_mesh_and_strategy():
+    # Two steps on (2, 4) HSDP, saved by name; loaded onto FULL_SHARD on
+    # (1, 8), bit-identical; one more step each equals three in one process.
+    model = wrap((2, 4), ShardingStrategy.HYBRID_SHARD)
+    opt = train(model, steps=2)
+    sd, osd = full_state(model), optim_state(
+        model, opt, StateDictType.FULL_STATE_DICT)
+    assert sorted(osd["state"]) == sorted(make_model().state_dict())
+    assert osd["state"]["out.weight"]["exp_avg"].shape == (3, 13)
+    other = FSDP(make_model(seed=9), device_mesh=mesh((1, 8)),
+                 auto_wrap_policy=ModuleWrapPolicy({Block}))
+    other.load_state_dict(sd)
+    other_opt = make_optimizer(other.parameters())
+    other_opt.load_state_dict(
+        FSDP.optim_state_dict_to_load(other, other_opt, osd))
+    assert_same_optim_state(
+        optim_state(other, other_opt, StateDictType.FULL_STATE_DICT), osd)
+    x, y = batches()[2]
+    for m, o in ((model, opt), (other, other_opt)):
+        loss_fn(m(local(x)), local(y)).backward()
+        o.step()
+        o.zero_grad()
+        assert_close(full_state(m), serial()[-1])
+
+
+def test_sharded_optimizer_state_round_trip():
+    model = wrap((4, 2), ShardingStrategy.FULL_SHARD)
+    opt = train(model, steps=2)
+    osd = optim_state(model, opt, StateDictType.SHARDED_STATE_DICT)
+    fresh = wrap((4, 2), ShardingStrategy.FULL_SHARD)
+    fresh_opt = make_optimizer(fresh.parameters())
+    with FSDP.state_dict_type(fresh, StateDictType.SHARDED_STATE_DICT):
+        fresh_opt.load_state_dict(
+            FSDP.optim_state_dict_to_load(fresh, fresh_opt, osd))
+    assert_same_optim_state(
+        optim_state(fresh, fresh_opt, StateDictType.SHARDED_STATE_DICT), osd)
+
+
+def test_flat_shards_describe_the_sharded_state_dict():
+    model = wrap((2, 4), ShardingStrategy.HYBRID_SHARD)
+    with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):
+        sd = model.state_dict()
+    for s in model.flat_shards():
+        assert s.tensor.numel() == s.end - s.begin
+        assert s.replica == mesh((2, 4)).get_local_rank("replicate")
+        at = 0
+        for name, shape in s.params:  # each piece where the dict says
+            n = torch.Size(shape).numel()
+            lo, hi = max(s.begin, at), min(s.end, at + n)
+            piece = sd[name]
+            assert piece.global_shape == shape
+            assert piece.tensor.numel() == max(hi - lo, 0)
+            if hi > lo:
+                assert piece.offset == lo - at
+                assert torch.equal(piece.tensor,
+                                   s.tensor.detach()[lo - s.begin:hi - s.begin])
+            at += n
+
+
 # -- bad input: a clear exception on every rank, never a hang ------------------
 
 

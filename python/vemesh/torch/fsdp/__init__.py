@@ -27,7 +27,8 @@ the mesh, agreement on every rank), ``_state_dict`` (full and sharded state
 dicts), ``wrap`` (auto-wrap policies).
 """
 
-from ._api import (BackwardPrefetch, CPUOffload, FullStateDictConfig,
+from ._api import (BackwardPrefetch, CPUOffload, FlatParamShard,
+                   FullStateDictConfig,
                    FullyShardedDataParallel, ShardedStateDictConfig,
                    ShardingStrategy, StateDictConfig, StateDictType)
 from ._collectives import FsdpError
@@ -37,7 +38,7 @@ from .wrap import (ModuleWrapPolicy, always_wrap_policy,
                    transformer_auto_wrap_policy)
 
 __all__ = [
-    "BackwardPrefetch", "CPUOffload", "FlatShard", "FsdpError",
+    "BackwardPrefetch", "CPUOffload", "FlatParamShard", "FlatShard", "FsdpError",
     "FullStateDictConfig", "FullyShardedDataParallel", "ModuleWrapPolicy",
     "ShardedStateDictConfig", "ShardingStrategy", "StateDictConfig",
     "StateDictType", "always_wrap_policy", "lambda_auto_wrap_policy",

@@ -6,6 +6,7 @@ callback and the prefetch order. Non-root units are driven by forward
 (pre-)hooks on their modules; the root unit by ``forward`` itself.
 """
 
+import collections
 import contextlib
 import enum
 import hashlib
@@ -21,6 +22,10 @@ from ._collectives import (FsdpError, FsdpGroups, agreement_groups, exchange,
 from ._param_group import (GATHERED, FREED, FlatParamUnit, ParamInfo, Reshard,
                            pack_saved, unpack_saved)
 from .wrap import plan_units
+
+
+FlatParamShard = collections.namedtuple(
+    "FlatParamShard", ["tensor", "params", "begin", "end", "replica"])
 
 
 class ShardingStrategy(enum.Enum):
@@ -412,6 +417,33 @@ class FullyShardedDataParallel(nn.Module):
             st.state_dict_type == StateDictType.SHARDED_STATE_DICT)
 
     @staticmethod
+    def optim_state_dict(model, optim):
+        """Collective under FULL_STATE_DICT: `optim`'s state by original
+        parameter name (PyTorch's layout), whole parameters' state under
+        FULL_STATE_DICT, FlatShards under SHARDED_STATE_DICT."""
+        st = FullyShardedDataParallel._root_state(model)
+        return _state_dict.optim_state_dict(
+            st, optim, st.state_dict_type == StateDictType.SHARDED_STATE_DICT,
+            getattr(st.state_dict_config, "rank0_only", False))
+
+    @staticmethod
+    def optim_state_dict_to_load(model, optim, optim_state_dict):
+        """A dict from ``optim_state_dict`` (any mesh or strategy if full,
+        this one if sharded) as ``optim.load_state_dict`` takes it here."""
+        st = FullyShardedDataParallel._root_state(model)
+        return _state_dict.optim_state_dict_to_load(
+            st, optim, optim_state_dict,
+            st.state_dict_type == StateDictType.SHARDED_STATE_DICT)
+
+    @staticmethod
+    def _root_state(model):
+        roots = FullyShardedDataParallel.fsdp_modules(model)
+        if len(roots) != 1:
+            raise FsdpError(f"expected one FullyShardedDataParallel in the "
+                            f"model, found {len(roots)}")
+        return roots[0]._fsdp
+
+    @staticmethod
     def set_state_dict_type(module, state_dict_type, state_dict_config=None):
         """Sets the kind of state dict every FSDP instance in `module`
         gives and takes; returns the previous (type, config)."""
@@ -505,6 +537,20 @@ class FullyShardedDataParallel(nn.Module):
             for g in grads:
                 g.mul_(coef)
         return total
+
+    def flat_shards(self):
+        """Each unit's shard as checkpoints describe it: ``tensor`` (the
+        unit's flat shard, what the optimizer steps), ``params`` ((name,
+        shape) in flattening order) and this rank's elements ``[begin,
+        end)`` of their concatenation (``end`` may pass the last parameter:
+        padding), ``replica`` (0 on the copy to write). For
+        ``vemesh.torch.checkpoint``: ``ParamShard(s.tensor,
+        flat_pieces(s.params, s.begin, s.end))``."""
+        return [FlatParamShard(u.flat_param,
+                               [(i.names[0], tuple(i.shape)) for i in u.infos],
+                               u.shard_offset, u.shard_offset + u.shard_numel,
+                               u.groups.replicate_rank)
+                for u in self._fsdp.units]
 
     def memory_usage(self):
         """Bytes this rank holds: parameter shards, their gradients, and

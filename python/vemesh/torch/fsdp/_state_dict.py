@@ -12,7 +12,7 @@ Buffers are not sharded: both kinds carry them as the module holds them.
 - ``StateDictType.SHARDED_STATE_DICT``: no communication; each parameter as
   a ``FlatShard``: the elements of the flattened parameter this rank holds
   (``tensor``, 1-D, possibly empty), where they start (``offset``), the
-  parameter's ``shape`` and which copy this is (``replica``: ranks of one
+  parameter's ``global_shape`` and which copy this is (``replica``: ranks of one
   shard coordinate in other replicas of HYBRID_SHARD hold equal copies; 0
   is the one to write). Flat ranges make a checkpoint a byte range per rank.
 
@@ -24,26 +24,44 @@ elsewhere) raise on every rank before anything is written.
 """
 
 import collections
-import dataclasses
 
 import torch
 
 from ._collectives import FsdpError, exchange, raise_if_any_failed
 
 
-@dataclasses.dataclass
-class FlatShard:
-    """This rank's part of one parameter: elements ``[offset, offset +
-    tensor.numel())`` of ``full.flatten()``, where ``full.shape == shape``."""
+try:  # vemesh.checkpoint's flat piece, so a sharded dict saves as it is
+    from ...checkpoint import FlatShard as _CheckpointFlatShard
+except ImportError:  # a build without vemesh.checkpoint
+    _CheckpointFlatShard = object
 
-    tensor: torch.Tensor
-    offset: int
-    shape: torch.Size
-    replica: int = 0
+
+class FlatShard(_CheckpointFlatShard):
+    """This rank's part of one parameter: ``tensor`` (1-D) is elements
+    ``[offset, offset + tensor.numel())`` of the row-major flattened
+    parameter of ``global_shape``; ``replica`` numbers equal copies
+    (HYBRID_SHARD's replicate coordinate; 0 is the one to write). The fields
+    of ``vemesh.checkpoint.FlatShard``, which it is where that exists."""
+
+    if _CheckpointFlatShard is object:
+        __slots__ = ("tensor", "global_shape", "offset", "replica")
+    else:
+        __slots__ = ("replica",)
+
+    def __init__(self, tensor, global_shape, offset, replica=0):
+        self.tensor = tensor
+        self.global_shape = tuple(int(n) for n in global_shape)
+        self.offset = int(offset)
+        self.replica = int(replica)
 
     @property
     def dtype(self):
         return self.tensor.dtype
+
+    def __repr__(self):
+        return (f"FlatShard({self.tensor.numel()} x {self.dtype}, "
+                f"global_shape={self.global_shape}, offset={self.offset}, "
+                f"replica={self.replica})")
 
 
 def _is_flat_param_key(key):
@@ -104,7 +122,7 @@ def sharded_state_dict(st):
         unit, info = where
         start, offset, count = _param_range(unit, info)
         local = unit.flat_param.detach()[start:start + count].clone()
-        out[key] = FlatShard(local, offset, info.shape,
+        out[key] = FlatShard(local, info.shape, offset,
                              unit.groups.replicate_rank)
     out.update(live)
     return out
@@ -129,11 +147,11 @@ def _check_param(key, unit, info, value, sharded):
                     "holds FlatShards (load a full state dict under "
                     "FULL_STATE_DICT)")
         start, offset, count = _param_range(unit, info)
-        if (tuple(value.shape) != tuple(info.shape) or value.offset != offset
-                or value.tensor.numel() != count):
+        if (tuple(value.global_shape) != tuple(info.shape) or
+                value.offset != offset or value.tensor.numel() != count):
             return (f"'{key}' is elements [{value.offset}, "
                     f"{value.offset + value.tensor.numel()}) of shape "
-                    f"{list(value.shape)}, but this rank holds [{offset}, "
+                    f"{list(value.global_shape)}, but this rank holds [{offset}, "
                     f"{offset + count}) of shape {list(info.shape)}: it was "
                     "saved on another mesh or strategy (load a full state "
                     "dict instead)")
@@ -213,3 +231,130 @@ def check_state_dict_type(value):
             "LOCAL_STATE_DICT is not supported: use SHARDED_STATE_DICT "
             "(this rank's elements of each parameter, by name)")
     return value
+
+
+# -- optimizer state ------------------------------------------------------------
+
+
+def _unit_of(st, param):
+    for unit in st.units:
+        if unit.flat_param is param:
+            return unit
+    raise FsdpError(
+        "optim_state_dict: the optimizer holds a parameter that is not one "
+        "of this model's shards (build it on fsdp_model.parameters())")
+
+
+def _per_element(unit, value):
+    """Optimizer state with one value per shard element (exp_avg), not a
+    scalar (step)."""
+    return (isinstance(value, torch.Tensor) and
+            value.shape == unit.flat_param.shape)
+
+
+def optim_state_dict(st, optim, sharded, rank0_only):
+    """The optimizer's state by original parameter name: per-element state
+    (AdamW's exp_avg, exp_avg_sq) whole (full) or as FlatShards (sharded),
+    anything else (step) as it is. PyTorch's FSDP.optim_state_dict layout:
+    {"state": {name: {key: value}}, "param_groups": [{..., "params":
+    [names]}]}."""
+    state, groups = {}, []
+    for group in optim.param_groups:
+        names = []
+        for p in group["params"]:
+            unit = _unit_of(st, p)
+            names.extend(i.names[0] for i in unit.infos)
+            pstate = optim.state.get(p, {})
+            split = {}
+            for key, value in pstate.items():
+                if not _per_element(unit, value):
+                    split[key] = None
+                    continue
+                if sharded:
+                    split[key] = value.detach()
+                elif unit.sharded:
+                    full = torch.empty(unit.padded, dtype=value.dtype)
+                    unit.groups.shard.all_gather(full, value.detach()
+                                                 .contiguous())
+                    split[key] = full
+                else:
+                    split[key] = value.detach()
+            for info in unit.infos:
+                entry = {}
+                for key, value in pstate.items():
+                    v = split[key]
+                    if v is None:
+                        entry[key] = value.clone() if isinstance(
+                            value, torch.Tensor) else value
+                    elif sharded:
+                        start, offset, count = _param_range(unit, info)
+                        entry[key] = FlatShard(
+                            v[start:start + count].clone(), info.shape,
+                            offset, unit.groups.replicate_rank)
+                    else:
+                        entry[key] = v[info.offset:info.offset +
+                                       info.numel].view(info.shape).clone()
+                if entry:
+                    state[info.names[0]] = entry
+        groups.append({**{k: v for k, v in group.items() if k != "params"},
+                       "params": names})
+    if rank0_only and not sharded and not st.is_first_rank:
+        return {}
+    return {"state": state, "param_groups": groups}
+
+
+def optim_state_dict_to_load(st, optim, osd, sharded):
+    """`osd` (by name, full or sharded) as `optim.load_state_dict` takes it
+    for this rank's shards. Checked on every rank (agreed) first."""
+    errors = []
+    out_state, out_groups, index = {}, [], 0
+    saved_groups = {n: g for g in osd.get("param_groups", [])
+                    for n in g.get("params", [])}
+    for group in optim.param_groups:
+        ids = []
+        saved_group = None
+        for p in group["params"]:
+            unit = _unit_of(st, p)
+            ids.append(index)
+            parts, scalars = {}, {}
+            for info in unit.infos:
+                name = info.names[0]
+                saved_group = saved_group or saved_groups.get(name)
+                entry = osd.get("state", {}).get(name)
+                if entry is None:
+                    continue
+                for key, value in entry.items():
+                    if isinstance(value, FlatShard) or (
+                            isinstance(value, torch.Tensor) and not sharded
+                            and value.dim() > 0 and
+                            value.numel() == info.numel and info.numel > 1):
+                        problem = _check_param(f"{name}' state '{key}", unit,
+                                               info, value, sharded)
+                        if problem:
+                            errors.append(problem)
+                            continue
+                        parts.setdefault(key, []).append((info, value))
+                    else:
+                        scalars[key] = value
+            if parts or scalars:
+                pstate = dict(scalars)
+                for key, items in parts.items():
+                    shard = torch.zeros(unit.shard_numel,
+                                        dtype=items[0][1].dtype if not sharded
+                                        else items[0][1].tensor.dtype)
+                    for info, value in items:
+                        start, offset, count = _param_range(unit, info)
+                        src = (value.tensor if sharded else
+                               value.reshape(-1)[offset:offset + count])
+                        shard[start:start + count].copy_(src)
+                    pstate[key] = shard
+                out_state[index] = pstate
+            index += 1
+        hyper = {k: v for k, v in (saved_group or group).items()
+                 if k != "params"}
+        out_groups.append({**hyper, "params": ids})
+    err = "; ".join(errors[:4])
+    records = exchange(st.groups.agree, {"rank": st.rank, "err": err})
+    raise_if_any_failed(records, st.rank,
+                        "FullyShardedDataParallel.optim_state_dict_to_load")
+    return {"state": out_state, "param_groups": out_groups}
