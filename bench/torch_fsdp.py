@@ -6,10 +6,11 @@ model and ranks: step time and the training state each rank holds.
 
 One job builds every configuration (NO_SHARD, FULL_SHARD, SHARD_GRAD_OP on
 the 1-D mesh of all ranks; HYBRID_SHARD on (2, n/2); FULL_SHARD without the
-per-step input agreement), then runs rounds that interleave them, so the
+per-step input agreement), then alternates them step by step, so the
 machine's noise falls on all alike. A step is forward, backward, AdamW step
 and zero_grad on a global batch split over the ranks; its time is the
-slowest rank's (an all_reduce max after the round, outside the timing).
+slowest rank's (an all_reduce max after each round, outside the timing).
+The input agreement (check_inputs=True) is also timed by itself.
 Rank 0 prints, per configuration, the median step over every timed step,
 its 10th-90th percentile spread, and per rank: parameter shard, gradient
 and AdamW state bytes against NO_SHARD's, and the most bytes gathered at
@@ -101,15 +102,26 @@ def step(r):
 for r in runs:
     for _ in range(args.warmup):
         step(r)
+# Configurations alternate step by step, so load spikes fall on all alike.
 for _ in range(args.rounds):
-    for r in runs:
-        times = torch.zeros(args.steps, dtype=torch.float64)
-        for i in range(args.steps):
+    times = torch.zeros(len(runs), args.steps, dtype=torch.float64)
+    for i in range(args.steps):
+        for j, r in enumerate(runs):
             t0 = time.perf_counter()
             step(r)
-            times[i] = time.perf_counter() - t0
-        flat.get_group().all_reduce(times, op="max")
-        r["times"].extend(times.tolist())
+            times[j, i] = time.perf_counter() - t0
+    flat.get_group().all_reduce(times, op="max")
+    for j, r in enumerate(runs):
+        r["times"].extend(times[j].tolist())
+
+# The per-forward input agreement by itself (check_inputs=True's cost).
+agree = runs[1]["model"]._fsdp
+agree_times = torch.zeros(args.rounds * args.steps, dtype=torch.float64)
+for i in range(agree_times.numel()):
+    t0 = time.perf_counter()
+    agree.agree_on_inputs((x,), {})
+    agree_times[i] = time.perf_counter() - t0
+flat.get_group().all_reduce(agree_times, op="max")
 
 
 def state_bytes(r):
@@ -146,3 +158,7 @@ if rank == 0:
         print(f"| {r['name']} | {med:.2f} | {lo:.2f}-{hi:.2f} | "
               f"{med / base[0]:.2f} | {st:,} | {st / base[1]:.3f} | "
               f"{peak:,} |")
+    a = agree_times.tolist()
+    print(f"input agreement alone (check_inputs=True, 1-D mesh): median "
+          f"{statistics.median(a) * 1e3:.3f} ms, p10-p90 "
+          f"{pct(a, 0.1) * 1e3:.3f}-{pct(a, 0.9) * 1e3:.3f} ms per forward")

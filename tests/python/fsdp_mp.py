@@ -16,7 +16,8 @@ import torch
 import torch.nn as nn
 
 import vemesh
-from vemesh.torch.fsdp import (FlatShard, FsdpError, FullStateDictConfig,
+from vemesh.torch.fsdp import (BackwardPrefetch, FlatShard, FsdpError,
+                               FullStateDictConfig,
                                FullyShardedDataParallel as FSDP,
                                ModuleWrapPolicy, ShardingStrategy,
                                StateDictType, size_based_auto_wrap_policy)
@@ -184,9 +185,10 @@ def test_float32_training_equals_one_process():
                  atol=1e-6)
 
 
-def test_no_units_forward_prefetch_and_no_backward_prefetch():
+def test_no_units_and_each_prefetch():
     for kw in ({"auto_wrap_policy": None},
-               {"forward_prefetch": True, "backward_prefetch": None}):
+               {"forward_prefetch": True, "backward_prefetch": None},
+               {"backward_prefetch": BackwardPrefetch.BACKWARD_POST}):
         model = wrap((1, 8), ShardingStrategy.FULL_SHARD, **kw)
         train(model)
         assert_close(full_state(model), serial()[-1])

@@ -19,7 +19,7 @@ import torch.nn as nn
 from . import _state_dict
 from ._collectives import (FsdpError, FsdpGroups, agreement_groups, exchange,
                            first_difference, raise_if_any_failed)
-from ._param_group import (GATHERED, FREED, FlatParamUnit, ParamInfo, Reshard,
+from ._param_group import (FREED, FlatParamUnit, ParamInfo, Reshard,
                            pack_saved, unpack_saved)
 from .wrap import plan_units
 
@@ -152,10 +152,13 @@ class _RootState:
 
     # -- backward -----------------------------------------------------------
 
-    def prefetch_before(self, unit):
-        """BACKWARD_PRE: starts gathering the unit that ran before `unit`
-        in forward (the next one backward needs)."""
-        if self.backward_prefetch is None:
+    def prefetch_before(self, unit, post):
+        """Starts gathering the unit that ran before `unit` in forward (the
+        next one backward needs): under BACKWARD_PRE when `unit`'s gradient
+        reaches its outputs, under BACKWARD_POST when its backward is done
+        (`post`)."""
+        if self.backward_prefetch != (BackwardPrefetch.BACKWARD_POST if post
+                                      else BackwardPrefetch.BACKWARD_PRE):
             return
         i = self.order_index.get(id(unit))
         if i:
@@ -327,27 +330,27 @@ class FullyShardedDataParallel(nn.Module):
         for g in agree:
             if g.size() > 1 and g.backend == "nccl":
                 raise FsdpError(
-                    f"the mesh's groups are NCCL; this FSDP moves "
+                    "the mesh's groups are NCCL; this FSDP moves "
                     "CPU tensors: init_device_mesh('cpu', ...)")
         if mixed_precision is not None:
-            raise FsdpError(f"mixed_precision is not supported: "
+            raise FsdpError("mixed_precision is not supported: "
                             "parameters, gradients and reductions keep the "
                             "parameters' dtype")
         if cpu_offload is not None and getattr(cpu_offload, "offload_params",
                                                False):
-            raise FsdpError(f"CPUOffload(offload_params=True): the "
+            raise FsdpError("CPUOffload(offload_params=True): the "
                             "parameters are on the CPU already")
         if param_init_fn is not None:
-            raise FsdpError(f"param_init_fn is not supported: build "
+            raise FsdpError("param_init_fn is not supported: build "
                             "the module with real (CPU) parameters")
         if device_id not in (None, "cpu") and device_id != torch.device("cpu"):
             raise FsdpError(f"device_id={device_id!r}: only the CPU "
                             "is supported (leave it out)")
         if use_orig_params:
-            raise FsdpError(f"use_orig_params=True is not supported: "
+            raise FsdpError("use_orig_params=True is not supported: "
                             "parameters() yields each unit's flat shard")
         if ignored_states is not None:
-            raise FsdpError(f"ignored_states is not supported: use "
+            raise FsdpError("ignored_states is not supported: use "
                             "ignored_modules")
         if backward_prefetch is not None and not isinstance(
                 backward_prefetch, BackwardPrefetch):
@@ -573,7 +576,7 @@ class _Plan:
         for m in module.modules():
             if isinstance(m, FullyShardedDataParallel):
                 raise FsdpError(
-                    f"the module already holds a "
+                    "the module already holds a "
                     "FullyShardedDataParallel; nest units with "
                     "auto_wrap_policy instead")
         ignored_mods = set()

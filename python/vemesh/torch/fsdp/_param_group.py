@@ -196,7 +196,7 @@ class FlatParamUnit:
     def pre_backward_hook(self, grad):
         self.state.queue_finish_backward()
         self.unshard()
-        self.state.prefetch_before(self)
+        self.state.prefetch_before(self, post=False)
         return None
 
     def post_backward(self, grad_full):
@@ -214,6 +214,7 @@ class FlatParamUnit:
         if self.backward_pending <= 0:
             self.backward_pending = 0
             self.reshard()
+        self.state.prefetch_before(self, post=True)
 
     def wait_reduce_scatter(self):
         """Waits for this backward's reduce_scatters; returns the summed
