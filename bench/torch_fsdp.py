@@ -119,7 +119,7 @@ agree = runs[1]["model"]._fsdp
 agree_times = torch.zeros(args.rounds * args.steps, dtype=torch.float64)
 for i in range(agree_times.numel()):
     t0 = time.perf_counter()
-    agree.agree_on_inputs((x,), {})
+    agree.finish_input_check(agree.start_input_check((x,), {}))
     agree_times[i] = time.perf_counter() - t0
 flat.get_group().all_reduce(agree_times, op="max")
 

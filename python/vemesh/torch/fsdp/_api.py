@@ -17,8 +17,9 @@ import torch
 import torch.nn as nn
 
 from . import _state_dict
-from ._collectives import (FsdpError, FsdpGroups, agreement_groups, exchange,
-                           first_difference, raise_if_any_failed)
+from ._collectives import (DigestCheck, FsdpError, FsdpGroups,
+                           agreement_groups, exchange, first_difference,
+                           raise_if_any_failed)
 from ._param_group import (FREED, FlatParamUnit, ParamInfo, Reshard,
                            pack_saved, unpack_saved)
 from .wrap import plan_units
@@ -133,11 +134,30 @@ class _RootState:
             if i is not None and i + 1 < len(self.forward_order):
                 self.forward_order[i + 1].start_unshard()
 
-    def agree_on_inputs(self, args, kwargs):
+    def start_input_check(self, args, kwargs):
+        """check_inputs: every rank's inputs described as `where: dtype[*,
+        sizes]` (the batch dimension free), their digests all_gathered
+        without waiting (over one group of every rank; without one, the
+        detailed exchange at once). Returns what finish_input_check takes."""
         sig = []
         _tensor_signature(list(args), "input", sig)
         _tensor_signature(kwargs, "kwargs", sig)
         mine = "; ".join(sig)
+        if self.groups.world is None:
+            self.agree_on_inputs(mine)
+            return None
+        return mine, DigestCheck(self.groups.world, mine)
+
+    def finish_input_check(self, started):
+        if started is None:
+            return
+        mine, check = started
+        if not check.same():  # every rank sees it: the details, agreed
+            self.agree_on_inputs(mine)
+
+    def agree_on_inputs(self, mine):
+        """Every rank's input description; raises on every rank if one
+        differs from the first rank's."""
         records = exchange(self.groups.agree, {"rank": self.rank, "sig": mine})
         for r in records:
             if r["sig"] != records[0]["sig"]:
@@ -380,9 +400,19 @@ class FullyShardedDataParallel(nn.Module):
 
     def forward(self, *args, **kwargs):
         st = self._fsdp
-        if st.check_inputs:
-            st.agree_on_inputs(args, kwargs)
         st.pass_id += 1
+        if st.check_inputs:
+            # The check's gather overlaps the root unit's; a rank with other
+            # inputs raises (on every rank) before any unit computes.
+            started = st.start_input_check(args, kwargs)
+            if st.root_unit is not None:
+                st.root_unit.start_unshard()
+            try:
+                st.finish_input_check(started)
+            except FsdpError:
+                if st.root_unit is not None:
+                    st.root_unit.reshard()
+                raise
         hooks = (torch.autograd.graph.saved_tensors_hooks(
             pack_saved, unpack_saved) if st.use_saved_tensor_hooks else
             contextlib.nullcontext())

@@ -148,11 +148,14 @@ class FsdpGroups:
     number of data-parallel ranks gradients are averaged over.
     """
 
-    def __init__(self, shard, replicate, agree):
+    def __init__(self, shard, replicate, agree, world=None):
         self.shard = shard if shard is not None and shard.size() > 1 else None
         self.replicate = (replicate if replicate is not None and
                           replicate.size() > 1 else None)
         self.agree = agree
+        # One group of every rank, when there is one: the per-forward input
+        # check gathers its digests there in a single collective.
+        self.world = world
         self.shard_size = shard.size() if shard is not None else 1
         self.shard_rank = shard.rank() if shard is not None else 0
         self.replicate_size = replicate.size() if replicate is not None else 1
@@ -166,18 +169,35 @@ class FsdpGroups:
         from ._api import ShardingStrategy as S
         hybrid = strategy in (S.HYBRID_SHARD, S._HYBRID_SHARD_ZERO2)
         if device_mesh is not None:
-            if device_mesh.ndim == 1:
-                whole = device_mesh.get_group(0)
-            elif hybrid:
+            whole = (device_mesh.get_group(0) if device_mesh.ndim == 1 else
+                     device_mesh.flatten().get_group())
+            if hybrid:
                 return FsdpGroups(device_mesh.get_group(1),
-                                  device_mesh.get_group(0), agree)
-            else:
-                whole = device_mesh.flatten().get_group()
+                                  device_mesh.get_group(0), agree, whole)
         elif hybrid:
             shard, replicate = process_group
             return FsdpGroups(shard, replicate, agree)
         else:
             whole = process_group
         if strategy == S.NO_SHARD:
-            return FsdpGroups(None, whole, agree)
-        return FsdpGroups(whole, None, agree)
+            return FsdpGroups(None, whole, agree, whole)
+        return FsdpGroups(whole, None, agree, whole)
+
+
+_DIGEST_BYTES = 16
+
+
+class DigestCheck:
+    """Started: every rank's 16-byte digest of `text` being all_gathered
+    over `world` (asynchronously); ``same()`` waits and says whether all
+    ranks had this rank's."""
+
+    def __init__(self, world, text):
+        raw = hashlib.blake2b(text.encode(), digest_size=_DIGEST_BYTES)
+        self.mine = torch.frombuffer(bytearray(raw.digest()), dtype=torch.uint8)
+        self.out = torch.empty(world.size() * _DIGEST_BYTES, dtype=torch.uint8)
+        self.work = world.all_gather(self.out, self.mine, async_op=True)
+
+    def same(self):
+        self.work.wait()
+        return bool((self.out.view(-1, _DIGEST_BYTES) == self.mine).all())
