@@ -16,7 +16,9 @@ NO_SHARD           replicate over n            replicate over the flattened mesh
 
 ``process_group=`` is one communicator (the group of FULL_SHARD /
 SHARD_GRAD_OP / NO_SHARD) or, for HYBRID_SHARD, the pair ``(shard_group,
-replicate_group)`` in PyTorch's order (intra-node, inter-node).
+replicate_group)`` in PyTorch's order (intra-node, inter-node). A group of
+every rank (the 1-D mesh's, the flattened 2-D mesh's) carries the
+per-forward input check (``DigestCheck``).
 
 ``exchange`` is how every check that could fail on one rank only fails on
 every rank: each rank puts a small JSON record (its error, if any, and a
