@@ -493,6 +493,16 @@ def test_unknown_strategy_on_every_rank_and_on_one_rank():
              sharding_strategy=strategy)
 
 
+def test_a_policy_that_raises_on_one_rank():
+    def policy(module, recurse, nonwrapped_numel):
+        if rank() == 3 and isinstance(module, Block):
+            raise RuntimeError("no blocks here")
+        return recurse or isinstance(module, Block)
+
+    with pytest.raises(FsdpError, match="rank 3: RuntimeError: no blocks"):
+        FSDP(make_model(), device_mesh=mesh((2, 4)), auto_wrap_policy=policy)
+
+
 def test_meshes_fsdp_does_not_take():
     m3 = vemesh.init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("a", "b",
                                                                    "c"),

@@ -250,8 +250,10 @@ class FullyShardedDataParallel(nn.Module):
                                   param_init_fn, device_id, use_orig_params,
                                   ignored_states, backward_prefetch)
             plan = _Plan(module, auto_wrap_policy, ignored_modules)
-        except (FsdpError, TypeError) as e:
+        except FsdpError as e:
             err = str(e)
+        except Exception as e:  # a user policy's, say: still agreed first
+            err = f"{type(e).__name__}: {e}"
         summary = "" if plan is None else (
             f"strategy={strategy.name};check_inputs={st.check_inputs};"
             f"forward_prefetch={st.forward_prefetch};"
