@@ -17,3 +17,5 @@ from .tensor_parallel import (  # noqa: E402,F401
     ColumnParallelLinear, RowParallelLinear, copy_to_tensor_parallel_region,
     gather_from_tensor_parallel_region, reduce_from_tensor_parallel_region,
     scatter_to_tensor_parallel_region)
+from .fsdp import (FullyShardedDataParallel, ShardingStrategy,  # noqa: F401
+                   StateDictType)
