@@ -423,6 +423,52 @@ def test_flat_shards_describe_the_sharded_state_dict():
             at += n
 
 
+def test_vemesh_checkpoint_of_hsdp_loads_on_full_shard_and_one_process(
+        tmp_path_factory):
+    """Issue 41: a (2, 4) HSDP job's model and AdamW state saved with
+    vemesh.torch.checkpoint (FSDP describes its own shards) load on
+    FULL_SHARD over 8 ranks and into a plain model on every rank,
+    bit-identical; one more step from the loaded state equals the HSDP
+    job's next step."""
+    import vemesh.torch.checkpoint as tc
+    model = wrap((2, 4), ShardingStrategy.HYBRID_SHARD)
+    opt = train(model)
+    # One directory for every rank: rank 0's, broadcast as bytes.
+    where = torch.zeros(256, dtype=torch.uint8)
+    if rank() == 0:
+        path = str(tmp_path_factory.mktemp("hsdp_ckpt")).encode()
+        where[:len(path)] = torch.tensor(list(path), dtype=torch.uint8)
+    mesh((WORLD,)).get_group("dp").broadcast(where, src=0)
+    path = bytes(where[where != 0].tolist()).decode()
+    tc.save(model, opt, checkpoint_id=path, process_group=mesh((WORLD,)),
+            step=STEPS)
+    want = full_state(model)
+    other = wrap((WORLD,), ShardingStrategy.FULL_SHARD)
+    other_opt = make_optimizer(other.parameters())
+    info = tc.load(other, other_opt, checkpoint_id=path,
+                   process_group=mesh((WORLD,)))
+    assert info.step == STEPS
+    got = full_state(other)
+    assert list(got) == list(want)
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
+    plain = make_model()
+    plain_opt = make_optimizer(plain.parameters())
+    tc.load(plain, plain_opt, checkpoint_id=path, process_group=mesh((WORLD,)))
+    for k, v in plain.state_dict().items():
+        assert torch.equal(v, want[k]), k
+    # The moments and step counts came too: the next steps agree.
+    x, y = batches(steps=STEPS + 1)[STEPS]
+    for m, o in ((model, opt), (other, other_opt)):
+        loss_fn(m(local(x)), local(y)).backward()
+        o.step()
+        o.zero_grad()
+    after, other_after = full_state(model), full_state(other)
+    for k in after:
+        torch.testing.assert_close(other_after[k], after[k], rtol=1e-12,
+                                   atol=0)
+
+
 # -- bad input: a clear exception on every rank, never a hang ------------------
 
 

@@ -70,7 +70,9 @@ A parameter a rank holds only part of is described by ``shards``, a list of
   after a load, refresh the copy from the model).
 
 ``tensor`` must be contiguous (flat pieces are views of it, which a load
-writes in place). An FSDP or ZeRO implementation builds this list from its
+writes in place). A ``vemesh.torch.fsdp.FullyShardedDataParallel`` model
+describes its own shards (its ``flat_shards()``): pass it with no
+``shards``. Another FSDP or ZeRO implementation builds this list from its
 own flattening (global shapes and offsets) and calls ``save`` / ``load``;
 ``get_state_dict`` / ``set_state_dict`` give the state dicts themselves (to
 add entries, or to save them with ``vemesh.checkpoint.save``).
@@ -242,6 +244,11 @@ class _Plan:
     def __init__(self, model, optimizers, shards):
         self.model = _unwrap(model)
         self.optimizers = _optimizers(optimizers)
+        if not shards and hasattr(self.model, "flat_shards"):
+            # vemesh.torch.fsdp describes its own shards: nothing to glue.
+            shards = [ParamShard(s.tensor, flat_pieces(s.params, s.begin,
+                                                       s.end))
+                      for s in self.model.flat_shards()]
         self.shards = _check_shards(shards)
         self.by_id = {id(s.tensor): s for s in self.shards}
         # FSDP's values live in the shards; ZeRO's (values=False) in the model.
