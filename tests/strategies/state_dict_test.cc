@@ -693,6 +693,29 @@ TEST(PeriodicCheckpointTest, SavesInTheBackgroundAndAFreshJobResumes) {
   RemoveShared(*world, dir);
 }
 
+// One copy of the model saves together: a writer flag that differs across
+// its ranks is InvalidArgument on every rank (before, the ranks with the
+// flag started a collective save alone: a hang).
+TEST(PeriodicCheckpointTest, AWriterFlagThatDiffersIsAnErrorOnEveryRank) {
+  auto world = World();
+  const std::string dir = SharedTempDir(*world);
+  Model m(true);
+  TrainingState state;
+  ASSERT_TRUE(NameWhole(m, &state).ok());
+  auto ckpt = PeriodicCheckpoint::Create(world, {.dir = dir, .every = 1});
+  ASSERT_TRUE(ckpt.ok());
+  auto saved = (*ckpt)->AfterStep(state, 1, /*writer=*/world->rank() == 0);
+  if (world->size() == 1) {
+    ASSERT_TRUE(saved.ok()) << saved.status();  // one rank: it agrees
+    EXPECT_TRUE((*ckpt)->Finish().ok());
+  } else {
+    EXPECT_EQ(saved.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(saved.status().message(),
+                HasSubstr("`writer` differs across the ranks of one copy"));
+  }
+  RemoveShared(*world, dir);
+}
+
 TEST(PeriodicCheckpointTest, BadOptionsAreNamed) {
   auto world = World();
   EXPECT_THAT(PeriodicCheckpoint::Create(world, {.dir = "/tmp/x", .every = -1})

@@ -354,12 +354,13 @@ absl::StatusOr<std::unique_ptr<ElasticMesh>> ElasticMesh::Create(
     };
     auto listener =
         LivenessListener::Start(el->gloo_host_, std::move(on_message));
-    if (listener.ok() &&
-        el->control_->store()
-            ->set(el->control_->ProbeKey(options.replica, el->incarnation_,
-                                         el->inner_rank_),
-                  (*listener)->address())
-            .ok()) {
+    if (listener.ok()) {
+      // Kept whatever the set answers: a set that reached the store but
+      // timed out here must not leave an advertised port closed.
+      (void)el->control_->store()->set(
+          el->control_->ProbeKey(options.replica, el->incarnation_,
+                                 el->inner_rank_),
+          (*listener)->address());
       el->liveness_ = *std::move(listener);
     }
   }
@@ -376,7 +377,13 @@ absl::StatusOr<std::unique_ptr<ElasticMesh>> ElasticMesh::Create(
       if (r == el->inner_rank_) continue;
       auto where = el->control_->store()->get(
           el->control_->ProbeKey(options.replica, el->incarnation_, r));
-      if (where.ok()) mates.push_back(*where);
+      // Only a port seen answering from here: the refusal of an address
+      // wrong from this host (another host's loopback) proves nothing.
+      if (where.ok() &&
+          ProbeLiveness(*where, elastic_internal::kProbeTimeout) ==
+              Liveness::kListening) {
+        mates.push_back(*where);
+      }
     }
     std::lock_guard<std::mutex> lock(el->guard_->mu);
     el->guard_->mates = std::move(mates);
@@ -415,7 +422,8 @@ void ElasticMesh::OnAbortMessage(Guard& guard, uint64_t incarnation,
   std::vector<std::string> mates;
   {
     std::lock_guard<std::mutex> lock(guard.mu);
-    if (guard.live_epoch != epoch) return;
+    // Not in that epoch any more, or told already (once is enough).
+    if (guard.live_epoch != epoch || guard.told_epoch == epoch) return;
     guard.told_epoch = epoch;
     mates = guard.mates;
   }
@@ -427,6 +435,9 @@ void ElasticMesh::OnAbortMessage(Guard& guard, uint64_t incarnation,
   // released in milliseconds instead of at the op timeout. A rank of a
   // whole replica does nothing.
   for (const std::string& mate : mates) {
+    // A mate that is a thread of this process (ranks as threads, in tests)
+    // closed its port by leaving, not by dying.
+    if (ListenerStartedHere(mate)) continue;
     if (ProbeLiveness(mate, elastic_internal::kProbeTimeout) ==
         Liveness::kGone) {
       std::fprintf(stderr,

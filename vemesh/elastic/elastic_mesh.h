@@ -396,7 +396,7 @@ class ElasticMesh {
   // them) ends its live ranks at once, which releases the ranks blocked
   // with them in milliseconds, not at the op timeout. Once per epoch, by
   // the first rank that fails.
-  void AbortEpochPeers();
+  void AbortEpochPeers(int64_t epoch);
   // Probe key -> the address advertised there (fixed per incarnation).
   std::map<std::string, std::string> peer_ports_;
   void Remember(const MembershipRecord& record);

@@ -156,8 +156,9 @@ absl::StatusOr<StepVerdict> ElasticMesh::end_step(
   // told, so that a replica that cannot progress (one of its ranks died)
   // ends its live ranks, releasing the ranks blocked with them in DP
   // groups this rank is not in.
-  if (failed != 0 && error_code == 0) AbortEpochPeers();
+  const int64_t failed_epoch = epoch();
   if (failed != 0) RetireEpoch();
+  if (failed != 0 && error_code == 0) AbortEpochPeers(failed_epoch);
   int64_t seen = -1;
   int64_t lost = 0;
   // The heartbeat thread's last reading of the record, if fresh: no store
@@ -229,6 +230,7 @@ absl::StatusOr<StepVerdict> ElasticMesh::end_step(
     } else {
       agreed[0] = 1;
       RetireEpoch();
+      AbortEpochPeers(failed_epoch);
     }
   }
   if (absl::Status s = ReplicaMax(absl::MakeSpan(agreed, 4)); !s.ok()) {
@@ -281,13 +283,16 @@ absl::StatusOr<StepVerdict> ElasticMesh::end_step(
   return v;
 }
 
-void ElasticMesh::AbortEpochPeers() {
-  if (!options_.data_plane_detection || known_->epoch != epoch()) return;
-  const int64_t e = epoch();
+void ElasticMesh::AbortEpochPeers(int64_t e) {
+  // One-rank replicas have no mates to hang: nobody to tell.
+  if (!options_.data_plane_detection || inner_size_ == 1 ||
+      known_->epoch != e) {
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(guard_->mu);
-    // Retired already, or told by a peer: the peers were told.
-    if (guard_->live_epoch != e || guard_->told_epoch == e) return;
+    // Told by a peer, or told them already.
+    if (guard_->told_epoch == e) return;
     guard_->told_epoch = e;
   }
   for (int id : known_->members) {
@@ -362,7 +367,9 @@ absl::Status ElasticMesh::CarryState(absl::string_view where) {
   if (code == 1) {
     // This rank stays without state; the epoch is to be rebuilt.
     if (receive_pending_) has_state_ = false;
+    const int64_t failed_epoch = epoch();
     RetireEpoch();
+    AbortEpochPeers(failed_epoch);
     if (!IsRetryable(s)) s = absl::AbortedError(s.message());
   }
   return s;

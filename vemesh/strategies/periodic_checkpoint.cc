@@ -50,20 +50,32 @@ absl::StatusOr<int64_t> PeriodicCheckpoint::Restore(TrainingState& state) {
   }
   if (!latest.ok()) return latest.status();
   if (found == 0) return 0;
+  // The identity first: a checkpoint of another model with the same shapes
+  // must not overwrite the live buffers before it is refused.
+  absl::StatusOr<checkpoint::CheckpointManifest> manifest =
+      checkpoint::ReadManifest(options_.dir);
+  absl::Status identity = manifest.status();
+  if (manifest.ok()) {
+    const auto& saved = manifest->manifest.metadata;
+    for (const auto& [key, want] : options_.identity) {
+      auto got = saved.find(key);
+      if (got == saved.end() || got->second != want) {
+        identity = absl::InvalidArgumentError(absl::StrCat(
+            "checkpoint '", manifest->path, "' is of another job: its '", key,
+            "' is '", got == saved.end() ? "(none)" : got->second,
+            "'; this one's is '", want, "'"));
+        break;
+      }
+    }
+  }
+  if (absl::Status s = checkpoint::AgreeStatus(*world_, identity); !s.ok()) {
+    return s;
+  }
   checkpoint::StateDict dict;
   if (absl::Status s = state.get_state_dict(&dict); !s.ok()) return s;
   absl::StatusOr<checkpoint::LoadResult> loaded =
       checkpoint::Load(dict, options_.dir, *world_);
   if (!loaded.ok()) return loaded.status();
-  for (const auto& [key, want] : options_.identity) {
-    auto got = loaded->metadata.find(key);
-    if (got == loaded->metadata.end() || got->second != want) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "checkpoint '", loaded->path, "' is of another job: its '", key,
-          "' is '", got == loaded->metadata.end() ? "(none)" : got->second,
-          "'; this one's is '", want, "'"));
-    }
-  }
   // Step counts are not written in place.
   if (absl::Status s = state.set_state_dict(); !s.ok()) return s;
   restored_ = *std::move(loaded);
@@ -76,7 +88,22 @@ absl::StatusOr<std::optional<int64_t>> PeriodicCheckpoint::AfterStep(
     return std::optional<int64_t>();
   }
   absl::StatusOr<std::optional<int64_t>> committed = Finish();
-  if (!committed.ok() || !writer) return committed;
+  if (!committed.ok()) return committed;
+  // One verdict per copy: a writer flag that differs across its ranks
+  // would start a collective save on some of them only.
+  int64_t flag[2] = {writer ? 1 : 0, writer ? -1 : 0};
+  if (absl::Status s = world_->all_reduce(absl::MakeSpan(flag), ReduceOp::kMax);
+      !s.ok()) {
+    return s;
+  }
+  if (flag[0] != -flag[1]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PeriodicCheckpoint::AfterStep(step ", step,
+                     "): `writer` differs across the ranks of one copy (rank ",
+                     world_->rank(), " passed ", writer ? "true" : "false",
+                     "); expected the same value on every rank of `world`"));
+  }
+  if (!writer) return committed;
   if (saver_ == nullptr) {
     absl::StatusOr<std::unique_ptr<checkpoint::AsyncSaver>> saver =
         checkpoint::AsyncSaver::Create(*world_);

@@ -36,10 +36,12 @@
 // them in the same order), like checkpoint::Save.
 //
 // Restore loads the latest committed checkpoint of `dir` (every rank of
-// `world` agrees whether there is one) and checks its identity: each key of
-// Options::identity must have been saved with the same value, else
-// InvalidArgument naming the key and both values (a checkpoint of another
-// model). What the checkpoint's metadata says is in restored().
+// `world` agrees whether there is one) once its identity is checked, before
+// any buffer is written: each key of Options::identity must have been saved
+// with the same value, else InvalidArgument naming the key and both values
+// (a checkpoint of another model). What the checkpoint's metadata says is
+// in restored(). A `writer` flag that differs across the ranks of `world`
+// is InvalidArgument on every rank.
 // Every save writes Options::identity, "step" and "data_position" (the
 // step: the next batch to train on is the step's own).
 

@@ -10,6 +10,9 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <mutex>
+#include <set>
+#include <string>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -75,6 +78,13 @@ int ConnectWithin(absl::string_view address, absl::Duration timeout,
 // How long the listener waits for a message after a connection arrives.
 constexpr int kMessageWaitMs = 20;
 
+// Every listener address this process opened (a handful per mesh).
+std::mutex started_mu;
+std::set<std::string>& Started() {
+  static auto* started = new std::set<std::string>();
+  return *started;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<LivenessListener>> LivenessListener::Start(
@@ -102,6 +112,10 @@ absl::StatusOr<std::unique_ptr<LivenessListener>> LivenessListener::Start(
   std::unique_ptr<LivenessListener> l(
       new LivenessListener(fd, absl::StrCat(host, ":", ntohs(addr.sin_port)),
                            std::move(on_message)));
+  {
+    std::lock_guard<std::mutex> lock(started_mu);
+    Started().insert(l->address());
+  }
   l->thread_ = std::thread([p = l.get()] { p->Run(); });
   return l;
 }
@@ -149,6 +163,11 @@ void LivenessListener::Read(int connection) {
     got += static_cast<size_t>(n);
   }
   if (got > 0) on_message_(absl::string_view(buf, got));
+}
+
+bool ListenerStartedHere(absl::string_view address) {
+  std::lock_guard<std::mutex> lock(started_mu);
+  return Started().count(std::string(address)) != 0;
 }
 
 Liveness ProbeLiveness(absl::string_view address, absl::Duration timeout) {

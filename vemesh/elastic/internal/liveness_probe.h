@@ -77,6 +77,10 @@ class LivenessListener {
 // Connects to "HOST:PORT" (IPv4 or a name) within `timeout`.
 Liveness ProbeLiveness(absl::string_view address, absl::Duration timeout);
 
+// Whether `address` is (or was) a listener of this process: its refusal
+// then is a thread's mesh ending, not a process dying.
+bool ListenerStartedHere(absl::string_view address);
+
 // Connects to a listener within `timeout` and sends `text` (at most
 // kMaxListenerMessage bytes); false if it could not.
 bool SendToListener(absl::string_view address, absl::string_view text,
