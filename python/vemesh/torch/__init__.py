@@ -9,3 +9,4 @@ See docs/TORCH.md.
 """
 
 from . import checkpoint  # noqa: F401,E402  (torch state dicts in vemesh checkpoints)
+from . import elastic  # noqa: F401,E402  (torch state and gradients on the elastic mesh)

@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# The elastic torch job's fault scenarios (issue 42): three replicas of
+# tests/python/elastic_torch.py (a torch MLP with AdamW; each replica one
+# launch of 2 ranks: replicas 0 and 2 under mpirun, replica 1 under torchrun
+# with a rendezvous port of its own) meet through a Redis that this script
+# starts on loopback.
+#
+#   elastic_torch.sh PYTHON SCENARIO
+#
+# rejoin: replica 1 is SIGKILLed after step 8; the others go on at
+#   DP_REPLICATE=2 (the same replicate group object); replica 1 launched
+#   again joins (DP_REPLICATE=3) with the survivors' model, AdamW state and
+#   progress (the state hashes printed after the join are asserted equal);
+#   every final state is bit-identical and equal to one process over the
+#   committed steps (elastic_torch.py --check).
+# bug: replica 2 raises in its step 5 every time (not a lost member): it is
+#   retried max_step_retries (2) times, then every replica ends with the
+#   error naming replica 2 and the code, chained to the step's own exception
+#   on replica 2.
+#
+# Every process this script starts is ended by its PID (the launchers and
+# their ranks, redis-server), never by name, also when an assertion fails.
+set -u
+py=$1; scenario=$2
+here=$(cd "$(dirname "$0")" && pwd)
+limit=${ELASTIC_LIMIT:-110}
+start_time=$SECONDS
+work=$(mktemp -d /tmp/vemesh_elastic_torch.XXXXXX)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_vader_single_copy_mechanism=none
+export OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
+export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1
+export OMP_NUM_THREADS=1 PYTHONDONTWRITEBYTECODE=1
+
+declare -A launcher  # replica -> launcher PID
+redis_pid=""
+failures=0
+for tool in redis-server mpirun torchrun; do
+  command -v $tool >/dev/null || { echo "SKIPPED: $tool not found"; exit 77; }
+done
+"$py" -c 'import torch, numpy' 2>/dev/null ||
+  { echo "SKIPPED: $py lacks torch or numpy"; exit 77; }
+
+# A launcher's process tree: torchrun's workers are its children, mpirun's
+# ranks its children; ended by PID, children first.
+end_pid_tree() {
+  local p=$1 c
+  for c in $(pgrep -P "$p" 2>/dev/null); do kill -KILL "$c" 2>/dev/null; done
+  kill -KILL "$p" 2>/dev/null
+}
+cleanup() {
+  local k
+  for k in "${!launcher[@]}"; do end_pid_tree "${launcher[$k]}"; done
+  [[ -n $redis_pid ]] && kill -KILL "$redis_pid" 2>/dev/null
+  wait 2>/dev/null
+  if ((failures > 0)); then
+    for f in "$work"/*.out; do echo "---- $f"; tail -n 40 "$f"; done
+  fi
+  [[ -n ${ELASTIC_KEEP:-} ]] && echo "kept $work" || rm -rf "$work"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+free_port() {
+  "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+port=$(free_port)
+redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+  --protected-mode no --logfile "$work/redis.log" &
+redis_pid=$!
+for _ in $(seq 100); do
+  (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+  sleep 0.05
+done
+
+steps=30
+args=()
+# launch K OUT mpirun|torchrun: replica K (2 ranks), in the background.
+launch() {
+  local k=$1 out=$2 how=$3
+  local cmd=("$here/elastic_torch.py" --store "redis://127.0.0.1:$port"
+             --replica "$k" --job "$scenario" --steps "$steps" --out "$work"
+             "${args[@]}")
+  if [[ $how == mpirun ]]; then
+    mpirun -n 2 --bind-to none "$py" "${cmd[@]}" >"$work/$out.out" 2>&1 &
+  else
+    (unset OMPI_COMM_WORLD_SIZE OMPI_COMM_WORLD_RANK PMIX_RANK PMI_RANK
+     exec torchrun --nnodes=1 --nproc_per_node=2 --rdzv_backend=c10d \
+       --rdzv_endpoint="127.0.0.1:$(free_port)" --rdzv_id="vemesh-ft-$k-$RANDOM" \
+       --redirects 1 --tee 1 "${cmd[@]}") >"$work/$out.out" 2>&1 &
+  fi
+  launcher[$k]=$!
+}
+wait_for() {  # wait_for OUT REGEX SECONDS
+  local deadline=$((SECONDS + $3))
+  while ((SECONDS < deadline)); do
+    grep -qE "$2" "$work/$1.out" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  fail "$1 never printed /$2/ within $3 s"
+  return 1
+}
+declare -A rc
+finish() {  # finish K: waits (bounded) for replica K's launch, rc[K]
+  local k=$1 p=${launcher[$1]}
+  while kill -0 "$p" 2>/dev/null && ((SECONDS - start_time < limit)); do
+    sleep 0.1
+  done
+  if kill -0 "$p" 2>/dev/null; then
+    fail "replica $k still running after ${limit}s: hung"
+    end_pid_tree "$p"
+  fi
+  wait "$p"; rc[$k]=$?
+  unset "launcher[$k]"
+}
+expect_line() { grep -qE "$2" "$work/$1.out" || fail "$1: no line /$2/"; }
+# The line's value after the launcher's prefix (torchrun's "[rank]:").
+lines() { grep -hE "$2" "$work/$1.out" | sed -E 's/^\[[^]]*\]:?//'; }
+
+case $scenario in
+  rejoin)
+    args=(--pace_ms 30 --extra 12)
+    launch 0 r0 mpirun; launch 1 r1 torchrun; launch 2 r2 mpirun
+    wait_for r1 "step 8 committed" 60
+    end_pid_tree "${launcher[1]}"; wait "${launcher[1]}" 2>/dev/null
+    unset "launcher[1]"
+    killed_at=$SECONDS
+    wait_for r0 "^recovery: epoch 2, DP=2 \[0, 2\]" 30
+    launch 1 r1b torchrun
+    finish 0; finish 2; finish 1
+    for k in 0 2; do
+      [[ ${rc[$k]} == 0 ]] || fail "r$k exited ${rc[$k]}"
+      expect_line r$k "^recovery: epoch 2, DP=2 \[0, 2\], resume at step [0-9]+;.*step failed"
+      expect_line r$k "^recovery: epoch 3, DP=3 \[0, 2, 1\]"
+      expect_line r$k "committed DP=2"
+      [[ $(lines r$k "^PASS: replica" | wc -l) == 2 ]] || fail "r$k: not 2 PASS lines"
+    done
+    [[ ${rc[1]} == 0 ]] || fail "r1b exited ${rc[1]}"
+    [[ $(lines r1b "PASS: replica 1" | wc -l) == 2 ]] || fail "r1b: not 2 PASS lines"
+    # The joiner's state right after joining (model, AdamW, progress) is the
+    # survivors' at that epoch: every rank printed the same hash.
+    joined=$(lines r1b "state: epoch" | head -n 2)
+    epoch=$(sed -nE 's/^state: epoch ([0-9]+) DP=3.*/\1/p' <<<"$joined" | head -n 1)
+    [[ -n $epoch ]] || fail "r1b did not join at DP=3: $joined"
+    hashes=$(cat "$work"/r0.out "$work"/r2.out "$work"/r1b.out |
+      sed -E 's/^\[[^]]*\]:?//' | grep -E "^state: epoch $epoch DP=3" |
+      awk '{print $6, $8}' | sort | uniq -c)
+    echo "joined at epoch $epoch: $hashes"
+    n=$(wc -l <<<"$hashes"); c=$(awk '{print $1}' <<<"$hashes")
+    [[ $n == 1 && $c == 6 ]] || fail "the states at the join differ (or a rank is missing): $hashes"
+    "$py" "$here/elastic_torch.py" --check "$work" --steps "$steps" ||
+      fail "final states"
+    echo "kill -> DP=2 recovery record:"; lines r0 "^recovery: epoch 2" | head -n 1 ;;
+  bug)
+    args=(--bug_at 5 --bug_replica 2)
+    launch 0 r0 mpirun; launch 1 r1 torchrun; launch 2 r2 mpirun
+    finish 0; finish 1; finish 2
+    for k in 0 1 2; do
+      [[ ${rc[$k]} != 0 ]] || fail "r$k exited 0 despite the bug"
+      grep -q "^PASS" "$work/r$k.out" && fail "r$k printed PASS"
+      expect_line r$k "replica 2"
+      [[ $(grep -cE "^(\[[^]]*\]:?)?recovery: epoch" "$work/r$k.out") -ge 4 ]] ||
+        fail "r$k: fewer than 2 retries per rank"
+    done
+    expect_line r2 "RuntimeError: injected bug at step 5"
+    expect_line r2 "direct cause of the following exception" ;;
+  *) echo "unknown scenario $scenario"; exit 2 ;;
+esac
+echo "elastic_torch $scenario: whole run $((SECONDS - start_time)) s (bound ${limit} s)"
+((SECONDS - start_time <= limit)) || fail "ran past its bound"
+((failures == 0)) && echo "PASS: elastic_torch $scenario" && exit 0
+exit 1
