@@ -55,9 +55,9 @@ def batch(step: int):
     return x, y
 
 
-def state_hash(model, opt, progress) -> str:
+def state_hash(model, opt, progress, samples) -> str:
     h = hashlib.sha256()
-    for part in (model.state_dict(), opt.state_dict(), progress):
+    for part in (model.state_dict(), opt.state_dict(), progress, samples):
         h.update(encode(part))
     return h.hexdigest()[:16]
 
@@ -66,7 +66,8 @@ def run(args) -> int:
     torch.set_num_threads(1)
     opts = vemesh.ElasticOptions(
         store=args.store, replica=args.replica, replica_dim="DP_REPLICATE",
-        job=args.job, heartbeat_ttl=1.0, op_timeout=2.0, max_step_retries=2)
+        job=args.job, heartbeat_ttl=1.0, op_timeout=2.0, max_step_retries=2,
+        fingerprint_every=args.fingerprint_every)
     vemesh.init_device_mesh("cpu", (FULL, 2),
                             mesh_dim_names=("DP_REPLICATE", "DP_SHARD"),
                             elastic=opts)
@@ -74,6 +75,10 @@ def run(args) -> int:
     model, opt = build()
     progress = {"step": el.last_recovery.resume_step, "target": args.steps}
     vemesh.torch.elastic.register_state(el, model, opt, progress=progress)
+    # The data position as a live buffer: sent from and received into in
+    # place (register_state_bytes), not serialised.
+    samples = np.zeros(1, dtype=np.int64)
+    el.register_state_bytes("samples", lambda: samples)
     el.sync_state()  # a joiner receives the model, AdamW and progress here
     shard = el.get_group("DP_SHARD")
     replicate = el.get_group("DP_REPLICATE")  # built once: kept across epochs
@@ -89,7 +94,7 @@ def run(args) -> int:
         assert replicate.size() == r.dp_size, (replicate.size(), r.dp_size)
         assert VESCALE_DEVICE_MESH.get_strategy_size("DP_REPLICATE") == r.dp_size
         print(f"state: epoch {r.epoch} DP={r.dp_size} step {progress['step']} "
-              f"hash {state_hash(model, opt, progress)}", flush=True)
+              f"hash {state_hash(model, opt, progress, samples)}", flush=True)
 
     on_epoch(el.last_recovery)
     while progress["step"] < progress["target"]:
@@ -112,6 +117,11 @@ def run(args) -> int:
         if v.committed:
             opt.step()
             progress["step"] += 1
+            samples += BATCH
+            if (progress["step"] == args.corrupt_at and me == 0
+                    and el.replica == args.corrupt_replica):
+                with torch.no_grad():  # a bit flip's worth of divergence
+                    next(model.parameters()).view(-1)[0] += 1e-3
             if replicate.size() < FULL:
                 # Shrunk: keep training until the replica is back.
                 progress["target"] = max(progress["target"], progress["step"] + 2)
@@ -125,14 +135,15 @@ def run(args) -> int:
             on_epoch(r)
         if args.pace_ms:
             time.sleep(args.pace_ms / 1000.0)
+    assert samples[0] == BATCH * progress["step"], (samples, progress)
     final = {"model": model.state_dict(), "optimizer": opt.state_dict(),
-             "step": progress["step"]}
+             "step": progress["step"], "samples": samples}
     path = os.path.join(args.out, f"final_r{args.replica}_s{me}.bin")
     with open(path + ".tmp", "wb") as f:
         f.write(encode(final))
     os.replace(path + ".tmp", path)
     print(f"PASS: replica {args.replica} shard {me} step {progress['step']} "
-          f"DP={replicate.size()} hash {state_hash(model, opt, progress)}",
+          f"DP={replicate.size()} hash {state_hash(model, opt, progress, samples)}",
           flush=True)
     return 0
 
@@ -149,6 +160,7 @@ def check(args) -> int:
             f"{os.path.basename(f)} differs from {os.path.basename(first)}"
     got = decode(blobs[first])
     steps = got["step"]
+    assert got["samples"][0] == BATCH * steps, (got["samples"], steps)
     assert steps >= args.steps, (steps, args.steps)
     model, opt = build()
     for step in range(steps):
@@ -183,6 +195,9 @@ def main() -> int:
     p.add_argument("--out", default=".")
     p.add_argument("--bug_at", type=int, default=-1)
     p.add_argument("--bug_replica", type=int, default=-1)
+    p.add_argument("--corrupt_at", type=int, default=-1)
+    p.add_argument("--corrupt_replica", type=int, default=-1)
+    p.add_argument("--fingerprint_every", type=int, default=0)
     p.add_argument("--check")
     args = p.parse_args()
     if args.check:

@@ -18,6 +18,9 @@
 #   error naming replica 2 and the code, chained to the step's own exception
 #   on replica 2.
 #
+# corrupt: replica 1 perturbs a weight after step 5; every replica ends with
+#   the DATA_LOSS that names replica 1.
+#
 # Every process this script starts is ended by its PID (the launchers and
 # their ranks, redis-server), never by name, also when an assertion fails.
 set -u
@@ -113,9 +116,13 @@ finish() {  # finish K: waits (bounded) for replica K's launch, rc[K]
   wait "$p"; rc[$k]=$?
   unset "launcher[$k]"
 }
+# passes OUT K: both ranks of replica K printed PASS (the two ranks' lines
+# may share a line of the launcher's output).
+passes() {
+  [[ $(grep -oE "PASS: replica $2 shard [01] " "$work/$1.out" | sort -u | wc -l) == 2 ]] ||
+    fail "$1: not a PASS from both ranks of replica $2"
+}
 expect_line() { grep -qE "$2" "$work/$1.out" || fail "$1: no line /$2/"; }
-# The line's value after the launcher's prefix (torchrun's "[rank]:").
-lines() { grep -hE "$2" "$work/$1.out" | sed -E 's/^\[[^]]*\]:?//'; }
 
 case $scenario in
   rejoin)
@@ -125,45 +132,56 @@ case $scenario in
     end_pid_tree "${launcher[1]}"; wait "${launcher[1]}" 2>/dev/null
     unset "launcher[1]"
     killed_at=$SECONDS
-    wait_for r0 "^recovery: epoch 2, DP=2 \[0, 2\]" 30
+    wait_for r0 "recovery: epoch 2, DP=2 \[0, 2\]" 30
     launch 1 r1b torchrun
     finish 0; finish 2; finish 1
     for k in 0 2; do
       [[ ${rc[$k]} == 0 ]] || fail "r$k exited ${rc[$k]}"
-      expect_line r$k "^recovery: epoch 2, DP=2 \[0, 2\], resume at step [0-9]+;.*step failed"
-      expect_line r$k "^recovery: epoch 3, DP=3 \[0, 2, 1\]"
+      expect_line r$k "recovery: epoch 2, DP=2 \[0, 2\], resume at step [0-9]+;.*step failed"
+      expect_line r$k "recovery: epoch 3, DP=3 \[0, 2, 1\]"
       expect_line r$k "committed DP=2"
-      [[ $(lines r$k "^PASS: replica" | wc -l) == 2 ]] || fail "r$k: not 2 PASS lines"
+      passes r$k $k
     done
     [[ ${rc[1]} == 0 ]] || fail "r1b exited ${rc[1]}"
-    [[ $(lines r1b "PASS: replica 1" | wc -l) == 2 ]] || fail "r1b: not 2 PASS lines"
+    passes r1b 1
     # The joiner's state right after joining (model, AdamW, progress) is the
     # survivors' at that epoch: every rank printed the same hash.
-    joined=$(lines r1b "state: epoch" | head -n 2)
-    epoch=$(sed -nE 's/^state: epoch ([0-9]+) DP=3.*/\1/p' <<<"$joined" | head -n 1)
-    [[ -n $epoch ]] || fail "r1b did not join at DP=3: $joined"
+    epoch=$(grep -oE "state: epoch [0-9]+ DP=3" "$work/r1b.out" | head -n 1 | awk '{print $3}')
+    [[ -n $epoch ]] || fail "r1b did not join at DP=3"
     hashes=$(cat "$work"/r0.out "$work"/r2.out "$work"/r1b.out |
-      sed -E 's/^\[[^]]*\]:?//' | grep -E "^state: epoch $epoch DP=3" |
+      grep -oE "state: epoch $epoch DP=3 step [0-9]+ hash [0-9a-f]{16}" |
       awk '{print $6, $8}' | sort | uniq -c)
     echo "joined at epoch $epoch: $hashes"
     n=$(wc -l <<<"$hashes"); c=$(awk '{print $1}' <<<"$hashes")
     [[ $n == 1 && $c == 6 ]] || fail "the states at the join differ (or a rank is missing): $hashes"
     "$py" "$here/elastic_torch.py" --check "$work" --steps "$steps" ||
       fail "final states"
-    echo "kill -> DP=2 recovery record:"; lines r0 "^recovery: epoch 2" | head -n 1 ;;
+    echo "kill -> DP=2 recovery record:"; grep -hoE "recovery: epoch 2, .*" "$work/r0.out" | head -n 1 ;;
   bug)
     args=(--bug_at 5 --bug_replica 2)
     launch 0 r0 mpirun; launch 1 r1 torchrun; launch 2 r2 mpirun
     finish 0; finish 1; finish 2
     for k in 0 1 2; do
       [[ ${rc[$k]} != 0 ]] || fail "r$k exited 0 despite the bug"
-      grep -q "^PASS" "$work/r$k.out" && fail "r$k printed PASS"
+      grep -q "PASS" "$work/r$k.out" && fail "r$k printed PASS"
       expect_line r$k "replica 2"
-      [[ $(grep -cE "^(\[[^]]*\]:?)?recovery: epoch" "$work/r$k.out") -ge 4 ]] ||
+      [[ $(grep -oE "recovery: epoch" "$work/r$k.out" | wc -l) -ge 4 ]] ||
         fail "r$k: fewer than 2 retries per rank"
     done
     expect_line r2 "RuntimeError: injected bug at step 5"
     expect_line r2 "direct cause of the following exception" ;;
+  corrupt)
+    # Replica 1's first rank adds 1e-3 to a weight after step 5: the
+    # fingerprint comparison (every 2 steps) ends every replica with
+    # DATA_LOSS naming replica 1, never a PASS.
+    args=(--corrupt_at 5 --corrupt_replica 1 --fingerprint_every 2)
+    launch 0 r0 mpirun; launch 1 r1 torchrun; launch 2 r2 mpirun
+    finish 0; finish 1; finish 2
+    for k in 0 1 2; do
+      [[ ${rc[$k]} != 0 ]] || fail "r$k exited 0 with replica 1 perturbed"
+      grep -qE "PASS" "$work/r$k.out" && fail "r$k printed PASS"
+      expect_line r$k "states differ .*replica 1 (has|differs)"
+    done ;;
   *) echo "unknown scenario $scenario"; exit 2 ;;
 esac
 echo "elastic_torch $scenario: whole run $((SECONDS - start_time)) s (bound ${limit} s)"
