@@ -370,6 +370,11 @@ class ElasticMesh:
         self._h.mark_stateless()
 
     @property
+    def replicate_dim(self) -> str:
+        """The elastic dimension's name (ElasticOptions.replica_dim)."""
+        return self._h.replica_dim()
+
+    @property
     def mesh(self):
         """The current epoch's full mesh (a new object every epoch)."""
         return self._h.mesh()

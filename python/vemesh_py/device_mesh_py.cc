@@ -257,13 +257,14 @@ void RegisterDeviceMesh(py::module_& m) {
             // registry's mesh at every membership epoch).
             InitOptions io;
             io.mesh = o;
-            io.elastic = std::move(el);
+            io.elastic = el;
             mesh = VeDeviceMesh::Instance().init_device_mesh(
                 device_type, mesh_shape, names, std::move(io));
           } else {
             mesh = init_device_mesh(device_type, mesh_shape, names, o);
           }
         }
+        if (mesh.ok() && el) NoteElasticInit(*el);
         return Unwrap(std::move(mesh));
       },
       py::arg("device_type"), py::arg("mesh_shape"),

@@ -85,9 +85,17 @@ absl::Status FromPython(py::error_already_set& e, const std::string& name,
       code, absl::StrCat("state '", name, "': ", what, " raised ", e.what()));
 }
 
+// ElasticOptions::replica_dim of the registry's last elastic init (the
+// C++ mesh does not answer it). Under the GIL.
+std::string& ReplicaDim() {
+  static auto* dim = new std::string();
+  return *dim;
+}
+
 // The registry's elastic mesh of one init.
 struct ElasticHandle {
   ElasticMesh* mesh;
+  std::string replica_dim;  // ElasticOptions::replica_dim of its init
   ElasticMesh& get() const {
     if (VeDeviceMesh::Instance().elastic() != mesh) {
       RaiseStatus(absl::FailedPreconditionError(
@@ -203,6 +211,10 @@ StepVerdict EndStep(const ElasticHandle& h, const py::object& status) {
 }
 
 }  // namespace
+
+void NoteElasticInit(const ElasticOptions& options) {
+  ReplicaDim() = options.replica_dim;
+}
 
 std::optional<ElasticOptions> ElasticOptionsFrom(const py::handle& elastic) {
   if (elastic.is_none()) return std::nullopt;
@@ -381,6 +393,7 @@ void RegisterElastic(py::module_& m) {
       .def("mark_stateless",
            [](const ElasticHandle& h) { h.get().mark_stateless(); })
       .def("replica", [](const ElasticHandle& h) { return h.get().replica(); })
+      .def("replica_dim", [](const ElasticHandle& h) { return h.replica_dim; })
       .def("is_current", [](const ElasticHandle& h) {
         return VeDeviceMesh::Instance().elastic() == h.mesh;
       });
@@ -390,7 +403,7 @@ void RegisterElastic(py::module_& m) {
 py::object CurrentElastic() {
   ElasticMesh* el = VeDeviceMesh::Instance().elastic();
   if (el == nullptr) return py::none();
-  return py::cast(ElasticHandle{el});
+  return py::cast(ElasticHandle{el, ReplicaDim()});
 }
 
 }  // namespace vemesh::python

@@ -41,6 +41,9 @@ namespace vemesh::python {
 std::optional<ElasticOptions> ElasticOptionsFrom(
     const pybind11::handle& elastic);
 
+// Called by the init bindings after an elastic init succeeded.
+void NoteElasticInit(const ElasticOptions& options);
+
 // The registry's elastic mesh as a _C._ElasticMesh, or None.
 pybind11::object CurrentElastic();
 

@@ -38,6 +38,7 @@ DeviceMesh Init(Reg& r, const std::string& device_type,
   o.mesh = MeshOptionsFrom(timeout, std::move(backend), std::move(override));
   o.check_uniqueness = check_uniqueness;
   o.elastic = ElasticOptionsFrom(elastic);
+  const std::optional<ElasticOptions> el = o.elastic;
   std::vector<std::string> names = NamesFrom(mesh_dim_names);
   absl::StatusOr<DeviceMesh> mesh;
   {
@@ -45,6 +46,7 @@ DeviceMesh Init(Reg& r, const std::string& device_type,
     mesh = r.init_device_mesh(device_type, std::move(mesh_shape),
                               std::move(names), std::move(o));
   }
+  if (mesh.ok() && el) NoteElasticInit(*el);
   return Unwrap(std::move(mesh));
 }
 

@@ -79,8 +79,17 @@ def run(args) -> int:
     # place (register_state_bytes), not serialised.
     samples = np.zeros(1, dtype=np.int64)
     el.register_state_bytes("samples", lambda: samples)
-    el.sync_state()  # a joiner receives the model, AdamW and progress here
     shard = el.get_group("DP_SHARD")
+    ck = None
+    if args.ckpt_dir:
+        ck = vemesh.torch.elastic.ElasticCheckpointer(
+            el, model, opt, checkpoint_id=args.ckpt_dir, every=args.ckpt_every,
+            progress=progress)
+        resumed = ck.restore()  # a founder of a relaunched job; None on a joiner
+        if resumed is not None:
+            samples[0] = BATCH * progress["step"]
+            print(f"resumed at step {resumed} from {args.ckpt_dir}", flush=True)
+    el.sync_state()  # a joiner receives the model, AdamW and progress here
     replicate = el.get_group("DP_REPLICATE")  # built once: kept across epochs
     me = shard.rank()
 
@@ -127,6 +136,8 @@ def run(args) -> int:
                 progress["target"] = max(progress["target"], progress["step"] + 2)
             print(f"step {progress['step']} committed DP={replicate.size()}",
                   flush=True)
+            if ck is not None and ck.maybe_save(v):
+                print(f"checkpoint: step {progress['step']} saved", flush=True)
         if v.recover:
             r = el.recover(progress["step"])
             print(r, flush=True)
@@ -198,6 +209,8 @@ def main() -> int:
     p.add_argument("--corrupt_at", type=int, default=-1)
     p.add_argument("--corrupt_replica", type=int, default=-1)
     p.add_argument("--fingerprint_every", type=int, default=0)
+    p.add_argument("--ckpt_dir")
+    p.add_argument("--ckpt_every", type=int, default=5)
     p.add_argument("--check")
     args = p.parse_args()
     if args.check:

@@ -18,6 +18,9 @@
 #   error naming replica 2 and the code, chained to the step's own exception
 #   on replica 2.
 #
+# restart: periodic checkpoints (DP rank 0's replica), every replica killed,
+#   the job launched again resumes from the newest one and ends equal to one
+#   process over all steps.
 # corrupt: replica 1 perturbs a weight after step 5; every replica ends with
 #   the DATA_LOSS that names replica 1.
 #
@@ -77,12 +80,13 @@ for _ in $(seq 100); do
 done
 
 steps=30
+job=$scenario
 args=()
 # launch K OUT mpirun|torchrun: replica K (2 ranks), in the background.
 launch() {
   local k=$1 out=$2 how=$3
   local cmd=("$here/elastic_torch.py" --store "redis://127.0.0.1:$port"
-             --replica "$k" --job "$scenario" --steps "$steps" --out "$work"
+             --replica "$k" --job "$job" --steps "$steps" --out "$work"
              "${args[@]}")
   if [[ $how == mpirun ]]; then
     mpirun -n 2 --bind-to none "$py" "${cmd[@]}" >"$work/$out.out" 2>&1 &
@@ -170,6 +174,29 @@ case $scenario in
     done
     expect_line r2 "RuntimeError: injected bug at step 5"
     expect_line r2 "direct cause of the following exception" ;;
+  restart)
+    # Issue 42 item 5: replica DP rank 0 checkpoints every 5 steps
+    # (vemesh.torch.elastic.ElasticCheckpointer); every replica SIGKILLed
+    # after step 10's checkpoint (the state lives nowhere else); the job
+    # launched again (a new job record) resumes from the newest checkpoint
+    # and ends with every final state equal to one process over all steps.
+    args=(--pace_ms 30 --ckpt_dir "$work/ckpt" --ckpt_every 5)
+    launch 0 r0 mpirun; launch 1 r1 torchrun; launch 2 r2 mpirun
+    wait_for r0 "checkpoint: step 10 saved" 60
+    for k in 0 1 2; do
+      end_pid_tree "${launcher[$k]}"; wait "${launcher[$k]}" 2>/dev/null
+      unset "launcher[$k]"
+    done
+    job=restart.b  # a new job record: the whole job launched again
+    launch 0 r0b mpirun; launch 1 r1b torchrun; launch 2 r2b mpirun
+    finish 0; finish 1; finish 2
+    for k in 0 1 2; do
+      [[ ${rc[$k]} == 0 ]] || fail "r${k}b exited ${rc[$k]}"
+      passes r${k}b $k
+      expect_line r${k}b "resumed at step (1[05]|[2-9][05]) from $work/ckpt"
+    done
+    "$py" "$here/elastic_torch.py" --check "$work" --steps "$steps" ||
+      fail "final states" ;;
   corrupt)
     # Replica 1's first rank adds 1e-3 to a weight after step 5: the
     # fingerprint comparison (every 2 steps) ends every replica with
