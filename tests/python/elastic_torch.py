@@ -134,8 +134,8 @@ def run(args) -> int:
             if replicate.size() < FULL:
                 # Shrunk: keep training until the replica is back.
                 progress["target"] = max(progress["target"], progress["step"] + 2)
-            print(f"step {progress['step']} committed DP={replicate.size()}",
-                  flush=True)
+            print(f"step {progress['step']} committed DP={replicate.size()} "
+                  f"at={int(time.time() * 1000)}", flush=True)
             if ck is not None and ck.maybe_save(v):
                 print(f"checkpoint: step {progress['step']} saved", flush=True)
         if v.recover:

@@ -209,6 +209,62 @@ case $scenario in
       grep -qE "PASS" "$work/r$k.out" && fail "r$k printed PASS"
       expect_line r$k "states differ .*replica 1 (has|differs)"
     done ;;
+  measure)
+    # bench/RESULTS.md: KILLS times, the torchrun replica (both ranks and
+    # its agent) is SIGKILLed in the middle of training at 3 replicas and
+    # launched again once the survivors recovered; kill -> the survivors'
+    # first committed step at DP_REPLICATE=2, with the recovery record's
+    # phases. Not a ctest (timings).
+    steps=1000000; args=(--pace_ms 20); kills=${KILLS:-10}
+    limit=${ELASTIC_LIMIT:-600}
+    launch 0 r0 mpirun; launch 1 r1.0 torchrun; launch 2 r2 mpirun
+    : >"$work/kills"
+    for i in $(seq "$kills"); do
+      prev=$((i - 1))
+      wait_for "r1.$prev" "state: epoch [0-9]+ DP=3" 90 || break
+      sleep 1.$((RANDOM % 10))
+      before=$(grep -oE "recovery: epoch [0-9]+, DP=2" "$work/r0.out" | wc -l)
+      echo "$(date +%s%3N) $i" >>"$work/kills"
+      end_pid_tree "${launcher[1]}"; wait "${launcher[1]}" 2>/dev/null
+      unset "launcher[1]"
+      deadline=$((SECONDS + 30))
+      while (($(grep -oE "recovery: epoch [0-9]+, DP=2" "$work/r0.out" | wc -l) <= before)); do
+        ((SECONDS < deadline)) || { fail "no recovery after kill $i"; break 2; }
+        sleep 0.1
+      done
+      launch 1 "r1.$i" torchrun
+    done
+    wait_for "r1.$kills" "state: epoch [0-9]+ DP=3" 90
+    "$py" - "$work" <<'PYEOF'
+import re, statistics, sys
+work = sys.argv[1]
+kills = [int(l.split()[0]) for l in open(f"{work}/kills")]
+out = open(f"{work}/r0.out").read()
+steps = [(int(m.group(2)), int(m.group(1))) for m in
+         re.finditer(r"committed DP=(\d) at=(\d+)", out)]
+recs = re.findall(r"recovery: epoch \d+, DP=2 .*?detect ([\d.]+) ms, agree ([\d.]+) ms, "
+                  r"build ([\d.]+) ms, state ([\d.]+) ms", out)
+lat = []
+for t in kills:
+    first = next((at for at, dp in steps if at > t and dp == 2), None)
+    if first is not None:
+        lat.append(first - t)
+def stats(name, xs):
+    xs = sorted(xs)
+    if not xs:
+        print(f"{name}: no samples"); return
+    p99 = xs[min(len(xs) - 1, int(round(0.99 * (len(xs) - 1))))]
+    print(f"{name}: n={len(xs)} median {statistics.median(xs):.1f} ms, "
+          f"p99 {p99:.1f} ms, min {xs[0]:.1f}, max {xs[-1]:.1f}")
+stats("kill -> first good step (DP_REPLICATE=2)", lat)
+for i, ph in enumerate(("detect", "agree", "build", "state")):
+    stats(f"  {ph}", [float(r[i]) for r in recs[:len(kills)]])
+grows = re.findall(r"recovery: epoch \d+, DP=3 .*?detect ([\d.]+) ms, agree ([\d.]+) ms, "
+                   r"build ([\d.]+) ms, state ([\d.]+) ms", out)
+for i, ph in enumerate(("agree", "build", "state")):
+    stats(f"grow to DP_REPLICATE=3 (survivor's record): {ph}", [float(r[i + 1]) for r in grows])
+PYEOF
+    ;;
   *) echo "unknown scenario $scenario"; exit 2 ;;
 esac
 echo "elastic_torch $scenario: whole run $((SECONDS - start_time)) s (bound ${limit} s)"
