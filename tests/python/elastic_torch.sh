@@ -242,8 +242,15 @@ kills = [int(l.split()[0]) for l in open(f"{work}/kills")]
 out = open(f"{work}/r0.out").read()
 steps = [(int(m.group(2)), int(m.group(1))) for m in
          re.finditer(r"committed DP=(\d) at=(\d+)", out)]
-recs = re.findall(r"recovery: epoch \d+, DP=2 .*?detect ([\d.]+) ms, agree ([\d.]+) ms, "
-                  r"build ([\d.]+) ms, state ([\d.]+) ms", out)
+def records(dp):
+    # One record per epoch (both ranks of the replica print it: the first).
+    seen = {}
+    for m in re.finditer(r"recovery: epoch (\d+), DP=%d .*?detect ([\d.]+) ms, "
+                         r"agree ([\d.]+) ms, build ([\d.]+) ms, state ([\d.]+) ms" % dp,
+                         out):
+        seen.setdefault(int(m.group(1)), [float(x) for x in m.groups()[1:]])
+    return list(seen.values())
+recs = records(2)
 lat = []
 for t in kills:
     first = next((at for at, dp in steps if at > t and dp == 2), None)
@@ -258,11 +265,10 @@ def stats(name, xs):
           f"p99 {p99:.1f} ms, min {xs[0]:.1f}, max {xs[-1]:.1f}")
 stats("kill -> first good step (DP_REPLICATE=2)", lat)
 for i, ph in enumerate(("detect", "agree", "build", "state")):
-    stats(f"  {ph}", [float(r[i]) for r in recs[:len(kills)]])
-grows = re.findall(r"recovery: epoch \d+, DP=3 .*?detect ([\d.]+) ms, agree ([\d.]+) ms, "
-                   r"build ([\d.]+) ms, state ([\d.]+) ms", out)
+    stats(f"  {ph}", [r[i] for r in recs])
+grows = records(3)
 for i, ph in enumerate(("agree", "build", "state")):
-    stats(f"grow to DP_REPLICATE=3 (survivor's record): {ph}", [float(r[i + 1]) for r in grows])
+    stats(f"grow to DP_REPLICATE=3 (survivor's record): {ph}", [r[i + 1] for r in grows])
 PYEOF
     ;;
   *) echo "unknown scenario $scenario"; exit 2 ;;
