@@ -21,6 +21,8 @@
 # restart: periodic checkpoints (DP rank 0's replica), every replica killed,
 #   the job launched again resumes from the newest one and ends equal to one
 #   process over all steps.
+# redis_restarted: Redis restarted empty mid-run is survived (no
+#   membership change, final states equal to one process).
 # corrupt: replica 1 perturbs a weight after step 5; every replica ends with
 #   the DATA_LOSS that names replica 1.
 #
@@ -71,13 +73,16 @@ free_port() {
 }
 
 port=$(free_port)
-redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
-  --protected-mode no --logfile "$work/redis.log" &
-redis_pid=$!
-for _ in $(seq 100); do
-  (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
-  sleep 0.05
-done
+start_redis() {  # an empty Redis without persistence on $port
+  redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+    --protected-mode no --logfile "$work/redis.log" &
+  redis_pid=$!
+  for _ in $(seq 100); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+    sleep 0.05
+  done
+}
+start_redis
 
 steps=30
 job=$scenario
@@ -194,6 +199,25 @@ case $scenario in
       [[ ${rc[$k]} == 0 ]] || fail "r${k}b exited ${rc[$k]}"
       passes r${k}b $k
       expect_line r${k}b "resumed at step (1[05]|[2-9][05]) from $work/ckpt"
+    done
+    "$py" "$here/elastic_torch.py" --check "$work" --steps "$steps" ||
+      fail "final states" ;;
+  redis_restarted)
+    # Redis killed and started again empty in the middle of training: the
+    # replicas write their record back and train on at DP_REPLICATE=3, no
+    # membership change, every final state equal to one process.
+    args=(--pace_ms 100)
+    launch 0 r0 mpirun; launch 1 r1 torchrun; launch 2 r2 mpirun
+    for k in 0 1 2; do wait_for r$k "step 5 committed" 60; done
+    kill -KILL "$redis_pid"; wait "$redis_pid" 2>/dev/null
+    start_redis
+    echo "redis restarted empty at $((SECONDS - start_time)) s"
+    finish 0; finish 1; finish 2
+    for k in 0 1 2; do
+      [[ ${rc[$k]} == 0 ]] || fail "r$k exited ${rc[$k]}"
+      passes r$k $k
+      grep -qE "recovery: epoch" "$work/r$k.out" &&
+        fail "r$k: the membership changed after the restart"
     done
     "$py" "$here/elastic_torch.py" --check "$work" --steps "$steps" ||
       fail "final states" ;;
