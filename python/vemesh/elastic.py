@@ -331,7 +331,10 @@ class ElasticMesh:
         status = status_of(error)
         if status is not None and status[0] not in _MEMBERSHIP_CODES:
             self._step_error = error
-        return self._h.end_step(status)
+        verdict = self._h.end_step(status)
+        if verdict.committed:
+            self._step_error = None  # the failures in a row are over
+        return verdict
 
     def recover(self, committed_steps: int) -> Recovery:
         """Collective over the survivors: the next epoch (the state carried to
@@ -345,8 +348,6 @@ class ElasticMesh:
             if cause is not None and e.__cause__ is None:
                 raise e from cause
             raise
-        if r.step_code is None or r.step_code in _MEMBERSHIP_CODES:
-            self._step_error = None
         return r
 
     # What the mesh is now.

@@ -135,7 +135,7 @@ def run(args) -> int:
                 # Shrunk: keep training until the replica is back.
                 progress["target"] = max(progress["target"], progress["step"] + 2)
             print(f"step {progress['step']} committed DP={replicate.size()} "
-                  f"at={int(time.time() * 1000)}", flush=True)
+                  f"at={time.time() * 1000:.2f}", flush=True)
             if ck is not None and ck.maybe_save(v):
                 print(f"checkpoint: step {progress['step']} saved", flush=True)
         if v.recover:
@@ -195,6 +195,29 @@ def check(args) -> int:
     return 0
 
 
+def run_plain(args) -> int:
+    """The same job on an ordinary (3, 2) mesh in one launch of 6 ranks, its
+    DP_REPLICATE group Gloo as the elastic one is: the baseline of
+    bench/RESULTS.md's steady-state step time (no end_step)."""
+    torch.set_num_threads(1)
+    mesh = vemesh.init_device_mesh("cpu", (FULL, 2),
+                                   mesh_dim_names=("DP_REPLICATE", "DP_SHARD"),
+                                   backend_override={"DP_REPLICATE": "gloo"})
+    model, opt = build()
+    shard, replicate = mesh.get_group("DP_SHARD"), mesh.get_group("DP_REPLICATE")
+    for step in range(args.steps):
+        x, y = batch(step)
+        per = BATCH // (replicate.size() * shard.size())
+        lo = (replicate.rank() * shard.size() + shard.rank()) * per
+        opt.zero_grad()
+        (((model(x[lo:lo + per]) - y[lo:lo + per]) ** 2).sum() / BATCH).backward()
+        vemesh.torch.elastic.all_reduce_gradients(model, [shard, replicate])
+        opt.step()
+        print(f"step {step + 1} committed DP={replicate.size()} "
+              f"at={time.time() * 1000:.2f}", flush=True)
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--store")
@@ -211,12 +234,13 @@ def main() -> int:
     p.add_argument("--fingerprint_every", type=int, default=0)
     p.add_argument("--ckpt_dir")
     p.add_argument("--ckpt_every", type=int, default=5)
+    p.add_argument("--plain", action="store_true")
     p.add_argument("--check")
     args = p.parse_args()
     if args.check:
         return check(args)
     import vemesh.torch  # noqa: F401  (vemesh.torch.elastic)
-    return run(args)
+    return run_plain(args) if args.plain else run(args)
 
 
 if __name__ == "__main__":

@@ -264,8 +264,8 @@ import re, statistics, sys
 work = sys.argv[1]
 kills = [int(l.split()[0]) for l in open(f"{work}/kills")]
 out = open(f"{work}/r0.out").read()
-steps = [(int(m.group(2)), int(m.group(1))) for m in
-         re.finditer(r"committed DP=(\d) at=(\d+)", out)]
+steps = [(float(m.group(2)), int(m.group(1))) for m in
+         re.finditer(r"committed DP=(\d) at=([\d.]+)", out)]
 def records(dp):
     # One record per epoch (both ranks of the replica print it: the first).
     seen = {}
@@ -293,6 +293,37 @@ for i, ph in enumerate(("detect", "agree", "build", "state")):
 grows = records(3)
 for i, ph in enumerate(("agree", "build", "state")):
     stats(f"grow to DP_REPLICATE=3 (survivor's record): {ph}", [r[i + 1] for r in grows])
+PYEOF
+    ;;
+  overhead)
+    # bench/RESULTS.md: steady-state step time of the same torch job, PAIRS
+    # times each: not elastic (one mpirun of 6 ranks, a Gloo DP_REPLICATE
+    # group) and elastic (three mpirun launches of 2 ranks). The step time
+    # is the median interval between rank 0's commits after the first 50.
+    steps=${STEPS:-400}; args=(); pairs=${PAIRS:-3}
+    limit=${ELASTIC_LIMIT:-900}
+    for i in $(seq "$pairs"); do
+      mpirun -n 6 --bind-to none "$py" "$here/elastic_torch.py" --plain \
+        --steps "$steps" >"$work/plain.$i.out" 2>&1 &
+      launcher[9]=$!; finish 9
+      job=overhead.$i
+      launch 0 "el.$i" mpirun; launch 1 "el1.$i" mpirun; launch 2 "el2.$i" mpirun
+      finish 0; finish 1; finish 2
+    done
+    "$py" - "$work" "$pairs" <<'PYEOF'
+import re, statistics, sys
+work, pairs = sys.argv[1], int(sys.argv[2])
+def step_ms(path):
+    ats = {}
+    for m in re.finditer(r"step (\d+) committed DP=3 at=([\d.]+)", open(path).read()):
+        ats.setdefault(int(m.group(1)), float(m.group(2)))  # the first rank's
+    keys = sorted(k for k in ats if k > 50)
+    d = [ats[b] - ats[a] for a, b in zip(keys, keys[1:]) if b == a + 1]
+    return statistics.median(d), statistics.mean(d)
+for i in range(1, pairs + 1):
+    p, e = step_ms(f"{work}/plain.{i}.out"), step_ms(f"{work}/el.{i}.out")
+    print(f"pair {i}: not elastic median {p[0]:.2f} ms (mean {p[1]:.2f}), "
+          f"elastic median {e[0]:.2f} ms (mean {e[1]:.2f}), median ratio {e[0] / p[0]:.2f}")
 PYEOF
     ;;
   *) echo "unknown scenario $scenario"; exit 2 ;;
