@@ -17,9 +17,11 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "communicator_py.h"
+#include "elastic_py.h"
 #include "errors.h"
 #include "vemesh/layout/device_type.h"
 #include "vemesh/mesh/device_mesh.h"
+#include "vemesh/registry/ve_device_mesh.h"
 
 namespace py = pybind11;
 
@@ -241,25 +243,40 @@ void RegisterDeviceMesh(py::module_& m) {
       [](const std::string& device_type, std::vector<int64_t> mesh_shape,
          const py::object& mesh_dim_names, std::optional<double> timeout,
          std::optional<std::string> backend,
-         std::optional<std::map<std::string, std::string>> backend_override) {
+         std::optional<std::map<std::string, std::string>> backend_override,
+         const py::object& elastic) {
         const std::vector<std::string> names = NamesFrom(mesh_dim_names);
         const MeshOptions o = MeshOptionsFrom(timeout, std::move(backend),
                                               std::move(backend_override));
+        std::optional<ElasticOptions> el = ElasticOptionsFrom(elastic);
         absl::StatusOr<DeviceMesh> mesh;
         {
           py::gil_scoped_release nogil;
-          mesh = init_device_mesh(device_type, mesh_shape, names, o);
+          if (el) {
+            // The elastic mesh lives in the registry (it replaces the
+            // registry's mesh at every membership epoch).
+            InitOptions io;
+            io.mesh = o;
+            io.elastic = el;
+            mesh = VeDeviceMesh::Instance().init_device_mesh(
+                device_type, mesh_shape, names, std::move(io));
+          } else {
+            mesh = init_device_mesh(device_type, mesh_shape, names, o);
+          }
         }
+        if (mesh.ok() && el) NoteElasticInit(*el);
         return Unwrap(std::move(mesh));
       },
       py::arg("device_type"), py::arg("mesh_shape"),
       py::arg("mesh_dim_names") = py::none(), py::kw_only(),
       py::arg("timeout") = py::none(), py::arg("backend") = py::none(),
-      py::arg("backend_override") = py::none(),
+      py::arg("backend_override") = py::none(), py::arg("elastic") = py::none(),
       "Collective over the job: PyTorch's init_device_mesh. device_type is "
       "'cpu', 'cuda', 'cuda:N' or 'meta'. Beyond PyTorch: timeout (seconds "
-      "to wait for every rank), backend ('mpi', 'gloo', 'nccl') and "
-      "backend_override ({dim: backend}).");
+      "to wait for every rank), backend ('mpi', 'gloo', 'nccl'), "
+      "backend_override ({dim: backend}) and elastic (a vemesh.ElasticOptions: "
+      "an elastic job through VESCALE_DEVICE_MESH, whose mesh this returns; "
+      "see vemesh.elastic).");
 }
 
 }  // namespace vemesh::python

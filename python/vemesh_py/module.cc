@@ -3,10 +3,11 @@
 // The `vemesh._C` extension module (python/vemesh/__init__.py re-exports
 // it): the registry (VESCALE_DEVICE_MESH), the DeviceMesh and
 // init_device_mesh, Communicator and Work, the errors and checkpoints
-// (_checkpoint, vemesh.checkpoint's C++ part). At import, a process
-// started by an MPI launcher (mpirun, srun) starts MPI here, as the C++
-// programs do at the top of main (examples/train_nd), and vemesh finalises it
-// at exit; under torchrun (env://) MPI is never touched.
+// (_checkpoint, vemesh.checkpoint's C++ part), the elastic mesh
+// (ElasticOptions, Recovery, _ElasticMesh: vemesh.elastic's C++ part). At
+// import, a process started by an MPI launcher (mpirun, srun) starts MPI here,
+// as the C++ programs do at the top of main (examples/train_nd), and vemesh
+// finalises it at exit; under torchrun (env://) MPI is never touched.
 
 #include <pybind11/pybind11.h>
 
@@ -20,6 +21,7 @@
 #include "checkpoint_py.h"
 #include "communicator_py.h"
 #include "device_mesh_py.h"
+#include "elastic_py.h"
 #include "errors.h"
 #include "registry_py.h"
 #include "vemesh/bootstrap/launch.h"
@@ -69,5 +71,6 @@ PYBIND11_MODULE(_C, m) {
   RegisterRegistry(m);
   RegisterBench(m);
   RegisterCheckpoint(m);
+  RegisterElastic(m);
   StartMpiIfLaunched();
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "device_mesh_py.h"
+#include "elastic_py.h"
 #include "errors.h"
 #include "vemesh/registry/ve_device_mesh.h"
 
@@ -31,10 +32,13 @@ DeviceMesh Init(Reg& r, const std::string& device_type,
                 const py::object& mesh_dim_names, bool check_uniqueness,
                 std::optional<double> timeout,
                 std::optional<std::string> backend,
-                std::optional<std::map<std::string, std::string>> override) {
+                std::optional<std::map<std::string, std::string>> override,
+                const py::object& elastic) {
   InitOptions o;
   o.mesh = MeshOptionsFrom(timeout, std::move(backend), std::move(override));
   o.check_uniqueness = check_uniqueness;
+  o.elastic = ElasticOptionsFrom(elastic);
+  const std::optional<ElasticOptions> el = o.elastic;
   std::vector<std::string> names = NamesFrom(mesh_dim_names);
   absl::StatusOr<DeviceMesh> mesh;
   {
@@ -42,6 +46,7 @@ DeviceMesh Init(Reg& r, const std::string& device_type,
     mesh = r.init_device_mesh(device_type, std::move(mesh_shape),
                               std::move(names), std::move(o));
   }
+  if (mesh.ok() && el) NoteElasticInit(*el);
   return Unwrap(std::move(mesh));
 }
 
@@ -71,9 +76,17 @@ void RegisterRegistry(py::module_& m) {
           py::arg("check_uniqueness") = false, py::arg("timeout") = py::none(),
           py::arg("backend") = py::none(),
           py::arg("backend_override") = py::none(),
+          py::arg("elastic") = py::none(),
           "Collective: builds the global mesh and makes it current. "
           "check_uniqueness: a second init raises (ALREADY_EXISTS) instead "
-          "of replacing the mesh.")
+          "of replacing the mesh. elastic: a vemesh.ElasticOptions (or a "
+          "dict of its fields): the dimension elastic.replica_dim spans one "
+          "launch per replica and follows the membership "
+          "(vemesh.elastic, docs/TORCH.md).")
+      .def(
+          "_elastic", [](const Reg&) { return CurrentElastic(); },
+          "The elastic mesh of the current init (a _C._ElasticMesh), or "
+          "None; vemesh.elastic wraps it as VESCALE_DEVICE_MESH.elastic().")
       .def("get",
            [](Reg& r, const py::kwargs& kwargs) {
              // veScale: get(**init_device_mesh kwargs) initialises first.

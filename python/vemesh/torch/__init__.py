@@ -19,3 +19,4 @@ from .tensor_parallel import (  # noqa: E402,F401
     scatter_to_tensor_parallel_region)
 from .fsdp import (FullyShardedDataParallel, ShardingStrategy,  # noqa: F401
                    StateDictType)
+from . import elastic  # noqa: F401,E402  (torch state and gradients on the elastic mesh)
