@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "errors.h"
 #include "tensor_buffer.h"
+#include "vemesh/comm/gloo/gloo_communicator.h"
 #include "vemesh/comm/operation.h"
 #include "vemesh/comm/work.h"
 
@@ -543,6 +544,29 @@ void RegisterCommunicator(py::module_& m) {
           },
           py::arg("tensor"), py::arg("src"), py::kw_only(),
           py::arg("global_rank") = false, py::arg("async_op") = false)
+      .def(
+          "subgroup",
+          [](const CommPtr& c, const std::string& name,
+             std::vector<int> members) -> CommPtr {
+            std::shared_ptr<GlooCommunicator> gloo = GlooCommunicator::Of(c);
+            if (gloo == nullptr) {
+              RaiseStatus(absl::InvalidArgumentError(absl::StrCat(
+                  "subgroup '", name,
+                  "': a group of some members only is "
+                  "made on a Gloo group; this one is ",
+                  c->backend(), " (make it a mesh dimension instead)")));
+            }
+            absl::StatusOr<std::shared_ptr<GlooCommunicator>> out;
+            {
+              py::gil_scoped_release nogil;
+              out = gloo->subgroup(name, std::move(members));
+            }
+            return Unwrap(std::move(out));
+          },
+          py::arg("name"), py::arg("members"),
+          "Collective over `members` only (group ranks, in the new group's "
+          "order, this rank among them; the same `name`, fresh within this "
+          "group, on each): a Gloo group of those ranks. Gloo groups only.")
       .def("barrier", &Barrier, py::arg("async_op") = false)
       // The C++ spellings of the asynchronous forms.
       .def(
