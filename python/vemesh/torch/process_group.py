@@ -149,7 +149,7 @@ class ProcessGroupVemesh(ProcessGroup):
         def plan():
             t = _one(tensors, "allreduce", "tensors")
             op = _reduce_op(opts, "allreduce")
-            self._check(t, "tensor", writable=True)
+            self._check(t, "tensor")
             return (_summary("all_reduce", t, op=op),
                     lambda: self._work("all_reduce", [self._comm.all_reduce(
                         _data(t), op=op, async_op=True)], [t]))
@@ -160,7 +160,7 @@ class ProcessGroupVemesh(ProcessGroup):
             ts = _list(tensors, "allreduce_coalesced", "tensors")
             op = _reduce_op(opts, "allreduce_coalesced")
             for t in ts:
-                self._check(t, "tensors[i]", writable=True)
+                self._check(t, "tensors[i]")
             _same_dtype(ts, "allreduce_coalesced")
             flat = torch.cat([t.reshape(-1) for t in ts]) if ts else None
 
@@ -183,7 +183,7 @@ class ProcessGroupVemesh(ProcessGroup):
             if getattr(opts, "rootTensor", 0) != 0:
                 raise _Refused("broadcast: rootTensor must be 0 (one tensor "
                                "per rank)")
-            self._check(t, "tensor", writable=True)
+            self._check(t, "tensor")
             return (_summary("broadcast", t, root=root),
                     lambda: self._work("broadcast", [self._comm.broadcast(
                         _data(t), src=root, async_op=True)], [t]))
@@ -194,7 +194,7 @@ class ProcessGroupVemesh(ProcessGroup):
             t = _one(tensors, "reduce", "tensors")
             op = _reduce_op(opts, "reduce")
             root = self._root(getattr(opts, "rootRank", 0), "reduce")
-            self._check(t, "tensor", writable=True)
+            self._check(t, "tensor")
 
             def start():
                 if root == self.rank():
@@ -227,7 +227,7 @@ class ProcessGroupVemesh(ProcessGroup):
     def _allgather_base(self, output, input, opts=None):  # noqa: A002
         def plan():
             self._check(input, "input")
-            self._check(output, "output", writable=True)
+            self._check(output, "output")
             _same_dtype([output, input], "all_gather_into_tensor")
             if output.numel() != self.size() * input.numel():
                 raise _Refused(
@@ -295,7 +295,7 @@ class ProcessGroupVemesh(ProcessGroup):
         def plan():
             t = _one(output_tensors, "scatter", "output_tensors")
             root = self._root(getattr(opts, "rootRank", 0), "scatter")
-            self._check(t, "output tensor", writable=True)
+            self._check(t, "output tensor")
             if root == self.rank():
                 ins = _one(input_tensors, "scatter", "input_tensors",
                            is_list=True)
@@ -314,7 +314,7 @@ class ProcessGroupVemesh(ProcessGroup):
             ins = _one(input_tensors, "reduce_scatter", "input_tensors",
                        is_list=True)
             op = _reduce_op(opts, "reduce_scatter")
-            self._check(t, "output tensor", writable=True)
+            self._check(t, "output tensor")
             self._blocks(ins, t, "reduce_scatter", "input list")
             flat = torch.cat([x.reshape(-1) for x in ins])
             return (_summary("reduce_scatter", t, op=op),
@@ -326,7 +326,7 @@ class ProcessGroupVemesh(ProcessGroup):
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
         def plan():
             op = _reduce_op(opts, "reduce_scatter_tensor")
-            self._check(output, "output", writable=True)
+            self._check(output, "output")
             self._check(input, "input")
             _same_dtype([output, input], "reduce_scatter_tensor")
             if input.numel() != self.size() * output.numel():
@@ -344,20 +344,12 @@ class ProcessGroupVemesh(ProcessGroup):
     def alltoall_base(self, output, input, output_split_sizes,  # noqa: A002
                       input_split_sizes, opts=None):
         def plan():
-            self._check(output, "output", writable=True)
+            self._check(output, "output")
             self._check(input, "input")
             _same_dtype([output, input], "all_to_all_single")
             n = self.size()
-            if not output_split_sizes and not input_split_sizes:
-                if output.numel() != input.numel() or input.numel() % n:
-                    raise _Refused(
-                        f"all_to_all_single: output has {output.numel()} and "
-                        f"input {input.numel()} elements: expected the same "
-                        f"number, a multiple of the group size ({n})")
-                return (_summary("all_to_all", input),
-                        lambda: self._work("all_to_all", [
-                            self._comm.all_to_all(_data(output), _data(input),
-                                                  async_op=True)], [output]))
+            # Always the counted form: a rank that gives split sizes and one
+            # that leaves them out (equal) then still pair up.
             out_counts = _split_counts(output, output_split_sizes, n,
                                        "output_split_sizes")
             in_counts = _split_counts(input, input_split_sizes, n,
@@ -421,7 +413,7 @@ class ProcessGroupVemesh(ProcessGroup):
         t = _one(tensors, "recv", "tensors")
         _no_tag(tag, "recv")
         self._peer(srcRank, "recv")
-        self._check(t, "tensor", writable=True)
+        self._check(t, "tensor")
         return self._work("recv", [self._comm.recv(_data(t), srcRank,
                                                    async_op=True)], [t],
                           source_rank=srcRank)
@@ -504,7 +496,7 @@ class ProcessGroupVemesh(ProcessGroup):
                             f"same count list): rank {a} sends {sent} "
                             f"elements to rank {b}, which expects {expected}")
 
-    def _check(self, t, what, writable=False):
+    def _check(self, t, what):
         if not isinstance(t, torch.Tensor):
             raise _Refused(f"{what}: expected a torch.Tensor, got "
                            f"{type(t).__name__}")
