@@ -167,12 +167,6 @@ class Work(_TorchWork):
             self._settle()
 
 
-def completed(name, result):
-    """A Work that finished when it was made (an operation with nothing to
-    move)."""
-    return Work(name, [], result)
-
-
 def _seconds(timeout):
     if timeout is None:
         return None
