@@ -9,8 +9,8 @@ input raises on every rank. No torch default group is made here.
 """
 import os
 import sys
+import time
 
-import numpy as np
 import pytest
 
 import vemesh
@@ -253,6 +253,21 @@ def test_async_works(pg):
     assert [o[0].item() for o in outs] == [0.0, 1.0, 2.0, 3.0]
     w = dist.barrier(group=pg, async_op=True)
     w.wait()
+    # The group's own methods, as torch's ProcessGroup has them.
+    t = torch.ones(3)
+    pg.allreduce([t]).wait()
+    pg.allreduce([t], dist.ReduceOp.MAX).wait()
+    assert t.tolist() == [4.0] * 3
+
+
+def all_settled():
+    """Every Work was waited for or had its future set: none is kept."""
+    from vemesh.torch import work
+    for _ in range(100):  # the completer settles just after set_result
+        if not work._UNSETTLED:
+            return True
+        time.sleep(0.01)
+    return False
 
 
 # -- torch's DDP on a vemesh group equals one process ------------------------
@@ -297,6 +312,7 @@ def test_ddp_equals_one_process(pg, bucket_cap_mb):
         opt.step()
     for p, want in zip(model.parameters(), one_process(steps, size)):
         torch.testing.assert_close(p.detach(), want, rtol=1e-12, atol=1e-12)
+    assert all_settled()
 
 
 def test_ddp_on_the_dp_dimension_of_a_2d_mesh(mesh2d):
