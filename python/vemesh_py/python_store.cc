@@ -1,10 +1,8 @@
 #include "python_store.h"
 
-#include <pybind11/chrono.h>
 #include <pybind11/stl.h>
 
 #include <algorithm>
-#include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -19,14 +17,6 @@ namespace {
 absl::Status FromPython(py::error_already_set& e, absl::StatusCode code,
                         absl::string_view what) {
   return absl::Status(code, absl::StrCat("torch store ", what, ": ", e.what()));
-}
-
-std::chrono::milliseconds Until(absl::Time deadline) {
-  const absl::Duration left =
-      std::max(deadline - absl::Now(), absl::Milliseconds(1));
-  // An infinite deadline: a day, torch's timedelta has a bound.
-  return std::chrono::milliseconds(
-      absl::ToInt64Milliseconds(std::min(left, absl::Hours(24))));
 }
 
 py::bytes Bytes(absl::string_view s) { return py::bytes(s.data(), s.size()); }
@@ -82,19 +72,30 @@ absl::StatusOr<std::string> PythonStore::get(absl::string_view key) {
 absl::Status PythonStore::wait(absl::Span<const std::string> keys,
                                absl::Time deadline) {
   if (absl::Status s = CheckStoreKeys(keys); !s.ok()) return s;
-  py::gil_scoped_acquire gil;
-  try {
-    store_.attr("wait")(std::vector<std::string>(keys.begin(), keys.end()),
-                        Until(deadline));
-  } catch (py::error_already_set& e) {
-    const bool late = absl::Now() >= deadline;
-    return FromPython(e,
-                      late ? absl::StatusCode::kDeadlineExceeded
-                           : absl::StatusCode::kUnavailable,
-                      absl::StrCat("wait for ", keys.size(), " keys (",
-                                   keys.empty() ? "" : keys[0], "...)"));
+  // Polled with get, never torch's wait: a torch wait that times out leaves
+  // its TCPStore client a reply it no longer expects (the server answers
+  // once the key is set), which the next request of that client - torch's
+  // own, on its default store - would read as its answer.
+  absl::Duration pause = absl::Milliseconds(1);
+  size_t present = 0;  // keys are never removed while waited for
+  for (;;) {
+    while (present < keys.size()) {
+      absl::StatusOr<std::string> value = get(keys[present]);
+      if (absl::IsNotFound(value.status())) break;
+      if (!value.ok()) return value.status();
+      ++present;
+    }
+    if (present == keys.size()) return absl::OkStatus();
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "torch store: ", keys.size() - present, " of ", keys.size(),
+          " keys not set by the deadline (first missing: ", keys[present],
+          ")"));
+    }
+    absl::SleepFor(std::min(pause, deadline - now));
+    pause = std::min(pause * 2, absl::Milliseconds(20));
   }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<int64_t> PythonStore::add(absl::string_view key, int64_t delta) {
@@ -113,17 +114,9 @@ absl::StatusOr<std::string> PythonStore::compare_set(
   if (absl::Status s = CheckStoreValue(key, desired); !s.ok()) return s;
   py::gil_scoped_acquire gil;
   try {
-    const std::string k(key);
-    std::string now =
-        store_.attr("compare_set")(k, Bytes(expected), Bytes(desired))
-            .cast<std::string>();
-    // torch 1.13's TCPStore wakes no waiter on a compare_set: the same
-    // value set again does (no other writer can change it in between, as
-    // compare_set only replaces `expected`).
-    if (now == desired && expected != desired) {
-      store_.attr("set")(k, Bytes(desired));
-    }
-    return now;
+    return store_
+        .attr("compare_set")(std::string(key), Bytes(expected), Bytes(desired))
+        .cast<std::string>();
   } catch (py::error_already_set& e) {
     return FromPython(e, absl::StatusCode::kUnavailable, "compare_set");
   }

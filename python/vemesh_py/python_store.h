@@ -9,9 +9,11 @@
 //   s->set("vemesh/meet/0", "10.0.0.1 41234");
 //
 // Every call takes the GIL (callers hold it or not). get never blocks, as a
-// vemesh Store's must: an absent key is NotFound after a 1 ms wait (torch
-// 1.13's Store has no non-blocking lookup). A torch error is Unavailable
-// with its text, or DeadlineExceeded for a wait past its deadline.
+// vemesh Store's must: torch 1.13's Store has no non-blocking lookup, so it
+// is a compare_set that stores nothing. wait polls get (1 ms, doubling to
+// 20 ms) rather than calling torch's wait, whose timeout leaves its TCPStore
+// client a late reply that the next request would read. A torch error is
+// Unavailable with its text; a wait past its deadline, DeadlineExceeded.
 
 #ifndef VEMESH_PYTHON_PYTHON_STORE_H_
 #define VEMESH_PYTHON_PYTHON_STORE_H_
