@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "errors.h"
 #include "tensor_buffer.h"
+#include "vemesh/comm/gloo/gloo_communicator.h"
 #include "vemesh/comm/operation.h"
 #include "vemesh/comm/work.h"
 
@@ -301,6 +302,84 @@ py::object TwoBuffers(const CommPtr& c, OpKind kind, const char* name,
       c, [&] { return c->start(std::move(o)); }, std::move(bufs), async_op);
 }
 
+// reduce, gather and scatter: a rooted operation whose buffer on the other
+// side of the root may be None elsewhere (gather's out, scatter's inp,
+// reduce's out).
+py::object Rooted(const CommPtr& c, OpKind kind, const char* name,
+                  py::handle out, py::handle inp, int root,
+                  const std::string& op, bool async_op) {
+  const bool at_root = root == c->rank();
+  std::vector<TensorBuffer> bufs;
+  const bool out_at_root_only = kind != OpKind::kScatter;
+  const bool need_out = !out_at_root_only || at_root;
+  const bool need_inp = kind != OpKind::kScatter || at_root;
+  if (need_out || !out.is_none()) {
+    bufs.push_back(Buffer(*c, out, "out", true));
+  }
+  if (need_inp || !inp.is_none()) {
+    bufs.push_back(Buffer(*c, inp, "inp", false));
+  }
+  if (bufs.size() == 2) SameType(bufs[0], bufs[1], name);
+  const TensorBuffer* o_buf = need_out || !out.is_none() ? &bufs[0] : nullptr;
+  const TensorBuffer* i_buf =
+      need_inp || !inp.is_none() ? &bufs[bufs.size() - 1] : nullptr;
+  const size_t n = static_cast<size_t>(c->size());
+  Operation o;
+  o.kind = kind;
+  o.root = root;
+  o.op = ParseOp(op);
+  o.type = (o_buf != nullptr ? o_buf : i_buf)->type();
+  o.send = need_inp ? i_buf->data() : nullptr;
+  o.recv = need_out ? o_buf->data() : nullptr;
+  std::string expected;
+  if (kind == OpKind::kReduce) {
+    o.count = i_buf->count();
+    if (at_root && o_buf->count() != o.count) {
+      expected =
+          absl::StrCat("out of the same length as inp (", i_buf->count(), ")");
+    }
+  } else if (kind == OpKind::kGather) {
+    o.count = i_buf->count();
+    if (at_root && o_buf->count() != o.count * n) {
+      expected = absl::StrCat("out to hold group size (", n, ") x ", o.count,
+                              " = ", o.count * n, " elements");
+    }
+  } else {
+    o.count = o_buf->count();
+    if (at_root && i_buf->count() != o.count * n) {
+      expected = absl::StrCat("inp to hold group size (", n, ") x ", o.count,
+                              " = ", o.count * n, " elements");
+    }
+  }
+  if (!expected.empty()) {
+    RaiseStatus(absl::InvalidArgumentError(
+        absl::StrCat(name, ": out is ", o_buf->Describe(), " and inp is ",
+                     i_buf->Describe(), "; expected ", expected)));
+  }
+  return Launch(
+      c, [&] { return c->start(std::move(o)); }, std::move(bufs), async_op);
+}
+
+// all_to_all with a count per peer (PyTorch's all_to_all_single with split
+// sizes): out_counts[i] elements from rank i, in_counts[i] to rank i.
+py::object AllToAllV(const CommPtr& c, py::handle out,
+                     std::vector<size_t> out_counts, py::handle inp,
+                     std::vector<size_t> in_counts, bool async_op) {
+  std::vector<TensorBuffer> bufs;
+  bufs.push_back(Buffer(*c, out, "out", true));
+  bufs.push_back(Buffer(*c, inp, "inp", false));
+  SameType(bufs[0], bufs[1], "all_to_all_v");
+  Operation o;
+  o.kind = OpKind::kAllToAllV;
+  o.send = bufs[1].data();
+  o.recv = bufs[0].data();
+  o.type = bufs[0].type();
+  o.send_counts = std::move(in_counts);
+  o.recv_counts = std::move(out_counts);
+  return Launch(
+      c, [&] { return c->start(std::move(o)); }, std::move(bufs), async_op);
+}
+
 int PeerOf(const CommPtr& c, int peer, bool global) {
   if (!global) return peer;
   return Unwrap(c->group_rank(peer));
@@ -416,6 +495,42 @@ void RegisterCommunicator(py::module_& m) {
           },
           py::arg("out"), py::arg("inp"), py::arg("async_op") = false)
       .def(
+          "reduce",
+          [](const CommPtr& c, py::handle out, py::handle inp, int dst,
+             const std::string& op, bool a) {
+            return Rooted(c, OpKind::kReduce, "reduce", out, inp, dst, op, a);
+          },
+          py::arg("out"), py::arg("inp"), py::arg("dst"), py::arg("op") = "sum",
+          py::arg("async_op") = false,
+          "The reduction of every rank's inp into out at group rank dst (out "
+          "may be None elsewhere; out and inp are distinct buffers).")
+      .def(
+          "gather",
+          [](const CommPtr& c, py::handle out, py::handle inp, int dst,
+             bool a) {
+            return Rooted(c, OpKind::kGather, "gather", out, inp, dst, "sum",
+                          a);
+          },
+          py::arg("out"), py::arg("inp"), py::arg("dst"),
+          py::arg("async_op") = false,
+          "Every rank's inp, in rank order, into out at group rank dst (out "
+          "may be None elsewhere).")
+      .def(
+          "scatter",
+          [](const CommPtr& c, py::handle out, py::handle inp, int src,
+             bool a) {
+            return Rooted(c, OpKind::kScatter, "scatter", out, inp, src, "sum",
+                          a);
+          },
+          py::arg("out"), py::arg("inp"), py::arg("src"),
+          py::arg("async_op") = false,
+          "Block i of inp at group rank src into out at rank i (inp may be "
+          "None elsewhere).")
+      .def("all_to_all_v", &AllToAllV, py::arg("out"), py::arg("out_counts"),
+           py::arg("inp"), py::arg("in_counts"), py::arg("async_op") = false,
+           "all_to_all with a count per peer: in_counts[i] elements of inp "
+           "(in rank order) to rank i, out_counts[i] from rank i into out.")
+      .def(
           "send",
           [](const CommPtr& c, py::handle t, int dst, bool global, bool a) {
             return PointToPoint(c, t, dst, true, global, a);
@@ -429,6 +544,29 @@ void RegisterCommunicator(py::module_& m) {
           },
           py::arg("tensor"), py::arg("src"), py::kw_only(),
           py::arg("global_rank") = false, py::arg("async_op") = false)
+      .def(
+          "subgroup",
+          [](const CommPtr& c, const std::string& name,
+             std::vector<int> members) -> CommPtr {
+            std::shared_ptr<GlooCommunicator> gloo = GlooCommunicator::Of(c);
+            if (gloo == nullptr) {
+              RaiseStatus(absl::InvalidArgumentError(absl::StrCat(
+                  "subgroup '", name,
+                  "': a group of some members only is "
+                  "made on a Gloo group; this one is ",
+                  c->backend(), " (make it a mesh dimension instead)")));
+            }
+            absl::StatusOr<std::shared_ptr<GlooCommunicator>> out;
+            {
+              py::gil_scoped_release nogil;
+              out = gloo->subgroup(name, std::move(members));
+            }
+            return Unwrap(std::move(out));
+          },
+          py::arg("name"), py::arg("members"),
+          "Collective over `members` only (group ranks, in the new group's "
+          "order, this rank among them; the same `name`, fresh within this "
+          "group, on each): a Gloo group of those ranks. Gloo groups only.")
       .def("barrier", &Barrier, py::arg("async_op") = false)
       // The C++ spellings of the asynchronous forms.
       .def(

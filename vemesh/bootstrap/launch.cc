@@ -177,6 +177,36 @@ struct EnvLaunch {
   std::shared_ptr<Bootstrap> bootstrap;
 };
 
+std::mutex& PolicyMutex() {
+  static auto* mu = new std::mutex();
+  return *mu;
+}
+EnvLaunchPolicy& Policy() {
+  static auto* policy = new EnvLaunchPolicy();
+  return *policy;
+}
+
+// Every rank reached the store and agrees on WORLD_SIZE before any mesh is
+// made: a rank with another WORLD_SIZE is named here.
+absl::Status AgreeOnWorldSize(Bootstrap& bootstrap, const LaunchInfo& info,
+                              absl::Time deadline) {
+  auto sizes = bootstrap.all_gather(absl::StrCat(info.world_size), deadline);
+  if (!sizes.ok()) {
+    return absl::Status(
+        sizes.status().code(),
+        absl::StrCat("env:// launch: ", sizes.status().message()));
+  }
+  for (size_t r = 0; r < sizes->size(); ++r) {
+    if ((*sizes)[r] != (*sizes)[0]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "env:// launch: rank ", r, " has WORLD_SIZE=", (*sizes)[r],
+          " but rank 0 has WORLD_SIZE=", (*sizes)[0],
+          ": every rank must be started with the same WORLD_SIZE"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::shared_ptr<Bootstrap>> MakeEnvBootstrap(
     const LaunchInfo& info, absl::Time deadline, EnvLaunch* keep) {
   std::string prefix = "vemesh";
@@ -209,23 +239,75 @@ absl::StatusOr<std::shared_ptr<Bootstrap>> MakeEnvBootstrap(
   // rank 0 gives a second job starting at the same moment a little time
   // to show itself before the first verdict.
   if (info.job_id.empty()) spec.settle = kClaimSettle;
-  VEMESH_ASSIGN_OR_RETURN(Rank0Store store, StartRank0Store(spec, deadline));
-  keep->server = std::move(store.server);
-  std::shared_ptr<StoreBootstrap> bootstrap = std::move(store.bootstrap);
-  // Every rank reached the store and agrees on WORLD_SIZE before any mesh
-  // is made: a rank with another WORLD_SIZE is named here.
-  auto sizes = bootstrap->all_gather(absl::StrCat(info.world_size), deadline);
-  if (!sizes.ok()) {
-    return absl::Status(
-        sizes.status().code(),
-        absl::StrCat("env:// launch: ", sizes.status().message()));
+
+  EnvLaunchPolicy policy;
+  {
+    std::lock_guard<std::mutex> lock(PolicyMutex());
+    policy = Policy();
   }
-  for (size_t r = 0; r < sizes->size(); ++r) {
-    if ((*sizes)[r] != (*sizes)[0]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "env:// launch: rank ", r, " has WORLD_SIZE=", (*sizes)[r],
-          " but rank 0 has WORLD_SIZE=", (*sizes)[0],
-          ": every rank must be started with the same WORLD_SIZE"));
+  ExternalStore meeting;
+  if (policy.meeting_store) {
+    VEMESH_ASSIGN_OR_RETURN(meeting, policy.meeting_store(info));
+  }
+  if (meeting.store == nullptr && !policy.release_master_port) {
+    // The store stays at MASTER_ADDR:MASTER_PORT for the life of the job.
+    VEMESH_ASSIGN_OR_RETURN(Rank0Store store, StartRank0Store(spec, deadline));
+    keep->server = std::move(store.server);
+    VEMESH_RETURN_IF_ERROR(AgreeOnWorldSize(*store.bootstrap, info, deadline));
+    return std::shared_ptr<Bootstrap>(std::move(store.bootstrap));
+  }
+
+  // The meeting: through the other library's store, or at MASTER_PORT for
+  // as long as it takes rank 0 to announce a port of its own.
+  std::shared_ptr<Bootstrap> meet;
+  std::unique_ptr<TcpStoreServer> meet_server;
+  if (meeting.store != nullptr) {
+    meet = std::make_shared<StoreBootstrap>(
+        meeting.store, info.rank, info.world_size,
+        absl::StrCat(prefix, "/meet"),
+        absl::StrCat(info.reason, ", met through ", meeting.description));
+  } else {
+    VEMESH_ASSIGN_OR_RETURN(Rank0Store met, StartRank0Store(spec, deadline));
+    meet_server = std::move(met.server);
+    meet = std::move(met.bootstrap);
+  }
+  Rank0StoreSpec own = spec;
+  own.port = 0;  // ephemeral, announced over the meeting
+  own.announce = meet.get();
+  own.address_name.clear();
+  own.settle = absl::ZeroDuration();  // a second job was caught at the meeting
+  if (meeting.store != nullptr) {
+    own.reason =
+        absl::StrCat(info.reason, "; met through ", meeting.description);
+  }
+  auto store = StartRank0Store(own, deadline);
+  if (!store.ok()) {
+    return absl::Status(
+        store.status().code(),
+        absl::StrCat(
+            store.status().message(),
+            meeting.store != nullptr
+                ? absl::StrCat(" (announced through ", meeting.description, ")")
+                : std::string(" (announced at MASTER_ADDR:"
+                              "MASTER_PORT)")));
+  }
+  // This rank is done with the meeting: its connection to MASTER_PORT
+  // closes first (the client side keeps any TIME_WAIT, not the port).
+  meet.reset();
+  keep->server = std::move(store->server);
+  std::shared_ptr<StoreBootstrap> bootstrap = std::move(store->bootstrap);
+  // Every rank has left the meeting once this round completes.
+  VEMESH_RETURN_IF_ERROR(AgreeOnWorldSize(*bootstrap, info, deadline));
+  if (meeting.store == nullptr) {
+    meet_server.reset();  // rank 0: MASTER_PORT is free again
+    // No rank goes on (to torch.distributed's init, which binds
+    // MASTER_PORT on rank 0 and connects to it elsewhere) before it is.
+    absl::Status s = bootstrap->barrier(deadline);
+    if (!s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat("env:// launch: giving MASTER_PORT "
+                                       "back: ",
+                                       s.message()));
     }
   }
   return std::shared_ptr<Bootstrap>(std::move(bootstrap));
@@ -315,6 +397,11 @@ absl::StatusOr<LaunchInfo> DetectLaunch() {
   info.kind = LaunchKind::kNone;
   info.reason = "no launcher variables: one process (MPI singleton)";
   return info;
+}
+
+void SetEnvLaunchPolicy(EnvLaunchPolicy policy) {
+  std::lock_guard<std::mutex> lock(PolicyMutex());
+  Policy() = std::move(policy);
 }
 
 absl::StatusOr<std::shared_ptr<Bootstrap>> LaunchBootstrap(

@@ -9,6 +9,7 @@
 //                             (LOCAL_RANK, LOCAL_WORLD_SIZE when given)
 //                             -> rank 0 hosts a TcpStore at
 //                                MASTER_ADDR:MASTER_PORT; StoreBootstrap
+//                                (beside torch.distributed: EnvLaunchPolicy)
 //   nothing                   -> one process: MpiBootstrap (an MPI singleton)
 //
 // VEMESH_BOOTSTRAP=mpi|env forces a choice. When both kinds of variable are
@@ -25,12 +26,14 @@
 #ifndef VEMESH_BOOTSTRAP_LAUNCH_H_
 #define VEMESH_BOOTSTRAP_LAUNCH_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "vemesh/bootstrap/bootstrap.h"
+#include "vemesh/rendezvous/store.h"
 
 namespace vemesh {
 
@@ -60,6 +63,36 @@ struct LaunchInfo {
 
 // Reads the environment; no communication.
 absl::StatusOr<LaunchInfo> DetectLaunch();
+
+// How an env:// launch shares the job with another library of the same
+// process that reads the same variables: torch.distributed's env://, whose
+// rank 0 hosts its own store at MASTER_ADDR:MASTER_PORT for as long as the
+// job lives. The Python module sets it at import (python/vemesh_py); C++
+// programs keep the defaults, under which rank 0 hosts vemesh's store at
+// MASTER_ADDR:MASTER_PORT until the process ends.
+//
+//   torch first   `meeting_store` gives torch's store: the ranks meet there
+//                 and rank 0 announces its own store's port through it;
+//                 MASTER_PORT is never touched.
+//   vemesh first  `release_master_port`: the ranks meet at MASTER_PORT as
+//                 usual (the job-id, token and rank-claimed-twice checks
+//                 included), rank 0 moves its store to a port of its own
+//                 (an ephemeral one, announced at the meeting), and
+//                 LaunchBootstrap returns on no rank before rank 0 closed
+//                 MASTER_PORT, so torch binds it after.
+struct ExternalStore {
+  std::shared_ptr<Store> store;  // null: none
+  std::string description;       // "torch.distributed's default store"
+};
+struct EnvLaunchPolicy {
+  bool release_master_port = false;
+  // Asked once per attempt of LaunchBootstrap under env://, before meeting
+  // at MASTER_PORT; its error fails the attempt.
+  std::function<absl::StatusOr<ExternalStore>(const LaunchInfo&)> meeting_store;
+};
+// Replaces the policy; takes effect at the next LaunchBootstrap that makes
+// the bootstrap (not once it is made).
+void SetEnvLaunchPolicy(EnvLaunchPolicy policy);
 
 // The process-wide bootstrap, made on first call (collective: every rank of
 // the job calls it) and kept for the life of the process, since under

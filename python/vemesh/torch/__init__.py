@@ -20,3 +20,7 @@ from .tensor_parallel import (  # noqa: E402,F401
 from .fsdp import (FullyShardedDataParallel, ShardingStrategy,  # noqa: F401
                    StateDictType)
 from . import elastic  # noqa: F401,E402  (torch state and gradients on the elastic mesh)
+from .work import Work  # noqa: E402,F401
+from .process_group import (  # noqa: E402,F401
+    BACKEND, ProcessGroupVemesh, as_process_group)
+from . import backend  # noqa: E402,F401  (registers "vemesh" with torch)

@@ -188,6 +188,11 @@ class GlooCommunicator final : public Communicator {
   // CreateLazy world), else nullptr. A function of this file rather than a
   // dynamic_cast at the caller: a build without Gloo has no type info.
   static GlooCommunicator* UnconnectedWorld(Communicator* comm);
+  // `comm` as a GlooCommunicator (sharing its ownership), or null when it is
+  // another backend's (or a wrapper's): subgroup() for callers that hold a
+  // Communicator (the Python module's torch backend, dist.new_group).
+  static std::shared_ptr<GlooCommunicator> Of(
+      const std::shared_ptr<Communicator>& comm);
 
   // Drops queued operations and joins the worker (at most the Gloo
   // timeout, when it is blocked inside an operation).

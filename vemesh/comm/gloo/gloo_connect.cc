@@ -181,4 +181,9 @@ GlooCommunicator* GlooCommunicator::UnconnectedWorld(Communicator* comm) {
   return gloo != nullptr && !gloo->connected() ? gloo : nullptr;
 }
 
+std::shared_ptr<GlooCommunicator> GlooCommunicator::Of(
+    const std::shared_ptr<Communicator>& comm) {
+  return std::dynamic_pointer_cast<GlooCommunicator>(comm);
+}
+
 }  // namespace vemesh

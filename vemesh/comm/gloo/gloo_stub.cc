@@ -55,4 +55,9 @@ GlooCommunicator* GlooCommunicator::UnconnectedWorld(Communicator*) {
   return nullptr;
 }
 
+std::shared_ptr<GlooCommunicator> GlooCommunicator::Of(
+    const std::shared_ptr<Communicator>&) {
+  return nullptr;
+}
+
 }  // namespace vemesh
