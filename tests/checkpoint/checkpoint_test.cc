@@ -8,6 +8,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -21,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "vemesh/checkpoint/async_saver.h"
 #include "vemesh/checkpoint/checkpoint.h"
+#include "vemesh/checkpoint/internal/crc32c.h"
 #include "vemesh/checkpoint/manifest.h"
 #include "vemesh/checkpoint/safetensors.h"
 #include "vemesh/comm/mpi/mpi_communicator.h"
@@ -294,6 +297,157 @@ TEST(Checkpoint, BadShardsAreNamedOnEveryRank) {
   ExpectLoadFails(*world, dir, "'nope' is not in checkpoint", "nope");
   // No checkpoint at all.
   ExpectLoadFails(*world, dir + "/absent", "no committed checkpoint");
+  RemoveShared(*world, dir);
+}
+
+// w [16, 12] in 4 row pieces whatever the world size (rank r holds pieces
+// r, r + n, ...), and b [12] on every rank.
+absl::Status SaveFourRowPieces(Communicator& world, const std::string& dir,
+                               int64_t step) {
+  StateDict state;
+  std::vector<std::vector<float>> rows;
+  for (int part = world.rank(); part < 4; part += world.size()) {
+    Box box = Rows(kR, kC, part, 4);
+    rows.push_back(Fill({kR, kC}, box, 0));
+    EXPECT_TRUE(
+        state.Add("w", DType::kF32, {kR, kC}, box, rows.back().data()).ok());
+  }
+  std::vector<float> b = Fill({kC}, Box{{0}, {kC}}, 1000);
+  EXPECT_TRUE(state.AddFull("b", DType::kF32, {kC}, b.data()).ok());
+  return Save(state, step, dir, world);
+}
+
+constexpr char kWrongValues[] = "Load returned OK with wrong values";
+
+// Loads w and b whole; OK only when both are exactly what was saved.
+absl::Status LoadWholeExactly(Communicator& world, const std::string& dir) {
+  std::vector<float> w(kR * kC, -1), b(kC, -1);
+  StateDict want;
+  EXPECT_TRUE(want.AddFull("w", DType::kF32, {kR, kC}, w.data()).ok());
+  EXPECT_TRUE(want.AddFull("b", DType::kF32, {kC}, b.data()).ok());
+  auto loaded = Load(want, dir, world);
+  if (!loaded.ok()) return loaded.status();
+  if (w != Fill({kR, kC}, Box{{0, 0}, {kR, kC}}, 0) ||
+      b != Fill({kC}, Box{{0}, {kC}}, 1000)) {
+    return absl::InternalError(kWrongValues);
+  }
+  return absl::OkStatus();
+}
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+void WriteText(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::trunc | std::ios::binary);
+  out << text;
+}
+
+// `text` with its manifest_crc32c recomputed: what a writer that lies
+// consistently would leave.
+std::string Reseal(std::string text) {
+  const size_t at = text.rfind(",\n \"manifest_crc32c\"");
+  EXPECT_NE(at, std::string::npos);
+  text.resize(at);
+  return absl::StrCat(text, ",\n \"manifest_crc32c\": ",
+                      internal::Crc32c(text.data(), text.size()), "\n}\n");
+}
+
+// The case: one bit of manifest.json flipped (a row offset 4 -> 0)
+// made two pieces overlap and Load returned OK with most values wrong. Now
+// the flip is a checksum mismatch, and the same lie with a recomputed
+// checksum is refused as an overlap, on every rank.
+TEST(Checkpoint, AManifestThatLiesIsRefused) {
+  auto world = World();
+  const std::string dir = SharedTempDir(*world);
+  ASSERT_TRUE(SaveFourRowPieces(*world, dir, 1).ok());
+  const std::string path = dir + "/step-1/manifest.json";
+  const std::string good = ReadText(path);
+  ASSERT_TRUE(LoadWholeExactly(*world, dir).ok());
+  std::string flipped = good;
+  const size_t row4 = flipped.find("\"offsets\": [\n      4");
+  ASSERT_NE(row4, std::string::npos);
+  const size_t digit = flipped.find('4', row4 + 11);
+  flipped[digit] = static_cast<char>(flipped[digit] ^ 0x04);  // '4' -> '0'
+  ASSERT_EQ(flipped[digit], '0');
+  ASSERT_TRUE(world->barrier().ok());
+  if (world->rank() == 0) WriteText(path, flipped);
+  ASSERT_TRUE(world->barrier().ok());
+  absl::Status s = LoadWholeExactly(*world, dir);
+  EXPECT_THAT(s.message(), HasSubstr(path + ": checksum mismatch"));
+  ASSERT_TRUE(world->barrier().ok());
+  if (world->rank() == 0) WriteText(path, Reseal(flipped));
+  ASSERT_TRUE(world->barrier().ok());
+  s = LoadWholeExactly(*world, dir);
+  EXPECT_THAT(s.message(),
+              HasSubstr("tensor 'w': pieces [0:4, 0:12] and [0:4, 0:12] "
+                        "overlap"));
+  RemoveShared(*world, dir);
+}
+
+// Mutations of a real checkpoint's manifest.json, each then loaded: every
+// single-bit flip of every byte is refused (the manifest's checksum), and
+// every integer changed (to 0, v - 1, v + 1, v + 4, 2v) with the checksum
+// recomputed either is refused or loads exactly the saved values: no
+// mutation loads wrong values silently. One process (the mutations are the
+// same on every world size).
+TEST(Checkpoint, NoManifestMutationLoadsSilently) {
+  auto world = World();
+  if (world->size() != 1) GTEST_SKIP() << "one process is enough";
+  const std::string dir = SharedTempDir(*world);
+  ASSERT_TRUE(SaveFourRowPieces(*world, dir, 1).ok());
+  const std::string path = dir + "/step-1/manifest.json";
+  const std::string good = ReadText(path);
+  int flips = 0, refused = 0;
+  for (size_t i = 0; i < good.size(); ++i) {
+    for (int bit = 0; bit < 8; ++bit) {
+      std::string bad = good;
+      bad[i] = static_cast<char>(bad[i] ^ (1 << bit));
+      WriteText(path, bad);
+      ++flips;
+      absl::Status s = LoadWholeExactly(*world, dir);
+      if (!s.ok() && s.message() != kWrongValues) {
+        ++refused;
+      } else {
+        ADD_FAILURE() << "byte " << i << " bit " << bit << ": " << s;
+      }
+    }
+  }
+  EXPECT_EQ(refused, flips);
+  // Integers behind a recomputed checksum.
+  const size_t body_end = good.rfind(",\n \"manifest_crc32c\"");
+  int changed = 0, harmless = 0;
+  for (size_t i = 0; i < body_end; ++i) {
+    if (!std::isdigit(static_cast<unsigned char>(good[i])) ||
+        (i > 0 && std::isdigit(static_cast<unsigned char>(good[i - 1])))) {
+      continue;
+    }
+    size_t end = i;
+    while (end < body_end &&
+           std::isdigit(static_cast<unsigned char>(good[end])))
+      ++end;
+    // Digits inside a string (a file or key name) are changed too.
+    const uint64_t v = std::stoull(good.substr(i, end - i));
+    for (uint64_t to : {uint64_t{0}, v - 1, v + 1, v + 4, 2 * v}) {
+      if (to == v || (v == 0 && to == v - 1)) continue;
+      std::string bad = good;
+      bad.replace(i, end - i, std::to_string(to));
+      WriteText(path, Reseal(bad));
+      ++changed;
+      absl::Status s = LoadWholeExactly(*world, dir);
+      EXPECT_NE(s.message(), kWrongValues)
+          << "value " << v << " at byte " << i << " -> " << to << ": " << s;
+      harmless += s.ok();
+    }
+  }
+  std::printf(
+      "manifest mutations: %d bit flips, all refused; %d integer "
+      "changes resealed, %d loaded the exact values, the rest "
+      "refused\n",
+      flips, changed, harmless);
+  WriteText(path, good);
+  EXPECT_TRUE(LoadWholeExactly(*world, dir).ok());
   RemoveShared(*world, dir);
 }
 

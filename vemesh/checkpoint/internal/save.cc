@@ -162,20 +162,18 @@ absl::StatusOr<SavePlan> BuildPlan(const std::vector<std::string>& all,
       ++index;
     }
   }
-  // Pieces of one tensor must be disjoint (or equal: replicas), so that a
-  // load copies every element once.
-  std::map<std::string, std::vector<const Box*>> boxes;
-  for (const auto& [key, h] : distinct) boxes[key.name].push_back(&key.box);
-  for (const auto& [name, list] : boxes) {
-    for (size_t a = 0; a < list.size(); ++a) {
-      for (size_t b = a + 1; b < list.size(); ++b) {
-        if (Intersect(*list[a], *list[b])) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "tensor '", name, "': boxes ", BoxToString(*list[a]), " and ",
-              BoxToString(*list[b]),
-              " overlap (pieces of a tensor must be disjoint or equal)"));
-        }
-      }
+  // The distinct pieces of a tensor must tile it (replicas are one piece):
+  // a load copies every element from the one piece that holds it, and a
+  // manifest whose pieces do not tile is refused (manifest.h).
+  std::map<std::string, std::vector<Box>> boxes;
+  for (const auto& [key, h] : distinct) boxes[key.name].push_back(key.box);
+  for (const auto& [name, t] : plan.tensors) {
+    absl::Status s = CheckTiling(boxes[name], t.shape);
+    if (!s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", name, "': ", s.message(),
+          " (the pieces the ranks hold must be disjoint or equal, and cover "
+          "the tensor)"));
     }
   }
   // Each distinct piece goes to the holder that has written the fewest bytes
