@@ -277,7 +277,8 @@ int Fail(int replica, int rank, absl::string_view what,
 // starting from the initial weights, and resumes at its step.
 class ElasticCheckpoints {
  public:
-  absl::Status Init(const TrainPlan& plan) {
+  absl::Status Init(const TrainPlan& plan, const std::string& elastic_job) {
+    elastic_job_ = elastic_job;
     if (plan.options.checkpoint_dir.empty()) return absl::OkStatus();
     absl::StatusOr<std::shared_ptr<vemesh::MpiCommunicator>> w =
         vemesh::MpiCommunicator::World();
@@ -341,9 +342,16 @@ class ElasticCheckpoints {
     vemesh::checkpoint::StateDict dict;
     if (absl::Status s = state.get_state_dict(&dict); !s.ok()) return s;
     SetStateMetadata(plan, step, &dict);
+    vemesh::checkpoint::SaveOptions options;
+    options.keep_last = plan.options.checkpoint_keep;
+    // The checkpoints' job: --checkpoint_job, else the elastic job's name
+    // (the same across relaunches).
+    options.job = plan.options.checkpoint_job.empty()
+                      ? elastic_job_
+                      : plan.options.checkpoint_job;
+    options.mesh = plan.options.mesh;
     if (absl::Status s = vemesh::checkpoint::Save(
-            dict, step, plan.options.checkpoint_dir, *replica_world_,
-            {.keep_last = plan.options.checkpoint_keep});
+            dict, step, plan.options.checkpoint_dir, *replica_world_, options);
         !s.ok()) {
       return s;
     }
@@ -358,6 +366,7 @@ class ElasticCheckpoints {
 
  private:
   std::shared_ptr<vemesh::Communicator> replica_world_;
+  std::string elastic_job_;
 };
 
 // The plan for an epoch of `replicas` replicas: DP is their number, or
@@ -431,7 +440,7 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
   };
   // Its communicator (the replica's launch) counts in the baseline below.
   ElasticCheckpoints checkpoints;
-  if (absl::Status s = checkpoints.Init(*plan); !s.ok()) {
+  if (absl::Status s = checkpoints.Init(*plan, settings.job); !s.ok()) {
     return Fail(replica, launch_rank, "checkpoint", s);
   }
   const int64_t communicators_at_start = vemesh::LiveCommunicatorCount();

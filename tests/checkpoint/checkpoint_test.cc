@@ -451,6 +451,93 @@ TEST(Checkpoint, NoManifestMutationLoadsSilently) {
   RemoveShared(*world, dir);
 }
 
+// The case 1: a resume loads the parameters from the checkpoint
+// `latest` names, then the optimizer state with a second load. Another
+// job's step-10.1, committed but killed before it moved `latest`, was what
+// a second Load(..., step 10) read. With same_checkpoint_as, the second
+// load reads the first one's directory, checked against its manifest
+// bytes and job; a directory re-saved since is an error naming both.
+LoadOptions Options(std::optional<int64_t> step, const LoadResult* same,
+                    std::string job) {
+  LoadOptions o;
+  o.step = step;
+  o.same_checkpoint_as = same;
+  o.job = std::move(job);
+  return o;
+}
+
+TEST(Checkpoint, OneResumeReadsOneCheckpoint) {
+  auto world = World();
+  const int n = world->size(), r = world->rank();
+  const std::string dir = SharedTempDir(*world);
+  const std::string other = SharedTempDir(*world);
+  auto save = [&](const std::string& where, float seed,
+                  const std::string& job) {
+    Box rows = Rows(kR, kC, r, n);
+    std::vector<float> w = Fill({kR, kC}, rows, seed);
+    std::vector<float> m = Fill({kR, kC}, rows, seed + 500);  // "exp_avg"
+    StateDict state;
+    EXPECT_TRUE(state.Add("w", DType::kF32, {kR, kC}, rows, w.data()).ok());
+    EXPECT_TRUE(
+        state.Add("w.exp_avg", DType::kF32, {kR, kC}, rows, m.data()).ok());
+    return Save(state, 10, where, *world, {.job = job, .mesh = "DP=n"});
+  };
+  ASSERT_TRUE(save(dir, 0, "job-a").ok());
+  ASSERT_TRUE(save(other, 7, "job-b").ok());
+  ASSERT_TRUE(world->barrier().ok());
+  if (r == 0) {  // job B's step 10, committed, `latest` not moved
+    fs::rename(other + "/step-10", dir + "/step-10.1");
+  }
+  ASSERT_TRUE(world->barrier().ok());
+  Box cols = Cols(kR, kC, r, n);
+  std::vector<float> w(BoxNumel(cols)), m(BoxNumel(cols));
+  StateDict params, opt;
+  ASSERT_TRUE(params.Add("w", DType::kF32, {kR, kC}, cols, w.data()).ok());
+  ASSERT_TRUE(opt.Add("w.exp_avg", DType::kF32, {kR, kC}, cols, m.data()).ok());
+  auto first =
+      Load(params, dir, *world, Options(std::nullopt, nullptr, "job-a"));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->path, dir + "/step-10");
+  EXPECT_EQ(first->job, "job-a");
+  EXPECT_EQ(first->mesh, "DP=n");
+  EXPECT_EQ(w, Fill({kR, kC}, cols, 0));
+  // The old way: "the newest committed directory of step 10" is job B's.
+  auto by_step = Load(opt, dir, *world, 10);
+  ASSERT_TRUE(by_step.ok());
+  EXPECT_EQ(by_step->path, dir + "/step-10.1");
+  EXPECT_EQ(m, Fill({kR, kC}, cols, 507));
+  // One checkpoint: the first load's.
+  auto second = Load(opt, dir, *world, Options(std::nullopt, &*first, ""));
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->path, dir + "/step-10");
+  EXPECT_EQ(m, Fill({kR, kC}, cols, 500));
+  // Another job's checkpoint when this job is named: refused naming both.
+  auto wrong_job = Load(opt, dir, *world, Options(10, nullptr, "job-a"));
+  EXPECT_EQ(wrong_job.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(wrong_job.status().message(),
+              HasSubstr("step-10.1' belongs to job 'job-b', not to this job "
+                        "'job-a'"));
+  // The first directory re-saved between the two loads: refused, naming
+  // what each read.
+  ASSERT_TRUE(world->barrier().ok());
+  if (r == 0) {
+    fs::remove_all(dir + "/step-10");
+    fs::remove_all(dir + "/step-10.1");
+  }
+  ASSERT_TRUE(world->barrier().ok());
+  ASSERT_TRUE(save(dir, 3, "job-a").ok());
+  auto changed = Load(opt, dir, *world, Options(std::nullopt, &*first, ""));
+  EXPECT_EQ(changed.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(
+      changed.status().message(),
+      HasSubstr(absl::StrCat("checkpoint '", dir,
+                             "/step-10' changed since this job read it: it "
+                             "read step 10 of job 'job-a' (manifest CRC32C ",
+                             first->manifest_crc32c, ")")));
+  RemoveShared(*world, other);
+  RemoveShared(*world, dir);
+}
+
 // Load reads only the 1 MiB chunks its boxes overlap: a corrupted byte in a
 // chunk nobody asks for goes unnoticed; the whole tensor sees it.
 TEST(Checkpoint, LoadReadsOnlyTheChunksItNeeds) {

@@ -3,18 +3,23 @@
 
   train_nd_resume.py --mpiexec mpirun --mpiexec-flags "A;B" --program train_nd
       --save "NP|MESH|FLAGS" --resume "NP|MESH|FLAGS" [--steps S --every K]
-      [--expect-error REGEX] -- COMMON TRAIN FLAGS
+      [--expect-error REGEX] [--intruder "NP|MESH|FLAGS"] -- COMMON TRAIN FLAGS
 
 Run 1 trains K*2 steps on the first mesh and saves after every K (the
 latest checkpoint is at step 2K). Run 2 resumes from that directory on the
 second mesh, trains to step S, and must print `resumed at step 2K from` and
 PASS: its steps against the serial run of all S steps. With --expect-error,
 run 2 must instead fail (non-zero) with a message matching REGEX on every
-rank. Prints `PASS: resume` at the end; the checkpoint directory is a
-temporary one, removed after.
+rank. With --intruder, another job (those flags, e.g. another --seed) saves
+the same step into a directory of its own, and its step directory is moved
+into run 1's as step-2K.1: committed, but `latest` not moved (a job killed
+in that window). The resume must still read run 1's checkpoint only
+(parameters and optimizer state) and PASS. Prints `PASS: resume` at the end;
+the checkpoint directories are temporary ones, removed after.
 """
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -49,6 +54,7 @@ def main():
     ap.add_argument("--every", type=int, default=2)
     ap.add_argument("--expect-error", default="")
     ap.add_argument("--timeout", type=int, default=100)
+    ap.add_argument("--intruder", default="")
     ap.add_argument("common", nargs="*")
     a = ap.parse_args()
     flags = [f for f in a.mpiexec_flags.split(";") if f]
@@ -59,6 +65,7 @@ def main():
                 a.common + more.split() + extra)
 
     ckpt = tempfile.mkdtemp(prefix="vemesh_train_nd_ckpt.")
+    other = tempfile.mkdtemp(prefix="vemesh_train_nd_other.")
     try:
         saved = 2 * a.every
         rc, out = run(launch(a.save, ["--steps", str(saved), "--checkpoint_dir",
@@ -67,6 +74,17 @@ def main():
         if rc != 0 or "PASS: loss curve" not in out:
             print(f"FAIL: the saving run (exit {rc}) did not PASS")
             return 1
+        if a.intruder:
+            rc, out = run(launch(a.intruder, [
+                "--steps", str(saved), "--checkpoint_dir", other,
+                "--checkpoint_every", str(saved)]), a.timeout)
+            if rc != 0:
+                print(f"FAIL: the other job (exit {rc}) failed")
+                return 1
+            os.rename(os.path.join(other, f"step-{saved}"),
+                      os.path.join(ckpt, f"step-{saved}.1"))
+            print(f"moved the other job's step-{saved} to "
+                  f"{ckpt}/step-{saved}.1 (latest still names step-{saved})")
         rc, out = run(launch(a.resume, ["--steps", str(a.steps), "--resume",
                                         ckpt]), a.timeout)
         if a.expect_error:
@@ -94,6 +112,7 @@ def main():
         return 0
     finally:
         shutil.rmtree(ckpt, ignore_errors=True)
+        shutil.rmtree(other, ignore_errors=True)
 
 
 if __name__ == "__main__":

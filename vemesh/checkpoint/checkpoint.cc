@@ -143,31 +143,70 @@ absl::Status ReadPiece(const File& file, const std::string& tensor,
 }
 
 // The manifest of the committed step directory `path`, read bounded.
-absl::StatusOr<Manifest> ReadManifestIn(const std::string& path) {
+absl::StatusOr<CheckpointManifest> ReadManifestIn(const std::string& path) {
   const std::string manifest_path =
       absl::StrCat(path, "/", internal::kManifestName);
   VEMESH_ASSIGN_OR_RETURN(
       std::string text,
       internal::ReadSmallFile(manifest_path, kMaxManifestBytes));
-  return ParseManifest(text, manifest_path);
+  CheckpointManifest out;
+  VEMESH_ASSIGN_OR_RETURN(out.manifest, ParseManifest(text, manifest_path));
+  out.path = path;
+  out.manifest_crc32c = internal::Crc32c(text.data(), text.size());
+  return out;
+}
+
+std::string JobText(const std::string& job) {
+  return job.empty() ? std::string("no job (a version 1 checkpoint)")
+                     : absl::StrCat("job '", job, "'");
+}
+
+// The checkpoint a load reads, chosen and checked as `options` say.
+absl::StatusOr<CheckpointManifest> ChooseCheckpoint(
+    const std::string& dir, const LoadOptions& options) {
+  CheckpointManifest found;
+  if (const LoadResult* first = options.same_checkpoint_as) {
+    absl::StatusOr<CheckpointManifest> again = ReadManifestIn(first->path);
+    if (!again.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint '", first->path, "' (step ", first->step, ", ",
+          JobText(first->job), ", manifest CRC32C ", first->manifest_crc32c,
+          "), which this job read first, cannot be read again: ",
+          again.status().message()));
+    }
+    if (again->manifest_crc32c != first->manifest_crc32c ||
+        again->manifest.job != first->job) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint '", first->path, "' changed since this job read it: ",
+          "it read step ", first->step, " of ", JobText(first->job),
+          " (manifest CRC32C ", first->manifest_crc32c, "), the directory now ",
+          "holds step ", again->manifest.step, " of ",
+          JobText(again->manifest.job), " (manifest CRC32C ",
+          again->manifest_crc32c, "): one resume must read one checkpoint"));
+    }
+    found = *std::move(again);
+  } else {
+    VEMESH_ASSIGN_OR_RETURN(found, ReadManifest(dir, options.step));
+  }
+  if (!options.job.empty() && found.manifest.job != options.job) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint '", found.path, "' belongs to ",
+        JobText(found.manifest.job), ", not to this job '", options.job, "'"));
+  }
+  return found;
 }
 
 std::string ShapeText(DType dtype, const std::vector<int64_t>& shape) {
   return absl::StrCat(DTypeName(dtype), " [", absl::StrJoin(shape, ", "), "]");
 }
 
-// This rank's part of a load, with no communication.
-absl::StatusOr<LoadResult> LoadLocal(StateDict& state, const std::string& dir,
-                                     std::optional<int64_t> step) {
-  VEMESH_ASSIGN_OR_RETURN(CheckpointManifest found, ReadManifest(dir, step));
+// Fills `state` from the checkpoint `found` (its manifest already
+// checked), with no communication.
+absl::Status FillFrom(StateDict& state, CheckpointManifest& found) {
   Manifest& m = found.manifest;
   const std::string& path = found.path;
   const std::string manifest_path =
       absl::StrCat(path, "/", internal::kManifestName);
-  LoadResult result;
-  result.step = m.step;
-  result.path = path;
-  for (const auto& [k, v] : m.metadata) result.metadata[k] = v;
 
   // Per saved piece, the runs to copy out of it.
   std::map<std::pair<std::string, size_t>, std::vector<Run>> wanted;
@@ -220,6 +259,22 @@ absl::StatusOr<LoadResult> LoadLocal(StateDict& state, const std::string& dir,
     VEMESH_RETURN_IF_ERROR(
         ReadPiece(f->second, key.first, piece, m.chunk_bytes, runs));
   }
+  return absl::OkStatus();
+}
+
+// This rank's part of a load, with no communication.
+absl::StatusOr<LoadResult> LoadLocal(StateDict& state, const std::string& dir,
+                                     const LoadOptions& options) {
+  VEMESH_ASSIGN_OR_RETURN(CheckpointManifest found,
+                          ChooseCheckpoint(dir, options));
+  VEMESH_RETURN_IF_ERROR(FillFrom(state, found));
+  LoadResult result;
+  result.step = found.manifest.step;
+  result.path = found.path;
+  result.job = found.manifest.job;
+  result.mesh = found.manifest.mesh;
+  result.manifest_crc32c = found.manifest_crc32c;
+  for (const auto& [k, v] : found.manifest.metadata) result.metadata[k] = v;
   return result;
 }
 
@@ -237,20 +292,36 @@ absl::Status Save(const StateDict& state, int64_t step, const std::string& dir,
 absl::StatusOr<LoadResult> Load(StateDict& state, const std::string& dir,
                                 Communicator& world,
                                 std::optional<int64_t> step) {
-  absl::StatusOr<LoadResult> local = LoadLocal(state, dir, step);
+  LoadOptions options;
+  options.step = step;
+  return Load(state, dir, world, options);
+}
+
+absl::StatusOr<LoadResult> Load(StateDict& state, const std::string& dir,
+                                Communicator& world,
+                                const LoadOptions& options) {
+  absl::StatusOr<LoadResult> local = LoadLocal(state, dir, options);
   VEMESH_RETURN_IF_ERROR(internal::AgreeStatus(world, local.status()));
   // Every rank read the same manifest unless the directory changed under
-  // the load; check that the step agrees.
-  int64_t mine = local->step;
-  int64_t lo = mine, hi = mine;
+  // the load; check that the step, the manifest's bytes and the directory
+  // agree.
+  const int64_t path_crc =
+      internal::Crc32c(local->path.data(), local->path.size());
+  int64_t mine[3] = {local->step, local->manifest_crc32c, path_crc};
+  int64_t lo[3], hi[3];
   VEMESH_RETURN_IF_ERROR(
-      world.all_reduce(&mine, &lo, 1, DataType::kInt64, ReduceOp::kMin));
+      world.all_reduce(mine, lo, 3, DataType::kInt64, ReduceOp::kMin));
   VEMESH_RETURN_IF_ERROR(
-      world.all_reduce(&mine, &hi, 1, DataType::kInt64, ReduceOp::kMax));
-  if (lo != hi) {
+      world.all_reduce(mine, hi, 3, DataType::kInt64, ReduceOp::kMax));
+  if (lo[0] != hi[0]) {
     return absl::AbortedError(absl::StrCat(
-        "checkpoint '", dir, "' changed during the load: ranks read steps ", lo,
-        " to ", hi));
+        "checkpoint '", dir, "' changed during the load: ranks read steps ",
+        lo[0], " to ", hi[0]));
+  }
+  if (lo[1] != hi[1] || lo[2] != hi[2]) {
+    return absl::AbortedError(absl::StrCat(
+        "checkpoint '", dir, "' changed during the load: ranks read ",
+        "different manifests of step ", lo[0]));
   }
   return local;
 }
@@ -259,8 +330,8 @@ absl::StatusOr<std::optional<int64_t>> LatestStep(const std::string& dir) {
   VEMESH_ASSIGN_OR_RETURN(std::optional<std::string> path,
                           internal::FindCheckpoint(dir, std::nullopt));
   if (!path) return std::optional<int64_t>();
-  VEMESH_ASSIGN_OR_RETURN(Manifest m, ReadManifestIn(*path));
-  return std::optional<int64_t>(m.step);
+  VEMESH_ASSIGN_OR_RETURN(CheckpointManifest m, ReadManifestIn(*path));
+  return std::optional<int64_t>(m.manifest.step);
 }
 
 absl::Status AgreeStatus(Communicator& world, const absl::Status& local) {
@@ -277,10 +348,7 @@ absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir,
                             dir, "'")
              : absl::StrCat("no committed checkpoint in '", dir, "'"));
   }
-  CheckpointManifest out;
-  VEMESH_ASSIGN_OR_RETURN(out.manifest, ReadManifestIn(*path));
-  out.path = *std::move(path);
-  return out;
+  return ReadManifestIn(*path);
 }
 
 }  // namespace vemesh::checkpoint

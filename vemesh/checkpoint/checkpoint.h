@@ -54,6 +54,12 @@ struct SaveOptions {
   // Keep the last K committed step directories (older ones are removed
   // after `latest` names the new one); at least 1.
   int keep_last = 2;
+  // The job saving (printable ASCII, at most 255 bytes), recorded in the
+  // manifest; a load may require it (LoadOptions::job).
+  std::string job;
+  // The saving mesh as the job describes it ("DP=2,TP=4"), recorded in the
+  // manifest for `vemesh checkpoint inspect`; free text, printable ASCII.
+  std::string mesh;
 };
 
 // Collective over `world`. Writes <dir>/step-<S>/shard-<rank>.safetensors
@@ -71,6 +77,25 @@ struct LoadResult {
   int64_t step = 0;
   std::string path;  // the step directory read
   absl::flat_hash_map<std::string, std::string> metadata;
+  std::string job;   // the manifest's owning job ("" for version 1)
+  std::string mesh;  // the saving mesh, as described ("" when not given)
+  // CRC32C of the manifest.json bytes read: which checkpoint this was.
+  uint32_t manifest_crc32c = 0;
+};
+
+struct LoadOptions {
+  // Given: the newest committed directory of this step instead of the one
+  // `latest` names.
+  std::optional<int64_t> step;
+  // Given (the result of an earlier load, e.g. a resume's parameters):
+  // exactly that step directory, whose manifest must still be the bytes the
+  // earlier load read (same CRC32C, same job). The loads of one resume read
+  // one checkpoint: a directory removed, re-saved or replaced since is
+  // FailedPrecondition naming both. `step` is ignored then.
+  const LoadResult* same_checkpoint_as = nullptr;
+  // Non-empty: the manifest must name this job (FailedPrecondition naming
+  // both jobs otherwise; a version 1 manifest names none).
+  std::string job;
 };
 
 // Collective. Fills every piece of `state` from the checkpoint <dir>/latest
@@ -84,6 +109,12 @@ struct LoadResult {
 absl::StatusOr<LoadResult> Load(StateDict& state, const std::string& dir,
                                 Communicator& world,
                                 std::optional<int64_t> step = std::nullopt);
+// The same, with the choice of checkpoint and its checks in `options`.
+// Every rank must read the same manifest (path and CRC32C): Aborted naming
+// the directory when they did not (it changed during the load).
+absl::StatusOr<LoadResult> Load(StateDict& state, const std::string& dir,
+                                Communicator& world,
+                                const LoadOptions& options);
 
 // Not collective. The step of the checkpoint Load would read from <dir>
 // (its committed manifest), or nullopt when <dir> holds none (absent or
@@ -102,6 +133,7 @@ absl::Status AgreeStatus(Communicator& world, const absl::Status& local);
 struct CheckpointManifest {
   std::string path;  // the step directory
   Manifest manifest;
+  uint32_t manifest_crc32c = 0;  // of the manifest.json bytes read
 };
 
 // Not collective. The manifest of the checkpoint Load would read from <dir>
