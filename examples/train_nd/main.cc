@@ -386,6 +386,16 @@ absl::StatusOr<TrainResult> Train(const TrainPlan& plan, bool print,
   if (save_options.job.empty() && resumed) save_options.job = resumed->job;
   if (save_options.job.empty()) save_options.job = fresh_job;
   save_options.mesh = plan.options.mesh;
+  if (plan.options.checkpoint_every > 0) {
+    // One directory, one job: refused now, not at the first save.
+    if (absl::Status s = vemesh::checkpoint::AgreeStatus(
+            *world, vemesh::checkpoint::CheckCanWrite(
+                        plan.options.checkpoint_dir, save_options.job));
+        !s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat("--checkpoint_dir: ", s.message()));
+    }
+  }
   if (print && plan.options.checkpoint_every > 0) {
     std::printf("train_nd: checkpoints of job '%s' into %s\n",
                 save_options.job.c_str(), plan.options.checkpoint_dir.c_str());

@@ -538,6 +538,74 @@ TEST(Checkpoint, OneResumeReadsOneCheckpoint) {
   RemoveShared(*world, dir);
 }
 
+// The case 3: two jobs in one directory wrote the same latest.tmp,
+// one died "cannot rename", and the other's keep_last rotation deleted the
+// first's checkpoints. Now the directory records its owner: a second job is
+// refused at its first save, naming both, with nothing written; rotation
+// removes only the saving job's own checkpoints.
+TEST(Checkpoint, OneDirectoryOneJob) {
+  auto world = World();
+  const int n = world->size(), r = world->rank();
+  const std::string dir = SharedTempDir(*world);
+  const std::string other = SharedTempDir(*world);
+  Box rows = Rows(kR, kC, r, n);
+  std::vector<float> w = Fill({kR, kC}, rows, 0);
+  StateDict state;
+  ASSERT_TRUE(state.Add("w", DType::kF32, {kR, kC}, rows, w.data()).ok());
+  auto save = [&](const std::string& where, int64_t step,
+                  const std::string& job) {
+    SaveOptions o;
+    o.keep_last = 2;
+    o.job = job;
+    return Save(state, step, where, *world, o);
+  };
+  ASSERT_TRUE(save(dir, 1, "job-a").ok());
+  ASSERT_TRUE(save(dir, 2, "job-a").ok());
+  EXPECT_EQ(ReadText(dir + "/owner"), "job-a\n");
+  // Job B, and a save that names no job: refused at once, on every rank.
+  absl::Status b = save(dir, 3, "job-b");
+  EXPECT_EQ(b.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(b.message(), HasSubstr(absl::StrCat(
+                               "checkpoint directory '", dir,
+                               "' belongs to job 'job-a' (its file '", dir,
+                               "/owner'); job 'job-b' may not "
+                               "write into it")));
+  EXPECT_THAT(save(dir, 3, "").message(),
+              HasSubstr("a save that names no job (set SaveOptions::job) may "
+                        "not write into it"));
+  EXPECT_FALSE(fs::exists(dir + "/step-3"));
+  EXPECT_EQ(**LatestStep(dir), 2);
+  // The same check before any save (not collective, claims nothing).
+  EXPECT_TRUE(CheckCanWrite(dir, "job-a").ok());
+  EXPECT_THAT(CheckCanWrite(dir, "job-b").message(),
+              HasSubstr("belongs to job 'job-a'"));
+  EXPECT_TRUE(CheckCanWrite(dir + "/absent", "job-b").ok());
+  // Job B's checkpoint that got in anyway (copied beside job A's), and an
+  // unnamed one: job A's rotation (keep_last 2) removes only job A's.
+  ASSERT_TRUE(save(other, 2, "job-b").ok());
+  ASSERT_TRUE(world->barrier().ok());
+  if (r == 0) fs::rename(other + "/step-2", dir + "/step-2.1");
+  ASSERT_TRUE(world->barrier().ok());
+  for (int64_t step : {3, 4, 5}) ASSERT_TRUE(save(dir, step, "job-a").ok());
+  EXPECT_FALSE(fs::exists(dir + "/step-1"));
+  EXPECT_FALSE(fs::exists(dir + "/step-2"));
+  EXPECT_FALSE(fs::exists(dir + "/step-3"));
+  EXPECT_TRUE(fs::exists(dir + "/step-4/manifest.json"));
+  EXPECT_TRUE(fs::exists(dir + "/step-5/manifest.json"));
+  EXPECT_TRUE(fs::exists(dir + "/step-2.1/manifest.json"));  // job B's
+  // An unowned directory stays open to unnamed saves (as before); the
+  // first named save claims it.
+  const std::string open = SharedTempDir(*world);
+  ASSERT_TRUE(save(open, 1, "").ok());
+  EXPECT_FALSE(fs::exists(open + "/owner"));
+  ASSERT_TRUE(save(open, 2, "job-c").ok());
+  EXPECT_EQ(ReadText(open + "/owner"), "job-c\n");
+  EXPECT_FALSE(save(open, 3, "").ok());
+  RemoveShared(*world, open);
+  RemoveShared(*world, other);
+  RemoveShared(*world, dir);
+}
+
 // Load reads only the 1 MiB chunks its boxes overlap: a corrupted byte in a
 // chunk nobody asks for goes unnoticed; the whole tensor sees it.
 TEST(Checkpoint, LoadReadsOnlyTheChunksItNeeds) {

@@ -3,7 +3,9 @@
 
   train_nd_resume.py --mpiexec mpirun --mpiexec-flags "A;B" --program train_nd
       --save "NP|MESH|FLAGS" --resume "NP|MESH|FLAGS" [--steps S --every K]
-      [--expect-error REGEX] [--intruder "NP|MESH|FLAGS"] -- COMMON TRAIN FLAGS
+      [--expect-error REGEX] [--intruder "NP|MESH|FLAGS"]
+      [--second-writer "NP|MESH|FLAGS" --second-writer-error REGEX]
+      -- COMMON TRAIN FLAGS
 
 Run 1 trains K*2 steps on the first mesh and saves after every K (the
 latest checkpoint is at step 2K). Run 2 resumes from that directory on the
@@ -14,7 +16,10 @@ rank. With --intruder, another job (those flags, e.g. another --seed) saves
 the same step into a directory of its own, and its step directory is moved
 into run 1's as step-2K.1: committed, but `latest` not moved (a job killed
 in that window). The resume must still read run 1's checkpoint only
-(parameters and optimizer state) and PASS. Prints `PASS: resume` at the end;
+(parameters and optimizer state) and PASS. With --second-writer, a fresh
+job (a job of its own) that saves into run 1's directory must fail at once
+on every rank with a message matching --second-writer-error; the resume
+then still PASSes from run 1's checkpoints. Prints `PASS: resume` at the end;
 the checkpoint directories are temporary ones, removed after.
 """
 
@@ -55,6 +60,8 @@ def main():
     ap.add_argument("--expect-error", default="")
     ap.add_argument("--timeout", type=int, default=100)
     ap.add_argument("--intruder", default="")
+    ap.add_argument("--second-writer", default="")
+    ap.add_argument("--second-writer-error", default="")
     ap.add_argument("common", nargs="*")
     a = ap.parse_args()
     flags = [f for f in a.mpiexec_flags.split(";") if f]
@@ -74,6 +81,18 @@ def main():
         if rc != 0 or "PASS: loss curve" not in out:
             print(f"FAIL: the saving run (exit {rc}) did not PASS")
             return 1
+        if a.second_writer:
+            rc, out = run(launch(a.second_writer, [
+                "--steps", str(saved), "--checkpoint_dir", ckpt,
+                "--checkpoint_every", str(a.every)]), a.timeout)
+            np_ = int(a.second_writer.split("|")[0])
+            hits = len(re.findall(a.second_writer_error, out))
+            if rc == 0 or hits < np_:
+                print(f"FAIL: the second job (exit {rc}) wrote into the "
+                      f"first's directory, or {hits} of {np_} ranks said "
+                      f"/{a.second_writer_error}/")
+                return 1
+            print(f"second job refused on every rank: /{a.second_writer_error}/")
         if a.intruder:
             rc, out = run(launch(a.intruder, [
                 "--steps", str(saved), "--checkpoint_dir", other,

@@ -334,6 +334,10 @@ absl::StatusOr<std::optional<int64_t>> LatestStep(const std::string& dir) {
   return std::optional<int64_t>(m.manifest.step);
 }
 
+absl::Status CheckCanWrite(const std::string& dir, const std::string& job) {
+  return internal::CheckOwner(dir, job);
+}
+
 absl::Status AgreeStatus(Communicator& world, const absl::Status& local) {
   return internal::AgreeStatus(world, local);
 }

@@ -19,6 +19,7 @@
 //   <dir>/step-<S>/shard-<rank>.safetensors   what rank <rank> wrote
 //   <dir>/step-<S>/manifest.json              the commit point, written last
 //   <dir>/latest                              names the newest step directory
+//   <dir>/owner                               the job that owns <dir>
 // A tensor piece held by several ranks (a replica) is written once, by one
 // of its holders, the holders taking turns so that no rank writes every
 // replicated tensor. The manifest lists each tensor's dtype, global shape
@@ -120,6 +121,14 @@ absl::StatusOr<LoadResult> Load(StateDict& state, const std::string& dir,
 // (its committed manifest), or nullopt when <dir> holds none (absent or
 // empty). An error when <dir> cannot be read.
 absl::StatusOr<std::optional<int64_t>> LatestStep(const std::string& dir);
+
+// Not collective. One directory, one job: OK when a save naming `job`
+// (SaveOptions::job) may write into `dir` (absent, unowned, or owned by
+// `job`; a save naming no job only into an unowned one); otherwise
+// FailedPrecondition naming the owning job and `job`. Save checks the same
+// (and a named job's first save claims the directory: <dir>/owner); call
+// this to refuse before a job spends time it cannot checkpoint.
+absl::Status CheckCanWrite(const std::string& dir, const std::string& job);
 
 // Collective over `world`: OK when every rank's `local` is OK, else the
 // first failed rank's status (by rank), its message prefixed "rank R: ", on

@@ -249,7 +249,7 @@ absl::StatusOr<SavePlan> PlanSave(const StateDict& state, int64_t step,
   }
   std::string step_dir_name;
   if (local.ok() && plan.rank == 0) {
-    absl::StatusOr<std::string> name = PrepareStepDir(dir, step);
+    absl::StatusOr<std::string> name = PrepareStepDir(dir, step, options.job);
     if (name.ok()) {
       step_dir_name = *name;
     } else {
@@ -397,7 +397,8 @@ absl::Status CommitSave(const SavePlan& plan,
                                   plan.step_dir_name + "\n");
     }
     if (local.ok()) {
-      local = RemoveOldSteps(plan.dir, plan.step_dir_name, plan.keep_last);
+      local = RemoveOldSteps(plan.dir, plan.step_dir_name, plan.keep_last,
+                             plan.job);
     }
   }
   return AgreeStatus(world, local);
