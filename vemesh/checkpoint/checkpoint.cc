@@ -15,6 +15,7 @@
 #include "vemesh/checkpoint/internal/crc32c.h"
 #include "vemesh/checkpoint/internal/directory.h"
 #include "vemesh/checkpoint/internal/file_io.h"
+#include "vemesh/checkpoint/internal/read.h"
 #include "vemesh/checkpoint/internal/save.h"
 #include "vemesh/checkpoint/manifest.h"
 
@@ -200,10 +201,13 @@ std::string ShapeText(DType dtype, const std::vector<int64_t>& shape) {
   return absl::StrCat(DTypeName(dtype), " [", absl::StrJoin(shape, ", "), "]");
 }
 
-// Fills `state` from the checkpoint `found` (its manifest already
-// checked), with no communication.
-absl::Status FillFrom(StateDict& state, CheckpointManifest& found) {
-  Manifest& m = found.manifest;
+}  // namespace
+
+namespace internal {
+
+absl::Status FillFromManifest(StateDict& state,
+                              const CheckpointManifest& found) {
+  const Manifest& m = found.manifest;
   const std::string& path = found.path;
   const std::string manifest_path =
       absl::StrCat(path, "/", internal::kManifestName);
@@ -242,17 +246,17 @@ absl::Status FillFrom(StateDict& state, CheckpointManifest& found) {
   }
   std::map<std::string, File> files;
   for (auto& [key, runs] : wanted) {
-    const ManifestPiece& piece = m.tensors[key.first].pieces[key.second];
+    const ManifestPiece& piece = m.tensors.at(key.first).pieces[key.second];
     auto f = files.find(piece.file);
     if (f == files.end()) {
       const std::string file_path = absl::StrCat(path, "/", piece.file);
       VEMESH_ASSIGN_OR_RETURN(File opened, File::OpenRead(file_path));
       VEMESH_ASSIGN_OR_RETURN(uint64_t size, opened.Size());
-      if (size != m.files[piece.file]) {
-        return absl::DataLossError(
-            absl::StrCat("shard '", file_path, "' is ", size,
-                         " bytes, the manifest says ", m.files[piece.file],
-                         size < m.files[piece.file] ? " (truncated)" : ""));
+      const uint64_t listed = m.files.at(piece.file);
+      if (size != listed) {
+        return absl::DataLossError(absl::StrCat(
+            "shard '", file_path, "' is ", size, " bytes, the manifest says ",
+            listed, size < listed ? " (truncated)" : ""));
       }
       f = files.emplace(piece.file, std::move(opened)).first;
     }
@@ -262,12 +266,16 @@ absl::Status FillFrom(StateDict& state, CheckpointManifest& found) {
   return absl::OkStatus();
 }
 
+}  // namespace internal
+
+namespace {
+
 // This rank's part of a load, with no communication.
 absl::StatusOr<LoadResult> LoadLocal(StateDict& state, const std::string& dir,
                                      const LoadOptions& options) {
   VEMESH_ASSIGN_OR_RETURN(CheckpointManifest found,
                           ChooseCheckpoint(dir, options));
-  VEMESH_RETURN_IF_ERROR(FillFrom(state, found));
+  VEMESH_RETURN_IF_ERROR(internal::FillFromManifest(state, found));
   LoadResult result;
   result.step = found.manifest.step;
   result.path = found.path;

@@ -15,6 +15,9 @@
 //       "key": "w@0,0", "offset": 72, "length": 256, "crc32c": [123]}]}},
 //    "manifest_crc32c": 3735928559}
 //
+//   absl::StatusOr<Manifest> m = ParseManifest(text, "step-100/manifest.json");
+//   std::string again = ManifestToJson(*m);
+//
 // A manifest cannot lie (version 2): its last member, "manifest_crc32c", is
 // the CRC32C of every byte of the file before the ",\n" that precedes it,
 // so one flipped bit anywhere is refused; a key repeated in one object, a
@@ -22,9 +25,6 @@
 // exactly (two that overlap, or elements none holds) are refused before any
 // shard byte is read. Version 1 manifests (no checksum, job or mesh) still
 // parse, with every other check.
-//
-//   absl::StatusOr<Manifest> m = ParseManifest(text, "step-100/manifest.json");
-//   std::string again = ManifestToJson(*m);
 
 #ifndef VEMESH_CHECKPOINT_MANIFEST_H_
 #define VEMESH_CHECKPOINT_MANIFEST_H_
