@@ -24,6 +24,7 @@
 #include "vemesh/checkpoint/async_saver.h"
 #include "vemesh/checkpoint/checkpoint.h"
 #include "vemesh/checkpoint/internal/crc32c.h"
+#include "vemesh/checkpoint/internal/read.h"
 #include "vemesh/checkpoint/manifest.h"
 #include "vemesh/checkpoint/safetensors.h"
 #include "vemesh/comm/mpi/mpi_communicator.h"
@@ -603,6 +604,66 @@ TEST(Checkpoint, OneDirectoryOneJob) {
   EXPECT_FALSE(save(open, 3, "").ok());
   RemoveShared(*world, open);
   RemoveShared(*world, other);
+  RemoveShared(*world, dir);
+}
+
+// Issue 43, item 4: a resharded load reads each needed chunk once per job.
+// Row shards loaded as column shards: every rank's strip touches every
+// chunk, so each rank read the whole checkpoint before (n times in all);
+// now one rank reads each chunk and sends the others their parts. The
+// values are exact, and the bytes read over all ranks are the checkpoint's.
+TEST(Checkpoint, AReshardedLoadReadsEachChunkOnce) {
+  auto world = World();
+  const int n = world->size(), r = world->rank();
+  const std::string dir = SharedTempDir(*world);
+  // w [512, 1024] F32: 2 MiB, 2 chunks per rank's piece at 4 ranks.
+  constexpr int64_t kRows = 512, kCols = 1024;
+  Box rows = Rows(kRows, kCols, r, n);
+  std::vector<float> w = Fill({kRows, kCols}, rows, 0);
+  StateDict state;
+  ASSERT_TRUE(state.Add("w", DType::kF32, {kRows, kCols}, rows, w.data()).ok());
+  ASSERT_TRUE(Save(state, 1, dir, *world).ok());
+  Box cols = Cols(kRows, kCols, r, n);
+  std::vector<float> got(BoxNumel(cols), -1);
+  StateDict want;
+  ASSERT_TRUE(
+      want.Add("w", DType::kF32, {kRows, kCols}, cols, got.data()).ok());
+  const uint64_t before = internal::ShardBytesRead();
+  auto loaded = Load(want, dir, *world);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(got, Fill({kRows, kCols}, cols, 0));
+  int64_t mine = static_cast<int64_t>(internal::ShardBytesRead() - before);
+  int64_t total = 0;
+  ASSERT_TRUE(
+      world->all_reduce(&mine, &total, 1, DataType::kInt64, ReduceOp::kSum)
+          .ok());
+  EXPECT_EQ(total, kRows * kCols * 4) << "bytes read over " << n << " ranks";
+  if (r == 0) {
+    std::printf(
+        "rows -> columns on %d ranks: %lld bytes read in all, the "
+        "checkpoint holds %lld\n",
+        n, static_cast<long long>(total),
+        static_cast<long long>(kRows * kCols * 4));
+  }
+  // A corrupted chunk is named on every rank, though one rank read it.
+  ASSERT_TRUE(world->barrier().ok());
+  if (r == 0) {
+    const std::string shard = dir + "/step-1/shard-0.safetensors";
+    auto m = ParseManifest(ReadText(dir + "/step-1/manifest.json"));
+    ASSERT_TRUE(m.ok());
+    const uint64_t at = m->tensors.at("w").pieces[0].offset + 10;
+    int fd = ::open(shard.c_str(), O_RDWR);
+    char c;
+    ASSERT_EQ(::pread(fd, &c, 1, at), 1);
+    c ^= 0x01;
+    ASSERT_EQ(::pwrite(fd, &c, 1, at), 1);
+    ::close(fd);
+  }
+  ASSERT_TRUE(world->barrier().ok());
+  auto bad = Load(want, dir, *world);
+  EXPECT_THAT(bad.status().message(),
+              HasSubstr("checksum mismatch in '" + dir +
+                        "/step-1/shard-0.safetensors'"));
   RemoveShared(*world, dir);
 }
 

@@ -3,7 +3,9 @@
 #include "vemesh/checkpoint/checkpoint.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <utility>
@@ -23,6 +25,9 @@ namespace vemesh::checkpoint {
 namespace {
 
 using internal::File;
+
+// Shard bytes read by loads in this process (internal/read.h).
+std::atomic<uint64_t> shard_bytes_read{0};
 
 // Reads at most this many bytes of chunks at once.
 constexpr uint64_t kReadWindowBytes = uint64_t{64} << 20;
@@ -112,6 +117,7 @@ absl::Status ReadPiece(const File& file, const std::string& tensor,
       buffer.resize(end - begin);
       VEMESH_RETURN_IF_ERROR(
           file.PreadAll(buffer.data(), end - begin, piece.offset + begin));
+      shard_bytes_read += end - begin;
       for (uint64_t k = c; k < c_end; ++k) {
         const uint64_t kb = k * chunk_bytes - begin;
         const uint64_t kn =
@@ -201,19 +207,16 @@ std::string ShapeText(DType dtype, const std::vector<int64_t>& shape) {
   return absl::StrCat(DTypeName(dtype), " [", absl::StrJoin(shape, ", "), "]");
 }
 
-}  // namespace
+// Per saved piece (tensor name, index in its pieces), the runs that copy
+// out of it into `state`'s pieces.
+using Wanted = std::map<std::pair<std::string, size_t>, std::vector<Run>>;
 
-namespace internal {
-
-absl::Status FillFromManifest(StateDict& state,
-                              const CheckpointManifest& found) {
+absl::StatusOr<Wanted> PlanRuns(StateDict& state,
+                                const CheckpointManifest& found) {
   const Manifest& m = found.manifest;
-  const std::string& path = found.path;
   const std::string manifest_path =
-      absl::StrCat(path, "/", internal::kManifestName);
-
-  // Per saved piece, the runs to copy out of it.
-  std::map<std::pair<std::string, size_t>, std::vector<Run>> wanted;
+      absl::StrCat(found.path, "/", internal::kManifestName);
+  Wanted wanted;
   for (const Piece& p : state.pieces()) {
     auto t = m.tensors.find(p.name);
     if (t == m.tensors.end()) {
@@ -244,24 +247,56 @@ absl::Status FillFromManifest(StateDict& state,
           manifest_path, "' holds ", covered, " of its ", need, " elements"));
     }
   }
-  std::map<std::string, File> files;
   for (auto& [key, runs] : wanted) {
-    const ManifestPiece& piece = m.tensors.at(key.first).pieces[key.second];
-    auto f = files.find(piece.file);
-    if (f == files.end()) {
-      const std::string file_path = absl::StrCat(path, "/", piece.file);
+    std::sort(runs.begin(), runs.end(),
+              [](const Run& a, const Run& b) { return a.src < b.src; });
+  }
+  return wanted;
+}
+
+// The shard files of one checkpoint, opened once each and checked against
+// the manifest's sizes.
+class ShardFiles {
+ public:
+  explicit ShardFiles(const CheckpointManifest& found) : found_(found) {}
+  absl::StatusOr<const File*> Get(const std::string& name) {
+    auto f = files_.find(name);
+    if (f == files_.end()) {
+      const std::string file_path = absl::StrCat(found_.path, "/", name);
       VEMESH_ASSIGN_OR_RETURN(File opened, File::OpenRead(file_path));
       VEMESH_ASSIGN_OR_RETURN(uint64_t size, opened.Size());
-      const uint64_t listed = m.files.at(piece.file);
+      const uint64_t listed = found_.manifest.files.at(name);
       if (size != listed) {
         return absl::DataLossError(absl::StrCat(
             "shard '", file_path, "' is ", size, " bytes, the manifest says ",
             listed, size < listed ? " (truncated)" : ""));
       }
-      f = files.emplace(piece.file, std::move(opened)).first;
+      f = files_.emplace(name, std::move(opened)).first;
     }
+    return &f->second;
+  }
+
+ private:
+  const CheckpointManifest& found_;
+  std::map<std::string, File> files_;
+};
+
+}  // namespace
+
+namespace internal {
+
+uint64_t ShardBytesRead() { return shard_bytes_read.load(); }
+
+absl::Status FillFromManifest(StateDict& state,
+                              const CheckpointManifest& found) {
+  const Manifest& m = found.manifest;
+  VEMESH_ASSIGN_OR_RETURN(Wanted wanted, PlanRuns(state, found));
+  ShardFiles files(found);
+  for (auto& [key, runs] : wanted) {
+    const ManifestPiece& piece = m.tensors.at(key.first).pieces[key.second];
+    VEMESH_ASSIGN_OR_RETURN(const File* f, files.Get(piece.file));
     VEMESH_RETURN_IF_ERROR(
-        ReadPiece(f->second, key.first, piece, m.chunk_bytes, runs));
+        ReadPiece(*f, key.first, piece, m.chunk_bytes, runs));
   }
   return absl::OkStatus();
 }
@@ -270,12 +305,190 @@ absl::Status FillFromManifest(StateDict& state,
 
 namespace {
 
-// This rank's part of a load, with no communication.
-absl::StatusOr<LoadResult> LoadLocal(StateDict& state, const std::string& dir,
-                                     const LoadOptions& options) {
-  VEMESH_ASSIGN_OR_RETURN(CheckpointManifest found,
-                          ChooseCheckpoint(dir, options));
-  VEMESH_RETURN_IF_ERROR(internal::FillFromManifest(state, found));
+// One contiguous part of a run inside one chunk of a saved piece: the unit
+// a reader sends. `piece` numbers the manifest's pieces (tensors in name
+// order, then their pieces in order).
+struct Segment {
+  uint64_t piece;
+  uint64_t src;  // in the saved piece's bytes
+  uint64_t length;
+};
+
+// Collective over `world` (every rank with the same manifest): fills
+// `state` with each chunk any rank needs read by exactly one of the ranks
+// that need it (the one with the fewest bytes assigned so far), verified
+// there, and its bytes sent to the others over `world` (all_to_all_v): a
+// resharded load reads the checkpoint once, not once per rank that
+// touches a chunk. Errors (planning, reading) are agreed: the same on
+// every rank.
+absl::Status SharedRead(StateDict& state, const CheckpointManifest& found,
+                        Communicator& world) {
+  const Manifest& m = found.manifest;
+  const int n = world.size(), me = world.rank();
+  const uint64_t chunk = m.chunk_bytes;
+  // The manifest's pieces, numbered.
+  std::vector<std::pair<const std::string*, const ManifestPiece*>> pieces;
+  std::map<std::pair<std::string, size_t>, uint64_t> piece_id;
+  for (const auto& [name, t] : m.tensors) {
+    for (size_t i = 0; i < t.pieces.size(); ++i) {
+      piece_id[{name, i}] = pieces.size();
+      pieces.emplace_back(&name, &t.pieces[i]);
+    }
+  }
+  // This rank's runs, cut at chunk boundaries, in (piece, src) order; the
+  // destination of each segment kept beside it.
+  absl::StatusOr<Wanted> wanted = PlanRuns(state, found);
+  std::vector<Segment> mine;
+  std::vector<char*> mine_dst;
+  if (wanted.ok()) {
+    for (const auto& [key, runs] : *wanted) {
+      const uint64_t id = piece_id.at(key);
+      for (const Run& r : runs) {
+        uint64_t at = r.src;
+        while (at < r.src + r.length) {
+          const uint64_t end =
+              std::min(r.src + r.length, (at / chunk + 1) * chunk);
+          mine.push_back(Segment{id, at, end - at});
+          mine_dst.push_back(r.dst + (at - r.src));
+          at = end;
+        }
+      }
+    }
+  }
+  VEMESH_RETURN_IF_ERROR(internal::AgreeStatus(world, wanted.status()));
+  // Every rank's segments to every rank.
+  std::string encoded(mine.size() * sizeof(Segment), '\0');
+  if (!mine.empty()) std::memcpy(encoded.data(), mine.data(), encoded.size());
+  VEMESH_ASSIGN_OR_RETURN(std::vector<std::string> all,
+                          internal::AllGatherStrings(world, encoded));
+  std::vector<std::vector<Segment>> segs(n);
+  for (int r = 0; r < n; ++r) {
+    segs[r].resize(all[r].size() / sizeof(Segment));
+    if (!segs[r].empty()) {
+      std::memcpy(segs[r].data(), all[r].data(),
+                  segs[r].size() * sizeof(Segment));
+    }
+    for (const Segment& sg : segs[r]) {
+      if (sg.piece >= pieces.size() ||
+          sg.src + sg.length > pieces[sg.piece].second->length) {
+        return absl::InternalError(
+            "checkpoint load: ranks planned different manifests");
+      }
+    }
+  }
+  // Each needed chunk's reader: of the ranks that need it, the one with the
+  // fewest bytes to read so far (the lowest on ties); the same on every rank.
+  using ChunkKey = std::pair<uint64_t, uint64_t>;  // (piece, chunk index)
+  std::map<ChunkKey, int> reader;
+  {
+    std::map<ChunkKey, std::vector<int>> needers;
+    for (int r = 0; r < n; ++r) {
+      for (const Segment& sg : segs[r]) {
+        std::vector<int>& v = needers[{sg.piece, sg.src / chunk}];
+        if (v.empty() || v.back() != r) v.push_back(r);
+      }
+    }
+    std::vector<uint64_t> load(n, 0);
+    for (const auto& [key, ranks] : needers) {
+      int best = ranks[0];
+      for (int r : ranks) {
+        if (load[r] < load[best]) best = r;
+      }
+      const ManifestPiece& p = *pieces[key.first].second;
+      load[best] += std::min(chunk, p.length - key.second * chunk);
+      reader[key] = best;
+    }
+  }
+  // What goes where: bytes from this rank to each rank, and back.
+  std::vector<size_t> send_counts(n, 0), recv_counts(n, 0);
+  std::map<ChunkKey, std::vector<std::pair<int, const Segment*>>> to_send;
+  for (int r = 0; r < n; ++r) {
+    for (const Segment& sg : segs[r]) {
+      const int from = reader.at({sg.piece, sg.src / chunk});
+      if (from == me) {
+        send_counts[r] += sg.length;
+        to_send[{sg.piece, sg.src / chunk}].emplace_back(r, &sg);
+      }
+      if (r == me) recv_counts[from] += sg.length;
+    }
+  }
+  std::vector<size_t> send_at(n, 0);
+  size_t send_total = 0;
+  for (int r = 0; r < n; ++r) {
+    send_at[r] = send_total;
+    send_total += send_counts[r];
+  }
+  // Read this rank's chunks (contiguous ones of a piece together, at most
+  // kReadWindowBytes at once), verify each, and pack the segments in
+  // (piece, src) order per destination: the order each destination unpacks.
+  std::vector<char> send(send_total);
+  absl::Status read;
+  {
+    ShardFiles files(found);
+    std::string buffer;
+    auto it = to_send.begin();
+    while (read.ok() && it != to_send.end()) {
+      const uint64_t id = it->first.first;
+      const ManifestPiece& p = *pieces[id].second;
+      // A window: consecutive chunks of this piece assigned to this rank.
+      auto last = it;
+      uint64_t count = 1;
+      while (std::next(last) != to_send.end() &&
+             std::next(last)->first.first == id &&
+             std::next(last)->first.second == last->first.second + 1 &&
+             (count + 1) * chunk <= std::max(kReadWindowBytes, chunk)) {
+        ++last;
+        ++count;
+      }
+      const uint64_t begin = it->first.second * chunk;
+      const uint64_t end = std::min(p.length, (last->first.second + 1) * chunk);
+      absl::StatusOr<const File*> f = files.Get(p.file);
+      if (!f.ok()) {
+        read = f.status();
+        break;
+      }
+      buffer.resize(end - begin);
+      read = (*f)->PreadAll(buffer.data(), end - begin, p.offset + begin);
+      shard_bytes_read += end - begin;
+      for (auto c = it; read.ok() && c != std::next(last); ++c) {
+        const uint64_t k = c->first.second;
+        const uint64_t kb = k * chunk - begin;
+        const uint64_t kn = std::min(chunk, p.length - k * chunk);
+        if (internal::Crc32c(buffer.data() + kb, kn) != p.crc32c[k]) {
+          read = absl::DataLossError(absl::StrCat(
+              "checksum mismatch in '", (*f)->path(), "': tensor '",
+              *pieces[id].first, "' piece ", BoxToString(p.box), " bytes [",
+              p.offset + k * chunk, ", +", kn, ") (corrupted)"));
+          break;
+        }
+        for (const auto& [to, sg] : c->second) {
+          std::memcpy(send.data() + send_at[to],
+                      buffer.data() + (sg->src - begin), sg->length);
+          send_at[to] += sg->length;
+        }
+      }
+      it = std::next(last);
+    }
+  }
+  VEMESH_RETURN_IF_ERROR(internal::AgreeStatus(world, read));
+  size_t recv_total = 0;
+  for (size_t c : recv_counts) recv_total += c;
+  std::vector<char> recv(recv_total);
+  VEMESH_RETURN_IF_ERROR(world.all_to_all_v(
+      send.data(), send_counts, recv.data(), recv_counts, DataType::kUInt8));
+  // Unpack: this rank's segments in order, each from its reader's stream.
+  std::vector<size_t> recv_at(n, 0);
+  for (int r = 1; r < n; ++r) recv_at[r] = recv_at[r - 1] + recv_counts[r - 1];
+  for (size_t i = 0; i < mine.size(); ++i) {
+    const Segment& sg = mine[i];
+    const int from = reader.at({sg.piece, sg.src / chunk});
+    std::memcpy(mine_dst[i], recv.data() + recv_at[from], sg.length);
+    recv_at[from] += sg.length;
+  }
+  return absl::OkStatus();
+}
+
+LoadResult ResultOf(const CheckpointManifest& found) {
   LoadResult result;
   result.step = found.manifest.step;
   result.path = found.path;
@@ -308,8 +521,9 @@ absl::StatusOr<LoadResult> Load(StateDict& state, const std::string& dir,
 absl::StatusOr<LoadResult> Load(StateDict& state, const std::string& dir,
                                 Communicator& world,
                                 const LoadOptions& options) {
-  absl::StatusOr<LoadResult> local = LoadLocal(state, dir, options);
-  VEMESH_RETURN_IF_ERROR(internal::AgreeStatus(world, local.status()));
+  absl::StatusOr<CheckpointManifest> found = ChooseCheckpoint(dir, options);
+  VEMESH_RETURN_IF_ERROR(internal::AgreeStatus(world, found.status()));
+  absl::StatusOr<LoadResult> local = ResultOf(*found);
   // Every rank read the same manifest unless the directory changed under
   // the load; check that the step, the manifest's bytes and the directory
   // agree.
@@ -330,6 +544,13 @@ absl::StatusOr<LoadResult> Load(StateDict& state, const std::string& dir,
     return absl::AbortedError(absl::StrCat(
         "checkpoint '", dir, "' changed during the load: ranks read ",
         "different manifests of step ", lo[0]));
+  }
+  // The same manifest everywhere: read each needed chunk once per job.
+  if (world.size() == 1) {
+    VEMESH_RETURN_IF_ERROR(internal::AgreeStatus(
+        world, internal::FillFromManifest(state, *found)));
+  } else {
+    VEMESH_RETURN_IF_ERROR(SharedRead(state, *found, world));
   }
   return local;
 }

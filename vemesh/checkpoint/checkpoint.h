@@ -100,10 +100,12 @@ struct LoadOptions {
 };
 
 // Collective. Fills every piece of `state` from the checkpoint <dir>/latest
-// names (or, given `step`, the newest committed directory of that step):
-// each rank preads only the 1 MiB chunks that overlap its boxes, verifies
-// their CRC32C and copies them: bit-identical. Errors name the file or
-// tensor and are the same on every rank: no checkpoint, a missing or
+// names (or, given `step`, the newest committed directory of that step),
+// bit-identical: the ranks agree on one manifest, then each 1 MiB chunk
+// that any rank's boxes overlap is read by one of those ranks, its CRC32C
+// verified, and its parts sent to the others (all_to_all_v over `world`):
+// each byte is read once per job, also when the layout differs. Errors name the
+// file or tensor and are the same on every rank: no checkpoint, a missing or
 // truncated shard, a checksum mismatch, a tensor the checkpoint lacks, a
 // dtype or shape that differs ("of another model"), a part of a box that no
 // saved piece covers.

@@ -9,6 +9,8 @@
 #ifndef VEMESH_CHECKPOINT_INTERNAL_READ_H_
 #define VEMESH_CHECKPOINT_INTERNAL_READ_H_
 
+#include <cstdint>
+
 #include "absl/status/status.h"
 #include "vemesh/checkpoint/checkpoint.h"
 #include "vemesh/checkpoint/state_dict.h"
@@ -20,6 +22,10 @@ namespace vemesh::checkpoint::internal {
 // copied. Errors as Load's, on this process only.
 absl::Status FillFromManifest(StateDict& state,
                               const CheckpointManifest& found);
+
+// Shard bytes this process has read in loads (Load, FillFromManifest),
+// for the tests and the benchmark of how often a byte is read.
+uint64_t ShardBytesRead();
 
 }  // namespace vemesh::checkpoint::internal
 
