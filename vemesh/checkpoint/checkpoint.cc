@@ -406,10 +406,12 @@ absl::Status SharedRead(StateDict& state, const CheckpointManifest& found,
     for (const Segment& sg : segs[r]) {
       const int from = reader.at({sg.piece, sg.src / chunk});
       if (from == me) {
-        send_counts[r] += sg.length;
+        // What this rank reads for itself is copied in place, not sent.
+        if (r != me) send_counts[r] += sg.length;
         to_send[{sg.piece, sg.src / chunk}].emplace_back(r, &sg);
+      } else if (r == me) {
+        recv_counts[from] += sg.length;
       }
-      if (r == me) recv_counts[from] += sg.length;
     }
   }
   std::vector<size_t> send_at(n, 0);
@@ -462,9 +464,13 @@ absl::Status SharedRead(StateDict& state, const CheckpointManifest& found,
           break;
         }
         for (const auto& [to, sg] : c->second) {
-          std::memcpy(send.data() + send_at[to],
-                      buffer.data() + (sg->src - begin), sg->length);
-          send_at[to] += sg->length;
+          const char* from = buffer.data() + (sg->src - begin);
+          if (to == me) {
+            std::memcpy(mine_dst[sg - segs[me].data()], from, sg->length);
+          } else {
+            std::memcpy(send.data() + send_at[to], from, sg->length);
+            send_at[to] += sg->length;
+          }
         }
       }
       it = std::next(last);
@@ -476,12 +482,14 @@ absl::Status SharedRead(StateDict& state, const CheckpointManifest& found,
   std::vector<char> recv(recv_total);
   VEMESH_RETURN_IF_ERROR(world.all_to_all_v(
       send.data(), send_counts, recv.data(), recv_counts, DataType::kUInt8));
-  // Unpack: this rank's segments in order, each from its reader's stream.
+  // Unpack: this rank's segments in order, each from its reader's stream
+  // (those it read itself are in place already).
   std::vector<size_t> recv_at(n, 0);
   for (int r = 1; r < n; ++r) recv_at[r] = recv_at[r - 1] + recv_counts[r - 1];
   for (size_t i = 0; i < mine.size(); ++i) {
     const Segment& sg = mine[i];
     const int from = reader.at({sg.piece, sg.src / chunk});
+    if (from == me) continue;  // copied when read
     std::memcpy(mine_dst[i], recv.data() + recv_at[from], sg.length);
     recv_at[from] += sg.length;
   }
