@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <iterator>
 #include <map>
@@ -17,6 +18,7 @@
 #include "vemesh/checkpoint/internal/crc32c.h"
 #include "vemesh/checkpoint/internal/directory.h"
 #include "vemesh/checkpoint/internal/file_io.h"
+#include "vemesh/checkpoint/internal/json_util.h"
 #include "vemesh/checkpoint/internal/read.h"
 #include "vemesh/checkpoint/internal/save.h"
 #include "vemesh/checkpoint/manifest.h"
@@ -25,6 +27,7 @@ namespace vemesh::checkpoint {
 namespace {
 
 using internal::File;
+using internal::Json;
 
 // Shard bytes read by loads in this process (internal/read.h).
 std::atomic<uint64_t> shard_bytes_read{0};
@@ -33,10 +36,11 @@ std::atomic<uint64_t> shard_bytes_read{0};
 constexpr uint64_t kReadWindowBytes = uint64_t{64} << 20;
 
 // One contiguous run of bytes: `length` bytes at `src` in the saved piece
-// go to `dst`.
+// go to address `dst` (for another rank's plan, where only `src` and
+// `length` are used, an offset from 0).
 struct Run {
   uint64_t src;
-  char* dst;
+  uintptr_t dst;
   uint64_t length;
 };
 
@@ -45,7 +49,7 @@ struct Run {
 // source order. Trailing dimensions that all three cover fully fuse into
 // one run.
 void AppendRuns(const Box& from, const Box& to, const Box& part, size_t esize,
-                char* to_data, std::vector<Run>* runs) {
+                uintptr_t to_data, std::vector<Run>* runs) {
   const size_t nd = part.offsets.size();
   if (nd == 0) {
     runs->push_back(Run{0, to_data, esize});
@@ -140,8 +144,8 @@ absl::Status ReadPiece(const File& file, const std::string& tensor,
         const uint64_t lo = std::max(r.src, begin);
         const uint64_t hi = std::min(r.src + r.length, end);
         if (lo < hi) {
-          std::memcpy(r.dst + (lo - r.src), buffer.data() + (lo - begin),
-                      hi - lo);
+          std::memcpy(reinterpret_cast<char*>(r.dst + (lo - r.src)),
+                      buffer.data() + (lo - begin), hi - lo);
         }
       }
     }
@@ -211,13 +215,13 @@ std::string ShapeText(DType dtype, const std::vector<int64_t>& shape) {
 // out of it into `state`'s pieces.
 using Wanted = std::map<std::pair<std::string, size_t>, std::vector<Run>>;
 
-absl::StatusOr<Wanted> PlanRuns(StateDict& state,
+absl::StatusOr<Wanted> PlanRuns(const std::vector<Piece>& targets,
                                 const CheckpointManifest& found) {
   const Manifest& m = found.manifest;
   const std::string manifest_path =
       absl::StrCat(found.path, "/", internal::kManifestName);
   Wanted wanted;
-  for (const Piece& p : state.pieces()) {
+  for (const Piece& p : targets) {
     auto t = m.tensors.find(p.name);
     if (t == m.tensors.end()) {
       return absl::NotFoundError(
@@ -239,7 +243,7 @@ absl::StatusOr<Wanted> PlanRuns(StateDict& state,
       if (!part) continue;
       covered += BoxNumel(*part);
       AppendRuns(t->second.pieces[i].box, p.box, *part, DTypeSize(p.dtype),
-                 static_cast<char*>(p.data), &wanted[{p.name, i}]);
+                 reinterpret_cast<uintptr_t>(p.data), &wanted[{p.name, i}]);
     }
     if (covered != need) {
       return absl::NotFoundError(absl::StrCat(
@@ -290,7 +294,7 @@ uint64_t ShardBytesRead() { return shard_bytes_read.load(); }
 absl::Status FillFromManifest(StateDict& state,
                               const CheckpointManifest& found) {
   const Manifest& m = found.manifest;
-  VEMESH_ASSIGN_OR_RETURN(Wanted wanted, PlanRuns(state, found));
+  VEMESH_ASSIGN_OR_RETURN(Wanted wanted, PlanRuns(state.pieces(), found));
   ShardFiles files(found);
   for (auto& [key, runs] : wanted) {
     const ManifestPiece& piece = m.tensors.at(key.first).pieces[key.second];
@@ -335,46 +339,73 @@ absl::Status SharedRead(StateDict& state, const CheckpointManifest& found,
       pieces.emplace_back(&name, &t.pieces[i]);
     }
   }
-  // This rank's runs, cut at chunk boundaries, in (piece, src) order; the
-  // destination of each segment kept beside it.
-  absl::StatusOr<Wanted> wanted = PlanRuns(state, found);
-  std::vector<Segment> mine;
-  std::vector<char*> mine_dst;
-  if (wanted.ok()) {
-    for (const auto& [key, runs] : *wanted) {
+  // Runs cut at chunk boundaries, in (piece, src) order (with each
+  // segment's destination address when `dst` is given).
+  auto cut = [&](const Wanted& wanted, std::vector<Segment>* out,
+                 std::vector<char*>* dst) {
+    for (const auto& [key, runs] : wanted) {
       const uint64_t id = piece_id.at(key);
       for (const Run& r : runs) {
         uint64_t at = r.src;
         while (at < r.src + r.length) {
           const uint64_t end =
               std::min(r.src + r.length, (at / chunk + 1) * chunk);
-          mine.push_back(Segment{id, at, end - at});
-          mine_dst.push_back(r.dst + (at - r.src));
+          out->push_back(Segment{id, at, end - at});
+          if (dst != nullptr) {
+            dst->push_back(reinterpret_cast<char*>(r.dst + (at - r.src)));
+          }
           at = end;
         }
       }
     }
-  }
+  };
+  absl::StatusOr<Wanted> wanted = PlanRuns(state.pieces(), found);
+  std::vector<Segment> mine;
+  std::vector<char*> mine_dst;
+  if (wanted.ok()) cut(*wanted, &mine, &mine_dst);
   VEMESH_RETURN_IF_ERROR(internal::AgreeStatus(world, wanted.status()));
-  // Every rank's segments to every rank.
-  std::string encoded(mine.size() * sizeof(Segment), '\0');
-  if (!mine.empty()) std::memcpy(encoded.data(), mine.data(), encoded.size());
-  VEMESH_ASSIGN_OR_RETURN(std::vector<std::string> all,
-                          internal::AllGatherStrings(world, encoded));
+  // Every rank's boxes to every rank (small: a few per tensor), and from
+  // them every rank's segments, computed here as their owner computed them.
+  Json boxes = Json::array();
+  for (const Piece& p : state.pieces()) {
+    boxes.push_back({p.name, p.box.offsets, p.box.lengths});
+  }
+  VEMESH_ASSIGN_OR_RETURN(
+      std::vector<std::string> all,
+      internal::AllGatherStrings(world, internal::DumpJson(boxes)));
   std::vector<std::vector<Segment>> segs(n);
   for (int r = 0; r < n; ++r) {
-    segs[r].resize(all[r].size() / sizeof(Segment));
-    if (!segs[r].empty()) {
-      std::memcpy(segs[r].data(), all[r].data(),
-                  segs[r].size() * sizeof(Segment));
+    if (r == me) {
+      segs[r] = mine;
+      continue;
     }
-    for (const Segment& sg : segs[r]) {
-      if (sg.piece >= pieces.size() ||
-          sg.src + sg.length > pieces[sg.piece].second->length) {
-        return absl::InternalError(
-            "checkpoint load: ranks planned different manifests");
+    std::vector<Piece> theirs;
+    absl::StatusOr<Json> j = internal::ParseJson(all[r], "load plan", 8);
+    absl::Status parsed = j.status();
+    if (parsed.ok()) {
+      try {
+        for (const Json& b : *j) {
+          Piece p;
+          p.name = b.at(0).get<std::string>();
+          const ManifestTensor& t = m.tensors.at(p.name);
+          p.dtype = t.dtype;
+          p.global_shape = t.shape;
+          p.box = Box{b.at(1).get<std::vector<int64_t>>(),
+                      b.at(2).get<std::vector<int64_t>>()};
+          theirs.push_back(std::move(p));
+        }
+      } catch (const std::exception& e) {
+        parsed = absl::InternalError(e.what());
       }
     }
+    absl::StatusOr<Wanted> w =
+        parsed.ok() ? PlanRuns(theirs, found) : absl::StatusOr<Wanted>(parsed);
+    if (!w.ok()) {
+      return absl::InternalError(
+          absl::StrCat("checkpoint load: rank ", r,
+                       "'s plan differs here: ", w.status().message()));
+    }
+    cut(*w, &segs[r], nullptr);
   }
   // Each needed chunk's reader: of the ranks that need it, the one with the
   // fewest bytes to read so far (the lowest on ties); the same on every rank.
