@@ -20,7 +20,11 @@
 //               the cache first; and onto column shards (resharded: every
 //               rank reads a strip of every piece, so more chunks);
 //   stall:      the time training waits: Save() vs AsyncSaver::Start (the
-//               copy; Wait() is reported too).
+//               copy; Wait() is reported too);
+//   bytes read: shard bytes every rank read in each load, summed, as a
+//               multiple of the checkpoint (1.0: each byte read once);
+//   manifest:   ManifestToJson + ParseManifest (checksum, keys, tiling,
+//               file ranges) of a manifest of 10^3 and 10^5 pieces.
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -39,6 +43,8 @@
 #include "absl/time/time.h"
 #include "vemesh/checkpoint/async_saver.h"
 #include "vemesh/checkpoint/checkpoint.h"
+#include "vemesh/checkpoint/internal/read.h"
+#include "vemesh/checkpoint/manifest.h"
 #include "vemesh/comm/mpi/mpi_communicator.h"
 #include "vemesh/comm/mpi/mpi_environment.h"
 
@@ -51,6 +57,54 @@ namespace vemesh::checkpoint {
 namespace {
 
 constexpr int64_t kCols = 1024;  // floats per row: 4 KiB rows
+
+// Seconds to write and parse (every check) a manifest of `pieces` pieces:
+// 100 tensors [pieces / 100, 256] F32 in one-row pieces over 8 files,
+// column-split in two for every other tensor (so the tiling is checked in
+// two dimensions). Best of 3.
+double ManifestCheckSeconds(int64_t pieces) {
+  Manifest m;
+  const int64_t per_tensor = pieces / 100;
+  for (int f = 0; f < 8; ++f) {
+    m.files[absl::StrCat("shard-", f, ".safetensors")] = uint64_t{1} << 40;
+  }
+  uint64_t at[8] = {};
+  int64_t k = 0;
+  for (int t = 0; t < 100; ++t) {
+    ManifestTensor& mt = m.tensors[absl::StrCat("t", t)];
+    const bool split = t % 2 == 1;
+    const int64_t rows = split ? per_tensor / 2 : per_tensor;
+    mt.shape = {rows, 256};
+    for (int64_t row = 0; row < rows; ++row) {
+      for (int half = 0; half < (split ? 2 : 1); ++half) {
+        const int f = static_cast<int>(k++ % 8);
+        const int64_t cols = split ? 128 : 256;
+        ManifestPiece p{Box{{row, half * 128}, {1, cols}},
+                        absl::StrCat("shard-", f, ".safetensors"),
+                        absl::StrCat("t", t, "@", row),
+                        at[f],
+                        static_cast<uint64_t>(cols) * 4,
+                        {0}};
+        at[f] += p.length;
+        mt.pieces.push_back(std::move(p));
+      }
+    }
+  }
+  double best = 1e30;
+  for (int rep = 0; rep < 3; ++rep) {
+    const absl::Time t0 = absl::Now();
+    const std::string text = ManifestToJson(m);
+    absl::StatusOr<Manifest> back = ParseManifest(text, "bench");
+    const double s = absl::ToDoubleSeconds(absl::Now() - t0);
+    if (!back.ok()) {
+      std::fprintf(stderr, "checkpoint_bench: %s\n",
+                   back.status().ToString().c_str());
+      return -1;
+    }
+    best = std::min(best, s);
+  }
+  return best;
+}
 
 void DropFromCache(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY);
@@ -115,6 +169,14 @@ int Run(Communicator& world) {
 
   double disk_w = 1e30, disk_r = 1e30, save = 1e30, load = 1e30, reshard = 1e30,
          start = 1e30, wait = 1e30;
+  // Shard bytes read by the last load of each kind, over all ranks.
+  int64_t load_read = 0, reshard_read = 0;
+  auto read_since = [&](uint64_t before) {
+    int64_t mine = static_cast<int64_t>(internal::ShardBytesRead() - before);
+    int64_t sum = 0;
+    (void)world.all_reduce(&mine, &sum, 1, DataType::kInt64, ReduceOp::kSum);
+    return sum;
+  };
   std::vector<char> buf(my_bytes, 'x');
   const std::string file = absl::StrCat(dir, "/dd-", r);
   absl::Status status;
@@ -151,9 +213,11 @@ int Run(Communicator& world) {
                     }));
     if (r == 0) DropDirFromCache(ck);
     (void)world.barrier();
+    uint64_t before = internal::ShardBytesRead();
     load = std::min(load, Timed(world, [&] {
                       status.Update(Load(state, ck, world).status());
                     }));
+    load_read = read_since(before);
     // Column shards of every layer: a resharded load.
     std::vector<std::vector<float>> cols(4);
     StateDict by_cols;
@@ -166,9 +230,11 @@ int Run(Communicator& world) {
     }
     if (r == 0) DropDirFromCache(ck);
     (void)world.barrier();
+    before = internal::ShardBytesRead();
     reshard = std::min(reshard, Timed(world, [&] {
                          status.Update(Load(by_cols, ck, world).status());
                        }));
+    reshard_read = read_since(before);
     start = std::min(start, Timed(world, [&] {
                        status.Update((*saver)->Start(state, ++step, ck));
                      }));
@@ -198,6 +264,17 @@ int Run(Communicator& world) {
         "  stall per save: blocking Save %.1f ms, AsyncSaver::Start %.1f ms "
         "(%.1fx less); Wait %.1f ms later\n",
         save * 1e3, start * 1e3, save / start, wait * 1e3);
+    std::printf(
+        "  bytes read per load, all ranks: same shards %.2fx, rows->cols "
+        "%.2fx the checkpoint\n",
+        load_read / total_bytes, reshard_read / total_bytes);
+    for (int64_t pieces : {int64_t{1000}, int64_t{100000}}) {
+      const double t = ManifestCheckSeconds(pieces);
+      std::printf(
+          "  manifest of %lld pieces: to JSON and parsed with every "
+          "check in %.1f ms (%.2f us per piece)\n",
+          static_cast<long long>(pieces), t * 1e3, t * 1e6 / pieces);
+    }
     std::printf("  status: %s\n", status.ToString().c_str());
   }
   (void)world.barrier();

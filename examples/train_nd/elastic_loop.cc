@@ -278,7 +278,8 @@ int Fail(int replica, int rank, absl::string_view what,
 // checkpoint loads it on every replica and resumes at its step.
 class ElasticCheckpoints {
  public:
-  absl::Status Init(const TrainPlan& plan) {
+  absl::Status Init(const TrainPlan& plan, const std::string& elastic_job) {
+    elastic_job_ = elastic_job;
     if (plan.options.checkpoint_dir.empty()) return absl::OkStatus();
     absl::StatusOr<std::shared_ptr<vemesh::MpiCommunicator>> w =
         vemesh::MpiCommunicator::World();
@@ -344,6 +345,7 @@ class ElasticCheckpoints {
   // The launch's world, held for the job (as the count at start saw it).
   std::shared_ptr<vemesh::Communicator> world_;
   std::unique_ptr<vemesh::strategies::PeriodicCheckpoint> ckpt_;
+  std::string elastic_job_;
 };
 
 // The plan for an epoch of `replicas` replicas: DP is their number, or
@@ -417,7 +419,7 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
   };
   // Its communicator (the replica's launch) counts in the baseline below.
   ElasticCheckpoints checkpoints;
-  if (absl::Status s = checkpoints.Init(*plan); !s.ok()) {
+  if (absl::Status s = checkpoints.Init(*plan, settings.job); !s.ok()) {
     return Fail(replica, launch_rank, "checkpoint", s);
   }
   const int64_t communicators_at_start = vemesh::LiveCommunicatorCount();

@@ -14,6 +14,8 @@
 // prints the steps; at the end every rank trains the serial reference
 // in-process and compares the curves, so all ranks exit alike.
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -127,6 +129,11 @@ ABSL_FLAG(int, checkpoint_keep, kDefaults.checkpoint_keep,
 ABSL_FLAG(std::string, resume, kDefaults.resume,
           "continue from the latest checkpoint in DIR (saved on any mesh); "
           "the loss curve is checked against the serial run of all steps");
+ABSL_FLAG(std::string, checkpoint_job, kDefaults.checkpoint_job,
+          "the job's name, recorded in its checkpoints; with --resume, the "
+          "checkpoint must be this job's (default: a resume continues the "
+          "checkpoint's job, a fresh run gets a name of its own; elastic: "
+          "--job)");
 ABSL_FLAG(int, fingerprint_every, 0,
           "elastic: compare the replicas' state fingerprints every N steps "
           "(0: only after each membership change)");
@@ -173,6 +180,7 @@ TrainOptions OptionsFromFlags() {
   o.checkpoint_async = absl::GetFlag(FLAGS_checkpoint_async);
   o.checkpoint_keep = absl::GetFlag(FLAGS_checkpoint_keep);
   o.resume = absl::GetFlag(FLAGS_resume);
+  o.checkpoint_job = absl::GetFlag(FLAGS_checkpoint_job);
   return o;
 }
 
@@ -193,7 +201,8 @@ absl::StatusOr<std::shared_ptr<vemesh::Communicator>> WorldGroup(
 // Trains on the current registry mesh; `world` (all ranks) saves and loads
 // checkpoints when the plan asks for them.
 absl::StatusOr<TrainResult> Train(const TrainPlan& plan, bool print,
-                                  vemesh::Communicator* world) {
+                                  vemesh::Communicator* world,
+                                  const std::string& fresh_job) {
   absl::StatusOr<std::unique_ptr<ParallelMlpStage>> stage =
       ParallelMlpStage::Create(plan);
   if (!stage.ok()) return stage.status();
@@ -221,8 +230,12 @@ absl::StatusOr<TrainResult> Train(const TrainPlan& plan, bool print,
         !s.ok()) {
       return s;
     }
+    // A named job resumes only its own checkpoint.
+    vemesh::checkpoint::LoadOptions load_options;
+    load_options.job = plan.options.checkpoint_job;
     absl::StatusOr<vemesh::checkpoint::LoadResult> loaded =
-        vemesh::checkpoint::Load(dict, plan.options.resume, *world);
+        vemesh::checkpoint::Load(dict, plan.options.resume, *world,
+                                 load_options);
     if (!loaded.ok()) {
       return absl::Status(loaded.status().code(),
                           absl::StrCat("--resume=", plan.options.resume, ": ",
@@ -347,8 +360,13 @@ absl::StatusOr<TrainResult> Train(const TrainPlan& plan, bool print,
           !s.ok()) {
         return s;
       }
+      // From the one checkpoint the parameters came from (not the newest
+      // directory of step t, which may be another job's): its directory,
+      // its manifest's bytes and job, checked.
+      vemesh::checkpoint::LoadOptions same;
+      same.same_checkpoint_as = &*resumed;
       absl::StatusOr<vemesh::checkpoint::LoadResult> loaded =
-          vemesh::checkpoint::Load(dict, plan.options.resume, *world, t);
+          vemesh::checkpoint::Load(dict, plan.options.resume, *world, same);
       if (!loaded.ok()) {
         return absl::Status(
             loaded.status().code(),
@@ -360,8 +378,29 @@ absl::StatusOr<TrainResult> Train(const TrainPlan& plan, bool print,
     }
   }
   std::unique_ptr<vemesh::checkpoint::AsyncSaver> saver;
-  const vemesh::checkpoint::SaveOptions save_options{
-      .keep_last = plan.options.checkpoint_keep};
+  // The job these checkpoints belong to: --job, else the resumed
+  // checkpoint's (a restart continues its job), else a fresh name.
+  vemesh::checkpoint::SaveOptions save_options;
+  save_options.keep_last = plan.options.checkpoint_keep;
+  save_options.job = plan.options.checkpoint_job;
+  if (save_options.job.empty() && resumed) save_options.job = resumed->job;
+  if (save_options.job.empty()) save_options.job = fresh_job;
+  save_options.mesh = plan.options.mesh;
+  if (plan.options.checkpoint_every > 0) {
+    // One directory, one job: refused now, not at the first save.
+    if (absl::Status s = vemesh::checkpoint::AgreeStatus(
+            *world, vemesh::checkpoint::CheckCanWrite(
+                        plan.options.checkpoint_dir, save_options.job));
+        !s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat("--checkpoint_dir: ", s.message()));
+    }
+  }
+  if (print && plan.options.checkpoint_every > 0) {
+    std::printf("train_nd: checkpoints of job '%s' into %s\n",
+                save_options.job.c_str(), plan.options.checkpoint_dir.c_str());
+    std::fflush(stdout);
+  }
   if (plan.options.checkpoint_every > 0 && plan.options.checkpoint_async) {
     absl::StatusOr<std::unique_ptr<vemesh::checkpoint::AsyncSaver>> made =
         vemesh::checkpoint::AsyncSaver::Create(*world);
@@ -600,8 +639,28 @@ int Run() {
     if (!w.ok()) return Fail(world_rank, "checkpoint", w.status(), 1);
     world = *std::move(w);
   }
+  // A fresh run's job name (used when --job is not given and no resume
+  // names one): rank 0's, the same on every rank.
+  std::string fresh_job;
+  if (world != nullptr && plan->options.checkpoint_job.empty()) {
+    char name[256] = {};
+    if (world->rank() == 0) {
+      char host[64] = {};
+      ::gethostname(host, sizeof(host) - 1);
+      std::snprintf(name, sizeof(name), "train_nd-%s-%d-%lld", host,
+                    static_cast<int>(::getpid()),
+                    static_cast<long long>(absl::ToUnixMillis(absl::Now())));
+    }
+    if (absl::Status s =
+            world->broadcast(name, sizeof(name), vemesh::DataType::kUInt8, 0);
+        !s.ok()) {
+      return Fail(world_rank, "checkpoint", s, 1);
+    }
+    fresh_job = name;
+  }
   const absl::Time start = absl::Now();
-  absl::StatusOr<TrainResult> trained = Train(*plan, print, world.get());
+  absl::StatusOr<TrainResult> trained =
+      Train(*plan, print, world.get(), fresh_job);
   if (!trained.ok()) return Fail(world_rank, "training", trained.status(), 1);
   const std::vector<double>* losses = &trained->losses;
   const int first = static_cast<int>(trained->first_step);

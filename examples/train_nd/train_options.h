@@ -96,6 +96,11 @@ struct TrainOptions {
   bool checkpoint_async = true;
   int checkpoint_keep = 2;
   std::string resume;
+  // The job's name, recorded in its checkpoints (SaveOptions::job) and
+  // required of the checkpoint a resume reads. Empty: a resume continues
+  // the resumed checkpoint's job; a fresh run names itself
+  // train_nd-<host>-<pid>-<time>; elastic: the elastic job's --job.
+  std::string checkpoint_job;
 };
 
 struct TrainPlan {

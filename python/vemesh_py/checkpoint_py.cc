@@ -203,8 +203,9 @@ void Save(const py::list& entries, const std::string& dir,
     py::gil_scoped_release nogil;
     s = checkpoint::AgreeStatus(*group, local);
     if (s.ok()) {
-      s = checkpoint::Save(held.state, step, dir, *group,
-                           checkpoint::SaveOptions{.keep_last = keep_last});
+      checkpoint::SaveOptions options;
+      options.keep_last = keep_last;
+      s = checkpoint::Save(held.state, step, dir, *group, options);
     }
   }
   ThrowIfError(s);

@@ -88,7 +88,7 @@ int RunVerify(const std::string& dir, int64_t min, int64_t max) {
                                        1, {0}, absl::Seconds(60));
   if (!comm.ok()) return Fail(comm.status().ToString());
   // b and ids first (their shapes are fixed), then w at the shape the
-  // manifest of the same step gives.
+  // manifest of the same checkpoint gives.
   std::vector<float> b(kCols);
   std::vector<int64_t> ids(16);
   StateDict small;
@@ -116,7 +116,11 @@ int RunVerify(const std::string& dir, int64_t min, int64_t max) {
   std::vector<float> w(rows * kCols);
   StateDict whole;
   (void)whole.AddFull("w", DType::kF32, {rows, kCols}, w.data());
-  auto second = Load(whole, dir, **comm, step);
+  // From the same checkpoint as the first load (its directory, manifest
+  // bytes and job), as a resume does.
+  LoadOptions same;
+  same.same_checkpoint_as = &*first;
+  auto second = Load(whole, dir, **comm, same);
   if (!second.ok()) return Fail(second.status().ToString());
   for (int64_t i = 0; i < rows * kCols; ++i) {
     if (w[i] != W(i, step)) return Fail("w differs at " + std::to_string(i));

@@ -8,6 +8,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -21,6 +23,8 @@
 #include "gtest/gtest.h"
 #include "vemesh/checkpoint/async_saver.h"
 #include "vemesh/checkpoint/checkpoint.h"
+#include "vemesh/checkpoint/internal/crc32c.h"
+#include "vemesh/checkpoint/internal/read.h"
 #include "vemesh/checkpoint/manifest.h"
 #include "vemesh/checkpoint/safetensors.h"
 #include "vemesh/comm/mpi/mpi_communicator.h"
@@ -294,6 +298,375 @@ TEST(Checkpoint, BadShardsAreNamedOnEveryRank) {
   ExpectLoadFails(*world, dir, "'nope' is not in checkpoint", "nope");
   // No checkpoint at all.
   ExpectLoadFails(*world, dir + "/absent", "no committed checkpoint");
+  RemoveShared(*world, dir);
+}
+
+// w [16, 12] in 4 row pieces whatever the world size (rank r holds pieces
+// r, r + n, ...), and b [12] on every rank.
+absl::Status SaveFourRowPieces(Communicator& world, const std::string& dir,
+                               int64_t step) {
+  StateDict state;
+  std::vector<std::vector<float>> rows;
+  for (int part = world.rank(); part < 4; part += world.size()) {
+    Box box = Rows(kR, kC, part, 4);
+    rows.push_back(Fill({kR, kC}, box, 0));
+    EXPECT_TRUE(
+        state.Add("w", DType::kF32, {kR, kC}, box, rows.back().data()).ok());
+  }
+  std::vector<float> b = Fill({kC}, Box{{0}, {kC}}, 1000);
+  EXPECT_TRUE(state.AddFull("b", DType::kF32, {kC}, b.data()).ok());
+  return Save(state, step, dir, world);
+}
+
+constexpr char kWrongValues[] = "Load returned OK with wrong values";
+
+// Loads w and b whole; OK only when both are exactly what was saved.
+absl::Status LoadWholeExactly(Communicator& world, const std::string& dir) {
+  std::vector<float> w(kR * kC, -1), b(kC, -1);
+  StateDict want;
+  EXPECT_TRUE(want.AddFull("w", DType::kF32, {kR, kC}, w.data()).ok());
+  EXPECT_TRUE(want.AddFull("b", DType::kF32, {kC}, b.data()).ok());
+  auto loaded = Load(want, dir, world);
+  if (!loaded.ok()) return loaded.status();
+  if (w != Fill({kR, kC}, Box{{0, 0}, {kR, kC}}, 0) ||
+      b != Fill({kC}, Box{{0}, {kC}}, 1000)) {
+    return absl::InternalError(kWrongValues);
+  }
+  return absl::OkStatus();
+}
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+void WriteText(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::trunc | std::ios::binary);
+  out << text;
+}
+
+// `text` with its manifest_crc32c recomputed: what a writer that lies
+// consistently would leave.
+std::string Reseal(std::string text) {
+  const size_t at = text.rfind(",\n \"manifest_crc32c\"");
+  EXPECT_NE(at, std::string::npos);
+  text.resize(at);
+  return absl::StrCat(text, ",\n \"manifest_crc32c\": ",
+                      internal::Crc32c(text.data(), text.size()), "\n}\n");
+}
+
+// The issue's case: one bit of manifest.json flipped (a row offset 4 -> 0)
+// made two pieces overlap and Load returned OK with most values wrong. Now
+// the flip is a checksum mismatch, and the same lie with a recomputed
+// checksum is refused as an overlap, on every rank.
+TEST(Checkpoint, AManifestThatLiesIsRefused) {
+  auto world = World();
+  const std::string dir = SharedTempDir(*world);
+  ASSERT_TRUE(SaveFourRowPieces(*world, dir, 1).ok());
+  const std::string path = dir + "/step-1/manifest.json";
+  const std::string good = ReadText(path);
+  ASSERT_TRUE(LoadWholeExactly(*world, dir).ok());
+  std::string flipped = good;
+  const size_t row4 = flipped.find("\"offsets\": [\n      4");
+  ASSERT_NE(row4, std::string::npos);
+  const size_t digit = flipped.find('4', row4 + 11);
+  flipped[digit] = static_cast<char>(flipped[digit] ^ 0x04);  // '4' -> '0'
+  ASSERT_EQ(flipped[digit], '0');
+  ASSERT_TRUE(world->barrier().ok());
+  if (world->rank() == 0) WriteText(path, flipped);
+  ASSERT_TRUE(world->barrier().ok());
+  absl::Status s = LoadWholeExactly(*world, dir);
+  EXPECT_THAT(s.message(), HasSubstr(path + ": checksum mismatch"));
+  ASSERT_TRUE(world->barrier().ok());
+  if (world->rank() == 0) WriteText(path, Reseal(flipped));
+  ASSERT_TRUE(world->barrier().ok());
+  s = LoadWholeExactly(*world, dir);
+  EXPECT_THAT(s.message(),
+              HasSubstr("tensor 'w': pieces [0:4, 0:12] and [0:4, 0:12] "
+                        "overlap"));
+  RemoveShared(*world, dir);
+}
+
+// Mutations of a real checkpoint's manifest.json, each then loaded: a
+// flipped bit in every byte is refused (the manifest's checksum), and
+// every integer changed (to 0, v - 1, v + 1, v + 4, 2v) with the checksum
+// recomputed either is refused or loads exactly the saved values: no
+// mutation loads wrong values silently. One process (the mutations are the
+// same on every world size).
+TEST(Checkpoint, NoManifestMutationLoadsSilently) {
+  auto world = World();
+  if (world->size() != 1) GTEST_SKIP() << "one process is enough";
+  const std::string dir = SharedTempDir(*world);
+  ASSERT_TRUE(SaveFourRowPieces(*world, dir, 1).ok());
+  const std::string path = dir + "/step-1/manifest.json";
+  const std::string good = ReadText(path);
+  int flips = 0, refused = 0;
+  // One bit per byte (bit i mod 8) here, through the files and Load; every
+  // bit of every byte is Manifest.EveryFlippedBitIsRefused (parser only).
+  for (size_t i = 0; i < good.size(); ++i) {
+    for (int bit = static_cast<int>(i % 8); bit == static_cast<int>(i % 8);
+         ++bit) {
+      std::string bad = good;
+      bad[i] = static_cast<char>(bad[i] ^ (1 << bit));
+      WriteText(path, bad);
+      ++flips;
+      absl::Status s = LoadWholeExactly(*world, dir);
+      if (!s.ok() && s.message() != kWrongValues) {
+        ++refused;
+      } else {
+        ADD_FAILURE() << "byte " << i << " bit " << bit << ": " << s;
+      }
+    }
+  }
+  EXPECT_EQ(refused, flips);
+  // Integers behind a recomputed checksum.
+  const size_t body_end = good.rfind(",\n \"manifest_crc32c\"");
+  int changed = 0, harmless = 0;
+  for (size_t i = 0; i < body_end; ++i) {
+    if (!std::isdigit(static_cast<unsigned char>(good[i])) ||
+        (i > 0 && std::isdigit(static_cast<unsigned char>(good[i - 1])))) {
+      continue;
+    }
+    size_t end = i;
+    while (end < body_end &&
+           std::isdigit(static_cast<unsigned char>(good[end])))
+      ++end;
+    // Digits inside a string (a file or key name) are changed too.
+    const uint64_t v = std::stoull(good.substr(i, end - i));
+    for (uint64_t to : {uint64_t{0}, v - 1, v + 1, v + 4, 2 * v}) {
+      if (to == v || (v == 0 && to == v - 1)) continue;
+      std::string bad = good;
+      bad.replace(i, end - i, std::to_string(to));
+      WriteText(path, Reseal(bad));
+      ++changed;
+      absl::Status s = LoadWholeExactly(*world, dir);
+      EXPECT_NE(s.message(), kWrongValues)
+          << "value " << v << " at byte " << i << " -> " << to << ": " << s;
+      harmless += s.ok();
+    }
+  }
+  std::printf(
+      "manifest mutations: %d bit flips, all refused; %d integer "
+      "changes resealed, %d loaded the exact values, the rest "
+      "refused\n",
+      flips, changed, harmless);
+  WriteText(path, good);
+  EXPECT_TRUE(LoadWholeExactly(*world, dir).ok());
+  RemoveShared(*world, dir);
+}
+
+// The issue's case 1: a resume loads the parameters from the checkpoint
+// `latest` names, then the optimizer state with a second load. Another
+// job's step-10.1, committed but killed before it moved `latest`, was what
+// a second Load(..., step 10) read. With same_checkpoint_as, the second
+// load reads the first one's directory, checked against its manifest
+// bytes and job; a directory re-saved since is an error naming both.
+LoadOptions Options(std::optional<int64_t> step, const LoadResult* same,
+                    std::string job) {
+  LoadOptions o;
+  o.step = step;
+  o.same_checkpoint_as = same;
+  o.job = std::move(job);
+  return o;
+}
+
+TEST(Checkpoint, OneResumeReadsOneCheckpoint) {
+  auto world = World();
+  const int n = world->size(), r = world->rank();
+  const std::string dir = SharedTempDir(*world);
+  const std::string other = SharedTempDir(*world);
+  auto save = [&](const std::string& where, float seed,
+                  const std::string& job) {
+    Box rows = Rows(kR, kC, r, n);
+    std::vector<float> w = Fill({kR, kC}, rows, seed);
+    std::vector<float> m = Fill({kR, kC}, rows, seed + 500);  // "exp_avg"
+    StateDict state;
+    EXPECT_TRUE(state.Add("w", DType::kF32, {kR, kC}, rows, w.data()).ok());
+    EXPECT_TRUE(
+        state.Add("w.exp_avg", DType::kF32, {kR, kC}, rows, m.data()).ok());
+    return Save(state, 10, where, *world, {.job = job, .mesh = "DP=n"});
+  };
+  ASSERT_TRUE(save(dir, 0, "job-a").ok());
+  ASSERT_TRUE(save(other, 7, "job-b").ok());
+  ASSERT_TRUE(world->barrier().ok());
+  if (r == 0) {  // job B's step 10, committed, `latest` not moved
+    fs::rename(other + "/step-10", dir + "/step-10.1");
+  }
+  ASSERT_TRUE(world->barrier().ok());
+  Box cols = Cols(kR, kC, r, n);
+  std::vector<float> w(BoxNumel(cols)), m(BoxNumel(cols));
+  StateDict params, opt;
+  ASSERT_TRUE(params.Add("w", DType::kF32, {kR, kC}, cols, w.data()).ok());
+  ASSERT_TRUE(opt.Add("w.exp_avg", DType::kF32, {kR, kC}, cols, m.data()).ok());
+  auto first =
+      Load(params, dir, *world, Options(std::nullopt, nullptr, "job-a"));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->path, dir + "/step-10");
+  EXPECT_EQ(first->job, "job-a");
+  EXPECT_EQ(first->mesh, "DP=n");
+  EXPECT_EQ(w, Fill({kR, kC}, cols, 0));
+  // The old way: "the newest committed directory of step 10" is job B's.
+  auto by_step = Load(opt, dir, *world, 10);
+  ASSERT_TRUE(by_step.ok());
+  EXPECT_EQ(by_step->path, dir + "/step-10.1");
+  EXPECT_EQ(m, Fill({kR, kC}, cols, 507));
+  // One checkpoint: the first load's.
+  auto second = Load(opt, dir, *world, Options(std::nullopt, &*first, ""));
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->path, dir + "/step-10");
+  EXPECT_EQ(m, Fill({kR, kC}, cols, 500));
+  // Another job's checkpoint when this job is named: refused naming both.
+  auto wrong_job = Load(opt, dir, *world, Options(10, nullptr, "job-a"));
+  EXPECT_EQ(wrong_job.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(wrong_job.status().message(),
+              HasSubstr("step-10.1' belongs to job 'job-b', not to this job "
+                        "'job-a'"));
+  // The first directory re-saved between the two loads: refused, naming
+  // what each read.
+  ASSERT_TRUE(world->barrier().ok());
+  if (r == 0) {
+    fs::remove_all(dir + "/step-10");
+    fs::remove_all(dir + "/step-10.1");
+  }
+  ASSERT_TRUE(world->barrier().ok());
+  ASSERT_TRUE(save(dir, 3, "job-a").ok());
+  auto changed = Load(opt, dir, *world, Options(std::nullopt, &*first, ""));
+  EXPECT_EQ(changed.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(
+      changed.status().message(),
+      HasSubstr(absl::StrCat("checkpoint '", dir,
+                             "/step-10' changed since this job read it: it "
+                             "read step 10 of job 'job-a' (manifest CRC32C ",
+                             first->manifest_crc32c, ")")));
+  RemoveShared(*world, other);
+  RemoveShared(*world, dir);
+}
+
+// The issue's case 3: two jobs in one directory wrote the same latest.tmp,
+// one died "cannot rename", and the other's keep_last rotation deleted the
+// first's checkpoints. Now the directory records its owner: a second job is
+// refused at its first save, naming both, with nothing written; rotation
+// removes only the saving job's own checkpoints.
+TEST(Checkpoint, OneDirectoryOneJob) {
+  auto world = World();
+  const int n = world->size(), r = world->rank();
+  const std::string dir = SharedTempDir(*world);
+  const std::string other = SharedTempDir(*world);
+  Box rows = Rows(kR, kC, r, n);
+  std::vector<float> w = Fill({kR, kC}, rows, 0);
+  StateDict state;
+  ASSERT_TRUE(state.Add("w", DType::kF32, {kR, kC}, rows, w.data()).ok());
+  auto save = [&](const std::string& where, int64_t step,
+                  const std::string& job) {
+    SaveOptions o;
+    o.keep_last = 2;
+    o.job = job;
+    return Save(state, step, where, *world, o);
+  };
+  ASSERT_TRUE(save(dir, 1, "job-a").ok());
+  ASSERT_TRUE(save(dir, 2, "job-a").ok());
+  EXPECT_EQ(ReadText(dir + "/owner"), "job-a\n");
+  // Job B, and a save that names no job: refused at once, on every rank.
+  absl::Status b = save(dir, 3, "job-b");
+  EXPECT_EQ(b.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(b.message(), HasSubstr(absl::StrCat(
+                               "checkpoint directory '", dir,
+                               "' belongs to job 'job-a' (its file '", dir,
+                               "/owner'); job 'job-b' may not "
+                               "write into it")));
+  EXPECT_THAT(save(dir, 3, "").message(),
+              HasSubstr("a save that names no job (set SaveOptions::job) may "
+                        "not write into it"));
+  EXPECT_FALSE(fs::exists(dir + "/step-3"));
+  EXPECT_EQ(**LatestStep(dir), 2);
+  // The same check before any save (not collective, claims nothing).
+  EXPECT_TRUE(CheckCanWrite(dir, "job-a").ok());
+  EXPECT_THAT(CheckCanWrite(dir, "job-b").message(),
+              HasSubstr("belongs to job 'job-a'"));
+  EXPECT_TRUE(CheckCanWrite(dir + "/absent", "job-b").ok());
+  // Job B's checkpoint that got in anyway (copied beside job A's), and an
+  // unnamed one: job A's rotation (keep_last 2) removes only job A's.
+  ASSERT_TRUE(save(other, 2, "job-b").ok());
+  ASSERT_TRUE(world->barrier().ok());
+  if (r == 0) fs::rename(other + "/step-2", dir + "/step-2.1");
+  ASSERT_TRUE(world->barrier().ok());
+  for (int64_t step : {3, 4, 5}) ASSERT_TRUE(save(dir, step, "job-a").ok());
+  EXPECT_FALSE(fs::exists(dir + "/step-1"));
+  EXPECT_FALSE(fs::exists(dir + "/step-2"));
+  EXPECT_FALSE(fs::exists(dir + "/step-3"));
+  EXPECT_TRUE(fs::exists(dir + "/step-4/manifest.json"));
+  EXPECT_TRUE(fs::exists(dir + "/step-5/manifest.json"));
+  EXPECT_TRUE(fs::exists(dir + "/step-2.1/manifest.json"));  // job B's
+  // An unowned directory stays open to unnamed saves (as before); the
+  // first named save claims it.
+  const std::string open = SharedTempDir(*world);
+  ASSERT_TRUE(save(open, 1, "").ok());
+  EXPECT_FALSE(fs::exists(open + "/owner"));
+  ASSERT_TRUE(save(open, 2, "job-c").ok());
+  EXPECT_EQ(ReadText(open + "/owner"), "job-c\n");
+  EXPECT_FALSE(save(open, 3, "").ok());
+  RemoveShared(*world, open);
+  RemoveShared(*world, other);
+  RemoveShared(*world, dir);
+}
+
+// Issue 43, item 4: a resharded load reads each needed chunk once per job.
+// Row shards loaded as column shards: every rank's strip touches every
+// chunk, so each rank read the whole checkpoint before (n times in all);
+// now one rank reads each chunk and sends the others their parts. The
+// values are exact, and the bytes read over all ranks are the checkpoint's.
+TEST(Checkpoint, AReshardedLoadReadsEachChunkOnce) {
+  auto world = World();
+  const int n = world->size(), r = world->rank();
+  const std::string dir = SharedTempDir(*world);
+  // w [512, 1024] F32: 2 MiB, 2 chunks per rank's piece at 4 ranks.
+  constexpr int64_t kRows = 512, kCols = 1024;
+  Box rows = Rows(kRows, kCols, r, n);
+  std::vector<float> w = Fill({kRows, kCols}, rows, 0);
+  StateDict state;
+  ASSERT_TRUE(state.Add("w", DType::kF32, {kRows, kCols}, rows, w.data()).ok());
+  ASSERT_TRUE(Save(state, 1, dir, *world).ok());
+  Box cols = Cols(kRows, kCols, r, n);
+  std::vector<float> got(BoxNumel(cols), -1);
+  StateDict want;
+  ASSERT_TRUE(
+      want.Add("w", DType::kF32, {kRows, kCols}, cols, got.data()).ok());
+  const uint64_t before = internal::ShardBytesRead();
+  auto loaded = Load(want, dir, *world);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(got, Fill({kRows, kCols}, cols, 0));
+  int64_t mine = static_cast<int64_t>(internal::ShardBytesRead() - before);
+  int64_t total = 0;
+  ASSERT_TRUE(
+      world->all_reduce(&mine, &total, 1, DataType::kInt64, ReduceOp::kSum)
+          .ok());
+  EXPECT_EQ(total, kRows * kCols * 4) << "bytes read over " << n << " ranks";
+  if (r == 0) {
+    std::printf(
+        "rows -> columns on %d ranks: %lld bytes read in all, the "
+        "checkpoint holds %lld\n",
+        n, static_cast<long long>(total),
+        static_cast<long long>(kRows * kCols * 4));
+  }
+  // A corrupted chunk is named on every rank, though one rank read it.
+  ASSERT_TRUE(world->barrier().ok());
+  if (r == 0) {
+    const std::string shard = dir + "/step-1/shard-0.safetensors";
+    auto m = ParseManifest(ReadText(dir + "/step-1/manifest.json"));
+    ASSERT_TRUE(m.ok());
+    const uint64_t at = m->tensors.at("w").pieces[0].offset + 10;
+    int fd = ::open(shard.c_str(), O_RDWR);
+    char c;
+    ASSERT_EQ(::pread(fd, &c, 1, at), 1);
+    c ^= 0x01;
+    ASSERT_EQ(::pwrite(fd, &c, 1, at), 1);
+    ::close(fd);
+  }
+  ASSERT_TRUE(world->barrier().ok());
+  auto bad = Load(want, dir, *world);
+  EXPECT_THAT(bad.status().message(),
+              HasSubstr("checksum mismatch in '" + dir +
+                        "/step-1/shard-0.safetensors'"));
   RemoveShared(*world, dir);
 }
 

@@ -135,6 +135,8 @@ EXAMPLES = {
         "pre": "Manifest made;\nmade.step = 100;\nconst std::string text = ManifestToJson(made);\n",
         "checks": ("PROMISE(m.ok() && m->step == 100);\n"
                    "PROMISE(ParseManifest(again, \"again\")->step == 100);\n")},
+    "checkpoint/export.h": {},
+    "checkpoint/inspect.h": {"includes": ["sstream"]},
     "checkpoint/safetensors.h": {"params": "const std::string& path"},
     "checkpoint/state_dict.h": {
         "execute": True,

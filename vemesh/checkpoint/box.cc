@@ -3,6 +3,7 @@
 #include "vemesh/checkpoint/box.h"
 
 #include <algorithm>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -62,6 +63,69 @@ std::optional<Box> Intersect(const Box& a, const Box& b) {
     out.lengths.push_back(hi - lo);
   }
   return out;
+}
+
+absl::Status CheckTiling(const std::vector<Box>& boxes,
+                         absl::Span<const int64_t> shape) {
+  const size_t nd = shape.size();
+  // Sum in 128 bits: each box is inside the shape, but their sum is not.
+  unsigned __int128 total = 1, covered = 0;
+  for (int64_t s : shape) total *= static_cast<uint64_t>(s);
+  std::vector<size_t> order;
+  for (size_t i = 0; i < boxes.size(); ++i) {
+    const int64_t n = BoxNumel(boxes[i]);
+    if (n == 0) continue;
+    covered += static_cast<uint64_t>(n);
+    order.push_back(i);
+  }
+  // The sweep dimension: the one with the most distinct offsets.
+  size_t sweep = 0;
+  size_t most = 0;
+  for (size_t d = 0; d < nd; ++d) {
+    std::set<int64_t> offsets;
+    for (size_t i : order) offsets.insert(boxes[i].offsets[d]);
+    if (offsets.size() > most) {
+      most = offsets.size();
+      sweep = d;
+    }
+  }
+  auto overlap = [&](size_t a, size_t b) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pieces ", BoxToString(boxes[a]), " and ",
+                     BoxToString(boxes[b]), " overlap"));
+  };
+  if (nd == 0) {
+    if (order.size() > 1) return overlap(order[0], order[1]);
+  } else {
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return boxes[a].offsets[sweep] < boxes[b].offsets[sweep];
+    });
+    // Boxes whose extent in the sweep dimension reaches past the current
+    // box's start: the only ones it can meet.
+    std::vector<size_t> active;
+    for (size_t i : order) {
+      const int64_t start = boxes[i].offsets[sweep];
+      active.erase(std::remove_if(active.begin(), active.end(),
+                                  [&](size_t a) {
+                                    return boxes[a].offsets[sweep] +
+                                               boxes[a].lengths[sweep] <=
+                                           start;
+                                  }),
+                   active.end());
+      for (size_t a : active) {
+        if (Intersect(boxes[a], boxes[i])) return overlap(a, i);
+      }
+      active.push_back(i);
+    }
+  }
+  // Disjoint, inside the shape: they tile it when they cover every element.
+  if (covered != total) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pieces cover ", static_cast<uint64_t>(covered), " of the ",
+        static_cast<uint64_t>(total), " elements of shape [",
+        absl::StrJoin(shape, ", "), "] (a gap)"));
+  }
+  return absl::OkStatus();
 }
 
 std::vector<Box> FlatRangeToBoxes(absl::Span<const int64_t> shape,

@@ -45,6 +45,15 @@ absl::Status CheckBox(const Box& box, absl::Span<const int64_t> shape);
 // the ranks differ.
 std::optional<Box> Intersect(const Box& a, const Box& b);
 
+// OK when `boxes` (each already inside `shape`, per CheckBox) tile the
+// tensor exactly: every element in exactly one box. Empty boxes are
+// ignored. Otherwise InvalidArgument naming two boxes that overlap, or the
+// number of elements no box covers. Near-linear for the usual layouts (row,
+// column and grid shards, flat ranges): a sweep along the dimension with the
+// most distinct offsets compares only boxes that meet in it.
+absl::Status CheckTiling(const std::vector<Box>& boxes,
+                         absl::Span<const int64_t> shape);
+
 // A flat range [begin, end) of a row-major tensor of `shape` as at most
 // 2*ndim-1 boxes, in flat order, each a row-major contiguous run (FSDP and
 // ZeRO flat shards map onto per-parameter boxes with this). The range is

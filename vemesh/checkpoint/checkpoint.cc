@@ -3,7 +3,10 @@
 #include "vemesh/checkpoint/checkpoint.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <utility>
@@ -15,6 +18,8 @@
 #include "vemesh/checkpoint/internal/crc32c.h"
 #include "vemesh/checkpoint/internal/directory.h"
 #include "vemesh/checkpoint/internal/file_io.h"
+#include "vemesh/checkpoint/internal/json_util.h"
+#include "vemesh/checkpoint/internal/read.h"
 #include "vemesh/checkpoint/internal/save.h"
 #include "vemesh/checkpoint/manifest.h"
 
@@ -22,15 +27,20 @@ namespace vemesh::checkpoint {
 namespace {
 
 using internal::File;
+using internal::Json;
+
+// Shard bytes read by loads in this process (internal/read.h).
+std::atomic<uint64_t> shard_bytes_read{0};
 
 // Reads at most this many bytes of chunks at once.
 constexpr uint64_t kReadWindowBytes = uint64_t{64} << 20;
 
 // One contiguous run of bytes: `length` bytes at `src` in the saved piece
-// go to `dst`.
+// go to address `dst` (for another rank's plan, where only `src` and
+// `length` are used, an offset from 0).
 struct Run {
   uint64_t src;
-  char* dst;
+  uintptr_t dst;
   uint64_t length;
 };
 
@@ -39,7 +49,7 @@ struct Run {
 // source order. Trailing dimensions that all three cover fully fuse into
 // one run.
 void AppendRuns(const Box& from, const Box& to, const Box& part, size_t esize,
-                char* to_data, std::vector<Run>* runs) {
+                uintptr_t to_data, std::vector<Run>* runs) {
   const size_t nd = part.offsets.size();
   if (nd == 0) {
     runs->push_back(Run{0, to_data, esize});
@@ -111,6 +121,7 @@ absl::Status ReadPiece(const File& file, const std::string& tensor,
       buffer.resize(end - begin);
       VEMESH_RETURN_IF_ERROR(
           file.PreadAll(buffer.data(), end - begin, piece.offset + begin));
+      shard_bytes_read += end - begin;
       for (uint64_t k = c; k < c_end; ++k) {
         const uint64_t kb = k * chunk_bytes - begin;
         const uint64_t kn =
@@ -133,8 +144,8 @@ absl::Status ReadPiece(const File& file, const std::string& tensor,
         const uint64_t lo = std::max(r.src, begin);
         const uint64_t hi = std::min(r.src + r.length, end);
         if (lo < hi) {
-          std::memcpy(r.dst + (lo - r.src), buffer.data() + (lo - begin),
-                      hi - lo);
+          std::memcpy(reinterpret_cast<char*>(r.dst + (lo - r.src)),
+                      buffer.data() + (lo - begin), hi - lo);
         }
       }
     }
@@ -143,35 +154,74 @@ absl::Status ReadPiece(const File& file, const std::string& tensor,
 }
 
 // The manifest of the committed step directory `path`, read bounded.
-absl::StatusOr<Manifest> ReadManifestIn(const std::string& path) {
+absl::StatusOr<CheckpointManifest> ReadManifestIn(const std::string& path) {
   const std::string manifest_path =
       absl::StrCat(path, "/", internal::kManifestName);
   VEMESH_ASSIGN_OR_RETURN(
       std::string text,
       internal::ReadSmallFile(manifest_path, kMaxManifestBytes));
-  return ParseManifest(text, manifest_path);
+  CheckpointManifest out;
+  VEMESH_ASSIGN_OR_RETURN(out.manifest, ParseManifest(text, manifest_path));
+  out.path = path;
+  out.manifest_crc32c = internal::Crc32c(text.data(), text.size());
+  return out;
+}
+
+std::string JobText(const std::string& job) {
+  return job.empty() ? std::string("no job (a version 1 checkpoint)")
+                     : absl::StrCat("job '", job, "'");
+}
+
+// The checkpoint a load reads, chosen and checked as `options` say.
+absl::StatusOr<CheckpointManifest> ChooseCheckpoint(
+    const std::string& dir, const LoadOptions& options) {
+  CheckpointManifest found;
+  if (const LoadResult* first = options.same_checkpoint_as) {
+    absl::StatusOr<CheckpointManifest> again = ReadManifestIn(first->path);
+    if (!again.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint '", first->path, "' (step ", first->step, ", ",
+          JobText(first->job), ", manifest CRC32C ", first->manifest_crc32c,
+          "), which this job read first, cannot be read again: ",
+          again.status().message()));
+    }
+    if (again->manifest_crc32c != first->manifest_crc32c ||
+        again->manifest.job != first->job) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint '", first->path, "' changed since this job read it: ",
+          "it read step ", first->step, " of ", JobText(first->job),
+          " (manifest CRC32C ", first->manifest_crc32c, "), the directory now ",
+          "holds step ", again->manifest.step, " of ",
+          JobText(again->manifest.job), " (manifest CRC32C ",
+          again->manifest_crc32c, "): one resume must read one checkpoint"));
+    }
+    found = *std::move(again);
+  } else {
+    VEMESH_ASSIGN_OR_RETURN(found, ReadManifest(dir, options.step));
+  }
+  if (!options.job.empty() && found.manifest.job != options.job) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint '", found.path, "' belongs to ",
+        JobText(found.manifest.job), ", not to this job '", options.job, "'"));
+  }
+  return found;
 }
 
 std::string ShapeText(DType dtype, const std::vector<int64_t>& shape) {
   return absl::StrCat(DTypeName(dtype), " [", absl::StrJoin(shape, ", "), "]");
 }
 
-// This rank's part of a load, with no communication.
-absl::StatusOr<LoadResult> LoadLocal(StateDict& state, const std::string& dir,
-                                     std::optional<int64_t> step) {
-  VEMESH_ASSIGN_OR_RETURN(CheckpointManifest found, ReadManifest(dir, step));
-  Manifest& m = found.manifest;
-  const std::string& path = found.path;
-  const std::string manifest_path =
-      absl::StrCat(path, "/", internal::kManifestName);
-  LoadResult result;
-  result.step = m.step;
-  result.path = path;
-  for (const auto& [k, v] : m.metadata) result.metadata[k] = v;
+// Per saved piece (tensor name, index in its pieces), the runs that copy
+// out of it into `state`'s pieces.
+using Wanted = std::map<std::pair<std::string, size_t>, std::vector<Run>>;
 
-  // Per saved piece, the runs to copy out of it.
-  std::map<std::pair<std::string, size_t>, std::vector<Run>> wanted;
-  for (const Piece& p : state.pieces()) {
+absl::StatusOr<Wanted> PlanRuns(const std::vector<Piece>& targets,
+                                const CheckpointManifest& found) {
+  const Manifest& m = found.manifest;
+  const std::string manifest_path =
+      absl::StrCat(found.path, "/", internal::kManifestName);
+  Wanted wanted;
+  for (const Piece& p : targets) {
     auto t = m.tensors.find(p.name);
     if (t == m.tensors.end()) {
       return absl::NotFoundError(
@@ -193,7 +243,7 @@ absl::StatusOr<LoadResult> LoadLocal(StateDict& state, const std::string& dir,
       if (!part) continue;
       covered += BoxNumel(*part);
       AppendRuns(t->second.pieces[i].box, p.box, *part, DTypeSize(p.dtype),
-                 static_cast<char*>(p.data), &wanted[{p.name, i}]);
+                 reinterpret_cast<uintptr_t>(p.data), &wanted[{p.name, i}]);
     }
     if (covered != need) {
       return absl::NotFoundError(absl::StrCat(
@@ -201,25 +251,290 @@ absl::StatusOr<LoadResult> LoadLocal(StateDict& state, const std::string& dir,
           manifest_path, "' holds ", covered, " of its ", need, " elements"));
     }
   }
-  std::map<std::string, File> files;
   for (auto& [key, runs] : wanted) {
-    const ManifestPiece& piece = m.tensors[key.first].pieces[key.second];
-    auto f = files.find(piece.file);
-    if (f == files.end()) {
-      const std::string file_path = absl::StrCat(path, "/", piece.file);
+    std::sort(runs.begin(), runs.end(),
+              [](const Run& a, const Run& b) { return a.src < b.src; });
+  }
+  return wanted;
+}
+
+// The shard files of one checkpoint, opened once each and checked against
+// the manifest's sizes.
+class ShardFiles {
+ public:
+  explicit ShardFiles(const CheckpointManifest& found) : found_(found) {}
+  absl::StatusOr<const File*> Get(const std::string& name) {
+    auto f = files_.find(name);
+    if (f == files_.end()) {
+      const std::string file_path = absl::StrCat(found_.path, "/", name);
       VEMESH_ASSIGN_OR_RETURN(File opened, File::OpenRead(file_path));
       VEMESH_ASSIGN_OR_RETURN(uint64_t size, opened.Size());
-      if (size != m.files[piece.file]) {
-        return absl::DataLossError(
-            absl::StrCat("shard '", file_path, "' is ", size,
-                         " bytes, the manifest says ", m.files[piece.file],
-                         size < m.files[piece.file] ? " (truncated)" : ""));
+      const uint64_t listed = found_.manifest.files.at(name);
+      if (size != listed) {
+        return absl::DataLossError(absl::StrCat(
+            "shard '", file_path, "' is ", size, " bytes, the manifest says ",
+            listed, size < listed ? " (truncated)" : ""));
       }
-      f = files.emplace(piece.file, std::move(opened)).first;
+      f = files_.emplace(name, std::move(opened)).first;
     }
-    VEMESH_RETURN_IF_ERROR(
-        ReadPiece(f->second, key.first, piece, m.chunk_bytes, runs));
+    return &f->second;
   }
+
+ private:
+  const CheckpointManifest& found_;
+  std::map<std::string, File> files_;
+};
+
+}  // namespace
+
+namespace internal {
+
+uint64_t ShardBytesRead() { return shard_bytes_read.load(); }
+
+absl::Status FillFromManifest(StateDict& state,
+                              const CheckpointManifest& found) {
+  const Manifest& m = found.manifest;
+  VEMESH_ASSIGN_OR_RETURN(Wanted wanted, PlanRuns(state.pieces(), found));
+  ShardFiles files(found);
+  for (auto& [key, runs] : wanted) {
+    const ManifestPiece& piece = m.tensors.at(key.first).pieces[key.second];
+    VEMESH_ASSIGN_OR_RETURN(const File* f, files.Get(piece.file));
+    VEMESH_RETURN_IF_ERROR(
+        ReadPiece(*f, key.first, piece, m.chunk_bytes, runs));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace internal
+
+namespace {
+
+// One contiguous part of a run inside one chunk of a saved piece: the unit
+// a reader sends. `piece` numbers the manifest's pieces (tensors in name
+// order, then their pieces in order).
+struct Segment {
+  uint64_t piece;
+  uint64_t src;  // in the saved piece's bytes
+  uint64_t length;
+};
+
+// Collective over `world` (every rank with the same manifest): fills
+// `state` with each chunk any rank needs read by exactly one of the ranks
+// that need it (the one with the fewest bytes assigned so far), verified
+// there, and its bytes sent to the others over `world` (all_to_all_v): a
+// resharded load reads the checkpoint once, not once per rank that
+// touches a chunk. Errors (planning, reading) are agreed: the same on
+// every rank.
+absl::Status SharedRead(StateDict& state, const CheckpointManifest& found,
+                        Communicator& world) {
+  const Manifest& m = found.manifest;
+  const int n = world.size(), me = world.rank();
+  const uint64_t chunk = m.chunk_bytes;
+  // The manifest's pieces, numbered.
+  std::vector<std::pair<const std::string*, const ManifestPiece*>> pieces;
+  std::map<std::pair<std::string, size_t>, uint64_t> piece_id;
+  for (const auto& [name, t] : m.tensors) {
+    for (size_t i = 0; i < t.pieces.size(); ++i) {
+      piece_id[{name, i}] = pieces.size();
+      pieces.emplace_back(&name, &t.pieces[i]);
+    }
+  }
+  // Runs cut at chunk boundaries, in (piece, src) order (with each
+  // segment's destination address when `dst` is given).
+  auto cut = [&](const Wanted& wanted, std::vector<Segment>* out,
+                 std::vector<char*>* dst) {
+    for (const auto& [key, runs] : wanted) {
+      const uint64_t id = piece_id.at(key);
+      for (const Run& r : runs) {
+        uint64_t at = r.src;
+        while (at < r.src + r.length) {
+          const uint64_t end =
+              std::min(r.src + r.length, (at / chunk + 1) * chunk);
+          out->push_back(Segment{id, at, end - at});
+          if (dst != nullptr) {
+            dst->push_back(reinterpret_cast<char*>(r.dst + (at - r.src)));
+          }
+          at = end;
+        }
+      }
+    }
+  };
+  absl::StatusOr<Wanted> wanted = PlanRuns(state.pieces(), found);
+  std::vector<Segment> mine;
+  std::vector<char*> mine_dst;
+  if (wanted.ok()) cut(*wanted, &mine, &mine_dst);
+  VEMESH_RETURN_IF_ERROR(internal::AgreeStatus(world, wanted.status()));
+  // Every rank's boxes to every rank (small: a few per tensor), and from
+  // them every rank's segments, computed here as their owner computed them.
+  Json boxes = Json::array();
+  for (const Piece& p : state.pieces()) {
+    boxes.push_back({p.name, p.box.offsets, p.box.lengths});
+  }
+  VEMESH_ASSIGN_OR_RETURN(
+      std::vector<std::string> all,
+      internal::AllGatherStrings(world, internal::DumpJson(boxes)));
+  std::vector<std::vector<Segment>> segs(n);
+  for (int r = 0; r < n; ++r) {
+    if (r == me) {
+      segs[r] = mine;
+      continue;
+    }
+    std::vector<Piece> theirs;
+    absl::StatusOr<Json> j = internal::ParseJson(all[r], "load plan", 8);
+    absl::Status parsed = j.status();
+    if (parsed.ok()) {
+      try {
+        for (const Json& b : *j) {
+          Piece p;
+          p.name = b.at(0).get<std::string>();
+          const ManifestTensor& t = m.tensors.at(p.name);
+          p.dtype = t.dtype;
+          p.global_shape = t.shape;
+          p.box = Box{b.at(1).get<std::vector<int64_t>>(),
+                      b.at(2).get<std::vector<int64_t>>()};
+          theirs.push_back(std::move(p));
+        }
+      } catch (const std::exception& e) {
+        parsed = absl::InternalError(e.what());
+      }
+    }
+    absl::StatusOr<Wanted> w =
+        parsed.ok() ? PlanRuns(theirs, found) : absl::StatusOr<Wanted>(parsed);
+    if (!w.ok()) {
+      return absl::InternalError(
+          absl::StrCat("checkpoint load: rank ", r,
+                       "'s plan differs here: ", w.status().message()));
+    }
+    cut(*w, &segs[r], nullptr);
+  }
+  // Each needed chunk's reader: of the ranks that need it, the one with the
+  // fewest bytes to read so far (the lowest on ties); the same on every rank.
+  using ChunkKey = std::pair<uint64_t, uint64_t>;  // (piece, chunk index)
+  std::map<ChunkKey, int> reader;
+  {
+    std::map<ChunkKey, std::vector<int>> needers;
+    for (int r = 0; r < n; ++r) {
+      for (const Segment& sg : segs[r]) {
+        std::vector<int>& v = needers[{sg.piece, sg.src / chunk}];
+        if (v.empty() || v.back() != r) v.push_back(r);
+      }
+    }
+    std::vector<uint64_t> load(n, 0);
+    for (const auto& [key, ranks] : needers) {
+      int best = ranks[0];
+      for (int r : ranks) {
+        if (load[r] < load[best]) best = r;
+      }
+      const ManifestPiece& p = *pieces[key.first].second;
+      load[best] += std::min(chunk, p.length - key.second * chunk);
+      reader[key] = best;
+    }
+  }
+  // What goes where: bytes from this rank to each rank, and back.
+  std::vector<size_t> send_counts(n, 0), recv_counts(n, 0);
+  std::map<ChunkKey, std::vector<std::pair<int, const Segment*>>> to_send;
+  for (int r = 0; r < n; ++r) {
+    for (const Segment& sg : segs[r]) {
+      const int from = reader.at({sg.piece, sg.src / chunk});
+      if (from == me) {
+        // What this rank reads for itself is copied in place, not sent.
+        if (r != me) send_counts[r] += sg.length;
+        to_send[{sg.piece, sg.src / chunk}].emplace_back(r, &sg);
+      } else if (r == me) {
+        recv_counts[from] += sg.length;
+      }
+    }
+  }
+  std::vector<size_t> send_at(n, 0);
+  size_t send_total = 0;
+  for (int r = 0; r < n; ++r) {
+    send_at[r] = send_total;
+    send_total += send_counts[r];
+  }
+  // Read this rank's chunks (contiguous ones of a piece together, at most
+  // kReadWindowBytes at once), verify each, and pack the segments in
+  // (piece, src) order per destination: the order each destination unpacks.
+  std::vector<char> send(send_total);
+  absl::Status read;
+  {
+    ShardFiles files(found);
+    std::string buffer;
+    auto it = to_send.begin();
+    while (read.ok() && it != to_send.end()) {
+      const uint64_t id = it->first.first;
+      const ManifestPiece& p = *pieces[id].second;
+      // A window: consecutive chunks of this piece assigned to this rank.
+      auto last = it;
+      uint64_t count = 1;
+      while (std::next(last) != to_send.end() &&
+             std::next(last)->first.first == id &&
+             std::next(last)->first.second == last->first.second + 1 &&
+             (count + 1) * chunk <= std::max(kReadWindowBytes, chunk)) {
+        ++last;
+        ++count;
+      }
+      const uint64_t begin = it->first.second * chunk;
+      const uint64_t end = std::min(p.length, (last->first.second + 1) * chunk);
+      absl::StatusOr<const File*> f = files.Get(p.file);
+      if (!f.ok()) {
+        read = f.status();
+        break;
+      }
+      buffer.resize(end - begin);
+      read = (*f)->PreadAll(buffer.data(), end - begin, p.offset + begin);
+      shard_bytes_read += end - begin;
+      for (auto c = it; read.ok() && c != std::next(last); ++c) {
+        const uint64_t k = c->first.second;
+        const uint64_t kb = k * chunk - begin;
+        const uint64_t kn = std::min(chunk, p.length - k * chunk);
+        if (internal::Crc32c(buffer.data() + kb, kn) != p.crc32c[k]) {
+          read = absl::DataLossError(absl::StrCat(
+              "checksum mismatch in '", (*f)->path(), "': tensor '",
+              *pieces[id].first, "' piece ", BoxToString(p.box), " bytes [",
+              p.offset + k * chunk, ", +", kn, ") (corrupted)"));
+          break;
+        }
+        for (const auto& [to, sg] : c->second) {
+          const char* from = buffer.data() + (sg->src - begin);
+          if (to == me) {
+            std::memcpy(mine_dst[sg - segs[me].data()], from, sg->length);
+          } else {
+            std::memcpy(send.data() + send_at[to], from, sg->length);
+            send_at[to] += sg->length;
+          }
+        }
+      }
+      it = std::next(last);
+    }
+  }
+  VEMESH_RETURN_IF_ERROR(internal::AgreeStatus(world, read));
+  size_t recv_total = 0;
+  for (size_t c : recv_counts) recv_total += c;
+  std::vector<char> recv(recv_total);
+  VEMESH_RETURN_IF_ERROR(world.all_to_all_v(
+      send.data(), send_counts, recv.data(), recv_counts, DataType::kUInt8));
+  // Unpack: this rank's segments in order, each from its reader's stream
+  // (those it read itself are in place already).
+  std::vector<size_t> recv_at(n, 0);
+  for (int r = 1; r < n; ++r) recv_at[r] = recv_at[r - 1] + recv_counts[r - 1];
+  for (size_t i = 0; i < mine.size(); ++i) {
+    const Segment& sg = mine[i];
+    const int from = reader.at({sg.piece, sg.src / chunk});
+    if (from == me) continue;  // copied when read
+    std::memcpy(mine_dst[i], recv.data() + recv_at[from], sg.length);
+    recv_at[from] += sg.length;
+  }
+  return absl::OkStatus();
+}
+
+LoadResult ResultOf(const CheckpointManifest& found) {
+  LoadResult result;
+  result.step = found.manifest.step;
+  result.path = found.path;
+  result.job = found.manifest.job;
+  result.mesh = found.manifest.mesh;
+  result.manifest_crc32c = found.manifest_crc32c;
+  for (const auto& [k, v] : found.manifest.metadata) result.metadata[k] = v;
   return result;
 }
 
@@ -237,20 +552,44 @@ absl::Status Save(const StateDict& state, int64_t step, const std::string& dir,
 absl::StatusOr<LoadResult> Load(StateDict& state, const std::string& dir,
                                 Communicator& world,
                                 std::optional<int64_t> step) {
-  absl::StatusOr<LoadResult> local = LoadLocal(state, dir, step);
-  VEMESH_RETURN_IF_ERROR(internal::AgreeStatus(world, local.status()));
+  LoadOptions options;
+  options.step = step;
+  return Load(state, dir, world, options);
+}
+
+absl::StatusOr<LoadResult> Load(StateDict& state, const std::string& dir,
+                                Communicator& world,
+                                const LoadOptions& options) {
+  absl::StatusOr<CheckpointManifest> found = ChooseCheckpoint(dir, options);
+  VEMESH_RETURN_IF_ERROR(internal::AgreeStatus(world, found.status()));
+  absl::StatusOr<LoadResult> local = ResultOf(*found);
   // Every rank read the same manifest unless the directory changed under
-  // the load; check that the step agrees.
-  int64_t mine = local->step;
-  int64_t lo = mine, hi = mine;
+  // the load; check that the step, the manifest's bytes and the directory
+  // agree.
+  const int64_t path_crc =
+      internal::Crc32c(local->path.data(), local->path.size());
+  int64_t mine[3] = {local->step, local->manifest_crc32c, path_crc};
+  int64_t lo[3], hi[3];
   VEMESH_RETURN_IF_ERROR(
-      world.all_reduce(&mine, &lo, 1, DataType::kInt64, ReduceOp::kMin));
+      world.all_reduce(mine, lo, 3, DataType::kInt64, ReduceOp::kMin));
   VEMESH_RETURN_IF_ERROR(
-      world.all_reduce(&mine, &hi, 1, DataType::kInt64, ReduceOp::kMax));
-  if (lo != hi) {
+      world.all_reduce(mine, hi, 3, DataType::kInt64, ReduceOp::kMax));
+  if (lo[0] != hi[0]) {
     return absl::AbortedError(absl::StrCat(
-        "checkpoint '", dir, "' changed during the load: ranks read steps ", lo,
-        " to ", hi));
+        "checkpoint '", dir, "' changed during the load: ranks read steps ",
+        lo[0], " to ", hi[0]));
+  }
+  if (lo[1] != hi[1] || lo[2] != hi[2]) {
+    return absl::AbortedError(absl::StrCat(
+        "checkpoint '", dir, "' changed during the load: ranks read ",
+        "different manifests of step ", lo[0]));
+  }
+  // The same manifest everywhere: read each needed chunk once per job.
+  if (world.size() == 1) {
+    VEMESH_RETURN_IF_ERROR(internal::AgreeStatus(
+        world, internal::FillFromManifest(state, *found)));
+  } else {
+    VEMESH_RETURN_IF_ERROR(SharedRead(state, *found, world));
   }
   return local;
 }
@@ -259,8 +598,12 @@ absl::StatusOr<std::optional<int64_t>> LatestStep(const std::string& dir) {
   VEMESH_ASSIGN_OR_RETURN(std::optional<std::string> path,
                           internal::FindCheckpoint(dir, std::nullopt));
   if (!path) return std::optional<int64_t>();
-  VEMESH_ASSIGN_OR_RETURN(Manifest m, ReadManifestIn(*path));
-  return std::optional<int64_t>(m.step);
+  VEMESH_ASSIGN_OR_RETURN(CheckpointManifest m, ReadManifestIn(*path));
+  return std::optional<int64_t>(m.manifest.step);
+}
+
+absl::Status CheckCanWrite(const std::string& dir, const std::string& job) {
+  return internal::CheckOwner(dir, job);
 }
 
 absl::Status AgreeStatus(Communicator& world, const absl::Status& local) {
@@ -277,10 +620,7 @@ absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir,
                             dir, "'")
              : absl::StrCat("no committed checkpoint in '", dir, "'"));
   }
-  CheckpointManifest out;
-  VEMESH_ASSIGN_OR_RETURN(out.manifest, ReadManifestIn(*path));
-  out.path = *std::move(path);
-  return out;
+  return ReadManifestIn(*path);
 }
 
 }  // namespace vemesh::checkpoint

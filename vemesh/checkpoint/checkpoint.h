@@ -19,6 +19,7 @@
 //   <dir>/step-<S>/shard-<rank>.safetensors   what rank <rank> wrote
 //   <dir>/step-<S>/manifest.json              the commit point, written last
 //   <dir>/latest                              names the newest step directory
+//   <dir>/owner                               the job that owns <dir>
 // A tensor piece held by several ranks (a replica) is written once, by one
 // of its holders, the holders taking turns so that no rank writes every
 // replicated tensor. The manifest lists each tensor's dtype, global shape
@@ -54,6 +55,12 @@ struct SaveOptions {
   // Keep the last K committed step directories (older ones are removed
   // after `latest` names the new one); at least 1.
   int keep_last = 2;
+  // The job saving (printable ASCII, at most 255 bytes), recorded in the
+  // manifest; a load may require it (LoadOptions::job).
+  std::string job;
+  // The saving mesh as the job describes it ("DP=2,TP=4"), recorded in the
+  // manifest for `vemesh checkpoint inspect`; free text, printable ASCII.
+  std::string mesh;
 };
 
 // Collective over `world`. Writes <dir>/step-<S>/shard-<rank>.safetensors
@@ -71,24 +78,59 @@ struct LoadResult {
   int64_t step = 0;
   std::string path;  // the step directory read
   absl::flat_hash_map<std::string, std::string> metadata;
+  std::string job;   // the manifest's owning job ("" for version 1)
+  std::string mesh;  // the saving mesh, as described ("" when not given)
+  // CRC32C of the manifest.json bytes read: which checkpoint this was.
+  uint32_t manifest_crc32c = 0;
+};
+
+struct LoadOptions {
+  // Given: the newest committed directory of this step instead of the one
+  // `latest` names.
+  std::optional<int64_t> step;
+  // Given (the result of an earlier load, e.g. a resume's parameters):
+  // exactly that step directory, whose manifest must still be the bytes the
+  // earlier load read (same CRC32C, same job). The loads of one resume read
+  // one checkpoint: a directory removed, re-saved or replaced since is
+  // FailedPrecondition naming both. `step` is ignored then.
+  const LoadResult* same_checkpoint_as = nullptr;
+  // Non-empty: the manifest must name this job (FailedPrecondition naming
+  // both jobs otherwise; a version 1 manifest names none).
+  std::string job;
 };
 
 // Collective. Fills every piece of `state` from the checkpoint <dir>/latest
-// names (or, given `step`, the newest committed directory of that step):
-// each rank preads only the 1 MiB chunks that overlap its boxes, verifies
-// their CRC32C and copies them: bit-identical. Errors name the file or
-// tensor and are the same on every rank: no checkpoint, a missing or
+// names (or, given `step`, the newest committed directory of that step),
+// bit-identical: the ranks agree on one manifest, then each 1 MiB chunk
+// that any rank's boxes overlap is read by one of those ranks, its CRC32C
+// verified, and its parts sent to the others (all_to_all_v over `world`):
+// each byte is read once per job, also when the layout differs. Errors name the
+// file or tensor and are the same on every rank: no checkpoint, a missing or
 // truncated shard, a checksum mismatch, a tensor the checkpoint lacks, a
 // dtype or shape that differs ("of another model"), a part of a box that no
 // saved piece covers.
 absl::StatusOr<LoadResult> Load(StateDict& state, const std::string& dir,
                                 Communicator& world,
                                 std::optional<int64_t> step = std::nullopt);
+// The same, with the choice of checkpoint and its checks in `options`.
+// Every rank must read the same manifest (path and CRC32C): Aborted naming
+// the directory when they did not (it changed during the load).
+absl::StatusOr<LoadResult> Load(StateDict& state, const std::string& dir,
+                                Communicator& world,
+                                const LoadOptions& options);
 
 // Not collective. The step of the checkpoint Load would read from <dir>
 // (its committed manifest), or nullopt when <dir> holds none (absent or
 // empty). An error when <dir> cannot be read.
 absl::StatusOr<std::optional<int64_t>> LatestStep(const std::string& dir);
+
+// Not collective. One directory, one job: OK when a save naming `job`
+// (SaveOptions::job) may write into `dir` (absent, unowned, or owned by
+// `job`; a save naming no job only into an unowned one); otherwise
+// FailedPrecondition naming the owning job and `job`. Save checks the same
+// (and a named job's first save claims the directory: <dir>/owner); call
+// this to refuse before a job spends time it cannot checkpoint.
+absl::Status CheckCanWrite(const std::string& dir, const std::string& job);
 
 // Collective over `world`: OK when every rank's `local` is OK, else the
 // first failed rank's status (by rank), its message prefixed "rank R: ", on
@@ -102,6 +144,7 @@ absl::Status AgreeStatus(Communicator& world, const absl::Status& local);
 struct CheckpointManifest {
   std::string path;  // the step directory
   Manifest manifest;
+  uint32_t manifest_crc32c = 0;  // of the manifest.json bytes read
 };
 
 // Not collective. The manifest of the checkpoint Load would read from <dir>

@@ -2,8 +2,15 @@
 
 #include "vemesh/checkpoint/manifest.h"
 
+#include <algorithm>
+#include <initializer_list>
+#include <tuple>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "vemesh/base/status_macros.h"
+#include "vemesh/checkpoint/internal/crc32c.h"
 #include "vemesh/checkpoint/internal/json_util.h"
 
 namespace vemesh::checkpoint {
@@ -14,6 +21,34 @@ using internal::Json;
 using internal::kMaxDim;
 using internal::kMaxDims;
 constexpr int64_t kMaxFileBytes = int64_t{1} << 60;
+
+constexpr char kChecksumKey[] = "manifest_crc32c";
+
+// What follows the checksummed bytes: the last member and the end.
+std::string ChecksumSuffix(uint32_t crc) {
+  return absl::StrCat(",\n \"", kChecksumKey, "\": ", crc, "\n}\n");
+}
+
+// Keys an object of the format may hold: any other is refused (a flipped
+// bit in a key name must not turn a member into an ignored one).
+absl::Status OnlyKeys(const Json& object,
+                      std::initializer_list<const char*> allowed,
+                      absl::string_view where) {
+  for (auto it = object.begin(); it != object.end(); ++it) {
+    if (std::find_if(allowed.begin(), allowed.end(), [&](const char* a) {
+          return it.key() == a;
+        }) == allowed.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": unknown key \"", absl::CHexEscape(it.key()), "\""));
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool Printable(const std::string& s) {
+  return std::all_of(s.begin(), s.end(),
+                     [](unsigned char c) { return c >= 0x20 && c <= 0x7e; });
+}
 
 bool PlainFileName(const std::string& s) {
   if (s.empty() || s.size() > 255 || s == "." || s == "..") return false;
@@ -28,10 +63,12 @@ bool PlainFileName(const std::string& s) {
 std::string ManifestToJson(const Manifest& m) {
   Json j = Json::object();
   j["format"] = "vemesh-checkpoint";
-  j["version"] = 1;
+  j["version"] = 2;
   j["step"] = m.step;
   j["world_size"] = m.world_size;
   j["chunk_bytes"] = m.chunk_bytes;
+  j["job"] = m.job;
+  j["mesh"] = m.mesh;
   j["metadata"] = Json::object();
   for (const auto& [k, v] : m.metadata) j["metadata"][k] = v;
   j["files"] = Json::object();
@@ -52,7 +89,11 @@ std::string ManifestToJson(const Manifest& m) {
                           {"shape", t.shape},
                           {"pieces", std::move(pieces)}};
   }
-  return internal::DumpJson(j, 1) + "\n";
+  // The body ends "\n}"; the checksum of what precedes it goes last.
+  std::string text = internal::DumpJson(j, 1);
+  text.resize(text.size() - 2);
+  const uint32_t crc = internal::Crc32c(text.data(), text.size());
+  return text + ChecksumSuffix(crc);
 }
 
 absl::StatusOr<Manifest> ParseManifest(absl::string_view text,
@@ -73,8 +114,45 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view text,
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": format '", format, "', expected 'vemesh-checkpoint'"));
   }
-  VEMESH_RETURN_IF_ERROR(internal::GetInt(j, "version", 1, 1, what).status());
   Manifest m;
+  VEMESH_ASSIGN_OR_RETURN(m.version,
+                          internal::GetInt(j, "version", 1, 2, what));
+  if (m.version == 1) {
+    VEMESH_RETURN_IF_ERROR(
+        OnlyKeys(j,
+                 {"format", "version", "step", "world_size", "chunk_bytes",
+                  "metadata", "files", "tensors"},
+                 what));
+  } else {
+    VEMESH_RETURN_IF_ERROR(
+        OnlyKeys(j,
+                 {"format", "version", "step", "world_size", "chunk_bytes",
+                  "job", "mesh", "metadata", "files", "tensors", kChecksumKey},
+                 what));
+    // The checksum first: nothing else of a damaged manifest is believed.
+    VEMESH_ASSIGN_OR_RETURN(
+        int64_t crc, internal::GetInt(j, kChecksumKey, 0, UINT32_MAX, what));
+    const std::string suffix = ChecksumSuffix(static_cast<uint32_t>(crc));
+    if (!absl::EndsWith(text, suffix)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": \"", kChecksumKey,
+                       "\" is not the last line as written (edited or "
+                       "damaged)"));
+    }
+    const uint32_t actual =
+        internal::Crc32c(text.data(), text.size() - suffix.size());
+    if (actual != static_cast<uint32_t>(crc)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": checksum mismatch (the manifest says ", crc,
+                       ", its bytes have ", actual, "): damaged"));
+    }
+    VEMESH_ASSIGN_OR_RETURN(m.job, internal::GetString(j, "job", what));
+    VEMESH_ASSIGN_OR_RETURN(m.mesh, internal::GetString(j, "mesh", what));
+    if (!Printable(m.job) || !Printable(m.mesh)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": \"job\" and \"mesh\" must be printable ASCII"));
+    }
+  }
   VEMESH_ASSIGN_OR_RETURN(m.step,
                           internal::GetInt(j, "step", 0, INT64_MAX, what));
   VEMESH_ASSIGN_OR_RETURN(m.world_size,
@@ -122,6 +200,7 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view text,
       return absl::InvalidArgumentError(
           absl::StrCat(where, " is not an object"));
     }
+    VEMESH_RETURN_IF_ERROR(OnlyKeys(tj, {"dtype", "shape", "pieces"}, where));
     ManifestTensor t;
     VEMESH_ASSIGN_OR_RETURN(std::string dtype,
                             internal::GetString(tj, "dtype", where));
@@ -144,6 +223,10 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view text,
         return absl::InvalidArgumentError(
             absl::StrCat(where, ": a piece is not an object"));
       }
+      VEMESH_RETURN_IF_ERROR(OnlyKeys(
+          pj,
+          {"offsets", "lengths", "file", "key", "offset", "length", "crc32c"},
+          where));
       ManifestPiece p;
       VEMESH_ASSIGN_OR_RETURN(
           p.box.offsets,
@@ -202,7 +285,39 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view text,
       }
       t.pieces.push_back(std::move(p));
     }
+    // The pieces must tile the tensor: a load copies each element from the
+    // one piece that holds it, and counting covered elements is not enough.
+    std::vector<Box> boxes;
+    boxes.reserve(t.pieces.size());
+    for (const ManifestPiece& p : t.pieces) boxes.push_back(p.box);
+    if (absl::Status s = CheckTiling(boxes, t.shape); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": ", s.message()));
+    }
     m.tensors[it.key()] = std::move(t);
+  }
+  // No two pieces share bytes of a file (each chunk checksum covers one
+  // piece's bytes only).
+  std::vector<
+      std::tuple<const std::string*, uint64_t, uint64_t, const std::string*>>
+      ranges;
+  for (const auto& [name, t] : m.tensors) {
+    for (const ManifestPiece& p : t.pieces) {
+      if (p.length > 0) ranges.emplace_back(&p.file, p.offset, p.length, &name);
+    }
+  }
+  std::sort(ranges.begin(), ranges.end(), [](const auto& a, const auto& b) {
+    return std::tie(*std::get<0>(a), std::get<1>(a)) <
+           std::tie(*std::get<0>(b), std::get<1>(b));
+  });
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    const auto& [file_a, off_a, len_a, name_a] = ranges[i - 1];
+    const auto& [file_b, off_b, len_b, name_b] = ranges[i];
+    if (*file_a == *file_b && off_b < off_a + len_a) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": tensors '", *name_a, "' and '", *name_b,
+                       "' have pieces that share bytes of file '", *file_a,
+                       "' (at ", off_b, ")"));
+    }
   }
   return m;
 }

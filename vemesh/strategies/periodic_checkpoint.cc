@@ -78,6 +78,9 @@ absl::StatusOr<int64_t> PeriodicCheckpoint::Restore(TrainingState& state) {
   if (!loaded.ok()) return loaded.status();
   // Step counts are not written in place.
   if (absl::Status s = state.set_state_dict(); !s.ok()) return s;
+  if (options_.adopt_restored_job && !loaded->job.empty()) {
+    options_.job = loaded->job;
+  }
   restored_ = *std::move(loaded);
   return restored_->step;
 }
@@ -117,9 +120,11 @@ absl::StatusOr<std::optional<int64_t>> PeriodicCheckpoint::AfterStep(
   }
   dict.SetMetadata("step", absl::StrCat(step));
   dict.SetMetadata("data_position", absl::StrCat(step));
-  if (absl::Status s = saver_->Start(dict, step, options_.dir,
-                                     {.keep_last = options_.keep_last});
-      !s.ok()) {
+  checkpoint::SaveOptions save;
+  save.keep_last = options_.keep_last;
+  save.job = options_.job;
+  save.mesh = options_.mesh;
+  if (absl::Status s = saver_->Start(dict, step, options_.dir, save); !s.ok()) {
     return s;
   }
   in_flight_ = step;

@@ -71,6 +71,14 @@ struct PeriodicCheckpointOptions {
   int keep_last = 2;  // committed step directories kept, at least 1
   // What a checkpoint must match to be resumed (the model, its shapes).
   std::map<std::string, std::string> identity = {};
+  // The job that owns the directory's checkpoints (checkpoint::SaveOptions:
+  // a save into a directory another job owns is refused); with
+  // `adopt_restored_job`, the job of the checkpoint Restore loaded instead
+  // (a job restarted under another name continues its checkpoints).
+  std::string job = {};
+  bool adopt_restored_job = false;
+  // The saving mesh as the job describes it, recorded for `inspect`.
+  std::string mesh = {};
 };
 
 class PeriodicCheckpoint {

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "vemesh/base/status_macros.h"
 #include "vemesh/checkpoint/internal/file_io.h"
+#include "vemesh/checkpoint/manifest.h"
 
 namespace vemesh::checkpoint::internal {
 namespace {
@@ -106,8 +107,69 @@ absl::StatusOr<std::optional<std::string>> FindCheckpoint(
   return std::optional<std::string>();
 }
 
-absl::StatusOr<std::string> PrepareStepDir(const std::string& dir,
-                                           int64_t step) {
+absl::StatusOr<std::optional<std::string>> ReadOwner(const std::string& dir) {
+  const std::string path = absl::StrCat(dir, "/", kOwnerName);
+  absl::StatusOr<std::string> text = ReadSmallFile(path, 4096);
+  if (absl::IsNotFound(text.status())) return std::optional<std::string>();
+  if (!text.ok()) return text.status();
+  return std::optional<std::string>(
+      std::string(absl::StripTrailingAsciiWhitespace(*text)));
+}
+
+namespace {
+
+std::string JobName(const std::string& job) {
+  return job.empty() ? std::string(
+                           "a save that names no job (set "
+                           "SaveOptions::job)")
+                     : absl::StrCat("job '", job, "'");
+}
+
+// One directory, one job: refuses `job` in a directory another job owns;
+// a named job claims an unowned one (link(2): of two claiming at once, one
+// wins and the other then finds it owned).
+absl::Status ClaimDirectory(const std::string& dir, const std::string& job) {
+  const std::string path = absl::StrCat(dir, "/", kOwnerName);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    VEMESH_ASSIGN_OR_RETURN(std::optional<std::string> owner, ReadOwner(dir));
+    if (owner) return CheckOwner(dir, job);
+    if (job.empty()) return absl::OkStatus();  // unowned, unnamed: as before
+    const std::string tmp =
+        absl::StrCat(path, ".", static_cast<long>(::getpid()), ".tmp");
+    {
+      VEMESH_ASSIGN_OR_RETURN(File f, File::Create(tmp));
+      const std::string line = job + "\n";
+      VEMESH_RETURN_IF_ERROR(f.WriteAll(line.data(), line.size()));
+      VEMESH_RETURN_IF_ERROR(f.Sync());
+      VEMESH_RETURN_IF_ERROR(f.Close());
+    }
+    const int linked = ::link(tmp.c_str(), path.c_str());
+    const int link_errno = errno;
+    ::unlink(tmp.c_str());
+    if (linked == 0) return SyncDirectory(dir);
+    if (link_errno != EEXIST) {
+      return FileError(link_errno, "cannot create owner file", path);
+    }
+    // Another job claimed it first: read who.
+  }
+  return absl::AbortedError(
+      absl::StrCat("checkpoint directory '", dir, "': cannot claim it"));
+}
+
+}  // namespace
+
+absl::Status CheckOwner(const std::string& dir, const std::string& job) {
+  VEMESH_ASSIGN_OR_RETURN(std::optional<std::string> owner, ReadOwner(dir));
+  if (!owner || *owner == job) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "checkpoint directory '", dir, "' belongs to job '", *owner,
+      "' (its file '", dir, "/", kOwnerName, "'); ", JobName(job),
+      " may not write into it: use a directory of its own, or run as job '",
+      *owner, "'"));
+}
+
+absl::StatusOr<std::string> PrepareStepDir(const std::string& dir, int64_t step,
+                                           const std::string& job) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return FsError(ec, "cannot create checkpoint directory", dir);
@@ -115,6 +177,7 @@ absl::StatusOr<std::string> PrepareStepDir(const std::string& dir,
     return absl::FailedPreconditionError(
         absl::StrCat("checkpoint directory '", dir, "' is not a directory"));
   }
+  VEMESH_RETURN_IF_ERROR(ClaimDirectory(dir, job));
   for (int64_t n = 0; n < 1000000; ++n) {
     const std::string name = StepDirName(step, n);
     const std::string path = absl::StrCat(dir, "/", name);
@@ -133,7 +196,7 @@ absl::StatusOr<std::string> PrepareStepDir(const std::string& dir,
 }
 
 absl::Status RemoveOldSteps(const std::string& dir, const std::string& current,
-                            int keep_last) {
+                            int keep_last, const std::string& job) {
   VEMESH_ASSIGN_OR_RETURN(std::vector<StepDir> dirs, ListStepDirs(dir));
   std::optional<StepDir> cur = ParseStepDirName(current);
   int kept = 0;
@@ -145,6 +208,13 @@ absl::Status RemoveOldSteps(const std::string& dir, const std::string& current,
     }
     bool older = cur && std::tie(it->step, it->n) < std::tie(cur->step, cur->n);
     if (it->committed) {
+      // Only this job's checkpoints count and go: another job's (or one
+      // whose manifest cannot be read) stays.
+      absl::StatusOr<std::string> text = ReadSmallFile(
+          absl::StrCat(path, "/", kManifestName), kMaxManifestBytes);
+      if (!text.ok()) continue;
+      absl::StatusOr<Manifest> m = ParseManifest(*text, path);
+      if (!m.ok() || m->job != job) continue;
       if (kept < keep_last) {
         ++kept;
         continue;

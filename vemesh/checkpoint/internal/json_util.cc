@@ -2,6 +2,11 @@
 
 #include "vemesh/checkpoint/internal/json_util.h"
 
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "vemesh/base/json_depth.h"
 
@@ -15,11 +20,41 @@ absl::StatusOr<Json> ParseJson(absl::string_view text, absl::string_view what,
                                                    " levels deep; at most ",
                                                    max_depth, " expected"));
   }
-  Json j = Json::parse(text.begin(), text.end(), nullptr,
+  // Duplicate keys: nlohmann keeps the last one silently, so that a file
+  // could say two things and be read as one of them. The keys of each open
+  // object are tracked as the parser reports them.
+  std::vector<std::set<std::string>> open;
+  std::string duplicate;
+  auto callback = [&](int /*depth*/, Json::parse_event_t event, Json& parsed) {
+    switch (event) {
+      case Json::parse_event_t::object_start:
+        open.emplace_back();
+        break;
+      case Json::parse_event_t::object_end:
+        if (!open.empty()) open.pop_back();
+        break;
+      case Json::parse_event_t::key:
+        if (!open.empty() && parsed.is_string() &&
+            !open.back().insert(parsed.get<std::string>()).second &&
+            duplicate.empty()) {
+          duplicate = parsed.get<std::string>();
+        }
+        break;
+      default:
+        break;
+    }
+    return true;
+  };
+  Json j = Json::parse(text.begin(), text.end(), callback,
                        /*allow_exceptions=*/false);
   if (j.is_discarded()) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": not valid JSON (", text.size(), " bytes)"));
+  }
+  if (!duplicate.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": the key \"", absl::CHexEscape(duplicate),
+                     "\" appears twice in one object (which one is meant?)"));
   }
   return j;
 }

@@ -29,8 +29,9 @@ inline constexpr int64_t kMaxDim = int64_t{1} << 50;
 
 using Json = nlohmann::json;
 
-// Parses `text`; InvalidArgument naming `what` when it is not JSON or nests
-// deeper than `max_depth`.
+// Parses `text`; InvalidArgument naming `what` when it is not JSON, nests
+// deeper than `max_depth`, or repeats a key within one object (nlohmann
+// alone would keep the last: a file that says two things is refused).
 absl::StatusOr<Json> ParseJson(absl::string_view text, absl::string_view what,
                                int max_depth = 16);
 // An integer in [lo, hi]; `where` names the value in errors.

@@ -48,7 +48,8 @@ std::string PieceKey(const std::string& name, const Box& box) {
 // This rank's description for the plan: its pieces, and rank 0's step
 // directory and metadata; or the error that stops the save.
 std::string Describe(const StateDict& state, int64_t step,
-                     const std::string& dir, const absl::Status& error,
+                     const std::string& dir, const std::string& job,
+                     const std::string& mesh, const absl::Status& error,
                      const std::string& step_dir_name) {
   Json j = Json::object();
   if (!error.ok()) {
@@ -58,11 +59,13 @@ std::string Describe(const StateDict& state, int64_t step,
   }
   if (!step_dir_name.empty()) {
     j["dir"] = step_dir_name;
+    j["mesh"] = mesh;
     j["meta"] = Json::object();
     for (const auto& [k, v] : state.metadata()) j["meta"][k] = v;
   }
   j["step"] = step;
   j["at"] = dir;
+  j["job"] = job;
   Json pieces = Json::array();
   for (const Piece& p : state.pieces()) {
     pieces.push_back({p.name, std::string(DTypeName(p.dtype)), p.global_shape,
@@ -109,7 +112,7 @@ absl::StatusOr<SavePlan> BuildPlan(const std::vector<std::string>& all,
   std::map<Key, Holders> distinct;
   std::map<std::string, int> first_holder;  // the rank that named it first
   int64_t step0 = 0;
-  std::string dir0;
+  std::string dir0, job0;
   for (size_t r = 0; r < all.size(); ++r) {
     VEMESH_ASSIGN_OR_RETURN(Json j, ParseJson(all[r], "checkpoint plan", 8));
     if (j.contains("err")) return DecodeError(j["err"].get<std::string>(), r);
@@ -117,9 +120,16 @@ absl::StatusOr<SavePlan> BuildPlan(const std::vector<std::string>& all,
     // same text on every rank: each compares with rank 0's).
     const int64_t step = j.at("step").get<int64_t>();
     const std::string at = j.at("at").get<std::string>();
+    const std::string job = j.at("job").get<std::string>();
     if (r == 0) {
       step0 = step;
       dir0 = at;
+      job0 = job;
+    } else if (job != job0) {
+      return absl::InvalidArgumentError(DisagreementMessage(
+          "checkpoint SaveOptions::job (every rank must pass the same)",
+          static_cast<int>(r), absl::StrCat("'", job, "'"), 0,
+          absl::StrCat("'", job0, "'")));
     } else if (step != step0 || at != dir0) {
       // The one format of a disagreement (comm/agreement.h), from the plan
       // already gathered: no collective more.
@@ -131,6 +141,7 @@ absl::StatusOr<SavePlan> BuildPlan(const std::vector<std::string>& all,
     }
     if (r == 0) {
       plan.step_dir_name = j.at("dir").get<std::string>();
+      plan.mesh = j.at("mesh").get<std::string>();
       for (auto it = j.at("meta").begin(); it != j.at("meta").end(); ++it) {
         plan.metadata[it.key()] = it.value().get<std::string>();
       }
@@ -162,20 +173,18 @@ absl::StatusOr<SavePlan> BuildPlan(const std::vector<std::string>& all,
       ++index;
     }
   }
-  // Pieces of one tensor must be disjoint (or equal: replicas), so that a
-  // load copies every element once.
-  std::map<std::string, std::vector<const Box*>> boxes;
-  for (const auto& [key, h] : distinct) boxes[key.name].push_back(&key.box);
-  for (const auto& [name, list] : boxes) {
-    for (size_t a = 0; a < list.size(); ++a) {
-      for (size_t b = a + 1; b < list.size(); ++b) {
-        if (Intersect(*list[a], *list[b])) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "tensor '", name, "': boxes ", BoxToString(*list[a]), " and ",
-              BoxToString(*list[b]),
-              " overlap (pieces of a tensor must be disjoint or equal)"));
-        }
-      }
+  // The distinct pieces of a tensor must tile it (replicas are one piece):
+  // a load copies every element from the one piece that holds it, and a
+  // manifest whose pieces do not tile is refused (manifest.h).
+  std::map<std::string, std::vector<Box>> boxes;
+  for (const auto& [key, h] : distinct) boxes[key.name].push_back(key.box);
+  for (const auto& [name, t] : plan.tensors) {
+    absl::Status s = CheckTiling(boxes[name], t.shape);
+    if (!s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", name, "': ", s.message(),
+          " (the pieces the ranks hold must be disjoint or equal, and cover "
+          "the tensor)"));
     }
   }
   // Each distinct piece goes to the holder that has written the fewest bytes
@@ -213,6 +222,7 @@ absl::StatusOr<SavePlan> PlanSave(const StateDict& state, int64_t step,
   plan.rank = world.rank();
   plan.world_size = world.size();
   plan.keep_last = options.keep_last;
+  plan.job = options.job;
   plan.dir = dir;
   absl::Status local;
   if (step < 0) {
@@ -223,6 +233,11 @@ absl::StatusOr<SavePlan> PlanSave(const StateDict& state, int64_t step,
         "SaveOptions::keep_last ", options.keep_last, ": expected >= 1"));
   } else if (dir.empty()) {
     local = absl::InvalidArgumentError("checkpoint directory: empty path");
+  } else if (options.job.size() > 255 || !Printable(options.job, false) ||
+             options.mesh.size() > 4096 || !Printable(options.mesh, false)) {
+    local = absl::InvalidArgumentError(absl::StrCat(
+        "SaveOptions::job '", absl::CHexEscape(options.job.substr(0, 255)),
+        "' and ::mesh: expected printable ASCII (job at most 255 bytes)"));
   }
   for (const auto& [k, v] : state.metadata()) {
     if (!local.ok()) break;
@@ -234,7 +249,7 @@ absl::StatusOr<SavePlan> PlanSave(const StateDict& state, int64_t step,
   }
   std::string step_dir_name;
   if (local.ok() && plan.rank == 0) {
-    absl::StatusOr<std::string> name = PrepareStepDir(dir, step);
+    absl::StatusOr<std::string> name = PrepareStepDir(dir, step, options.job);
     if (name.ok()) {
       step_dir_name = *name;
     } else {
@@ -243,8 +258,8 @@ absl::StatusOr<SavePlan> PlanSave(const StateDict& state, int64_t step,
   }
   VEMESH_ASSIGN_OR_RETURN(
       std::vector<std::string> all,
-      AllGatherStrings(world,
-                       Describe(state, step, dir, local, step_dir_name)));
+      AllGatherStrings(world, Describe(state, step, dir, options.job,
+                                       options.mesh, local, step_dir_name)));
   absl::StatusOr<SavePlan> built = BuildPlan(all, std::move(plan));
   if (!built.ok() && !step_dir_name.empty()) {
     std::error_code ec;  // nothing will be written: no empty step directory
@@ -326,6 +341,8 @@ absl::Status CommitSave(const SavePlan& plan,
   Manifest m;
   m.step = plan.step;
   m.world_size = plan.world_size;
+  m.job = plan.job;
+  m.mesh = plan.mesh;
   m.metadata = plan.metadata;
   m.tensors = plan.tensors;
   try {
@@ -380,7 +397,8 @@ absl::Status CommitSave(const SavePlan& plan,
                                   plan.step_dir_name + "\n");
     }
     if (local.ok()) {
-      local = RemoveOldSteps(plan.dir, plan.step_dir_name, plan.keep_last);
+      local = RemoveOldSteps(plan.dir, plan.step_dir_name, plan.keep_last,
+                             plan.job);
     }
   }
   return AgreeStatus(world, local);

@@ -43,6 +43,8 @@ struct SavePlan {
   int rank = 0;
   int world_size = 0;
   int keep_last = 2;
+  std::string job;   // SaveOptions::job (every rank's the same)
+  std::string mesh;  // SaveOptions::mesh (rank 0's)
   std::string dir;
   std::string step_dir_name;                      // "step-<S>"
   std::string step_dir;                           // dir + "/" + step_dir_name
