@@ -43,7 +43,6 @@
 #include "absl/time/time.h"
 #include "vemesh/checkpoint/async_saver.h"
 #include "vemesh/checkpoint/checkpoint.h"
-#include "vemesh/checkpoint/internal/read.h"
 #include "vemesh/checkpoint/manifest.h"
 #include "vemesh/comm/mpi/mpi_communicator.h"
 #include "vemesh/comm/mpi/mpi_environment.h"
@@ -172,7 +171,7 @@ int Run(Communicator& world) {
   // Shard bytes read by the last load of each kind, over all ranks.
   int64_t load_read = 0, reshard_read = 0;
   auto read_since = [&](uint64_t before) {
-    int64_t mine = static_cast<int64_t>(internal::ShardBytesRead() - before);
+    int64_t mine = static_cast<int64_t>(ShardBytesRead() - before);
     int64_t sum = 0;
     (void)world.all_reduce(&mine, &sum, 1, DataType::kInt64, ReduceOp::kSum);
     return sum;
@@ -213,7 +212,7 @@ int Run(Communicator& world) {
                     }));
     if (r == 0) DropDirFromCache(ck);
     (void)world.barrier();
-    uint64_t before = internal::ShardBytesRead();
+    uint64_t before = ShardBytesRead();
     load = std::min(load, Timed(world, [&] {
                       status.Update(Load(state, ck, world).status());
                     }));
@@ -230,7 +229,7 @@ int Run(Communicator& world) {
     }
     if (r == 0) DropDirFromCache(ck);
     (void)world.barrier();
-    before = internal::ShardBytesRead();
+    before = ShardBytesRead();
     reshard = std::min(reshard, Timed(world, [&] {
                          status.Update(Load(by_cols, ck, world).status());
                        }));

@@ -631,11 +631,11 @@ TEST(Checkpoint, AReshardedLoadReadsEachChunkOnce) {
   StateDict want;
   ASSERT_TRUE(
       want.Add("w", DType::kF32, {kRows, kCols}, cols, got.data()).ok());
-  const uint64_t before = internal::ShardBytesRead();
+  const uint64_t before = ShardBytesRead();
   auto loaded = Load(want, dir, *world);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(got, Fill({kRows, kCols}, cols, 0));
-  int64_t mine = static_cast<int64_t>(internal::ShardBytesRead() - before);
+  int64_t mine = static_cast<int64_t>(ShardBytesRead() - before);
   int64_t total = 0;
   ASSERT_TRUE(
       world->all_reduce(&mine, &total, 1, DataType::kInt64, ReduceOp::kSum)

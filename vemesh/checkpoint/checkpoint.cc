@@ -287,9 +287,9 @@ class ShardFiles {
 
 }  // namespace
 
-namespace internal {
-
 uint64_t ShardBytesRead() { return shard_bytes_read.load(); }
+
+namespace internal {
 
 absl::Status FillFromManifest(StateDict& state,
                               const CheckpointManifest& found) {

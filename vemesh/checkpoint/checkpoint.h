@@ -156,6 +156,10 @@ struct CheckpointManifest {
 absl::StatusOr<CheckpointManifest> ReadManifest(
     const std::string& dir, std::optional<int64_t> step = std::nullopt);
 
+// Shard-file bytes this process has read in loads so far: how often a byte
+// is read per job (bench/checkpoint_bench.cc, the tests).
+uint64_t ShardBytesRead();
+
 }  // namespace vemesh::checkpoint
 
 #endif  // VEMESH_CHECKPOINT_CHECKPOINT_H_

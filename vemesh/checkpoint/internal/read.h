@@ -23,10 +23,6 @@ namespace vemesh::checkpoint::internal {
 absl::Status FillFromManifest(StateDict& state,
                               const CheckpointManifest& found);
 
-// Shard bytes this process has read in loads (Load, FillFromManifest),
-// for the tests and the benchmark of how often a byte is read.
-uint64_t ShardBytesRead();
-
 }  // namespace vemesh::checkpoint::internal
 
 #endif  // VEMESH_CHECKPOINT_INTERNAL_READ_H_
