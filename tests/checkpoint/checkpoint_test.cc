@@ -670,6 +670,62 @@ TEST(Checkpoint, AReshardedLoadReadsEachChunkOnce) {
   RemoveShared(*world, dir);
 }
 
+// A resharded load exchanges its chunks in rounds (the next round's reads
+// asked of the kernel while this one is sent): a round per chunk gives the
+// same tensors as one round, and a chunk corrupted in a late round is named
+// on every rank (every rank stops at the same round).
+TEST(Checkpoint, AReshardedLoadInRoundsEqualsOneRound) {
+  auto world = World();
+  const int n = world->size(), r = world->rank();
+  const std::string dir = SharedTempDir(*world);
+  // a [2048, 1024] F32 (8 MiB, 8 chunks) and b [300, 1024] (a partial
+  // last chunk), row shards saved.
+  constexpr int64_t kRows = 2048, kBRows = 300, kCols = 1024;
+  Box a_rows = Rows(kRows, kCols, r, n), b_rows = Rows(kBRows, kCols, r, n);
+  std::vector<float> a = Fill({kRows, kCols}, a_rows, 0);
+  std::vector<float> b = Fill({kBRows, kCols}, b_rows, 7);
+  StateDict state;
+  ASSERT_TRUE(
+      state.Add("a", DType::kF32, {kRows, kCols}, a_rows, a.data()).ok());
+  ASSERT_TRUE(
+      state.Add("b", DType::kF32, {kBRows, kCols}, b_rows, b.data()).ok());
+  ASSERT_TRUE(Save(state, 1, dir, *world).ok());
+  Box a_cols = Cols(kRows, kCols, r, n), b_cols = Cols(kBRows, kCols, r, n);
+  std::vector<float> got_a(BoxNumel(a_cols), -1), got_b(BoxNumel(b_cols), -1);
+  StateDict want;
+  ASSERT_TRUE(
+      want.Add("a", DType::kF32, {kRows, kCols}, a_cols, got_a.data()).ok());
+  ASSERT_TRUE(
+      want.Add("b", DType::kF32, {kBRows, kCols}, b_cols, got_b.data()).ok());
+  internal::SetLoadRoundBytes(1);  // a round per chunk
+  auto loaded = Load(want, dir, *world);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(got_a, Fill({kRows, kCols}, a_cols, 0));
+  EXPECT_EQ(got_b, Fill({kBRows, kCols}, b_cols, 7));
+  // The last chunk of b's last piece (the last round) corrupted.
+  ASSERT_TRUE(world->barrier().ok());
+  std::string shard;
+  if (r == 0) {
+    auto m = ParseManifest(ReadText(dir + "/step-1/manifest.json"));
+    ASSERT_TRUE(m.ok());
+    const auto& piece = m->tensors.at("b").pieces.back();
+    shard = dir + "/step-1/" + piece.file;
+    const uint64_t at = piece.offset + piece.length - 5;
+    int fd = ::open(shard.c_str(), O_RDWR);
+    char c;
+    ASSERT_EQ(::pread(fd, &c, 1, at), 1);
+    c ^= 0x01;
+    ASSERT_EQ(::pwrite(fd, &c, 1, at), 1);
+    ::close(fd);
+  }
+  ASSERT_TRUE(world->barrier().ok());
+  auto bad = Load(want, dir, *world);
+  internal::SetLoadRoundBytes(0);
+  EXPECT_THAT(bad.status().message(), HasSubstr("checksum mismatch in '"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("tensor 'b'"));
+  RemoveShared(*world, dir);
+}
+
 // Load reads only the 1 MiB chunks its boxes overlap: a corrupted byte in a
 // chunk nobody asks for goes unnoticed; the whole tensor sees it.
 TEST(Checkpoint, LoadReadsOnlyTheChunksItNeeds) {

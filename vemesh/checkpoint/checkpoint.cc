@@ -34,6 +34,10 @@ std::atomic<uint64_t> shard_bytes_read{0};
 
 // Reads at most this many bytes of chunks at once.
 constexpr uint64_t kReadWindowBytes = uint64_t{64} << 20;
+// A resharded load exchanges about this many bytes per rank per round
+// (internal::SetLoadRoundBytes changes it for tests).
+constexpr uint64_t kRoundBytes = uint64_t{16} << 20;
+std::atomic<uint64_t> round_bytes_per_rank{kRoundBytes};
 
 // One contiguous run of bytes: `length` bytes at `src` in the saved piece
 // go to address `dst` (for another rank's plan, where only `src` and
@@ -305,6 +309,10 @@ absl::Status FillFromManifest(StateDict& state,
   return absl::OkStatus();
 }
 
+void SetLoadRoundBytes(uint64_t bytes_per_rank) {
+  round_bytes_per_rank = bytes_per_rank == 0 ? kRoundBytes : bytes_per_rank;
+}
+
 }  // namespace internal
 
 namespace {
@@ -407,94 +415,174 @@ absl::Status SharedRead(StateDict& state, const CheckpointManifest& found,
     }
     cut(*w, &segs[r], nullptr);
   }
+  // The manifest's chunks numbered in (piece, chunk) order: piece `id`'s
+  // chunk k is chunk first_chunk[id] + k. Vectors indexed by it replace
+  // per-segment map lookups (a column load cuts ~10^5 segments per rank).
+  std::vector<uint64_t> first_chunk(pieces.size() + 1, 0);
+  for (size_t id = 0; id < pieces.size(); ++id) {
+    first_chunk[id + 1] =
+        first_chunk[id] + (pieces[id].second->length + chunk - 1) / chunk;
+  }
+  const uint64_t chunks = first_chunk.back();
+  auto chunk_of = [&](const Segment& sg) {
+    return first_chunk[sg.piece] + sg.src / chunk;
+  };
+  auto chunk_length = [&](uint64_t id, uint64_t k) {
+    return std::min(chunk, pieces[id].second->length - k * chunk);
+  };
   // Each needed chunk's reader: of the ranks that need it, the one with the
   // fewest bytes to read so far (the lowest on ties); the same on every rank.
-  using ChunkKey = std::pair<uint64_t, uint64_t>;  // (piece, chunk index)
-  std::map<ChunkKey, int> reader;
+  std::vector<int> reader(chunks, -1);
   {
-    std::map<ChunkKey, std::vector<int>> needers;
+    std::vector<std::vector<int>> needers(chunks);
     for (int r = 0; r < n; ++r) {
       for (const Segment& sg : segs[r]) {
-        std::vector<int>& v = needers[{sg.piece, sg.src / chunk}];
+        std::vector<int>& v = needers[chunk_of(sg)];
         if (v.empty() || v.back() != r) v.push_back(r);
       }
     }
     std::vector<uint64_t> load(n, 0);
-    for (const auto& [key, ranks] : needers) {
-      int best = ranks[0];
-      for (int r : ranks) {
-        if (load[r] < load[best]) best = r;
+    for (size_t id = 0; id < pieces.size(); ++id) {
+      for (uint64_t c = first_chunk[id]; c < first_chunk[id + 1]; ++c) {
+        if (needers[c].empty()) continue;
+        int best = needers[c][0];
+        for (int r : needers[c]) {
+          if (load[r] < load[best]) best = r;
+        }
+        load[best] += chunk_length(id, c - first_chunk[id]);
+        reader[c] = best;
       }
-      const ManifestPiece& p = *pieces[key.first].second;
-      load[best] += std::min(chunk, p.length - key.second * chunk);
-      reader[key] = best;
     }
   }
-  // What goes where: bytes from this rank to each rank, and back.
-  std::vector<size_t> send_counts(n, 0), recv_counts(n, 0);
-  std::map<ChunkKey, std::vector<std::pair<int, const Segment*>>> to_send;
+  // The segments this rank reads, per chunk: (destination, segment).
+  std::vector<std::vector<std::pair<int, const Segment*>>> to_send(chunks);
   for (int r = 0; r < n; ++r) {
     for (const Segment& sg : segs[r]) {
-      const int from = reader.at({sg.piece, sg.src / chunk});
-      if (from == me) {
-        // What this rank reads for itself is copied in place, not sent.
-        if (r != me) send_counts[r] += sg.length;
-        to_send[{sg.piece, sg.src / chunk}].emplace_back(r, &sg);
-      } else if (r == me) {
-        recv_counts[from] += sg.length;
+      const uint64_t c = chunk_of(sg);
+      if (reader[c] == me) to_send[c].emplace_back(r, &sg);
+    }
+  }
+  // Rounds: consecutive chunks of about kRoundBytes per rank of the job's
+  // bytes each, the same on every rank. A round is read, verified, sent and
+  // unpacked before the next; the next round's reads are asked of the
+  // kernel first, so the disk reads it while this round is exchanged.
+  const uint64_t round_bytes =
+      round_bytes_per_rank.load() * static_cast<uint64_t>(n);
+  std::vector<uint64_t> round_end;  // exclusive chunk bounds
+  {
+    uint64_t bytes = 0;
+    for (size_t id = 0; id < pieces.size(); ++id) {
+      for (uint64_t c = first_chunk[id]; c < first_chunk[id + 1]; ++c) {
+        if (reader[c] < 0) continue;
+        bytes += chunk_length(id, c - first_chunk[id]);
+        if (bytes >= round_bytes) {
+          round_end.push_back(c + 1);
+          bytes = 0;
+        }
+      }
+    }
+    if (round_end.empty() || round_end.back() < chunks) {
+      round_end.push_back(chunks);
+    }
+  }
+  // This rank's reads: windows of consecutive chunks of one piece (at most
+  // kReadWindowBytes), inside one round, in chunk order.
+  struct Window {
+    uint64_t piece, first, last;  // chunk ids [first, last]
+  };
+  std::vector<std::vector<Window>> windows(round_end.size());
+  {
+    size_t round = 0;
+    for (size_t id = 0; id < pieces.size(); ++id) {
+      for (uint64_t c = first_chunk[id]; c < first_chunk[id + 1]; ++c) {
+        while (c >= round_end[round]) ++round;
+        if (reader[c] != me) continue;
+        std::vector<Window>& w = windows[round];
+        if (!w.empty() && w.back().piece == id && w.back().last + 1 == c &&
+            (c - w.back().first + 1) * chunk <=
+                std::max(kReadWindowBytes, chunk)) {
+          w.back().last = c;
+        } else {
+          w.push_back(Window{id, c, c});
+        }
       }
     }
   }
-  std::vector<size_t> send_at(n, 0);
-  size_t send_total = 0;
-  for (int r = 0; r < n; ++r) {
-    send_at[r] = send_total;
-    send_total += send_counts[r];
-  }
-  // Read this rank's chunks (contiguous ones of a piece together, at most
-  // kReadWindowBytes at once), verify each, and pack the segments in
-  // (piece, src) order per destination: the order each destination unpacks.
-  std::vector<char> send(send_total);
-  absl::Status read;
-  {
-    ShardFiles files(found);
-    std::string buffer;
-    auto it = to_send.begin();
-    while (read.ok() && it != to_send.end()) {
-      const uint64_t id = it->first.first;
-      const ManifestPiece& p = *pieces[id].second;
-      // A window: consecutive chunks of this piece assigned to this rank.
-      auto last = it;
-      uint64_t count = 1;
-      while (std::next(last) != to_send.end() &&
-             std::next(last)->first.first == id &&
-             std::next(last)->first.second == last->first.second + 1 &&
-             (count + 1) * chunk <= std::max(kReadWindowBytes, chunk)) {
-        ++last;
-        ++count;
+  ShardFiles files(found);
+  // The window's bytes in its piece: [begin, end).
+  auto bounds = [&](const Window& w) {
+    const ManifestPiece& p = *pieces[w.piece].second;
+    const uint64_t begin = (w.first - first_chunk[w.piece]) * chunk;
+    const uint64_t end =
+        std::min(p.length, (w.last - first_chunk[w.piece] + 1) * chunk);
+    return std::make_pair(begin, end);
+  };
+  auto prefetch = [&](size_t round) {
+    if (round >= windows.size()) return;
+    for (const Window& w : windows[round]) {
+      const ManifestPiece& p = *pieces[w.piece].second;
+      absl::StatusOr<const File*> f = files.Get(p.file);
+      if (!f.ok()) return;  // the read reports it
+      auto [begin, end] = bounds(w);
+      (*f)->WillNeed(p.offset + begin, end - begin);
+    }
+  };
+  // Where each of this rank's segments unpacks from: segments are in
+  // (piece, src) order, so each round's are a contiguous range of `mine`.
+  size_t next_mine = 0;
+  std::string buffer;
+  std::vector<char> send, recv;
+  prefetch(0);
+  uint64_t round_first = 0;
+  for (size_t round = 0; round < round_end.size(); ++round) {
+    prefetch(round + 1);
+    // What goes where in this round: bytes from this rank to each rank.
+    std::vector<size_t> send_counts(n, 0), recv_counts(n, 0);
+    for (uint64_t c = round_first; c < round_end[round]; ++c) {
+      for (const auto& [to, sg] : to_send[c]) {
+        if (to != me) send_counts[to] += sg->length;
       }
-      const uint64_t begin = it->first.second * chunk;
-      const uint64_t end = std::min(p.length, (last->first.second + 1) * chunk);
+    }
+    size_t mine_end = next_mine;
+    while (mine_end < mine.size() &&
+           chunk_of(mine[mine_end]) < round_end[round]) {
+      const int from = reader[chunk_of(mine[mine_end])];
+      if (from != me) recv_counts[from] += mine[mine_end].length;
+      ++mine_end;
+    }
+    std::vector<size_t> send_at(n, 0);
+    size_t send_total = 0;
+    for (int r = 0; r < n; ++r) {
+      send_at[r] = send_total;
+      send_total += send_counts[r];
+    }
+    // Read this round's windows, verify each chunk, and pack the segments
+    // in (piece, src) order per destination: the order each unpacks.
+    send.resize(send_total);
+    absl::Status read;
+    for (const Window& w : windows[round]) {
+      const ManifestPiece& p = *pieces[w.piece].second;
       absl::StatusOr<const File*> f = files.Get(p.file);
       if (!f.ok()) {
         read = f.status();
         break;
       }
+      auto [begin, end] = bounds(w);
       buffer.resize(end - begin);
       read = (*f)->PreadAll(buffer.data(), end - begin, p.offset + begin);
       shard_bytes_read += end - begin;
-      for (auto c = it; read.ok() && c != std::next(last); ++c) {
-        const uint64_t k = c->first.second;
+      for (uint64_t c = w.first; read.ok() && c <= w.last; ++c) {
+        const uint64_t k = c - first_chunk[w.piece];
         const uint64_t kb = k * chunk - begin;
-        const uint64_t kn = std::min(chunk, p.length - k * chunk);
+        const uint64_t kn = chunk_length(w.piece, k);
         if (internal::Crc32c(buffer.data() + kb, kn) != p.crc32c[k]) {
           read = absl::DataLossError(absl::StrCat(
               "checksum mismatch in '", (*f)->path(), "': tensor '",
-              *pieces[id].first, "' piece ", BoxToString(p.box), " bytes [",
-              p.offset + k * chunk, ", +", kn, ") (corrupted)"));
+              *pieces[w.piece].first, "' piece ", BoxToString(p.box),
+              " bytes [", p.offset + k * chunk, ", +", kn, ") (corrupted)"));
           break;
         }
-        for (const auto& [to, sg] : c->second) {
+        for (const auto& [to, sg] : to_send[c]) {
           const char* from = buffer.data() + (sg->src - begin);
           if (to == me) {
             std::memcpy(mine_dst[sg - segs[me].data()], from, sg->length);
@@ -504,25 +592,28 @@ absl::Status SharedRead(StateDict& state, const CheckpointManifest& found,
           }
         }
       }
-      it = std::next(last);
+      if (!read.ok()) break;
     }
-  }
-  VEMESH_RETURN_IF_ERROR(internal::AgreeStatus(world, read));
-  size_t recv_total = 0;
-  for (size_t c : recv_counts) recv_total += c;
-  std::vector<char> recv(recv_total);
-  VEMESH_RETURN_IF_ERROR(world.all_to_all_v(
-      send.data(), send_counts, recv.data(), recv_counts, DataType::kUInt8));
-  // Unpack: this rank's segments in order, each from its reader's stream
-  // (those it read itself are in place already).
-  std::vector<size_t> recv_at(n, 0);
-  for (int r = 1; r < n; ++r) recv_at[r] = recv_at[r - 1] + recv_counts[r - 1];
-  for (size_t i = 0; i < mine.size(); ++i) {
-    const Segment& sg = mine[i];
-    const int from = reader.at({sg.piece, sg.src / chunk});
-    if (from == me) continue;  // copied when read
-    std::memcpy(mine_dst[i], recv.data() + recv_at[from], sg.length);
-    recv_at[from] += sg.length;
+    VEMESH_RETURN_IF_ERROR(internal::AgreeStatus(world, read));
+    size_t recv_total = 0;
+    for (size_t c : recv_counts) recv_total += c;
+    recv.resize(recv_total);
+    VEMESH_RETURN_IF_ERROR(world.all_to_all_v(
+        send.data(), send_counts, recv.data(), recv_counts, DataType::kUInt8));
+    // Unpack: this round's segments of this rank in order, each from its
+    // reader's stream (those it read itself are in place already).
+    std::vector<size_t> recv_at(n, 0);
+    for (int r = 1; r < n; ++r) {
+      recv_at[r] = recv_at[r - 1] + recv_counts[r - 1];
+    }
+    for (size_t i = next_mine; i < mine_end; ++i) {
+      const int from = reader[chunk_of(mine[i])];
+      if (from == me) continue;  // copied when read
+      std::memcpy(mine_dst[i], recv.data() + recv_at[from], mine[i].length);
+      recv_at[from] += mine[i].length;
+    }
+    next_mine = mine_end;
+    round_first = round_end[round];
   }
   return absl::OkStatus();
 }

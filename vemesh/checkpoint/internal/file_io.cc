@@ -86,6 +86,11 @@ absl::Status File::PreadAll(void* data, size_t size, uint64_t offset) const {
   return absl::OkStatus();
 }
 
+void File::WillNeed(uint64_t offset, uint64_t size) const {
+  (void)::posix_fadvise(fd_, static_cast<off_t>(offset),
+                        static_cast<off_t>(size), POSIX_FADV_WILLNEED);
+}
+
 absl::Status File::Sync() {
   if (::fsync(fd_) != 0) return FileError(errno, "cannot fsync", path_);
   return absl::OkStatus();

@@ -40,6 +40,10 @@ class File {
   // Exactly `size` bytes at `offset`; DataLoss naming the file when it ends
   // first (truncated).
   absl::Status PreadAll(void* data, size_t size, uint64_t offset) const;
+  // Asks the kernel to start reading [offset, +size) into the page cache
+  // and returns at once (posix_fadvise WILLNEED): a later PreadAll of the
+  // range then waits less. Only a hint: errors are ignored.
+  void WillNeed(uint64_t offset, uint64_t size) const;
   absl::Status Sync();
   absl::StatusOr<uint64_t> Size() const;
   // Reports a failed close (NFS and full disks report late).

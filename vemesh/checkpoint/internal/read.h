@@ -23,6 +23,11 @@ namespace vemesh::checkpoint::internal {
 absl::Status FillFromManifest(StateDict& state,
                               const CheckpointManifest& found);
 
+// A collective load exchanges the chunks in rounds of about this many bytes
+// per rank (default 16 MiB); 0 restores the default. For tests, which need
+// many rounds from small tensors. Every rank must set the same value.
+void SetLoadRoundBytes(uint64_t bytes_per_rank);
+
 }  // namespace vemesh::checkpoint::internal
 
 #endif  // VEMESH_CHECKPOINT_INTERNAL_READ_H_
