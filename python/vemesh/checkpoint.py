@@ -108,9 +108,12 @@ class FlatShard:
                 f"{self.global_shape}, offset={self.offset})")
 
 
-LoadInfo = collections.namedtuple("LoadInfo", ["step", "path", "metadata"])
+LoadInfo = collections.namedtuple(
+    "LoadInfo", ["step", "path", "metadata", "job", "mesh"], defaults=("", ""))
 LoadInfo.__doc__ = ("What load read: the checkpoint's step, its step "
-                    "directory and its metadata (a dict of str).")
+                    "directory, its metadata (a dict of str), the job that "
+                    "saved it and the saving mesh as described (\"\" when "
+                    "not named).")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -334,22 +337,37 @@ def _checkpoint_dir(checkpoint_id) -> str:
 
 def save(state_dict: Mapping, *, checkpoint_id, process_group=None,
          step: int = 0, metadata: Optional[Mapping[str, str]] = None,
-         keep_last: int = 2) -> None:
+         keep_last: int = 2, job: str = "", mesh: str = "") -> None:
     """Collective: every rank saves what its ``state_dict`` holds into the
     directory ``checkpoint_id`` (``<dir>/step-<step>/``: a safetensors shard
     per rank and ``manifest.json``, the commit point; ``<dir>/latest`` names
     it). Pieces several ranks hold are written once. ``metadata`` (str to
     str, rank 0's) is kept in the manifest; the newest ``keep_last`` steps
     are kept. Saving a step again writes ``step-<S>.1``: the old one stays
-    loadable until the new one is committed."""
-    _save(state_dict, checkpoint_id, process_group, step, metadata, keep_last)
+    loadable until the new one is committed.
+
+    ``job`` (printable ASCII, at most 255 bytes) names the job saving: one
+    directory, one job (the first named save claims ``<dir>/owner``; another
+    job's save there is refused naming both, and a save naming no job goes
+    only into an unowned directory). ``mesh`` describes the saving mesh
+    ("DP=2,TP=4") for ``vemesh checkpoint inspect``."""
+    _save(state_dict, checkpoint_id, process_group, step, metadata, keep_last,
+          job=job, mesh=mesh)
+
+
+def _text_option(name: str, value) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name}: expected a str, got {type(value).__name__}")
+    return value
 
 
 def _save(state_dict, checkpoint_id, process_group, step, metadata, keep_last,
-          error: Optional[BaseException] = None):
+          error: Optional[BaseException] = None, *, job: str = "",
+          mesh: str = ""):
     """save, with an `error` found by the caller (vemesh.torch.checkpoint)
     that is raised on every rank instead."""
     path = _checkpoint_dir(checkpoint_id)
+    job, mesh = _text_option("job", job), _text_option("mesh", mesh)
     group = _communicator(process_group)
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
         raise TypeError(f"step: expected an int, got {type(step).__name__}")
@@ -357,7 +375,7 @@ def _save(state_dict, checkpoint_id, process_group, step, metadata, keep_last,
         raise ValueError(f"keep_last: {keep_last!r}; expected an int >= 1")
     if error is not None:
         _checkpoint.save([], path, group, int(step), keep_last, {},
-                         _error(error))
+                         job=job, mesh=mesh, error=_error(error))
         return
     error, entries, meta = None, [], {}
     try:
@@ -369,25 +387,30 @@ def _save(state_dict, checkpoint_id, process_group, step, metadata, keep_last,
             meta[k] = v
     except Exception as e:  # noqa: BLE001  (raised on every rank below)
         error = _error(e)  # agreed with the other ranks in C++
-    _checkpoint.save(entries, path, group, int(step), keep_last, meta, error)
+    _checkpoint.save(entries, path, group, int(step), keep_last, meta,
+                     job=job, mesh=mesh, error=error)
 
 
 def load(state_dict: Mapping, *, checkpoint_id, process_group=None,
-         step: Optional[int] = None) -> LoadInfo:
+         step: Optional[int] = None, job: str = "") -> LoadInfo:
     """Collective: fills every tensor of ``state_dict`` (whole, ``Shard`` or
     ``FlatShard``, as described there) in place from the checkpoint in
     ``checkpoint_id`` (the one ``latest`` names, or the newest of ``step``),
     whatever mesh and sharding saved it; Python numbers in the dict are
     replaced. Every element must be covered by the saved pieces, and every
     tensor must have the checkpoint's dtype and global shape. Returns the
-    checkpoint's step, directory and metadata."""
-    return _load(state_dict, checkpoint_id, process_group, step)
+    checkpoint's step, directory, metadata, job and mesh. Given ``job``,
+    the checkpoint must have been saved by that job (an error naming both
+    jobs otherwise)."""
+    return _load(state_dict, checkpoint_id, process_group, step, job=job)
 
 
 def _load(state_dict, checkpoint_id, process_group, step,
-          error: Optional[BaseException] = None) -> LoadInfo:
+          error: Optional[BaseException] = None, *,
+          job: str = "") -> LoadInfo:
     """load, with an `error` found by the caller, raised on every rank."""
     path = _checkpoint_dir(checkpoint_id)
+    job = _text_option("job", job)
     group = _communicator(process_group)
     if step is not None and (isinstance(step, bool)
                              or not isinstance(step, (int, np.integer))):
@@ -402,10 +425,12 @@ def _load(state_dict, checkpoint_id, process_group, step,
     if error is not None:
         error = _error(error)
     r = _checkpoint.load(entries, path, group,
-                         None if step is None else int(step), error)
+                         None if step is None else int(step), job=job,
+                         error=error)
     for back in writebacks:
         back()
-    return LoadInfo(r["step"], r["path"], dict(r["metadata"]))
+    return LoadInfo(r["step"], r["path"], dict(r["metadata"]), r["job"],
+                    r["mesh"])
 
 
 def read_metadata(checkpoint_id, *, step: Optional[int] = None) -> Metadata:
@@ -467,5 +492,6 @@ def load_full(checkpoint_id, *, names: Optional[Sequence[str]] = None,
         step = meta.step
     except Exception as e:  # noqa: BLE001  (raised on every rank below)
         error = _error(e)
-    r = _checkpoint.load(entries, path, group, step, error)
-    return out, LoadInfo(r["step"], r["path"], dict(r["metadata"]))
+    r = _checkpoint.load(entries, path, group, step, error=error)
+    return out, LoadInfo(r["step"], r["path"], dict(r["metadata"]), r["job"],
+                         r["mesh"])

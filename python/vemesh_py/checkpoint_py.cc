@@ -193,6 +193,7 @@ py::dict ToDict(const std::map<std::string, std::string>& m) {
 void Save(const py::list& entries, const std::string& dir,
           const std::shared_ptr<Communicator>& group, int64_t step,
           int keep_last, const std::map<std::string, std::string>& metadata,
+          const std::string& job, const std::string& mesh,
           const PythonError& error) {
   CheckHostGroup(*group);
   Held held;
@@ -205,6 +206,8 @@ void Save(const py::list& entries, const std::string& dir,
     if (s.ok()) {
       checkpoint::SaveOptions options;
       options.keep_last = keep_last;
+      options.job = job;
+      options.mesh = mesh;
       s = checkpoint::Save(held.state, step, dir, *group, options);
     }
   }
@@ -213,7 +216,8 @@ void Save(const py::list& entries, const std::string& dir,
 
 py::dict Load(const py::list& entries, const std::string& dir,
               const std::shared_ptr<Communicator>& group,
-              std::optional<int64_t> step, const PythonError& error) {
+              std::optional<int64_t> step, const std::string& job,
+              const PythonError& error) {
   CheckHostGroup(*group);
   Held held;
   const absl::Status local = Build(entries, /*writable=*/true, error, held);
@@ -222,7 +226,10 @@ py::dict Load(const py::list& entries, const std::string& dir,
     py::gil_scoped_release nogil;
     absl::Status s = checkpoint::AgreeStatus(*group, local);
     if (s.ok()) {
-      r = checkpoint::Load(held.state, dir, *group, step);
+      checkpoint::LoadOptions options;
+      options.step = step;
+      options.job = job;
+      r = checkpoint::Load(held.state, dir, *group, options);
     } else {
       r = s;
     }
@@ -233,6 +240,8 @@ py::dict Load(const py::list& entries, const std::string& dir,
   out["path"] = r->path;
   out["metadata"] = ToDict(std::map<std::string, std::string>(
       r->metadata.begin(), r->metadata.end()));
+  out["job"] = r->job;
+  out["mesh"] = r->mesh;
   return out;
 }
 
@@ -286,10 +295,11 @@ void RegisterCheckpoint(py::module_& m) {
       "vemesh.checkpoint is its Python face.");
   c.def("save", &Save, py::arg("entries"), py::arg("checkpoint_id"),
         py::arg("group"), py::arg("step"), py::arg("keep_last"),
-        py::arg("metadata"), py::arg("error") = py::none());
+        py::arg("metadata"), py::arg("job") = "", py::arg("mesh") = "",
+        py::arg("error") = py::none());
   c.def("load", &Load, py::arg("entries"), py::arg("checkpoint_id"),
         py::arg("group"), py::arg("step") = py::none(),
-        py::arg("error") = py::none());
+        py::arg("job") = "", py::arg("error") = py::none());
   c.def("read_manifest", &ReadManifest, py::arg("checkpoint_id"),
         py::arg("step") = py::none());
   c.def("latest_step", [](const std::string& dir) {

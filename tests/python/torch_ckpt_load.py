@@ -138,6 +138,36 @@ def test_state_dict_api_and_numpy(mesh, group, scratch):
     assert_models_equal(m2, o2, model, opt)
 
 
+def test_one_directory_one_job(mesh, group, scratch):
+    # A named job's save claims the directory; another job's save and an
+    # unnamed save there are refused naming the owner, on every rank; a
+    # load can require the job, and LoadInfo names it and the mesh.
+    path = os.path.join(scratch, "owned")
+    model, opt = serial(1)
+    tc.save(model, opt, checkpoint_id=path, process_group=mesh, step=1,
+            job="pretrain-a", mesh=f"fsdp={group.size()}")
+    with pytest.raises(Exception, match="pretrain-a") as other:
+        tc.save(model, opt, checkpoint_id=path, process_group=mesh, step=2,
+                job="pretrain-b")
+    assert "pretrain-b" in str(other.value)
+    with pytest.raises(Exception, match="pretrain-a"):
+        vc.save({"x": np.zeros(3)}, checkpoint_id=path, process_group=mesh,
+                step=3)
+    m2, o2 = serial(0)
+    info = tc.load(m2, o2, checkpoint_id=path, process_group=mesh,
+                   job="pretrain-a")
+    assert (info.step, info.job, info.mesh) == (1, "pretrain-a",
+                                                f"fsdp={group.size()}")
+    assert_models_equal(m2, o2, model, opt)
+    with pytest.raises(Exception, match="pretrain-c") as wrong:
+        tc.load(m2, o2, checkpoint_id=path, process_group=mesh,
+                job="pretrain-c")
+    assert "pretrain-a" in str(wrong.value)
+    with pytest.raises(TypeError, match="job: expected a str"):
+        vc.load({"x": np.zeros(3)}, checkpoint_id=path, process_group=mesh,
+                job=7)
+
+
 def test_a_chunk_of_padding_only_adds_nothing(mesh, scratch):
     # FSDP's last ranks may hold padding only: no pieces, no state saved.
     path = os.path.join(scratch, "padding")

@@ -417,10 +417,11 @@ def _init_optimizer_state(opt: torch.optim.Optimizer) -> None:
 
 def save(model, optimizers=(), *, checkpoint_id, process_group=None,
          shards=(), step: int = 0, metadata: Optional[Dict[str, str]] = None,
-         keep_last: int = 2) -> None:
+         keep_last: int = 2, job: str = "", mesh: str = "") -> None:
     """Collective: ``model`` (and ``optimizers``' state) into
-    ``checkpoint_id`` at ``step`` (vemesh.checkpoint.save), ``shards``
-    describing what this rank holds only part of (module docstring)."""
+    ``checkpoint_id`` at ``step`` (vemesh.checkpoint.save, whose ``job`` and
+    ``mesh`` these are), ``shards`` describing what this rank holds only
+    part of (module docstring)."""
     error, merged, meta = None, {}, dict(metadata or {})
     try:
         plan = _Plan(model, optimizers, shards)
@@ -431,14 +432,15 @@ def save(model, optimizers=(), *, checkpoint_id, process_group=None,
     except Exception as e:  # noqa: BLE001  (raised on every rank)
         error = e  # raised on every rank by vemesh.checkpoint
     _vc._save(merged, checkpoint_id, process_group, step, meta, keep_last,
-              error=error)
+              error=error, job=job, mesh=mesh)
 
 
 def load(model, optimizers=(), *, checkpoint_id, process_group=None,
-         shards=(), step: Optional[int] = None) -> "_vc.LoadInfo":
+         shards=(), step: Optional[int] = None,
+         job: str = "") -> "_vc.LoadInfo":
     """Collective: fills ``model`` (and ``optimizers``' state) in place
-    from ``checkpoint_id``, whatever mesh and sharding saved it; ``shards``
-    as for save. Restores the optimizers' numeric hyperparameters when they
+    from ``checkpoint_id``, whatever mesh and sharding saved it (by the job
+    ``job`` when given); ``shards`` as for save. Restores the optimizers' numeric hyperparameters when they
     have as many param groups as the saved ones. Returns the LoadInfo."""
     error, merged, plan = None, {}, None
     try:
@@ -448,7 +450,8 @@ def load(model, optimizers=(), *, checkpoint_id, process_group=None,
         merged = _merge(*_build(plan))
     except Exception as e:  # noqa: BLE001  (raised on every rank)
         error = e
-    info = _vc._load(merged, checkpoint_id, process_group, step, error=error)
+    info = _vc._load(merged, checkpoint_id, process_group, step, error=error,
+                     job=job)
     _apply_scalars(plan, merged)
     for i, opt in enumerate(plan.optimizers):
         text = info.metadata.get(_PARAM_GROUPS_KEY.format(i))
