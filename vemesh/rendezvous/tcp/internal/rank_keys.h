@@ -1,0 +1,44 @@
+// vemesh/rendezvous/tcp/internal/rank_keys.h
+//
+// Keys tied to a rank (issue 44): TcpStoreServer lets only the connection
+// that proved rank r write a key that belongs to r, such as a bootstrap
+// round's contribution "vemesh/ag/3/r" and ack "vemesh/ag/3/ack/r".
+//
+// A pattern is '/'-separated components: a literal, "*" (any one
+// component) or "{rank}" (a rank in decimal: "0", or digits not starting
+// with 0, at most 9 of them). A key matches when it has as many
+// components and each one matches; the "{rank}" component is then the
+// rank the key belongs to.
+//
+//   std::vector<std::string> patterns = {"vemesh/ag/*/{rank}",
+//                                        "vemesh/ag/*/ack/{rank}"};
+//   RankOfKey("vemesh/ag/0/1", patterns);      // 1
+//   RankOfKey("vemesh/ag/0/verdict", patterns);  // nullopt: nobody's
+//
+// Private to the store server and its fuzzer: not installed.
+
+#ifndef VEMESH_RENDEZVOUS_TCP_INTERNAL_RANK_KEYS_H_
+#define VEMESH_RENDEZVOUS_TCP_INTERNAL_RANK_KEYS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+
+namespace vemesh {
+
+// OK, or InvalidArgument naming the pattern: empty, an empty component, no
+// "{rank}" component or more than one.
+absl::Status CheckRankKeyPattern(absl::string_view pattern);
+
+// The rank `key` belongs to under the first pattern it matches; nullopt
+// when it matches none (anybody may write it).
+std::optional<int64_t> RankOfKey(absl::string_view key,
+                                 absl::Span<const std::string> patterns);
+
+}  // namespace vemesh
+
+#endif  // VEMESH_RENDEZVOUS_TCP_INTERNAL_RANK_KEYS_H_
