@@ -4,6 +4,7 @@
 
 #include <cstddef>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace vemesh {
@@ -85,6 +86,43 @@ std::optional<int64_t> RankOfKey(absl::string_view key,
     if (std::optional<int64_t> rank = Match(key, pattern)) return rank;
   }
   return std::nullopt;
+}
+
+absl::Status WriteRefusal(const WriteRules& rules, const KeyWriter& writer,
+                          StoreOp op, absl::string_view key,
+                          absl::string_view value) {
+  const bool writes = op == StoreOp::kSet || op == StoreOp::kAdd ||
+                      op == StoreOp::kCompareSet || op == StoreOp::kRemove;
+  if (!writes) return absl::OkStatus();
+  if (const std::optional<int64_t> rank =
+          RankOfKey(key, rules.rank_key_patterns);
+      rank && writer.proved_rank != *rank) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("store ", StoreOpName(op), " of '", key.substr(0, 128),
+                     "' refused: the key belongs to rank ", *rank,
+                     " and only the connection that proved rank ", *rank,
+                     " may write it (this one ",
+                     writer.proved_rank < 0
+                         ? std::string("proved no rank")
+                         : absl::StrCat("proved rank ", writer.proved_rank),
+                     ")"));
+  }
+  if (writer.owner) return absl::OkStatus();
+  for (const std::string& suffix : rules.owner_key_suffixes) {
+    if (!absl::EndsWith(key, suffix)) continue;
+    if (op == StoreOp::kSet || op == StoreOp::kCompareSet) {
+      for (const std::string& prefix : rules.open_value_prefixes) {
+        if (!prefix.empty() && absl::StartsWith(value, prefix)) {
+          return absl::OkStatus();
+        }
+      }
+    }
+    return absl::PermissionDeniedError(absl::StrCat(
+        "store ", StoreOpName(op), " of '", key.substr(0, 128),
+        "' refused: only rank 0's own connection may write it (a verdict "
+        "made by anybody else is ignored)"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace vemesh

@@ -27,39 +27,16 @@ absl::Status TcpStoreServer::Loop::Refusal(const Connection& c,
         " refused: this store needs the job's token (VEMESH_STORE_TOKEN) "
         "proved in a HELLO/AUTH handshake first"));
   }
-  const bool writes = r.op == StoreOp::kSet || r.op == StoreOp::kAdd ||
-                      r.op == StoreOp::kCompareSet || r.op == StoreOp::kRemove;
-  if (!writes) return absl::OkStatus();
-  if (!options_.rank_key_patterns.empty()) {
-    const std::optional<int64_t> rank =
-        RankOfKey(r.keys[0], options_.rank_key_patterns);
-    if (rank && !ProvedRank(c, *rank)) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "store ", StoreOpName(r.op), " of '", r.keys[0].substr(0, 128),
-          "' refused: the key belongs to rank ", *rank,
-          " and only the connection that proved rank ", *rank,
-          " may write it (this one ",
-          c.rank < 0 || !c.authenticated ? std::string("proved no rank")
-                                         : absl::StrCat("proved rank ", c.rank),
-          ")"));
-    }
-  }
-  if (c.owner) return absl::OkStatus();
-  for (const std::string& suffix : options_.owner_key_suffixes) {
-    if (!absl::EndsWith(r.keys[0], suffix)) continue;
-    bool open = false;
-    if (r.op == StoreOp::kSet || r.op == StoreOp::kCompareSet) {
-      for (const std::string& prefix : options_.open_value_prefixes) {
-        open = open || (!prefix.empty() && absl::StartsWith(r.value, prefix));
-      }
-    }
-    if (open) return absl::OkStatus();
-    return absl::PermissionDeniedError(absl::StrCat(
-        "store ", StoreOpName(r.op), " of '", r.keys[0].substr(0, 128),
-        "' refused: only rank 0's own connection may write it (a verdict "
-        "made by anybody else is ignored)"));
-  }
-  return absl::OkStatus();
+  KeyWriter writer;
+  writer.owner = c.owner;
+  if (c.rank >= 0 && ProvedRank(c, c.rank)) writer.proved_rank = c.rank;
+  WriteRules rules;
+  rules.owner_key_suffixes = options_.owner_key_suffixes;
+  rules.open_value_prefixes = options_.open_value_prefixes;
+  rules.rank_key_patterns = options_.rank_key_patterns;
+  return WriteRefusal(rules, writer, r.op,
+                      r.keys.empty() ? absl::string_view() : r.keys[0],
+                      r.value);
 }
 
 void TcpStoreServer::Loop::Hello(Connection& c, const StoreRequest& r) {

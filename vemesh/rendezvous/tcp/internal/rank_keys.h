@@ -15,6 +15,10 @@
 //   RankOfKey("vemesh/ag/0/1", patterns);      // 1
 //   RankOfKey("vemesh/ag/0/verdict", patterns);  // nullopt: nobody's
 //
+// WriteRefusal is the server's whole rule for who may write which key (the
+// rank keys, and the owner keys of tcp_store_server.h), kept free of
+// sockets so that the fuzzer checks it on every frame it makes.
+//
 // Private to the store server and its fuzzer: not installed.
 
 #ifndef VEMESH_RENDEZVOUS_TCP_INTERNAL_RANK_KEYS_H_
@@ -27,6 +31,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "vemesh/rendezvous/tcp/wire.h"
 
 namespace vemesh {
 
@@ -38,6 +43,28 @@ absl::Status CheckRankKeyPattern(absl::string_view pattern);
 // when it matches none (anybody may write it).
 std::optional<int64_t> RankOfKey(absl::string_view key,
                                  absl::Span<const std::string> patterns);
+
+// What a connection proved in its handshake.
+struct KeyWriter {
+  bool owner = false;  // the owner secret: rank 0's own client
+  // The rank whose claim it holds (its AUTH accepted, no other claimer
+  // holds the rank); -1: none.
+  int64_t proved_rank = -1;
+};
+
+// The server's write rules (TcpStoreServerOptions' fields of these names).
+struct WriteRules {
+  absl::Span<const std::string> owner_key_suffixes;
+  absl::Span<const std::string> open_value_prefixes;
+  absl::Span<const std::string> rank_key_patterns;
+};
+
+// OK when `writer` may make a write of `op` (SET, ADD, COMPARE_SET,
+// REMOVE; any other op is OK) to `key` with `value`; PermissionDenied
+// naming the key and whose it is otherwise.
+absl::Status WriteRefusal(const WriteRules& rules, const KeyWriter& writer,
+                          StoreOp op, absl::string_view key,
+                          absl::string_view value);
 
 }  // namespace vemesh
 
