@@ -157,7 +157,8 @@ struct Timed {
 
 std::vector<Timed> Gather(const std::vector<std::string>& tokens,
                           absl::Duration timeout,
-                          const std::function<void(int port)>& before_others) {
+                          const std::function<void(int port)>& before_others,
+                          int late_rank = -1) {
   const int size = static_cast<int>(tokens.size());
   std::vector<Timed> out(static_cast<size_t>(size));
   const int port = FreePort();
@@ -169,6 +170,8 @@ std::vector<Timed> Gather(const std::vector<std::string>& tokens,
   const absl::Time deadline = start + timeout;
   std::atomic<bool> up{false};
   auto rank = [&](int r) {
+    // A late rank comes once the others have failed or formed.
+    if (r == late_rank) absl::SleepFor(absl::Milliseconds(500));
     Rank0StoreSpec spec;
     spec.rank = r;
     spec.size = size;
@@ -324,6 +327,24 @@ TEST(StoreForgery, AWrongTokenIsNamedOnEveryRankAtOnce) {
         << "rank " << r;
     EXPECT_THAT(std::string(out[r].status.message()),
                 ::testing::Not(HasSubstr("never arrived")))
+        << "rank " << r;
+    EXPECT_LT(out[r].took, absl::Seconds(10))
+        << "rank " << r << ": " << out[r].status;
+  }
+}
+
+TEST(StoreForgery, ARankComingAfterAWrongTokenHearsOfItAtOnce) {
+  // Rank 2 (the right token) comes 500 ms after rank 1's proof was refused:
+  // its claim is refused with the job's conflict, by its own job's store
+  // (it proved the token), so it does not wait for another store to come.
+  auto out = Gather(
+      {"job-secret", "not-the-secret", "job-secret"}, absl::Seconds(30),
+      [](int) {}, /*late_rank=*/2);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_FALSE(out[r].status.ok()) << "rank " << r;
+    EXPECT_THAT(out[r].status.message(),
+                AllOf(HasSubstr("rank 1"), HasSubstr("proof"),
+                      HasSubstr("VEMESH_STORE_TOKEN")))
         << "rank " << r;
     EXPECT_LT(out[r].took, absl::Seconds(10))
         << "rank " << r << ": " << out[r].status;
