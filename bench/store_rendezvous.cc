@@ -15,7 +15,12 @@
 // MemoryStore, each op's time and the ratio; then (--auth) the rendezvous
 // of an env:// job, connect + rank 0 combines, with the store's token
 // (VEMESH_STORE_TOKEN: a HELLO/AUTH HMAC handshake per connection) against
-// without it (HELLO with the rank claim only), alternated, in one run.
+// without it (HELLO with the rank claim only), alternated, in one run;
+// then (--rank_key_runs) the bootstrap's round as StoreBootstrap makes it
+// (each rank sets <job>/ag/R/<rank>, rank 0 gathers and sets the verdict,
+// every rank reads it and sets its ack <job>/ag/R/ack/<rank>, rank 0 waits
+// for the acks), token on, with the server's per-rank key rule
+// (rank_key_patterns, issue 44) on against off, alternated.
 //
 //   build/bench/store_rendezvous                       # 1024 clients
 //   build/bench/store_rendezvous --clients=16 --round_trips=200 --reps=1
@@ -39,6 +44,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "vemesh/rendezvous/memory_store.h"
@@ -51,6 +57,9 @@ ABSL_FLAG(int, reps, 5, "repetitions of each rendezvous pattern (median)");
 ABSL_FLAG(int, round_trips, 20000,
           "iterations of each op in the round-trip loop");
 ABSL_FLAG(int, value_bytes, 64, "bytes each client sets in a rendezvous");
+ABSL_FLAG(int, rank_key_runs, 5,
+          "bootstrap rounds with the per-rank key rule on and off, "
+          "alternated (0: skip)");
 ABSL_FLAG(int, auth_runs, 3,
           "rendezvous runs with the token and without it, alternated "
           "(0: skip)");
@@ -197,6 +206,157 @@ OpTimes RoundTrips(Store& store, int iterations) {
   return t;
 }
 
+void AuthRuns(int n, int auth_runs, const std::string& value) {
+  // Each run: a fresh server, every client connects (with its handshake)
+  // and one rank-0-combines round; the time of both together.
+  auto rendezvous = [&](const std::string& token, bool claim) {
+    TcpStoreServerOptions server_options;
+    server_options.token = token;
+    auto auth_server = TcpStoreServer::Start("127.0.0.1", 0, server_options);
+    Check(auth_server.status(), "start server");
+    const int auth_port = (*auth_server)->port();
+    double connect = 0;
+    const PatternTimes t = RunPatterns(
+        n, 1, value,
+        [&](int rank) -> std::shared_ptr<Store> {
+          TcpStoreOptions options;
+          options.token = token;
+          options.rank = claim ? rank : -1;
+          auto store = TcpStore::Connect("127.0.0.1", auth_port,
+                                         absl::Now() + kDeadline, options);
+          Check(store.status(), "connect");
+          return std::shared_ptr<Store>(*std::move(store));
+        },
+        &connect);
+    return std::make_pair(connect, t.combine_ms.at(0));
+  };
+  std::vector<double> off_total, on_total, off_connect, on_connect;
+  std::vector<double> bare_total, bare_connect;
+  for (int r = 0; r < auth_runs; ++r) {
+    for (bool on : {false, true}) {
+      const auto [connect, combine] = rendezvous(on ? "bench-token-29" : "",
+                                                 /*claim=*/true);
+      (on ? on_total : off_total).push_back(connect + combine);
+      (on ? on_connect : off_connect).push_back(connect);
+    }
+    const auto [connect, combine] = rendezvous("", /*claim=*/false);
+    bare_total.push_back(connect + combine);
+    bare_connect.push_back(connect);
+  }
+  const double off = Median(off_total), on = Median(on_total);
+  std::printf(
+      "\nrendezvous with the store token (HMAC handshake) vs without: %d "
+      "clients, connect + rank 0 combines, median of %d runs each, "
+      "alternated\n",
+      n, auth_runs);
+  std::printf("  %-28s %12s %12s\n", "", "connect ms", "total ms");
+  std::printf("  %-28s %12.2f %12.2f\n", "no handshake (a bare client)",
+              Median(bare_connect), Median(bare_total));
+  std::printf("  %-28s %12.2f %12.2f\n", "no token (rank claim only)",
+              Median(off_connect), off);
+  std::printf("  %-28s %12.2f %12.2f\n", "token (HELLO + AUTH)",
+              Median(on_connect), on);
+  std::printf("  %-28s %25.1f %%\n", "token overhead",
+              off > 0 ? 100.0 * (on - off) / off : 0.0);
+}
+
+// One bootstrap round R by `rank`, as StoreBootstrap::Round does it.
+void BootstrapRound(Store& store, int rank, int n, int round,
+                    const std::string& value) {
+  const std::string prefix = absl::StrCat("job/ag/", round);
+  const std::string verdict = absl::StrCat(prefix, "/verdict");
+  Check(store.set(absl::StrCat(prefix, "/", rank), value), "set contribution");
+  if (rank == 0) {
+    const std::vector<std::string> keys = Keys(absl::StrCat(prefix, "/"), n);
+    auto all = store.wait_get(keys, absl::Now() + kDeadline);
+    Check(all.status(), "rank 0 wait_get");
+    std::string combined;
+    for (const std::string& v : *all) combined += v;
+    Check(store.set(verdict, combined), "set verdict");
+    std::vector<std::string> acks;
+    for (int r = 1; r < n; ++r)
+      acks.push_back(absl::StrCat(prefix, "/ack/", r));
+    Check(store.wait(acks, absl::Now() + kDeadline), "wait acks");
+  } else {
+    Check(store.wait_get({verdict}, absl::Now() + kDeadline).status(),
+          "wait_get verdict");
+    Check(store.set(absl::StrCat(prefix, "/ack/", rank), ""), "set ack");
+  }
+}
+
+// Fresh server per run; every client connects with the token and its rank
+// claim, then `rounds` bootstrap rounds; the rounds' time (connect apart).
+double RankKeyRun(int n, bool rule, int rounds, const std::string& value) {
+  TcpStoreServerOptions server_options;
+  server_options.token = "bench-token-44";
+  if (rule) {
+    server_options.rank_key_patterns = {"job/ag/*/{rank}",
+                                        "job/ag/*/ack/{rank}"};
+  }
+  auto server = TcpStoreServer::Start("127.0.0.1", 0, server_options);
+  Check(server.status(), "start server");
+  const int port = (*server)->port();
+  absl::Time mark;
+  double rounds_ms = 0;
+  int phase = 0;
+  auto on_barrier = [&]() noexcept {
+    if (phase == 0) mark = absl::Now();  // connected: the rounds start
+    if (phase == 1) rounds_ms = absl::ToDoubleMilliseconds(absl::Now() - mark);
+    ++phase;
+  };
+  std::barrier sync(n, on_barrier);
+  std::vector<std::thread> threads;
+  threads.reserve(n);
+  for (int rank = 0; rank < n; ++rank) {
+    threads.emplace_back([&, rank] {
+      TcpStoreOptions options;
+      options.token = "bench-token-44";
+      options.rank = rank;
+      auto store = TcpStore::Connect("127.0.0.1", port, absl::Now() + kDeadline,
+                                     options);
+      Check(store.status(), "connect");
+      sync.arrive_and_wait();
+      for (int r = 0; r < rounds; ++r) {
+        BootstrapRound(**store, rank, n, r, value);
+      }
+      sync.arrive_and_wait();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return rounds_ms / rounds;
+}
+
+void RankKeyRuns(int n, int runs, const std::string& value) {
+  constexpr int kRounds = 3;
+  std::vector<double> on, off, ratio;
+  for (int r = 0; r < runs; ++r) {
+    // Alternate which goes first, so that neither always runs colder.
+    const bool first = r % 2 == 0;
+    const double a = RankKeyRun(n, first, kRounds, value);
+    const double b = RankKeyRun(n, !first, kRounds, value);
+    const double with = first ? a : b, without = first ? b : a;
+    on.push_back(with);
+    off.push_back(without);
+    ratio.push_back(without > 0 ? with / without : 0.0);
+  }
+  auto spread = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return absl::StrFormat("%.3f..%.3f", v.front(), v.back());
+  };
+  std::printf(
+      "\nbootstrap round with the per-rank key rule on vs off: %d clients, "
+      "token on, %d rounds per run, ms per round, median (min..max) of %d "
+      "runs each, alternated\n",
+      n, kRounds, runs);
+  std::printf("  %-26s %10s  %s\n", "", "median", "min..max");
+  std::printf("  %-26s %10.2f  %s\n", "rule off", Median(off),
+              spread(off).c_str());
+  std::printf("  %-26s %10.2f  %s\n", "rule on (rank_key_patterns)", Median(on),
+              spread(on).c_str());
+  std::printf("  %-26s %10.3f  %s\n", "ratio on/off (per run)", Median(ratio),
+              spread(ratio).c_str());
+}
+
 int Main() {
   const int n = std::max(1, absl::GetFlag(FLAGS_clients));
   const int reps = std::max(1, absl::GetFlag(FLAGS_reps));
@@ -269,58 +429,9 @@ int Main() {
   row("add", tcp_ops.add_us, mem_ops.add_us);
 
   const int auth_runs = absl::GetFlag(FLAGS_auth_runs);
-  if (auth_runs <= 0) return 0;
-  // Each run: a fresh server, every client connects (with its handshake)
-  // and one rank-0-combines round; the time of both together.
-  auto rendezvous = [&](const std::string& token, bool claim) {
-    TcpStoreServerOptions server_options;
-    server_options.token = token;
-    auto auth_server = TcpStoreServer::Start("127.0.0.1", 0, server_options);
-    Check(auth_server.status(), "start server");
-    const int auth_port = (*auth_server)->port();
-    double connect = 0;
-    const PatternTimes t = RunPatterns(
-        n, 1, value,
-        [&](int rank) -> std::shared_ptr<Store> {
-          TcpStoreOptions options;
-          options.token = token;
-          options.rank = claim ? rank : -1;
-          auto store = TcpStore::Connect("127.0.0.1", auth_port,
-                                         absl::Now() + kDeadline, options);
-          Check(store.status(), "connect");
-          return std::shared_ptr<Store>(*std::move(store));
-        },
-        &connect);
-    return std::make_pair(connect, t.combine_ms.at(0));
-  };
-  std::vector<double> off_total, on_total, off_connect, on_connect;
-  std::vector<double> bare_total, bare_connect;
-  for (int r = 0; r < auth_runs; ++r) {
-    for (bool on : {false, true}) {
-      const auto [connect, combine] = rendezvous(on ? "bench-token-29" : "",
-                                                 /*claim=*/true);
-      (on ? on_total : off_total).push_back(connect + combine);
-      (on ? on_connect : off_connect).push_back(connect);
-    }
-    const auto [connect, combine] = rendezvous("", /*claim=*/false);
-    bare_total.push_back(connect + combine);
-    bare_connect.push_back(connect);
-  }
-  const double off = Median(off_total), on = Median(on_total);
-  std::printf(
-      "\nrendezvous with the store token (HMAC handshake) vs without: %d "
-      "clients, connect + rank 0 combines, median of %d runs each, "
-      "alternated\n",
-      n, auth_runs);
-  std::printf("  %-28s %12s %12s\n", "", "connect ms", "total ms");
-  std::printf("  %-28s %12.2f %12.2f\n", "no handshake (a bare client)",
-              Median(bare_connect), Median(bare_total));
-  std::printf("  %-28s %12.2f %12.2f\n", "no token (rank claim only)",
-              Median(off_connect), off);
-  std::printf("  %-28s %12.2f %12.2f\n", "token (HELLO + AUTH)",
-              Median(on_connect), on);
-  std::printf("  %-28s %25.1f %%\n", "token overhead",
-              off > 0 ? 100.0 * (on - off) / off : 0.0);
+  if (auth_runs > 0) AuthRuns(n, auth_runs, value);
+  const int rank_key_runs = absl::GetFlag(FLAGS_rank_key_runs);
+  if (rank_key_runs > 0) RankKeyRuns(n, rank_key_runs, value);
   return 0;
 }
 

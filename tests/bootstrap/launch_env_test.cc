@@ -28,12 +28,27 @@ using ::testing::HasSubstr;
 class LaunchEnv : public ::testing::Test {
  protected:
   void SetUp() override {
-    for (const char* name :
-         {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK",
-          "PMI_RANK", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-          "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE",
-          "TORCHELASTIC_RUN_ID", "VEMESH_BOOTSTRAP", "SLURM_LOCALID",
-          "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_PROCID"}) {
+    for (const char* name : {"OMPI_COMM_WORLD_SIZE",
+                             "OMPI_COMM_WORLD_RANK",
+                             "PMIX_RANK",
+                             "PMI_RANK",
+                             "RANK",
+                             "WORLD_SIZE",
+                             "LOCAL_RANK",
+                             "LOCAL_WORLD_SIZE",
+                             "MASTER_ADDR",
+                             "MASTER_PORT",
+                             "TORCHELASTIC_USE_AGENT_STORE",
+                             "TORCHELASTIC_RUN_ID",
+                             "VEMESH_BOOTSTRAP",
+                             "SLURM_LOCALID",
+                             "OMPI_COMM_WORLD_LOCAL_RANK",
+                             "SLURM_PROCID",
+                             "VEMESH_STORE_TOKEN",
+                             "VEMESH_STORE_TOKEN_FILE",
+                             "OMPI_MCA_orte_precondition_transports",
+                             "VEMESH_JOB_ID",
+                             "SLURM_JOB_ID"}) {
       unsetenv(name);
     }
   }
@@ -71,6 +86,40 @@ TEST_F(LaunchEnv, TorchrunVariablesAreEnv) {
   EXPECT_EQ(LauncherRank(), 3);
   EXPECT_EQ(LauncherLocalRank().rank, 3);
   EXPECT_STREQ(LauncherLocalRank().variable, "LOCAL_RANK");
+}
+
+TEST_F(LaunchEnv, TheStoreTokenComesFromTheLaunchersPerRunSecret) {
+  Torchrun("1", "2");
+  // No secret anywhere: no token (rank 0 warns when it hosts the store).
+  auto info = DetectLaunch();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->store_token, "");
+  // A run id the user chose ("none", a job name) is no secret.
+  setenv("TORCHELASTIC_RUN_ID", "my-job", 1);
+  EXPECT_EQ(DetectLaunch()->store_token, "");
+  // torchrun --standalone's random run id: a token derived from it, the
+  // same on every rank, not the id itself.
+  setenv("TORCHELASTIC_RUN_ID", "0f8fad5b-d9cb-469f-a165-70867728950e", 1);
+  info = DetectLaunch();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->store_token_source, "TORCHELASTIC_RUN_ID");
+  EXPECT_EQ(info->store_token.size(), 64u);
+  EXPECT_THAT(info->store_token, ::testing::Not(HasSubstr("0f8fad5b")));
+  EXPECT_EQ(DetectLaunch()->store_token, info->store_token);
+  // Open MPI's per-job key, when torchrun's id is not there.
+  unsetenv("TORCHELASTIC_RUN_ID");
+  setenv("OMPI_MCA_orte_precondition_transports",
+         "6fa6ebddf7cca36b-63089d117ddc0d55", 1);
+  info = DetectLaunch();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->store_token_source, "OMPI_MCA_orte_precondition_transports");
+  EXPECT_EQ(info->store_token.size(), 64u);
+  // An explicit token wins.
+  setenv("VEMESH_STORE_TOKEN", "chosen", 1);
+  info = DetectLaunch();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->store_token, "chosen");
+  EXPECT_EQ(info->store_token_source, "VEMESH_STORE_TOKEN");
 }
 
 TEST_F(LaunchEnv, MpirunWinsOverEnvVariables) {

@@ -1,11 +1,16 @@
 // The store's authentication and job identity (wire.h, HELLO/AUTH): SHA-256
 // and HMAC-SHA-256 against their published test vectors (FIPS 180-4's
 // examples, RFC 4231), the token handshake, a client of another job, a rank
-// claimed twice, and keys only rank 0's own connection may write.
+// claimed twice, and keys only rank 0's own connection may write; keys
+// tied to the rank its connection proved, a ranked client's failed proof
+// told to the whole job at once (issue 44).
 // Everything runs on 127.0.0.1 and every wait has a deadline.
 
 #include <memory>
+#include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/escaping.h"
@@ -13,6 +18,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "vemesh/rendezvous/tcp/internal/rank_keys.h"
 #include "vemesh/rendezvous/tcp/sha256.h"
 #include "vemesh/rendezvous/tcp/tcp_store.h"
 #include "vemesh/rendezvous/tcp/tcp_store_server.h"
@@ -186,7 +192,7 @@ TEST(StoreAuthTest, ASecondClaimOfARankFailsAndIsRecorded) {
 TEST(StoreAuthTest, OnlyTheOwnerWritesVerdictsOthersOnlyErrors) {
   TcpStoreServerOptions server_options;
   server_options.owner_key_suffixes = {"/verdict"};
-  server_options.open_value_prefix = "E";
+  server_options.open_value_prefixes = {"E"};
   auto server = Start(server_options);
   ASSERT_NE(server, nullptr);
   auto rogue = Connect(server->port(), TcpStoreOptions());
@@ -210,6 +216,131 @@ TEST(StoreAuthTest, OnlyTheOwnerWritesVerdictsOthersOnlyErrors) {
   ASSERT_TRUE(zero.ok()) << zero.status();
   EXPECT_TRUE((*zero)->set("r/verdict", "Oreal").ok());
   EXPECT_EQ((*rogue)->get("r/verdict").value_or(""), "Oreal");
+}
+
+TEST(RankKeysTest, PatternsMatchWholeComponentsAndOneSpellingOfARank) {
+  const std::vector<std::string> patterns = {"j/ag/*/{rank}",
+                                             "j/ag/*/ack/{rank}"};
+  EXPECT_EQ(RankOfKey("j/ag/0/1", patterns), std::optional<int64_t>(1));
+  EXPECT_EQ(RankOfKey("j/ag/17/ack/0", patterns), std::optional<int64_t>(0));
+  EXPECT_EQ(RankOfKey("j/ag/0/verdict", patterns), std::nullopt);
+  EXPECT_EQ(RankOfKey("j/ag/0/01", patterns), std::nullopt);
+  EXPECT_EQ(RankOfKey("j/ag/0/1/x", patterns), std::nullopt);
+  EXPECT_EQ(RankOfKey("j/ag/1", patterns), std::nullopt);
+  EXPECT_EQ(RankOfKey("k/ag/0/1", patterns), std::nullopt);
+  EXPECT_EQ(RankOfKey("j/ag/0/1234567890", patterns), std::nullopt);
+  EXPECT_TRUE(CheckRankKeyPattern("j/ag/*/{rank}").ok());
+  EXPECT_THAT(CheckRankKeyPattern("j/ag/*").message(),
+              HasSubstr("expected exactly one"));
+  EXPECT_THAT(CheckRankKeyPattern("j//{rank}").message(),
+              HasSubstr("empty component"));
+  EXPECT_FALSE(CheckRankKeyPattern("{rank}/{rank}").ok());
+}
+
+TcpStoreServerOptions RankKeyOptions() {
+  TcpStoreServerOptions options;
+  options.conflict_key = "j/conflict";
+  options.rank_key_patterns = {"j/ag/*/{rank}", "j/ag/*/ack/{rank}"};
+  return options;
+}
+
+TEST(StoreAuthTest, RankKeysAreWrittenOnlyByTheConnectionThatProvedTheRank) {
+  auto server = Start(RankKeyOptions());
+  ASSERT_NE(server, nullptr);
+  TcpStoreOptions one;
+  one.rank = 1;
+  one.claim = "0101";
+  auto a = Connect(server->port(), one);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE((*a)->set("j/ag/0/1", "mine").ok());
+  EXPECT_TRUE((*a)->set("j/ag/0/ack/1", "").ok());
+  const absl::Status other = (*a)->set("j/ag/0/2", "forged");
+  EXPECT_EQ(other.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(other.message(), HasSubstr("belongs to rank 2"));
+  EXPECT_THAT(other.message(), HasSubstr("proved rank 1"));
+  EXPECT_EQ((*a)->add("j/ag/0/2", 1).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ((*a)->remove("j/ag/0/ack/2").status().code(),
+            absl::StatusCode::kPermissionDenied);
+  // No handshake: no rank's key; other keys as before.
+  auto plain = Connect(server->port(), TcpStoreOptions());
+  ASSERT_TRUE(plain.ok());
+  const absl::Status anonymous = (*plain)->set("j/ag/0/1", "forged");
+  EXPECT_EQ(anonymous.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(anonymous.message(), HasSubstr("proved no rank"));
+  EXPECT_EQ((*plain)->compare_set("j/ag/0/ack/1", "", "x").status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE((*plain)->set("j/other", "v").ok());
+  // The same process reconnecting (its claim) still writes its keys.
+  auto again = Connect(server->port(), one);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE((*again)->set("j/ag/1/1", "mine").ok());
+  // Another process claiming rank 1 is refused, and writes nothing.
+  TcpStoreOptions impostor;
+  impostor.rank = 1;
+  EXPECT_EQ(Connect(server->port(), impostor).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ((*plain)->get("j/ag/0/1").value_or(""), "mine");
+}
+
+TEST(StoreAuthTest, ARankedClientsFailedProofFailsTheJobAndItsWaitsAtOnce) {
+  TcpStoreServerOptions options = RankKeyOptions();
+  options.token = "s3cret";
+  auto server = Start(options);
+  ASSERT_NE(server, nullptr);
+  TcpStoreOptions zero;
+  zero.token = "s3cret";
+  zero.rank = 0;
+  zero.claim = "0000";  // one process: its reconnections keep the claim
+  auto waiter = Connect(server->port(), zero);
+  ASSERT_TRUE(waiter.ok()) << waiter.status();
+  const absl::Time start = absl::Now();
+  absl::Status waited;
+  std::thread parked([&] {
+    waited = (*waiter)->wait({"j/ag/0/1"}, start + absl::Seconds(20));
+  });
+  absl::SleepFor(absl::Milliseconds(100));  // parked (or not: same outcome)
+  TcpStoreOptions wrong;
+  wrong.token = "guess";
+  wrong.rank = 1;
+  auto refused = Connect(server->port(), wrong);
+  parked.join();
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied)
+      << refused.status();
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("rank 1's proof of the job's store token was refused"));
+  EXPECT_EQ(waited.code(), absl::StatusCode::kAlreadyExists) << waited;
+  EXPECT_THAT(waited.message(), HasSubstr("rank 1's proof"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  // A later WAIT on a missing key hears of it too; a set key still waits OK.
+  auto again = Connect(server->port(), zero);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(
+      (*again)->wait({"j/ag/5/ack/1"}, absl::Now() + absl::Seconds(20)).code(),
+      absl::StatusCode::kAlreadyExists);
+  EXPECT_TRUE(
+      (*again)->wait({"j/conflict"}, absl::Now() + absl::Seconds(1)).ok());
+  // No token where the store needs one, and one where it has none.
+  TcpStoreOptions none;
+  none.rank = 2;
+  EXPECT_THAT(Connect(server->port(), none).status().message(),
+              HasSubstr("it has no token and this store needs one"));
+  auto open = Start(RankKeyOptions());
+  ASSERT_NE(open, nullptr);
+  EXPECT_THAT(Connect(open->port(), wrong).status().message(),
+              HasSubstr("this store has none"));
+  // Unranked clients with a wrong token: refused as before, the job
+  // untouched.
+  auto fresh = Start(options);
+  ASSERT_NE(fresh, nullptr);
+  TcpStoreOptions unranked;
+  unranked.token = "guess";
+  EXPECT_EQ(Connect(fresh->port(), unranked).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  auto fine = Connect(fresh->port(), zero);
+  ASSERT_TRUE(fine.ok()) << fine.status();
+  EXPECT_EQ((*fine)->get("j/conflict").status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
@@ -16,10 +17,12 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "vemesh/base/log.h"
 #include "vemesh/base/status_macros.h"
 #include "vemesh/bootstrap/rank0_store.h"
 #include "vemesh/bootstrap/store_bootstrap.h"
 #include "vemesh/rendezvous/store.h"
+#include "vemesh/rendezvous/tcp/sha256.h"
 #include "vemesh/rendezvous/tcp/tcp_store_server.h"
 #ifndef VEMESH_NO_MPI
 #include "vemesh/bootstrap/mpi/mpi_bootstrap.h"
@@ -89,6 +92,47 @@ absl::Status CheckMasterAddr(const char* addr) {
   return absl::OkStatus();
 }
 
+// "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" in hex: what torchrun --standalone
+// makes its run id (uuid4), as opposed to a name the user chose.
+bool IsUuid(absl::string_view s) {
+  if (s.size() != 36) return false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const bool dash = i == 8 || i == 13 || i == 18 || i == 23;
+    if (dash ? s[i] != '-' : !absl::ascii_isxdigit(s[i])) return false;
+  }
+  return true;
+}
+
+// "6fa6ebddf7cca36b-63089d117ddc0d55": Open MPI's per-job random key.
+bool IsTransportKey(absl::string_view s) {
+  if (s.size() != 33 || s[16] != '-') return false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i != 16 && !absl::ascii_isxdigit(s[i])) return false;
+  }
+  return true;
+}
+
+// Without VEMESH_STORE_TOKEN, a secret the launcher already gives every
+// rank alike and keeps in the ranks' environment only (another user cannot
+// read /proc/<pid>/environ): the store token is an HMAC of it, so the
+// secret itself never reaches the store. None found: "" (rank 0 warns).
+void DeriveStoreToken(LaunchInfo* info) {
+  const char* source = nullptr;
+  const char* secret = nullptr;
+  if (const char* run = Env("TORCHELASTIC_RUN_ID"); run && IsUuid(run)) {
+    source = "TORCHELASTIC_RUN_ID";  // torchrun --standalone's random id
+    secret = run;
+  } else if (const char* key = Env("OMPI_MCA_orte_precondition_transports");
+             key && IsTransportKey(key)) {
+    source = "OMPI_MCA_orte_precondition_transports";  // Open MPI's mpirun
+    secret = key;
+  }
+  if (source == nullptr) return;
+  info->store_token = HexText(
+      HmacSha256(secret, absl::StrCat("vemesh store token from ", source)));
+  info->store_token_source = source;
+}
+
 absl::Status ReadEnvLaunch(LaunchInfo* info) {
   if (const char* agent = Env("TORCHELASTIC_USE_AGENT_STORE")) {
     if (absl::AsciiStrToLower(agent) == "true" || std::string(agent) == "1") {
@@ -156,7 +200,9 @@ absl::Status ReadEnvLaunch(LaunchInfo* info) {
   }
   if (const char* token = Env("VEMESH_STORE_TOKEN")) {
     info->store_token = token;
+    info->store_token_source = "VEMESH_STORE_TOKEN";
   } else if (const char* file = Env("VEMESH_STORE_TOKEN_FILE")) {
+    info->store_token_source = "VEMESH_STORE_TOKEN_FILE";
     std::ifstream in(file);
     std::getline(in, info->store_token);
     if (!in && info->store_token.empty()) {
@@ -165,11 +211,28 @@ absl::Status ReadEnvLaunch(LaunchInfo* info) {
           "' cannot be read or is empty: expected a file whose first line "
           "is the job's store token"));
     }
+  } else {
+    DeriveStoreToken(info);
   }
   return absl::OkStatus();
 }
 
 constexpr absl::Duration kClaimSettle = absl::Milliseconds(100);
+
+// Once per process: a store without a token trusts whoever comes first.
+void WarnNoToken(const LaunchInfo& info) {
+  static std::atomic<bool> warned{false};
+  if (warned.exchange(true)) return;
+  LogWarning(absl::StrCat(
+      "env:// launch: rank 0's store at MASTER_ADDR:MASTER_PORT = ",
+      info.master_addr, ":", info.master_port,
+      " has no token: any local process can connect to it and take the "
+      "place of a rank that has not connected yet (that rank then fails "
+      "with 'claimed twice'). Set VEMESH_STORE_TOKEN (or "
+      "VEMESH_STORE_TOKEN_FILE) to one secret on every rank, or launch with "
+      "torchrun --standalone or Open MPI's mpirun, from whose per-run secret "
+      "vemesh derives one (docs/USER_GUIDE.md, 'The store's token')"));
+}
 
 // What the env:// bootstrap needs to keep alive: rank 0's server.
 struct EnvLaunch {
@@ -239,6 +302,7 @@ absl::StatusOr<std::shared_ptr<Bootstrap>> MakeEnvBootstrap(
   // rank 0 gives a second job starting at the same moment a little time
   // to show itself before the first verdict.
   if (info.job_id.empty()) spec.settle = kClaimSettle;
+  if (spec.token.empty() && info.rank == 0) WarnNoToken(info);
 
   EnvLaunchPolicy policy;
   {

@@ -57,8 +57,14 @@ struct LaunchInfo {
   std::string job_id;
   std::string job_source;
   // The store's shared secret: VEMESH_STORE_TOKEN, or the first line of the
-  // file VEMESH_STORE_TOKEN_FILE names ("": none).
+  // file VEMESH_STORE_TOKEN_FILE names, else one derived from the launcher's
+  // per-run secret: TORCHELASTIC_RUN_ID when it is a UUID (torchrun
+  // --standalone makes one at random), or Open MPI's
+  // OMPI_MCA_orte_precondition_transports (a random key mpirun gives every
+  // rank). "": none (rank 0 warns once). store_token_source names where it
+  // came from.
   std::string store_token;
+  std::string store_token_source;
 };
 
 // Reads the environment; no communication.

@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cstdlib>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "vemesh/base/status_macros.h"
 #include "vemesh/bootstrap/launch.h"
@@ -87,15 +89,24 @@ absl::StatusOr<Rank0Store> StartRank0Store(const Rank0StoreSpec& spec,
   std::string host = spec.host;
   int port = spec.port;
   const std::string conflict_key = absl::StrCat(spec.prefix, "/conflict");
+  // Announced over MPI (Gloo under mpirun), the address travels where no
+  // local process can read it: rank 0 makes a token and sends it along, so
+  // that this store is never without one.
+  const bool announce_token = spec.port == 0 && spec.announce != nullptr &&
+                              spec.token.empty() &&
+                              spec.announce->kind() == "mpi";
   TcpStoreOptions store_options;
   store_options.timeout = std::max(deadline - absl::Now(), absl::Seconds(1));
   store_options.token = spec.token;
+  if (announce_token && spec.rank == 0) {
+    store_options.token = HexText(RandomBytes(32));
+  }
   store_options.job = spec.job;
   store_options.rank = spec.rank;
   if (spec.rank == 0) {
     VEMESH_ASSIGN_OR_RETURN(TcpStoreServerOptions server_options,
                             StoreServerOptionsFromEnv());
-    server_options.token = spec.token;
+    server_options.token = store_options.token;
     server_options.job = spec.job;
     if (server_options.job.empty()) {
       // Made by rank 0: no client names it, but it names this store in a
@@ -105,7 +116,13 @@ absl::StatusOr<Rank0Store> StartRank0Store(const Rank0StoreSpec& spec,
     }
     server_options.conflict_key = conflict_key;
     server_options.owner_key_suffixes = {"/verdict", "/conflict"};
-    server_options.open_value_prefix.push_back('E');  // an error verdict
+    // Each rank's round contribution and ack only from the connection that
+    // claimed that rank (issue 44).
+    server_options.rank_key_patterns = {
+        absl::StrCat(spec.prefix, "/ag/*/{rank}"),
+        absl::StrCat(spec.prefix, "/ag/*/ack/{rank}")};
+    // An error verdict, or a conflict a rank heard of from the store.
+    server_options.open_value_prefixes = {"E", "C"};
     auto server = TcpStoreServer::Start(spec.bind, spec.port, server_options);
     if (!server.ok()) {
       absl::Status status = server.status();
@@ -140,18 +157,25 @@ absl::StatusOr<Rank0Store> StartRank0Store(const Rank0StoreSpec& spec,
     store_options.owner_secret = out.server->owner_secret();
   }
   if (spec.port == 0) {
+    // "host port", or "host port token".
     const std::string mine =
-        spec.rank == 0 ? absl::StrCat(host, " ", out.server->port()) : "";
+        spec.rank == 0 ? absl::StrCat(host, " ", out.server->port(),
+                                      announce_token ? " " : "",
+                                      announce_token ? store_options.token : "")
+                       : "";
     VEMESH_ASSIGN_OR_RETURN(auto all,
                             spec.announce->all_gather(mine, deadline));
-    const std::string& zero = all[0];
-    const size_t space = zero.find(' ');
-    if (space == std::string::npos ||
-        !absl::SimpleAtoi(zero.substr(space + 1), &port)) {
-      return absl::InternalError(
-          absl::StrCat("rank 0 sent a malformed store address '", zero, "'"));
+    const std::vector<std::string> fields =
+        absl::StrSplit(all[0], ' ', absl::SkipEmpty());
+    if (fields.size() != (announce_token ? 3u : 2u) ||
+        !absl::SimpleAtoi(fields[1], &port)) {
+      return absl::InternalError(absl::StrCat(
+          "rank 0 sent a malformed store address '",
+          all[0].substr(0, all[0].find(' ', all[0].find(' ') + 1)),
+          "': expected its host, port", announce_token ? " and token" : ""));
     }
-    host = zero.substr(0, space);
+    host = fields[0];
+    if (announce_token) store_options.token = fields[2];
   }
   auto store = TcpStore::Connect(host, port, deadline, store_options);
   if (!store.ok()) {

@@ -121,8 +121,14 @@ absl::StatusOr<std::vector<std::string>> StoreBootstrap::Round(
     // Rank 0 decides; wait for its verdict a little past our own deadline.
     std::string proposal;
     status = store_->wait({verdict_key}, deadline + grace_);
-    if (!status.ok() && !absl::IsDeadlineExceeded(status)) return status;
-    if (absl::IsDeadlineExceeded(status)) {
+    if (absl::IsAlreadyExists(status)) {
+      // The store failed the job (a conflict) before rank 0 decided: we
+      // propose it as the verdict, so that every rank reads one outcome
+      // (rank 0's, should it have decided first).
+      proposal = absl::StrCat("C", status.message());
+    } else if (!status.ok() && !absl::IsDeadlineExceeded(status)) {
+      return status;
+    } else if (absl::IsDeadlineExceeded(status)) {
       proposal = absl::StrCat(
           "E",
           "rank 0 (which collects the ranks) gave no verdict before the "
@@ -165,6 +171,11 @@ absl::StatusOr<std::vector<std::string>> StoreBootstrap::Round(
             : absl::StrCat("E", "rank(s) ", FirstFew(missing), " of ", size_,
                            " never arrived before the deadline (rank 0 "
                            "gave up waiting); every rank gets this error");
+  } else if (absl::IsAlreadyExists(values.status())) {
+    // The store failed the job (a rank claimed twice, a rank's proof of the
+    // token refused) while we waited: the late ranks read it as the
+    // verdict.
+    proposal = absl::StrCat("C", values.status().message());
   } else {
     return values.status();
   }
@@ -185,7 +196,12 @@ absl::StatusOr<std::vector<std::string>> StoreBootstrap::Round(
   // setting its key is not waited for long.
   std::vector<std::string> acks;
   for (int r : arrived) acks.push_back(ack_key(r));
-  (void)store_->wait(acks, absl::Now() + grace_);
+  if (absl::IsAlreadyExists(store_->wait(acks, absl::Now() + grace_)) &&
+      winner[0] != 'C') {
+    // A conflict answered the wait at once: still give the ranks the grace
+    // to read the verdict before this store may go.
+    absl::SleepFor(grace_);
+  }
   // A conflict (two jobs on one store): the store stays up a little longer
   // to tell the late ranks of either job, who would otherwise wait for a
   // rank 0 that is gone.

@@ -139,11 +139,18 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(
         }
         if (!claim_refused.ok()) {
           if (shook.ok() || job != refusing_job) return claim_refused;
+        } else if (absl::IsAlreadyExists(shook) && !options.token.empty()) {
+          // With a token the claim was refused after the store proved it:
+          // our own job's store (it failed the job): no other will come.
+          return shook;
         } else if (absl::IsAlreadyExists(shook)) {
           claim_refused = shook;
           refusing_job = job;
         } else if (shook.ok()) {
           return store;
+        } else if (absl::IsResourceExhausted(shook)) {
+          // The store is at its connection cap: room is made as unproven
+          // or quiet connections give way; try again.
         } else if (absl::IsFailedPrecondition(shook) ||
                    absl::IsUnauthenticated(shook)) {
           // Another job's store (or one with another token): ours may take
@@ -280,15 +287,22 @@ absl::Status TcpStore::Handshake(absl::Time deadline, bool refused,
         "its HELLO reply is malformed: expected a nonce, a proof and a job"));
   }
   const std::string& server_nonce = reply.values[0];
+  // A server that cannot prove our token (or proves one we do not have) is
+  // not trusted; a client that claims a rank still sends its AUTH, so that
+  // the store can tell its job that this rank's proof failed (issue 44:
+  // every rank then hears of it at once, not after its timeout).
+  bool server_proved = reply.values[1].empty();
   if (!o.token.empty()) {
     const std::string expected = HexText(HmacSha256(
         o.token, HelloProofText("server", server_nonce, hello.nonce)));
-    if (!ConstantTimeEquals(expected, reply.values[1])) {
-      return refusal(absl::UnauthenticatedError(
-          "it does not know this job's token (VEMESH_STORE_TOKEN): another "
-          "job's store, or the ranks were given different tokens"));
-    }
+    server_proved = ConstantTimeEquals(expected, reply.values[1]);
   }
+  const absl::Status unproved = absl::UnauthenticatedError(
+      o.token.empty()
+          ? "it needs a token (VEMESH_STORE_TOKEN) and this client has none"
+          : "it does not know this job's token (VEMESH_STORE_TOKEN): another "
+            "job's store, or the ranks were given different tokens");
+  if (!server_proved && o.rank < 0) return refusal(unproved);
   StoreHello auth;
   if (!o.token.empty()) {
     auth.proof = HexText(HmacSha256(
@@ -304,6 +318,7 @@ absl::Status TcpStore::Handshake(absl::Time deadline, bool refused,
   VEMESH_RETURN_IF_ERROR(Send(frame, deadline));
   VEMESH_ASSIGN_OR_RETURN(reply, Receive(deadline));
   if (!ReplyStatus(reply).ok()) return refusal(ReplyStatus(reply));
+  if (!server_proved) return refusal(unproved);
   return absl::OkStatus();
 }
 

@@ -10,11 +10,17 @@
 //   auto all = (*store)->wait_get(keys, absl::Now() + absl::Seconds(30));
 //
 // Connect retries until its deadline, because rank 0 may start its server
-// after the other ranks start connecting. Every call is bounded: WAIT and
-// wait_get by their deadline (DeadlineExceeded naming the missing keys),
-// the others by TcpStoreOptions::timeout. A server that is gone (stopped,
-// crashed, the connection reset) is Unavailable; the next call then tries
-// one fresh connection, without waiting, so that a dead server fails fast.
+// after the other ranks start connecting, or is at its connection cap
+// (ResourceExhausted: room is made as unauthenticated or quiet connections
+// give way). A client that claims a rank sends its AUTH even when the
+// server cannot prove the token, so that the store can fail the job naming
+// this rank (PermissionDenied, at once); with a token, a claim refused by a
+// store that proved the token (AlreadyExists: the job failed) is final too.
+// Every call is bounded: WAIT and wait_get by their deadline (DeadlineExceeded
+// naming the missing keys), the others by TcpStoreOptions::timeout. A server
+// that is gone (stopped, crashed, the connection reset) is Unavailable; the
+// next call then tries one fresh connection, without waiting, so that a dead
+// server fails fast.
 //
 // Threads: every method may be called from any thread; calls are serialised
 // on the one connection, so a thread blocked in wait() holds up the others'

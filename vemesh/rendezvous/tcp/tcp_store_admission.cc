@@ -111,6 +111,30 @@ bool TcpStoreServer::Loop::EvictQuiet() {
   return false;
 }
 
+bool TcpStoreServer::Loop::EvictUnproven() {
+  // Not "quiet": a peer trickling a byte a second is still no rank. A
+  // parked WAIT (a plain client of a store without a token) is kept.
+  const absl::Time now = absl::Now();
+  int looked = 0;
+  for (auto it = unproven_.begin(); it != unproven_.end() && looked < 64;
+       ++looked) {
+    if (now - it->first < options_.handshake_bound) return false;
+    Connection* c = Find(it->second);
+    if (c == nullptr) {
+      it = unproven_.erase(it);
+      continue;
+    }
+    if (c->waiter || c->authenticated) {
+      ++it;
+      continue;
+    }
+    unproven_.erase(it);
+    Kill(*c);
+    return true;
+  }
+  return false;
+}
+
 void TcpStoreServer::Loop::RefuseAtCap(UniqueFd fd) {
   StoreReply reply;
   reply.code = absl::StatusCode::kResourceExhausted;
@@ -123,6 +147,8 @@ void TcpStoreServer::Loop::RefuseAtCap(UniqueFd fd) {
           : std::string(),
       ") and none quiet for ",
       absl::FormatDuration(options_.min_quiet_to_evict),
+      " or unauthenticated for ",
+      absl::FormatDuration(options_.handshake_bound),
       " to make room: a flood of connections? (raise ulimit -n or "
       "VEMESH_STORE_MAX_CONNECTIONS)");
   // The reply answers the client's first request; then the connection is

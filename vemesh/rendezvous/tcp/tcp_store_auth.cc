@@ -2,11 +2,14 @@
 // secret), the requests a connection may make, and each rank's claim.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "vemesh/rendezvous/tcp/internal/rank_keys.h"
 #include "vemesh/rendezvous/tcp/internal/store_server_loop.h"
 #include "vemesh/rendezvous/tcp/sha256.h"
 #include "vemesh/rendezvous/tcp/wire.h"
@@ -24,21 +27,16 @@ absl::Status TcpStoreServer::Loop::Refusal(const Connection& c,
         " refused: this store needs the job's token (VEMESH_STORE_TOKEN) "
         "proved in a HELLO/AUTH handshake first"));
   }
-  const bool writes = r.op == StoreOp::kSet || r.op == StoreOp::kAdd ||
-                      r.op == StoreOp::kCompareSet || r.op == StoreOp::kRemove;
-  if (!writes || c.owner) return absl::OkStatus();
-  for (const std::string& suffix : options_.owner_key_suffixes) {
-    if (!absl::EndsWith(r.keys[0], suffix)) continue;
-    const bool open = (r.op == StoreOp::kSet || r.op == StoreOp::kCompareSet) &&
-                      !options_.open_value_prefix.empty() &&
-                      absl::StartsWith(r.value, options_.open_value_prefix);
-    if (open) return absl::OkStatus();
-    return absl::PermissionDeniedError(absl::StrCat(
-        "store ", StoreOpName(r.op), " of '", r.keys[0].substr(0, 128),
-        "' refused: only rank 0's own connection may write it (a verdict "
-        "made by anybody else is ignored)"));
-  }
-  return absl::OkStatus();
+  KeyWriter writer;
+  writer.owner = c.owner;
+  if (c.rank >= 0 && ProvedRank(c, c.rank)) writer.proved_rank = c.rank;
+  WriteRules rules;
+  rules.owner_key_suffixes = options_.owner_key_suffixes;
+  rules.open_value_prefixes = options_.open_value_prefixes;
+  rules.rank_key_patterns = options_.rank_key_patterns;
+  return WriteRefusal(rules, writer, r.op,
+                      r.keys.empty() ? absl::string_view() : r.keys[0],
+                      r.value);
 }
 
 void TcpStoreServer::Loop::Hello(Connection& c, const StoreRequest& r) {
@@ -56,6 +54,9 @@ void TcpStoreServer::Loop::Hello(Connection& c, const StoreRequest& r) {
                        "each job its own port")));
     return;
   }
+  // A new handshake: what the connection proved before no longer holds.
+  c.authenticated = false;
+  c.owner = false;
   c.rank = hello->rank;
   c.claim = hello->claim;
   c.refused = hello->refused;
@@ -105,11 +106,7 @@ absl::Status TcpStoreServer::Loop::ClaimRank(const Connection& c) {
       c.rank,
       "): two jobs on one MASTER_ADDR:MASTER_PORT, or a rank started twice; "
       "every rank involved fails");
-  if (!options_.conflict_key.empty() &&
-      !table_.contains(options_.conflict_key)) {
-    Put(options_.conflict_key, text);
-    Notify(options_.conflict_key);
-  }
+  RecordConflict(text);
   return absl::AlreadyExistsError(text);
 }
 
@@ -125,11 +122,7 @@ bool TcpStoreServer::Loop::ReportRefusal(Connection& c) {
       " was refused by another job's store on this port (the rank was "
       "claimed twice there): two jobs on one MASTER_ADDR:MASTER_PORT; "
       "every rank involved fails");
-  if (!options_.conflict_key.empty() &&
-      !table_.contains(options_.conflict_key)) {
-    Put(options_.conflict_key, text);
-    Notify(options_.conflict_key);
-  }
+  RecordConflict(text);
   RefuseClaim(c, absl::AlreadyExistsError(text));
   return true;
 }
@@ -162,12 +155,23 @@ void TcpStoreServer::Loop::Auth(Connection& c, const StoreRequest& r) {
                    HelloProofText("client", c.server_nonce, c.client_nonce)));
     if (!ConstantTimeEquals(expected, auth->proof)) {
       c.server_nonce.clear();  // a new HELLO for another try
+      if (c.rank >= 0 && !options_.conflict_key.empty()) {
+        RefuseProof(c, auth->proof.empty()
+                           ? "it has no token and this store needs one"
+                           : "it does not match this store's token");
+        return;
+      }
       ReplyStatus(c, absl::UnauthenticatedError(
                          "store AUTH refused: the proof does not match this "
                          "store's token (VEMESH_STORE_TOKEN differs between "
                          "ranks, or this is another job's store)"));
       return;
     }
+  } else if (!auth->proof.empty() && c.rank >= 0 &&
+             !options_.conflict_key.empty()) {
+    c.server_nonce.clear();
+    RefuseProof(c, "it proves a token and this store has none");
+    return;
   }
   if (!auth->owner.empty()) {
     const std::string expected = HexText(
@@ -188,8 +192,64 @@ void TcpStoreServer::Loop::Auth(Connection& c, const StoreRequest& r) {
     }
   }
   c.authenticated = true;
+  unproven_.erase({c.accepted, c.id});
   c.server_nonce.clear();  // a nonce proves one AUTH only
   Reply(c, StoreReply());
+}
+
+bool TcpStoreServer::Loop::ProvedRank(const Connection& c, int64_t rank) const {
+  if (!c.authenticated || c.rank != rank) return false;
+  auto it = claims_.find(rank);
+  return it != claims_.end() && it->second.claim == c.claim &&
+         !refused_claims_.contains(c.claim);
+}
+
+void TcpStoreServer::Loop::RefuseProof(Connection& c, absl::string_view why) {
+  const std::string text = absl::StrCat(
+      "rank ", c.rank,
+      "'s proof of the job's store token was refused by rank 0's store (", why,
+      "): VEMESH_STORE_TOKEN (or VEMESH_STORE_TOKEN_FILE, or the launcher's "
+      "secret it is derived from) differs between the ranks, or a rank of "
+      "another job came to this MASTER_ADDR:MASTER_PORT; every rank fails");
+  RecordConflict(text);
+  ReplyStatus(c, absl::PermissionDeniedError(text));
+}
+
+void TcpStoreServer::Loop::RecordConflict(const std::string& text) {
+  if (options_.conflict_key.empty() || table_.contains(options_.conflict_key))
+    return;
+  Put(options_.conflict_key, text);
+  Notify(options_.conflict_key);
+  FailWaits(text);
+}
+
+const std::string* TcpStoreServer::Loop::Conflict() const {
+  if (options_.conflict_key.empty()) return nullptr;
+  auto it = table_.find(options_.conflict_key);
+  return it == table_.end() ? nullptr : &it->second;
+}
+
+bool TcpStoreServer::Loop::JobKey(const std::string& key) const {
+  for (const std::string& suffix : options_.owner_key_suffixes) {
+    if (absl::EndsWith(key, suffix)) return true;
+  }
+  return RankOfKey(key, options_.rank_key_patterns).has_value();
+}
+
+void TcpStoreServer::Loop::FailWaits(const std::string& text) {
+  // Only the rounds' waits: a Gloo rendezvous of a job that formed before
+  // the conflict is left alone (its ranks decided together already).
+  std::vector<uint64_t> ids;
+  for (const auto& [key, waiting] : parked_) {
+    if (JobKey(key)) ids.insert(ids.end(), waiting.begin(), waiting.end());
+  }
+  for (uint64_t id : ids) {
+    Connection* c = Find(id);
+    if (c == nullptr || !c->waiter) continue;
+    Unpark(*c);
+    ReplyStatus(*c, absl::AlreadyExistsError(text));
+    MakeReady(*c);
+  }
 }
 
 }  // namespace vemesh

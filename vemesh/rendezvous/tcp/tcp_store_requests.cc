@@ -44,6 +44,8 @@ void TcpStoreServer::Loop::Handle(Connection& c, StoreRequest r) {
       Put(r.keys[0], std::move(r.value));
       Reply(c, std::move(reply));
       Notify(r.keys[0]);
+      if (!options_.conflict_key.empty() && r.keys[0] == options_.conflict_key)
+        FailWaits(table_[r.keys[0]]);
       return;
     }
     case StoreOp::kGet: {
@@ -75,6 +77,10 @@ void TcpStoreServer::Loop::Handle(Connection& c, StoreRequest r) {
       const size_t missing = FirstMissing(r.keys, 0);
       if (missing == r.keys.size()) {
         Reply(c, std::move(reply));
+      } else if (const std::string* conflict = Conflict();
+                 conflict != nullptr && JobKey(r.keys[missing])) {
+        // The job failed: nobody it waits for is coming.
+        ReplyStatus(c, absl::AlreadyExistsError(*conflict));
       } else if (r.timeout_ms == 0) {
         ReplyStatus(c, absl::DeadlineExceededError(absl::StrCat(
                            "store keys never set before the deadline: ",
@@ -128,6 +134,8 @@ void TcpStoreServer::Loop::Handle(Connection& c, StoreRequest r) {
       Put(key, std::move(r.value));
       Reply(c, std::move(reply));
       Notify(key);
+      if (!options_.conflict_key.empty() && key == options_.conflict_key)
+        FailWaits(table_[key]);
       return;
     }
     case StoreOp::kRemove: {

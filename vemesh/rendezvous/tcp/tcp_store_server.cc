@@ -117,7 +117,7 @@ void TcpStoreServer::Loop::Accept() {
     }
     UniqueFd owned(fd);
     if (conns_.size() - dead_.size() >= options_.max_connections &&
-        !EvictQuiet()) {
+        !EvictUnproven() && !EvictQuiet()) {
       RefuseAtCap(std::move(owned));
       continue;
     }
@@ -130,6 +130,8 @@ void TcpStoreServer::Loop::Accept() {
     if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) continue;
     c->interest = ev.events;
     c->fd = std::move(owned);
+    c->accepted = absl::Now();
+    unproven_.emplace(c->accepted, c->id);
     Touch(*c);
     conns_.emplace(c->id, std::move(c));
     open_.store(conns_.size());
@@ -273,6 +275,7 @@ void TcpStoreServer::Loop::CloseDead() {
     if (it == conns_.end()) continue;
     buffered_bytes_ -= it->second->accounted;
     activity_.erase({it->second->last_active, id});
+    unproven_.erase({it->second->accepted, id});
     // Closing the descriptor also removes it from the epoll set.
     conns_.erase(it);
   }

@@ -23,9 +23,16 @@
 // others are not disturbed. It cannot be exhausted:
 //  - connections: at most max_connections, and never more than the
 //    descriptor limit (RLIMIT_NOFILE) allows with room to spare; at the cap
-//    a new connection takes the place of the longest-quiet one (quiet for
+//    a new connection takes the place of the oldest one that has not
+//    completed its handshake (AUTH) within handshake_bound of its accept,
+//    partial frame or not, else of the longest-quiet one (quiet for
 //    min_quiet_to_evict, no WAIT parked), else it is told ResourceExhausted
-//    naming the cap and closed;
+//    naming the cap and closed (TcpStore::Connect tries again);
+//  - after a conflict (conflict_key written: a rank claimed twice, a
+//    rank's proof refused), every WAIT parked or made on a missing key of
+//    the job's rounds (a rank key, an owner key) is answered AlreadyExists
+//    with the conflict's text, so that no rank waits for a job that has
+//    failed;
 //  - time: a connection that moves no byte for idle_timeout while no WAIT
 //    of it is parked (idle, or half-open: stopped mid-frame, or not reading
 //    its replies) is closed. TcpStore reconnects by itself when it finds
@@ -62,6 +69,11 @@ struct TcpStoreServerOptions {
   absl::Duration idle_timeout = absl::Seconds(120);
   // At the cap, a connection quiet at least this long gives way to a new one.
   absl::Duration min_quiet_to_evict = absl::Seconds(1);
+  // At the cap, a connection that has not completed its HELLO/AUTH this long
+  // after it was accepted gives way to a new one, even mid-frame (a flood
+  // of half frames cannot hold the cap). A plain client (no handshake) with
+  // no WAIT parked counts as such.
+  absl::Duration handshake_bound = absl::Seconds(1);
   // Stored keys and values plus buffered requests and replies, in bytes.
   size_t max_total_bytes = size_t{512} << 20;
   // Stop answering a connection's requests while this many reply bytes are
@@ -70,7 +82,10 @@ struct TcpStoreServerOptions {
   // A shared secret: when set, a connection is served only after its
   // HELLO/AUTH handshake proves it (HMAC-SHA-256 over both sides' nonces;
   // the token never crosses the wire). Every other request before that is
-  // Unauthenticated.
+  // Unauthenticated. A client that claims a rank and fails the proof (a
+  // wrong token, or a token where the store has none, or none where it has
+  // one) is PermissionDenied, and the refusal is written to conflict_key
+  // so that every rank of the job hears of it at once.
   std::string token;
   // The job this store belongs to: a HELLO naming another job is refused
   // (FailedPrecondition naming both), so that a rank of a second job on
@@ -82,10 +97,17 @@ struct TcpStoreServerOptions {
   std::string conflict_key;
   // Keys ending in one of these may be written only by the owner (rank 0's
   // own client, which proves the server's owner secret in AUTH), or set by
-  // anybody to a value starting with `open_value_prefix` (an error verdict:
-  // a forged one can only fail the job, never steer it).
+  // anybody to a value starting with one of `open_value_prefixes` (an error
+  // or conflict verdict: a forged one can only fail the job, never steer it).
   std::vector<std::string> owner_key_suffixes;
-  std::string open_value_prefix;
+  std::vector<std::string> open_value_prefixes;
+  // Keys tied to a rank (internal/rank_keys.h: "vemesh/ag/*/{rank}"): such
+  // a key may be written only by a connection whose claim of that rank
+  // stands (its HELLO claimed the rank first, and its AUTH proved the token
+  // when there is one); any other write is PermissionDenied naming the
+  // rank. Without a token a claim proves nothing but being first: a rank's
+  // later second claimer fails the job (conflict_key).
+  std::vector<std::string> rank_key_patterns;
 };
 
 class TcpStoreServer {

@@ -23,6 +23,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "vemesh/rendezvous/tcp/socket.h"
 #include "vemesh/rendezvous/tcp/tcp_store_server.h"
@@ -59,6 +60,7 @@ struct Connection {
   size_t out_off = 0;
   uint32_t interest = 0;   // the epoll events registered now
   absl::Time last_active;  // the last byte moved (the idle clock)
+  absl::Time accepted;     // when accept() returned it
   size_t admitted = 0;     // a large frame being received: its admitted size
   size_t discard = 0;      // bytes of a refused frame still to drop
   size_t accounted = 0;    // bytes counted against the memory budget
@@ -66,13 +68,13 @@ struct Connection {
   bool queued = false;     // in the ready list
   std::optional<Waiter> waiter;  // a parked WAIT: no request is read meanwhile
   // The handshake (wire.h, HELLO/AUTH).
-  std::string server_nonce;  // hex, sent in the HELLO reply
-  std::string client_nonce;  // hex, from HELLO
-  bool authenticated = false;
-  bool owner = false;    // proved the owner secret: rank 0's own client
-  int64_t rank = -1;     // the rank it claims (-1: none)
-  std::string claim;     // the claimer's nonce
-  bool refused = false;  // refused by another store on this port
+  std::string server_nonce;    // hex, sent in the HELLO reply
+  std::string client_nonce;    // hex, from HELLO
+  bool authenticated = false;  // its AUTH was accepted (with or without token)
+  bool owner = false;          // proved the owner secret: rank 0's own client
+  int64_t rank = -1;           // the rank it claims (-1: none)
+  std::string claim;           // the claimer's nonce
+  bool refused = false;        // refused by another store on this port
 };
 
 // A rank's claim: who made it, for the conflict message.
@@ -89,8 +91,6 @@ using tcp_server_internal::kFirstConnectionId;
 using tcp_server_internal::kReadChunkBytes;
 using tcp_server_internal::Waiter;
 
-// Everything the serving thread owns. Only RequestStop() and connections()
-// are called from other threads.
 // Everything the serving thread owns. Only RequestStop() and connections()
 // are called from other threads.
 class TcpStoreServer::Loop {
@@ -129,6 +129,21 @@ class TcpStoreServer::Loop {
   void Hello(Connection& c, const StoreRequest& r);
   void Auth(Connection& c, const StoreRequest& r);
   absl::Status Refusal(const Connection& c, const StoreRequest& r) const;
+  // Whether c's claim of `rank` stands: its handshake is complete and no
+  // other claimer holds the rank (rank_key_patterns).
+  bool ProvedRank(const Connection& c, int64_t rank) const;
+  // A ranked client's failed proof of the token: recorded as the job's
+  // conflict and answered PermissionDenied.
+  void RefuseProof(Connection& c, absl::string_view why);
+  // conflict_key was written: every parked WAIT whose keys are not all set
+  // is answered AlreadyExists(text).
+  void FailWaits(const std::string& text);
+  // Writes the conflict (once: the first one stands) and fails the WAITs.
+  void RecordConflict(const std::string& text);
+  // A key of the job's rounds: a rank key or an owner key.
+  bool JobKey(const std::string& key) const;
+  // The conflict's text once conflict_key is set; nullptr before.
+  const std::string* Conflict() const;
   // Records c's claim of its rank; AlreadyExists (and the conflict key
   // written) when another claimer holds it.
   absl::Status ClaimRank(const Connection& c);
@@ -154,6 +169,9 @@ class TcpStoreServer::Loop {
   void Touch(Connection& c);
   void CloseIdle();
   bool EvictQuiet();
+  // At the cap: the oldest connection past handshake_bound without a
+  // completed handshake (and no WAIT parked) is closed; true if one was.
+  bool EvictUnproven();
   void RefuseAtCap(UniqueFd fd);
   size_t InputLimit(const Connection& c) const;
   // Large requests and values stop an eighth short of the budget: a flood of
@@ -183,6 +201,8 @@ class TcpStoreServer::Loop {
   // Connection ids of the WAITs parked on each key.
   absl::flat_hash_map<std::string, std::vector<uint64_t>> parked_;
   std::set<std::pair<absl::Time, uint64_t>> deadlines_;
+  // Connections whose handshake is not complete, oldest accept first.
+  std::set<std::pair<absl::Time, uint64_t>> unproven_;
   // Every open connection by its last activity, longest quiet first.
   std::set<std::pair<absl::Time, uint64_t>> activity_;
   size_t table_bytes_ = 0;     // keys and values stored
