@@ -23,8 +23,17 @@
 #   process over all steps.
 # redis_restarted: Redis restarted empty mid-run is survived (no
 #   membership change, final states equal to one process).
-# corrupt: replica 1 perturbs a weight after step 5; every replica ends with
-#   the DATA_LOSS that names replica 1.
+# corrupt: replica 1 perturbs a weight (a shard of its FSDP HYBRID_SHARD
+#   model) after step 5; every replica ends with the DATA_LOSS that names
+#   replica 1.
+# ddp: rejoin with torch's own DistributedDataParallel built once
+#   (vemesh.torch.elastic.ElasticDDP), and Redis restarted empty once the
+#   joiner trains (no membership change after it).
+# hsdp: rejoin with vemesh FSDP HYBRID_SHARD over (DP_REPLICATE, DP_SHARD)
+#   built once, and only one rank of replica 1 killed: its mate ends at once
+#   (exit 75 when told while in a replicate collective, or its replica's own
+#   collective's error), the survivors recover; the joiner's shards and
+#   AdamW state equal the survivors' of the same shard coordinate.
 #
 # Every process this script starts is ended by its PID (the launchers and
 # their ranks, redis-server), never by name, also when an assertion fails.
@@ -86,13 +95,14 @@ start_redis
 
 steps=30
 job=$scenario
+mode=${MODE:-manual}  # elastic_torch.py --mode: manual, ddp or hsdp
 args=()
 # launch K OUT mpirun|torchrun: replica K (2 ranks), in the background.
 launch() {
   local k=$1 out=$2 how=$3
   local cmd=("$here/elastic_torch.py" --store "redis://127.0.0.1:$port"
              --replica "$k" --job "$job" --steps "$steps" --out "$work"
-             "${args[@]}")
+             --mode "$mode" "${args[@]}")
   if [[ $how == mpirun ]]; then
     mpirun -n 2 --bind-to none "$py" "${cmd[@]}" >"$work/$out.out" 2>&1 &
   else
@@ -131,18 +141,65 @@ passes() {
   [[ $(grep -oE "PASS: replica $2 shard [01] " "$work/$1.out" | sort -u | wc -l) == 2 ]] ||
     fail "$1: not a PASS from both ranks of replica $2"
 }
+# rank_pid LAUNCHER R: the PID of the rank with LOCAL_RANK=R among the
+# launcher's children (torchrun's workers), or nothing.
+rank_pid() {
+  local c
+  for c in $(pgrep -P "$1" 2>/dev/null); do
+    tr '\0' '\n' <"/proc/$c/environ" 2>/dev/null | grep -qx "LOCAL_RANK=$2" &&
+      { echo "$c"; return; }
+  done
+}
 expect_line() { grep -qE "$2" "$work/$1.out" || fail "$1: no line /$2/"; }
+# joined_equal OUT...: the state every rank printed at the first DP=3 epoch
+# of the last OUT (the joiner: model, AdamW and progress, an FSDP's and its
+# optimizer's by shard) is one hash per shard coordinate, printed by the
+# three replicas' ranks of that coordinate.
+joined_equal() {
+  local last=${!#} epoch hashes
+  epoch=$(grep -oE "state: epoch [0-9]+ DP=3" "$work/$last.out" | head -n 1 | awk '{print $3}')
+  [[ -n $epoch ]] || { fail "$last did not join at DP=3"; return; }
+  hashes=$(for o in "$@"; do cat "$work/$o.out"; done |
+    grep -oE "state: epoch $epoch DP=3 step [0-9]+ shard [01] hash [0-9a-f]{16}" |
+    awk '{print $6, $8, $10}' | sort | uniq -c)
+  echo "joined at epoch $epoch: $hashes"
+  [[ $(wc -l <<<"$hashes") == 2 && $(awk '$1 == 3' <<<"$hashes" | wc -l) == 2 &&
+     $(awk '{print $2}' <<<"$hashes" | sort -u | wc -l) == 1 ]] ||
+    fail "the states at the join differ (or a rank is missing): $hashes"
+}
 
 case $scenario in
-  rejoin)
+  rejoin|ddp|hsdp)
+    # ddp / hsdp: the same with torch's own DistributedDataParallel
+    # (ElasticDDP) or vemesh FSDP HYBRID_SHARD, built once; hsdp kills one
+    # rank of replica 1 only (its mate ends at once); ddp restarts Redis
+    # empty once the joiner trains (no membership change after it).
+    [[ $scenario == rejoin ]] || mode=$scenario
     args=(--pace_ms 30 --extra 12)
+    [[ $scenario == ddp ]] && args=(--pace_ms 30 --extra 45)
     launch 0 r0 mpirun; launch 1 r1 torchrun; launch 2 r2 mpirun
     wait_for r1 "step 8 committed" 60
+    if [[ $scenario == hsdp ]]; then
+      victim=$(rank_pid "${launcher[1]}" 1)
+      [[ -n $victim ]] || fail "no LOCAL_RANK=1 worker under torchrun ${launcher[1]}"
+      kill -KILL "$victim" 2>/dev/null
+      # Its mate ends at once: told by a survivor while it waits in a
+      # replicate collective (exit 75), or its own replica's collective
+      # fails first and the error ends it (the race is the kill's timing).
+      wait_for r1 "replica 1 rank 0: another rank of this replica is gone .*exit 75|vemesh._C.Error: " 20 &&
+        echo "replica 1's other rank: $(grep -oE "another rank of this replica is gone|vemesh._C.Error: [^[]*" "$work/r1.out" | head -n 1)"
+    fi
     end_pid_tree "${launcher[1]}"; wait "${launcher[1]}" 2>/dev/null
     unset "launcher[1]"
-    killed_at=$SECONDS
     wait_for r0 "recovery: epoch 2, DP=2 \[0, 2\]" 30
     launch 1 r1b torchrun
+    if [[ $scenario == ddp ]]; then
+      wait_for r1b "step [0-9]+ committed DP=3" 60
+      before=$(grep -c "recovery: epoch" "$work/r0.out")
+      kill -KILL "$redis_pid"; wait "$redis_pid" 2>/dev/null
+      start_redis
+      echo "redis restarted empty at $((SECONDS - start_time)) s"
+    fi
     finish 0; finish 2; finish 1
     for k in 0 2; do
       [[ ${rc[$k]} == 0 ]] || fail "r$k exited ${rc[$k]}"
@@ -151,18 +208,15 @@ case $scenario in
       expect_line r$k "committed DP=2"
       passes r$k $k
     done
+    if [[ $scenario == ddp ]]; then
+      (($(grep -c "recovery: epoch" "$work/r0.out") == before)) ||
+        fail "r0: the membership changed after Redis was restarted"
+    fi
     [[ ${rc[1]} == 0 ]] || fail "r1b exited ${rc[1]}"
     passes r1b 1
     # The joiner's state right after joining (model, AdamW, progress) is the
-    # survivors' at that epoch: every rank printed the same hash.
-    epoch=$(grep -oE "state: epoch [0-9]+ DP=3" "$work/r1b.out" | head -n 1 | awk '{print $3}')
-    [[ -n $epoch ]] || fail "r1b did not join at DP=3"
-    hashes=$(cat "$work"/r0.out "$work"/r2.out "$work"/r1b.out |
-      grep -oE "state: epoch $epoch DP=3 step [0-9]+ hash [0-9a-f]{16}" |
-      awk '{print $6, $8}' | sort | uniq -c)
-    echo "joined at epoch $epoch: $hashes"
-    n=$(wc -l <<<"$hashes"); c=$(awk '{print $1}' <<<"$hashes")
-    [[ $n == 1 && $c == 6 ]] || fail "the states at the join differ (or a rank is missing): $hashes"
+    # survivors' at that epoch.
+    joined_equal r0 r2 r1b
     "$py" "$here/elastic_torch.py" --check "$work" --steps "$steps" ||
       fail "final states"
     echo "kill -> DP=2 recovery record:"; grep -hoE "recovery: epoch 2, .*" "$work/r0.out" | head -n 1 ;;
@@ -222,6 +276,7 @@ case $scenario in
     "$py" "$here/elastic_torch.py" --check "$work" --steps "$steps" ||
       fail "final states" ;;
   corrupt)
+    mode=hsdp  # the fingerprint over FSDP's shards (register_state's local state)
     # Replica 1's first rank adds 1e-3 to a weight after step 5: the
     # fingerprint comparison (every 2 steps) ends every replica with
     # DATA_LOSS naming replica 1, never a PASS.

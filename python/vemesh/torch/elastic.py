@@ -49,7 +49,11 @@ import torch.nn as nn
 import vemesh.checkpoint as _vc
 from . import checkpoint as _tc
 
-__all__ = ["register_state", "all_reduce_gradients", "ElasticCheckpointer"]
+from .elastic_ddp import ElasticDDP, ReplicateHookState, replicate_comm_hook  # noqa: F401
+
+__all__ = ["register_state", "all_reduce_gradients", "ElasticCheckpointer",
+           "ElasticDDP", "ReplicateHookState", "replicate_comm_hook",
+           "local_state_fns"]
 
 
 def _load_progress(progress: MutableMapping):
@@ -57,6 +61,42 @@ def _load_progress(progress: MutableMapping):
         progress.clear()
         progress.update(value)
     return load
+
+
+def local_state_fns(module: nn.Module):
+    """``(state_dict, load_state_dict)`` of ``module``'s own tensors on this
+    rank: its parameters and buffers by name, as they are (a vemesh FSDP's
+    flat shards, not the gathered parameters), loaded in place. No
+    collective: what register_state uses for vemesh's FSDP, whose
+    ``state_dict()`` gathers over the shard group (the elastic mesh sends
+    each rank's entries to the joiner's rank with the same coordinate)."""
+    def state_dict():
+        out = {n: p.detach() for n, p in module.named_parameters()}
+        out.update({"buffer:" + n: b.detach()
+                    for n, b in module.named_buffers()})
+        return out
+
+    def load_state_dict(value):
+        mine = state_dict()
+        if list(value) != list(mine):
+            raise ValueError(
+                "local state: received entries "
+                f"{list(value)[:4]}... but this rank has {list(mine)[:4]}...")
+        with torch.no_grad():
+            for name, t in mine.items():
+                src = value[name]
+                if src.shape != t.shape or src.dtype != t.dtype:
+                    raise ValueError(
+                        f"local state: '{name}' received {src.dtype}"
+                        f"{list(src.shape)}, this rank has {t.dtype}"
+                        f"{list(t.shape)}")
+                t.copy_(src)
+    return state_dict, load_state_dict
+
+
+def _is_vemesh_fsdp(model) -> bool:
+    from .fsdp import FullyShardedDataParallel
+    return isinstance(model, FullyShardedDataParallel)
 
 
 def register_state(el, model: Optional[nn.Module] = None,
@@ -67,12 +107,17 @@ def register_state(el, model: Optional[nn.Module] = None,
     ``progress`` (numbers: step, data position, ...; updated in place on a
     joiner) with the elastic mesh ``el``, under ``prefix`` + "model",
     "optimizer" and "progress". Call it on every rank, before
-    ``el.sync_state()``."""
+    ``el.sync_state()``. A vemesh FullyShardedDataParallel is registered
+    by its local shards (``local_state_fns``); its optimizer's state is
+    local already. An ElasticDDP's module may be passed, or the wrapper."""
     if model is not None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
-        el.register_state_dict_fn(prefix + "model", model.state_dict,
-                                  model.load_state_dict)
+        if _is_vemesh_fsdp(model):  # its shards, without a collective
+            el.register_state_dict_fn(prefix + "model", *local_state_fns(model))
+        else:
+            el.register_state_dict_fn(prefix + "model", model.state_dict,
+                                      model.load_state_dict)
     if optimizer is not None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError("optimizer: expected a torch.optim.Optimizer, got "
