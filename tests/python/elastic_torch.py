@@ -183,8 +183,12 @@ def run(args) -> int:
                 progress["target"] = max(progress["target"], progress["step"] + 2)
             print(f"step {progress['step']} committed DP={replicate.size()} "
                   f"at={time.time() * 1000:.2f}", flush=True)
-            if ck is not None and ck.maybe_save(v):
-                print(f"checkpoint: step {progress['step']} saved", flush=True)
+        if ck is not None:  # commits the background save in flight
+            before = ck.committed_step
+            if ck.maybe_save(v):
+                print(f"checkpoint: step {progress['step']} started", flush=True)
+            if ck.committed_step != before:
+                print(f"checkpoint: step {ck.committed_step} committed", flush=True)
         if v.recover:
             r = el.recover(progress["step"])
             print(r, flush=True)
@@ -193,6 +197,8 @@ def run(args) -> int:
             on_epoch(r)
         if args.pace_ms:
             time.sleep(args.pace_ms / 1000.0)
+    if ck is not None:
+        ck.finish()
     assert samples[0] == BATCH * progress["step"], (samples, progress)
     model_sd, opt_sd = final_state(args, model, opt)
     final = {"model": model_sd, "optimizer": opt_sd,

@@ -43,54 +43,16 @@ here=$(cd "$(dirname "$0")" && pwd)
 limit=${ELASTIC_LIMIT:-110}
 start_time=$SECONDS
 work=$(mktemp -d /tmp/vemesh_elastic_torch.XXXXXX)
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_vader_single_copy_mechanism=none
-export OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
-export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1
+# The harness: launcher/rc, fail, end_pid_tree, free_port, start_redis,
+# wait_for, finish, expect_line and the EXIT trap.
+source "$here/../common/redis_job.sh"
 export OMP_NUM_THREADS=1 PYTHONDONTWRITEBYTECODE=1
 
-declare -A launcher  # replica -> launcher PID
-redis_pid=""
-failures=0
 for tool in redis-server mpirun torchrun; do
   command -v $tool >/dev/null || { echo "SKIPPED: $tool not found"; exit 77; }
 done
 "$py" -c 'import torch, numpy' 2>/dev/null ||
   { echo "SKIPPED: $py lacks torch or numpy"; exit 77; }
-
-# A launcher's process tree: torchrun's workers are its children, mpirun's
-# ranks its children; ended by PID, children first.
-end_pid_tree() {
-  local p=$1 c
-  for c in $(pgrep -P "$p" 2>/dev/null); do kill -KILL "$c" 2>/dev/null; done
-  kill -KILL "$p" 2>/dev/null
-}
-cleanup() {
-  local k
-  for k in "${!launcher[@]}"; do end_pid_tree "${launcher[$k]}"; done
-  [[ -n $redis_pid ]] && kill -KILL "$redis_pid" 2>/dev/null
-  wait 2>/dev/null
-  if ((failures > 0)); then
-    for f in "$work"/*.out; do echo "---- $f"; tail -n 40 "$f"; done
-  fi
-  [[ -n ${ELASTIC_KEEP:-} ]] && echo "kept $work" || rm -rf "$work"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-free_port() {
-  "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
-port=$(free_port)
-start_redis() {  # an empty Redis without persistence on $port
-  redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
-    --protected-mode no --logfile "$work/redis.log" &
-  redis_pid=$!
-  for _ in $(seq 100); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
-    sleep 0.05
-  done
-}
 start_redis
 
 steps=30
@@ -113,28 +75,6 @@ launch() {
   fi
   launcher[$k]=$!
 }
-wait_for() {  # wait_for OUT REGEX SECONDS
-  local deadline=$((SECONDS + $3))
-  while ((SECONDS < deadline)); do
-    grep -qE "$2" "$work/$1.out" 2>/dev/null && return 0
-    sleep 0.1
-  done
-  fail "$1 never printed /$2/ within $3 s"
-  return 1
-}
-declare -A rc
-finish() {  # finish K: waits (bounded) for replica K's launch, rc[K]
-  local k=$1 p=${launcher[$1]}
-  while kill -0 "$p" 2>/dev/null && ((SECONDS - start_time < limit)); do
-    sleep 0.1
-  done
-  if kill -0 "$p" 2>/dev/null; then
-    fail "replica $k still running after ${limit}s: hung"
-    end_pid_tree "$p"
-  fi
-  wait "$p"; rc[$k]=$?
-  unset "launcher[$k]"
-}
 # passes OUT K: both ranks of replica K printed PASS (the two ranks' lines
 # may share a line of the launcher's output).
 passes() {
@@ -150,7 +90,6 @@ rank_pid() {
       { echo "$c"; return; }
   done
 }
-expect_line() { grep -qE "$2" "$work/$1.out" || fail "$1: no line /$2/"; }
 # joined_equal OUT...: the state every rank printed at the first DP=3 epoch
 # of the last OUT (the joiner: model, AdamW and progress, an FSDP's and its
 # optimizer's by shard) is one hash per shard coordinate, printed by the
@@ -196,9 +135,7 @@ case $scenario in
     if [[ $scenario == ddp ]]; then
       wait_for r1b "step [0-9]+ committed DP=3" 60
       before=$(grep -c "recovery: epoch" "$work/r0.out")
-      kill -KILL "$redis_pid"; wait "$redis_pid" 2>/dev/null
-      start_redis
-      echo "redis restarted empty at $((SECONDS - start_time)) s"
+      restart_redis
     fi
     finish 0; finish 2; finish 1
     for k in 0 2; do
@@ -241,7 +178,7 @@ case $scenario in
     # and ends with every final state equal to one process over all steps.
     args=(--pace_ms 30 --ckpt_dir "$work/ckpt" --ckpt_every 5)
     launch 0 r0 mpirun; launch 1 r1 torchrun; launch 2 r2 mpirun
-    wait_for r0 "checkpoint: step 10 saved" 60
+    wait_for r0 "checkpoint: step 10 committed" 60
     for k in 0 1 2; do
       end_pid_tree "${launcher[$k]}"; wait "${launcher[$k]}" 2>/dev/null
       unset "launcher[$k]"
@@ -263,9 +200,7 @@ case $scenario in
     args=(--pace_ms 100)
     launch 0 r0 mpirun; launch 1 r1 torchrun; launch 2 r2 mpirun
     for k in 0 1 2; do wait_for r$k "step 5 committed" 60; done
-    kill -KILL "$redis_pid"; wait "$redis_pid" 2>/dev/null
-    start_redis
-    echo "redis restarted empty at $((SECONDS - start_time)) s"
+    restart_redis
     finish 0; finish 1; finish 2
     for k in 0 1 2; do
       [[ ${rc[$k]} == 0 ]] || fail "r$k exited ${rc[$k]}"
