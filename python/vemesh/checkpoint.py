@@ -379,11 +379,14 @@ class AsyncSaver:
     ``process_group``, like ``save``) commits the save in flight if any,
     then copies this rank's pieces and returns: the tensors may change at
     once. A thread writes and fsyncs this rank's shard file while training
-    goes on; ``wait()`` (or the next ``start``) commits it over a
-    communicator of the saver's own (every rank's file durable, then rank
-    0's manifest, then ``latest``): a save not waited for is not a
-    checkpoint, and a job killed meanwhile restarts from the previous one.
-    Errors are raised on every rank by the call that finds them.
+    goes on; ``wait()`` (or the next ``start``) commits it over
+    ``process_group`` itself (every rank's file durable, then rank 0's
+    manifest, then ``latest``): a save not waited for is not a checkpoint,
+    and a job killed meanwhile restarts from the previous one. Call start
+    and wait on the thread that uses the group, with none of its
+    operations in flight (the writer thread never communicates; an elastic
+    mesh's groups cannot be split off). Errors are raised on every rank by
+    the call that finds them.
     """
 
     def __init__(self, process_group=None):

@@ -258,14 +258,25 @@ def run_plain(args) -> int:
                                    mesh_dim_names=("DP_REPLICATE", "DP_SHARD"),
                                    backend_override={"DP_REPLICATE": "gloo"})
     model, opt = build()
+    if args.mode == "hsdp":  # the same FSDP on the ordinary mesh
+        from vemesh.torch.fsdp import FullyShardedDataParallel, ShardingStrategy
+        model = FullyShardedDataParallel(
+            model, device_mesh=mesh,
+            sharding_strategy=ShardingStrategy.HYBRID_SHARD)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+    elif args.mode != "manual":
+        raise SystemExit(f"--plain: --mode {args.mode} has no baseline here")
     shard, replicate = mesh.get_group("DP_SHARD"), mesh.get_group("DP_REPLICATE")
     for step in range(args.steps):
         x, y = batch(step)
         per = BATCH // (replicate.size() * shard.size())
         lo = (replicate.rank() * shard.size() + shard.rank()) * per
         opt.zero_grad()
-        (((model(x[lo:lo + per]) - y[lo:lo + per]) ** 2).sum() / BATCH).backward()
-        vemesh.torch.elastic.all_reduce_gradients(model, [shard, replicate])
+        if args.mode == "manual":
+            (((model(x[lo:lo + per]) - y[lo:lo + per]) ** 2).sum() / BATCH).backward()
+            vemesh.torch.elastic.all_reduce_gradients(model, [shard, replicate])
+        else:
+            (((model(x[lo:lo + per]) - y[lo:lo + per]) ** 2).sum() / per).backward()
         opt.step()
         print(f"step {step + 1} committed DP={replicate.size()} "
               f"at={time.time() * 1000:.2f}", flush=True)

@@ -294,7 +294,7 @@ PYEOF
     limit=${ELASTIC_LIMIT:-900}
     for i in $(seq "$pairs"); do
       mpirun -n 6 --bind-to none "$py" "$here/elastic_torch.py" --plain \
-        --steps "$steps" >"$work/plain.$i.out" 2>&1 &
+        --mode "$mode" --steps "$steps" >"$work/plain.$i.out" 2>&1 &
       launcher[9]=$!; finish 9
       job=overhead.$i
       launch 0 "el.$i" mpirun; launch 1 "el1.$i" mpirun; launch 2 "el2.$i" mpirun
