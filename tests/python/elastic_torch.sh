@@ -305,7 +305,9 @@ import re, statistics, sys
 work, pairs = sys.argv[1], int(sys.argv[2])
 def step_ms(path):
     ats = {}
-    for m in re.finditer(r"step (\d+) committed DP=3 at=([\d.]+)", open(path).read()):
+    # Whole lines only: two ranks' prints may share a line of mpirun's output.
+    for m in re.finditer(r"^step (\d+) committed DP=3 at=(\d+\.\d+)$",
+                         open(path).read(), re.M):
         ats.setdefault(int(m.group(1)), float(m.group(2)))  # the first rank's
     keys = sorted(k for k in ats if k > 50)
     d = [ats[b] - ats[a] for a, b in zip(keys, keys[1:]) if b == a + 1]
