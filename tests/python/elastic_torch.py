@@ -62,6 +62,10 @@ def wrap(mode, el, model, opt):
     FSDP HYBRID_SHARD over (DP_REPLICATE, DP_SHARD), AdamW on its shards).
     Built once, before sync_state, on founders and joiners alike."""
     if mode == "ddp":
+        # A buffer: each forward broadcasts it over the elastic replicate
+        # group (ElasticDDP) and the replica's group (torch's DDP), across
+        # the shrink and the grow; it is part of the compared state.
+        model.register_buffer("scale", torch.ones(1, dtype=torch.float64))
         return vemesh.torch.elastic.ElasticDDP(model, el), opt
     if mode == "hsdp":
         from vemesh.torch.fsdp import FullyShardedDataParallel, ShardingStrategy
