@@ -68,7 +68,7 @@ from . import _C
 
 __all__ = [
     "Shard", "FlatShard", "LoadInfo", "TensorInfo", "Metadata", "save", "load",
-    "load_full", "read_metadata", "latest_step",
+    "load_full", "read_metadata", "latest_step", "AsyncSaver",
 ]
 
 _checkpoint = _C._checkpoint
@@ -369,15 +369,70 @@ def _save(state_dict, checkpoint_id, process_group, step, metadata, keep_last,
     path = _checkpoint_dir(checkpoint_id)
     job, mesh = _text_option("job", job), _text_option("mesh", mesh)
     group = _communicator(process_group)
+    entries, meta, err = _save_arguments(state_dict, step, metadata,
+                                         keep_last, error)
+    _checkpoint.save(entries, path, group, int(step), keep_last, meta,
+                     job=job, mesh=mesh, error=err)
+
+
+class AsyncSaver:
+    """Saves in the background (C++ vemesh/checkpoint/async_saver.h).
+
+    ``start(state_dict, checkpoint_id=..., step=...)`` (collective over
+    ``process_group``, like ``save``) commits the save in flight if any,
+    then copies this rank's pieces and returns: the tensors may change at
+    once. A thread writes and fsyncs this rank's shard file while training
+    goes on; ``wait()`` (or the next ``start``) commits it over
+    ``process_group`` itself (every rank's file durable, then rank 0's
+    manifest, then ``latest``): a save not waited for is not a checkpoint,
+    and a job killed meanwhile restarts from the previous one. Call start
+    and wait on the thread that uses the group, with none of its
+    operations in flight (the writer thread never communicates; an elastic
+    mesh's groups cannot be split off). Errors are raised on every rank by
+    the call that finds them.
+    """
+
+    def __init__(self, process_group=None):
+        self._group = _communicator(process_group)
+        self._saver = _checkpoint.AsyncSaver(self._group)
+
+    @property
+    def in_flight(self) -> bool:
+        """A save was started and not yet committed."""
+        return self._saver.in_flight
+
+    def start(self, state_dict: Mapping, *, checkpoint_id, step: int = 0,
+              metadata: Optional[Mapping[str, str]] = None,
+              keep_last: int = 2, job: str = "", mesh: str = "") -> None:
+        """``save``'s arguments (``job`` and ``mesh`` as there)."""
+        self._start(state_dict, checkpoint_id, step, metadata, keep_last,
+                    job=job, mesh=mesh)
+
+    def _start(self, state_dict, checkpoint_id, step, metadata, keep_last,
+               error: Optional[BaseException] = None, *, job: str = "",
+               mesh: str = ""):
+        path = _checkpoint_dir(checkpoint_id)
+        job, mesh = _text_option("job", job), _text_option("mesh", mesh)
+        entries, meta, err = _save_arguments(state_dict, step, metadata,
+                                             keep_last, error)
+        self._saver.start(entries, path, int(step), keep_last, meta, job=job,
+                          mesh=mesh, error=err)
+
+    def wait(self) -> None:
+        """Commits the save in flight (collective); nothing if none."""
+        self._saver.wait()
+
+
+def _save_arguments(state_dict, step, metadata, keep_last, error):
+    """(entries, metadata, error) as the C++ save takes them; an error found
+    here is agreed with the other ranks there."""
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
         raise TypeError(f"step: expected an int, got {type(step).__name__}")
     if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
         raise ValueError(f"keep_last: {keep_last!r}; expected an int >= 1")
     if error is not None:
-        _checkpoint.save([], path, group, int(step), keep_last, {},
-                         job=job, mesh=mesh, error=_error(error))
-        return
-    error, entries, meta = None, [], {}
+        return [], {}, _error(error)
+    err, entries, meta = None, [], {}
     try:
         entries, _ = _entries(state_dict, for_load=False)
         for k, v in (metadata or {}).items():
@@ -385,10 +440,9 @@ def _save(state_dict, checkpoint_id, process_group, step, metadata, keep_last,
                 raise TypeError(f"metadata: {k!r}: {v!r}; keys and values "
                                 "must be str")
             meta[k] = v
-    except Exception as e:  # noqa: BLE001  (raised on every rank below)
-        error = _error(e)  # agreed with the other ranks in C++
-    _checkpoint.save(entries, path, group, int(step), keep_last, meta,
-                     job=job, mesh=mesh, error=error)
+    except Exception as e:  # noqa: BLE001  (raised on every rank in C++)
+        err = _error(e)
+    return entries, meta, err
 
 
 def load(state_dict: Mapping, *, checkpoint_id, process_group=None,

@@ -17,6 +17,7 @@
 #include "errors.h"
 #include "tensor_buffer.h"
 #include "vemesh/base/status_macros.h"
+#include "vemesh/checkpoint/async_saver.h"
 #include "vemesh/checkpoint/box.h"
 #include "vemesh/checkpoint/checkpoint.h"
 #include "vemesh/checkpoint/state_dict.h"
@@ -286,6 +287,58 @@ py::dict ReadManifest(const std::string& dir, std::optional<int64_t> step) {
   return out;
 }
 
+// checkpoint::AsyncSaver on Python arrays: start() copies this rank's
+// pieces and returns (the buffers may change at once), a writer thread
+// writes the shard file, wait() (or the next start()) commits on the
+// calling thread over `group` itself (CreateOn: an elastic mesh's groups
+// cannot be split; start and wait run on the caller's thread, between its
+// other operations on the group). Collective like save.
+class PyAsyncSaver {
+ public:
+  explicit PyAsyncSaver(const std::shared_ptr<Communicator>& group)
+      : group_(group) {
+    CheckHostGroup(*group_);
+    saver_ = Unwrap(checkpoint::AsyncSaver::CreateOn(group_));
+  }
+
+  void Start(const py::list& entries, const std::string& dir, int64_t step,
+             int keep_last, const std::map<std::string, std::string>& metadata,
+             const std::string& job, const std::string& mesh,
+             const PythonError& error) {
+    Held held;
+    const absl::Status local = Build(entries, /*writable=*/false, error, held);
+    for (const auto& [k, v] : metadata) held.state.SetMetadata(k, v);
+    absl::Status s;
+    {
+      py::gil_scoped_release nogil;
+      s = checkpoint::AgreeStatus(*group_, local);
+      if (s.ok()) {
+        checkpoint::SaveOptions options;
+        options.keep_last = keep_last;
+        options.job = job;
+        options.mesh = mesh;
+        s = saver_->Start(held.state, step, dir, options);
+      }
+    }
+    ThrowIfError(s);
+  }
+
+  void Wait() {
+    absl::Status s;
+    {
+      py::gil_scoped_release nogil;
+      s = saver_->Wait();
+    }
+    ThrowIfError(s);
+  }
+
+  bool in_flight() const { return saver_->in_flight(); }
+
+ private:
+  std::shared_ptr<Communicator> group_;
+  std::unique_ptr<checkpoint::AsyncSaver> saver_;
+};
+
 }  // namespace
 
 void RegisterCheckpoint(py::module_& m) {
@@ -297,6 +350,14 @@ void RegisterCheckpoint(py::module_& m) {
         py::arg("group"), py::arg("step"), py::arg("keep_last"),
         py::arg("metadata"), py::arg("job") = "", py::arg("mesh") = "",
         py::arg("error") = py::none());
+  py::class_<PyAsyncSaver>(c, "AsyncSaver")
+      .def(py::init<const std::shared_ptr<Communicator>&>(), py::arg("group"))
+      .def("start", &PyAsyncSaver::Start, py::arg("entries"),
+           py::arg("checkpoint_id"), py::arg("step"), py::arg("keep_last"),
+           py::arg("metadata"), py::arg("job") = "", py::arg("mesh") = "",
+           py::arg("error") = py::none())
+      .def("wait", &PyAsyncSaver::Wait)
+      .def_property_readonly("in_flight", &PyAsyncSaver::in_flight);
   c.def("load", &Load, py::arg("entries"), py::arg("checkpoint_id"),
         py::arg("group"), py::arg("step") = py::none(),
         py::arg("job") = "", py::arg("error") = py::none());

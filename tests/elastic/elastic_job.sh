@@ -20,58 +20,15 @@ bin=$1; scenario=$2
 limit=${ELASTIC_LIMIT:-150}
 start_time=$SECONDS
 work=$(mktemp -d /tmp/vemesh_elastic.XXXXXX)
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_vader_single_copy_mechanism=none
-export OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
-export OMPI_MCA_rmaps_base_oversubscribe=1
-# Six ranks share two cores: a rank waiting in MPI yields instead of
-# spinning, so that the others' heartbeats are not starved.
-export OMPI_MCA_mpi_yield_when_idle=1
-
-declare -A launcher      # replica -> mpirun PID
-redis_pid=""
-failures=0
-
-ranks_of() { pgrep -P "$1" 2>/dev/null; }   # children of one PID, by PID
-end_pid_tree() {
-  local p=$1 c
-  for c in $(ranks_of "$p"); do kill -KILL "$c" 2>/dev/null; done
-  kill -KILL "$p" 2>/dev/null
-}
-cleanup() {
-  local k
-  for k in "${!launcher[@]}"; do end_pid_tree "${launcher[$k]}"; done
-  [[ -n $redis_pid ]] && kill -KILL "$redis_pid" 2>/dev/null
-  wait 2>/dev/null
-  if ((failures > 0)); then
-    for f in "$work"/*.out; do echo "---- $f"; tail -n 40 "$f"; done
-  fi
-  [[ -n ${ELASTIC_KEEP:-} ]] && echo "kept $work" || rm -rf "$work"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+here=$(cd "$(dirname "$0")" && pwd)
+# The harness: launcher/rc, fail, ranks_of, end_pid_tree, start_redis,
+# restart_redis, wait_for, finish, expect_line and the EXIT trap.
+source "$here/../common/redis_job.sh"
 
 if ! command -v redis-server >/dev/null; then
   echo "FAIL: redis-server not found (scripts/setup.sh installs Debian's redis-server)"
   exit 1
 fi
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-# start_redis: an empty Redis without persistence on $port.
-start_redis() {
-  redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
-    --protected-mode no --logfile "$work/redis.log" &
-  redis_pid=$!
-  for _ in $(seq 100); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
-    sleep 0.05
-  done
-}
-# restart_redis: Redis killed and started again empty (no persistence).
-restart_redis() {
-  kill -KILL "$redis_pid"; wait "$redis_pid" 2>/dev/null
-  start_redis
-  echo "redis restarted empty at $((SECONDS - start_time)) s"
-}
 start_redis
 
 mesh=PP=1,DP=3,TP=2
@@ -91,31 +48,6 @@ launch() {
     >"$work/$out.out" 2>&1 &
   launcher[$k]=$!
 }
-# wait_for FILE REGEX SECONDS: until the file has a matching line.
-wait_for() {
-  local deadline=$((SECONDS + $3))
-  while ((SECONDS < deadline)); do
-    grep -qE "$2" "$work/$1.out" 2>/dev/null && return 0
-    sleep 0.1
-  done
-  fail "$1 never printed /$2/ within $3 s"
-  return 1
-}
-# finish K: waits (bounded by the scenario's limit) for replica K's launch
-# and stores its exit code in rc[K].
-declare -A rc
-finish() {
-  local k=$1 p=${launcher[$1]}
-  while kill -0 "$p" 2>/dev/null && ((SECONDS - start_time < limit)); do
-    sleep 0.1
-  done
-  if kill -0 "$p" 2>/dev/null; then
-    fail "replica $k still running after ${limit}s: hung"
-    end_pid_tree "$p"
-  fi
-  wait "$p"; rc[$k]=$?
-  unset "launcher[$k]"
-}
 expect_pass() {  # expect_pass OUT DP
   [[ ${rc[$3]} == 0 ]] || fail "$1 exited ${rc[$3]}, expected 0"
   grep -qE "^PASS: replica .*parameters identical across ${dp_name:-DP}=$2 replicas" \
@@ -131,7 +63,6 @@ expect_dead() {  # expect_dead OUT K
   grep -qE "^PASS" "$work/$1.out" && fail "$1 printed PASS but was killed"
   return 0
 }
-expect_line() { grep -qE "$2" "$work/$1.out" || fail "$1: no line /$2/"; }
 
 case $scenario in
   checkpoint_restart)

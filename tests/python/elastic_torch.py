@@ -55,11 +55,56 @@ def batch(step: int):
     return x, y
 
 
+def wrap(mode, el, model, opt):
+    """The model the loop trains and its optimizer, by --mode: manual (the
+    MLP itself, gradients through all_reduce_gradients), ddp (torch's own
+    DistributedDataParallel: vemesh.torch.elastic.ElasticDDP), hsdp (vemesh
+    FSDP HYBRID_SHARD over (DP_REPLICATE, DP_SHARD), AdamW on its shards).
+    Built once, before sync_state, on founders and joiners alike."""
+    if mode == "ddp":
+        # A buffer: each forward broadcasts it over the elastic replicate
+        # group (ElasticDDP) and the replica's group (torch's DDP), across
+        # the shrink and the grow; it is part of the compared state.
+        model.register_buffer("scale", torch.ones(1, dtype=torch.float64))
+        return vemesh.torch.elastic.ElasticDDP(model, el), opt
+    if mode == "hsdp":
+        from vemesh.torch.fsdp import FullyShardedDataParallel, ShardingStrategy
+        fsdp = FullyShardedDataParallel(
+            model, device_mesh=el.mesh,
+            sharding_strategy=ShardingStrategy.HYBRID_SHARD)
+        return fsdp, torch.optim.AdamW(fsdp.parameters(), lr=1e-2,
+                                       weight_decay=0.01)
+    return model, opt
+
+
+def local_state(model, opt):
+    """This rank's model and optimizer state, without a collective (an
+    FSDP's shards)."""
+    if isinstance(model, vemesh.torch.FullyShardedDataParallel):
+        return vemesh.torch.elastic.local_state_fns(model)[0](), opt.state_dict()
+    return model.state_dict(), opt.state_dict()
+
+
 def state_hash(model, opt, progress, samples) -> str:
     h = hashlib.sha256()
-    for part in (model.state_dict(), opt.state_dict(), progress, samples):
+    for part in (*local_state(model, opt), progress, samples):
         h.update(encode(part))
     return h.hexdigest()[:16]
+
+
+def final_state(args, model, opt):
+    """The whole model and AdamW state (an FSDP's gathered inside the
+    replica, the optimizer's keyed as one process's)."""
+    if args.mode == "ddp":
+        return model.module.state_dict(), opt.state_dict()
+    if args.mode != "hsdp":
+        return model.state_dict(), opt.state_dict()
+    FSDP = vemesh.torch.FullyShardedDataParallel
+    full = {k: v.clone() for k, v in model.state_dict().items()}
+    osd = FSDP.optim_state_dict(model, opt)
+    names = [n for n, _ in build()[0].named_parameters()]
+    state = {names.index(n): st for n, st in osd["state"].items()}
+    return full, {"state": state}
 
 
 def run(args) -> int:
@@ -72,7 +117,7 @@ def run(args) -> int:
                             mesh_dim_names=("DP_REPLICATE", "DP_SHARD"),
                             elastic=opts)
     el = VESCALE_DEVICE_MESH.elastic()
-    model, opt = build()
+    model, opt = wrap(args.mode, el, *build())
     progress = {"step": el.last_recovery.resume_step, "target": args.steps}
     vemesh.torch.elastic.register_state(el, model, opt, progress=progress)
     # The data position as a live buffer: sent from and received into in
@@ -103,7 +148,8 @@ def run(args) -> int:
         assert replicate.size() == r.dp_size, (replicate.size(), r.dp_size)
         assert VESCALE_DEVICE_MESH.get_strategy_size("DP_REPLICATE") == r.dp_size
         print(f"state: epoch {r.epoch} DP={r.dp_size} step {progress['step']} "
-              f"hash {state_hash(model, opt, progress, samples)}", flush=True)
+              f"shard {me} hash {state_hash(model, opt, progress, samples)}",
+              flush=True)
 
     on_epoch(el.last_recovery)
     while progress["step"] < progress["target"]:
@@ -114,12 +160,17 @@ def run(args) -> int:
             per = BATCH // (replicate.size() * shard.size())
             lo = (replicate.rank() * shard.size() + shard.rank()) * per
             opt.zero_grad()
-            loss = ((model(x[lo:lo + per]) - y[lo:lo + per]) ** 2).sum() / BATCH
-            loss.backward()
+            if args.mode == "manual":
+                loss = ((model(x[lo:lo + per]) - y[lo:lo + per]) ** 2).sum() / BATCH
+                loss.backward()
+            else:  # DDP and FSDP average: this rank's mean
+                loss = ((model(x[lo:lo + per]) - y[lo:lo + per]) ** 2).sum() / per
+                loss.backward()  # raises the step's lost-member error, if any
             if args.bug_at == step and el.replica == args.bug_replica:
                 raise RuntimeError(f"injected bug at step {step}")
-            # The replica's own group first, the replicate group last.
-            vemesh.torch.elastic.all_reduce_gradients(model, [shard, replicate])
+            if args.mode == "manual":
+                # The replica's own group first, the replicate group last.
+                vemesh.torch.elastic.all_reduce_gradients(model, [shard, replicate])
         except Exception as e:  # a lost replica, or a bug (retried, then raised)
             error = e
         v = el.end_step(error)
@@ -136,8 +187,12 @@ def run(args) -> int:
                 progress["target"] = max(progress["target"], progress["step"] + 2)
             print(f"step {progress['step']} committed DP={replicate.size()} "
                   f"at={time.time() * 1000:.2f}", flush=True)
-            if ck is not None and ck.maybe_save(v):
-                print(f"checkpoint: step {progress['step']} saved", flush=True)
+        if ck is not None:  # commits the background save in flight
+            before = ck.committed_step
+            if ck.maybe_save(v):
+                print(f"checkpoint: step {progress['step']} started", flush=True)
+            if ck.committed_step != before:
+                print(f"checkpoint: step {ck.committed_step} committed", flush=True)
         if v.recover:
             r = el.recover(progress["step"])
             print(r, flush=True)
@@ -146,8 +201,11 @@ def run(args) -> int:
             on_epoch(r)
         if args.pace_ms:
             time.sleep(args.pace_ms / 1000.0)
+    if ck is not None:
+        ck.finish()
     assert samples[0] == BATCH * progress["step"], (samples, progress)
-    final = {"model": model.state_dict(), "optimizer": opt.state_dict(),
+    model_sd, opt_sd = final_state(args, model, opt)
+    final = {"model": model_sd, "optimizer": opt_sd,
              "step": progress["step"], "samples": samples}
     path = os.path.join(args.out, f"final_r{args.replica}_s{me}.bin")
     with open(path + ".tmp", "wb") as f:
@@ -204,14 +262,25 @@ def run_plain(args) -> int:
                                    mesh_dim_names=("DP_REPLICATE", "DP_SHARD"),
                                    backend_override={"DP_REPLICATE": "gloo"})
     model, opt = build()
+    if args.mode == "hsdp":  # the same FSDP on the ordinary mesh
+        from vemesh.torch.fsdp import FullyShardedDataParallel, ShardingStrategy
+        model = FullyShardedDataParallel(
+            model, device_mesh=mesh,
+            sharding_strategy=ShardingStrategy.HYBRID_SHARD)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+    elif args.mode != "manual":
+        raise SystemExit(f"--plain: --mode {args.mode} has no baseline here")
     shard, replicate = mesh.get_group("DP_SHARD"), mesh.get_group("DP_REPLICATE")
     for step in range(args.steps):
         x, y = batch(step)
         per = BATCH // (replicate.size() * shard.size())
         lo = (replicate.rank() * shard.size() + shard.rank()) * per
         opt.zero_grad()
-        (((model(x[lo:lo + per]) - y[lo:lo + per]) ** 2).sum() / BATCH).backward()
-        vemesh.torch.elastic.all_reduce_gradients(model, [shard, replicate])
+        if args.mode == "manual":
+            (((model(x[lo:lo + per]) - y[lo:lo + per]) ** 2).sum() / BATCH).backward()
+            vemesh.torch.elastic.all_reduce_gradients(model, [shard, replicate])
+        else:
+            (((model(x[lo:lo + per]) - y[lo:lo + per]) ** 2).sum() / per).backward()
         opt.step()
         print(f"step {step + 1} committed DP={replicate.size()} "
               f"at={time.time() * 1000:.2f}", flush=True)
@@ -235,6 +304,7 @@ def main() -> int:
     p.add_argument("--ckpt_dir")
     p.add_argument("--ckpt_every", type=int, default=5)
     p.add_argument("--plain", action="store_true")
+    p.add_argument("--mode", choices=("manual", "ddp", "hsdp"), default="manual")
     p.add_argument("--check")
     args = p.parse_args()
     if args.check:

@@ -23,8 +23,17 @@
 #   process over all steps.
 # redis_restarted: Redis restarted empty mid-run is survived (no
 #   membership change, final states equal to one process).
-# corrupt: replica 1 perturbs a weight after step 5; every replica ends with
-#   the DATA_LOSS that names replica 1.
+# corrupt: replica 1 perturbs a weight (a shard of its FSDP HYBRID_SHARD
+#   model) after step 5; every replica ends with the DATA_LOSS that names
+#   replica 1.
+# ddp: rejoin with torch's own DistributedDataParallel built once
+#   (vemesh.torch.elastic.ElasticDDP), and Redis restarted empty once the
+#   joiner trains (no membership change after it).
+# hsdp: rejoin with vemesh FSDP HYBRID_SHARD over (DP_REPLICATE, DP_SHARD)
+#   built once, and only one rank of replica 1 killed: its mate ends at once
+#   (exit 75 when told while in a replicate collective, or its replica's own
+#   collective's error), the survivors recover; the joiner's shards and
+#   AdamW state equal the survivors' of the same shard coordinate.
 #
 # Every process this script starts is ended by its PID (the launchers and
 # their ranks, redis-server), never by name, also when an assertion fails.
@@ -34,65 +43,28 @@ here=$(cd "$(dirname "$0")" && pwd)
 limit=${ELASTIC_LIMIT:-110}
 start_time=$SECONDS
 work=$(mktemp -d /tmp/vemesh_elastic_torch.XXXXXX)
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_vader_single_copy_mechanism=none
-export OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
-export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1
+# The harness: launcher/rc, fail, end_pid_tree, free_port, start_redis,
+# wait_for, finish, expect_line and the EXIT trap.
+source "$here/../common/redis_job.sh"
 export OMP_NUM_THREADS=1 PYTHONDONTWRITEBYTECODE=1
 
-declare -A launcher  # replica -> launcher PID
-redis_pid=""
-failures=0
 for tool in redis-server mpirun torchrun; do
   command -v $tool >/dev/null || { echo "SKIPPED: $tool not found"; exit 77; }
 done
 "$py" -c 'import torch, numpy' 2>/dev/null ||
   { echo "SKIPPED: $py lacks torch or numpy"; exit 77; }
-
-# A launcher's process tree: torchrun's workers are its children, mpirun's
-# ranks its children; ended by PID, children first.
-end_pid_tree() {
-  local p=$1 c
-  for c in $(pgrep -P "$p" 2>/dev/null); do kill -KILL "$c" 2>/dev/null; done
-  kill -KILL "$p" 2>/dev/null
-}
-cleanup() {
-  local k
-  for k in "${!launcher[@]}"; do end_pid_tree "${launcher[$k]}"; done
-  [[ -n $redis_pid ]] && kill -KILL "$redis_pid" 2>/dev/null
-  wait 2>/dev/null
-  if ((failures > 0)); then
-    for f in "$work"/*.out; do echo "---- $f"; tail -n 40 "$f"; done
-  fi
-  [[ -n ${ELASTIC_KEEP:-} ]] && echo "kept $work" || rm -rf "$work"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-free_port() {
-  "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
-port=$(free_port)
-start_redis() {  # an empty Redis without persistence on $port
-  redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
-    --protected-mode no --logfile "$work/redis.log" &
-  redis_pid=$!
-  for _ in $(seq 100); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
-    sleep 0.05
-  done
-}
 start_redis
 
 steps=30
 job=$scenario
+mode=${MODE:-manual}  # elastic_torch.py --mode: manual, ddp or hsdp
 args=()
 # launch K OUT mpirun|torchrun: replica K (2 ranks), in the background.
 launch() {
   local k=$1 out=$2 how=$3
   local cmd=("$here/elastic_torch.py" --store "redis://127.0.0.1:$port"
              --replica "$k" --job "$job" --steps "$steps" --out "$work"
-             "${args[@]}")
+             --mode "$mode" "${args[@]}")
   if [[ $how == mpirun ]]; then
     mpirun -n 2 --bind-to none "$py" "${cmd[@]}" >"$work/$out.out" 2>&1 &
   else
@@ -103,46 +75,68 @@ launch() {
   fi
   launcher[$k]=$!
 }
-wait_for() {  # wait_for OUT REGEX SECONDS
-  local deadline=$((SECONDS + $3))
-  while ((SECONDS < deadline)); do
-    grep -qE "$2" "$work/$1.out" 2>/dev/null && return 0
-    sleep 0.1
-  done
-  fail "$1 never printed /$2/ within $3 s"
-  return 1
-}
-declare -A rc
-finish() {  # finish K: waits (bounded) for replica K's launch, rc[K]
-  local k=$1 p=${launcher[$1]}
-  while kill -0 "$p" 2>/dev/null && ((SECONDS - start_time < limit)); do
-    sleep 0.1
-  done
-  if kill -0 "$p" 2>/dev/null; then
-    fail "replica $k still running after ${limit}s: hung"
-    end_pid_tree "$p"
-  fi
-  wait "$p"; rc[$k]=$?
-  unset "launcher[$k]"
-}
 # passes OUT K: both ranks of replica K printed PASS (the two ranks' lines
 # may share a line of the launcher's output).
 passes() {
   [[ $(grep -oE "PASS: replica $2 shard [01] " "$work/$1.out" | sort -u | wc -l) == 2 ]] ||
     fail "$1: not a PASS from both ranks of replica $2"
 }
-expect_line() { grep -qE "$2" "$work/$1.out" || fail "$1: no line /$2/"; }
+# rank_pid LAUNCHER R: the PID of the rank with LOCAL_RANK=R among the
+# launcher's children (torchrun's workers), or nothing.
+rank_pid() {
+  local c
+  for c in $(pgrep -P "$1" 2>/dev/null); do
+    tr '\0' '\n' <"/proc/$c/environ" 2>/dev/null | grep -qx "LOCAL_RANK=$2" &&
+      { echo "$c"; return; }
+  done
+}
+# joined_equal OUT...: the state every rank printed at the first DP=3 epoch
+# of the last OUT (the joiner: model, AdamW and progress, an FSDP's and its
+# optimizer's by shard) is one hash per shard coordinate, printed by the
+# three replicas' ranks of that coordinate.
+joined_equal() {
+  local last=${!#} epoch hashes
+  epoch=$(grep -oE "state: epoch [0-9]+ DP=3" "$work/$last.out" | head -n 1 | awk '{print $3}')
+  [[ -n $epoch ]] || { fail "$last did not join at DP=3"; return; }
+  hashes=$(for o in "$@"; do cat "$work/$o.out"; done |
+    grep -oE "state: epoch $epoch DP=3 step [0-9]+ shard [01] hash [0-9a-f]{16}" |
+    awk '{print $6, $8, $10}' | sort | uniq -c)
+  echo "joined at epoch $epoch: $hashes"
+  [[ $(wc -l <<<"$hashes") == 2 && $(awk '$1 == 3' <<<"$hashes" | wc -l) == 2 &&
+     $(awk '{print $2}' <<<"$hashes" | sort -u | wc -l) == 1 ]] ||
+    fail "the states at the join differ (or a rank is missing): $hashes"
+}
 
 case $scenario in
-  rejoin)
+  rejoin|ddp|hsdp)
+    # ddp / hsdp: the same with torch's own DistributedDataParallel
+    # (ElasticDDP) or vemesh FSDP HYBRID_SHARD, built once; hsdp kills one
+    # rank of replica 1 only (its mate ends at once); ddp restarts Redis
+    # empty once the joiner trains (no membership change after it).
+    [[ $scenario == rejoin ]] || mode=$scenario
     args=(--pace_ms 30 --extra 12)
+    [[ $scenario == ddp ]] && args=(--pace_ms 30 --extra 45)
     launch 0 r0 mpirun; launch 1 r1 torchrun; launch 2 r2 mpirun
     wait_for r1 "step 8 committed" 60
+    if [[ $scenario == hsdp ]]; then
+      victim=$(rank_pid "${launcher[1]}" 1)
+      [[ -n $victim ]] || fail "no LOCAL_RANK=1 worker under torchrun ${launcher[1]}"
+      kill -KILL "$victim" 2>/dev/null
+      # Its mate ends at once: told by a survivor while it waits in a
+      # replicate collective (exit 75), or its own replica's collective
+      # fails first and the error ends it (the race is the kill's timing).
+      wait_for r1 "replica 1 rank 0: another rank of this replica is gone .*exit 75|vemesh._C.Error: " 20 &&
+        echo "replica 1's other rank: $(grep -oE "another rank of this replica is gone|vemesh._C.Error: [^[]*" "$work/r1.out" | head -n 1)"
+    fi
     end_pid_tree "${launcher[1]}"; wait "${launcher[1]}" 2>/dev/null
     unset "launcher[1]"
-    killed_at=$SECONDS
     wait_for r0 "recovery: epoch 2, DP=2 \[0, 2\]" 30
     launch 1 r1b torchrun
+    if [[ $scenario == ddp ]]; then
+      wait_for r1b "step [0-9]+ committed DP=3" 60
+      before=$(grep -c "recovery: epoch" "$work/r0.out")
+      restart_redis
+    fi
     finish 0; finish 2; finish 1
     for k in 0 2; do
       [[ ${rc[$k]} == 0 ]] || fail "r$k exited ${rc[$k]}"
@@ -151,18 +145,15 @@ case $scenario in
       expect_line r$k "committed DP=2"
       passes r$k $k
     done
+    if [[ $scenario == ddp ]]; then
+      (($(grep -c "recovery: epoch" "$work/r0.out") == before)) ||
+        fail "r0: the membership changed after Redis was restarted"
+    fi
     [[ ${rc[1]} == 0 ]] || fail "r1b exited ${rc[1]}"
     passes r1b 1
     # The joiner's state right after joining (model, AdamW, progress) is the
-    # survivors' at that epoch: every rank printed the same hash.
-    epoch=$(grep -oE "state: epoch [0-9]+ DP=3" "$work/r1b.out" | head -n 1 | awk '{print $3}')
-    [[ -n $epoch ]] || fail "r1b did not join at DP=3"
-    hashes=$(cat "$work"/r0.out "$work"/r2.out "$work"/r1b.out |
-      grep -oE "state: epoch $epoch DP=3 step [0-9]+ hash [0-9a-f]{16}" |
-      awk '{print $6, $8}' | sort | uniq -c)
-    echo "joined at epoch $epoch: $hashes"
-    n=$(wc -l <<<"$hashes"); c=$(awk '{print $1}' <<<"$hashes")
-    [[ $n == 1 && $c == 6 ]] || fail "the states at the join differ (or a rank is missing): $hashes"
+    # survivors' at that epoch.
+    joined_equal r0 r2 r1b
     "$py" "$here/elastic_torch.py" --check "$work" --steps "$steps" ||
       fail "final states"
     echo "kill -> DP=2 recovery record:"; grep -hoE "recovery: epoch 2, .*" "$work/r0.out" | head -n 1 ;;
@@ -187,7 +178,7 @@ case $scenario in
     # and ends with every final state equal to one process over all steps.
     args=(--pace_ms 30 --ckpt_dir "$work/ckpt" --ckpt_every 5)
     launch 0 r0 mpirun; launch 1 r1 torchrun; launch 2 r2 mpirun
-    wait_for r0 "checkpoint: step 10 saved" 60
+    wait_for r0 "checkpoint: step 10 committed" 60
     for k in 0 1 2; do
       end_pid_tree "${launcher[$k]}"; wait "${launcher[$k]}" 2>/dev/null
       unset "launcher[$k]"
@@ -209,9 +200,7 @@ case $scenario in
     args=(--pace_ms 100)
     launch 0 r0 mpirun; launch 1 r1 torchrun; launch 2 r2 mpirun
     for k in 0 1 2; do wait_for r$k "step 5 committed" 60; done
-    kill -KILL "$redis_pid"; wait "$redis_pid" 2>/dev/null
-    start_redis
-    echo "redis restarted empty at $((SECONDS - start_time)) s"
+    restart_redis
     finish 0; finish 1; finish 2
     for k in 0 1 2; do
       [[ ${rc[$k]} == 0 ]] || fail "r$k exited ${rc[$k]}"
@@ -222,6 +211,7 @@ case $scenario in
     "$py" "$here/elastic_torch.py" --check "$work" --steps "$steps" ||
       fail "final states" ;;
   corrupt)
+    mode=hsdp  # the fingerprint over FSDP's shards (register_state's local state)
     # Replica 1's first rank adds 1e-3 to a weight after step 5: the
     # fingerprint comparison (every 2 steps) ends every replica with
     # DATA_LOSS naming replica 1, never a PASS.
@@ -304,7 +294,7 @@ PYEOF
     limit=${ELASTIC_LIMIT:-900}
     for i in $(seq "$pairs"); do
       mpirun -n 6 --bind-to none "$py" "$here/elastic_torch.py" --plain \
-        --steps "$steps" >"$work/plain.$i.out" 2>&1 &
+        --mode "$mode" --steps "$steps" >"$work/plain.$i.out" 2>&1 &
       launcher[9]=$!; finish 9
       job=overhead.$i
       launch 0 "el.$i" mpirun; launch 1 "el1.$i" mpirun; launch 2 "el2.$i" mpirun
@@ -315,7 +305,9 @@ import re, statistics, sys
 work, pairs = sys.argv[1], int(sys.argv[2])
 def step_ms(path):
     ats = {}
-    for m in re.finditer(r"step (\d+) committed DP=3 at=([\d.]+)", open(path).read()):
+    # Whole lines only: two ranks' prints may share a line of mpirun's output.
+    for m in re.finditer(r"^step (\d+) committed DP=3 at=(\d+\.\d+)$",
+                         open(path).read(), re.M):
         ats.setdefault(int(m.group(1)), float(m.group(2)))  # the first rank's
     keys = sorted(k for k in ats if k > 50)
     d = [ats[b] - ats[a] for a, b in zip(keys, keys[1:]) if b == a + 1]

@@ -102,3 +102,34 @@ def test_bad_elastic_argument_and_unreachable_store():
             elastic=vemesh.ElasticOptions(store="redis://127.0.0.1:1", replica=0))
     assert e.value.code == "UNAVAILABLE"
     assert VESCALE_DEVICE_MESH.elastic() is None
+
+
+def test_async_saver_copies_at_start_and_commits_at_wait(tmp_path):
+    """vemesh.checkpoint.AsyncSaver (what ElasticCheckpointer saves with):
+    start() copies the state (changing it afterwards changes nothing saved),
+    nothing is a checkpoint until wait() or the next start() commits it."""
+    import vemesh.checkpoint as vc
+    mesh = vemesh.init_device_mesh("cpu", (1,), mesh_dim_names=("DP",))
+    try:
+        d = str(tmp_path / "ckpt")
+        w = torch.arange(6, dtype=torch.float64)
+        saver = vc.AsyncSaver(mesh)
+        assert not saver.in_flight
+        saver.start({"w": w}, checkpoint_id=d, step=1)
+        assert saver.in_flight
+        w.add_(100)  # after start: not in step 1
+        assert vc.latest_step(d) is None  # not committed yet
+        saver.start({"w": w}, checkpoint_id=d, step=2)  # commits step 1
+        assert vc.latest_step(d) == 1
+        saver.wait()
+        assert not saver.in_flight and vc.latest_step(d) == 2
+        got = {"w": torch.zeros(6, dtype=torch.float64)}
+        vc.load(got, checkpoint_id=d, process_group=mesh, step=1)
+        assert torch.equal(got["w"], torch.arange(6, dtype=torch.float64))
+        vc.load(got, checkpoint_id=d, process_group=mesh)
+        assert torch.equal(got["w"], torch.arange(6, dtype=torch.float64) + 100)
+        saver.wait()  # nothing in flight: nothing to do
+        with pytest.raises(ValueError, match="keep_last"):
+            saver.start({"w": w}, checkpoint_id=d, step=3, keep_last=0)
+    finally:
+        VESCALE_DEVICE_MESH.reset()

@@ -52,6 +52,16 @@ absl::StatusOr<std::unique_ptr<AsyncSaver>> AsyncSaver::Create(
   return std::unique_ptr<AsyncSaver>(new AsyncSaver(std::move(impl)));
 }
 
+absl::StatusOr<std::unique_ptr<AsyncSaver>> AsyncSaver::CreateOn(
+    std::shared_ptr<Communicator> world) {
+  if (world == nullptr) {
+    return absl::InvalidArgumentError("AsyncSaver::CreateOn: no communicator");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->comm = std::move(world);
+  return std::unique_ptr<AsyncSaver>(new AsyncSaver(std::move(impl)));
+}
+
 bool AsyncSaver::in_flight() const { return impl_->plan.has_value(); }
 
 absl::Status AsyncSaver::Start(const StateDict& state, int64_t step,

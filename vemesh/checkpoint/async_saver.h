@@ -43,6 +43,13 @@ class AsyncSaver {
   // Collective over `world`: splits a communicator of its own from it.
   static absl::StatusOr<std::unique_ptr<AsyncSaver>> Create(
       Communicator& world);
+  // Commits over `world` itself instead of a split of it: for a group that
+  // cannot be split (an elastic mesh's reconfigurable groups) when the
+  // caller runs Start and Wait on the thread that runs every other
+  // operation on `world`, none in flight meanwhile (the writer thread never
+  // communicates). Not collective.
+  static absl::StatusOr<std::unique_ptr<AsyncSaver>> CreateOn(
+      std::shared_ptr<Communicator> world);
   ~AsyncSaver();
   AsyncSaver(const AsyncSaver&) = delete;
   AsyncSaver& operator=(const AsyncSaver&) = delete;

@@ -9,7 +9,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "vemesh/elastic/elastic_mesh.h"
 #include "vemesh/elastic/internal/elastic_mesh_internal.h"
 #include "vemesh/elastic/internal/quorum_round.h"
@@ -188,7 +191,18 @@ absl::StatusOr<StepVerdict> ElasticMesh::end_step(
   } else if (inner_rank_ == 0 && lost == 0) {
     absl::StatusOr<ControlPlane::Reading> now =
         read.has_value() ? *std::move(read) : control_->Read();
-    if (!now.ok()) now = control_->Read();  // one retry: a blip is not a loss
+    // A blip is not a loss: Redis restarted (empty, no persistence) refuses
+    // connections for the ~100 ms it takes to listen again, and a read
+    // fails fast then. Retried for up to a quarter of the heartbeat TTL
+    // (the other ranks wait in ReplicaMax, well within op_timeout).
+    const absl::Time retry_until = absl::Now() + options_.heartbeat_ttl / 4;
+    for (int tries = 0; !now.ok() && absl::IsUnavailable(now.status()) &&
+                        tries < 64 && absl::Now() < retry_until;
+         ++tries) {
+      absl::SleepFor(absl::Milliseconds(10));
+      now = control_->Read();
+    }
+    if (!now.ok()) now = control_->Read();  // the last try
     if (now.ok() && now->record.epoch < epoch() && known_->epoch == epoch()) {
       // The store lost the record (Redis restarted empty, or an older
       // snapshot): the members write theirs back; a newcomer waits for that.

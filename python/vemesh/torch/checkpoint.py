@@ -417,11 +417,15 @@ def _init_optimizer_state(opt: torch.optim.Optimizer) -> None:
 
 def save(model, optimizers=(), *, checkpoint_id, process_group=None,
          shards=(), step: int = 0, metadata: Optional[Dict[str, str]] = None,
-         keep_last: int = 2, job: str = "", mesh: str = "") -> None:
+         keep_last: int = 2, job: str = "", mesh: str = "",
+         saver: "Optional[_vc.AsyncSaver]" = None) -> None:
     """Collective: ``model`` (and ``optimizers``' state) into
     ``checkpoint_id`` at ``step`` (vemesh.checkpoint.save, whose ``job`` and
     ``mesh`` these are), ``shards`` describing what this rank holds only
-    part of (module docstring)."""
+    part of (module docstring). ``saver`` (a vemesh.checkpoint.AsyncSaver
+    over the same group): the save is started in the background instead
+    (committed by its ``wait()`` or next start; ``process_group`` is then
+    the saver's)."""
     error, merged, meta = None, {}, dict(metadata or {})
     try:
         plan = _Plan(model, optimizers, shards)
@@ -431,6 +435,10 @@ def save(model, optimizers=(), *, checkpoint_id, process_group=None,
                 [_numbers(g) for g in opt.param_groups], sort_keys=True)
     except Exception as e:  # noqa: BLE001  (raised on every rank)
         error = e  # raised on every rank by vemesh.checkpoint
+    if saver is not None:
+        saver._start(merged, checkpoint_id, step, meta, keep_last, error=error,
+                     job=job, mesh=mesh)
+        return
     _vc._save(merged, checkpoint_id, process_group, step, meta, keep_last,
               error=error, job=job, mesh=mesh)
 

@@ -49,7 +49,11 @@ import torch.nn as nn
 import vemesh.checkpoint as _vc
 from . import checkpoint as _tc
 
-__all__ = ["register_state", "all_reduce_gradients", "ElasticCheckpointer"]
+from .elastic_ddp import ElasticDDP, ReplicateHookState, replicate_comm_hook  # noqa: F401
+
+__all__ = ["register_state", "all_reduce_gradients", "ElasticCheckpointer",
+           "ElasticDDP", "ReplicateHookState", "replicate_comm_hook",
+           "local_state_fns"]
 
 
 def _load_progress(progress: MutableMapping):
@@ -57,6 +61,42 @@ def _load_progress(progress: MutableMapping):
         progress.clear()
         progress.update(value)
     return load
+
+
+def local_state_fns(module: nn.Module):
+    """``(state_dict, load_state_dict)`` of ``module``'s own tensors on this
+    rank: its parameters and buffers by name, as they are (a vemesh FSDP's
+    flat shards, not the gathered parameters), loaded in place. No
+    collective: what register_state uses for vemesh's FSDP, whose
+    ``state_dict()`` gathers over the shard group (the elastic mesh sends
+    each rank's entries to the joiner's rank with the same coordinate)."""
+    def state_dict():
+        out = {n: p.detach() for n, p in module.named_parameters()}
+        out.update({"buffer:" + n: b.detach()
+                    for n, b in module.named_buffers()})
+        return out
+
+    def load_state_dict(value):
+        mine = state_dict()
+        if list(value) != list(mine):
+            raise ValueError(
+                "local state: received entries "
+                f"{list(value)[:4]}... but this rank has {list(mine)[:4]}...")
+        with torch.no_grad():
+            for name, t in mine.items():
+                src = value[name]
+                if src.shape != t.shape or src.dtype != t.dtype:
+                    raise ValueError(
+                        f"local state: '{name}' received {src.dtype}"
+                        f"{list(src.shape)}, this rank has {t.dtype}"
+                        f"{list(t.shape)}")
+                t.copy_(src)
+    return state_dict, load_state_dict
+
+
+def _is_vemesh_fsdp(model) -> bool:
+    from .fsdp import FullyShardedDataParallel
+    return isinstance(model, FullyShardedDataParallel)
 
 
 def register_state(el, model: Optional[nn.Module] = None,
@@ -67,12 +107,17 @@ def register_state(el, model: Optional[nn.Module] = None,
     ``progress`` (numbers: step, data position, ...; updated in place on a
     joiner) with the elastic mesh ``el``, under ``prefix`` + "model",
     "optimizer" and "progress". Call it on every rank, before
-    ``el.sync_state()``."""
+    ``el.sync_state()``. A vemesh FullyShardedDataParallel is registered
+    by its local shards (``local_state_fns``); its optimizer's state is
+    local already. An ElasticDDP's module may be passed, or the wrapper."""
     if model is not None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
-        el.register_state_dict_fn(prefix + "model", model.state_dict,
-                                  model.load_state_dict)
+        if _is_vemesh_fsdp(model):  # its shards, without a collective
+            el.register_state_dict_fn(prefix + "model", *local_state_fns(model))
+        else:
+            el.register_state_dict_fn(prefix + "model", model.state_dict,
+                                      model.load_state_dict)
     if optimizer is not None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError("optimizer: expected a torch.optim.Optimizer, got "
@@ -123,8 +168,19 @@ class ElasticCheckpointer:
     dimensions of the mesh: on a ("DP_REPLICATE", "DP_SHARD") mesh the
     DP_SHARD group, the default there). The other replicas go on training:
     one copy of the state is enough. A step that asks for recovery saves
-    nothing (the groups are between epochs). The save is synchronous on the
-    saving replica (the others wait for it at the next step's all_reduce).
+    nothing (the groups are between epochs).
+
+    ``background=True`` (the default): the save is started in the
+    background (vemesh.checkpoint.AsyncSaver, one per replica over its own
+    group): ``maybe_save`` copies the state and returns, a thread writes it
+    while training goes on, and the next ``maybe_save`` call (the next
+    committed step, on every replica that holds one in flight) commits it
+    atomically (every shard durable, then the manifest, then ``latest``);
+    ``committed_step`` is then its step. ``finish()`` commits the last one
+    (call it after the loop). A job killed with a save in flight restarts
+    from the previous committed one. ``background=False``: each save is
+    written and committed inside ``maybe_save`` (the other replicas wait
+    for it at the next step's all_reduce).
 
     ``restore()`` (before ``el.sync_state()``): on a replica that founds the
     job (``el.last_recovery.receives_state`` false) loads the newest
@@ -138,7 +194,8 @@ class ElasticCheckpointer:
     def __init__(self, el, model: nn.Module, optimizer: torch.optim.Optimizer,
                  *, checkpoint_id: str, every: int,
                  progress: Optional[MutableMapping] = None,
-                 replica_group: Any = None, keep_last: int = 2):
+                 replica_group: Any = None, keep_last: int = 2,
+                 background: bool = True):
         if not isinstance(every, int) or every <= 0:
             raise ValueError(f"every: {every!r} is not a number of steps > 0")
         if replica_group is None:
@@ -160,11 +217,25 @@ class ElasticCheckpointer:
         self.progress = progress if progress is not None else {"step": 0}
         self.replica_group = replica_group
         self.keep_last = keep_last
+        # Collective over the replica's own group: every replica (a joiner
+        # too) builds its saver here, its ranks together.
+        self._saver = _vc.AsyncSaver(replica_group) if background else None
+        self._in_flight_step: Optional[int] = None
+        self.committed_step: Optional[int] = None
+
+    def _commit(self) -> None:
+        if self._in_flight_step is not None:
+            step, self._in_flight_step = self._in_flight_step, None
+            self._saver.wait()
+            self.committed_step = step
 
     def maybe_save(self, verdict) -> bool:
-        """Saves if the step committed, needs no recovery, and
-        ``progress["step"]`` is a multiple of ``every``, on DP rank 0 of the
-        replicate dimension. Returns whether this rank saved."""
+        """Commits the background save in flight, if any; then saves if the
+        step committed, needs no recovery, and ``progress["step"]`` is a
+        multiple of ``every``, on DP rank 0 of the replicate dimension.
+        Returns whether this rank started (or, not in the background, made)
+        a save."""
+        self._commit()
         step = int(self.progress["step"])
         if not verdict.committed or verdict.recover or step % self.every:
             return False
@@ -173,8 +244,16 @@ class ElasticCheckpointer:
         _tc.save(self.model, [self.optimizer], checkpoint_id=self.checkpoint_id,
                  process_group=self.replica_group, step=step,
                  metadata={"vemesh.elastic.progress": json.dumps(dict(self.progress))},
-                 keep_last=self.keep_last)
+                 keep_last=self.keep_last, saver=self._saver)
+        if self._saver is not None:
+            self._in_flight_step = step
+        else:
+            self.committed_step = step
         return True
+
+    def finish(self) -> None:
+        """Commits the background save in flight (after the loop)."""
+        self._commit()
 
     def restore(self) -> Optional[int]:
         """Loads the newest checkpoint on a founding replica (see the class);

@@ -18,8 +18,8 @@ import torch.nn as nn
 
 from . import _state_dict
 from ._collectives import (DigestCheck, FsdpError, FsdpGroups,
-                           agreement_groups, exchange, first_difference,
-                           raise_if_any_failed)
+                           agreement_groups, elastic_replicate, exchange,
+                           first_difference, raise_if_any_failed)
 from ._param_group import (FREED, FlatParamUnit, ParamInfo, Reshard,
                            pack_saved, unpack_saved)
 from .wrap import plan_units
@@ -195,21 +195,46 @@ class _RootState:
     def finish_backward(self):
         """End of backward: every unit's reduce_scatter waited for, its
         replicate all_reduce started (in unit order on every rank), then
-        all waited for and averaged into the shards' .grad."""
+        all waited for and averaged into the shards' .grad.
+
+        A replicate all_reduce that fails (a replica lost on the elastic
+        mesh) starts no further one, but every shard-group operation is
+        still waited for, every unit resharded and no gradient accumulated;
+        then its error is raised (out of ``backward()``: the step's error
+        for ``el.end_step``), leaving the wrapper ready for the next step.
+        """
         self.finish_queued = False
         self.recording = False
-        started = []
-        for unit in self.units:
-            total, work = unit.wait_reduce_scatter()
-            if total is not None:
+        started, error = [], None
+        try:
+            for unit in self.units:
+                total = unit.wait_reduce_scatter()
+                if total is None:
+                    continue
+                work = None
+                if unit.groups.replicate is not None and error is None:
+                    try:
+                        work = unit.groups.replicate.all_reduce(total,
+                                                                async_op=True)
+                    except Exception as e:  # noqa: BLE001 (raised below)
+                        error = e
                 started.append((unit, total, work))
-        for unit, total, work in started:
-            if work is not None:
-                work.wait()
-            unit.accumulate_grad(total)
-        for unit in self.units:
-            unit.backward_pending = 0
-            unit.reshard()
+            for unit, total, work in started:
+                if work is not None:
+                    try:
+                        work.wait()
+                    except Exception as e:  # noqa: BLE001 (raised below)
+                        error = error or e
+            if error is None:
+                for unit, total, _ in started:
+                    unit.accumulate_grad(total)
+        finally:
+            for unit in self.units:
+                unit.reductions = []
+                unit.backward_pending = 0
+                unit.reshard()
+        if error is not None:
+            raise error
 
 
 class FullyShardedDataParallel(nn.Module):
@@ -235,6 +260,19 @@ class FullyShardedDataParallel(nn.Module):
                  check_inputs=True):
         super().__init__()
         agree = agreement_groups(device_mesh, process_group)
+        # On vemesh.elastic's mesh the replicate group is the long-lived
+        # elastic one: construction agrees and broadcasts inside the replica
+        # only (a replica launched again builds its FSDP while the others
+        # train; the replicas' states are made equal by el.sync_state and
+        # compared by its fingerprint).
+        elastic = elastic_replicate(agree)
+        if elastic is not None:
+            agree = [g for g in agree if g is not elastic]
+            if not agree:
+                raise FsdpError(
+                    "FullyShardedDataParallel: on vemesh.elastic's mesh the "
+                    "replicate dimension is elastic; shard over another "
+                    "dimension: HYBRID_SHARD on a (replicate, shard) mesh")
         st = _RootState()
         st.rank = agree[0].global_rank()
         st.check_inputs = bool(check_inputs)
@@ -245,6 +283,14 @@ class FullyShardedDataParallel(nn.Module):
         plan, err = None, ""
         try:
             strategy = _strategy(sharding_strategy)
+            if elastic is not None and strategy not in (
+                    ShardingStrategy.HYBRID_SHARD,
+                    ShardingStrategy._HYBRID_SHARD_ZERO2):
+                raise FsdpError(
+                    f"sharding_strategy {strategy.name} on vemesh.elastic's "
+                    "mesh: only HYBRID_SHARD and _HYBRID_SHARD_ZERO2 (shard "
+                    "inside a replica, all_reduce over the elastic "
+                    "replicate group) are supported there")
             self._check_arguments(module, strategy, device_mesh, process_group,
                                   agree, cpu_offload, mixed_precision,
                                   param_init_fn, device_id, use_orig_params,
@@ -291,7 +337,7 @@ class FullyShardedDataParallel(nn.Module):
 
         st.strategy = strategy
         st.groups = FsdpGroups.from_args(device_mesh, process_group, strategy,
-                                         agree)
+                                         agree, elastic)
         st.module = module
         self._fsdp_wrapped_module = module
         reshard = (Reshard.AFTER_BACKWARD if strategy in (

@@ -148,28 +148,49 @@ class FsdpGroups:
     ``shard`` is None for a shard group of one rank (NO_SHARD) and
     ``replicate`` None for a replicate group of one; ``world_size`` is the
     number of data-parallel ranks gradients are averaged over.
+
+    ``elastic``: the replicate group is vemesh.elastic's long-lived group,
+    whose size follows membership: it is kept even at one member, and
+    ``replicate_size`` / ``world_size`` are read from it at every use (the
+    average after a shrink or a grow is over the replicas of that step).
     """
 
-    def __init__(self, shard, replicate, agree, world=None):
+    def __init__(self, shard, replicate, agree, world=None, elastic=False):
         self.shard = shard if shard is not None and shard.size() > 1 else None
+        self.elastic = bool(elastic)
         self.replicate = (replicate if replicate is not None and
-                          replicate.size() > 1 else None)
+                          (self.elastic or replicate.size() > 1) else None)
         self.agree = agree
         # One group of every rank, when there is one: the per-forward input
         # check gathers its digests there in a single collective.
         self.world = world
         self.shard_size = shard.size() if shard is not None else 1
         self.shard_rank = shard.rank() if shard is not None else 0
-        self.replicate_size = replicate.size() if replicate is not None else 1
-        self.replicate_rank = replicate.rank() if replicate is not None else 0
-        self.world_size = self.shard_size * self.replicate_size
+
+    @property
+    def replicate_size(self):
+        return self.replicate.size() if self.replicate is not None else 1
+
+    @property
+    def replicate_rank(self):
+        return self.replicate.rank() if self.replicate is not None else 0
+
+    @property
+    def world_size(self):
+        return self.shard_size * self.replicate_size
 
     @staticmethod
-    def from_args(device_mesh, process_group, strategy, agree):
+    def from_args(device_mesh, process_group, strategy, agree, elastic=None):
         """Called after the arguments were agreed: builds the groups
-        (flattening the mesh is a collective, the same on every rank)."""
+        (flattening the mesh is a collective, the same on every rank).
+        ``elastic``: the elastic replicate group (HYBRID_SHARD only): the
+        shard group is then the only group of every rank the checks use."""
         from ._api import ShardingStrategy as S
         hybrid = strategy in (S.HYBRID_SHARD, S._HYBRID_SHARD_ZERO2)
+        if elastic is not None:
+            shard = (device_mesh.get_group(1) if device_mesh is not None
+                     else process_group[0])
+            return FsdpGroups(shard, elastic, agree, shard, elastic=True)
         if device_mesh is not None:
             whole = (device_mesh.get_group(0) if device_mesh.ndim == 1 else
                      device_mesh.flatten().get_group())
@@ -184,6 +205,17 @@ class FsdpGroups:
         if strategy == S.NO_SHARD:
             return FsdpGroups(None, whole, agree, whole)
         return FsdpGroups(whole, None, agree, whole)
+
+
+def elastic_replicate(groups):
+    """The elastic mesh's long-lived replicate group if it is one of
+    ``groups`` (vemesh.elastic), else None."""
+    from vemesh import elastic as _elastic
+    el = _elastic.get()
+    if el is None:
+        return None
+    replicate = el.get_group(el.replicate_dim)
+    return next((g for g in groups if g is replicate), None)
 
 
 _DIGEST_BYTES = 16

@@ -218,20 +218,15 @@ class FlatParamUnit:
 
     def wait_reduce_scatter(self):
         """Waits for this backward's reduce_scatters; returns the summed
-        gradient shard (None if the unit had no backward) and starts its
-        all_reduce over the replicate group."""
-        if not self.reductions:
-            return None, None
+        gradient shard (None if the unit had no backward). The caller
+        all-reduces it over the replicate group."""
+        reductions, self.reductions = self.reductions, []
         total = None
-        for out, work, _ in self.reductions:
+        for out, work, _ in reductions:
             if work is not None:
                 work.wait()
             total = out if total is None else total.add_(out)
-        self.reductions = []
-        work = None
-        if self.groups.replicate is not None:
-            work = self.groups.replicate.all_reduce(total, async_op=True)
-        return total, work
+        return total
 
     def accumulate_grad(self, total):
         total.div_(self.groups.world_size)
