@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -71,6 +72,8 @@ struct PlanOptions {
   OutputFormat format = OutputFormat::kTable;  // --format
   std::optional<std::string> color_by;  // --color-by (default: TP, else last)
   std::vector<GroupSpec> groups;        // --flatten and --view, in order
+  // --also-mesh NAME:SPEC, in order: other meshes over the same ranks.
+  std::vector<std::pair<std::string, std::string>> also_meshes;
   std::optional<std::string> output;    // --output FILE (default: stdout)
   bool help = false;                    // --help / -h
 };
