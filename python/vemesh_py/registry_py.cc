@@ -102,11 +102,11 @@ void RegisterRegistry(py::module_& m) {
            [](Reg& r, const py::kwargs& kwargs) {
              // get(mesh_name="experts"): that mesh.
              if (kwargs.size() == 1 && kwargs.contains("mesh_name")) {
-               return Unwrap(r.get(N(kwargs["mesh_name"].is_none()
-                                         ? std::nullopt
-                                         : std::optional<std::string>(
-                                               kwargs["mesh_name"]
-                                                   .cast<std::string>()))));
+               return Unwrap(r.get(
+                   N(kwargs["mesh_name"].is_none()
+                         ? std::nullopt
+                         : std::optional<std::string>(
+                               kwargs["mesh_name"].cast<std::string>()))));
              }
              // veScale: get(**init_device_mesh kwargs) initialises first.
              if (kwargs.size() > 0) {
@@ -200,11 +200,24 @@ void RegisterRegistry(py::module_& m) {
             return Unwrap(r.get_global_rank(coordinate, N(mesh_name)));
           },
           py::arg("coordinate"), MESH_ARG)
-      .def("get_rank", [](const Reg& r, const std::optional<std::string>& mesh_name) { return Unwrap(r.get_rank(N(mesh_name))); }, MESH_ARG)
-      .def("get_local_rank",
-           [](const Reg& r, const std::optional<std::string>& mesh_name) { return Unwrap(r.get_local_rank(N(mesh_name))); }, MESH_ARG)
-      .def("get_coordinate",
-           [](const Reg& r, const std::optional<std::string>& mesh_name) { return ToList(Unwrap(r.get_coordinate(N(mesh_name)))); }, MESH_ARG)
+      .def(
+          "get_rank",
+          [](const Reg& r, const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_rank(N(mesh_name)));
+          },
+          MESH_ARG)
+      .def(
+          "get_local_rank",
+          [](const Reg& r, const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_local_rank(N(mesh_name)));
+          },
+          MESH_ARG)
+      .def(
+          "get_coordinate",
+          [](const Reg& r, const std::optional<std::string>& mesh_name) {
+            return ToList(Unwrap(r.get_coordinate(N(mesh_name))));
+          },
+          MESH_ARG)
       .def(
           "size",
           [](const Reg& r, const py::object& dim,
@@ -224,57 +237,149 @@ void RegisterRegistry(py::module_& m) {
             return py::tuple(py::cast(Unwrap(r.mesh_dim_names())));
           })
       // Roles by name.
-      .def("get_role_size",
-           [](const Reg& r, const std::string& role, const std::optional<std::string>& mesh_name) { return Unwrap(r.get_role_size(role, N(mesh_name))); }, py::arg("role"), MESH_ARG)
-      .def("get_role_rank",
-           [](const Reg& r, const std::string& role, const std::optional<std::string>& mesh_name) { return Unwrap(r.get_role_rank(role, N(mesh_name))); }, py::arg("role"), MESH_ARG)
-      .def("get_role_mesh",
-           [](const Reg& r, const std::string& role, const std::optional<std::string>& mesh_name) { return Unwrap(r.get_role_mesh(role, N(mesh_name))); }, py::arg("role"), MESH_ARG)
-      .def("get_role_dim_groups",
-           [](const Reg& r, const std::string& role, const std::optional<std::string>& mesh_name) { return Unwrap(r.get_role_dim_groups(role, N(mesh_name))); }, py::arg("role"), MESH_ARG)
-      .def("get_global_role_meshes",
-           [](const Reg& r, const std::string& role, const std::optional<std::string>& mesh_name) { return Unwrap(r.get_global_role_meshes(role, N(mesh_name))); }, py::arg("role"), MESH_ARG)
+      .def(
+          "get_role_size",
+          [](const Reg& r, const std::string& role,
+             const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_role_size(role, N(mesh_name)));
+          },
+          py::arg("role"), MESH_ARG)
+      .def(
+          "get_role_rank",
+          [](const Reg& r, const std::string& role,
+             const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_role_rank(role, N(mesh_name)));
+          },
+          py::arg("role"), MESH_ARG)
+      .def(
+          "get_role_mesh",
+          [](const Reg& r, const std::string& role,
+             const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_role_mesh(role, N(mesh_name)));
+          },
+          py::arg("role"), MESH_ARG)
+      .def(
+          "get_role_dim_groups",
+          [](const Reg& r, const std::string& role,
+             const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_role_dim_groups(role, N(mesh_name)));
+          },
+          py::arg("role"), MESH_ARG)
+      .def(
+          "get_global_role_meshes",
+          [](const Reg& r, const std::string& role,
+             const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_global_role_meshes(role, N(mesh_name)));
+          },
+          py::arg("role"), MESH_ARG)
       // veScale's role getters.
-      .def("get_pipeline_parallel_rank",
-           [](const Reg& r, const std::optional<std::string>& mesh_name) { return Unwrap(r.get_pipeline_parallel_rank(N(mesh_name))); }, MESH_ARG)
-      .def("get_data_parallel_rank",
-           [](const Reg& r, const std::optional<std::string>& mesh_name) { return Unwrap(r.get_data_parallel_rank(N(mesh_name))); }, MESH_ARG)
-      .def("get_tensor_parallel_rank",
-           [](const Reg& r, const std::optional<std::string>& mesh_name) { return Unwrap(r.get_tensor_parallel_rank(N(mesh_name))); }, MESH_ARG)
-      .def("get_pipeline_parallel_mesh",
-           [](const Reg& r, const std::optional<std::string>& mesh_name) { return Unwrap(r.get_pipeline_parallel_mesh(N(mesh_name))); }, MESH_ARG)
-      .def("get_data_parallel_mesh",
-           [](const Reg& r, const std::optional<std::string>& mesh_name) { return Unwrap(r.get_data_parallel_mesh(N(mesh_name))); }, MESH_ARG)
-      .def("get_tensor_parallel_mesh",
-           [](const Reg& r, const std::optional<std::string>& mesh_name) { return Unwrap(r.get_tensor_parallel_mesh(N(mesh_name))); }, MESH_ARG)
-      .def("get_pipeline_parallel_dim_groups",
-           [](const Reg& r, const std::optional<std::string>& mesh_name) { return Unwrap(r.get_pipeline_parallel_dim_groups(N(mesh_name))); }, MESH_ARG)
+      .def(
+          "get_pipeline_parallel_rank",
+          [](const Reg& r, const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_pipeline_parallel_rank(N(mesh_name)));
+          },
+          MESH_ARG)
+      .def(
+          "get_data_parallel_rank",
+          [](const Reg& r, const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_data_parallel_rank(N(mesh_name)));
+          },
+          MESH_ARG)
+      .def(
+          "get_tensor_parallel_rank",
+          [](const Reg& r, const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_tensor_parallel_rank(N(mesh_name)));
+          },
+          MESH_ARG)
+      .def(
+          "get_pipeline_parallel_mesh",
+          [](const Reg& r, const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_pipeline_parallel_mesh(N(mesh_name)));
+          },
+          MESH_ARG)
+      .def(
+          "get_data_parallel_mesh",
+          [](const Reg& r, const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_data_parallel_mesh(N(mesh_name)));
+          },
+          MESH_ARG)
+      .def(
+          "get_tensor_parallel_mesh",
+          [](const Reg& r, const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_tensor_parallel_mesh(N(mesh_name)));
+          },
+          MESH_ARG)
+      .def(
+          "get_pipeline_parallel_dim_groups",
+          [](const Reg& r, const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_pipeline_parallel_dim_groups(N(mesh_name)));
+          },
+          MESH_ARG)
       .def(
           "get_data_parallel_dim_groups",
-          [](const Reg& r, const std::optional<std::string>& mesh_name) { return Unwrap(r.get_data_parallel_dim_groups(N(mesh_name))); }, MESH_ARG)
-      .def("get_tensor_parallel_dim_groups",
-           [](const Reg& r, const std::optional<std::string>& mesh_name) { return Unwrap(r.get_tensor_parallel_dim_groups(N(mesh_name))); }, MESH_ARG)
-      .def("get_global_tensor_parallel_meshes",
-           [](const Reg& r, const std::optional<std::string>& mesh_name) { return Unwrap(r.get_global_tensor_parallel_meshes(N(mesh_name))); }, MESH_ARG)
-      .def("get_global_pipeline_parallel_meshes",
-           [](const Reg& r, const std::optional<std::string>& mesh_name) { return Unwrap(r.get_global_pipeline_parallel_meshes(N(mesh_name))); }, MESH_ARG)
-      .def("is_first_stage",
-           [](const Reg& r, const std::optional<std::string>& mesh_name) { return Unwrap(r.is_first_stage(N(mesh_name))); }, MESH_ARG)
-      .def("is_last_stage",
-           [](const Reg& r, const std::optional<std::string>& mesh_name) { return Unwrap(r.is_last_stage(N(mesh_name))); }, MESH_ARG)
+          [](const Reg& r, const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_data_parallel_dim_groups(N(mesh_name)));
+          },
+          MESH_ARG)
+      .def(
+          "get_tensor_parallel_dim_groups",
+          [](const Reg& r, const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_tensor_parallel_dim_groups(N(mesh_name)));
+          },
+          MESH_ARG)
+      .def(
+          "get_global_tensor_parallel_meshes",
+          [](const Reg& r, const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_global_tensor_parallel_meshes(N(mesh_name)));
+          },
+          MESH_ARG)
+      .def(
+          "get_global_pipeline_parallel_meshes",
+          [](const Reg& r, const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_global_pipeline_parallel_meshes(N(mesh_name)));
+          },
+          MESH_ARG)
+      .def(
+          "is_first_stage",
+          [](const Reg& r, const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.is_first_stage(N(mesh_name)));
+          },
+          MESH_ARG)
+      .def(
+          "is_last_stage",
+          [](const Reg& r, const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.is_last_stage(N(mesh_name)));
+          },
+          MESH_ARG)
       // Pipeline neighbours: (stage, peer global rank, stage mesh) or None.
       .def(
           "get_prev_stage",
-          [](const Reg& r, bool wrap, const std::optional<std::string>& mesh_name) { return Neighbor(r.get_prev_stage(wrap, N(mesh_name))); }, py::arg("wrap") = false, MESH_ARG)
+          [](const Reg& r, bool wrap,
+             const std::optional<std::string>& mesh_name) {
+            return Neighbor(r.get_prev_stage(wrap, N(mesh_name)));
+          },
+          py::arg("wrap") = false, MESH_ARG)
       .def(
           "get_next_stage",
-          [](const Reg& r, bool wrap, const std::optional<std::string>& mesh_name) { return Neighbor(r.get_next_stage(wrap, N(mesh_name))); }, py::arg("wrap") = false, MESH_ARG)
+          [](const Reg& r, bool wrap,
+             const std::optional<std::string>& mesh_name) {
+            return Neighbor(r.get_next_stage(wrap, N(mesh_name)));
+          },
+          py::arg("wrap") = false, MESH_ARG)
       .def(
           "get_prev_stage_peer",
-          [](const Reg& r, bool wrap, const std::optional<std::string>& mesh_name) { return Unwrap(r.get_prev_stage_peer(wrap, N(mesh_name))); }, py::arg("wrap") = false, MESH_ARG)
+          [](const Reg& r, bool wrap,
+             const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_prev_stage_peer(wrap, N(mesh_name)));
+          },
+          py::arg("wrap") = false, MESH_ARG)
       .def(
           "get_next_stage_peer",
-          [](const Reg& r, bool wrap, const std::optional<std::string>& mesh_name) { return Unwrap(r.get_next_stage_peer(wrap, N(mesh_name))); }, py::arg("wrap") = false, MESH_ARG)
+          [](const Reg& r, bool wrap,
+             const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_next_stage_peer(wrap, N(mesh_name)));
+          },
+          py::arg("wrap") = false, MESH_ARG)
       .def("__repr__", [](const Reg& r) -> std::string {
         absl::StatusOr<DeviceMesh> mesh = r.get();
         if (!mesh.ok()) return "VESCALE_DEVICE_MESH(not initialised)";

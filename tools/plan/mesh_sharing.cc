@@ -25,8 +25,8 @@ absl::StatusOr<MeshSharing> ComputeMeshSharing(
   for (const NamedLayout& m : meshes) {
     if (m.layout.size() != world) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "mesh '", m.name, "' ", m.layout.ToString(), " has ",
-          m.layout.size(), " ranks: expected ", world,
+          "mesh '", m.name, "' ", m.layout.ToString(), " has ", m.layout.size(),
+          " ranks: expected ", world,
           ", the ranks of the default mesh (meshes of one job share them)"));
     }
     MeshEntry entry;
@@ -45,7 +45,8 @@ absl::StatusOr<MeshSharing> ComputeMeshSharing(
       SharedDim d;
       d.name = name;
       d.flattened = flattened;
-      d.size = groups->empty() ? 0 : static_cast<int64_t>(groups->front().size());
+      d.size =
+          groups->empty() ? 0 : static_cast<int64_t>(groups->front().size());
       std::sort(groups->begin(), groups->end());
       auto [at, fresh] =
           seen.emplace(*std::move(groups), absl::StrCat(m.name, ".", name));

@@ -42,8 +42,8 @@ struct NamedLayout {
 };
 
 struct SharedDim {
-  std::string name;   // a dimension, or a flattening's name
-  int64_t size = 0;   // ranks per group
+  std::string name;  // a dimension, or a flattening's name
+  int64_t size = 0;  // ranks per group
   bool flattened = false;
   // "mesh.dim" of the first earlier dimension or flattening with the same
   // rank sets (the communicator this one reuses); empty when it is new.

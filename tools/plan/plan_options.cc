@@ -173,7 +173,8 @@ absl::StatusOr<PlanOptions> ParsePlanArgs(absl::Span<const std::string> args) {
           colon + 1 == value->size()) {
         return absl::InvalidArgumentError(absl::StrCat(
             "--also-mesh expects NAME:SPEC, e.g. experts:PP=2,EDP=1,EP=4, "
-            "got '", *value, "'"));
+            "got '",
+            *value, "'"));
       }
       opts.also_meshes.emplace_back(std::string(value->substr(0, colon)),
                                     std::string(value->substr(colon + 1)));

@@ -74,8 +74,8 @@ struct PlanOptions {
   std::vector<GroupSpec> groups;        // --flatten and --view, in order
   // --also-mesh NAME:SPEC, in order: other meshes over the same ranks.
   std::vector<std::pair<std::string, std::string>> also_meshes;
-  std::optional<std::string> output;    // --output FILE (default: stdout)
-  bool help = false;                    // --help / -h
+  std::optional<std::string> output;  // --output FILE (default: stdout)
+  bool help = false;                  // --help / -h
 };
 
 // Parses the arguments that follow `plan`. --mesh is required unless --help

@@ -250,8 +250,9 @@ void AppendLaunch(const Plan& plan, std::string& out) {
 
 // Every mesh of the job and what each dimension shares (--also-mesh).
 void AppendSharing(const MeshSharing& s, std::string& out) {
-  absl::StrAppend(&out, "\nMeshes (", s.meshes.size(), ", over the same ranks): ",
-                  s.distinct_groups, " distinct rank sets (one communicator each) for ",
+  absl::StrAppend(&out, "\nMeshes (", s.meshes.size(),
+                  ", over the same ranks): ", s.distinct_groups,
+                  " distinct rank sets (one communicator each) for ",
                   s.total_dims, " dimensions\n");
   for (const MeshEntry& m : s.meshes) {
     absl::StrAppend(&out, "  ", m.name, "  ", m.spec, "\n");

@@ -52,9 +52,8 @@ absl::StatusOr<DeviceMesh> DeviceMesh::concatenate(
     }
   }
   const std::vector<int64_t> anchor_ranks = first.mesh();
-  VEMESH_ASSIGN_OR_RETURN(
-      DeviceMesh joined,
-      first.root_mesh().submesh_at(names, anchor_ranks.front()));
+  VEMESH_ASSIGN_OR_RETURN(DeviceMesh joined, first.root_mesh().submesh_at(
+                                                 names, anchor_ranks.front()));
   std::vector<int64_t> members = joined.mesh();
   std::sort(members.begin(), members.end());
   for (const DeviceMesh& m : meshes) {

@@ -339,8 +339,7 @@ absl::StatusOr<std::shared_ptr<ViewFamily>> DeviceMesh::Shared::Family() {
     VEMESH_ASSIGN_OR_RETURN(auto groups, from.groups({from.dim_name(d)}));
     std::sort(groups.begin(), groups.end());
     std::shared_ptr<Communicator> mine =
-        d < static_cast<int64_t>(shared.dims.size()) ? shared.dims[d]
-                                                     : nullptr;
+        d < static_cast<int64_t>(shared.dims.size()) ? shared.dims[d] : nullptr;
     family->by_groups.emplace(groups, mine);
     family->dims.emplace(from.dim_name(d),
                          ViewFamily::Dim{std::move(groups), std::move(mine)});
@@ -395,9 +394,9 @@ void DeviceMesh::Shared::CacheGroup(const MeshLayout& layout,
   fam->by_groups.emplace(*std::move(groups), std::move(comm));
 }
 
-absl::StatusOr<DeviceMesh> DeviceMesh::view(
-    absl::Span<const int64_t> shape, absl::Span<const std::string> names,
-    const ViewOptions& options) const {
+absl::StatusOr<DeviceMesh> DeviceMesh::view(absl::Span<const int64_t> shape,
+                                            absl::Span<const std::string> names,
+                                            const ViewOptions& options) const {
   Shared& shared = *view_->shared;
   const MeshLayout& from = shared.root;
   // The view: the root's ranks, in the same row-major order, in `shape`.
@@ -415,8 +414,7 @@ absl::StatusOr<DeviceMesh> DeviceMesh::view(
         "view ", layout.ToString(), " holds ", layout.size(),
         " ranks: expected ", from.size(), ", the ranks of ", from.ToString()));
   }
-  VEMESH_ASSIGN_OR_RETURN(std::shared_ptr<ViewFamily> family,
-                          shared.Family());
+  VEMESH_ASSIGN_OR_RETURN(std::shared_ptr<ViewFamily> family, shared.Family());
   // Which dimensions are shared (same name and groups, or same groups under
   // any name) and which new; a bound name with other groups is refused,
   // the same on every rank.
@@ -430,8 +428,8 @@ absl::StatusOr<DeviceMesh> DeviceMesh::view(
       const std::string& name = layout.dim_name(d);
       VEMESH_ASSIGN_OR_RETURN(groups[d], layout.groups({name}));
       std::sort(groups[d].begin(), groups[d].end());
-      auto it = options.bind_names ? family->dims.find(name)
-                                   : family->dims.end();
+      auto it =
+          options.bind_names ? family->dims.find(name) : family->dims.end();
       if (it != family->dims.end() && it->second.groups != groups[d]) {
         size_t i = 0;
         while (i < groups[d].size() && i < it->second.groups.size() &&
@@ -518,8 +516,7 @@ absl::StatusOr<DeviceMesh> DeviceMesh::view(
     for (int64_t d = 0; d < layout.ndim(); ++d) {
       if (by_name[d]) continue;
       std::shared_ptr<Communicator> mine =
-          d < static_cast<int64_t>(next->dims.size()) ? next->dims[d]
-                                                      : nullptr;
+          d < static_cast<int64_t>(next->dims.size()) ? next->dims[d] : nullptr;
       // A rank set met under a new name binds that name too (bound views).
       if (is_new[d]) family->by_groups.emplace(groups[d], mine);
       if (options.bind_names) {

@@ -171,8 +171,8 @@ absl::Status VeDeviceMesh::MissingMesh(MeshName mesh) const {
   if (is_initialized()) have.push_back("default");
   for (std::string& name : mesh_names()) have.push_back(std::move(name));
   return absl::NotFoundError(absl::StrCat(
-      "the registry has no mesh named '", mesh.name,
-      "': expected one of [", absl::StrJoin(have, ", "),
+      "the registry has no mesh named '", mesh.name, "': expected one of [",
+      absl::StrJoin(have, ", "),
       "] (make it with init_device_mesh and InitOptions::mesh_name = \"",
       mesh.name, "\")"));
 }
@@ -198,10 +198,10 @@ absl::Status VeDeviceMesh::role_elsewhere(absl::string_view role,
     bool has = s->layout().find_role(role).ok();
     if (!has) has = s->mesh.size(role).ok();  // a flattened name
     if (has) {
-      holders.push_back(absl::StrCat(
-          name == "default" && !asked.is_default() ? std::string("the default mesh")
-                                                   : absl::StrCat("mesh '", name, "'"),
-          " ", s->layout().ToString()));
+      holders.push_back(absl::StrCat(name == "default" && !asked.is_default()
+                                         ? std::string("the default mesh")
+                                         : absl::StrCat("mesh '", name, "'"),
+                                     " ", s->layout().ToString()));
     }
   }
   if (holders.empty()) return absl::OkStatus();
@@ -209,7 +209,8 @@ absl::Status VeDeviceMesh::role_elsewhere(absl::string_view role,
       asked.is_default() ? std::string("default") : std::string(asked.name);
   return absl::FailedPreconditionError(absl::StrCat(
       "'", role, "' is not a dimension or role of the ",
-      asked.is_default() ? "default mesh" : absl::StrCat("mesh '", asked_name, "'"),
+      asked.is_default() ? "default mesh"
+                         : absl::StrCat("mesh '", asked_name, "'"),
       " but of ", absl::StrJoin(holders, " and of "),
       ": pass that mesh's name (MeshName(\"name\") in C++, mesh_name= in "
       "Python); the registry never answers one mesh's role from another"));
@@ -289,8 +290,8 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::get_submesh(
 
 // -- Shape and coordinates ---------------------------------------------------
 
-absl::StatusOr<int64_t> VeDeviceMesh::get_strategy_size(
-    absl::string_view dim, MeshName mesh) const {
+absl::StatusOr<int64_t> VeDeviceMesh::get_strategy_size(absl::string_view dim,
+                                                        MeshName mesh) const {
   const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   if (auto d = s->layout().find_dim(dim)) return s->shape[*d];
@@ -300,13 +301,15 @@ absl::StatusOr<int64_t> VeDeviceMesh::get_strategy_size(
   return s->layout().dim_index(dim).status();
 }
 
-absl::StatusOr<int64_t> VeDeviceMesh::get_strategy_size(int64_t dim, MeshName mesh) const {
+absl::StatusOr<int64_t> VeDeviceMesh::get_strategy_size(int64_t dim,
+                                                        MeshName mesh) const {
   const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   return s->layout().dim_size(dim);
 }
 
-absl::StatusOr<Coordinate> VeDeviceMesh::get_strategy_coordinate(MeshName mesh) const {
+absl::StatusOr<Coordinate> VeDeviceMesh::get_strategy_coordinate(
+    MeshName mesh) const {
   const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   if (!s->coordinate) return NotMember(s->mesh);
@@ -320,14 +323,16 @@ absl::StatusOr<Coordinate> VeDeviceMesh::get_strategy_coordinate(
   return s->layout().coordinate_of(global_rank);
 }
 
-absl::Status VeDeviceMesh::get_strategy_coordinate(
-    int64_t global_rank, absl::Span<int64_t> out, MeshName mesh) const {
+absl::Status VeDeviceMesh::get_strategy_coordinate(int64_t global_rank,
+                                                   absl::Span<int64_t> out,
+                                                   MeshName mesh) const {
   const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   return s->layout().coordinate_of(global_rank, out);
 }
 
-absl::StatusOr<int64_t> VeDeviceMesh::lookup_rank(absl::string_view dim, MeshName mesh) const {
+absl::StatusOr<int64_t> VeDeviceMesh::lookup_rank(absl::string_view dim,
+                                                  MeshName mesh) const {
   const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   auto d = s->layout().find_dim(dim);
@@ -344,7 +349,8 @@ absl::StatusOr<int64_t> VeDeviceMesh::lookup_rank(absl::string_view dim, MeshNam
   return (*s->coordinate)[*d];
 }
 
-absl::StatusOr<int64_t> VeDeviceMesh::lookup_rank(int64_t dim, MeshName mesh) const {
+absl::StatusOr<int64_t> VeDeviceMesh::lookup_rank(int64_t dim,
+                                                  MeshName mesh) const {
   const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   VEMESH_RETURN_IF_ERROR(s->layout().dim_size(dim));
@@ -391,7 +397,8 @@ absl::StatusOr<int64_t> VeDeviceMesh::size(MeshName mesh) const {
   return s->layout().size();
 }
 
-absl::StatusOr<int64_t> VeDeviceMesh::size(absl::string_view dim, MeshName mesh) const {
+absl::StatusOr<int64_t> VeDeviceMesh::size(absl::string_view dim,
+                                           MeshName mesh) const {
   return get_strategy_size(dim, mesh);
 }
 
@@ -411,7 +418,8 @@ absl::StatusOr<std::vector<int64_t>> VeDeviceMesh::shape(MeshName mesh) const {
   return s->layout().shape();
 }
 
-absl::StatusOr<std::vector<std::string>> VeDeviceMesh::mesh_dim_names(MeshName mesh) const {
+absl::StatusOr<std::vector<std::string>> VeDeviceMesh::mesh_dim_names(
+    MeshName mesh) const {
   const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   return s->layout().dim_names();
@@ -441,8 +449,8 @@ absl::Status VeDeviceMesh::NoFlatDp(const State& s) {
       "a meta or elastic one"));
 }
 
-absl::StatusOr<int64_t> VeDeviceMesh::get_role_size(
-    absl::string_view role, MeshName mesh) const {
+absl::StatusOr<int64_t> VeDeviceMesh::get_role_size(absl::string_view role,
+                                                    MeshName mesh) const {
   const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   if (IsFlatDp(*s, role)) {
@@ -456,8 +464,8 @@ absl::StatusOr<int64_t> VeDeviceMesh::get_role_size(
   return 1;
 }
 
-absl::StatusOr<int64_t> VeDeviceMesh::get_role_rank(
-    absl::string_view role, MeshName mesh) const {
+absl::StatusOr<int64_t> VeDeviceMesh::get_role_rank(absl::string_view role,
+                                                    MeshName mesh) const {
   const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   if (!s->coordinate) return NotMember(s->mesh);
@@ -475,8 +483,8 @@ absl::StatusOr<int64_t> VeDeviceMesh::get_role_rank(
   return s->mesh.get_local_rank(role);
 }
 
-absl::StatusOr<DeviceMesh> VeDeviceMesh::get_role_mesh(
-    absl::string_view role, MeshName mesh) const {
+absl::StatusOr<DeviceMesh> VeDeviceMesh::get_role_mesh(absl::string_view role,
+                                                       MeshName mesh) const {
   const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   if (IsFlatDp(*s, role)) {
@@ -583,22 +591,28 @@ absl::StatusOr<std::vector<DeviceMesh>> VeDeviceMesh::get_global_role_meshes(
   return out;
 }
 
-absl::StatusOr<int64_t> VeDeviceMesh::get_pipeline_parallel_rank(MeshName mesh) const {
+absl::StatusOr<int64_t> VeDeviceMesh::get_pipeline_parallel_rank(
+    MeshName mesh) const {
   return get_role_rank("PP", mesh);
 }
-absl::StatusOr<int64_t> VeDeviceMesh::get_data_parallel_rank(MeshName mesh) const {
+absl::StatusOr<int64_t> VeDeviceMesh::get_data_parallel_rank(
+    MeshName mesh) const {
   return get_role_rank("DP", mesh);
 }
-absl::StatusOr<int64_t> VeDeviceMesh::get_tensor_parallel_rank(MeshName mesh) const {
+absl::StatusOr<int64_t> VeDeviceMesh::get_tensor_parallel_rank(
+    MeshName mesh) const {
   return get_role_rank("TP", mesh);
 }
-absl::StatusOr<DeviceMesh> VeDeviceMesh::get_pipeline_parallel_mesh(MeshName mesh) const {
+absl::StatusOr<DeviceMesh> VeDeviceMesh::get_pipeline_parallel_mesh(
+    MeshName mesh) const {
   return get_role_mesh("PP", mesh);
 }
-absl::StatusOr<DeviceMesh> VeDeviceMesh::get_data_parallel_mesh(MeshName mesh) const {
+absl::StatusOr<DeviceMesh> VeDeviceMesh::get_data_parallel_mesh(
+    MeshName mesh) const {
   return get_role_mesh("DP", mesh);
 }
-absl::StatusOr<DeviceMesh> VeDeviceMesh::get_tensor_parallel_mesh(MeshName mesh) const {
+absl::StatusOr<DeviceMesh> VeDeviceMesh::get_tensor_parallel_mesh(
+    MeshName mesh) const {
   return get_role_mesh("TP", mesh);
 }
 absl::StatusOr<std::shared_ptr<Communicator>>
@@ -637,7 +651,8 @@ VeDeviceMesh::get_global_pipeline_parallel_meshes(MeshName mesh) const {
   for (int64_t stage = 0; stage < stages; ++stage) {
     anchor[st.pp_dim] = stage;
     VEMESH_ASSIGN_OR_RETURN(auto rank, st.layout().rank_at(anchor));
-    VEMESH_ASSIGN_OR_RETURN(auto stage_mesh, StageMesh(st.mesh, st.pp_dim, rank));
+    VEMESH_ASSIGN_OR_RETURN(auto stage_mesh,
+                            StageMesh(st.mesh, st.pp_dim, rank));
     out.push_back(std::move(stage_mesh));
   }
   return out;
@@ -704,7 +719,8 @@ absl::StatusOr<std::optional<StageNeighbor>> VeDeviceMesh::stage_neighbor(
     VEMESH_ASSIGN_OR_RETURN(auto coordinate, st.layout().coordinate_of(*peer));
     stage = coordinate[st.pp_dim];
   }
-  VEMESH_ASSIGN_OR_RETURN(auto stage_mesh, StageMesh(st.mesh, st.pp_dim, *peer));
+  VEMESH_ASSIGN_OR_RETURN(auto stage_mesh,
+                          StageMesh(st.mesh, st.pp_dim, *peer));
   return std::optional<StageNeighbor>(
       StageNeighbor{stage, *peer, std::move(stage_mesh)});
 }

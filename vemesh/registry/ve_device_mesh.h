@@ -260,28 +260,33 @@ class VeDeviceMesh {
   absl::StatusOr<DeviceMesh> operator[](
       std::initializer_list<absl::string_view> dims) const;
   // The sub-mesh along `dims` (in that order) that contains this rank.
-  absl::StatusOr<DeviceMesh> get_submesh(
-      absl::Span<const std::string> dims, MeshName mesh = {}) const;
+  absl::StatusOr<DeviceMesh> get_submesh(absl::Span<const std::string> dims,
+                                         MeshName mesh = {}) const;
 
   // -- Shape and coordinates
   // ---------------------------------------------------
-  absl::StatusOr<int64_t> get_strategy_size(absl::string_view dim, MeshName mesh = {}) const;
-  absl::StatusOr<int64_t> get_strategy_size(int64_t dim, MeshName mesh = {}) const;
+  absl::StatusOr<int64_t> get_strategy_size(absl::string_view dim,
+                                            MeshName mesh = {}) const;
+  absl::StatusOr<int64_t> get_strategy_size(int64_t dim,
+                                            MeshName mesh = {}) const;
   // This rank's coordinate / any global rank's coordinate (O(ndim)).
   absl::StatusOr<Coordinate> get_strategy_coordinate(MeshName mesh = {}) const;
-  absl::StatusOr<Coordinate> get_strategy_coordinate(int64_t global_rank, MeshName mesh = {}) const;
+  absl::StatusOr<Coordinate> get_strategy_coordinate(int64_t global_rank,
+                                                     MeshName mesh = {}) const;
   // The same written into the caller's `out` (ndim() entries, else
   // InvalidArgument): the form for hot loops, no coordinate returned.
   //   int64_t coord[3];
   //   VESCALE_DEVICE_MESH.get_strategy_coordinate(rank, absl::MakeSpan(coord));
   absl::Status get_strategy_coordinate(int64_t global_rank,
-                                       absl::Span<int64_t> out, MeshName mesh = {}) const;
+                                       absl::Span<int64_t> out,
+                                       MeshName mesh = {}) const;
   // This rank's index along one dimension.
-  absl::StatusOr<int64_t> lookup_rank(absl::string_view dim, MeshName mesh = {}) const;
+  absl::StatusOr<int64_t> lookup_rank(absl::string_view dim,
+                                      MeshName mesh = {}) const;
   absl::StatusOr<int64_t> lookup_rank(int64_t dim, MeshName mesh = {}) const;
   // The global rank at a coordinate.
-  absl::StatusOr<int64_t> get_global_rank(
-      absl::Span<const int64_t> coordinate, MeshName mesh = {}) const;
+  absl::StatusOr<int64_t> get_global_rank(absl::Span<const int64_t> coordinate,
+                                          MeshName mesh = {}) const;
   // This process's global rank.
   absl::StatusOr<int64_t> get_rank(MeshName mesh = {}) const;
   // The device index on this host (host-local rank), not a mesh coordinate:
@@ -302,16 +307,20 @@ class VeDeviceMesh {
   absl::StatusOr<int64_t> size(int64_t dim, MeshName mesh = {}) const;
   absl::StatusOr<int64_t> ndim(MeshName mesh = {}) const;
   absl::StatusOr<std::vector<int64_t>> shape(MeshName mesh = {}) const;
-  absl::StatusOr<std::vector<std::string>> mesh_dim_names(MeshName mesh = {}) const;
+  absl::StatusOr<std::vector<std::string>> mesh_dim_names(
+      MeshName mesh = {}) const;
   absl::StatusOr<DeviceType> device_type(MeshName mesh = {}) const;
 
   // -- Roles by name (PP, DP, TP, EP, CP, ...)
   // --------------------------------- Size and this rank's index: 1 and 0 for a
   // role the mesh lacks.
-  absl::StatusOr<int64_t> get_role_size(absl::string_view role, MeshName mesh = {}) const;
-  absl::StatusOr<int64_t> get_role_rank(absl::string_view role, MeshName mesh = {}) const;
+  absl::StatusOr<int64_t> get_role_size(absl::string_view role,
+                                        MeshName mesh = {}) const;
+  absl::StatusOr<int64_t> get_role_rank(absl::string_view role,
+                                        MeshName mesh = {}) const;
   // The 1-D sub-mesh / communicator of a role; NotFound if the mesh lacks it.
-  absl::StatusOr<DeviceMesh> get_role_mesh(absl::string_view role, MeshName mesh = {}) const;
+  absl::StatusOr<DeviceMesh> get_role_mesh(absl::string_view role,
+                                           MeshName mesh = {}) const;
   absl::StatusOr<std::shared_ptr<Communicator>> get_role_dim_groups(
       absl::string_view role, MeshName mesh = {}) const;
   // Every 1-D mesh along a role, row-major over the other dimensions.
@@ -326,17 +335,22 @@ class VeDeviceMesh {
   absl::StatusOr<int64_t> get_pipeline_parallel_rank(MeshName mesh = {}) const;
   absl::StatusOr<int64_t> get_data_parallel_rank(MeshName mesh = {}) const;
   absl::StatusOr<int64_t> get_tensor_parallel_rank(MeshName mesh = {}) const;
-  absl::StatusOr<DeviceMesh> get_pipeline_parallel_mesh(MeshName mesh = {}) const;
+  absl::StatusOr<DeviceMesh> get_pipeline_parallel_mesh(
+      MeshName mesh = {}) const;
   absl::StatusOr<DeviceMesh> get_data_parallel_mesh(MeshName mesh = {}) const;
   absl::StatusOr<DeviceMesh> get_tensor_parallel_mesh(MeshName mesh = {}) const;
   absl::StatusOr<std::shared_ptr<Communicator>>
   get_pipeline_parallel_dim_groups(MeshName mesh = {}) const;
-  absl::StatusOr<std::shared_ptr<Communicator>> get_data_parallel_dim_groups(MeshName mesh = {}) const;
-  absl::StatusOr<std::shared_ptr<Communicator>> get_tensor_parallel_dim_groups(MeshName mesh = {}) const;
+  absl::StatusOr<std::shared_ptr<Communicator>> get_data_parallel_dim_groups(
+      MeshName mesh = {}) const;
+  absl::StatusOr<std::shared_ptr<Communicator>> get_tensor_parallel_dim_groups(
+      MeshName mesh = {}) const;
   // Every TP row, row-major.
-  absl::StatusOr<std::vector<DeviceMesh>> get_global_tensor_parallel_meshes(MeshName mesh = {}) const;
+  absl::StatusOr<std::vector<DeviceMesh>> get_global_tensor_parallel_meshes(
+      MeshName mesh = {}) const;
   // One mesh per pipeline stage (every dimension but PP), in stage order.
-  absl::StatusOr<std::vector<DeviceMesh>> get_global_pipeline_parallel_meshes(MeshName mesh = {}) const;
+  absl::StatusOr<std::vector<DeviceMesh>> get_global_pipeline_parallel_meshes(
+      MeshName mesh = {}) const;
   absl::StatusOr<bool> is_first_stage(MeshName mesh = {}) const;
   absl::StatusOr<bool> is_last_stage(MeshName mesh = {}) const;
 

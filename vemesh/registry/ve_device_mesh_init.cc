@@ -241,21 +241,26 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::init_named(
   // An elastic job keeps one mesh (the header says why).
   if (options.elastic.has_value()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "mesh '", name, "' cannot be elastic: only the default mesh may be, "
+        "mesh '", name,
+        "' cannot be elastic: only the default mesh may be, "
         "and alone; its replica dimension changes membership each epoch, "
         "and the registry keeps no second mesh spanning it consistent"));
   }
   if (elastic_ != nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "mesh '", name, "' beside an elastic default mesh: its replica "
-        "dimension changes membership each epoch, and a second mesh over the same "
+        "mesh '", name,
+        "' beside an elastic default mesh: its replica "
+        "dimension changes membership each epoch, and a second mesh over the "
+        "same "
         "ranks would keep groups of replicas that are gone; build the other "
         "factorisation with DeviceMesh::view on each epoch's mesh instead"));
   }
   if (options.check_uniqueness && is_initialized(MeshName(name))) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        "mesh '", name, "' is already initialised and check_uniqueness is "
-        "set: call reset(MeshName(\"", name, "\")) first"));
+    return absl::AlreadyExistsError(
+        absl::StrCat("mesh '", name,
+                     "' is already initialised and check_uniqueness is "
+                     "set: call reset(MeshName(\"",
+                     name, "\")) first"));
   }
   VEMESH_ASSIGN_OR_RETURN(auto parsed, ParseDeviceType(device_type));
   if (parsed.type != DeviceType::kMeta) {
@@ -271,8 +276,8 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::init_named(
   std::optional<DeviceMesh> base;
   const MeshOptions& mo = options.mesh;
   const bool own_world = !mo.ranks.empty() || !mo.backend.empty() ||
-                         !mo.backend_override.empty() ||
-                         mo.world != nullptr || mo.bootstrap != nullptr;
+                         !mo.backend_override.empty() || mo.world != nullptr ||
+                         mo.bootstrap != nullptr;
   if (!own_world) {
     std::vector<const std::atomic<const void*>*> candidates = {&published_};
     {
@@ -285,8 +290,7 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::init_named(
       const auto* st = static_cast<const State*>(published->load());
       if (st == nullptr) continue;
       const DeviceMesh root = st->mesh.root_mesh();
-      if (root.device_type() == parsed.type &&
-          root.size() == layout.size()) {
+      if (root.device_type() == parsed.type && root.size() == layout.size()) {
         base = root;
         break;
       }
@@ -299,8 +303,8 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::init_named(
                          DeviceMesh::ViewOptions{.bind_names = false}));
   } else {
     VEMESH_ASSIGN_OR_RETURN(
-        mesh, vemesh::init_device_mesh(device_type, mesh_shape,
-                                       mesh_dim_names, options.mesh));
+        mesh, vemesh::init_device_mesh(device_type, mesh_shape, mesh_dim_names,
+                                       options.mesh));
   }
   VEMESH_ASSIGN_OR_RETURN(auto state, MakeState(mesh, /*collective=*/true));
   Slot* slot = nullptr;

@@ -62,8 +62,7 @@ struct ExpertGroups {
   int64_t edp_size = 1;
 };
 absl::StatusOr<ExpertGroups> ExpertGroupsOf(
-    const VeDeviceMesh& registry,
-    MeshName mesh = MeshName(kExpertMeshName));
+    const VeDeviceMesh& registry, MeshName mesh = MeshName(kExpertMeshName));
 
 // Sums each parameter's gradient over `edp` (the replicas of the same
 // experts), in place: afterwards every replica holds the gradient of all
