@@ -191,22 +191,21 @@ TEST_F(NamedMeshTest, ARoleOfTheOtherMeshIsAnError) {
   EXPECT_THAT(missing.status().message(), HasSubstr("[default, experts]"));
   InitOptions o;
   o.mesh_name = "default";
-  EXPECT_EQ(reg.init_device_mesh("cpu", fold_.experts, kExperts, o)
-                .status()
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      reg.init_device_mesh("cpu", fold_.experts, kExperts, o).status().code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(NamedMeshTest, SharedCommunicatorsAreCounted) {
-  auto a = VESCALE_DEVICE_MESH.init_device_mesh("cpu", fold_.attention,
-                                                kAttention);
+  auto a =
+      VESCALE_DEVICE_MESH.init_device_mesh("cpu", fold_.attention, kAttention);
   ASSERT_TRUE(a.ok()) << a.status();
   const int64_t before = LiveCommunicatorCount();
   InitOptions o;
   o.mesh_name = "experts";
-  ASSERT_TRUE(VESCALE_DEVICE_MESH
-                  .init_device_mesh("cpu", fold_.experts, kExperts, o)
-                  .ok());
+  ASSERT_TRUE(
+      VESCALE_DEVICE_MESH.init_device_mesh("cpu", fold_.experts, kExperts, o)
+          .ok());
   // 8 ranks: PP is shared by rank set, EDP and ETP (groups of one) are
   // CP's rank sets; only EP (DP x CP x TP of a stage) is new. 16 ranks:
   // PP and EDP (= DP) shared; EP (CP x TP) and ETP (singletons) new.
@@ -217,10 +216,10 @@ TEST_F(NamedMeshTest, SharedCommunicatorsAreCounted) {
             VESCALE_DEVICE_MESH.get_role_dim_groups("PP", MeshName("experts"))
                 ->get());
   if (WorldSize() == 16) {
-    EXPECT_EQ(VESCALE_DEVICE_MESH.get_data_parallel_dim_groups()->get(),
-              VESCALE_DEVICE_MESH
-                  .get_role_dim_groups("EDP", MeshName("experts"))
-                  ->get());
+    EXPECT_EQ(
+        VESCALE_DEVICE_MESH.get_data_parallel_dim_groups()->get(),
+        VESCALE_DEVICE_MESH.get_role_dim_groups("EDP", MeshName("experts"))
+            ->get());
   }
 }
 
@@ -228,8 +227,8 @@ TEST_F(NamedMeshTest, AFlatteningIsSharedByRankSet) {
   // The attention mesh's flattening of everything but PP spans the ranks
   // of the expert mesh's EP (and, on 16 ranks, CP x TP those of EP): the
   // expert mesh makes no communicator for it.
-  auto a = VESCALE_DEVICE_MESH.init_device_mesh("cpu", fold_.attention,
-                                                kAttention);
+  auto a =
+      VESCALE_DEVICE_MESH.init_device_mesh("cpu", fold_.attention, kAttention);
   ASSERT_TRUE(a.ok());
   const std::vector<std::string> dims =
       WorldSize() == 16 ? std::vector<std::string>{"CP", "TP"}
@@ -239,9 +238,9 @@ TEST_F(NamedMeshTest, AFlatteningIsSharedByRankSet) {
   const int64_t before = LiveCommunicatorCount();
   InitOptions o;
   o.mesh_name = "experts";
-  ASSERT_TRUE(VESCALE_DEVICE_MESH
-                  .init_device_mesh("cpu", fold_.experts, kExperts, o)
-                  .ok());
+  ASSERT_TRUE(
+      VESCALE_DEVICE_MESH.init_device_mesh("cpu", fold_.experts, kExperts, o)
+          .ok());
   EXPECT_EQ(LiveCommunicatorCount() - before, WorldSize() == 16 ? 1 : 0);
   EXPECT_EQ(
       VESCALE_DEVICE_MESH.get_role_dim_groups("EP", MeshName("experts"))->get(),
@@ -287,10 +286,21 @@ TEST_F(NamedMeshTest, ANamedMeshIsNeverElastic) {
   InitOptions o;
   o.mesh_name = "experts";
   o.elastic = ElasticOptions{};
-  auto r = VESCALE_DEVICE_MESH.init_device_mesh("cpu", fold_.experts,
-                                                kExperts, o);
+  auto r =
+      VESCALE_DEVICE_MESH.init_device_mesh("cpu", fold_.experts, kExperts, o);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(r.status().message(), HasSubstr("changes membership"));
+  // Nor is the default mesh, beside a named one: refused before anything
+  // starts, and both meshes stay.
+  ASSERT_TRUE(InitBoth().ok());
+  InitOptions elastic;
+  elastic.elastic = ElasticOptions{};
+  auto e = VESCALE_DEVICE_MESH.init_device_mesh("cpu", fold_.attention,
+                                                kAttention, elastic);
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(e.status().message(), HasSubstr("[experts]"));
+  EXPECT_TRUE(VESCALE_DEVICE_MESH.is_initialized());
+  EXPECT_TRUE(VESCALE_DEVICE_MESH.is_initialized(MeshName("experts")));
 }
 
 }  // namespace
