@@ -13,9 +13,9 @@
 //       {"default", attention, {}},
 //       {"experts", *MeshLayout::Create({2, 1, 4}, {"PP", "EDP", "EP"}), {}}};
 //   absl::StatusOr<MeshSharing> s = ComputeMeshSharing(meshes);
-//   s->meshes[1].dims[0].shared_with;   // {"default.PP"}
-//   s->distinct_groups;                 // 4: PP, DP, TP, EP (EDP: singletons,
-//                                       //    made once as EDP)
+//   s->meshes[1].dims[0].shared_with;   // "default.PP"
+//   s->distinct_groups;                 // 5: PP, DP, TP, and the experts'
+//                                       //    EDP (groups of one) and EP
 
 #ifndef VEMESH_TOOLS_PLAN_MESH_SHARING_H_
 #define VEMESH_TOOLS_PLAN_MESH_SHARING_H_
