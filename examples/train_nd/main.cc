@@ -83,6 +83,10 @@ ABSL_FLAG(int64_t, bucket_elements, kDefaults.bucket_elements,
 ABSL_FLAG(int, experts, kDefaults.experts,
           "experts of the MoE block after layer 1, spread over DP x TP (DP: "
           "or DP_REPLICATE x DP_SHARD) of each stage (0: no block)");
+ABSL_FLAG(int, expert_parallel, kDefaults.expert_parallel,
+          "the experts' expert-parallel group size on their own mesh "
+          "(\"experts\": PP x EDP x EP over the same ranks); a divisor of DP "
+          "x TP, the rest is EDP (expert data parallelism). 0: DP x TP");
 ABSL_FLAG(bool, overlap, kDefaults.overlap,
           "overlap DP gradient all_reduces with the backward pass and pipeline "
           "sends with compute");
@@ -168,6 +172,7 @@ TrainOptions OptionsFromFlags() {
   o.bucket_elements = absl::GetFlag(FLAGS_bucket_elements);
   o.tolerance = absl::GetFlag(FLAGS_tolerance);
   o.experts = absl::GetFlag(FLAGS_experts);
+  o.expert_parallel = absl::GetFlag(FLAGS_expert_parallel);
   o.overlap = absl::GetFlag(FLAGS_overlap);
   o.grad_bf16 = absl::GetFlag(FLAGS_grad_bf16);
   o.optimizer = absl::GetFlag(FLAGS_optimizer);

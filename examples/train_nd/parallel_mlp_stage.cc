@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "vemesh/registry/ve_device_mesh.h"
+#include "vemesh/strategies/expert_mesh.h"
 #include "vemesh/strategies/role_group.h"
 
 namespace train_nd {
@@ -61,26 +62,24 @@ absl::StatusOr<std::unique_ptr<ParallelMlpStage>> ParallelMlpStage::Create(
       new ParallelMlpStage(plan, range, *dp_rank, static_cast<int>(*tp_size)));
   stage->tp_rank_ = static_cast<int>(*tp_rank);
   if (shape.experts > 0) {
-    // The expert-parallel group: this stage's DP x TP, flattened, where DP
-    // may be DP_REPLICATE x DP_SHARD (FSDP shards only the replicated
-    // layers; the experts stay whole, one owner each). Every rank takes
-    // part (flatten is collective over the world), also those of stages
-    // without the block.
-    absl::StatusOr<vemesh::DeviceMesh> mesh = VESCALE_DEVICE_MESH.get();
-    if (!mesh.ok()) return mesh.status();
-    std::vector<std::string> dims;
-    for (const std::string& d : mesh->mesh_dim_names()) {
-      if (d == "DP" || d == "DP_REPLICATE" || d == "DP_SHARD" || d == "TP") {
-        dims.push_back(d);
-      }
-    }
-    std::shared_ptr<vemesh::Communicator> ep;
-    if (!dims.empty()) {
-      absl::StatusOr<std::shared_ptr<vemesh::Communicator>> flat =
-          mesh->flatten(dims, "EP");
-      if (!flat.ok()) return flat.status();
-      ep = *std::move(flat);
-    }
+    // Expert folding (issue 45): the experts' own mesh over the same
+    // ranks, "experts" = (PP, EDP, EP), EP contiguous ranks of a stage's DP
+    // x TP (DP may be DP_REPLICATE x DP_SHARD: FSDP shards only the
+    // replicated layers; the experts stay whole), EDP its replicas. Every
+    // rank takes part (collective over the world), also those of stages
+    // without the block. EP = DP x TP by default: the groups of the
+    // flattening DP x TP, one owner per expert.
+    const int64_t ep_size = plan.options.expert_parallel > 0
+                                ? plan.options.expert_parallel
+                                : int64_t{plan.dp} * plan.tp;
+    absl::StatusOr<vemesh::DeviceMesh> experts =
+        vemesh::strategies::FoldExpertMesh(VESCALE_DEVICE_MESH, ep_size);
+    if (!experts.ok()) return experts.status();
+    absl::StatusOr<vemesh::strategies::ExpertGroups> groups =
+        vemesh::strategies::ExpertGroupsOf(VESCALE_DEVICE_MESH);
+    if (!groups.ok()) return groups.status();
+    std::shared_ptr<vemesh::Communicator> ep = groups->ep;
+    stage->expert_edp_ = groups->edp;
     if (range.begin <= MlpShape::kMoeLayer && MlpShape::kMoeLayer < range.end) {
       const int64_t width = shape.out_features(MlpShape::kMoeLayer);
       const uint64_t seed = plan.options.seed;
@@ -279,7 +278,12 @@ absl::StatusOr<Matrix> ParallelMlpStage::Backward(int mb,
       if (last) {
         // Each replica's loss gradient is its own mean; the experts saw
         // every replica's rows: 1/DP makes it the global mean.
-        for (Parameter* p : moe_->parameters()) p->grad /= plan_.dp;
+        // EDP replicas of an expert saw their own EP group's rows: summed.
+        std::vector<Parameter*> expert = moe_->parameters();
+        absl::Status s = vemesh::strategies::SumExpertGradients(
+            expert, expert_edp_.get());
+        if (!s.ok()) return s;
+        for (Parameter* p : expert) p->grad /= plan_.dp;
       }
     }
     if (plan_.shape.has_activation(layer)) {

@@ -111,6 +111,9 @@ class ParallelMlpStage : public vemesh::strategies::PipelineStageModel {
 
   Batch replica_;  // this replica's rows of the step's batch
   std::optional<vemesh::strategies::ExpertParallelMoe> moe_;
+  // The experts' EDP group on the expert mesh (null or one rank: EP spans
+  // the stage): their gradients are summed over it.
+  std::shared_ptr<vemesh::Communicator> expert_edp_;
   int tp_rank_ = 0;
   // Per micro-batch: the MoE block's input (for the tanh derivative) and
   // what its forward sent where.

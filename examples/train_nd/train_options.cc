@@ -234,7 +234,29 @@ absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
           " with --elastic: expert parallelism spans "
           "DP, which an elastic job resizes; expected --experts=0"));
     }
-    if (o.experts % (plan.dp * plan.tp) != 0) {
+    const int stage = plan.dp * plan.tp;
+    if (o.expert_parallel < 0 || o.expert_parallel > stage ||
+        (o.expert_parallel > 0 && stage % o.expert_parallel != 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--expert_parallel=", o.expert_parallel, " with ",
+          plan.fsdp() ? "DP_REPLICATE x DP_SHARD x TP = " : "DP x TP = ",
+          stage, ": expected 0 or a divisor of ", stage));
+    }
+    if (o.expert_parallel > 0 && o.expert_parallel < stage &&
+        (!o.checkpoint_dir.empty() || !o.resume.empty())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--expert_parallel=", o.expert_parallel,
+          " with checkpoints: each expert then has ", stage / o.expert_parallel,
+          " replicas (EDP), and a checkpoint names one owner per expert; "
+          "expected --expert_parallel=0 (or ", stage, ") with checkpoints"));
+    }
+    if (o.expert_parallel > 0 && o.experts % o.expert_parallel != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--experts=", o.experts, " is not divisible by --expert_parallel=",
+          o.expert_parallel, ": the experts are spread evenly over the "
+          "expert-parallel group"));
+    }
+    if (o.expert_parallel == 0 && o.experts % stage != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--experts=", o.experts, " is not divisible by ",
           plan.fsdp() ? "DP_REPLICATE x DP_SHARD x TP = " : "DP x TP = ",

@@ -61,6 +61,11 @@ struct TrainOptions {
   // Experts of the MoE block after layer 1 (0: no block); a multiple of
   // DP x TP, the expert-parallel group (DP: or DP_REPLICATE x DP_SHARD).
   int experts = 0;
+  // The expert-parallel group's size (issue 45's expert folding): the
+  // experts live on their own mesh, "experts" = (PP, EDP, EP) over the same
+  // ranks, EP contiguous ranks of a stage, EDP = (DP x TP) / EP replicas
+  // whose expert gradients are summed. 0: EP = DP x TP (EDP = 1).
+  int expert_parallel = 0;
   // Overlap communication with compute: DP gradient buckets with the
   // backward pass, pipeline sends with the next micro-batch.
   bool overlap = true;

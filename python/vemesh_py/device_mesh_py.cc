@@ -173,6 +173,22 @@ void RegisterDeviceMesh(py::module_& m) {
           "Collective: the 1-D mesh of `mesh_dims` (default: all) flattened "
           "into one dimension named `mesh_dim_name` (default: the names "
           "joined by '_'). PyTorch's DeviceMesh._flatten.")
+      .def_static(
+          "concatenate",
+          [](const std::vector<DeviceMesh>& meshes) {
+            return Unwrap(DeviceMesh::concatenate(meshes));
+          },
+          py::arg("device_mesh_list"),
+          "One mesh whose dimensions are those of the given sub-meshes of "
+          "one root, in order (PyTorch's DeviceMesh._concatenate): local, no "
+          "new communicator. Overlapping meshes or meshes of different roots "
+          "raise ValueError.")
+      .def_static(
+          "_concatenate",
+          [](const std::vector<DeviceMesh>& meshes) {
+            return Unwrap(DeviceMesh::concatenate(meshes));
+          },
+          py::arg("device_mesh_list"), "PyTorch's spelling of concatenate.")
       .def(
           "abort", [](const DeviceMesh& d) { ThrowIfError(d.abort()); },
           "Aborts every group of this mesh, its children and flattenings: "

@@ -33,8 +33,10 @@ DeviceMesh Init(Reg& r, const std::string& device_type,
                 std::optional<double> timeout,
                 std::optional<std::string> backend,
                 std::optional<std::map<std::string, std::string>> override,
-                const py::object& elastic) {
+                const py::object& elastic,
+                const std::optional<std::string>& mesh_name) {
   InitOptions o;
+  if (mesh_name) o.mesh_name = *mesh_name;
   o.mesh = MeshOptionsFrom(timeout, std::move(backend), std::move(override));
   o.check_uniqueness = check_uniqueness;
   o.elastic = ElasticOptionsFrom(elastic);
@@ -49,6 +51,12 @@ DeviceMesh Init(Reg& r, const std::string& device_type,
   if (mesh.ok() && el) NoteElasticInit(*el);
   return Unwrap(std::move(mesh));
 }
+
+// The mesh a getter answers from: mesh_name=None is the default one.
+MeshName N(const std::optional<std::string>& mesh_name) {
+  return mesh_name ? MeshName(*mesh_name) : MeshName();
+}
+#define MESH_ARG py::kw_only(), py::arg("mesh_name") = py::none()
 
 // A stage neighbour as (stage, peer, mesh), or None.
 py::object Neighbor(absl::StatusOr<std::optional<StageNeighbor>> n) {
@@ -76,8 +84,11 @@ void RegisterRegistry(py::module_& m) {
           py::arg("check_uniqueness") = false, py::arg("timeout") = py::none(),
           py::arg("backend") = py::none(),
           py::arg("backend_override") = py::none(),
-          py::arg("elastic") = py::none(),
+          py::arg("elastic") = py::none(), py::arg("mesh_name") = py::none(),
           "Collective: builds the global mesh and makes it current. "
+          "mesh_name: make (or replace) a named mesh instead, beside the "
+          "default one (issue 45: an expert mesh over the same ranks); "
+          "every getter takes mesh_name= to answer from it. "
           "check_uniqueness: a second init raises (ALREADY_EXISTS) instead "
           "of replacing the mesh. elastic: a vemesh.ElasticOptions (or a "
           "dict of its fields): the dimension elastic.replica_dim spans one "
@@ -89,6 +100,14 @@ void RegisterRegistry(py::module_& m) {
           "None; vemesh.elastic wraps it as VESCALE_DEVICE_MESH.elastic().")
       .def("get",
            [](Reg& r, const py::kwargs& kwargs) {
+             // get(mesh_name="experts"): that mesh.
+             if (kwargs.size() == 1 && kwargs.contains("mesh_name")) {
+               return Unwrap(r.get(
+                   N(kwargs["mesh_name"].is_none()
+                         ? std::nullopt
+                         : std::optional<std::string>(
+                               kwargs["mesh_name"].cast<std::string>()))));
+             }
              // veScale: get(**init_device_mesh kwargs) initialises first.
              if (kwargs.size() > 0) {
                py::object init = py::cast(&r).attr("init_device_mesh");
@@ -96,13 +115,36 @@ void RegisterRegistry(py::module_& m) {
              }
              return Unwrap(r.get());
            })
-      .def("reset",
+      .def(
+          "reset",
+          [](Reg& r, const std::optional<std::string>& mesh_name) {
+            py::gil_scoped_release nogil;
+            r.reset(N(mesh_name));
+          },
+          MESH_ARG,
+          "Forgets the default mesh, or the named one: the others keep "
+          "working.")
+      .def("reset_all",
            [](Reg& r) {
              py::gil_scoped_release nogil;
-             r.reset();
+             r.reset_all();
            })
-      .def("is_initialized", &Reg::is_initialized)
-      .def("is_current", &Reg::is_current, py::arg("mesh"))
+      .def("mesh_names", &Reg::mesh_names,
+           "The named meshes initialised now (the default one is not among "
+           "them).")
+      .def(
+          "is_initialized",
+          [](const Reg& r, const std::optional<std::string>& mesh_name) {
+            return r.is_initialized(N(mesh_name));
+          },
+          MESH_ARG)
+      .def(
+          "is_current",
+          [](const Reg& r, const DeviceMesh& mesh,
+             const std::optional<std::string>& mesh_name) {
+            return r.is_current(mesh, N(mesh_name));
+          },
+          py::arg("mesh"), MESH_ARG)
       .def("__getitem__",
            [](const Reg& r, const py::object& key) {
              if (py::isinstance<py::int_>(key)) {
@@ -115,50 +157,76 @@ void RegisterRegistry(py::module_& m) {
            })
       .def(
           "get_submesh",
-          [](const Reg& r, std::vector<std::string> dims) {
-            return Unwrap(r.get_submesh(dims));
+          [](const Reg& r, std::vector<std::string> dims,
+             const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_submesh(dims, N(mesh_name)));
           },
-          py::arg("mesh_dims"))
+          py::arg("mesh_dims"), MESH_ARG)
       .def(
           "get_strategy_size",
-          [](const Reg& r, const py::object& dim) {
-            return ByDim(
-                dim, [&](auto d) { return Unwrap(r.get_strategy_size(d)); });
+          [](const Reg& r, const py::object& dim,
+             const std::optional<std::string>& mesh_name) {
+            return ByDim(dim, [&](auto d) {
+              return Unwrap(r.get_strategy_size(d, N(mesh_name)));
+            });
           },
-          py::arg("dim"))
+          py::arg("dim"), MESH_ARG)
       .def(
           "get_strategy_coordinate",
-          [](const Reg& r, std::optional<int64_t> local_rank) {
-            if (!local_rank) return ToList(Unwrap(r.get_strategy_coordinate()));
-            return ToList(Unwrap(r.get_strategy_coordinate(*local_rank)));
+          [](const Reg& r, std::optional<int64_t> local_rank,
+             const std::optional<std::string>& mesh_name) {
+            if (!local_rank) {
+              return ToList(Unwrap(r.get_strategy_coordinate(N(mesh_name))));
+            }
+            return ToList(
+                Unwrap(r.get_strategy_coordinate(*local_rank, N(mesh_name))));
           },
-          py::arg("local_rank") = py::none(),
+          py::arg("local_rank") = py::none(), MESH_ARG,
           "This rank's coordinate, or global rank `local_rank`'s (veScale's "
           "keyword name).")
       .def(
           "lookup_rank",
-          [](const Reg& r, const py::object& dim) {
-            return ByDim(dim, [&](auto d) { return Unwrap(r.lookup_rank(d)); });
+          [](const Reg& r, const py::object& dim,
+             const std::optional<std::string>& mesh_name) {
+            return ByDim(dim, [&](auto d) {
+              return Unwrap(r.lookup_rank(d, N(mesh_name)));
+            });
           },
-          py::arg("dim"))
+          py::arg("dim"), MESH_ARG)
       .def(
           "get_global_rank",
-          [](const Reg& r, std::vector<int64_t> coordinate) {
-            return Unwrap(r.get_global_rank(coordinate));
+          [](const Reg& r, std::vector<int64_t> coordinate,
+             const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_global_rank(coordinate, N(mesh_name)));
           },
-          py::arg("coordinate"))
-      .def("get_rank", [](const Reg& r) { return Unwrap(r.get_rank()); })
-      .def("get_local_rank",
-           [](const Reg& r) { return Unwrap(r.get_local_rank()); })
-      .def("get_coordinate",
-           [](const Reg& r) { return ToList(Unwrap(r.get_coordinate())); })
+          py::arg("coordinate"), MESH_ARG)
+      .def(
+          "get_rank",
+          [](const Reg& r, const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_rank(N(mesh_name)));
+          },
+          MESH_ARG)
+      .def(
+          "get_local_rank",
+          [](const Reg& r, const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_local_rank(N(mesh_name)));
+          },
+          MESH_ARG)
+      .def(
+          "get_coordinate",
+          [](const Reg& r, const std::optional<std::string>& mesh_name) {
+            return ToList(Unwrap(r.get_coordinate(N(mesh_name))));
+          },
+          MESH_ARG)
       .def(
           "size",
-          [](const Reg& r, const py::object& dim) -> int64_t {
-            if (dim.is_none()) return Unwrap(r.size());
-            return ByDim(dim, [&](auto d) { return Unwrap(r.size(d)); });
+          [](const Reg& r, const py::object& dim,
+             const std::optional<std::string>& mesh_name) -> int64_t {
+            if (dim.is_none()) return Unwrap(r.size(N(mesh_name)));
+            return ByDim(
+                dim, [&](auto d) { return Unwrap(r.size(d, N(mesh_name))); });
           },
-          py::arg("dim") = py::none())
+          py::arg("dim") = py::none(), MESH_ARG)
       .def_property_readonly("ndim",
                              [](const Reg& r) { return Unwrap(r.ndim()); })
       .def_property_readonly("shape",
@@ -169,87 +237,149 @@ void RegisterRegistry(py::module_& m) {
             return py::tuple(py::cast(Unwrap(r.mesh_dim_names())));
           })
       // Roles by name.
-      .def("get_role_size",
-           [](const Reg& r, const std::string& role) {
-             return Unwrap(r.get_role_size(role));
-           })
-      .def("get_role_rank",
-           [](const Reg& r, const std::string& role) {
-             return Unwrap(r.get_role_rank(role));
-           })
-      .def("get_role_mesh",
-           [](const Reg& r, const std::string& role) {
-             return Unwrap(r.get_role_mesh(role));
-           })
-      .def("get_role_dim_groups",
-           [](const Reg& r, const std::string& role) {
-             return Unwrap(r.get_role_dim_groups(role));
-           })
-      .def("get_global_role_meshes",
-           [](const Reg& r, const std::string& role) {
-             return Unwrap(r.get_global_role_meshes(role));
-           })
+      .def(
+          "get_role_size",
+          [](const Reg& r, const std::string& role,
+             const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_role_size(role, N(mesh_name)));
+          },
+          py::arg("role"), MESH_ARG)
+      .def(
+          "get_role_rank",
+          [](const Reg& r, const std::string& role,
+             const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_role_rank(role, N(mesh_name)));
+          },
+          py::arg("role"), MESH_ARG)
+      .def(
+          "get_role_mesh",
+          [](const Reg& r, const std::string& role,
+             const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_role_mesh(role, N(mesh_name)));
+          },
+          py::arg("role"), MESH_ARG)
+      .def(
+          "get_role_dim_groups",
+          [](const Reg& r, const std::string& role,
+             const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_role_dim_groups(role, N(mesh_name)));
+          },
+          py::arg("role"), MESH_ARG)
+      .def(
+          "get_global_role_meshes",
+          [](const Reg& r, const std::string& role,
+             const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_global_role_meshes(role, N(mesh_name)));
+          },
+          py::arg("role"), MESH_ARG)
       // veScale's role getters.
-      .def("get_pipeline_parallel_rank",
-           [](const Reg& r) { return Unwrap(r.get_pipeline_parallel_rank()); })
-      .def("get_data_parallel_rank",
-           [](const Reg& r) { return Unwrap(r.get_data_parallel_rank()); })
-      .def("get_tensor_parallel_rank",
-           [](const Reg& r) { return Unwrap(r.get_tensor_parallel_rank()); })
-      .def("get_pipeline_parallel_mesh",
-           [](const Reg& r) { return Unwrap(r.get_pipeline_parallel_mesh()); })
-      .def("get_data_parallel_mesh",
-           [](const Reg& r) { return Unwrap(r.get_data_parallel_mesh()); })
-      .def("get_tensor_parallel_mesh",
-           [](const Reg& r) { return Unwrap(r.get_tensor_parallel_mesh()); })
-      .def("get_pipeline_parallel_dim_groups",
-           [](const Reg& r) {
-             return Unwrap(r.get_pipeline_parallel_dim_groups());
-           })
+      .def(
+          "get_pipeline_parallel_rank",
+          [](const Reg& r, const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_pipeline_parallel_rank(N(mesh_name)));
+          },
+          MESH_ARG)
+      .def(
+          "get_data_parallel_rank",
+          [](const Reg& r, const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_data_parallel_rank(N(mesh_name)));
+          },
+          MESH_ARG)
+      .def(
+          "get_tensor_parallel_rank",
+          [](const Reg& r, const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_tensor_parallel_rank(N(mesh_name)));
+          },
+          MESH_ARG)
+      .def(
+          "get_pipeline_parallel_mesh",
+          [](const Reg& r, const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_pipeline_parallel_mesh(N(mesh_name)));
+          },
+          MESH_ARG)
+      .def(
+          "get_data_parallel_mesh",
+          [](const Reg& r, const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_data_parallel_mesh(N(mesh_name)));
+          },
+          MESH_ARG)
+      .def(
+          "get_tensor_parallel_mesh",
+          [](const Reg& r, const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_tensor_parallel_mesh(N(mesh_name)));
+          },
+          MESH_ARG)
+      .def(
+          "get_pipeline_parallel_dim_groups",
+          [](const Reg& r, const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_pipeline_parallel_dim_groups(N(mesh_name)));
+          },
+          MESH_ARG)
       .def(
           "get_data_parallel_dim_groups",
-          [](const Reg& r) { return Unwrap(r.get_data_parallel_dim_groups()); })
-      .def("get_tensor_parallel_dim_groups",
-           [](const Reg& r) {
-             return Unwrap(r.get_tensor_parallel_dim_groups());
-           })
-      .def("get_global_tensor_parallel_meshes",
-           [](const Reg& r) {
-             return Unwrap(r.get_global_tensor_parallel_meshes());
-           })
-      .def("get_global_pipeline_parallel_meshes",
-           [](const Reg& r) {
-             return Unwrap(r.get_global_pipeline_parallel_meshes());
-           })
-      .def("is_first_stage",
-           [](const Reg& r) { return Unwrap(r.is_first_stage()); })
-      .def("is_last_stage",
-           [](const Reg& r) { return Unwrap(r.is_last_stage()); })
+          [](const Reg& r, const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_data_parallel_dim_groups(N(mesh_name)));
+          },
+          MESH_ARG)
+      .def(
+          "get_tensor_parallel_dim_groups",
+          [](const Reg& r, const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_tensor_parallel_dim_groups(N(mesh_name)));
+          },
+          MESH_ARG)
+      .def(
+          "get_global_tensor_parallel_meshes",
+          [](const Reg& r, const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_global_tensor_parallel_meshes(N(mesh_name)));
+          },
+          MESH_ARG)
+      .def(
+          "get_global_pipeline_parallel_meshes",
+          [](const Reg& r, const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_global_pipeline_parallel_meshes(N(mesh_name)));
+          },
+          MESH_ARG)
+      .def(
+          "is_first_stage",
+          [](const Reg& r, const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.is_first_stage(N(mesh_name)));
+          },
+          MESH_ARG)
+      .def(
+          "is_last_stage",
+          [](const Reg& r, const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.is_last_stage(N(mesh_name)));
+          },
+          MESH_ARG)
       // Pipeline neighbours: (stage, peer global rank, stage mesh) or None.
       .def(
           "get_prev_stage",
-          [](const Reg& r, bool wrap) {
-            return Neighbor(r.get_prev_stage(wrap));
+          [](const Reg& r, bool wrap,
+             const std::optional<std::string>& mesh_name) {
+            return Neighbor(r.get_prev_stage(wrap, N(mesh_name)));
           },
-          py::arg("wrap") = false)
+          py::arg("wrap") = false, MESH_ARG)
       .def(
           "get_next_stage",
-          [](const Reg& r, bool wrap) {
-            return Neighbor(r.get_next_stage(wrap));
+          [](const Reg& r, bool wrap,
+             const std::optional<std::string>& mesh_name) {
+            return Neighbor(r.get_next_stage(wrap, N(mesh_name)));
           },
-          py::arg("wrap") = false)
+          py::arg("wrap") = false, MESH_ARG)
       .def(
           "get_prev_stage_peer",
-          [](const Reg& r, bool wrap) {
-            return Unwrap(r.get_prev_stage_peer(wrap));
+          [](const Reg& r, bool wrap,
+             const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_prev_stage_peer(wrap, N(mesh_name)));
           },
-          py::arg("wrap") = false)
+          py::arg("wrap") = false, MESH_ARG)
       .def(
           "get_next_stage_peer",
-          [](const Reg& r, bool wrap) {
-            return Unwrap(r.get_next_stage_peer(wrap));
+          [](const Reg& r, bool wrap,
+             const std::optional<std::string>& mesh_name) {
+            return Unwrap(r.get_next_stage_peer(wrap, N(mesh_name)));
           },
-          py::arg("wrap") = false)
+          py::arg("wrap") = false, MESH_ARG)
       .def("__repr__", [](const Reg& r) -> std::string {
         absl::StatusOr<DeviceMesh> mesh = r.get();
         if (!mesh.ok()) return "VESCALE_DEVICE_MESH(not initialised)";

@@ -253,7 +253,7 @@ EXAMPLES = {
     "placement/placement.h": {
         "includes": ["vemesh/registry/ve_device_mesh.h"],
         "params": "const std::string& text"},
-    "registry/ve_device_mesh.h": {"runs": [0, 1, 2]},
+    "registry/ve_device_mesh.h": {"runs": [0, 1, 2, 3]},
     "rendezvous/memory_store.h": {
         "post": "t.join();\n", "execute": True,
         "checks": "PROMISE(*store->get(\"ready\") == \"1\");\n"},
@@ -300,6 +300,10 @@ EXAMPLES = {
                     "Matrix Bias(int expert) { return Matrix::Zero(1, 4); }\n"),
         "params": ("absl::Span<const int64_t> token_ids, const Matrix& x, "
                    "const Matrix& dy")},
+    "strategies/expert_mesh.h": {
+        "includes": ["vemesh/strategies/expert_parallel.h"],
+        "params": "const std::function<ExpertInit(int)>& init",
+        "subs": [("... forward, backward ...", "")]},
     "strategies/elastic_state.h": {
         "params": ("ElasticMesh& el, FullyShardedDataParallel& fsdp, "
                    "std::vector<std::vector<Parameter*>> units")},

@@ -379,7 +379,31 @@ absl::StatusOr<Plan> BuildPlanFromOptions(const PlanOptions& options) {
     if (!hostfile.ok()) return hostfile.status();
     settings.hostfile = *std::move(hostfile);
   }
-  return BuildPlan(*layout, settings);
+  absl::StatusOr<Plan> plan = BuildPlan(*layout, settings);
+  if (!plan.ok() || options.also_meshes.empty()) return plan;
+  std::vector<NamedLayout> meshes = {{"default", *layout, {}}};
+  for (const GroupSpec& g : options.groups) {
+    if (g.flattened) meshes[0].flattened.emplace_back(g.name, g.dims);
+  }
+  for (const auto& [name, text] : options.also_meshes) {
+    absl::StatusOr<MeshSpec> also = ParseMeshSpec(text);
+    if (!also.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--also-mesh '", name, ":", text,
+                       "' is malformed: ", also.status().message()));
+    }
+    absl::StatusOr<MeshLayout> l = MeshLayout::Create(also->shape, also->names);
+    if (!l.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--also-mesh '", name, ":", text,
+                       "' is not a valid mesh: ", l.status().message()));
+    }
+    meshes.push_back({name, *std::move(l), {}});
+  }
+  absl::StatusOr<MeshSharing> sharing = ComputeMeshSharing(meshes);
+  if (!sharing.ok()) return sharing.status();
+  plan->sharing = *std::move(sharing);
+  return plan;
 }
 
 }  // namespace vemesh::plan

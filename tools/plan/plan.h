@@ -37,6 +37,7 @@
 #include "tools/plan/group_summary.h"
 #include "tools/plan/hostfile.h"
 #include "tools/plan/launch_flags.h"
+#include "tools/plan/mesh_sharing.h"
 #include "tools/plan/plan_options.h"
 #include "tools/plan/rank_view.h"
 #include "vemesh/layout/mesh_layout.h"
@@ -131,6 +132,8 @@ struct Plan {
   std::vector<DimPlan> derived;  // --flatten and --view, in order
   std::vector<PlanWarning> warnings;
   std::optional<RankView> rank_view;
+  // With --also-mesh: every mesh and the groups they share.
+  std::optional<MeshSharing> sharing;
 };
 
 // Errors (InvalidArgument / OutOfRange, naming the value): ranks_per_host

@@ -71,7 +71,8 @@ absl::StatusOr<PlanOptions> ParsePlanArgs(absl::Span<const std::string> args) {
         "--mesh",      "--rank",    "--ranks-per-host",
         "--placement", "--hosts",   "--latency-sensitive",
         "--check",     "--format",  "--color-by",
-        "--output",    "--flatten", "--view"};
+        "--output",    "--flatten", "--view",
+        "--also-mesh"};
     bool known = false;
     for (absl::string_view f : kFlags) known = known || f == flag;
     if (!known) {
@@ -166,6 +167,17 @@ absl::StatusOr<PlanOptions> ParsePlanArgs(absl::Span<const std::string> args) {
           ParseGroupSpec(flag == "--flatten", *value);
       if (!spec.ok()) return spec.status();
       opts.groups.push_back(*std::move(spec));
+    } else if (flag == "--also-mesh") {
+      const size_t colon = value->find(':');
+      if (colon == absl::string_view::npos || colon == 0 ||
+          colon + 1 == value->size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--also-mesh expects NAME:SPEC, e.g. experts:PP=2,EDP=1,EP=4, "
+            "got '",
+            *value, "'"));
+      }
+      opts.also_meshes.emplace_back(std::string(value->substr(0, colon)),
+                                    std::string(value->substr(colon + 1)));
     } else if (flag == "--output") {
       if (value->empty()) {
         return absl::InvalidArgumentError(
@@ -253,6 +265,11 @@ std::string PlanUsage() {
       "  --view D1,D2           also show the groups of the sub-mesh over\n"
       "                         D1,D2 (mesh[{\"D1\",\"D2\"}]); repeatable\n"
       "                         --color-by takes NAME or D1,D2 too\n"
+      "  --also-mesh NAME:SPEC  another mesh of the job over the same ranks\n"
+      "                         (a named registry mesh, e.g.\n"
+      "                         experts:PP=2,EDP=1,EP=4): every mesh is\n"
+      "                         listed with the groups it shares (the same\n"
+      "                         rank sets: one communicator); repeatable\n"
       "  --output FILE          write to FILE instead of stdout\n"
       "  --help                 show this text\n"
       "\n"

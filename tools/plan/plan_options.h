@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -71,8 +72,10 @@ struct PlanOptions {
   OutputFormat format = OutputFormat::kTable;  // --format
   std::optional<std::string> color_by;  // --color-by (default: TP, else last)
   std::vector<GroupSpec> groups;        // --flatten and --view, in order
-  std::optional<std::string> output;    // --output FILE (default: stdout)
-  bool help = false;                    // --help / -h
+  // --also-mesh NAME:SPEC, in order: other meshes over the same ranks.
+  std::vector<std::pair<std::string, std::string>> also_meshes;
+  std::optional<std::string> output;  // --output FILE (default: stdout)
+  bool help = false;                  // --help / -h
 };
 
 // Parses the arguments that follow `plan`. --mesh is required unless --help

@@ -205,6 +205,30 @@ std::string RenderJson(const Plan& plan) {
   }
   j["warnings"] = std::move(warnings);
 
+  if (plan.sharing.has_value()) {
+    Json meshes = Json::array();
+    for (const MeshEntry& m : plan.sharing->meshes) {
+      Json mj;
+      mj["name"] = m.name;
+      mj["mesh"] = m.spec;
+      Json dims = Json::array();
+      for (const SharedDim& d : m.dims) {
+        Json dj;
+        dj["name"] = d.name;
+        dj["size"] = d.size;
+        dj["flattened"] = d.flattened;
+        dj["shared_with"] =
+            d.shared_with.empty() ? Json(nullptr) : Json(d.shared_with);
+        dims.push_back(std::move(dj));
+      }
+      mj["dims"] = std::move(dims);
+      meshes.push_back(std::move(mj));
+    }
+    j["meshes"] = std::move(meshes);
+    j["distinct_groups"] = plan.sharing->distinct_groups;
+  } else {
+    j["meshes"] = nullptr;
+  }
   j["rank_view"] = plan.rank_view.has_value()
                        ? RankViewJson(*plan.rank_view, plan.hosts)
                        : Json(nullptr);

@@ -248,6 +248,25 @@ void AppendLaunch(const Plan& plan, std::string& out) {
   }
 }
 
+// Every mesh of the job and what each dimension shares (--also-mesh).
+void AppendSharing(const MeshSharing& s, std::string& out) {
+  absl::StrAppend(&out, "\nMeshes (", s.meshes.size(),
+                  ", over the same ranks): ", s.distinct_groups,
+                  " distinct rank sets (one communicator each) for ",
+                  s.total_dims, " dimensions\n");
+  for (const MeshEntry& m : s.meshes) {
+    absl::StrAppend(&out, "  ", m.name, "  ", m.spec, "\n");
+    for (const SharedDim& d : m.dims) {
+      absl::StrAppend(&out, "    ", d.name, d.flattened ? " (flattened)" : "",
+                      "  size ", d.size, "  ",
+                      d.shared_with.empty()
+                          ? std::string("new groups")
+                          : absl::StrCat("shares ", d.shared_with),
+                      "\n");
+    }
+  }
+}
+
 }  // namespace
 
 std::string RenderTable(const Plan& plan) {
@@ -260,6 +279,7 @@ std::string RenderTable(const Plan& plan) {
     AppendGroups(plan, out);
   }
   AppendLaunch(plan, out);
+  if (plan.sharing.has_value()) AppendSharing(*plan.sharing, out);
   for (const PlanWarning& w : plan.warnings) {
     absl::StrAppend(&out, "\nWARNING: ", w.message, "\n");
   }

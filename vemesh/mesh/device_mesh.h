@@ -300,6 +300,38 @@ class DeviceMesh {
   // InvalidArgument.
   absl::StatusOr<DeviceMesh> view(absl::Span<const int64_t> shape,
                                   absl::Span<const std::string> names) const;
+  // The same, with names bound or not. Every view shares communicators by
+  // rank set as well as by name: a dimension whose groups (the sets of
+  // ranks it enumerates) equal those of any dimension or flattening made
+  // before in the family, whatever its name, reuses that communicator (the
+  // group cache, docs/ARCHITECTURE.md). With `bind_names` false (the
+  // registry's named meshes: a trainer's DP and a rollout mesh's DP may
+  // differ), a name is not tied to groups: this view's names neither
+  // check against nor register in the family's names, only its rank sets.
+  struct ViewOptions {
+    bool bind_names = true;
+  };
+  absl::StatusOr<DeviceMesh> view(absl::Span<const int64_t> shape,
+                                  absl::Span<const std::string> names,
+                                  const ViewOptions& options) const;
+
+  // PyTorch's DeviceMesh._concatenate: one mesh whose dimensions are those
+  // of `meshes`, in order (their names and sizes concatenated), over the
+  // same ranks: FSDP over DP x CP joined with TP apart,
+  //   concatenate({mesh["DP"], mesh["CP"]})  ==  mesh[{"DP", "CP"}]
+  //   concatenate({mesh["DPCP"], mesh["TP"]})   // a flattened name too
+  // Local: no communication, no new communicator (the result is a slice of
+  // the common root and shares its groups). Every mesh must come from one
+  // root (same_root; InvalidArgument naming the two roots otherwise, as
+  // PyTorch refuses meshes "derived from different device meshes"), their
+  // dimensions must not overlap (a root dimension spanned twice, as by
+  // mesh["DP"] and mesh["DPCP"], is InvalidArgument naming it: PyTorch's
+  // "Cannot concatenate overlapping meshes"), and every mesh must lie in
+  // the result (their ranks one block of the root: the sub-meshes this rank
+  // holds always do; InvalidArgument naming the mesh otherwise). An empty
+  // list is InvalidArgument. The result holds the first mesh's first rank.
+  static absl::StatusOr<DeviceMesh> concatenate(
+      absl::Span<const DeviceMesh> meshes);
 
   // -- Abort and shrink (jobs that are not elastic; vemesh/elastic/ grows
   // and shrinks a dimension in place) --------------------------------------

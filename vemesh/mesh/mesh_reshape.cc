@@ -82,6 +82,16 @@ absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::flatten(
         "world to split"));
   }
   if (!known.has_value()) {
+    // The group cache: a view of the same ranks (DeviceMesh::view) may
+    // already hold these groups under other names. Every rank's cache
+    // holds the same keys, so all skip the split alike.
+    VEMESH_ASSIGN_OR_RETURN(MeshLayout root, shared.Resolve(shared.root, dims));
+    bool found = false;
+    std::shared_ptr<Communicator> cached =
+        shared.CachedGroup(root, dims, &found);
+    if (found) known = std::move(cached);
+  }
+  if (!known.has_value()) {
     // Collective over the world: check, then one split. No `mu` held. The
     // split runs over the root layout with the same names resolved, so
     // every group (not only this child's) is made.
@@ -108,6 +118,8 @@ absl::StatusOr<std::shared_ptr<Communicator>> DeviceMesh::flatten(
         auto groups, device_world->split_many(absl::MakeConstSpan(&request, 1),
                                               absl::Now() + shared.timeout));
     known = std::move(groups[0]);
+    VEMESH_ASSIGN_OR_RETURN(MeshLayout root, shared.Resolve(shared.root, dims));
+    shared.CacheGroup(root, dims, *known);
   }
   {
     std::lock_guard<std::mutex> lock(shared.mu);
@@ -312,6 +324,79 @@ absl::StatusOr<DeviceMesh> DeviceMesh::unflatten(
 absl::StatusOr<DeviceMesh> DeviceMesh::view(
     absl::Span<const int64_t> shape,
     absl::Span<const std::string> names) const {
+  return view(shape, names, ViewOptions{});
+}
+
+absl::StatusOr<std::shared_ptr<ViewFamily>> DeviceMesh::Shared::Family() {
+  Shared& shared = *this;
+  {
+    std::lock_guard<std::mutex> lock(shared.mu);
+    if (shared.family != nullptr) return shared.family;
+  }
+  const MeshLayout& from = shared.root;
+  auto family = std::make_shared<ViewFamily>();
+  for (int64_t d = 0; d < from.ndim(); ++d) {
+    VEMESH_ASSIGN_OR_RETURN(auto groups, from.groups({from.dim_name(d)}));
+    std::sort(groups.begin(), groups.end());
+    std::shared_ptr<Communicator> mine =
+        d < static_cast<int64_t>(shared.dims.size()) ? shared.dims[d] : nullptr;
+    family->by_groups.emplace(groups, mine);
+    family->dims.emplace(from.dim_name(d),
+                         ViewFamily::Dim{std::move(groups), std::move(mine)});
+  }
+  std::lock_guard<std::mutex> lock(shared.mu);
+  // The root's flattenings so far (later ones register in flatten).
+  for (const auto& [key, comm] : shared.flattened) {
+    std::vector<std::string> parts;
+    for (int64_t d : key) parts.push_back(from.dim_name(d));
+    absl::StatusOr<ViewFamily::Groups> groups = from.groups(parts);
+    if (!groups.ok()) continue;
+    std::sort(groups->begin(), groups->end());
+    family->by_groups.emplace(*std::move(groups), comm);
+  }
+  if (shared.family == nullptr) shared.family = family;
+  return shared.family;
+}
+
+std::shared_ptr<Communicator> DeviceMesh::Shared::CachedGroup(
+    const MeshLayout& layout, absl::Span<const std::string> names,
+    bool* found) {
+  *found = false;
+  std::shared_ptr<ViewFamily> fam;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    fam = family;
+  }
+  if (fam == nullptr) return nullptr;
+  absl::StatusOr<ViewFamily::Groups> groups = layout.groups(names);
+  if (!groups.ok()) return nullptr;
+  std::sort(groups->begin(), groups->end());
+  std::lock_guard<std::mutex> lock(fam->mu);
+  auto it = fam->by_groups.find(*groups);
+  if (it == fam->by_groups.end()) return nullptr;
+  *found = true;
+  return it->second;
+}
+
+void DeviceMesh::Shared::CacheGroup(const MeshLayout& layout,
+                                    absl::Span<const std::string> names,
+                                    std::shared_ptr<Communicator> comm) {
+  std::shared_ptr<ViewFamily> fam;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    fam = family;
+  }
+  if (fam == nullptr) return;
+  absl::StatusOr<ViewFamily::Groups> groups = layout.groups(names);
+  if (!groups.ok()) return;
+  std::sort(groups->begin(), groups->end());
+  std::lock_guard<std::mutex> lock(fam->mu);
+  fam->by_groups.emplace(*std::move(groups), std::move(comm));
+}
+
+absl::StatusOr<DeviceMesh> DeviceMesh::view(absl::Span<const int64_t> shape,
+                                            absl::Span<const std::string> names,
+                                            const ViewOptions& options) const {
   Shared& shared = *view_->shared;
   const MeshLayout& from = shared.root;
   // The view: the root's ranks, in the same row-major order, in `shape`.
@@ -329,48 +414,29 @@ absl::StatusOr<DeviceMesh> DeviceMesh::view(
         "view ", layout.ToString(), " holds ", layout.size(),
         " ranks: expected ", from.size(), ", the ranks of ", from.ToString()));
   }
-  std::shared_ptr<ViewFamily> family;
-  {
-    std::lock_guard<std::mutex> lock(shared.mu);
-    family = shared.family;
-  }
-  if (family == nullptr) {
-    family = std::make_shared<ViewFamily>();
-    for (int64_t d = 0; d < from.ndim(); ++d) {
-      VEMESH_ASSIGN_OR_RETURN(auto groups, from.groups({from.dim_name(d)}));
-      std::sort(groups.begin(), groups.end());
-      family->dims.emplace(
-          from.dim_name(d),
-          ViewFamily::Dim{std::move(groups),
-                          d < static_cast<int64_t>(shared.dims.size())
-                              ? shared.dims[d]
-                              : nullptr});
-    }
-    std::lock_guard<std::mutex> lock(shared.mu);
-    if (shared.family == nullptr) shared.family = family;
-    family = shared.family;
-  }
-  // Which dimensions are shared (same name, same groups) and which new;
-  // a shared name with other groups is refused, the same on every rank.
-  std::vector<std::vector<std::vector<int64_t>>> groups(layout.ndim());
+  VEMESH_ASSIGN_OR_RETURN(std::shared_ptr<ViewFamily> family, shared.Family());
+  // Which dimensions are shared (same name and groups, or same groups under
+  // any name) and which new; a bound name with other groups is refused,
+  // the same on every rank.
+  std::vector<ViewFamily::Groups> groups(layout.ndim());
   std::vector<std::shared_ptr<Communicator>> known(layout.ndim());
   std::vector<bool> is_new(layout.ndim(), true);
+  std::vector<bool> by_name(layout.ndim(), false);
   {
     std::lock_guard<std::mutex> lock(family->mu);
     for (int64_t d = 0; d < layout.ndim(); ++d) {
       const std::string& name = layout.dim_name(d);
       VEMESH_ASSIGN_OR_RETURN(groups[d], layout.groups({name}));
       std::sort(groups[d].begin(), groups[d].end());
-      auto it = family->dims.find(name);
-      if (it == family->dims.end()) continue;
-      if (it->second.groups != groups[d]) {
+      auto it =
+          options.bind_names ? family->dims.find(name) : family->dims.end();
+      if (it != family->dims.end() && it->second.groups != groups[d]) {
         size_t i = 0;
         while (i < groups[d].size() && i < it->second.groups.size() &&
                groups[d][i] == it->second.groups[i]) {
           ++i;
         }
-        const auto text = [](const std::vector<std::vector<int64_t>>& g,
-                             size_t at) {
+        const auto text = [](const ViewFamily::Groups& g, size_t at) {
           return at < g.size()
                      ? absl::StrCat("[", absl::StrJoin(g[at], ", "), "]")
                      : std::string("none");
@@ -382,8 +448,18 @@ absl::StatusOr<DeviceMesh> DeviceMesh::view(
             ": expected the groups of a shared dimension to be the same (or "
             "another name)"));
       }
-      is_new[d] = false;
-      known[d] = it->second.mine;
+      if (it != family->dims.end()) {
+        is_new[d] = false;
+        by_name[d] = true;
+        known[d] = it->second.mine;
+        continue;
+      }
+      // The group cache: the same rank sets under another name.
+      auto cached = family->by_groups.find(groups[d]);
+      if (cached != family->by_groups.end()) {
+        is_new[d] = false;
+        known[d] = cached->second;
+      }
     }
   }
   auto next = shared.Sibling(layout);
@@ -414,18 +490,21 @@ absl::StatusOr<DeviceMesh> DeviceMesh::view(
                                               shared.global_rank, member));
       requests.push_back(std::move(request));
     }
-    VEMESH_ASSIGN_OR_RETURN(auto device_world, shared.DeviceWorld());
-    VEMESH_ASSIGN_OR_RETURN(
-        auto made,
-        device_world->split_many(requests, absl::Now() + shared.timeout));
+    std::vector<std::shared_ptr<Communicator>> made;
+    if (!requests.empty()) {
+      VEMESH_ASSIGN_OR_RETURN(auto device_world, shared.DeviceWorld());
+      VEMESH_ASSIGN_OR_RETURN(
+          made,
+          device_world->split_many(requests, absl::Now() + shared.timeout));
+    }
     size_t next_new = 0;
     for (int64_t d = 0; d < layout.ndim(); ++d) {
       next->dims.push_back(is_new[d] ? std::move(made[next_new++]) : known[d]);
       next->backend_dim.push_back(-1);
     }
-    // A shared dimension keeps the backend it was made on.
+    // A dimension shared by name keeps the backend it was made on.
     for (int64_t d = 0; d < layout.ndim(); ++d) {
-      if (is_new[d]) continue;
+      if (!by_name[d]) continue;
       auto at = from.find_dim(layout.dim_name(d));
       if (at && !shared.backend_dim.empty()) {
         next->backend_dim[d] = shared.backend_dim[*at];
@@ -435,13 +514,16 @@ absl::StatusOr<DeviceMesh> DeviceMesh::view(
   {
     std::lock_guard<std::mutex> lock(family->mu);
     for (int64_t d = 0; d < layout.ndim(); ++d) {
-      if (!is_new[d]) continue;
-      family->dims.emplace(
-          layout.dim_name(d),
-          ViewFamily::Dim{std::move(groups[d]),
-                          d < static_cast<int64_t>(next->dims.size())
-                              ? next->dims[d]
-                              : nullptr});
+      if (by_name[d]) continue;
+      std::shared_ptr<Communicator> mine =
+          d < static_cast<int64_t>(next->dims.size()) ? next->dims[d] : nullptr;
+      // A rank set met under a new name binds that name too (bound views).
+      if (is_new[d]) family->by_groups.emplace(groups[d], mine);
+      if (options.bind_names) {
+        family->dims.emplace(
+            layout.dim_name(d),
+            ViewFamily::Dim{std::move(groups[d]), std::move(mine)});
+      }
     }
   }
   return DeviceMesh(next, layout);

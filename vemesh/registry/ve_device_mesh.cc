@@ -147,15 +147,85 @@ std::vector<std::string> NamesExcept(const MeshLayout& layout, int64_t skip) {
 }
 
 }  // namespace
-bool VeDeviceMesh::is_current(const DeviceMesh& mesh) const {
-  const Snapshot snap(*this);
+// -- Named meshes -------------------------------------------------------------
+
+const std::atomic<const void*>* VeDeviceMesh::published_for(
+    MeshName mesh) const {
+  if (mesh.is_default()) return &published_;
+  std::lock_guard<std::mutex> lock(named_mu_);
+  auto it = named_.find(mesh.name);
+  return it == named_.end() ? nullptr : &it->second->published;
+}
+
+std::vector<std::string> VeDeviceMesh::mesh_names() const {
+  std::vector<std::string> out;
+  std::lock_guard<std::mutex> lock(named_mu_);
+  for (const auto& [name, slot] : named_) {
+    if (slot->published.load() != nullptr) out.push_back(name);
+  }
+  return out;
+}
+
+absl::Status VeDeviceMesh::MissingMesh(MeshName mesh) const {
+  std::vector<std::string> have;
+  if (is_initialized()) have.push_back("default");
+  for (std::string& name : mesh_names()) have.push_back(std::move(name));
+  return absl::NotFoundError(absl::StrCat(
+      "the registry has no mesh named '", mesh.name, "': expected one of [",
+      absl::StrJoin(have, ", "),
+      "] (make it with init_device_mesh and InitOptions::mesh_name = \"",
+      mesh.name, "\")"));
+}
+
+absl::Status VeDeviceMesh::role_elsewhere(absl::string_view role,
+                                          MeshName asked) const {
+  // The other meshes: the default one (unless asked) and every named one.
+  std::vector<std::pair<std::string, const std::atomic<const void*>*>> others;
+  if (!asked.is_default()) others.emplace_back("default", &published_);
+  {
+    std::lock_guard<std::mutex> lock(named_mu_);
+    for (const auto& [name, slot] : named_) {
+      if (name != asked.name) others.emplace_back(name, &slot->published);
+    }
+  }
+  std::vector<std::string> holders;
+  for (const auto& [name, published] : others) {
+    const SnapshotGuard guard(*published);
+    const auto* s = static_cast<const State*>(guard.get());
+    if (s == nullptr) continue;
+    // Exact roles and names only: a 1-D mesh's "serves as DP and TP" rule
+    // answers for its own mesh, never for another.
+    bool has = s->layout().find_role(role).ok();
+    if (!has) has = s->mesh.size(role).ok();  // a flattened name
+    if (has) {
+      holders.push_back(absl::StrCat(name == "default" && !asked.is_default()
+                                         ? std::string("the default mesh")
+                                         : absl::StrCat("mesh '", name, "'"),
+                                     " ", s->layout().ToString()));
+    }
+  }
+  if (holders.empty()) return absl::OkStatus();
+  const std::string asked_name =
+      asked.is_default() ? std::string("default") : std::string(asked.name);
+  return absl::FailedPreconditionError(absl::StrCat(
+      "'", role, "' is not a dimension or role of the ",
+      asked.is_default() ? "default mesh"
+                         : absl::StrCat("mesh '", asked_name, "'"),
+      " but of ", absl::StrJoin(holders, " and of "),
+      ": pass that mesh's name (MeshName(\"name\") in C++, mesh_name= in "
+      "Python); the registry never answers one mesh's role from another"));
+}
+
+bool VeDeviceMesh::is_current(const DeviceMesh& mesh, MeshName name) const {
+  const Snapshot snap(*this, name);
   const State* s = snap.get();
   return s != nullptr && s->mesh.same_root(mesh);
 }
 
-absl::Status VeDeviceMesh::check_current(const DeviceMesh& mesh) const {
+absl::Status VeDeviceMesh::check_current(const DeviceMesh& mesh,
+                                         MeshName name) const {
   // One snapshot for both questions: current? initialised at all?
-  const Snapshot snap(*this);
+  const Snapshot snap(*this, name);
   const State* s = snap.get();
   if (s != nullptr && s->mesh.same_root(mesh)) return absl::OkStatus();
   if (s == nullptr) {
@@ -172,8 +242,8 @@ absl::Status VeDeviceMesh::check_current(const DeviceMesh& mesh) const {
 
 // -- The mesh and its sub-meshes ---------------------------------------------
 
-absl::StatusOr<DeviceMesh> VeDeviceMesh::get() const {
-  const Snapshot snap(*this);
+absl::StatusOr<DeviceMesh> VeDeviceMesh::get(MeshName mesh) const {
+  const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   return s->mesh;
 }
@@ -186,7 +256,10 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::operator[](
   auto d = st.layout().find_dim(dim);
   if (!d) {
     VEMESH_ASSIGN_OR_RETURN(auto flat, FlatSize(st.mesh, dim));
-    if (!flat) return st.layout().dim_index(dim).status();
+    if (!flat) {
+      VEMESH_RETURN_IF_ERROR(role_elsewhere(dim, MeshName()));
+      return st.layout().dim_index(dim).status();
+    }
     if (!st.coordinate) return NotMember(st.mesh);
     return st.mesh[dim];
   }
@@ -209,58 +282,66 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::operator[](
 }
 
 absl::StatusOr<DeviceMesh> VeDeviceMesh::get_submesh(
-    absl::Span<const std::string> dims) const {
-  const Snapshot snap(*this);
+    absl::Span<const std::string> dims, MeshName mesh) const {
+  const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   return s->mesh.slice(dims);
 }
 
 // -- Shape and coordinates ---------------------------------------------------
 
-absl::StatusOr<int64_t> VeDeviceMesh::get_strategy_size(
-    absl::string_view dim) const {
-  const Snapshot snap(*this);
+absl::StatusOr<int64_t> VeDeviceMesh::get_strategy_size(absl::string_view dim,
+                                                        MeshName mesh) const {
+  const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   if (auto d = s->layout().find_dim(dim)) return s->shape[*d];
   VEMESH_ASSIGN_OR_RETURN(auto flat, FlatSize(s->mesh, dim));
   if (flat) return *flat;
+  VEMESH_RETURN_IF_ERROR(role_elsewhere(dim, mesh));
   return s->layout().dim_index(dim).status();
 }
 
-absl::StatusOr<int64_t> VeDeviceMesh::get_strategy_size(int64_t dim) const {
-  const Snapshot snap(*this);
+absl::StatusOr<int64_t> VeDeviceMesh::get_strategy_size(int64_t dim,
+                                                        MeshName mesh) const {
+  const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   return s->layout().dim_size(dim);
 }
 
-absl::StatusOr<Coordinate> VeDeviceMesh::get_strategy_coordinate() const {
-  const Snapshot snap(*this);
+absl::StatusOr<Coordinate> VeDeviceMesh::get_strategy_coordinate(
+    MeshName mesh) const {
+  const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   if (!s->coordinate) return NotMember(s->mesh);
   return *s->coordinate;
 }
 
 absl::StatusOr<Coordinate> VeDeviceMesh::get_strategy_coordinate(
-    int64_t global_rank) const {
-  const Snapshot snap(*this);
+    int64_t global_rank, MeshName mesh) const {
+  const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   return s->layout().coordinate_of(global_rank);
 }
 
-absl::Status VeDeviceMesh::get_strategy_coordinate(
-    int64_t global_rank, absl::Span<int64_t> out) const {
-  const Snapshot snap(*this);
+absl::Status VeDeviceMesh::get_strategy_coordinate(int64_t global_rank,
+                                                   absl::Span<int64_t> out,
+                                                   MeshName mesh) const {
+  const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   return s->layout().coordinate_of(global_rank, out);
 }
 
-absl::StatusOr<int64_t> VeDeviceMesh::lookup_rank(absl::string_view dim) const {
-  const Snapshot snap(*this);
+absl::StatusOr<int64_t> VeDeviceMesh::lookup_rank(absl::string_view dim,
+                                                  MeshName mesh) const {
+  const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   auto d = s->layout().find_dim(dim);
   if (!d) {
     VEMESH_ASSIGN_OR_RETURN(auto flat, FlatSize(s->mesh, dim));
-    if (!flat) return s->layout().dim_index(dim).status();
+    if (!flat) {
+      VEMESH_RETURN_IF_ERROR(role_elsewhere(dim, mesh));
+      return s->layout().dim_index(dim).status();
+    }
     if (!s->coordinate) return NotMember(s->mesh);
     return s->mesh.get_local_rank(dim);
   }
@@ -268,8 +349,9 @@ absl::StatusOr<int64_t> VeDeviceMesh::lookup_rank(absl::string_view dim) const {
   return (*s->coordinate)[*d];
 }
 
-absl::StatusOr<int64_t> VeDeviceMesh::lookup_rank(int64_t dim) const {
-  const Snapshot snap(*this);
+absl::StatusOr<int64_t> VeDeviceMesh::lookup_rank(int64_t dim,
+                                                  MeshName mesh) const {
+  const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   VEMESH_RETURN_IF_ERROR(s->layout().dim_size(dim));
   if (!s->coordinate) return NotMember(s->mesh);
@@ -277,72 +359,74 @@ absl::StatusOr<int64_t> VeDeviceMesh::lookup_rank(int64_t dim) const {
 }
 
 absl::StatusOr<int64_t> VeDeviceMesh::get_global_rank(
-    absl::Span<const int64_t> coordinate) const {
-  const Snapshot snap(*this);
+    absl::Span<const int64_t> coordinate, MeshName mesh) const {
+  const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   return s->layout().rank_at(coordinate);
 }
 
-absl::StatusOr<int64_t> VeDeviceMesh::get_rank() const {
-  const Snapshot snap(*this);
+absl::StatusOr<int64_t> VeDeviceMesh::get_rank(MeshName mesh) const {
+  const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   return s->mesh.global_rank();
 }
 
-absl::StatusOr<int64_t> VeDeviceMesh::get_local_rank() const {
-  return host_local_rank();
+absl::StatusOr<int64_t> VeDeviceMesh::get_local_rank(MeshName mesh) const {
+  return host_local_rank(mesh);
 }
 
-absl::StatusOr<int64_t> VeDeviceMesh::host_local_rank() const {
-  const Snapshot snap(*this);
+absl::StatusOr<int64_t> VeDeviceMesh::host_local_rank(MeshName mesh) const {
+  const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   return s->mesh.host_local_rank();
 }
 
-absl::StatusOr<Placement> VeDeviceMesh::get_placement() const {
-  const Snapshot snap(*this);
+absl::StatusOr<Placement> VeDeviceMesh::get_placement(MeshName mesh) const {
+  const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   return s->mesh.get_placement();
 }
 
-absl::StatusOr<Coordinate> VeDeviceMesh::get_coordinate() const {
-  return get_strategy_coordinate();
+absl::StatusOr<Coordinate> VeDeviceMesh::get_coordinate(MeshName mesh) const {
+  return get_strategy_coordinate(mesh);
 }
 
-absl::StatusOr<int64_t> VeDeviceMesh::size() const {
-  const Snapshot snap(*this);
+absl::StatusOr<int64_t> VeDeviceMesh::size(MeshName mesh) const {
+  const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   return s->layout().size();
 }
 
-absl::StatusOr<int64_t> VeDeviceMesh::size(absl::string_view dim) const {
-  return get_strategy_size(dim);
+absl::StatusOr<int64_t> VeDeviceMesh::size(absl::string_view dim,
+                                           MeshName mesh) const {
+  return get_strategy_size(dim, mesh);
 }
 
-absl::StatusOr<int64_t> VeDeviceMesh::size(int64_t dim) const {
-  return get_strategy_size(dim);
+absl::StatusOr<int64_t> VeDeviceMesh::size(int64_t dim, MeshName mesh) const {
+  return get_strategy_size(dim, mesh);
 }
 
-absl::StatusOr<int64_t> VeDeviceMesh::ndim() const {
-  const Snapshot snap(*this);
+absl::StatusOr<int64_t> VeDeviceMesh::ndim(MeshName mesh) const {
+  const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   return s->layout().ndim();
 }
 
-absl::StatusOr<std::vector<int64_t>> VeDeviceMesh::shape() const {
-  const Snapshot snap(*this);
+absl::StatusOr<std::vector<int64_t>> VeDeviceMesh::shape(MeshName mesh) const {
+  const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   return s->layout().shape();
 }
 
-absl::StatusOr<std::vector<std::string>> VeDeviceMesh::mesh_dim_names() const {
-  const Snapshot snap(*this);
+absl::StatusOr<std::vector<std::string>> VeDeviceMesh::mesh_dim_names(
+    MeshName mesh) const {
+  const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   return s->layout().dim_names();
 }
 
-absl::StatusOr<DeviceType> VeDeviceMesh::device_type() const {
-  const Snapshot snap(*this);
+absl::StatusOr<DeviceType> VeDeviceMesh::device_type(MeshName mesh) const {
+  const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   return s->mesh.device_type();
 }
@@ -365,9 +449,9 @@ absl::Status VeDeviceMesh::NoFlatDp(const State& s) {
       "a meta or elastic one"));
 }
 
-absl::StatusOr<int64_t> VeDeviceMesh::get_role_size(
-    absl::string_view role) const {
-  const Snapshot snap(*this);
+absl::StatusOr<int64_t> VeDeviceMesh::get_role_size(absl::string_view role,
+                                                    MeshName mesh) const {
+  const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   if (IsFlatDp(*s, role)) {
     return s->shape[s->dp_parts[0]] * s->shape[s->dp_parts[1]];
@@ -375,12 +459,14 @@ absl::StatusOr<int64_t> VeDeviceMesh::get_role_size(
   VEMESH_ASSIGN_OR_RETURN(const int64_t d, RoleDim(s->layout(), role));
   if (d >= 0) return s->layout().dim_size(d);
   VEMESH_ASSIGN_OR_RETURN(auto flat, FlatSize(s->mesh, role));
-  return flat.value_or(1);
+  if (flat) return *flat;
+  VEMESH_RETURN_IF_ERROR(role_elsewhere(role, mesh));
+  return 1;
 }
 
-absl::StatusOr<int64_t> VeDeviceMesh::get_role_rank(
-    absl::string_view role) const {
-  const Snapshot snap(*this);
+absl::StatusOr<int64_t> VeDeviceMesh::get_role_rank(absl::string_view role,
+                                                    MeshName mesh) const {
+  const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   if (!s->coordinate) return NotMember(s->mesh);
   if (IsFlatDp(*s, role)) {
@@ -390,13 +476,16 @@ absl::StatusOr<int64_t> VeDeviceMesh::get_role_rank(
   VEMESH_ASSIGN_OR_RETURN(const int64_t d, RoleDim(s->layout(), role));
   if (d >= 0) return (*s->coordinate)[d];
   VEMESH_ASSIGN_OR_RETURN(auto flat, FlatSize(s->mesh, role));
-  if (!flat) return 0;
+  if (!flat) {
+    VEMESH_RETURN_IF_ERROR(role_elsewhere(role, mesh));
+    return 0;
+  }
   return s->mesh.get_local_rank(role);
 }
 
-absl::StatusOr<DeviceMesh> VeDeviceMesh::get_role_mesh(
-    absl::string_view role) const {
-  const Snapshot snap(*this);
+absl::StatusOr<DeviceMesh> VeDeviceMesh::get_role_mesh(absl::string_view role,
+                                                       MeshName mesh) const {
+  const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   if (IsFlatDp(*s, role)) {
     if (!s->coordinate) return NotMember(s->mesh);
@@ -406,7 +495,10 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::get_role_mesh(
   VEMESH_ASSIGN_OR_RETURN(const int64_t d, RoleDim(s->layout(), role));
   if (d < 0) {
     VEMESH_ASSIGN_OR_RETURN(auto flat, FlatSize(s->mesh, role));
-    if (!flat) return MissingRole(s->layout(), role);
+    if (!flat) {
+      VEMESH_RETURN_IF_ERROR(role_elsewhere(role, mesh));
+      return MissingRole(s->layout(), role);
+    }
     if (!s->coordinate) return NotMember(s->mesh);
     return s->mesh[role];
   }
@@ -415,8 +507,8 @@ absl::StatusOr<DeviceMesh> VeDeviceMesh::get_role_mesh(
 }
 
 absl::StatusOr<std::shared_ptr<Communicator>> VeDeviceMesh::get_role_dim_groups(
-    absl::string_view role) const {
-  const Snapshot snap(*this);
+    absl::string_view role, MeshName mesh) const {
+  const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   if (IsFlatDp(*s, role)) {
     if (!s->coordinate) return NotMember(s->mesh);
@@ -426,15 +518,18 @@ absl::StatusOr<std::shared_ptr<Communicator>> VeDeviceMesh::get_role_dim_groups(
   VEMESH_ASSIGN_OR_RETURN(const int64_t d, RoleDim(s->layout(), role));
   if (d < 0) {
     VEMESH_ASSIGN_OR_RETURN(auto flat, FlatSize(s->mesh, role));
-    if (!flat) return MissingRole(s->layout(), role);
+    if (!flat) {
+      VEMESH_RETURN_IF_ERROR(role_elsewhere(role, mesh));
+      return MissingRole(s->layout(), role);
+    }
     return s->mesh.get_group(role);
   }
   return s->mesh.get_group(d);
 }
 
 absl::StatusOr<std::vector<DeviceMesh>> VeDeviceMesh::get_global_role_meshes(
-    absl::string_view role) const {
-  const Snapshot snap(*this);
+    absl::string_view role, MeshName mesh) const {
+  const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   const MeshLayout& layout = s->layout();
   if (IsFlatDp(*s, role)) {
@@ -454,7 +549,10 @@ absl::StatusOr<std::vector<DeviceMesh>> VeDeviceMesh::get_global_role_meshes(
     dims = {layout.dim_name(d)};
   } else {
     VEMESH_ASSIGN_OR_RETURN(auto flat, FlatSize(s->mesh, role));
-    if (!flat) return MissingRole(layout, role);
+    if (!flat) {
+      VEMESH_RETURN_IF_ERROR(role_elsewhere(role, mesh));
+      return MissingRole(layout, role);
+    }
     dims = {std::string(role)};
     // The group of the mesh's first rank: its members differ from that
     // rank exactly along the flattened dimensions (O(group size * ndim)).
@@ -487,50 +585,56 @@ absl::StatusOr<std::vector<DeviceMesh>> VeDeviceMesh::get_global_role_meshes(
       rest /= s->shape[i];
     }
     VEMESH_ASSIGN_OR_RETURN(auto rank, layout.rank_at(at));
-    VEMESH_ASSIGN_OR_RETURN(auto mesh, s->mesh.submesh_at(dims, rank));
-    out.push_back(std::move(mesh));
+    VEMESH_ASSIGN_OR_RETURN(auto sub, s->mesh.submesh_at(dims, rank));
+    out.push_back(std::move(sub));
   }
   return out;
 }
 
-absl::StatusOr<int64_t> VeDeviceMesh::get_pipeline_parallel_rank() const {
-  return get_role_rank("PP");
+absl::StatusOr<int64_t> VeDeviceMesh::get_pipeline_parallel_rank(
+    MeshName mesh) const {
+  return get_role_rank("PP", mesh);
 }
-absl::StatusOr<int64_t> VeDeviceMesh::get_data_parallel_rank() const {
-  return get_role_rank("DP");
+absl::StatusOr<int64_t> VeDeviceMesh::get_data_parallel_rank(
+    MeshName mesh) const {
+  return get_role_rank("DP", mesh);
 }
-absl::StatusOr<int64_t> VeDeviceMesh::get_tensor_parallel_rank() const {
-  return get_role_rank("TP");
+absl::StatusOr<int64_t> VeDeviceMesh::get_tensor_parallel_rank(
+    MeshName mesh) const {
+  return get_role_rank("TP", mesh);
 }
-absl::StatusOr<DeviceMesh> VeDeviceMesh::get_pipeline_parallel_mesh() const {
-  return get_role_mesh("PP");
+absl::StatusOr<DeviceMesh> VeDeviceMesh::get_pipeline_parallel_mesh(
+    MeshName mesh) const {
+  return get_role_mesh("PP", mesh);
 }
-absl::StatusOr<DeviceMesh> VeDeviceMesh::get_data_parallel_mesh() const {
-  return get_role_mesh("DP");
+absl::StatusOr<DeviceMesh> VeDeviceMesh::get_data_parallel_mesh(
+    MeshName mesh) const {
+  return get_role_mesh("DP", mesh);
 }
-absl::StatusOr<DeviceMesh> VeDeviceMesh::get_tensor_parallel_mesh() const {
-  return get_role_mesh("TP");
-}
-absl::StatusOr<std::shared_ptr<Communicator>>
-VeDeviceMesh::get_pipeline_parallel_dim_groups() const {
-  return get_role_dim_groups("PP");
-}
-absl::StatusOr<std::shared_ptr<Communicator>>
-VeDeviceMesh::get_data_parallel_dim_groups() const {
-  return get_role_dim_groups("DP");
+absl::StatusOr<DeviceMesh> VeDeviceMesh::get_tensor_parallel_mesh(
+    MeshName mesh) const {
+  return get_role_mesh("TP", mesh);
 }
 absl::StatusOr<std::shared_ptr<Communicator>>
-VeDeviceMesh::get_tensor_parallel_dim_groups() const {
-  return get_role_dim_groups("TP");
+VeDeviceMesh::get_pipeline_parallel_dim_groups(MeshName mesh) const {
+  return get_role_dim_groups("PP", mesh);
+}
+absl::StatusOr<std::shared_ptr<Communicator>>
+VeDeviceMesh::get_data_parallel_dim_groups(MeshName mesh) const {
+  return get_role_dim_groups("DP", mesh);
+}
+absl::StatusOr<std::shared_ptr<Communicator>>
+VeDeviceMesh::get_tensor_parallel_dim_groups(MeshName mesh) const {
+  return get_role_dim_groups("TP", mesh);
 }
 absl::StatusOr<std::vector<DeviceMesh>>
-VeDeviceMesh::get_global_tensor_parallel_meshes() const {
-  return get_global_role_meshes("TP");
+VeDeviceMesh::get_global_tensor_parallel_meshes(MeshName mesh) const {
+  return get_global_role_meshes("TP", mesh);
 }
 
 absl::StatusOr<std::vector<DeviceMesh>>
-VeDeviceMesh::get_global_pipeline_parallel_meshes() const {
-  const Snapshot snap(*this);
+VeDeviceMesh::get_global_pipeline_parallel_meshes(MeshName mesh) const {
+  const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   const State& st = *s;
   if (st.pp_dim < 0) return std::vector<DeviceMesh>{st.mesh};
@@ -547,23 +651,24 @@ VeDeviceMesh::get_global_pipeline_parallel_meshes() const {
   for (int64_t stage = 0; stage < stages; ++stage) {
     anchor[st.pp_dim] = stage;
     VEMESH_ASSIGN_OR_RETURN(auto rank, st.layout().rank_at(anchor));
-    VEMESH_ASSIGN_OR_RETURN(auto mesh, StageMesh(st.mesh, st.pp_dim, rank));
-    out.push_back(std::move(mesh));
+    VEMESH_ASSIGN_OR_RETURN(auto stage_mesh,
+                            StageMesh(st.mesh, st.pp_dim, rank));
+    out.push_back(std::move(stage_mesh));
   }
   return out;
 }
 
 // Rank and size from one snapshot: two queries could straddle a re-init
 // and compare the old mesh's stage with the new one's stage count.
-absl::StatusOr<bool> VeDeviceMesh::is_first_stage() const {
-  const Snapshot snap(*this);
+absl::StatusOr<bool> VeDeviceMesh::is_first_stage(MeshName mesh) const {
+  const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   if (!s->coordinate) return NotMember(s->mesh);
   return s->pp_dim < 0 || (*s->coordinate)[s->pp_dim] == 0;
 }
 
-absl::StatusOr<bool> VeDeviceMesh::is_last_stage() const {
-  const Snapshot snap(*this);
+absl::StatusOr<bool> VeDeviceMesh::is_last_stage(MeshName mesh) const {
+  const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   if (!s->coordinate) return NotMember(s->mesh);
   return s->pp_dim < 0 ||
@@ -592,8 +697,8 @@ absl::StatusOr<DeviceMesh> StageMesh(const DeviceMesh& mesh, int64_t pp_dim,
 }  // namespace
 
 absl::StatusOr<std::optional<int64_t>> VeDeviceMesh::stage_peer(
-    int64_t shift, bool wrap) const {
-  const Snapshot snap(*this);
+    int64_t shift, bool wrap, MeshName mesh) const {
+  const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   const State& st = *s;
   if (!st.coordinate) return NotMember(st.mesh);
@@ -601,8 +706,8 @@ absl::StatusOr<std::optional<int64_t>> VeDeviceMesh::stage_peer(
 }
 
 absl::StatusOr<std::optional<StageNeighbor>> VeDeviceMesh::stage_neighbor(
-    int64_t shift, bool wrap) const {
-  const Snapshot snap(*this);
+    int64_t shift, bool wrap, MeshName mesh) const {
+  const Snapshot snap(*this, mesh);
   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   const State& st = *s;
   if (!st.coordinate) return NotMember(st.mesh);
@@ -614,26 +719,27 @@ absl::StatusOr<std::optional<StageNeighbor>> VeDeviceMesh::stage_neighbor(
     VEMESH_ASSIGN_OR_RETURN(auto coordinate, st.layout().coordinate_of(*peer));
     stage = coordinate[st.pp_dim];
   }
-  VEMESH_ASSIGN_OR_RETURN(auto mesh, StageMesh(st.mesh, st.pp_dim, *peer));
+  VEMESH_ASSIGN_OR_RETURN(auto stage_mesh,
+                          StageMesh(st.mesh, st.pp_dim, *peer));
   return std::optional<StageNeighbor>(
-      StageNeighbor{stage, *peer, std::move(mesh)});
+      StageNeighbor{stage, *peer, std::move(stage_mesh)});
 }
 
 absl::StatusOr<std::optional<StageNeighbor>> VeDeviceMesh::get_prev_stage(
-    bool wrap) const {
-  return stage_neighbor(-1, wrap);
+    bool wrap, MeshName mesh) const {
+  return stage_neighbor(-1, wrap, mesh);
 }
 absl::StatusOr<std::optional<StageNeighbor>> VeDeviceMesh::get_next_stage(
-    bool wrap) const {
-  return stage_neighbor(+1, wrap);
+    bool wrap, MeshName mesh) const {
+  return stage_neighbor(+1, wrap, mesh);
 }
 absl::StatusOr<std::optional<int64_t>> VeDeviceMesh::get_prev_stage_peer(
-    bool wrap) const {
-  return stage_peer(-1, wrap);
+    bool wrap, MeshName mesh) const {
+  return stage_peer(-1, wrap, mesh);
 }
 absl::StatusOr<std::optional<int64_t>> VeDeviceMesh::get_next_stage_peer(
-    bool wrap) const {
-  return stage_peer(+1, wrap);
+    bool wrap, MeshName mesh) const {
+  return stage_peer(+1, wrap, mesh);
 }
 
 }  // namespace vemesh

@@ -86,6 +86,38 @@
 // from such a thread forgets the mesh at once but leaves its communicators
 // to the next init_device_mesh or reset on a thread that may call MPI.
 //
+// Named meshes (issue 45). Beside the default mesh (veScale's, above, and
+// unchanged), the registry holds meshes made under a name, over the same
+// ranks with another factorisation: an MoE job's expert mesh beside its
+// attention mesh, a vision encoder's mesh, an RL rollout mesh:
+//
+//   InitOptions experts;
+//   experts.mesh_name = "experts";
+//   VESCALE_DEVICE_MESH.init_device_mesh("cpu", {2, 1, 4},
+//                                        {"PP", "EDP", "EP"}, experts);
+//   VESCALE_DEVICE_MESH.get_role_dim_groups("EP", MeshName("experts"));
+//   VESCALE_DEVICE_MESH.get_role_size("EP");  // FailedPrecondition: only
+//                                             // mesh 'experts' has EP
+//
+// Every getter takes a MeshName last (the default mesh when omitted). A name
+// no mesh has is NotFound naming the meshes that exist. A role (or
+// dimension name) that the asked mesh lacks but another mesh has is
+// FailedPrecondition naming that mesh: the registry never answers one
+// mesh's role from another, nor with the "size 1, rank 0" of a missing role.
+// A named mesh over the ranks of a mesh already here (same device type,
+// same size, no rank list or backend of its own) is made as a
+// DeviceMesh::view of it (bind_names false), so dimensions that span the
+// same rank sets, whatever their names, share one communicator (the group
+// cache, docs/ARCHITECTURE.md); otherwise it is a mesh of its own.
+// reset(MeshName) forgets one mesh and leaves the others working (their
+// communicators stay alive while a mesh uses them); reset() forgets the
+// default mesh only, reset_all() every mesh. An elastic job keeps one mesh:
+// a named init with InitOptions::elastic, a named init beside an elastic
+// default mesh, or an elastic init beside named meshes is
+// FailedPrecondition, since the replica dimension changes membership each
+// epoch and a second mesh spanning it would keep groups of replicas that
+// are gone.
+//
 // Where veScale disagrees with its own documentation, this follows the
 // documentation; docs/VESCALE_COMPAT.md lists each case.
 
@@ -142,6 +174,21 @@ struct InitOptions {
   // that runs this process holds one replica (the product of the others).
   // mesh.ranks must then be empty.
   std::optional<ElasticOptions> elastic;
+  // Empty: the default mesh (veScale's). Otherwise the mesh is made, or
+  // replaced, under this name, and the default and other named meshes stay
+  // as they are. "default" is reserved (InvalidArgument).
+  std::string mesh_name;
+};
+
+// Which of the registry's meshes a getter answers from: the default one
+// when empty (MeshName()), else the one made under this name. Explicit, so
+// that a mesh name is never taken for a dimension name.
+//   VESCALE_DEVICE_MESH.get_role_size("EP", MeshName("experts"));
+struct MeshName {
+  constexpr MeshName() = default;
+  constexpr explicit MeshName(absl::string_view n) : name(n) {}
+  bool is_default() const { return name.empty(); }
+  absl::string_view name;
 };
 
 // A neighbouring pipeline stage: its sub-mesh (every dimension but PP), its
@@ -179,21 +226,32 @@ class VeDeviceMesh {
   // An elastic mesh stops its heartbeat (its replica is then lost to the
   // others after one TTL).
   void reset();
+  // Forgets one mesh (the default one for MeshName()); the others keep
+  // working, their communicators included (a communicator two meshes share
+  // lives while either holds it). Collective only as far as freeing
+  // communicators is.
+  void reset(MeshName mesh);
+  // Forgets every mesh, the default one and the named ones.
+  void reset_all();
+  // The names of the named meshes initialised now, in name order (the
+  // default mesh is not among them: is_initialized() tells).
+  std::vector<std::string> mesh_names() const;
   // The elastic mesh of an init with InitOptions::elastic, else null. Valid
   // until the next init_device_mesh or reset: do not reset from another
   // thread while end_step or recover runs.
   // Each epoch replaces the registry's mesh: queries follow the membership.
   ElasticMesh* elastic() const;
   bool is_initialized() const;
+  bool is_initialized(MeshName mesh) const;
   // Whether `mesh` (or the mesh it was sliced from) is the current global
   // mesh; false for meshes from a replaced or reset init.
-  bool is_current(const DeviceMesh& mesh) const;
+  bool is_current(const DeviceMesh& mesh, MeshName name = {}) const;
   // FailedPrecondition naming the mesh when !is_current(mesh).
-  absl::Status check_current(const DeviceMesh& mesh) const;
+  absl::Status check_current(const DeviceMesh& mesh, MeshName name = {}) const;
 
   // -- The mesh and its sub-meshes
   // ---------------------------------------------
-  absl::StatusOr<DeviceMesh> get() const;
+  absl::StatusOr<DeviceMesh> get(MeshName mesh = {}) const;
   // The 1-D sub-mesh along `dim` that contains this rank.
   absl::StatusOr<DeviceMesh> operator[](absl::string_view dim) const;
   // The 1-D sub-mesh along dimension `dim` (an index, never a name).
@@ -202,117 +260,152 @@ class VeDeviceMesh {
   absl::StatusOr<DeviceMesh> operator[](
       std::initializer_list<absl::string_view> dims) const;
   // The sub-mesh along `dims` (in that order) that contains this rank.
-  absl::StatusOr<DeviceMesh> get_submesh(
-      absl::Span<const std::string> dims) const;
+  absl::StatusOr<DeviceMesh> get_submesh(absl::Span<const std::string> dims,
+                                         MeshName mesh = {}) const;
 
   // -- Shape and coordinates
   // ---------------------------------------------------
-  absl::StatusOr<int64_t> get_strategy_size(absl::string_view dim) const;
-  absl::StatusOr<int64_t> get_strategy_size(int64_t dim) const;
+  absl::StatusOr<int64_t> get_strategy_size(absl::string_view dim,
+                                            MeshName mesh = {}) const;
+  absl::StatusOr<int64_t> get_strategy_size(int64_t dim,
+                                            MeshName mesh = {}) const;
   // This rank's coordinate / any global rank's coordinate (O(ndim)).
-  absl::StatusOr<Coordinate> get_strategy_coordinate() const;
-  absl::StatusOr<Coordinate> get_strategy_coordinate(int64_t global_rank) const;
+  absl::StatusOr<Coordinate> get_strategy_coordinate(MeshName mesh = {}) const;
+  absl::StatusOr<Coordinate> get_strategy_coordinate(int64_t global_rank,
+                                                     MeshName mesh = {}) const;
   // The same written into the caller's `out` (ndim() entries, else
   // InvalidArgument): the form for hot loops, no coordinate returned.
   //   int64_t coord[3];
   //   VESCALE_DEVICE_MESH.get_strategy_coordinate(rank, absl::MakeSpan(coord));
   absl::Status get_strategy_coordinate(int64_t global_rank,
-                                       absl::Span<int64_t> out) const;
+                                       absl::Span<int64_t> out,
+                                       MeshName mesh = {}) const;
   // This rank's index along one dimension.
-  absl::StatusOr<int64_t> lookup_rank(absl::string_view dim) const;
-  absl::StatusOr<int64_t> lookup_rank(int64_t dim) const;
+  absl::StatusOr<int64_t> lookup_rank(absl::string_view dim,
+                                      MeshName mesh = {}) const;
+  absl::StatusOr<int64_t> lookup_rank(int64_t dim, MeshName mesh = {}) const;
   // The global rank at a coordinate.
-  absl::StatusOr<int64_t> get_global_rank(
-      absl::Span<const int64_t> coordinate) const;
+  absl::StatusOr<int64_t> get_global_rank(absl::Span<const int64_t> coordinate,
+                                          MeshName mesh = {}) const;
   // This process's global rank.
-  absl::StatusOr<int64_t> get_rank() const;
+  absl::StatusOr<int64_t> get_rank(MeshName mesh = {}) const;
   // The device index on this host (host-local rank), not a mesh coordinate:
   // the GPU this process drives. veScale's get_local_rank(), kept under
   // that name; it is NOT DeviceMesh::get_local_rank(dim), PyTorch's index
   // along a dimension (lookup_rank(dim) here). host_local_rank() is the
   // same value under a name that cannot be mistaken, as DeviceMesh spells it.
-  absl::StatusOr<int64_t> get_local_rank() const;
-  absl::StatusOr<int64_t> host_local_rank() const;
+  absl::StatusOr<int64_t> get_local_rank(MeshName mesh = {}) const;
+  absl::StatusOr<int64_t> host_local_rank(MeshName mesh = {}) const;
   // Each rank's host and, per dimension, how many groups cross hosts
   // (vemesh/placement/placement.h; ToJson() is what `vemesh plan --check`
   // reads).
-  absl::StatusOr<Placement> get_placement() const;
-  absl::StatusOr<Coordinate> get_coordinate() const;
-  absl::StatusOr<int64_t> size() const;
+  absl::StatusOr<Placement> get_placement(MeshName mesh = {}) const;
+  absl::StatusOr<Coordinate> get_coordinate(MeshName mesh = {}) const;
+  absl::StatusOr<int64_t> size(MeshName mesh = {}) const;
   // By name or by index; an integer (a literal 0 too) is an index.
-  absl::StatusOr<int64_t> size(absl::string_view dim) const;
-  absl::StatusOr<int64_t> size(int64_t dim) const;
-  absl::StatusOr<int64_t> ndim() const;
-  absl::StatusOr<std::vector<int64_t>> shape() const;
-  absl::StatusOr<std::vector<std::string>> mesh_dim_names() const;
-  absl::StatusOr<DeviceType> device_type() const;
+  absl::StatusOr<int64_t> size(absl::string_view dim, MeshName mesh = {}) const;
+  absl::StatusOr<int64_t> size(int64_t dim, MeshName mesh = {}) const;
+  absl::StatusOr<int64_t> ndim(MeshName mesh = {}) const;
+  absl::StatusOr<std::vector<int64_t>> shape(MeshName mesh = {}) const;
+  absl::StatusOr<std::vector<std::string>> mesh_dim_names(
+      MeshName mesh = {}) const;
+  absl::StatusOr<DeviceType> device_type(MeshName mesh = {}) const;
 
   // -- Roles by name (PP, DP, TP, EP, CP, ...)
   // --------------------------------- Size and this rank's index: 1 and 0 for a
   // role the mesh lacks.
-  absl::StatusOr<int64_t> get_role_size(absl::string_view role) const;
-  absl::StatusOr<int64_t> get_role_rank(absl::string_view role) const;
+  absl::StatusOr<int64_t> get_role_size(absl::string_view role,
+                                        MeshName mesh = {}) const;
+  absl::StatusOr<int64_t> get_role_rank(absl::string_view role,
+                                        MeshName mesh = {}) const;
   // The 1-D sub-mesh / communicator of a role; NotFound if the mesh lacks it.
-  absl::StatusOr<DeviceMesh> get_role_mesh(absl::string_view role) const;
+  absl::StatusOr<DeviceMesh> get_role_mesh(absl::string_view role,
+                                           MeshName mesh = {}) const;
   absl::StatusOr<std::shared_ptr<Communicator>> get_role_dim_groups(
-      absl::string_view role) const;
+      absl::string_view role, MeshName mesh = {}) const;
   // Every 1-D mesh along a role, row-major over the other dimensions.
   // The get_global_* lists build at most 65536 meshes: a longer list (a
   // huge meta mesh) is ResourceExhausted naming the count, before anything
   // is allocated.
   absl::StatusOr<std::vector<DeviceMesh>> get_global_role_meshes(
-      absl::string_view role) const;
+      absl::string_view role, MeshName mesh = {}) const;
 
   // -- The veScale role getters
   // -------------------------------------------------
-  absl::StatusOr<int64_t> get_pipeline_parallel_rank() const;
-  absl::StatusOr<int64_t> get_data_parallel_rank() const;
-  absl::StatusOr<int64_t> get_tensor_parallel_rank() const;
-  absl::StatusOr<DeviceMesh> get_pipeline_parallel_mesh() const;
-  absl::StatusOr<DeviceMesh> get_data_parallel_mesh() const;
-  absl::StatusOr<DeviceMesh> get_tensor_parallel_mesh() const;
+  absl::StatusOr<int64_t> get_pipeline_parallel_rank(MeshName mesh = {}) const;
+  absl::StatusOr<int64_t> get_data_parallel_rank(MeshName mesh = {}) const;
+  absl::StatusOr<int64_t> get_tensor_parallel_rank(MeshName mesh = {}) const;
+  absl::StatusOr<DeviceMesh> get_pipeline_parallel_mesh(
+      MeshName mesh = {}) const;
+  absl::StatusOr<DeviceMesh> get_data_parallel_mesh(MeshName mesh = {}) const;
+  absl::StatusOr<DeviceMesh> get_tensor_parallel_mesh(MeshName mesh = {}) const;
   absl::StatusOr<std::shared_ptr<Communicator>>
-  get_pipeline_parallel_dim_groups() const;
-  absl::StatusOr<std::shared_ptr<Communicator>> get_data_parallel_dim_groups()
-      const;
-  absl::StatusOr<std::shared_ptr<Communicator>> get_tensor_parallel_dim_groups()
-      const;
+  get_pipeline_parallel_dim_groups(MeshName mesh = {}) const;
+  absl::StatusOr<std::shared_ptr<Communicator>> get_data_parallel_dim_groups(
+      MeshName mesh = {}) const;
+  absl::StatusOr<std::shared_ptr<Communicator>> get_tensor_parallel_dim_groups(
+      MeshName mesh = {}) const;
   // Every TP row, row-major.
-  absl::StatusOr<std::vector<DeviceMesh>> get_global_tensor_parallel_meshes()
-      const;
+  absl::StatusOr<std::vector<DeviceMesh>> get_global_tensor_parallel_meshes(
+      MeshName mesh = {}) const;
   // One mesh per pipeline stage (every dimension but PP), in stage order.
-  absl::StatusOr<std::vector<DeviceMesh>> get_global_pipeline_parallel_meshes()
-      const;
-  absl::StatusOr<bool> is_first_stage() const;
-  absl::StatusOr<bool> is_last_stage() const;
+  absl::StatusOr<std::vector<DeviceMesh>> get_global_pipeline_parallel_meshes(
+      MeshName mesh = {}) const;
+  absl::StatusOr<bool> is_first_stage(MeshName mesh = {}) const;
+  absl::StatusOr<bool> is_last_stage(MeshName mesh = {}) const;
 
   // -- Pipeline neighbours (beyond veScale)
   // ------------------------------------- The previous / next stage and this
   // rank's peer in it. std::nullopt at the first / last stage unless `wrap`
   // (virtual, interleaved pipelines).
   absl::StatusOr<std::optional<StageNeighbor>> get_prev_stage(
-      bool wrap = false) const;
+      bool wrap = false, MeshName mesh = {}) const;
   absl::StatusOr<std::optional<StageNeighbor>> get_next_stage(
-      bool wrap = false) const;
+      bool wrap = false, MeshName mesh = {}) const;
   // Only the peer's global rank: the cheap form for send/recv.
   absl::StatusOr<std::optional<int64_t>> get_prev_stage_peer(
-      bool wrap = false) const;
+      bool wrap = false, MeshName mesh = {}) const;
   absl::StatusOr<std::optional<int64_t>> get_next_stage_peer(
-      bool wrap = false) const;
+      bool wrap = false, MeshName mesh = {}) const;
 
  private:
   struct State;
-  // One reading of `published_` (a SnapshotGuard): the state a query
-  // answers from, alive until the query returns. Lock-free.
+  // One reading of `published_` or of a named mesh's slot (a
+  // SnapshotGuard): the state a query answers from, alive until the query
+  // returns. Lock-free for the default mesh.
   class Snapshot;
-  // Publishes `next` (null: none), waits out the queries reading the old
-  // state and frees it here, or keeps it in `retired_` when this thread may
-  // not call MPI. Under init_mu_.
+  // A named mesh: its state, owned here, and the pointer queries read.
+  // Slots are made once per name and kept until the registry dies, so a
+  // query may hold one's address without a lock.
+  struct Slot {
+    std::unique_ptr<const State> owner;
+    std::atomic<const void*> published{nullptr};
+  };
+  // Publishes `next` (null: none) in (owner, published), waits out the
+  // queries reading the old state and frees it here, or keeps it in
+  // `retired_` when this thread may not call MPI. Under init_mu_.
   void replace(std::unique_ptr<const State> next);
-  absl::StatusOr<std::optional<StageNeighbor>> stage_neighbor(int64_t shift,
-                                                              bool wrap) const;
-  absl::StatusOr<std::optional<int64_t>> stage_peer(int64_t shift,
-                                                    bool wrap) const;
+  void replace(std::unique_ptr<const State>& owner,
+               std::atomic<const void*>& published,
+               std::unique_ptr<const State> next);
+  // What a query of `mesh` reads: &published_ for the default mesh, the
+  // slot's for a named one, null for a name never initialised.
+  const std::atomic<const void*>* published_for(MeshName mesh) const;
+  // NotFound for a named mesh not initialised now, naming those that are.
+  absl::Status MissingMesh(MeshName mesh) const;
+  // OK unless a mesh other than `asked` has `role` (a dimension, a role or
+  // a flattened name): then FailedPrecondition naming that mesh. Called
+  // only where `asked` lacks the role.
+  absl::Status role_elsewhere(absl::string_view role, MeshName asked) const;
+  // init_device_mesh under a name (init_mu_ held).
+  absl::StatusOr<DeviceMesh> init_named(absl::string_view device_type,
+                                        std::vector<int64_t> mesh_shape,
+                                        std::vector<std::string> mesh_dim_names,
+                                        InitOptions options);
+  absl::StatusOr<std::optional<StageNeighbor>> stage_neighbor(
+      int64_t shift, bool wrap, MeshName mesh) const;
+  absl::StatusOr<std::optional<int64_t>> stage_peer(int64_t shift, bool wrap,
+                                                    MeshName mesh) const;
   // The registry's state for `mesh`: its sub-meshes and stage peers.
   // `collective` (init_device_mesh: every rank calls it) also flattens
   // DP_REPLICATE x DP_SHARD into the DP group.
@@ -337,6 +430,10 @@ class VeDeviceMesh {
   std::atomic<ElasticMesh*> elastic_view_{nullptr};
   // owner_.get(), for queries (vemesh/registry/internal/snapshot_guard.h).
   std::atomic<const void*> published_{nullptr};
+  // The named meshes' slots. named_mu_ guards the map (inserts, look-ups);
+  // a slot's contents follow init_mu_ and the snapshot protocol.
+  mutable std::mutex named_mu_;
+  std::map<std::string, std::unique_ptr<Slot>, std::less<>> named_;
 };
 
 }  // namespace vemesh

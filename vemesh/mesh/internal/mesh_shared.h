@@ -44,13 +44,25 @@ namespace vemesh {
 // the groups each enumerates and this rank's communicator, so that a view
 // sharing a name shares the communicator, and a view whose groups differ
 // for a known name is refused.
+//
+// The group cache: the same communicators keyed by the rank sets alone
+// (the sorted list of groups a dimension or flattening enumerates), whatever
+// they are named. A view's dimension, or a flattening of any view, whose
+// groups are already here reuses the communicator instead of splitting: an
+// attention mesh's DP and an expert mesh's EDP over the same ranks are one
+// communicator (PyTorch's shared state across meshes of one universe,
+// Megatron's HyperCommGrid). Every rank makes the same collective calls in
+// the same order, so every rank's cache holds the same keys and takes the
+// same decision without communicating.
 struct ViewFamily {
+  using Groups = std::vector<std::vector<int64_t>>;  // sorted
   struct Dim {
-    std::vector<std::vector<int64_t>> groups;  // sorted
-    std::shared_ptr<Communicator> mine;        // null outside the mesh
+    Groups groups;
+    std::shared_ptr<Communicator> mine;  // null outside the mesh
   };
   std::mutex mu;
   absl::flat_hash_map<std::string, Dim> dims;
+  absl::flat_hash_map<Groups, std::shared_ptr<Communicator>> by_groups;
 };
 
 // What a mesh and all its children share: the layout the mesh was created
@@ -134,6 +146,19 @@ struct DeviceMesh::Shared {
   // The views of this root and of the root it is a view of; made by the
   // first view(). Under `mu`.
   std::shared_ptr<ViewFamily> family;
+
+  // The family of this root's views, made on first use from the root's
+  // dimensions and flattenings (by name and by rank set). Takes `mu`.
+  absl::StatusOr<std::shared_ptr<ViewFamily>> Family();
+  // The group cache (ViewFamily::by_groups): the communicator of the
+  // groups `names` enumerate on `layout` when any view of the family made
+  // them (`*found`; null outside them), else null and !*found. No family
+  // (no view made yet): never found. CacheGroup records one. Take `mu`.
+  std::shared_ptr<Communicator> CachedGroup(const MeshLayout& layout,
+                                            absl::Span<const std::string> names,
+                                            bool* found);
+  void CacheGroup(const MeshLayout& layout, absl::Span<const std::string> names,
+                  std::shared_ptr<Communicator> comm);
 
   // `layout` with every name of `names` that it lacks but that names a
   // flattening of dimensions it holds (recursively) flattened in, so that

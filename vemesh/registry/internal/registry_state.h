@@ -71,21 +71,40 @@ struct VeDeviceMesh::State {
 class VeDeviceMesh::Snapshot {
  public:
   explicit Snapshot(const VeDeviceMesh& registry)
-      : guard_(registry.published_) {}
+      : registry_(registry), guard_(registry.published_) {}
+  // A reading of `mesh`: the default mesh's (as above) or a named one's.
+  Snapshot(const VeDeviceMesh& registry, MeshName mesh)
+      : registry_(registry),
+        mesh_(mesh),
+        guard_(mesh.is_default() ? registry.published_
+                                 : Target(registry, mesh)) {}
   // Null before init and after reset.
   const State* get() const { return static_cast<const State*>(guard_.get()); }
-  // get(), or NotInitialized when null: a query's prologue,
-  //   const Snapshot snap(*this);
+  // get(), or NotInitialized (the default mesh) / NotFound naming the
+  // meshes (a named one) when null: a query's prologue,
+  //   const Snapshot snap(*this, mesh);
   //   VEMESH_ASSIGN_OR_RETURN(const State* s, snap.state());
   // Inlined, so the hot queries pay one null test.
   absl::StatusOr<const State*> state() const {
     const State* s = get();
-    if (s == nullptr) [[unlikely]]
-      return registry_internal::NotInitialized();
+    if (s == nullptr) [[unlikely]] {
+      if (mesh_.is_default()) return registry_internal::NotInitialized();
+      return registry_.MissingMesh(mesh_);
+    }
     return s;
   }
+  MeshName mesh() const { return mesh_; }
 
  private:
+  static const std::atomic<const void*>& Target(const VeDeviceMesh& registry,
+                                                MeshName mesh) {
+    // A name never initialised reads as nothing published.
+    static const std::atomic<const void*> nothing{nullptr};
+    const std::atomic<const void*>* p = registry.published_for(mesh);
+    return p != nullptr ? *p : nothing;
+  }
+  const VeDeviceMesh& registry_;
+  MeshName mesh_;
   SnapshotGuard guard_;
 };
 
