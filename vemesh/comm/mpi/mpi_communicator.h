@@ -94,6 +94,8 @@
 
 namespace vemesh {
 
+class MpiLaunchQueue;  // mpi_communicator.cc
+
 class MpiCommunicator final : public Communicator {
  public:
   // Collective over MPI_COMM_WORLD: initialises MPI if needed (see
@@ -134,6 +136,12 @@ class MpiCommunicator final : public Communicator {
   NativeHandle native_handle() const override;
   MPI_Comm comm() const { return comm_; }
 
+  // The agreement check of every collective (see "Agreement" above): on
+  // unless VEMESH_COLLECTIVE_CHECK=0 (or off) was set. Part of the
+  // protocol: every rank of the group sets the same, between operations.
+  void set_collective_check(bool on);
+  bool collective_check() const { return check_; }
+
  protected:
   WorkOr Start(const Operation& op) override;
   // INT_MAX: MPI counts are int.
@@ -157,10 +165,16 @@ class MpiCommunicator final : public Communicator {
   static absl::StatusOr<std::shared_ptr<MpiCommunicator>> Adopt(
       MPI_Comm comm, MPI_Comm parent, const std::vector<int>* parent_ranks);
 
+  // Waits until every checked collective posted its data: before a split,
+  // which is a collective on the same MPI communicator.
+  absl::Status FlushChecked();
+
   MPI_Comm comm_;
   int rank_;
   int size_;
   std::vector<int> ranks_;
+  bool check_;
+  std::shared_ptr<MpiLaunchQueue> queue_;
 };
 
 }  // namespace vemesh
