@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "vemesh/rendezvous/memory_store.h"
@@ -68,6 +69,32 @@ TEST(ControlPlaneTest, RestoreWritesBackOnlyWhatIsAbsent) {
   EXPECT_EQ(now->record, newer);
   // An evicted replica has nothing to restore.
   EXPECT_TRUE(cp.RestoreIfAbsent("", "mesh=A").ok());
+}
+
+// Issue 44: a store restarted empty loses every lease at once; absent
+// leases are not trusted until a grace after the first renewal that finds
+// the store's mark gone (the job's start counts as one).
+TEST(ControlPlaneTest, LeasesAreNotTrustedRightAfterTheStoreLostThem) {
+  auto store = std::make_shared<MemoryStore>();
+  ControlPlane cp(store, "j", 1);
+  auto trusted = cp.LeasesTrusted();
+  ASSERT_TRUE(trusted.ok()) << trusted.status();
+  EXPECT_FALSE(*trusted);  // no mark yet: the store may have lost them
+  ASSERT_TRUE(cp.NoteStoreUp(absl::Milliseconds(200)).ok());
+  ASSERT_TRUE(cp.NoteStoreUp(absl::Milliseconds(200)).ok());  // no new grace
+  trusted = cp.LeasesTrusted();
+  ASSERT_TRUE(trusted.ok());
+  EXPECT_FALSE(*trusted);  // within the grace
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < until && !*cp.LeasesTrusted()) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_TRUE(*cp.LeasesTrusted());
+  // The store restarted empty: untrusted until the next mark's grace ends.
+  ASSERT_TRUE(store->remove("vemesh/elastic/j/store_up").ok());
+  EXPECT_FALSE(*cp.LeasesTrusted());
+  ASSERT_TRUE(cp.NoteStoreUp(absl::Milliseconds(200)).ok());
+  EXPECT_FALSE(*cp.LeasesTrusted());
 }
 
 }  // namespace

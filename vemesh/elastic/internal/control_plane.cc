@@ -58,6 +58,23 @@ absl::Status ControlPlane::RestoreIfAbsent(
   return store_->compare_set(root_ + "descriptor", "", descriptor).status();
 }
 
+absl::Status ControlPlane::NoteStoreUp(absl::Duration grace) const {
+  absl::StatusOr<int64_t> n = store_->add(root_ + "store_up", 1);
+  if (!n.ok()) return n.status();
+  if (*n != 1) return absl::OkStatus();
+  return store_->set_lease(root_ + "store_back", "1", grace);
+}
+
+absl::StatusOr<bool> ControlPlane::LeasesTrusted() const {
+  absl::StatusOr<std::string> back = store_->get(root_ + "store_back");
+  if (back.ok()) return false;
+  if (!absl::IsNotFound(back.status())) return back.status();
+  absl::StatusOr<std::string> up = store_->get(root_ + "store_up");
+  if (up.ok()) return true;
+  if (absl::IsNotFound(up.status())) return false;
+  return up.status();
+}
+
 std::string ControlPlane::LeaseKey(int replica, uint64_t incarnation,
                                    int rank) const {
   return absl::StrCat(root_, "hb/", replica, "/", absl::Hex(incarnation), "/",

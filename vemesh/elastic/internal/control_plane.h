@@ -15,6 +15,8 @@
 //                         recovery after epoch E (the quorum round)
 //   epoch/E/dp/POS/...    the rendezvous of epoch E's DP group at inner
 //                         position POS (Gloo's keys)
+//   store_up, store_back  whether the store lost its keys lately (see
+//                         NoteStoreUp)
 //
 //   ControlPlane cp(store, "job7", /*ranks_per_replica=*/2);
 //   absl::StatusOr<ControlPlane::Reading> now = cp.Read();
@@ -82,6 +84,16 @@ class ControlPlane {
   // which waits longer than the heartbeat period before founding a job.
   absl::Status RestoreIfAbsent(const std::string& record_text,
                                const std::string& descriptor) const;
+
+  // A store restarted empty (Redis without persistence) loses every lease
+  // at once: for a while after, an absent lease says nothing about its
+  // holder. NoteStoreUp (each renewal of a replica's rank 0, and a restore
+  // of the record) marks the store as this job's ("store_up", a counter);
+  // the first to find the mark gone (the counter answers 1) starts a grace
+  // of `grace` ("store_back", a lease of its own), in which LeasesTrusted
+  // is false, as it is while the mark is gone.
+  absl::Status NoteStoreUp(absl::Duration grace) const;
+  absl::StatusOr<bool> LeasesTrusted() const;
 
   std::string LeaseKey(int replica, uint64_t incarnation, int rank) const;
   // The key prefix of epoch `epoch`'s DP group at inner position `pos`.
