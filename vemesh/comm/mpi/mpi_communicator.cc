@@ -64,43 +64,64 @@ struct MpiRequests {
   }
 };
 
+// One operation's MPI side, shared by its Work and, for a checked
+// collective, its communicator's launch queue: it holds no communicator, so
+// an operation whose Work was let go of before its data was posted is
+// still posted in its turn, and nothing keeps the communicator alive.
+struct MpiLaunch {
+  Operation op;  // its count lists and P2POps outlive the requests
+  std::string name;
+  MpiRequests state;
+  // Runs once every request completed: checks receive counts, finishes avg.
+  std::function<absl::Status(MpiLaunch&)> finish;
+  bool resolved = false;   // under the queue's mutex
+  absl::Status agreement;  // under the queue's mutex: OK once posted
+
+  // InvalidArgument when receive `i` got another count than it asked for.
+  absl::Status CheckReceived(size_t i) {
+    const P2POp& p = op.p2p[state.p2p_index[i]];
+    int got = 0;
+    absl::Status s =
+        MpiStatus(MPI_Get_count(&state.statuses[i], MpiDataType(p.type), &got),
+                  "MPI_Get_count");
+    if (!s.ok()) return s;
+    if (got == MPI_UNDEFINED || static_cast<size_t>(got) != p.count) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": the receive from rank ", p.peer, " expected ",
+                       p.count, " ", DataTypeName(p.type), " elements but got ",
+                       got == MPI_UNDEFINED ? std::string("a partial element")
+                                            : absl::StrCat(got)));
+    }
+    return absl::OkStatus();
+  }
+};
+
 // Keeps abandoned operations' state alive for the rest of the process:
 // MPI may still complete them (a peer arrives late) and write there.
-void Abandon(std::unique_ptr<MpiRequests> state) {
+void Abandon(std::shared_ptr<MpiLaunch> launch) {
   static std::mutex mu;
-  static auto* kept = new std::vector<std::unique_ptr<MpiRequests>>();
+  static auto* kept = new std::vector<std::shared_ptr<MpiLaunch>>();
   std::lock_guard<std::mutex> lock(mu);
-  kept->push_back(std::move(state));
+  kept->push_back(std::move(launch));
 }
 
 class MpiWork final : public Work {
  public:
   MpiWork(std::shared_ptr<Communicator> owner, const Operation& op, int size)
       : Work(std::move(owner), op.Describe()),
-        op_(op),
         size_(size),
-        state_(std::make_unique<MpiRequests>()) {}
-
-  ~MpiWork() override {
-    if (state_->Pending()) Abandon(std::move(state_));
+        launch_(std::make_shared<MpiLaunch>()) {
+    launch_->op = op;
+    launch_->name = name();
   }
 
-  MpiRequests& state() { return *state_; }
+  ~MpiWork() override;
+
+  const std::shared_ptr<MpiLaunch>& launch() const { return launch_; }
   // A checked collective: its data waits in `queue` for the agreement.
   void set_queue(std::shared_ptr<MpiLaunchQueue> queue) {
     queue_ = std::move(queue);
   }
-  // The agreement's outcome (under the queue's mutex): OK once the data is
-  // posted, else why not.
-  void Resolve(absl::Status s) {
-    resolved_ = true;
-    agreement_ = std::move(s);
-  }
-  // Runs once every request completed: checks receive counts, finishes avg.
-  void set_finish(std::function<absl::Status(MpiWork&)> finish) {
-    finish_ = std::move(finish);
-  }
-  const Operation& op() const { return op_; }
 
   // MPI_Test yields the core itself on an oversubscribed host.
   bool PollYields() const override { return true; }
@@ -109,7 +130,7 @@ class MpiWork final : public Work {
 
   // Tests the data requests once the data is posted.
   std::optional<absl::Status> PollData() {
-    MpiRequests& s = *state_;
+    MpiRequests& s = launch_->state;
     for (size_t i = 0; i < s.requests.size(); ++i) {
       if (s.done[i]) continue;
       int flag = 0;
@@ -129,34 +150,16 @@ class MpiWork final : public Work {
     }
     if (s.Pending()) return std::nullopt;
     if (!first_error_.ok()) return first_error_;
-    return finish_ ? finish_(*this) : absl::OkStatus();
-  }
-
-  // InvalidArgument when receive `i` got another count than it asked for.
-  absl::Status CheckReceived(size_t i) {
-    const P2POp& p = op_.p2p[state_->p2p_index[i]];
-    int got = 0;
-    absl::Status s = MpiStatus(
-        MPI_Get_count(&state_->statuses[i], MpiDataType(p.type), &got),
-        "MPI_Get_count");
-    if (!s.ok()) return s;
-    if (got == MPI_UNDEFINED || static_cast<size_t>(got) != p.count) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name(), ": the receive from rank ", p.peer, " expected ",
-                       p.count, " ", DataTypeName(p.type), " elements but got ",
-                       got == MPI_UNDEFINED ? std::string("a partial element")
-                                            : absl::StrCat(got)));
-    }
-    return absl::OkStatus();
+    return launch_->finish ? launch_->finish(*launch_) : absl::OkStatus();
   }
 
  private:
   absl::Status Failed(size_t i, int code) {
     int cls = code;
     MPI_Error_class(code, &cls);
-    const int p2p = state_->p2p_index[i];
+    const int p2p = launch_->state.p2p_index[i];
     if (cls == MPI_ERR_TRUNCATE && p2p >= 0) {
-      const P2POp& p = op_.p2p[p2p];
+      const P2POp& p = launch_->op.p2p[p2p];
       return absl::InvalidArgumentError(absl::StrCat(
           name(), ": the receive from rank ", p.peer, " expected ", p.count,
           " ", DataTypeName(p.type),
@@ -167,23 +170,19 @@ class MpiWork final : public Work {
     return absl::Status(s.code(), absl::StrCat(name(), ": ", s.message()));
   }
 
-  Operation op_;  // its count lists and P2POps outlive the requests
   int size_;
-  std::unique_ptr<MpiRequests> state_;
+  std::shared_ptr<MpiLaunch> launch_;
   std::shared_ptr<MpiLaunchQueue> queue_;
-  bool resolved_ = false;   // under the queue's mutex
-  absl::Status agreement_;  // under the queue's mutex
-  std::function<absl::Status(MpiWork&)> finish_;
   absl::Status first_error_;  // a count mismatch, reported once all finished
 };
 
 // Posts `work`'s MPI requests (the operation's data) on `comm`, where this
 // rank is `me` of `n`.
-absl::Status PostData(MPI_Comm comm, int me, int n, MpiWork& work) {
-  const Operation& op = work.op();
+absl::Status PostData(MPI_Comm comm, int me, int n, MpiLaunch& work) {
+  const Operation& op = work.op;
   const MPI_Datatype type = MpiDataType(op.type);
   const MPI_Op reduce = MpiReduceOp(op.op, op.type);
-  MpiRequests& s = work.state();
+  MpiRequests& s = work.state;
   auto count = [](size_t c) { return static_cast<int>(c); };
   // Counts and displacements (elements) of blocks laid out in rank order.
   auto layout = [&](const std::vector<size_t>& c, std::vector<int>* counts,
@@ -307,14 +306,14 @@ absl::Status PostData(MPI_Comm comm, int me, int n, MpiWork& work) {
 
   // What completes the operation once MPI is done with it.
   if (op.kind == OpKind::kBatch) {
-    work.set_finish([](MpiWork& w) {
-      MpiRequests& st = w.state();
+    work.finish = [](MpiLaunch& w) {
+      MpiRequests& st = w.state;
       for (size_t i = 0; i < st.requests.size(); ++i) {
         if (st.p2p_index[i] < 0) continue;
         VEMESH_RETURN_IF_ERROR(w.CheckReceived(i));
       }
       return absl::OkStatus();
-    });
+    };
   } else if (op.op == ReduceOp::kAvg &&
              (op.kind == OpKind::kAllReduce || op.kind == OpKind::kReduce ||
               op.kind == OpKind::kReduceScatter ||
@@ -323,10 +322,10 @@ absl::Status PostData(MPI_Comm comm, int me, int n, MpiWork& work) {
     if (op.kind == OpKind::kReduce && me != op.root) elements = 0;
     if (op.kind == OpKind::kReduceScatterV) elements = op.recv_counts[me];
     if (elements > 0) {
-      work.set_finish([elements, n](MpiWork& w) {
-        HostDivide(w.op().recv, elements, w.op().type, n);
+      work.finish = [elements, n](MpiLaunch& w) {
+        HostDivide(w.op.recv, elements, w.op.type, n);
         return absl::OkStatus();
-      });
+      };
     }
   }
   return absl::OkStatus();
@@ -345,8 +344,8 @@ class MpiLaunchQueue {
       : comm_(comm), rank_(rank), size_(size) {}
 
   std::mutex& mu() { return mu_; }
-  void Push(std::shared_ptr<MpiWork> work) {
-    waiting_.push_back(std::move(work));
+  void Push(std::shared_ptr<MpiLaunch> launch) {
+    waiting_.push_back(std::move(launch));
   }
   bool empty() const { return waiting_.empty(); }
 
@@ -354,10 +353,10 @@ class MpiLaunchQueue {
   // blocking (under mu()).
   void Drive() {
     while (!waiting_.empty()) {
-      MpiWork& w = *waiting_.front();
-      MpiRequests& s = w.state();
+      MpiLaunch& w = *waiting_.front();
+      MpiRequests& s = w.state;
       if (s.all.empty()) {  // its summary not posted yet
-        s.mine = SummarizeOp(w.op());
+        s.mine = SummarizeOp(w.op);
         s.all.resize(static_cast<size_t>(size_));
         const int code = MPI_Iallgather(&s.mine, sizeof(MpiOpSummary), MPI_BYTE,
                                         s.all.data(), sizeof(MpiOpSummary),
@@ -376,18 +375,19 @@ class MpiLaunchQueue {
         }
         if (!flag) return;
       }
-      absl::Status v = MpiAgreementVerdict(w.op(), s.all);
+      absl::Status v = MpiAgreementVerdict(w.op, s.all);
       if (v.ok()) v = PostData(comm_, rank_, size_, w);
       Pop(w, std::move(v));
     }
   }
 
  private:
-  void Pop(MpiWork& w, absl::Status s) {
+  void Pop(MpiLaunch& w, absl::Status s) {
     if (!s.ok() && !absl::IsInvalidArgument(s)) {
-      s = absl::Status(s.code(), absl::StrCat(w.name(), ": ", s.message()));
+      s = absl::Status(s.code(), absl::StrCat(w.name, ": ", s.message()));
     }
-    w.Resolve(std::move(s));
+    w.resolved = true;
+    w.agreement = std::move(s);
     waiting_.pop_front();
   }
 
@@ -395,19 +395,30 @@ class MpiLaunchQueue {
   const MPI_Comm comm_;
   const int rank_;
   const int size_;
-  std::deque<std::shared_ptr<MpiWork>> waiting_;  // under mu_
+  std::deque<std::shared_ptr<MpiLaunch>> waiting_;  // under mu_
 };
 
 namespace {
+
+MpiWork::~MpiWork() {
+  // Its data not posted yet (the queue posts it in its turn), or MPI may
+  // still complete it: kept for the rest of the process.
+  bool keep = false;
+  if (queue_ != nullptr) {
+    std::lock_guard<std::mutex> lock(queue_->mu());
+    keep = !launch_->resolved;
+  }
+  if (keep || launch_->state.Pending()) Abandon(std::move(launch_));
+}
 
 std::optional<absl::Status> MpiWork::Poll() {
   // No MPI from a thread that may not call it, nor after MPI_Finalize.
   VEMESH_RETURN_IF_ERROR(MpiUsable(name(), size_));
   if (queue_ != nullptr) {
     std::lock_guard<std::mutex> lock(queue_->mu());
-    if (!resolved_) queue_->Drive();
-    if (!resolved_) return std::nullopt;
-    if (!agreement_.ok()) return agreement_;
+    if (!launch_->resolved) queue_->Drive();
+    if (!launch_->resolved) return std::nullopt;
+    if (!launch_->agreement.ok()) return launch_->agreement;
   }
   return PollData();
 }
@@ -462,13 +473,13 @@ Communicator::WorkOr MpiCommunicator::Start(const Operation& op) {
   }
   auto work = std::make_shared<MpiWork>(Self(), op, size_);
   if (!check_ || size_ == 1 || !IsCheckedCollective(op)) {
-    VEMESH_RETURN_IF_ERROR(PostData(comm_, rank_, size_, *work));
+    VEMESH_RETURN_IF_ERROR(PostData(comm_, rank_, size_, *work->launch()));
     return std::shared_ptr<Work>(std::move(work));
   }
   work->set_queue(queue_);
   {
     std::lock_guard<std::mutex> lock(queue_->mu());
-    queue_->Push(work);
+    queue_->Push(work->launch());
     queue_->Drive();  // posts its summary when nothing older waits
   }
   return std::shared_ptr<Work>(std::move(work));

@@ -16,27 +16,27 @@
 namespace vemesh {
 namespace {
 
-uint64_t HashCounts(const std::vector<size_t>& counts) {
+uint64_t MpiHashCounts(const std::vector<size_t>& counts) {
   uint64_t h = kFnv1aOffset;
   for (size_t c : counts) h = Fnv1aWord(c, h);
   return h;
 }
 
-bool Same(const MpiOpSummary& a, const MpiOpSummary& b) {
+bool MpiSame(const MpiOpSummary& a, const MpiOpSummary& b) {
   return std::memcmp(&a, &b, sizeof(MpiOpSummary)) == 0;
 }
 
-bool Reduces(OpKind k) {
+bool MpiReduces(OpKind k) {
   return k == OpKind::kAllReduce || k == OpKind::kReduce ||
          k == OpKind::kReduceScatter || k == OpKind::kReduceScatterV;
 }
 
-bool Rooted(OpKind k) {
+bool MpiRooted(OpKind k) {
   return k == OpKind::kBroadcast || k == OpKind::kReduce ||
          k == OpKind::kGather || k == OpKind::kScatter;
 }
 
-std::string SummaryText(const MpiOpSummary& s) {
+std::string MpiSummaryText(const MpiOpSummary& s) {
   const auto kind = static_cast<OpKind>(s.kind);
   std::string out(OpKindName(kind));
   if (kind == OpKind::kBarrier) return out;
@@ -44,11 +44,11 @@ std::string SummaryText(const MpiOpSummary& s) {
                   DataTypeName(static_cast<DataType>(s.type)));
   std::vector<std::string> details;
   if (s.counts_hash != 0) details.push_back("its own count list");
-  if (Reduces(kind)) {
+  if (MpiReduces(kind)) {
     details.push_back(
         absl::StrCat("op ", ReduceOpName(static_cast<ReduceOp>(s.op))));
   }
-  if (Rooted(kind)) details.push_back(absl::StrCat("root ", s.root));
+  if (MpiRooted(kind)) details.push_back(absl::StrCat("root ", s.root));
   if (!details.empty()) {
     absl::StrAppend(&out, " (", absl::StrJoin(details, ", "), ")");
   }
@@ -66,14 +66,14 @@ MpiOpSummary SummarizeOp(const Operation& op) {
   s.kind = static_cast<uint32_t>(op.kind);
   if (op.kind == OpKind::kBarrier) return s;
   s.type = static_cast<uint32_t>(op.type);
-  if (Reduces(op.kind)) s.op = static_cast<uint32_t>(op.op);
-  if (Rooted(op.kind)) s.root = op.root;
+  if (MpiReduces(op.kind)) s.op = static_cast<uint32_t>(op.op);
+  if (MpiRooted(op.kind)) s.root = op.root;
   switch (op.kind) {
     case OpKind::kReduceScatterV:
     case OpKind::kAllGatherV:
       s.count = std::accumulate(op.recv_counts.begin(), op.recv_counts.end(),
                                 size_t{0});
-      s.counts_hash = HashCounts(op.recv_counts);
+      s.counts_hash = MpiHashCounts(op.recv_counts);
       break;
     case OpKind::kAllToAllV:
       break;  // each rank holds its own row of the count matrix
@@ -87,7 +87,7 @@ MpiOpSummary SummarizeOp(const Operation& op) {
 absl::Status MpiAgreementVerdict(const Operation& op,
                                  absl::Span<const MpiOpSummary> all) {
   for (size_t r = 1; r < all.size(); ++r) {
-    if (Same(all[r], all[0])) continue;
+    if (MpiSame(all[r], all[0])) continue;
     std::string hint = "the same operation, count, type, op and root";
     if (all[r].counts_hash != 0 && all[0].counts_hash != 0 &&
         all[r].kind == all[0].kind) {
@@ -96,7 +96,7 @@ absl::Status MpiAgreementVerdict(const Operation& op,
     return absl::InvalidArgumentError(DisagreementMessage(
         absl::StrCat(op.Name(), " (every rank of the group must pass ", hint,
                      ")"),
-        static_cast<int>(r), SummaryText(all[r]), 0, SummaryText(all[0])));
+        static_cast<int>(r), MpiSummaryText(all[r]), 0, MpiSummaryText(all[0])));
   }
   return absl::OkStatus();
 }
