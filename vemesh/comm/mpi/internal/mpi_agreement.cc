@@ -96,7 +96,8 @@ absl::Status MpiAgreementVerdict(const Operation& op,
     return absl::InvalidArgumentError(DisagreementMessage(
         absl::StrCat(op.Name(), " (every rank of the group must pass ", hint,
                      ")"),
-        static_cast<int>(r), MpiSummaryText(all[r]), 0, MpiSummaryText(all[0])));
+        static_cast<int>(r), MpiSummaryText(all[r]), 0,
+        MpiSummaryText(all[0])));
   }
   return absl::OkStatus();
 }
