@@ -274,7 +274,9 @@ case $scenario in
     # recovery (the quorum round, the epoch record, the DP group's
     # rendezvous) meets a Redis that is gone, then back empty. Every
     # survivor goes on at DP=2.
-    steps=150; pace=25
+    # A 4 s lease (renewed each second): the restart leaves the leases
+    # absent long enough that a survivor reads them during its recovery.
+    steps=150; pace=25; extra=(--heartbeat_ms 4000)
     launch 0 r0; launch 1 r1; launch 2 r2
     for k in 0 1 2; do wait_for r$k "^membership: epoch 1" 60; done
     sleep 1

@@ -292,6 +292,9 @@ absl::StatusOr<std::unique_ptr<ElasticMesh>> ElasticMesh::Create(
   if (connected.ok()) {
     el->control_ =
         std::make_unique<ControlPlane>(store, options.job, el->inner_size_);
+    // A Redis restarting is waited for within a lease TTL (the leases
+    // outlive that long), in a step's verdict and in a recovery alike.
+    el->control_->set_retry_for(options.heartbeat_ttl);
     // The replica's rank 0 also writes the record back if the store lost it
     // (on the heartbeat's thread: a long step must not delay it).
     std::function<void()> guard;

@@ -1,5 +1,7 @@
 #include "vemesh/elastic/internal/control_plane.h"
 
+#include <algorithm>
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +16,22 @@ ControlPlane::ControlPlane(std::shared_ptr<Store> store, std::string job,
       ranks_per_replica_(ranks_per_replica) {}
 
 absl::StatusOr<ControlPlane::Reading> ControlPlane::Read() const {
+  // An unreachable store (Redis restarting) is retried with backoff within
+  // the bound: a restart is ridden out in a step and in a recovery alike.
+  const absl::Time until = absl::Now() + retry_for_;
+  absl::Duration backoff = absl::Milliseconds(20);
+  for (int attempt = 0;; ++attempt) {
+    absl::StatusOr<Reading> r = ReadOnce();
+    if (r.ok() || !absl::IsUnavailable(r.status()) || attempt >= 64 ||
+        absl::Now() + backoff > until) {
+      return r;
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(2 * backoff, absl::Milliseconds(320));
+  }
+}
+
+absl::StatusOr<ControlPlane::Reading> ControlPlane::ReadOnce() const {
   auto text = store_->get(root_ + "membership");
   if (absl::IsNotFound(text.status())) return Reading{};
   if (!text.ok()) return text.status();

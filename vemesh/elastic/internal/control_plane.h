@@ -63,7 +63,11 @@ class ControlPlane {
   ControlPlane(std::shared_ptr<Store> store, std::string job,
                int ranks_per_replica);
 
+  // The record now. An unreachable store (Unavailable) is retried with
+  // backoff (20 ms doubling to 320 ms) for up to retry_for (none unless
+  // set; the elastic mesh sets its lease TTL).
   absl::StatusOr<Reading> Read() const;
+  void set_retry_for(absl::Duration d) { retry_for_ = d; }
   // Replaces `from` by `to` if the record is still `from`; returns what the
   // record is afterwards (`to` when this call won).
   absl::StatusOr<Reading> Transition(const Reading& from,
@@ -118,9 +122,12 @@ class ControlPlane {
   const std::shared_ptr<Store>& store() const { return store_; }
 
  private:
+  absl::StatusOr<Reading> ReadOnce() const;
+
   std::shared_ptr<Store> store_;
   std::string root_;
   int ranks_per_replica_;
+  absl::Duration retry_for_ = absl::ZeroDuration();
 };
 
 // Renews one lease every ttl/4 on its own thread (and its own store
