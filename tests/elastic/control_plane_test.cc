@@ -97,5 +97,60 @@ TEST(ControlPlaneTest, LeasesAreNotTrustedRightAfterTheStoreLostThem) {
   EXPECT_FALSE(*cp.LeasesTrusted());
 }
 
+// A store that is unreachable for its first `down` reads (a Redis
+// restarting), then a MemoryStore.
+class RestartingStore : public Store {
+ public:
+  explicit RestartingStore(int down) : down_(down) {}
+  absl::Status set(absl::string_view key, absl::string_view value) override {
+    return inner_.set(key, value);
+  }
+  absl::StatusOr<std::string> get(absl::string_view key) override {
+    if (down_ > 0) {
+      --down_;
+      return absl::UnavailableError("Redis at 127.0.0.1:1 is unreachable");
+    }
+    return inner_.get(key);
+  }
+  absl::Status wait(absl::Span<const std::string> keys,
+                    absl::Time deadline) override {
+    return inner_.wait(keys, deadline);
+  }
+  absl::StatusOr<int64_t> add(absl::string_view key, int64_t delta) override {
+    return inner_.add(key, delta);
+  }
+  absl::StatusOr<std::string> compare_set(absl::string_view key,
+                                          absl::string_view expected,
+                                          absl::string_view desired) override {
+    return inner_.compare_set(key, expected, desired);
+  }
+  absl::StatusOr<bool> remove(absl::string_view key) override {
+    return inner_.remove(key);
+  }
+
+ private:
+  int down_;
+  MemoryStore inner_;
+};
+
+// Issue 44: Read rides out an unreachable store within its bound (the
+// elastic mesh's lease TTL), and fails Unavailable past it.
+TEST(ControlPlaneTest, ReadRetriesAnUnreachableStoreWithinItsBound) {
+  auto store = std::make_shared<RestartingStore>(3);
+  ControlPlane cp(store, "j", 1);
+  cp.set_retry_for(absl::Seconds(5));
+  auto now = cp.Read();
+  ASSERT_TRUE(now.ok()) << now.status();
+  EXPECT_EQ(now->record.epoch, 0);
+  auto never = std::make_shared<RestartingStore>(1 << 30);
+  ControlPlane gone(never, "j", 1);
+  gone.set_retry_for(absl::Milliseconds(200));
+  const absl::Time start = absl::Now();
+  EXPECT_TRUE(absl::IsUnavailable(gone.Read().status()));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  ControlPlane once(std::make_shared<RestartingStore>(1), "j", 1);
+  EXPECT_TRUE(absl::IsUnavailable(once.Read().status()));  // no bound: once
+}
+
 }  // namespace
 }  // namespace vemesh
