@@ -77,10 +77,14 @@ absl::Status ControlPlane::RestoreIfAbsent(
 }
 
 absl::Status ControlPlane::NoteStoreUp(absl::Duration grace) const {
-  absl::StatusOr<int64_t> n = store_->add(root_ + "store_up", 1);
-  if (!n.ok()) return n.status();
-  if (*n != 1) return absl::OkStatus();
-  return store_->set_lease(root_ + "store_back", "1", grace);
+  absl::StatusOr<std::string> up = store_->get(root_ + "store_up");
+  if (up.ok()) return absl::OkStatus();
+  if (!absl::IsNotFound(up.status())) return up.status();
+  // The grace before the mark: whoever sees the mark sees the grace too
+  // until it expires (two noters both start one; the later one counts).
+  absl::Status s = store_->set_lease(root_ + "store_back", "1", grace);
+  if (!s.ok()) return s;
+  return store_->set(root_ + "store_up", "1");
 }
 
 absl::StatusOr<bool> ControlPlane::LeasesTrusted() const {

@@ -92,10 +92,11 @@ class ControlPlane {
   // A store restarted empty (Redis without persistence) loses every lease
   // at once: for a while after, an absent lease says nothing about its
   // holder. NoteStoreUp (each renewal of a replica's rank 0, and a restore
-  // of the record) marks the store as this job's ("store_up", a counter);
-  // the first to find the mark gone (the counter answers 1) starts a grace
-  // of `grace` ("store_back", a lease of its own), in which LeasesTrusted
-  // is false, as it is while the mark is gone.
+  // of the record) marks the store as this job's ("store_up"); one that
+  // finds the mark gone first starts a grace of `grace` ("store_back", a
+  // lease of its own), then writes the mark, so that LeasesTrusted (the
+  // mark there, the grace over) is false from the restart until a grace
+  // after the first renewal that saw it.
   absl::Status NoteStoreUp(absl::Duration grace) const;
   absl::StatusOr<bool> LeasesTrusted() const;
 
