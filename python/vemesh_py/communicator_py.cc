@@ -37,6 +37,14 @@ struct Pending {
   std::shared_ptr<Communicator> comm;
   std::shared_ptr<Work> work;
   std::vector<TensorBuffer> buffers;
+
+  // The results of staged buffers (tensor_buffer.h) copied back, once the
+  // operation succeeded; under the GIL.
+  absl::Status Unstage() {
+    absl::Status s;
+    for (TensorBuffer& b : buffers) s.Update(b.Unstage());
+    return s;
+  }
 };
 
 // Operations whose Python Work was dropped, or whose wait was interrupted,
@@ -57,11 +65,19 @@ bool Finished(Pending& p) {
   return !absl::IsAborted(s) && !absl::IsDeadlineExceeded(s);
 }
 
+// A finished operation's staged results still land in their tensors (a
+// Work dropped before wait(), as a program that waits on a later barrier).
+bool FinishedUnstaged(Pending& p) {
+  if (!Finished(p)) return false;
+  if (p.work != nullptr && p.work->status().ok()) (void)p.Unstage();
+  return true;
+}
+
 void ReapOrphans() {
   auto& orphans = Orphans();
   orphans.erase(std::remove_if(orphans.begin(), orphans.end(),
                                [](const std::unique_ptr<Pending>& p) {
-                                 return Finished(*p);
+                                 return FinishedUnstaged(*p);
                                }),
                 orphans.end());
 }
@@ -124,7 +140,9 @@ class PyWork {
   explicit PyWork(std::unique_ptr<Pending> p) : p_(std::move(p)) {}
   ~PyWork() {
     // Dropped before it finished (or aborted): the buffers must live on.
-    if (p_ != nullptr && !Finished(*p_)) Orphans().push_back(std::move(p_));
+    if (p_ != nullptr && !FinishedUnstaged(*p_)) {
+      Orphans().push_back(std::move(p_));
+    }
   }
 
   // Blocks until done; True (as torch's Work.wait). Raises the operation's
@@ -141,6 +159,7 @@ class PyWork {
       lock.lock();
       s = WaitInterruptibly(*p_, deadline);
     }
+    if (s.ok()) s = p_->Unstage();
     ThrowIfError(s);
     return true;
   }
@@ -150,10 +169,19 @@ class PyWork {
     if (!lock.owns_lock()) return false;
     if (!p_->work->test()) return false;
     ThrowIfError(p_->work->status());
+    ThrowIfError(p_->Unstage());
     return true;
   }
-  bool is_completed() const { return p_->work->is_completed(); }
+  bool is_completed() {
+    if (!p_->work->is_completed()) return false;
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+    if (lock.owns_lock() && p_->work->status().ok()) {
+      ThrowIfError(p_->Unstage());
+    }
+    return true;
+  }
   std::string name() const { return p_->work->name(); }
+  bool done() const { return p_->work->is_completed(); }
 
  private:
   std::mutex mu_;
@@ -173,8 +201,10 @@ ReduceOp ParseOp(const std::string& op) {
 }
 
 // A buffer checked against the group's backend.
+// An operation that outlives the call (`async_op`) works on a copy of a
+// torch host tensor (tensor_buffer.h: a resize_() would free its memory).
 TensorBuffer Buffer(const Communicator& comm, const py::handle& obj,
-                    const char* what, bool writable) {
+                    const char* what, bool writable, bool async_op) {
   TensorBuffer b = TensorBuffer::From(obj, what, writable);
   const bool nccl = comm.backend() == "nccl";
   if (b.on_cuda() != nccl) {
@@ -183,6 +213,7 @@ TensorBuffer Buffer(const Communicator& comm, const py::handle& obj,
         comm.backend(), " communicator; ",
         nccl ? "NCCL takes CUDA tensors" : "MPI and Gloo take host memory")));
   }
+  if (async_op) b.Stage();
   return b;
 }
 
@@ -231,7 +262,7 @@ using CommPtr = std::shared_ptr<Communicator>;
 py::object AllReduce(const CommPtr& c, py::handle t, const std::string& op,
                      bool async_op) {
   std::vector<TensorBuffer> bufs;
-  bufs.push_back(Buffer(*c, t, "tensor", true));
+  bufs.push_back(Buffer(*c, t, "tensor", true, async_op));
   Operation o;
   o.kind = OpKind::kAllReduce;
   o.send = o.recv = bufs[0].data();
@@ -244,7 +275,7 @@ py::object AllReduce(const CommPtr& c, py::handle t, const std::string& op,
 
 py::object Broadcast(const CommPtr& c, py::handle t, int src, bool async_op) {
   std::vector<TensorBuffer> bufs;
-  bufs.push_back(Buffer(*c, t, "tensor", true));
+  bufs.push_back(Buffer(*c, t, "tensor", true, async_op));
   Operation o;
   o.kind = OpKind::kBroadcast;
   o.recv = bufs[0].data();
@@ -261,8 +292,8 @@ py::object TwoBuffers(const CommPtr& c, OpKind kind, const char* name,
                       py::handle out, py::handle inp, const std::string& op,
                       bool async_op) {
   std::vector<TensorBuffer> bufs;
-  bufs.push_back(Buffer(*c, out, "out", true));
-  bufs.push_back(Buffer(*c, inp, "inp", false));
+  bufs.push_back(Buffer(*c, out, "out", true, async_op));
+  bufs.push_back(Buffer(*c, inp, "inp", false, async_op));
   SameType(bufs[0], bufs[1], name);
   const size_t n = static_cast<size_t>(c->size());
   const size_t out_n = bufs[0].count(), in_n = bufs[1].count();
@@ -314,10 +345,10 @@ py::object Rooted(const CommPtr& c, OpKind kind, const char* name,
   const bool need_out = !out_at_root_only || at_root;
   const bool need_inp = kind != OpKind::kScatter || at_root;
   if (need_out || !out.is_none()) {
-    bufs.push_back(Buffer(*c, out, "out", true));
+    bufs.push_back(Buffer(*c, out, "out", true, async_op));
   }
   if (need_inp || !inp.is_none()) {
-    bufs.push_back(Buffer(*c, inp, "inp", false));
+    bufs.push_back(Buffer(*c, inp, "inp", false, async_op));
   }
   if (bufs.size() == 2) SameType(bufs[0], bufs[1], name);
   const TensorBuffer* o_buf = need_out || !out.is_none() ? &bufs[0] : nullptr;
@@ -366,8 +397,8 @@ py::object AllToAllV(const CommPtr& c, py::handle out,
                      std::vector<size_t> out_counts, py::handle inp,
                      std::vector<size_t> in_counts, bool async_op) {
   std::vector<TensorBuffer> bufs;
-  bufs.push_back(Buffer(*c, out, "out", true));
-  bufs.push_back(Buffer(*c, inp, "inp", false));
+  bufs.push_back(Buffer(*c, out, "out", true, async_op));
+  bufs.push_back(Buffer(*c, inp, "inp", false, async_op));
   SameType(bufs[0], bufs[1], "all_to_all_v");
   Operation o;
   o.kind = OpKind::kAllToAllV;
@@ -388,7 +419,7 @@ int PeerOf(const CommPtr& c, int peer, bool global) {
 py::object PointToPoint(const CommPtr& c, py::handle t, int peer, bool send,
                         bool global, bool async_op) {
   std::vector<TensorBuffer> bufs;
-  bufs.push_back(Buffer(*c, t, "tensor", !send));
+  bufs.push_back(Buffer(*c, t, "tensor", !send, async_op));
   const int p = PeerOf(c, peer, global);
   void* data = bufs[0].data();
   const size_t count = bufs[0].count();
@@ -423,7 +454,7 @@ void RegisterCommunicator(py::module_& m) {
       .def_property_readonly("name", &PyWork::name)
       .def("__repr__", [](const PyWork& w) {
         return absl::StrCat("vemesh.Work(", w.name(),
-                            w.is_completed() ? ", completed)" : ", running)");
+                            w.done() ? ", completed)" : ", running)");
       });
 
   auto cls = py::class_<Communicator, std::shared_ptr<Communicator>>(

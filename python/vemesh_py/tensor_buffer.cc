@@ -1,6 +1,9 @@
 #include "tensor_buffer.h"
 
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -117,6 +120,8 @@ TensorBuffer TensorBuffer::From(const py::handle& obj, const char* what,
                                 bool writable) {
   TensorBuffer b;
   b.owner_ = py::reinterpret_borrow<py::object>(obj);
+  b.writable_ = writable;
+  b.what_ = what;
   // The buffer protocol first (numpy, bytearray, memoryview); DLPack for
   // what lacks it (torch tensors).
   if (PyObject_CheckBuffer(obj.ptr())) {
@@ -201,6 +206,48 @@ TensorBuffer TensorBuffer::From(const py::handle& obj, const char* what,
   b.count_ = static_cast<size_t>(count);
   b.source_ = b.on_cuda_ ? "dlpack cuda" : "dlpack cpu";
   return b;
+}
+
+void TensorBuffer::Stage() {
+  if (capsule_.is_none() || on_cuda_ || staged_ != nullptr) return;
+  const size_t bytes = count_ * SizeOf(type_);
+  staged_ = std::make_unique<std::byte[]>(bytes == 0 ? 1 : bytes);
+  if (bytes > 0) std::memcpy(staged_.get(), data_, bytes);
+  tensor_data_ = data_;
+  data_ = staged_.get();
+}
+
+absl::Status TensorBuffer::Unstage() {
+  if (staged_ == nullptr || !writable_) return absl::OkStatus();
+  // The tensor's memory now: a fresh capsule says where it is and how long.
+  void* now = nullptr;
+  int64_t count = -1;
+  try {
+    py::object capsule = owner_.attr("__dlpack__")();
+    auto* managed = static_cast<DLManagedTensor*>(
+        PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
+    if (managed == nullptr) throw py::error_already_set();
+    const DLTensor& t = managed->dl_tensor;
+    now = static_cast<char*>(t.data) + t.byte_offset;
+    count = 1;
+    for (int32_t d = 0; d < t.ndim; ++d) count *= t.shape[d];
+  } catch (py::error_already_set&) {
+    PyErr_Clear();
+  }
+  const size_t bytes = count_ * SizeOf(type_);
+  const bool same =
+      now == tensor_data_ && count == static_cast<int64_t>(count_);
+  if (same && bytes > 0) std::memcpy(tensor_data_, staged_.get(), bytes);
+  data_ = tensor_data_;
+  staged_.reset();  // once
+  if (!same) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what_,
+        ": the tensor was resized (or given other memory) while the "
+        "asynchronous operation ran; its result was not written into it "
+        "(keep a tensor's shape until wait() returns)"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace vemesh::python

@@ -12,6 +12,16 @@
 // naming the argument and what was expected. The buffer keeps its Python
 // object alive (and its DLPack capsule, whose deleter frees the tensor's
 // reference) until the TensorBuffer goes; moving it keeps that guarantee.
+//
+// That keeps the tensor, not its memory: torch's resize_() (or set_()) of a
+// tensor frees the memory it had, whatever holds the tensor. An operation
+// that outlives the call (async_op=True) on a DLPack host tensor therefore
+// works on a copy (Stage): the tensor's bytes copied in when it starts, the
+// result copied back (Unstage) when Python sees it complete, if the tensor
+// still has that memory; a resized tensor is an error, never a write into
+// freed memory. numpy refuses to resize an array whose buffer is exported,
+// and CUDA memory freed by torch stays mapped in its caching allocator:
+// both are used in place.
 
 #ifndef VEMESH_PYTHON_TENSOR_BUFFER_H_
 #define VEMESH_PYTHON_TENSOR_BUFFER_H_
@@ -22,6 +32,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
 #include "vemesh/comm/data_type.h"
 
 namespace vemesh::python {
@@ -48,6 +59,15 @@ class TensorBuffer {
   // The Python objects that keep the memory alive.
   pybind11::object owner() const { return owner_; }
 
+  // For an operation that may outlive the call: a DLPack host tensor is
+  // copied into memory owned here, and data() points there. No-op for the
+  // buffer protocol and CUDA.
+  void Stage();
+  // Copies a staged, writable buffer back into its tensor (once; the GIL
+  // held): FailedPrecondition naming the argument if the tensor no longer
+  // has the memory it had when the operation started (resized, set_()).
+  absl::Status Unstage();
+
  private:
   TensorBuffer() = default;
 
@@ -58,7 +78,12 @@ class TensorBuffer {
   size_t count_ = 0;
   DataType type_ = DataType::kFloat32;
   bool on_cuda_ = false;
+  bool writable_ = false;
   const char* source_ = "";
+  const char* what_ = "";
+  // Stage(): the copy the operation works on, and the tensor's own memory.
+  std::unique_ptr<std::byte[]> staged_;
+  void* tensor_data_ = nullptr;
 };
 
 }  // namespace vemesh::python

@@ -216,6 +216,105 @@ TEST(MpiCommunicator, ReceiveCountMismatchNamesBothCounts) {
   EXPECT_TRUE(world->barrier().ok());
 }
 
+// Issue 44: ranks that pass different collectives (count, type, op, root,
+// kind) get InvalidArgument on every rank, naming both, and the group goes
+// on. Without the agreement check Open MPI ended the whole job
+// (MPI_ERR_TRUNCATE reported on MPI_COMM_WORLD from inside MPI_Test).
+TEST(MpiCommunicator, MismatchedCollectivesFailOnEveryRankAndTheGroupGoesOn) {
+  auto world = World();
+  ASSERT_THAT(world, NotNull());
+  if (world->size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  ASSERT_TRUE(world->collective_check());  // the default
+  const int me = world->rank();
+  const int n = world->size();
+  auto expect_mismatch = [&](const absl::Status& s, const std::string& what) {
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(what)) << s;
+  };
+  // The count: MPI_ERR_TRUNCATE before.
+  std::vector<float> a(me == 1 ? 16 : 8, 1.0f);
+  expect_mismatch(world->all_reduce(absl::MakeSpan(a), ReduceOp::kSum),
+                  "rank 1 has all_reduce of 16 float32 (op sum), rank 0 has "
+                  "all_reduce of 8 float32");
+  // The type (float32 here, float64 on rank 1).
+  std::vector<float> f(8, 1.0f);
+  std::vector<double> d(8, 1.0);
+  expect_mismatch(me == 1
+                      ? world->all_reduce(absl::MakeSpan(d), ReduceOp::kSum)
+                      : world->all_reduce(absl::MakeSpan(f), ReduceOp::kSum),
+                  "rank 1 has all_reduce of 8 float64");
+  // The reduction and the root.
+  expect_mismatch(world->all_reduce(absl::MakeSpan(f),
+                                    me == 1 ? ReduceOp::kMax : ReduceOp::kSum),
+                  "op max");
+  expect_mismatch(world->broadcast(absl::MakeSpan(f), me == 1 ? 1 : 0),
+                  "root 1");
+  // The operation itself, asynchronous, waited for on every rank.
+  Communicator::WorkOr w =
+      me == 1 ? world->ibroadcast(absl::MakeSpan(f), 0)
+              : world->iall_reduce(absl::MakeSpan(f), ReduceOp::kSum);
+  ASSERT_TRUE(w.ok()) << w.status();
+  expect_mismatch((*w)->wait(absl::Now() + absl::Seconds(30)),
+                  "rank 1 has broadcast of 8 float32 (root 0)");
+  // Nothing broke: the next collectives agree and sum.
+  std::vector<float> ones(8, 1.0f);
+  ASSERT_TRUE(world->all_reduce(absl::MakeSpan(ones), ReduceOp::kSum).ok());
+  EXPECT_EQ(ones, std::vector<float>(8, static_cast<float>(n)));
+  EXPECT_TRUE(world->barrier().ok());
+}
+
+// Checked collectives post their data in issue order whichever Work is
+// waited for first (every rank calls MPI's collectives in one order), and
+// a split between them waits for them.
+TEST(MpiCommunicator, CheckedCollectivesKeepTheirOrderWaitedInReverse) {
+  auto world = World();
+  ASSERT_THAT(world, NotNull());
+  const int me = world->rank();
+  const int n = world->size();
+  std::vector<std::vector<int64_t>> data;
+  for (int i = 0; i < 8; ++i) data.emplace_back(4 + i, me + i);
+  std::vector<std::shared_ptr<Work>> works;
+  for (auto& v : data) {
+    auto w = world->iall_reduce(absl::MakeSpan(v), ReduceOp::kSum);
+    ASSERT_TRUE(w.ok()) << w.status();
+    works.push_back(*w);
+  }
+  // Rank 0 waits newest first, the others oldest first.
+  if (me == 0) std::reverse(works.begin(), works.end());
+  for (auto& w : works) {
+    ASSERT_TRUE(w->wait(absl::Now() + absl::Seconds(30)).ok()) << w->status();
+  }
+  for (int i = 0; i < 8; ++i) {
+    const int64_t sum =
+        static_cast<int64_t>(n) * (n - 1) / 2 + static_cast<int64_t>(n) * i;
+    EXPECT_EQ(data[i], std::vector<int64_t>(4 + i, sum)) << "operation " << i;
+  }
+  // An operation still waiting for its agreement when the group splits.
+  std::vector<int32_t> last(3, 1);
+  auto pending = world->iall_reduce(absl::MakeSpan(last), ReduceOp::kSum);
+  ASSERT_TRUE(pending.ok());
+  auto half = world->split(me % 2, me);
+  ASSERT_TRUE(half.ok()) << half.status();
+  ASSERT_TRUE((*pending)->wait(absl::Now() + absl::Seconds(30)).ok());
+  EXPECT_EQ(last, std::vector<int32_t>(3, n));
+  std::vector<int32_t> one(1, 1);
+  ASSERT_TRUE((*half)->all_reduce(absl::MakeSpan(one), ReduceOp::kSum).ok());
+  EXPECT_EQ(one[0], (*half)->size());
+}
+
+// The check can be turned off (VEMESH_COLLECTIVE_CHECK=0, or per group):
+// the same results without the exchange.
+TEST(MpiCommunicator, CollectiveCheckOffStillComputes) {
+  auto world = World();
+  ASSERT_THAT(world, NotNull());
+  world->set_collective_check(false);
+  std::vector<double> v(5, 1.5);
+  ASSERT_TRUE(world->all_reduce(absl::MakeSpan(v), ReduceOp::kSum).ok());
+  EXPECT_EQ(v, std::vector<double>(5, 1.5 * world->size()));
+  world->set_collective_check(true);
+  EXPECT_TRUE(world->barrier().ok());
+}
+
 // -- Groups
 // --------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "vemesh/rendezvous/memory_store.h"
@@ -68,6 +69,87 @@ TEST(ControlPlaneTest, RestoreWritesBackOnlyWhatIsAbsent) {
   EXPECT_EQ(now->record, newer);
   // An evicted replica has nothing to restore.
   EXPECT_TRUE(cp.RestoreIfAbsent("", "mesh=A").ok());
+}
+
+// Issue 44: a store restarted empty loses every lease at once; absent
+// leases are not trusted until a grace after the first renewal that finds
+// the store's mark gone (the job's start counts as one).
+TEST(ControlPlaneTest, LeasesAreNotTrustedRightAfterTheStoreLostThem) {
+  auto store = std::make_shared<MemoryStore>();
+  ControlPlane cp(store, "j", 1);
+  auto trusted = cp.LeasesTrusted();
+  ASSERT_TRUE(trusted.ok()) << trusted.status();
+  EXPECT_FALSE(*trusted);  // no mark yet: the store may have lost them
+  ASSERT_TRUE(cp.NoteStoreUp(absl::Milliseconds(200)).ok());
+  ASSERT_TRUE(cp.NoteStoreUp(absl::Milliseconds(200)).ok());  // no new grace
+  trusted = cp.LeasesTrusted();
+  ASSERT_TRUE(trusted.ok());
+  EXPECT_FALSE(*trusted);  // within the grace
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < until && !*cp.LeasesTrusted()) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_TRUE(*cp.LeasesTrusted());
+  // The store restarted empty: untrusted until the next mark's grace ends.
+  ASSERT_TRUE(store->remove("vemesh/elastic/j/store_up").ok());
+  EXPECT_FALSE(*cp.LeasesTrusted());
+  ASSERT_TRUE(cp.NoteStoreUp(absl::Milliseconds(200)).ok());
+  EXPECT_FALSE(*cp.LeasesTrusted());
+}
+
+// A store that is unreachable for its first `down` reads (a Redis
+// restarting), then a MemoryStore.
+class RestartingStore : public Store {
+ public:
+  explicit RestartingStore(int down) : down_(down) {}
+  absl::Status set(absl::string_view key, absl::string_view value) override {
+    return inner_.set(key, value);
+  }
+  absl::StatusOr<std::string> get(absl::string_view key) override {
+    if (down_ > 0) {
+      --down_;
+      return absl::UnavailableError("Redis at 127.0.0.1:1 is unreachable");
+    }
+    return inner_.get(key);
+  }
+  absl::Status wait(absl::Span<const std::string> keys,
+                    absl::Time deadline) override {
+    return inner_.wait(keys, deadline);
+  }
+  absl::StatusOr<int64_t> add(absl::string_view key, int64_t delta) override {
+    return inner_.add(key, delta);
+  }
+  absl::StatusOr<std::string> compare_set(absl::string_view key,
+                                          absl::string_view expected,
+                                          absl::string_view desired) override {
+    return inner_.compare_set(key, expected, desired);
+  }
+  absl::StatusOr<bool> remove(absl::string_view key) override {
+    return inner_.remove(key);
+  }
+
+ private:
+  int down_;
+  MemoryStore inner_;
+};
+
+// Issue 44: Read rides out an unreachable store within its bound (the
+// elastic mesh's lease TTL), and fails Unavailable past it.
+TEST(ControlPlaneTest, ReadRetriesAnUnreachableStoreWithinItsBound) {
+  auto store = std::make_shared<RestartingStore>(3);
+  ControlPlane cp(store, "j", 1);
+  cp.set_retry_for(absl::Seconds(5));
+  auto now = cp.Read();
+  ASSERT_TRUE(now.ok()) << now.status();
+  EXPECT_EQ(now->record.epoch, 0);
+  auto never = std::make_shared<RestartingStore>(1 << 30);
+  ControlPlane gone(never, "j", 1);
+  gone.set_retry_for(absl::Milliseconds(200));
+  const absl::Time start = absl::Now();
+  EXPECT_TRUE(absl::IsUnavailable(gone.Read().status()));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  ControlPlane once(std::make_shared<RestartingStore>(1), "j", 1);
+  EXPECT_TRUE(absl::IsUnavailable(once.Read().status()));  // no bound: once
 }
 
 }  // namespace

@@ -12,7 +12,7 @@
 # (issue 29): redis_restarted redis_restarted_newcomer mismatch rerun
 # below_min replica_stopped; HSDP (issue 28): hsdp_kill hsdp_rejoin
 # hsdp_corrupt hsdp_tp_rejoin hsdp_pp_rejoin; with the library's optimizers
-# (issue 47): hsdp_adam_rejoin hsdp_zero_rejoin hsdp_adam_tp_pp_rejoin. Every process this script starts
+# (issue 47): hsdp_adam_rejoin hsdp_zero_rejoin hsdp_adam_tp_pp_rejoin; (issue 44) redis_restarted_recovery. Every process this script starts
 # is ended by its PID (mpirun and its ranks, redis-server), never by name,
 # also when an assertion fails.
 set -u
@@ -199,6 +199,28 @@ case $scenario in
       grep -qE "^membership: epoch [2-9]" "$work/r$k.out" &&
         fail "r$k: the membership changed after the restart"
     done ;;
+  redis_restarted_recovery)
+    # Issue 44: Redis restarted empty while the survivors recover from a
+    # killed replica: Redis is killed with replica 1, so that the whole
+    # recovery (the quorum round, the epoch record, the DP group's
+    # rendezvous) meets a Redis that is gone, then back empty. Every
+    # survivor goes on at DP=2.
+    # A 4 s lease (renewed each second): the restart leaves the leases
+    # absent long enough that a survivor reads them during its recovery.
+    steps=150; pace=25; extra=(--heartbeat_ms 4000)
+    launch 0 r0; launch 1 r1; launch 2 r2
+    for k in 0 1 2; do wait_for r$k "^membership: epoch 1" 60; done
+    sleep 1
+    kill -KILL "$redis_pid"; wait "$redis_pid" 2>/dev/null
+    for c in $(ranks_of "${launcher[1]}"); do kill -KILL "$c"; done
+    sleep "${REDIS_DOWN_S:-0.5}"; start_redis
+    echo "redis restarted empty at $((SECONDS - start_time)) s"
+    finish 0; finish 1; finish 2
+    for k in 0 2; do
+      expect_pass r$k 2 $k
+      expect_line r$k "^membership: epoch [2-9], DP=2 \[0, 2\]"
+    done
+    expect_dead r1 1 ;;
   redis_restarted_newcomer)
     # The same, with a steps longer than form_timeout (10 s) and a replica
     # launched right after the restart: it must join the running job (DP

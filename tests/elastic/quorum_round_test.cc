@@ -4,10 +4,18 @@
 
 #include "vemesh/elastic/internal/quorum_round.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -244,6 +252,71 @@ TEST_F(QuorumRoundTest, OneDeadRankOfAMultiRankReplicaIsGone) {
   ASSERT_TRUE(p->has_value());
   EXPECT_THAT(**p, ElementsAre(0, 1));
   EXPECT_THAT(r0.gone(), ElementsAre(2));
+}
+
+// Issue 44: a flood of connections to a live replica's liveness port during
+// a recovery (silent connections left open, as a scanner or a stuck peer
+// leaves them, while the port also reads messages as the elastic mesh's
+// does): every probe of the round still completes its handshake, and the
+// live member is waited for, never read as gone.
+TEST_F(QuorumRoundTest, AFloodOnALivePortDuringARoundLeavesItListening) {
+  auto l2 = LivenessListener::Start("127.0.0.1", [](absl::string_view) {});
+  ASSERT_TRUE(l2.ok()) << l2.status();
+  const std::string where = (*l2)->address();
+  ASSERT_TRUE(store_->set(cp_.ProbeKey(2, 0xc), where).ok());
+  QuorumRound r0(cp_, rec_, 0, 0xa, absl::Milliseconds(20), {0xa, 0xb, 0xc});
+  QuorumRound r1(cp_, rec_, 1, 0xb, absl::Milliseconds(20), {0xa, 0xb, 0xc});
+  ASSERT_TRUE(r0.Post().ok());
+  ASSERT_TRUE(r1.Post().ok());
+  auto p = r0.Poll();  // replica 2 answers: trusted from now on
+  ASSERT_TRUE(p.ok());
+  ASSERT_FALSE(p->has_value());
+
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(
+      static_cast<uint16_t>(std::stoi(where.substr(where.rfind(':') + 1))));
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  std::atomic<bool> stop{false};
+  std::atomic<int> flooded{0};
+  std::thread flood([&] {
+    // Up to 1,000 connections open at once, 20,000 in all, 10 s at most.
+    std::deque<int> open;
+    const absl::Time until = absl::Now() + absl::Seconds(10);
+    for (int i = 0; i < 20000 && !stop && absl::Now() < until; ++i) {
+      const int fd =
+          socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+      if (fd < 0) break;
+      (void)connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+      open.push_back(fd);
+      flooded.fetch_add(1);
+      if (open.size() > 1000) {
+        close(open.front());
+        open.pop_front();
+      }
+    }
+    while (!stop) absl::SleepFor(absl::Milliseconds(5));
+    for (int fd : open) close(fd);
+  });
+  while (flooded.load() < 300) absl::SleepFor(absl::Milliseconds(1));
+  int refused = 0, unanswered = 0;
+  for (int i = 0; i < 100; ++i) {
+    // The mesh's probe bound (kProbeTimeout: 20 ms).
+    const Liveness v = ProbeLiveness(where, absl::Milliseconds(20));
+    if (v == Liveness::kGone) ++refused;
+    if (v == Liveness::kUnknown) ++unanswered;
+    p = r0.Poll();
+    ASSERT_TRUE(p.ok()) << p.status();
+    if (p->has_value()) break;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  stop = true;
+  flood.join();
+  EXPECT_EQ(refused, 0) << "probes of a live port refused during the flood";
+  EXPECT_EQ(unanswered, 0) << "probes of a live port unanswered in 20 ms";
+  EXPECT_FALSE(p->has_value()) << "the round decided without live replica 2";
+  EXPECT_TRUE(r0.gone().empty());
+  EXPECT_GT(flooded.load(), 1000);
 }
 
 // The epoch gate (epoch_gate.h): members 0 and 1 advertised their DP group

@@ -473,6 +473,82 @@ TEST(FullyShardedDataParallelTest, BadInputIsInvalidArgumentOnEveryRank) {
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
 }
 
+// Issue 44: one rank runs its backward hooks in forward order (two units of
+// equal size, so every reduction pairs with the other unit's and every call
+// used to return OK, leaving every rank the same wrong gradients). The unit
+// tag in each reduction makes FinishBackward InvalidArgument on every rank,
+// the offending one naming its hook; the step redone in order is right.
+TEST(FullyShardedDataParallelTest, BackwardOutOfOrderOnOneRankFailsEveryRank) {
+  const int n = WorldSize();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks";
+  // SHARD_GRAD_OP without prefetch keeps the parameters from forward to
+  // backward: the backward is the reductions alone, which pair unit 0 with
+  // unit 1. Under FULL_SHARD the backward's all_gathers meet the other
+  // rank's reductions (the backend's agreement check names them).
+  for (int mode = 0; mode < 3; ++mode) {
+    const bool bf16 = mode == 1;
+    const bool full = mode == 2;
+    SCOPED_TRACE(full ? "full shard" : bf16 ? "bfloat16" : "double");
+    absl::StatusOr<DeviceMesh> mesh =
+        init_device_mesh("cpu", {1, n}, {"replicate", "shard"});
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    std::vector<Linear> layers;
+    for (int i = 0; i < 2; ++i) {
+      layers.emplace_back("fc" + std::to_string(i),
+                          Deterministic(4, 4, 1.0 + i),
+                          Deterministic(1, 4, 3.0));
+    }
+    std::vector<FsdpUnit> units;
+    for (int i = 0; i < 2; ++i) {
+      units.push_back({"unit" + std::to_string(i), layers[i].parameters()});
+    }
+    FsdpOptions options;
+    options.sharding_strategy =
+        full ? ShardingStrategy::kFullShard : ShardingStrategy::kShardGradOp;
+    if (bf16) options.mixed_precision = MixedPrecision::kBFloat16;
+    options.prefetch = 0;  // a prefetch's all_gather would pair wrongly too
+    absl::StatusOr<FullyShardedDataParallel> f =
+        FullyShardedDataParallel::Create(*mesh, std::move(units), options);
+    ASSERT_TRUE(f.ok()) << f.status();
+    const bool odd = WorldRank() == n - 1;
+    // Unit u's gradient is u + 1 everywhere, on every rank.
+    auto step = [&](bool forward_order) -> absl::Status {
+      for (size_t u = 0; u < 2; ++u) {
+        VEMESH_RETURN_IF_ERROR(f->PreForward(u));
+        VEMESH_RETURN_IF_ERROR(f->PostForward(u));
+      }
+      for (int k = 0; k < 2; ++k) {
+        const size_t u = forward_order ? k : 1 - k;
+        VEMESH_RETURN_IF_ERROR(f->PreBackward(u));
+        for (Parameter* p : layers[u].parameters()) {
+          p->grad.setConstant(static_cast<double>(u + 1));
+        }
+        VEMESH_RETURN_IF_ERROR(f->PostBackward(u));
+      }
+      return f->FinishBackward();
+    };
+    absl::Status s = step(/*forward_order=*/odd);
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+    if (full) continue;
+    EXPECT_NE(s.message().find(odd ? "PostBackward(1) ('unit1') after "
+                                     "PostBackward(0) on this rank"
+                                   : "was paired with another unit"),
+              std::string::npos)
+        << s;
+    for (size_t u = 0; u < 2; ++u) {
+      for (double g : f->local_grad_shard(u)) EXPECT_EQ(g, 0.0) << "unit " << u;
+    }
+    // Redone in order on every rank: each unit's own average.
+    f->ZeroGrad();
+    ASSERT_TRUE(step(/*forward_order=*/false).ok());
+    for (size_t u = 0; u < 2; ++u) {
+      for (double g : f->local_grad_shard(u)) {
+        EXPECT_EQ(g, static_cast<double>(u + 1)) << "unit " << u;
+      }
+    }
+  }
+}
+
 std::vector<int> RanksOf(const Communicator& c) {
   return {c.ranks().begin(), c.ranks().end()};
 }

@@ -45,6 +45,7 @@ absl::StatusOr<MembershipRecord> ElasticMesh::ChooseEpoch(int64_t failed,
       if (auto t = control_->Transition(*now, *known_); !t.ok()) {
         return t.status();
       }
+      (void)control_->NoteStoreUp(options_.heartbeat_ttl);
       continue;
     }
     if (rec.epoch < failed) {
@@ -101,7 +102,17 @@ absl::StatusOr<MembershipRecord> ElasticMesh::ChooseEpoch(int64_t failed,
       *alive = Without(rec.members, Without(absent, {options_.replica}));
     }
     if (rec.epoch > failed && *alive == rec.members) return rec;
-    if (rec.epoch > failed || *alive != rec.members || absl::Now() >= settle) {
+    // A lease absent because the store restarted empty is no death: within
+    // a TTL of the restart every live member's renewal writes it back (the
+    // quorum round, by the ports, still decides meanwhile).
+    bool leases_lost = false;
+    if (rec.epoch == failed && *alive != rec.members) {
+      auto trusted = control_->LeasesTrusted();
+      if (!trusted.ok()) return trusted.status();
+      leases_lost = !*trusted;
+    }
+    if (!leases_lost && (rec.epoch > failed || *alive != rec.members ||
+                         absl::Now() >= settle)) {
       auto joiners = control_->AliveOf(rec, rec.pending);
       if (!joiners.ok()) return joiners.status();
       const MembershipRecord next =

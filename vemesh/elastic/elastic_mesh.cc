@@ -292,6 +292,9 @@ absl::StatusOr<std::unique_ptr<ElasticMesh>> ElasticMesh::Create(
   if (connected.ok()) {
     el->control_ =
         std::make_unique<ControlPlane>(store, options.job, el->inner_size_);
+    // A Redis restarting is waited for within a lease TTL (the leases
+    // outlive that long), in a step's verdict and in a recovery alike.
+    el->control_->set_retry_for(options.heartbeat_ttl);
     // The replica's rank 0 also writes the record back if the store lost it
     // (on the heartbeat's thread: a long step must not delay it).
     std::function<void()> guard;
@@ -299,13 +302,16 @@ absl::StatusOr<std::unique_ptr<ElasticMesh>> ElasticMesh::Create(
       guard = [g = el->guard_,
                cp = std::make_shared<ControlPlane>(beat_store, options.job,
                                                    el->inner_size_),
-               renewals = int64_t{0}]() mutable {
+               ttl = options.heartbeat_ttl, renewals = int64_t{0}]() mutable {
         std::string record;
         {
           std::lock_guard<std::mutex> lock(g->mu);
           record = g->record;
         }
         (void)cp->RestoreIfAbsent(record, g->descriptor);
+        // A store that lost its keys (restarted empty): every live rank's
+        // lease is back within a TTL; absent ones prove nothing till then.
+        (void)cp->NoteStoreUp(ttl);
         // The reading end_step uses instead of its own round trip: every
         // other renewal (each TTL/2, fresh enough for end_step's window of
         // one TTL), so that the renewals' own spacing stays short.

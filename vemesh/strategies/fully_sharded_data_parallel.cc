@@ -1,9 +1,12 @@
 #include "vemesh/strategies/fully_sharded_data_parallel.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -75,6 +78,11 @@ struct FullyShardedDataParallel::State {
   Group shard, replicate;
   std::vector<Unit> units;
   std::vector<size_t> pending;  // units with a reduction, in issue order
+  // The backward order the hooks assume (reverse registration order): the
+  // last unit PostBackward took since FinishBackward, and this rank's first
+  // departure from that order, if any.
+  std::optional<size_t> last_backward;
+  std::string order_error;
   std::vector<std::unique_ptr<FlatOptimizer>> optimizers;  // one per unit
   Counters counters;
   // Reductions or gathers that failed in flight keep their buffers here
@@ -123,6 +131,17 @@ struct FullyShardedDataParallel::State {
     return options.sharding_strategy == ShardingStrategy::kNoShard;
   }
   size_t elt() const { return bf16() ? sizeof(BFloat16) : sizeof(double); }
+  // What a rank adds to unit `u`'s reductions: u + 1 (exact in double; in
+  // bfloat16 1, whose sums are exact up to 256 ranks) while its backward
+  // runs in the order the hooks assume, else a negative value no sum of
+  // in-order tags can reach.
+  double ReductionTag(size_t u) const {
+    const double in_order = bf16() ? 1.0 : static_cast<double>(u) + 1.0;
+    if (order_error.empty()) return in_order;
+    return -4.0 * static_cast<double>(units.size() + 1) *
+           static_cast<double>(shard.size) *
+           static_cast<double>(std::max(replicate.CurrentSize(), 1));
+  }
 
   absl::Status CheckUnit(size_t u, absl::string_view op) const {
     if (u < units.size()) return absl::OkStatus();
@@ -248,6 +267,8 @@ struct FullyShardedDataParallel::State {
       if (unit.phase == Phase::kGathering) unit.phase = Phase::kSharded;
     }
     pending.clear();
+    last_backward.reset();  // the step is redone from its forward
+    order_error.clear();
     return status;
   }
 
@@ -302,6 +323,8 @@ struct FullyShardedDataParallel::State {
       unit.reducing = false;
     }
     pending.clear();
+    last_backward.reset();  // the step is redone from its forward
+    order_error.clear();
     return status;
   }
 
@@ -748,14 +771,34 @@ absl::Status FullyShardedDataParallel::PostBackward(size_t u) {
         "FSDP PostBackward(", u, ") ('", unit.name,
         "'): its previous reduction is pending; call FinishBackward first"));
   }
-  // The padded flat gradient of the whole unit.
-  const size_t total = unit.shard_len * st.shard.size;
+  // The padded flat gradient of the whole unit, each shard's block followed
+  // by the unit's tag (ReductionTag): the reductions sum it with the peers'
+  // and FinishBackward checks that every rank reduced this same unit.
+  const size_t block = unit.shard_len + 1;
+  const size_t total = block * st.shard.size;
+  if (st.order_error.empty() && st.last_backward.has_value() &&
+      u >= *st.last_backward) {
+    st.order_error =
+        absl::StrCat("FSDP PostBackward(", u, ") ('", unit.name,
+                     "') after PostBackward(", *st.last_backward,
+                     ") on this rank: the hooks run backward in reverse "
+                     "registration order (units ",
+                     st.units.size() - 1, " down to 0)");
+  }
+  st.last_backward = u;
+  const double tag = st.ReductionTag(u);
   if (st.bf16()) {
     unit.rs_bf16.assign(total, BFloat16(0.0f));
+    for (size_t b = 0; b < static_cast<size_t>(st.shard.size); ++b) {
+      unit.rs_bf16[b * block + unit.shard_len] = ToBf16(tag);
+    }
   } else {
     unit.rs_f64.assign(total, 0.0);
+    for (size_t b = 0; b < static_cast<size_t>(st.shard.size); ++b) {
+      unit.rs_f64[b * block + unit.shard_len] = tag;
+    }
   }
-  size_t at = 0;
+  size_t flat = 0;
   for (size_t k = 0; k < unit.params.size(); ++k) {
     const Matrix& g = unit.params[k]->grad;
     if (g.rows() != unit.shapes[k].first || g.cols() != unit.shapes[k].second) {
@@ -764,7 +807,8 @@ absl::Status FullyShardedDataParallel::PostBackward(size_t u) {
           "' is ", g.rows(), "x", g.cols(), "; expected ", unit.shapes[k].first,
           "x", unit.shapes[k].second));
     }
-    for (int64_t j = 0; j < g.size(); ++j, ++at) {
+    for (int64_t j = 0; j < g.size(); ++j, ++flat) {
+      const size_t at = flat / unit.shard_len * block + flat % unit.shard_len;
       if (st.bf16()) {
         unit.rs_bf16[at] = ToBf16(g.data()[j]);
       } else {
@@ -786,14 +830,14 @@ absl::Status FullyShardedDataParallel::PostBackward(size_t u) {
   } else {
     Communicator::WorkOr w;
     if (st.bf16()) {
-      unit.rs_out_bf16.resize(unit.shard_len);
-      w = st.shard.comm->ireduce_scatter(
-          unit.rs_bf16.data(), unit.rs_out_bf16.data(), unit.shard_len,
-          DataType::kBFloat16, ReduceOp::kSum);
+      unit.rs_out_bf16.resize(block);
+      w = st.shard.comm->ireduce_scatter(unit.rs_bf16.data(),
+                                         unit.rs_out_bf16.data(), block,
+                                         DataType::kBFloat16, ReduceOp::kSum);
     } else {
-      unit.rs_out_f64.resize(unit.shard_len);
+      unit.rs_out_f64.resize(block);
       w = st.shard.comm->ireduce_scatter(unit.rs_f64.data(),
-                                         unit.rs_out_f64.data(), unit.shard_len,
+                                         unit.rs_out_f64.data(), block,
                                          DataType::kFloat64, ReduceOp::kSum);
     }
     if (!w.ok()) return st.Abandon(u, w.status());
@@ -846,6 +890,40 @@ absl::Status FullyShardedDataParallel::FinishBackward() {
       if (!s.ok()) return st.AbandonReplicate(s);
       unit.ar_work.reset();
     }
+  }
+  // Every rank of the data-parallel group reduced the same unit in each
+  // reduction, in the order the hooks assume: the tags summed to the
+  // expected value, the same on every rank, so every rank fails alike.
+  const std::string order_error = std::move(st.order_error);
+  st.order_error.clear();
+  st.last_backward.reset();
+  for (size_t u : st.pending) {
+    const State::Unit& unit = st.units[u];
+    const double got = st.bf16() ? FromBf16(unit.rs_out_bf16[unit.shard_len])
+                                 : unit.rs_out_f64[unit.shard_len];
+    const double want = st.ReductionTag(u) * st.shard.size * replicas;
+    const double slack = st.bf16() ? 0.02 * want + 0.5 : 0.0;
+    if (std::abs(got - want) <= slack && order_error.empty()) continue;
+    for (size_t v : st.pending) {
+      st.units[v].reducing = false;
+      std::vector<double>().swap(st.units[v].rs_out_f64);
+      std::vector<BFloat16>().swap(st.units[v].rs_out_bf16);
+    }
+    st.pending.clear();
+    return absl::InvalidArgumentError(
+        !order_error.empty()
+            ? absl::StrCat(order_error,
+                           "; every rank's reductions of this step are "
+                           "dropped (ZeroGrad and redo the step)")
+            : absl::StrCat(
+                  "FSDP FinishBackward: the reduction of unit ", u, " ('",
+                  unit.name,
+                  "') was paired with another unit on some rank "
+                  "(tag sum ",
+                  got, ", expected ", want,
+                  "): a rank ran its "
+                  "backward hooks out of reverse registration order; every "
+                  "rank's reductions of this step are dropped"));
   }
   const double scale = 1.0 / (st.shard.size * replicas);
   for (size_t u : st.pending) {

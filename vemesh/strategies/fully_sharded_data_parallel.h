@@ -68,7 +68,12 @@
 // current one computes; 0 gathers each unit only when it is needed (the
 // baseline). Results are the same either way (the same values, the same
 // collectives in the same order on every rank). The hooks assume units run
-// forward in registration order and backward in reverse, as the example.
+// forward in registration order and backward in reverse, as the example;
+// the backward order is checked: each reduction carries its unit's tag
+// (one element per shard block, summed with the peers'), and a rank whose
+// PostBackward calls leave that order makes FinishBackward InvalidArgument
+// on every rank of the data-parallel group (the offending one naming its
+// hook), with nothing added to the gradient shards (ZeroGrad, redo).
 //
 // Mixed precision. `mixed_precision = kBFloat16` sends parameters (all_gather)
 // and gradients (reduce_scatter, all_reduce) as bfloat16 while the master

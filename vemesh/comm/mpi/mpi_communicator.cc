@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <numeric>
@@ -15,9 +16,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "vemesh/base/log.h"
 #include "vemesh/base/status_macros.h"
 #include "vemesh/comm/internal/host_reduce.h"
+#include "vemesh/comm/mpi/internal/mpi_agreement.h"
 #include "vemesh/comm/mpi/internal/mpi_datatypes.h"
 #include "vemesh/comm/mpi/mpi_environment.h"
 #include "vemesh/comm/mpi/mpi_request.h"
@@ -44,6 +47,10 @@ struct MpiRequests {
   // For a receive: its index in the operation's P2POps; -1 otherwise.
   std::vector<int> p2p_index;
   std::vector<int> counts, displs, counts2, displs2;
+  // The agreement check's exchange (internal/mpi_agreement.h).
+  MPI_Request summary = MPI_REQUEST_NULL;
+  MpiOpSummary mine;
+  std::vector<MpiOpSummary> all;
 
   void Add(MPI_Request request, int p2p = -1) {
     requests.push_back(request);
@@ -52,45 +59,78 @@ struct MpiRequests {
     p2p_index.push_back(p2p);
   }
   bool Pending() const {
-    return std::find(done.begin(), done.end(), false) != done.end();
+    return summary != MPI_REQUEST_NULL ||
+           std::find(done.begin(), done.end(), false) != done.end();
+  }
+};
+
+// One operation's MPI side, shared by its Work and, for a checked
+// collective, its communicator's launch queue: it holds no communicator, so
+// an operation whose Work was let go of before its data was posted is
+// still posted in its turn, and nothing keeps the communicator alive.
+struct MpiLaunch {
+  Operation op;  // its count lists and P2POps outlive the requests
+  std::string name;
+  MpiRequests state;
+  // Runs once every request completed: checks receive counts, finishes avg.
+  std::function<absl::Status(MpiLaunch&)> finish;
+  bool resolved = false;   // under the queue's mutex
+  absl::Status agreement;  // under the queue's mutex: OK once posted
+
+  // InvalidArgument when receive `i` got another count than it asked for.
+  absl::Status CheckReceived(size_t i) {
+    const P2POp& p = op.p2p[state.p2p_index[i]];
+    int got = 0;
+    absl::Status s =
+        MpiStatus(MPI_Get_count(&state.statuses[i], MpiDataType(p.type), &got),
+                  "MPI_Get_count");
+    if (!s.ok()) return s;
+    if (got == MPI_UNDEFINED || static_cast<size_t>(got) != p.count) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": the receive from rank ", p.peer, " expected ",
+                       p.count, " ", DataTypeName(p.type), " elements but got ",
+                       got == MPI_UNDEFINED ? std::string("a partial element")
+                                            : absl::StrCat(got)));
+    }
+    return absl::OkStatus();
   }
 };
 
 // Keeps abandoned operations' state alive for the rest of the process:
 // MPI may still complete them (a peer arrives late) and write there.
-void Abandon(std::unique_ptr<MpiRequests> state) {
+void Abandon(std::shared_ptr<MpiLaunch> launch) {
   static std::mutex mu;
-  static auto* kept = new std::vector<std::unique_ptr<MpiRequests>>();
+  static auto* kept = new std::vector<std::shared_ptr<MpiLaunch>>();
   std::lock_guard<std::mutex> lock(mu);
-  kept->push_back(std::move(state));
+  kept->push_back(std::move(launch));
 }
 
 class MpiWork final : public Work {
  public:
   MpiWork(std::shared_ptr<Communicator> owner, const Operation& op, int size)
       : Work(std::move(owner), op.Describe()),
-        op_(op),
         size_(size),
-        state_(std::make_unique<MpiRequests>()) {}
-
-  ~MpiWork() override {
-    if (state_->Pending()) Abandon(std::move(state_));
+        launch_(std::make_shared<MpiLaunch>()) {
+    launch_->op = op;
+    launch_->name = name();
   }
 
-  MpiRequests& state() { return *state_; }
-  // Runs once every request completed: checks receive counts, finishes avg.
-  void set_finish(std::function<absl::Status(MpiWork&)> finish) {
-    finish_ = std::move(finish);
+  ~MpiWork() override;
+
+  const std::shared_ptr<MpiLaunch>& launch() const { return launch_; }
+  // A checked collective: its data waits in `queue` for the agreement.
+  void set_queue(std::shared_ptr<MpiLaunchQueue> queue) {
+    queue_ = std::move(queue);
   }
-  const Operation& op() const { return op_; }
 
   // MPI_Test yields the core itself on an oversubscribed host.
   bool PollYields() const override { return true; }
 
-  std::optional<absl::Status> Poll() override {
-    // No MPI from a thread that may not call it, nor after MPI_Finalize.
-    VEMESH_RETURN_IF_ERROR(MpiUsable(name(), size_));
-    MpiRequests& s = *state_;
+  std::optional<absl::Status> Poll() override;
+
+  // Tests the data requests once the data is posted.
+  std::optional<absl::Status> PollData() {
+    MpiRequests& s = launch_->state;
     for (size_t i = 0; i < s.requests.size(); ++i) {
       if (s.done[i]) continue;
       int flag = 0;
@@ -110,34 +150,16 @@ class MpiWork final : public Work {
     }
     if (s.Pending()) return std::nullopt;
     if (!first_error_.ok()) return first_error_;
-    return finish_ ? finish_(*this) : absl::OkStatus();
-  }
-
-  // InvalidArgument when receive `i` got another count than it asked for.
-  absl::Status CheckReceived(size_t i) {
-    const P2POp& p = op_.p2p[state_->p2p_index[i]];
-    int got = 0;
-    absl::Status s = MpiStatus(
-        MPI_Get_count(&state_->statuses[i], MpiDataType(p.type), &got),
-        "MPI_Get_count");
-    if (!s.ok()) return s;
-    if (got == MPI_UNDEFINED || static_cast<size_t>(got) != p.count) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name(), ": the receive from rank ", p.peer, " expected ",
-                       p.count, " ", DataTypeName(p.type), " elements but got ",
-                       got == MPI_UNDEFINED ? std::string("a partial element")
-                                            : absl::StrCat(got)));
-    }
-    return absl::OkStatus();
+    return launch_->finish ? launch_->finish(*launch_) : absl::OkStatus();
   }
 
  private:
   absl::Status Failed(size_t i, int code) {
     int cls = code;
     MPI_Error_class(code, &cls);
-    const int p2p = state_->p2p_index[i];
+    const int p2p = launch_->state.p2p_index[i];
     if (cls == MPI_ERR_TRUNCATE && p2p >= 0) {
-      const P2POp& p = op_.p2p[p2p];
+      const P2POp& p = launch_->op.p2p[p2p];
       return absl::InvalidArgumentError(absl::StrCat(
           name(), ": the receive from rank ", p.peer, " expected ", p.count,
           " ", DataTypeName(p.type),
@@ -148,18 +170,269 @@ class MpiWork final : public Work {
     return absl::Status(s.code(), absl::StrCat(name(), ": ", s.message()));
   }
 
-  Operation op_;  // its count lists and P2POps outlive the requests
   int size_;
-  std::unique_ptr<MpiRequests> state_;
-  std::function<absl::Status(MpiWork&)> finish_;
+  std::shared_ptr<MpiLaunch> launch_;
+  std::shared_ptr<MpiLaunchQueue> queue_;
   absl::Status first_error_;  // a count mismatch, reported once all finished
 };
+
+// Posts `work`'s MPI requests (the operation's data) on `comm`, where this
+// rank is `me` of `n`.
+absl::Status PostData(MPI_Comm comm, int me, int n, MpiLaunch& work) {
+  const Operation& op = work.op;
+  const MPI_Datatype type = MpiDataType(op.type);
+  const MPI_Op reduce = MpiReduceOp(op.op, op.type);
+  MpiRequests& s = work.state;
+  auto count = [](size_t c) { return static_cast<int>(c); };
+  // Counts and displacements (elements) of blocks laid out in rank order.
+  auto layout = [&](const std::vector<size_t>& c, std::vector<int>* counts,
+                    std::vector<int>* displs) {
+    counts->resize(c.size());
+    displs->resize(c.size());
+    int at = 0;
+    for (size_t i = 0; i < c.size(); ++i) {
+      (*counts)[i] = count(c[i]);
+      (*displs)[i] = at;
+      at += (*counts)[i];
+    }
+  };
+
+  // The base lets send and recv be the same buffer only for all_reduce and
+  // reduce (MPI_IN_PLACE); elsewhere the one a rank does not use is not
+  // passed to MPI, so MPI never sees the same buffer twice.
+  const void* send = op.send;
+  const bool same = op.send != nullptr && op.send == op.recv;
+
+  int code = MPI_SUCCESS;
+  MPI_Request r = MPI_REQUEST_NULL;
+  const char* call = "";
+  switch (op.kind) {
+    case OpKind::kBarrier:
+      call = "MPI_Ibarrier";
+      code = MPI_Ibarrier(comm, &r);
+      break;
+    case OpKind::kBroadcast:
+      call = "MPI_Ibcast";
+      code = MPI_Ibcast(op.recv, count(op.count), type, op.root, comm, &r);
+      break;
+    case OpKind::kAllReduce:
+      call = "MPI_Iallreduce";
+      code = MPI_Iallreduce(same ? MPI_IN_PLACE : send, op.recv,
+                            count(op.count), type, reduce, comm, &r);
+      break;
+    case OpKind::kReduce:
+      call = "MPI_Ireduce";
+      code = MPI_Ireduce(same && me == op.root ? MPI_IN_PLACE : send,
+                         me == op.root ? op.recv : nullptr, count(op.count),
+                         type, reduce, op.root, comm, &r);
+      break;
+    case OpKind::kAllGather:
+      call = "MPI_Iallgather";
+      code = MPI_Iallgather(send, count(op.count), type, op.recv,
+                            count(op.count), type, comm, &r);
+      break;
+    case OpKind::kAllGatherV:
+      call = "MPI_Iallgatherv";
+      layout(op.recv_counts, &s.counts, &s.displs);
+      code = MPI_Iallgatherv(send, s.counts[me], type, op.recv, s.counts.data(),
+                             s.displs.data(), type, comm, &r);
+      break;
+    case OpKind::kReduceScatter:
+      call = "MPI_Ireduce_scatter_block";
+      code = MPI_Ireduce_scatter_block(send, op.recv, count(op.count), type,
+                                       reduce, comm, &r);
+      break;
+    case OpKind::kReduceScatterV:
+      call = "MPI_Ireduce_scatter";
+      layout(op.recv_counts, &s.counts, &s.displs);
+      code = MPI_Ireduce_scatter(send, op.recv, s.counts.data(), type, reduce,
+                                 comm, &r);
+      break;
+    case OpKind::kGather:
+      call = "MPI_Igather";
+      code = MPI_Igather(send, count(op.count), type,
+                         me == op.root ? op.recv : nullptr, count(op.count),
+                         type, op.root, comm, &r);
+      break;
+    case OpKind::kScatter:
+      call = "MPI_Iscatter";
+      code = MPI_Iscatter(me == op.root ? send : nullptr, count(op.count), type,
+                          op.recv, count(op.count), type, op.root, comm, &r);
+      break;
+    case OpKind::kAllToAll:
+      call = "MPI_Ialltoall";
+      code = MPI_Ialltoall(send, count(op.count), type, op.recv,
+                           count(op.count), type, comm, &r);
+      break;
+    case OpKind::kAllToAllV:
+      call = "MPI_Ialltoallv";
+      layout(op.send_counts, &s.counts, &s.displs);
+      layout(op.recv_counts, &s.counts2, &s.displs2);
+      code =
+          MPI_Ialltoallv(send, s.counts.data(), s.displs.data(), type, op.recv,
+                         s.counts2.data(), s.displs2.data(), type, comm, &r);
+      break;
+    case OpKind::kBatch:
+      // One request per transfer, posted in the caller's order.
+      for (size_t i = 0; i < op.p2p.size(); ++i) {
+        const P2POp& p = op.p2p[i];
+        const MPI_Datatype t = MpiDataType(p.type);
+        if (t == MPI_DATATYPE_NULL) {
+          return absl::InternalError(absl::StrCat(
+              op.Describe(), ": MPI could not make a datatype for ",
+              DataTypeName(p.type), ": ", MpiHalfTypesStatus().message()));
+        }
+        MPI_Request one = MPI_REQUEST_NULL;
+        if (p.kind == P2POp::Kind::kSend) {
+          call = "MPI_Isend";
+          code = MPI_Isend(p.data, count(p.count), t, p.peer, kTag, comm, &one);
+        } else {
+          call = "MPI_Irecv";
+          code = MPI_Irecv(p.data, count(p.count), t, p.peer, kTag, comm, &one);
+        }
+        // What was posted before a failure stays with the Work, which
+        // abandons it when let go of.
+        if (code != MPI_SUCCESS) break;
+        s.Add(one, p.kind == P2POp::Kind::kRecv ? static_cast<int>(i) : -1);
+      }
+      break;
+  }
+  if (code != MPI_SUCCESS) {
+    absl::Status failed = MpiStatus(code, call);
+    return absl::Status(failed.code(),
+                        absl::StrCat(op.Describe(), ": ", failed.message()));
+  }
+  if (op.kind != OpKind::kBatch) s.Add(r);
+
+  // What completes the operation once MPI is done with it.
+  if (op.kind == OpKind::kBatch) {
+    work.finish = [](MpiLaunch& w) {
+      MpiRequests& st = w.state;
+      for (size_t i = 0; i < st.requests.size(); ++i) {
+        if (st.p2p_index[i] < 0) continue;
+        VEMESH_RETURN_IF_ERROR(w.CheckReceived(i));
+      }
+      return absl::OkStatus();
+    };
+  } else if (op.op == ReduceOp::kAvg &&
+             (op.kind == OpKind::kAllReduce || op.kind == OpKind::kReduce ||
+              op.kind == OpKind::kReduceScatter ||
+              op.kind == OpKind::kReduceScatterV)) {
+    size_t elements = op.count;
+    if (op.kind == OpKind::kReduce && me != op.root) elements = 0;
+    if (op.kind == OpKind::kReduceScatterV) elements = op.recv_counts[me];
+    if (elements > 0) {
+      work.finish = [elements, n](MpiLaunch& w) {
+        HostDivide(w.op.recv, elements, w.op.type, n);
+        return absl::OkStatus();
+      };
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// The checked collectives of one communicator, oldest first: each one's
+// summary is exchanged, then its data posted, strictly one after the other
+// and in issue order, so that every rank calls MPI's collectives on the
+// communicator in the same order (a summary posted while an older
+// operation's data waits would meet that data on another rank).
+class MpiLaunchQueue {
+ public:
+  MpiLaunchQueue(MPI_Comm comm, int rank, int size)
+      : comm_(comm), rank_(rank), size_(size) {}
+
+  std::mutex& mu() { return mu_; }
+  void Push(std::shared_ptr<MpiLaunch> launch) {
+    waiting_.push_back(std::move(launch));
+  }
+  bool empty() const { return waiting_.empty(); }
+
+  // Moves the oldest operations on as far as MPI lets them without
+  // blocking (under mu()).
+  void Drive() {
+    while (!waiting_.empty()) {
+      MpiLaunch& w = *waiting_.front();
+      MpiRequests& s = w.state;
+      if (s.all.empty()) {  // its summary not posted yet
+        s.mine = SummarizeOp(w.op);
+        s.all.resize(static_cast<size_t>(size_));
+        const int code = MPI_Iallgather(&s.mine, sizeof(MpiOpSummary), MPI_BYTE,
+                                        s.all.data(), sizeof(MpiOpSummary),
+                                        MPI_BYTE, comm_, &s.summary);
+        if (code != MPI_SUCCESS) {
+          Pop(w, MpiStatus(code, "MPI_Iallgather"));
+          continue;
+        }
+      }
+      if (s.summary != MPI_REQUEST_NULL) {
+        int flag = 0;
+        const int code = MPI_Test(&s.summary, &flag, MPI_STATUS_IGNORE);
+        if (code != MPI_SUCCESS) {
+          Pop(w, MpiStatus(code, "MPI_Test"));
+          continue;
+        }
+        if (!flag) return;
+      }
+      absl::Status v = MpiAgreementVerdict(w.op, s.all);
+      if (v.ok()) v = PostData(comm_, rank_, size_, w);
+      Pop(w, std::move(v));
+    }
+  }
+
+ private:
+  void Pop(MpiLaunch& w, absl::Status s) {
+    if (!s.ok() && !absl::IsInvalidArgument(s)) {
+      s = absl::Status(s.code(), absl::StrCat(w.name, ": ", s.message()));
+    }
+    w.resolved = true;
+    w.agreement = std::move(s);
+    waiting_.pop_front();
+  }
+
+  std::mutex mu_;
+  const MPI_Comm comm_;
+  const int rank_;
+  const int size_;
+  std::deque<std::shared_ptr<MpiLaunch>> waiting_;  // under mu_
+};
+
+namespace {
+
+MpiWork::~MpiWork() {
+  // Its data not posted yet (the queue posts it in its turn), or MPI may
+  // still complete it: kept for the rest of the process.
+  bool keep = false;
+  if (queue_ != nullptr) {
+    std::lock_guard<std::mutex> lock(queue_->mu());
+    keep = !launch_->resolved;
+  }
+  if (keep || launch_->state.Pending()) Abandon(std::move(launch_));
+}
+
+std::optional<absl::Status> MpiWork::Poll() {
+  // No MPI from a thread that may not call it, nor after MPI_Finalize.
+  VEMESH_RETURN_IF_ERROR(MpiUsable(name(), size_));
+  if (queue_ != nullptr) {
+    std::lock_guard<std::mutex> lock(queue_->mu());
+    if (!launch_->resolved) queue_->Drive();
+    if (!launch_->resolved) return std::nullopt;
+    if (!launch_->agreement.ok()) return launch_->agreement;
+  }
+  return PollData();
+}
 
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, int rank, int size,
                                  std::vector<int> ranks)
-    : comm_(comm), rank_(rank), size_(size), ranks_(std::move(ranks)) {}
+    : comm_(comm),
+      rank_(rank),
+      size_(size),
+      ranks_(std::move(ranks)),
+      check_(CollectiveCheckDefault()),
+      queue_(std::make_shared<MpiLaunchQueue>(comm, rank, size)) {}
 
 MpiCommunicator::~MpiCommunicator() {
   // After MPI_Finalize the communicator is already gone; calling MPI then
@@ -198,160 +471,33 @@ Communicator::WorkOr MpiCommunicator::Start(const Operation& op) {
         op.Describe(), ": MPI could not make a datatype for ",
         DataTypeName(op.type), ": ", MpiHalfTypesStatus().message()));
   }
-  const MPI_Op reduce = MpiReduceOp(op.op, op.type);
   auto work = std::make_shared<MpiWork>(Self(), op, size_);
-  MpiRequests& s = work->state();
-  const int n = size_;
-  const int me = rank_;
-  auto count = [](size_t c) { return static_cast<int>(c); };
-  // Counts and displacements (elements) of blocks laid out in rank order.
-  auto layout = [&](const std::vector<size_t>& c, std::vector<int>* counts,
-                    std::vector<int>* displs) {
-    counts->resize(c.size());
-    displs->resize(c.size());
-    int at = 0;
-    for (size_t i = 0; i < c.size(); ++i) {
-      (*counts)[i] = count(c[i]);
-      (*displs)[i] = at;
-      at += (*counts)[i];
-    }
-  };
-
-  // The base lets send and recv be the same buffer only for all_reduce and
-  // reduce (MPI_IN_PLACE); elsewhere the one a rank does not use is not
-  // passed to MPI, so MPI never sees the same buffer twice.
-  const void* send = op.send;
-  const bool same = op.send != nullptr && op.send == op.recv;
-
-  int code = MPI_SUCCESS;
-  MPI_Request r = MPI_REQUEST_NULL;
-  const char* call = "";
-  switch (op.kind) {
-    case OpKind::kBarrier:
-      call = "MPI_Ibarrier";
-      code = MPI_Ibarrier(comm_, &r);
-      break;
-    case OpKind::kBroadcast:
-      call = "MPI_Ibcast";
-      code = MPI_Ibcast(op.recv, count(op.count), type, op.root, comm_, &r);
-      break;
-    case OpKind::kAllReduce:
-      call = "MPI_Iallreduce";
-      code = MPI_Iallreduce(same ? MPI_IN_PLACE : send, op.recv,
-                            count(op.count), type, reduce, comm_, &r);
-      break;
-    case OpKind::kReduce:
-      call = "MPI_Ireduce";
-      code = MPI_Ireduce(same && me == op.root ? MPI_IN_PLACE : send,
-                         me == op.root ? op.recv : nullptr, count(op.count),
-                         type, reduce, op.root, comm_, &r);
-      break;
-    case OpKind::kAllGather:
-      call = "MPI_Iallgather";
-      code = MPI_Iallgather(send, count(op.count), type, op.recv,
-                            count(op.count), type, comm_, &r);
-      break;
-    case OpKind::kAllGatherV:
-      call = "MPI_Iallgatherv";
-      layout(op.recv_counts, &s.counts, &s.displs);
-      code = MPI_Iallgatherv(send, s.counts[me], type, op.recv, s.counts.data(),
-                             s.displs.data(), type, comm_, &r);
-      break;
-    case OpKind::kReduceScatter:
-      call = "MPI_Ireduce_scatter_block";
-      code = MPI_Ireduce_scatter_block(send, op.recv, count(op.count), type,
-                                       reduce, comm_, &r);
-      break;
-    case OpKind::kReduceScatterV:
-      call = "MPI_Ireduce_scatter";
-      layout(op.recv_counts, &s.counts, &s.displs);
-      code = MPI_Ireduce_scatter(send, op.recv, s.counts.data(), type, reduce,
-                                 comm_, &r);
-      break;
-    case OpKind::kGather:
-      call = "MPI_Igather";
-      code = MPI_Igather(send, count(op.count), type,
-                         me == op.root ? op.recv : nullptr, count(op.count),
-                         type, op.root, comm_, &r);
-      break;
-    case OpKind::kScatter:
-      call = "MPI_Iscatter";
-      code = MPI_Iscatter(me == op.root ? send : nullptr, count(op.count), type,
-                          op.recv, count(op.count), type, op.root, comm_, &r);
-      break;
-    case OpKind::kAllToAll:
-      call = "MPI_Ialltoall";
-      code = MPI_Ialltoall(send, count(op.count), type, op.recv,
-                           count(op.count), type, comm_, &r);
-      break;
-    case OpKind::kAllToAllV:
-      call = "MPI_Ialltoallv";
-      layout(op.send_counts, &s.counts, &s.displs);
-      layout(op.recv_counts, &s.counts2, &s.displs2);
-      code =
-          MPI_Ialltoallv(send, s.counts.data(), s.displs.data(), type, op.recv,
-                         s.counts2.data(), s.displs2.data(), type, comm_, &r);
-      break;
-    case OpKind::kBatch:
-      // One request per transfer, posted in the caller's order.
-      for (size_t i = 0; i < op.p2p.size(); ++i) {
-        const P2POp& p = op.p2p[i];
-        const MPI_Datatype t = MpiDataType(p.type);
-        if (t == MPI_DATATYPE_NULL) {
-          return absl::InternalError(absl::StrCat(
-              op.Describe(), ": MPI could not make a datatype for ",
-              DataTypeName(p.type), ": ", MpiHalfTypesStatus().message()));
-        }
-        MPI_Request one = MPI_REQUEST_NULL;
-        if (p.kind == P2POp::Kind::kSend) {
-          call = "MPI_Isend";
-          code =
-              MPI_Isend(p.data, count(p.count), t, p.peer, kTag, comm_, &one);
-        } else {
-          call = "MPI_Irecv";
-          code =
-              MPI_Irecv(p.data, count(p.count), t, p.peer, kTag, comm_, &one);
-        }
-        // What was posted before a failure stays with the Work, which
-        // abandons it when let go of.
-        if (code != MPI_SUCCESS) break;
-        s.Add(one, p.kind == P2POp::Kind::kRecv ? static_cast<int>(i) : -1);
-      }
-      break;
+  if (!check_ || size_ == 1 || !IsCheckedCollective(op)) {
+    VEMESH_RETURN_IF_ERROR(PostData(comm_, rank_, size_, *work->launch()));
+    return std::shared_ptr<Work>(std::move(work));
   }
-  if (code != MPI_SUCCESS) {
-    absl::Status failed = MpiStatus(code, call);
-    return absl::Status(failed.code(),
-                        absl::StrCat(op.Describe(), ": ", failed.message()));
-  }
-  if (op.kind != OpKind::kBatch) s.Add(r);
-
-  // What completes the operation once MPI is done with it.
-  if (op.kind == OpKind::kBatch) {
-    work->set_finish([](MpiWork& w) {
-      MpiRequests& st = w.state();
-      for (size_t i = 0; i < st.requests.size(); ++i) {
-        if (st.p2p_index[i] < 0) continue;
-        VEMESH_RETURN_IF_ERROR(w.CheckReceived(i));
-      }
-      return absl::OkStatus();
-    });
-  } else if (op.op == ReduceOp::kAvg &&
-             (op.kind == OpKind::kAllReduce || op.kind == OpKind::kReduce ||
-              op.kind == OpKind::kReduceScatter ||
-              op.kind == OpKind::kReduceScatterV)) {
-    size_t elements = op.count;
-    if (op.kind == OpKind::kReduce && me != op.root) elements = 0;
-    if (op.kind == OpKind::kReduceScatterV) elements = op.recv_counts[me];
-    if (elements > 0) {
-      work->set_finish([elements, n](MpiWork& w) {
-        HostDivide(w.op().recv, elements, w.op().type, n);
-        return absl::OkStatus();
-      });
-    }
+  work->set_queue(queue_);
+  {
+    std::lock_guard<std::mutex> lock(queue_->mu());
+    queue_->Push(work->launch());
+    queue_->Drive();  // posts its summary when nothing older waits
   }
   return std::shared_ptr<Work>(std::move(work));
 }
+
+absl::Status MpiCommunicator::FlushChecked() {
+  // Bounded by the operations' own peers: a split is collective too.
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(queue_->mu());
+      queue_->Drive();
+      if (queue_->empty()) return absl::OkStatus();
+    }
+    absl::SleepFor(absl::Microseconds(50));
+  }
+}
+
+void MpiCommunicator::set_collective_check(bool on) { check_ = on; }
 
 absl::StatusOr<std::shared_ptr<MpiCommunicator>> MpiCommunicator::World() {
   VEMESH_RETURN_IF_ERROR(EnsureMpiInitialized());
@@ -431,6 +577,7 @@ absl::StatusOr<std::shared_ptr<MpiCommunicator>> MpiCommunicator::Adopt(
 absl::StatusOr<std::shared_ptr<MpiCommunicator>> MpiCommunicator::split_mpi(
     int color, int key) {
   absl::Status status = CheckUsable("split");
+  if (status.ok()) status = FlushChecked();
   if (!status.ok()) return status;
   MPI_Comm child = MPI_COMM_NULL;
   status = MpiStatus(
@@ -492,6 +639,7 @@ MpiCommunicator::split_many(absl::Span<const SplitRequest> requests,
                   [](const SplitRequest& r) { return r.group_local; });
   if (!group_local) return Communicator::split_many(requests, deadline);
   absl::Status status = CheckUsable("split_many");
+  if (status.ok()) status = FlushChecked();
   if (!status.ok()) return status;
   // Every check below reads only what every member was given alike, so a
   // request refused here is refused on each of its members before any call.

@@ -50,6 +50,25 @@
 // a sum divided by size() when the operation completes (in float for the
 // 16-bit types); prod is MPI_PROD on the native types.
 //
+// Agreement: every collective (not point to point) of a group of two or
+// more first all-gathers each rank's 32-byte summary (operation, count,
+// type, reduce op, root, a hash of the V forms' count lists), and posts
+// its data only when they agree; a difference is InvalidArgument on every
+// rank, naming the first rank that differs from rank 0 and what each
+// passed, and the group goes on. Open MPI reports a mismatch inside its
+// non-blocking collectives (MPI_ERR_TRUNCATE from MPI_Test) on
+// MPI_COMM_WORLD, whose handler ends the whole job: the check keeps MPI
+// from seeing one. The summaries and the data are posted strictly in issue
+// order (an operation's data waits for its summaries, the next summaries
+// for that data), driven by whichever of the group's Works is polled, and
+// a split first waits for them all. Not checked: all_to_all_v's per-pair
+// counts (each rank knows only its own row: kind and type are compared),
+// and point to point (a receive of the wrong length is InvalidArgument, see
+// Errors). The cost is one small all-gather per collective (bench/RESULTS.md,
+// "the collective check"). VEMESH_COLLECTIVE_CHECK=0 (or off) turns it off
+// for new communicators, set_collective_check per group: then a mismatch is
+// MPI's undefined behaviour (Open MPI ends the job).
+//
 // Errors: MPI's error class decides the code. A lost peer (the
 // fault-tolerance classes MPI_ERR_PROC_FAILED(_PENDING) / MPI_ERR_REVOKED,
 // where this MPI has them) is Unavailable; a message longer than its
@@ -94,6 +113,8 @@
 
 namespace vemesh {
 
+class MpiLaunchQueue;  // mpi_communicator.cc
+
 class MpiCommunicator final : public Communicator {
  public:
   // Collective over MPI_COMM_WORLD: initialises MPI if needed (see
@@ -134,6 +155,13 @@ class MpiCommunicator final : public Communicator {
   NativeHandle native_handle() const override;
   MPI_Comm comm() const { return comm_; }
 
+  // The agreement check of every collective (see "Agreement" above): on
+  // unless VEMESH_COLLECTIVE_CHECK=0 (or off) was set. Part of the
+  // protocol: every rank of the group sets the same, between operations
+  // (all of them waited for).
+  void set_collective_check(bool on);
+  bool collective_check() const { return check_; }
+
  protected:
   WorkOr Start(const Operation& op) override;
   // INT_MAX: MPI counts are int.
@@ -157,10 +185,16 @@ class MpiCommunicator final : public Communicator {
   static absl::StatusOr<std::shared_ptr<MpiCommunicator>> Adopt(
       MPI_Comm comm, MPI_Comm parent, const std::vector<int>* parent_ranks);
 
+  // Waits until every checked collective posted its data: before a split,
+  // which is a collective on the same MPI communicator.
+  absl::Status FlushChecked();
+
   MPI_Comm comm_;
   int rank_;
   int size_;
   std::vector<int> ranks_;
+  bool check_;
+  std::shared_ptr<MpiLaunchQueue> queue_;
 };
 
 }  // namespace vemesh

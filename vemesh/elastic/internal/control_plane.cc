@@ -1,5 +1,7 @@
 #include "vemesh/elastic/internal/control_plane.h"
 
+#include <algorithm>
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +16,22 @@ ControlPlane::ControlPlane(std::shared_ptr<Store> store, std::string job,
       ranks_per_replica_(ranks_per_replica) {}
 
 absl::StatusOr<ControlPlane::Reading> ControlPlane::Read() const {
+  // An unreachable store (Redis restarting) is retried with backoff within
+  // the bound: a restart is ridden out in a step and in a recovery alike.
+  const absl::Time until = absl::Now() + retry_for_;
+  absl::Duration backoff = absl::Milliseconds(20);
+  for (int attempt = 0;; ++attempt) {
+    absl::StatusOr<Reading> r = ReadOnce();
+    if (r.ok() || !absl::IsUnavailable(r.status()) || attempt >= 64 ||
+        absl::Now() + backoff > until) {
+      return r;
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(2 * backoff, absl::Milliseconds(320));
+  }
+}
+
+absl::StatusOr<ControlPlane::Reading> ControlPlane::ReadOnce() const {
   auto text = store_->get(root_ + "membership");
   if (absl::IsNotFound(text.status())) return Reading{};
   if (!text.ok()) return text.status();
@@ -56,6 +74,27 @@ absl::Status ControlPlane::RestoreIfAbsent(
   if (!r.ok()) return r.status();
   if (descriptor.empty()) return absl::OkStatus();
   return store_->compare_set(root_ + "descriptor", "", descriptor).status();
+}
+
+absl::Status ControlPlane::NoteStoreUp(absl::Duration grace) const {
+  absl::StatusOr<std::string> up = store_->get(root_ + "store_up");
+  if (up.ok()) return absl::OkStatus();
+  if (!absl::IsNotFound(up.status())) return up.status();
+  // The grace before the mark: whoever sees the mark sees the grace too
+  // until it expires (two noters both start one; the later one counts).
+  absl::Status s = store_->set_lease(root_ + "store_back", "1", grace);
+  if (!s.ok()) return s;
+  return store_->set(root_ + "store_up", "1");
+}
+
+absl::StatusOr<bool> ControlPlane::LeasesTrusted() const {
+  absl::StatusOr<std::string> back = store_->get(root_ + "store_back");
+  if (back.ok()) return false;
+  if (!absl::IsNotFound(back.status())) return back.status();
+  absl::StatusOr<std::string> up = store_->get(root_ + "store_up");
+  if (up.ok()) return true;
+  if (absl::IsNotFound(up.status())) return false;
+  return up.status();
 }
 
 std::string ControlPlane::LeaseKey(int replica, uint64_t incarnation,

@@ -15,6 +15,8 @@
 //                         recovery after epoch E (the quorum round)
 //   epoch/E/dp/POS/...    the rendezvous of epoch E's DP group at inner
 //                         position POS (Gloo's keys)
+//   store_up, store_back  whether the store lost its keys lately (see
+//                         NoteStoreUp)
 //
 //   ControlPlane cp(store, "job7", /*ranks_per_replica=*/2);
 //   absl::StatusOr<ControlPlane::Reading> now = cp.Read();
@@ -61,7 +63,11 @@ class ControlPlane {
   ControlPlane(std::shared_ptr<Store> store, std::string job,
                int ranks_per_replica);
 
+  // The record now. An unreachable store (Unavailable) is retried with
+  // backoff (20 ms doubling to 320 ms) for up to retry_for (none unless
+  // set; the elastic mesh sets its lease TTL).
   absl::StatusOr<Reading> Read() const;
+  void set_retry_for(absl::Duration d) { retry_for_ = d; }
   // Replaces `from` by `to` if the record is still `from`; returns what the
   // record is afterwards (`to` when this call won).
   absl::StatusOr<Reading> Transition(const Reading& from,
@@ -82,6 +88,17 @@ class ControlPlane {
   // which waits longer than the heartbeat period before founding a job.
   absl::Status RestoreIfAbsent(const std::string& record_text,
                                const std::string& descriptor) const;
+
+  // A store restarted empty (Redis without persistence) loses every lease
+  // at once: for a while after, an absent lease says nothing about its
+  // holder. NoteStoreUp (each renewal of a replica's rank 0, and a restore
+  // of the record) marks the store as this job's ("store_up"); one that
+  // finds the mark gone first starts a grace of `grace` ("store_back", a
+  // lease of its own), then writes the mark, so that LeasesTrusted (the
+  // mark there, the grace over) is false from the restart until a grace
+  // after the first renewal that saw it.
+  absl::Status NoteStoreUp(absl::Duration grace) const;
+  absl::StatusOr<bool> LeasesTrusted() const;
 
   std::string LeaseKey(int replica, uint64_t incarnation, int rank) const;
   // The key prefix of epoch `epoch`'s DP group at inner position `pos`.
@@ -106,9 +123,12 @@ class ControlPlane {
   const std::shared_ptr<Store>& store() const { return store_; }
 
  private:
+  absl::StatusOr<Reading> ReadOnce() const;
+
   std::shared_ptr<Store> store_;
   std::string root_;
   int ranks_per_replica_;
+  absl::Duration retry_for_ = absl::ZeroDuration();
 };
 
 // Renews one lease every ttl/4 on its own thread (and its own store

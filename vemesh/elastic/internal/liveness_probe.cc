@@ -9,10 +9,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -77,6 +80,12 @@ int ConnectWithin(absl::string_view address, absl::Duration timeout,
 
 // How long the listener waits for a message after a connection arrives.
 constexpr int kMessageWaitMs = 20;
+// The listener's bounds: the backlog asked for (the kernel caps it at
+// net.core.somaxconn), connections accepted per wake-up, and connections
+// whose message is awaited at once.
+constexpr int kBacklog = 4096;
+constexpr int kMaxAcceptsPerWake = 4096;
+constexpr size_t kMaxPendingMessages = 64;
 
 // Every listener address this process opened (a handful per mesh).
 std::mutex started_mu;
@@ -95,14 +104,14 @@ absl::StatusOr<std::unique_ptr<LivenessListener>> LivenessListener::Start(
         "liveness listener: '", host, "' is not an IPv4 address or name"));
   }
   addr.sin_port = 0;
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) {
     return absl::UnavailableError(
         absl::StrCat("liveness listener: socket: ", std::strerror(errno)));
   }
   socklen_t len = sizeof(addr);
   if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      listen(fd, 128) != 0 ||
+      listen(fd, kBacklog) != 0 ||
       getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
     const int e = errno;
     close(fd);
@@ -134,35 +143,86 @@ LivenessListener::~LivenessListener() {
 }
 
 void LivenessListener::Run() {
+  // Connections whose message is still awaited, oldest first: polled
+  // together with the listening socket, so that a silent or slow peer
+  // holds one slot, never the accepting thread.
+  struct Pending {
+    int fd = -1;
+    absl::Time until;
+    size_t got = 0;
+    char buf[kMaxListenerMessage];
+  };
+  std::deque<Pending> pending;
+  std::vector<pollfd> fds;
+  auto finish = [&](Pending& c) {
+    if (c.got > 0) on_message_(absl::string_view(c.buf, c.got));
+    close(c.fd);
+  };
   while (!stop_) {
-    pollfd p{fd_, POLLIN, 0};
-    if (poll(&p, 1, 200) <= 0) continue;
-    const int c = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (c >= 0) {
-      if (on_message_) Read(c);
-      close(c);
-    } else if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) {
-      if (stop_) return;
-      poll(nullptr, 0, 10);  // e.g. out of descriptors: do not spin
+    fds.assign(1, pollfd{fd_, POLLIN, 0});
+    absl::Time wake = absl::Now() + absl::Milliseconds(200);
+    for (const Pending& c : pending) {
+      fds.push_back(pollfd{c.fd, POLLIN, 0});
+      wake = std::min(wake, c.until);
     }
+    const int64_t ms = absl::ToInt64Milliseconds(wake - absl::Now());
+    const int ready = poll(fds.data(), fds.size(),
+                           static_cast<int>(std::max<int64_t>(ms, 0)));
+    if (stop_) break;
+    if (ready < 0 && errno != EINTR) poll(nullptr, 0, 10);
+    // Every connection waiting in the backlog, not one per wake-up: a
+    // flood never leaves a probe to a full backlog (bounded per round so
+    // that the pending messages are read too).
+    for (int i = 0;
+         ready > 0 && (fds[0].revents & POLLIN) != 0 && i < kMaxAcceptsPerWake;
+         ++i) {
+      const int c =
+          accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (c < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) {
+          poll(nullptr, 0, 10);  // e.g. out of descriptors: do not spin
+        }
+        break;
+      }
+      if (!on_message_) {  // a probe needs nothing but the handshake
+        close(c);
+        continue;
+      }
+      if (pending.size() >= kMaxPendingMessages) {
+        // The oldest silent connection gives way (a flood of them must not
+        // keep the port from the next peer).
+        finish(pending.front());
+        pending.pop_front();
+      }
+      pending.emplace_back();
+      pending.back().fd = c;
+      pending.back().until = absl::Now() + absl::Milliseconds(kMessageWaitMs);
+    }
+    // Reads what arrived; a peer that closed, filled the bound or ran out
+    // of time is done.
+    const absl::Time now = absl::Now();
+    std::deque<Pending> still;
+    for (size_t i = 0; i < pending.size(); ++i) {
+      Pending& c = pending[i];
+      bool done = now >= c.until;
+      const size_t at = i + 1;
+      if (at < fds.size() && fds[at].fd == c.fd && fds[at].revents != 0) {
+        const ssize_t n =
+            recv(c.fd, c.buf + c.got, sizeof(c.buf) - c.got, MSG_DONTWAIT);
+        if (n > 0) c.got += static_cast<size_t>(n);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) done = true;
+        if (c.got == sizeof(c.buf)) done = true;
+      }
+      if (done) {
+        finish(c);
+      } else {
+        still.push_back(c);
+      }
+    }
+    pending.swap(still);
   }
-}
-
-// Reads what the peer sends until it closes, kMaxListenerMessage bytes, or
-// kMessageWaitMs: a slow or silent peer never holds the accepting thread.
-void LivenessListener::Read(int connection) {
-  char buf[kMaxListenerMessage];
-  size_t got = 0;
-  const absl::Time until = absl::Now() + absl::Milliseconds(kMessageWaitMs);
-  while (got < sizeof(buf)) {
-    const int64_t left = absl::ToInt64Milliseconds(until - absl::Now());
-    pollfd p{connection, POLLIN, 0};
-    if (left <= 0 || poll(&p, 1, static_cast<int>(left)) != 1) break;
-    const ssize_t n = recv(connection, buf + got, sizeof(buf) - got, 0);
-    if (n <= 0) break;
-    got += static_cast<size_t>(n);
-  }
-  if (got > 0) on_message_(absl::string_view(buf, got));
+  for (Pending& c : pending) close(c.fd);
 }
 
 bool ListenerStartedHere(absl::string_view address) {

@@ -50,10 +50,14 @@ class LivenessListener {
   // What a peer sent (called on the listener's thread).
   using OnMessage = std::function<void(absl::string_view text)>;
 
-  // Listens on `host` at a port the kernel picks; a thread accepts and
-  // closes each connection (so that the backlog never fills), first
-  // reading what the peer sent within a few milliseconds when `on_message`
-  // is set (a probe sends nothing and closes at once).
+  // Listens on `host` at a port the kernel picks (a backlog of up to 4096,
+  // as net.core.somaxconn allows); a thread accepts every pending
+  // connection at each wake-up and closes it (so that a flood never fills
+  // the backlog and a probe always completes its handshake), first reading
+  // what the peer sent within a few milliseconds when `on_message` is set
+  // (a probe sends nothing and closes at once). Messages are awaited on at
+  // most 64 connections together, the oldest closed first: silent peers
+  // never hold the accepting thread.
   static absl::StatusOr<std::unique_ptr<LivenessListener>> Start(
       const std::string& host, OnMessage on_message = nullptr);
   ~LivenessListener();
@@ -65,7 +69,6 @@ class LivenessListener {
  private:
   LivenessListener(int fd, std::string address, OnMessage on_message);
   void Run();
-  void Read(int connection);
 
   const int fd_;
   const std::string address_;
