@@ -377,6 +377,7 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
   el.recovery_timeout = settings.recovery_timeout;
   el.fingerprint_every = settings.fingerprint_every;
   el.data_plane_detection = !settings.lease_detection;
+  el.agree_every_step = settings.agree_every_step;
   // HSDP: the replicas are DP_REPLICATE's; DP_SHARD lives in each launch.
   if (plan0.fsdp()) el.replica_dim = "DP_REPLICATE";
   if (plan0.fsdp() && !plan0.options.checkpoint_dir.empty()) {

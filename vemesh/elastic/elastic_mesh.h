@@ -63,14 +63,23 @@
 //
 // end_step is collective over the whole job: every rank calls it once per
 // step with its step's status. It retires the DP groups at once on a failed
-// step (which releases a peer blocked on them), then agrees over DP and
-// inside the replica on four things: did any rank's step fail, did anyone
-// see a newer epoch, is the control plane lost, and the code of a failure
-// that no lost member explains (max_step_retries). No store round trip:
-// the heartbeat thread's last reading of the record. Every rank gets the same
-// verdict, except that a replica may have committed one step more than
-// another when a peer died inside end_step's own exchange; recover()
-// settles that with `resume_step`.
+// step (which releases a peer blocked on them), then agrees inside the
+// replica (one all_reduce of 4 int64 over the launch's ranks, none with one
+// rank per replica) on four things: did any rank's step fail, did its
+// leader see a newer epoch, is the control plane lost, and the code of a
+// failure that no lost member explains (max_step_retries). Over DP it
+// sends nothing when the step ran an operation over the DP group (the
+// gradient reduction): that operation succeeded only with every replica in
+// it, and a replica that fails or moves to a newer epoch retires its
+// groups, so the others' next DP operation fails at once and sends them
+// into recovery. A step without one (and a cuda mesh, and
+// ElasticOptions::agree_every_step) adds an all_reduce of 2 int64 over DP.
+// No store round trip: the heartbeat thread's last reading of the record.
+// Every rank of a replica gets the same verdict; another replica may have
+// committed one step more (its step succeeded where this one's failed after
+// its DP operations, or a peer died inside end_step's own exchange): its
+// next step fails and is undone, and recover() settles the step with
+// `resume_step`, carrying the state to the replica one step ahead.
 //
 // Rule for the training step: every operation on the replica's own groups
 // (PP, TP) comes before the step's first DP operation. A rank whose DP
@@ -89,6 +98,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -174,6 +184,11 @@ struct ElasticOptions {
   // returns it on every rank (naming the replica and the code), instead of
   // forming epochs forever.
   int max_step_retries = 2;
+  // end_step's agreement over DP every step (an all_reduce of 2 int64 on
+  // the DP group), as before issue 47: the baseline of
+  // bench/elastic_overhead.py. false (the default): a step that ran an
+  // operation over the DP group needs none (see end_step).
+  bool agree_every_step = false;
   // Fault injection for tests: called at named points ("establish").
   std::function<void(const char* point)> fault_hook;
 };
@@ -250,6 +265,9 @@ class ElasticMesh {
   // failed): the next recover() counts it as a newcomer again.
   void mark_stateless() { has_state_ = false; }
   int replica() const { return options_.replica; }
+  // end_step's agreements over DP so far (benches and tests): a step that
+  // ran an operation over the DP group adds none.
+  int64_t dp_agreements() const { return dp_agreements_; }
   // The training state of this rank, the shape of torchft's Manager: the
   // library calls `state_dict` for the bytes of entry `name` and
   // `load_state_dict` to replace it (replica_state.h). Register the same
@@ -303,6 +321,9 @@ class ElasticMesh {
   // any), then the fingerprint comparison; agreed over the replica.
   absl::Status CarryState(absl::string_view where);
   void RetireEpoch();
+  // A step starts (end_step, recover, sync_state and Establish return):
+  // its detect time and the DP group's operation count are taken from here.
+  void MarkStep();
   // `device_group` (cuda: the epoch's NCCL DP group, else null) is the
   // mesh's DP group; `dp_group` (Gloo) then carries the mesh's agreements.
   absl::StatusOr<DeviceMesh> FullMesh(
@@ -328,7 +349,11 @@ class ElasticMesh {
   // their refusal means gone.
   std::unique_ptr<Reachable> reachable_;
   absl::Time step_began_ = absl::Now();  // the last end_step's return
-  absl::Duration detect_time_;           // of the verdict that asks recovery
+  // dp_ and its started() at MarkStep: a step that started an operation on
+  // the same group since rode on it (no DP agreement in end_step).
+  std::pair<const EpochCommunicator*, int64_t> step_mark_{nullptr, 0};
+  int64_t dp_agreements_ = 0;
+  absl::Duration detect_time_;  // of the verdict that asks recovery
   const std::shared_ptr<std::atomic<int64_t>> current_epoch_;
   std::vector<std::shared_ptr<EpochCommunicator>> epoch_comms_;
   // The groups the mesh hands out, one per dimension, made with the first
