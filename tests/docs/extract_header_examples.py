@@ -300,6 +300,12 @@ EXAMPLES = {
                     "Matrix Bias(int expert) { return Matrix::Zero(1, 4); }\n"),
         "params": ("absl::Span<const int64_t> token_ids, const Matrix& x, "
                    "const Matrix& dy")},
+    "strategies/elastic_loop.h": {
+        "includes": ["vemesh/registry/ve_device_mesh.h"],
+        "helpers": "absl::StatusOr<double> TrainStep(int64_t step) { return 0.0; }\n",
+        "params": ("FullyShardedDataParallel& fsdp, "
+                   "std::vector<std::vector<Parameter*>> units, int launch_rank"),
+        "pragma_missing_field_initializers": True},
     "strategies/elastic_state.h": {
         "params": ("ElasticMesh& el, FullyShardedDataParallel& fsdp, "
                    "std::vector<std::vector<Parameter*>> units")},

@@ -373,16 +373,16 @@ absl::StatusOr<std::unique_ptr<ElasticMesh>> ElasticMesh::Create(
     // Every rank advertised before ShareRecord: the replica's other ranks'
     // ports, which OnAbortMessage probes.
     std::vector<std::string> mates;
-    for (int r = 0; r < el->inner_size_; ++r) {
-      if (r == el->inner_rank_) continue;
-      auto where = el->control_->store()->get(
-          el->control_->ProbeKey(options.replica, el->incarnation_, r));
+    auto where =
+        el->control_->ProbeAddresses(options.replica, el->incarnation_);
+    for (int r = 0; where.ok() && r < el->inner_size_; ++r) {
+      const std::string& at = (*where)[r];
       // Only a port seen answering from here: the refusal of an address
       // wrong from this host (another host's loopback) proves nothing.
-      if (where.ok() &&
-          ProbeLiveness(*where, elastic_internal::kProbeTimeout) ==
+      if (r != el->inner_rank_ && !at.empty() &&
+          ProbeLiveness(at, elastic_internal::kProbeTimeout) ==
               Liveness::kListening) {
-        mates.push_back(*where);
+        mates.push_back(at);
       }
     }
     std::lock_guard<std::mutex> lock(el->guard_->mu);

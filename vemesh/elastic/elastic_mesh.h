@@ -92,7 +92,6 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -422,8 +421,6 @@ class ElasticMesh {
   // with them in milliseconds, not at the op timeout. Once per epoch, by
   // the first rank that fails.
   void AbortEpochPeers(int64_t epoch);
-  // Probe key -> the address advertised there (fixed per incarnation).
-  std::map<std::string, std::string> peer_ports_;
   void Remember(const MembershipRecord& record);
   std::shared_ptr<Guard> guard_ = std::make_shared<Guard>();
   std::unique_ptr<MembershipRecord> known_;

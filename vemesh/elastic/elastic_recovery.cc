@@ -321,16 +321,14 @@ void ElasticMesh::AbortEpochPeers(int64_t e) {
   for (int id : known_->members) {
     const uint64_t inc = known_->incarnation_of(id);
     const std::string text = absl::StrCat("abort ", absl::Hex(inc), " ", e);
+    // Read once per incarnation (ControlPlane's cache), not per failure.
+    auto where = control_->ProbeAddresses(id, inc);
+    if (!where.ok()) continue;  // the store is down: their timeouts decide
     for (int r = 0; r < inner_size_; ++r) {
       if (id == options_.replica && r == inner_rank_) continue;
-      const std::string key = control_->ProbeKey(id, inc, r);
-      auto at = peer_ports_.find(key);
-      if (at == peer_ports_.end()) {
-        auto where = control_->store()->get(key);
-        if (!where.ok()) continue;  // not advertised: its timeout decides
-        at = peer_ports_.emplace(key, *where).first;
-      }
-      (void)SendToListener(at->second, text, kProbeTimeout);
+      // Not advertised: its timeout decides.
+      if ((*where)[r].empty()) continue;
+      (void)SendToListener((*where)[r], text, kProbeTimeout);
     }
   }
 }
