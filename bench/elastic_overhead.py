@@ -29,6 +29,7 @@ per-step difference in ms) and the load (/proc/loadavg) around each run.
 Ends with "PASS: elastic overhead" or "FAIL: ...". No timing is asserted.
 """
 import argparse
+import collections
 import os
 import re
 import shutil
@@ -41,7 +42,8 @@ import tempfile
 import time
 
 PLAIN_STEP = re.compile(r"^step +(\d+)/\d+ +loss \S+ +time +([\d.]+) ms")
-ELASTIC_STEP = re.compile(r"^step (\d+)/\d+ loss \S+ time ([\d.]+) ms DP=(\d+)")
+ELASTIC_STEP = re.compile(r"^step (\d+)/\d+ loss \S+ time ([\d.]+) ms DP=(\d+)"
+                          r"(?: at \d+ ms; verdict ([\d.]+) ms)?")
 MPI_ENV = {
     "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
     "OMPI_MCA_rmaps_base_oversubscribe": "1",
@@ -51,6 +53,10 @@ MPI_ENV = {
     # More ranks than cores: a rank waiting in MPI yields.
     "OMPI_MCA_mpi_yield_when_idle": "1",
 }
+
+
+# (job, R) -> per run, the median of end_step's own time ("verdict V ms").
+VERDICTS = collections.defaultdict(list)
 
 
 def free_port():
@@ -135,10 +141,13 @@ def run_elastic(a, r, work, port, tag, agree_every_step=False):
     text = open(outs[0], errors="replace").read()
     if any(rc != 0 for rc in rcs) or "PASS:" not in text:
         return None, f"{kind} R={r} ({tag}) exited {rcs}; see {outs[0]}"
-    times = []
+    times, verdicts = [], []
     for m in map(ELASTIC_STEP.match, text.splitlines()):
         if m and int(m.group(3)) == r:  # at full strength only
             times.append((int(m.group(1)), float(m.group(2))))
+            if m.group(4) is not None:
+                verdicts.append((int(m.group(1)), float(m.group(4))))
+    VERDICTS[(kind, r)].append(steady_median(verdicts, a.steps))
     return steady_median(times, a.steps), None
 
 
@@ -220,6 +229,13 @@ def main():
                 diffs = [g[j] - g["plain"] for g in runs]
                 plain = statistics.median(g["plain"] for g in runs)
                 mine = statistics.median(g[j] for g in runs)
+                vs = [v for v in VERDICTS[(j, r)] if v == v]
+                if vs:
+                    print(f"verdict R={r} {j}: end_step median of runs "
+                          f"{statistics.median(vs):.3f} ms (min {min(vs):.3f}, "
+                          f"max {max(vs):.3f}); share of its step "
+                          f"{statistics.median(vs) / statistics.median(g[j] for g in runs):.4f}",
+                          flush=True)
                 print(f"bench R={r}: {j}/plain "
                       f"{statistics.median(ratios):.3f} (min "
                       f"{min(ratios):.3f}, max {max(ratios):.3f}, "

@@ -67,19 +67,26 @@
 // replica (one all_reduce of 4 int64 over the launch's ranks, none with one
 // rank per replica) on four things: did any rank's step fail, did its
 // leader see a newer epoch, is the control plane lost, and the code of a
-// failure that no lost member explains (max_step_retries). Over DP it
-// sends nothing when the step ran an operation over the DP group (the
-// gradient reduction): that operation succeeded only with every replica in
-// it, and a replica that fails or moves to a newer epoch retires its
-// groups, so the others' next DP operation fails at once and sends them
-// into recovery. A step without one (and a cuda mesh, and
-// ElasticOptions::agree_every_step) adds an all_reduce of 2 int64 over DP.
-// No store round trip: the heartbeat thread's last reading of the record.
-// Every rank of a replica gets the same verdict; another replica may have
-// committed one step more (its step succeeded where this one's failed after
-// its DP operations, or a peer died inside end_step's own exchange): its
-// next step fails and is undone, and recover() settles the step with
-// `resume_step`, carrying the state to the replica one step ahead.
+// failure that no lost member explains (max_step_retries), and over DP
+// (an all_reduce of 2 int64) on the epoch seen and the control plane. No
+// store round trip: the heartbeat thread's last reading of the record.
+// Every rank gets the same verdict, except that a replica may have
+// committed one step more than another when a peer died inside end_step's
+// own exchange; recover() settles that with `resume_step`, carrying the
+// state to the replica one step ahead.
+//
+// No per-step tax (set_verdict_rides_on_step, strategies::RunElasticLoop):
+// a step that ran an operation over the DP group (the gradient reduction)
+// sends nothing more over DP: that operation succeeded only with every
+// replica in it, and a replica that fails or moves to a newer epoch
+// retires its groups, so the others' next DP operation fails at once and
+// sends them into recovery. Only the replica's own agreement is left. A
+// replica may then commit one step more than another (its step succeeded
+// where another's failed after its DP operations, or it had not read the
+// newer epoch yet): its next step fails and is undone, and recover()
+// settles it as above. A step without a DP operation, and a cuda mesh (an
+// NCCL peer's retirement does not end its partners' operation), still
+// agree over DP.
 //
 // Rule for the training step: every operation on the replica's own groups
 // (PP, TP) comes before the step's first DP operation. A rank whose DP
@@ -184,9 +191,9 @@ struct ElasticOptions {
   // forming epochs forever.
   int max_step_retries = 2;
   // end_step's agreement over DP every step (an all_reduce of 2 int64 on
-  // the DP group), as before issue 47: the baseline of
-  // bench/elastic_overhead.py. false (the default): a step that ran an
-  // operation over the DP group needs none (see end_step).
+  // the DP group) even in a loop that lets the step carry it
+  // (set_verdict_rides_on_step, strategies::RunElasticLoop): the baseline
+  // of bench/elastic_overhead.py, the protocol before issue 47.
   bool agree_every_step = false;
   // Fault injection for tests: called at named points ("establish").
   std::function<void(const char* point)> fault_hook;
@@ -264,8 +271,21 @@ class ElasticMesh {
   // failed): the next recover() counts it as a newcomer again.
   void mark_stateless() { has_state_ = false; }
   int replica() const { return options_.replica; }
+  // Lets a step that ran an operation over the DP group carry end_step's
+  // agreement over DP (see end_step above): for loops that end with one
+  // more round without a step (end_step with nothing trained, until it
+  // commits without recovery), so that a replica that committed the last
+  // step learns of a newer epoch or another replica's failure there, as
+  // strategies::RunElasticLoop does (it sets this). Off (the default):
+  // end_step agrees over DP every step, and the loop above may end as soon
+  // as its last step commits. Every rank of the job must choose alike.
+  // ElasticOptions::agree_every_step overrides it.
+  void set_verdict_rides_on_step(bool rides) { verdict_rides_ = rides; }
+  bool verdict_rides_on_step() const {
+    return verdict_rides_ && !options_.agree_every_step;
+  }
   // end_step's agreements over DP so far (benches and tests): a step that
-  // ran an operation over the DP group adds none.
+  // rode on its DP operations adds none.
   int64_t dp_agreements() const { return dp_agreements_; }
   // The training state of this rank, the shape of torchft's Manager: the
   // library calls `state_dict` for the bytes of entry `name` and
@@ -352,6 +372,7 @@ class ElasticMesh {
   // the same group since rode on it (no DP agreement in end_step).
   std::pair<const EpochCommunicator*, int64_t> step_mark_{nullptr, 0};
   int64_t dp_agreements_ = 0;
+  bool verdict_rides_ = false;
   absl::Duration detect_time_;  // of the verdict that asks recovery
   const std::shared_ptr<std::atomic<int64_t>> current_epoch_;
   std::vector<std::shared_ptr<EpochCommunicator>> epoch_comms_;

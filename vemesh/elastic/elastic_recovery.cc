@@ -233,9 +233,8 @@ absl::StatusOr<StepVerdict> ElasticMesh::end_step(
   // it). Only a step that ran none over the host DP group agrees here, as
   // does a cuda mesh (an NCCL peer's retirement does not end its partners'
   // operation; its Gloo twin's all_reduce does at once).
-  const bool rode = !options_.agree_every_step &&
-                    epoch_device_groups_.empty() && dp_ != nullptr &&
-                    dp_.get() == step_mark_.first &&
+  const bool rode = verdict_rides_on_step() && epoch_device_groups_.empty() &&
+                    dp_ != nullptr && dp_.get() == step_mark_.first &&
                     dp_->started() > step_mark_.second;
   if (failed == 0 && dp_ != nullptr && !rode) {
     ++dp_agreements_;

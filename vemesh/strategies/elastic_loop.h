@@ -4,10 +4,12 @@
 // names what a rank trains once (a TrainingState: FSDP units, ZeRO shards,
 // DDP parameters, optimizer state) and gives the step; the loop registers
 // the state with the elastic mesh (the library carries it to joiners and
-// fingerprints it), snapshots it before each step and puts it back when the
-// step does not commit, calls end_step and recover(), prints what happened,
-// saves periodic checkpoints in the background and restores the latest one
-// when the whole job starts afresh.
+// fingerprints it), lets each step carry the verdict's agreement over DP
+// (ElasticMesh::set_verdict_rides_on_step: no per-step tax; every replica
+// of the job runs this loop), snapshots it before each step and puts it back
+// when the step does not commit, calls end_step and recover(), prints what
+// happened, saves periodic checkpoints in the background and restores the
+// latest one when the whole job starts afresh.
 //
 //   TrainingState state;                      // named once
 //   if (absl::Status s = state.AddFsdp(fsdp, units); !s.ok()) return s;
@@ -38,7 +40,9 @@
 //   membership: epoch E, DP=N [R0, R1] (replica K is DP rank D; WHY; resume
 //     at step S[, state sent to the new replicas]) agreed in A ms, built in
 //     B ms, state T ms, at UNIX_MS ms
-//   step S/N loss L time T ms DP=D at UNIX_MS ms     (each committed step)
+//   step S/N loss L time T ms DP=D at UNIX_MS ms; verdict V ms
+//     (each committed step; T from the step's start to its verdict, V the
+//     end_step call alone, D the data-parallel size)
 //   step S failed at UNIX_MS ms: STATUS
 //   recovery: detect D ms, agree A ms, rebuild R ms, state S ms; first good
 //     step K at=UNIX_MS                               (once it committed)
