@@ -310,9 +310,13 @@ absl::StatusOr<std::unique_ptr<ElasticMesh>> ElasticMesh::Create(
         // other renewal (each TTL/2, fresh enough for end_step's window of
         // one TTL), so that the renewals' own spacing stays short.
         if (++renewals % 2 != 0) return;
+        const absl::Time began = absl::Now();
         absl::StatusOr<ControlPlane::Reading> now = cp->Read();
         if (!now.ok()) return;
         std::lock_guard<std::mutex> lock(g->mu);
+        // Older than what the training thread learned meanwhile (Remember):
+        // it would make end_step read the store until the next reading.
+        if (began < g->remembered_at) return;
         g->seen_epoch = now->record.epoch;
         g->joiners_waiting = !now->record.pending.empty();
         g->read_at = absl::Now();

@@ -422,6 +422,8 @@ class ElasticMesh {
     int64_t seen_epoch = -1;                    // under mu
     bool joiners_waiting = false;               // under mu
     absl::Time read_at = absl::InfinitePast();  // under mu
+    // The last Remember: a reading that began before it is dropped.
+    absl::Time remembered_at = absl::InfinitePast();  // under mu
     // The epoch this rank is in (-1 between epochs), for the liveness
     // listener's OnAbortMessage; the epoch in which this rank told the
     // others (AbortEpochPeers), or was told (once per epoch is enough).

@@ -140,6 +140,7 @@ void ElasticMesh::Remember(const MembershipRecord& record) {
   // The epoch this replica is in was read from the store just now: the
   // first steps need no reading of their own.
   guard_->seen_epoch = std::max(guard_->seen_epoch, record.epoch);
+  guard_->remembered_at = absl::Now();
 }
 
 absl::StatusOr<StepVerdict> ElasticMesh::end_step(
