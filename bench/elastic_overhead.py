@@ -10,6 +10,9 @@ machine's noise hits both alike, at each replica count R:
            redis://127.0.0.1:PORT --replica K): one launch per replica, DP on
            the elastic mesh's Gloo group, plus each step's verdict (end_step)
 
+  agree    the elastic job with --agree_every_step: end_step's all_reduce
+           over DP every step (the protocol before issue 47's fold)
+
 Both train the same model, batch and steps without overlap (the elastic loop
 runs DP after the replica's own work). A run's figure is the median of its
 leader's per-step "time" lines after the first fifth (warm-up); each pair's
@@ -17,6 +20,7 @@ ratio is elastic / plain. Every process it starts (Redis, each mpirun) is
 ended by its PID, never by name.
 
   elastic_overhead.py TRAIN_ND [--replicas 3,8] [--repeats 3] [--steps 200]
+      [--tp N] [--jobs plain,elastic,agree]
   elastic_overhead.py TRAIN_ND --smoke      # one short pair at R=2 (ctest)
 
 Prints one "pair" line per run pair, one "bench" line per R (median of the
@@ -25,6 +29,7 @@ per-step difference in ms) and the load (/proc/loadavg) around each run.
 Ends with "PASS: elastic overhead" or "FAIL: ...". No timing is asserted.
 """
 import argparse
+import collections
 import os
 import re
 import shutil
@@ -37,7 +42,8 @@ import tempfile
 import time
 
 PLAIN_STEP = re.compile(r"^step +(\d+)/\d+ +loss \S+ +time +([\d.]+) ms")
-ELASTIC_STEP = re.compile(r"^step (\d+)/\d+ loss \S+ time ([\d.]+) ms DP=(\d+)")
+ELASTIC_STEP = re.compile(r"^step (\d+)/\d+ loss \S+ time ([\d.]+) ms DP=(\d+)"
+                          r"(?: at \d+ ms; verdict ([\d.]+) ms)?")
 MPI_ENV = {
     "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
     "OMPI_MCA_rmaps_base_oversubscribe": "1",
@@ -47,6 +53,10 @@ MPI_ENV = {
     # More ranks than cores: a rank waiting in MPI yields.
     "OMPI_MCA_mpi_yield_when_idle": "1",
 }
+
+
+# (job, R) -> per run, the median of end_step's own time ("verdict V ms").
+VERDICTS = collections.defaultdict(list)
 
 
 def free_port():
@@ -63,7 +73,7 @@ def loadavg():
 
 
 def model_args(a, r):
-    return ["--mesh", f"PP=1,DP={r},TP=1", "--layers", str(a.layers),
+    return ["--mesh", f"PP=1,DP={r},TP={a.tp}", "--layers", str(a.layers),
             "--hidden", str(a.hidden), "--batch", str(a.batch),
             "--micro_batches", "1", "--steps", str(a.steps),
             "--overlap=false"]
@@ -87,7 +97,7 @@ def end_all(procs):
 
 def run_plain(a, r, work, tag):
     out = os.path.join(work, f"plain_{tag}.out")
-    cmd = ["mpirun", "-n", str(r), "--bind-to", "none", a.train_nd,
+    cmd = ["mpirun", "-n", str(r * a.tp), "--bind-to", "none", a.train_nd,
            "--replicate_backend=gloo"] + model_args(a, r)
     with open(out, "w") as f:
         p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
@@ -105,13 +115,16 @@ def run_plain(a, r, work, tag):
     return steady_median(times, a.steps), None
 
 
-def run_elastic(a, r, work, port, tag):
+def run_elastic(a, r, work, port, tag, agree_every_step=False):
     procs, outs = [], []
+    kind = "agree" if agree_every_step else "elastic"
     for k in range(r):
-        out = os.path.join(work, f"elastic_{tag}_r{k}.out")
-        cmd = ["mpirun", "-n", "1", "--bind-to", "none", a.train_nd,
+        out = os.path.join(work, f"{kind}_{tag}_r{k}.out")
+        cmd = ["mpirun", "-n", str(a.tp), "--bind-to", "none", a.train_nd,
                "--elastic", f"redis://127.0.0.1:{port}", "--job",
-               f"overhead_{tag}", "--replica", str(k)] + model_args(a, r)
+               f"overhead_{kind}_{tag}", "--replica", str(k),
+               f"--agree_every_step={str(agree_every_step).lower()}"
+               ] + model_args(a, r)
         with open(out, "w") as f:
             procs.append(subprocess.Popen(cmd, stdout=f,
                                           stderr=subprocess.STDOUT,
@@ -127,11 +140,14 @@ def run_elastic(a, r, work, port, tag):
     end_all(procs)
     text = open(outs[0], errors="replace").read()
     if any(rc != 0 for rc in rcs) or "PASS:" not in text:
-        return None, f"elastic R={r} ({tag}) exited {rcs}; see {outs[0]}"
-    times = []
+        return None, f"{kind} R={r} ({tag}) exited {rcs}; see {outs[0]}"
+    times, verdicts = [], []
     for m in map(ELASTIC_STEP.match, text.splitlines()):
         if m and int(m.group(3)) == r:  # at full strength only
             times.append((int(m.group(1)), float(m.group(2))))
+            if m.group(4) is not None:
+                verdicts.append((int(m.group(1)), float(m.group(4))))
+    VERDICTS[(kind, r)].append(steady_median(verdicts, a.steps))
     return steady_median(times, a.steps), None
 
 
@@ -147,6 +163,12 @@ def main():
                     help="divisible by every replica count")
     ap.add_argument("--bound", type=float, default=300,
                     help="seconds one run may take before it counts as hung")
+    ap.add_argument("--tp", type=int, default=1,
+                    help="ranks per replica (TP inside each replica)")
+    ap.add_argument("--jobs", default="plain,elastic",
+                    help="of plain, elastic, agree (elastic with "
+                    "--agree_every_step: the agreement over DP every step, "
+                    "as before issue 47's fold)")
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args()
     if a.smoke:
@@ -173,41 +195,54 @@ def main():
                 break
             except OSError:
                 time.sleep(0.1)
+        jobs = a.jobs.split(",")
         for r in [int(x) for x in a.replicas.split(",")]:
-            pairs = []
+            runs = []  # one {job: ms} per repeat
             for i in range(a.repeats):
-                # Alternate which job goes first.
-                order = ["plain", "elastic"] if i % 2 == 0 else \
-                    ["elastic", "plain"]
+                # Rotate which job goes first.
+                order = jobs[i % len(jobs):] + jobs[:i % len(jobs)]
                 got = {}
                 for job in order:
                     before = loadavg()
                     tag = f"R{r}_{i}"
                     ms, err = (run_plain(a, r, work, tag) if job == "plain"
-                               else run_elastic(a, r, work, port, tag))
+                               else run_elastic(a, r, work, port, tag,
+                                                job == "agree"))
                     if err:
                         failures.append(err)
                         continue
                     got[job] = ms
                     print(f"run R={r} #{i} {job}: median {ms:.3f} ms/step; "
                           f"load {before} -> {loadavg()}", flush=True)
-                if len(got) == 2:
-                    pairs.append((got["plain"], got["elastic"]))
-                    print(f"pair R={r} #{i}: plain {got['plain']:.3f} ms, "
-                          f"elastic {got['elastic']:.3f} ms, ratio "
-                          f"{got['elastic'] / got['plain']:.3f}", flush=True)
-            if not pairs:
+                if "plain" in got and len(got) == len(jobs):
+                    runs.append(got)
+                    print(f"set R={r} #{i}: " + ", ".join(
+                        f"{j} {got[j]:.3f} ms" for j in jobs) + "; " +
+                        ", ".join(f"{j}/plain {got[j] / got['plain']:.3f}"
+                                  for j in jobs if j != "plain"), flush=True)
+            if not runs:
                 continue
-            ratios = [e / p for p, e in pairs]
-            plain = statistics.median(p for p, _ in pairs)
-            elastic = statistics.median(e for _, e in pairs)
-            diffs = [e - p for p, e in pairs]
-            print(f"bench R={r}: elastic/plain {statistics.median(ratios):.3f} "
-                  f"(min {min(ratios):.3f}, max {max(ratios):.3f}, "
-                  f"{len(pairs)} pairs); plain {plain:.3f} ms/step, elastic "
-                  f"{elastic:.3f} ms/step; difference "
-                  f"{statistics.median(diffs):.3f} ms/step (min "
-                  f"{min(diffs):.3f}, max {max(diffs):.3f})", flush=True)
+            for j in jobs:
+                if j == "plain":
+                    continue
+                ratios = [g[j] / g["plain"] for g in runs]
+                diffs = [g[j] - g["plain"] for g in runs]
+                plain = statistics.median(g["plain"] for g in runs)
+                mine = statistics.median(g[j] for g in runs)
+                vs = [v for v in VERDICTS[(j, r)] if v == v]
+                if vs:
+                    print(f"verdict R={r} {j}: end_step median of runs "
+                          f"{statistics.median(vs):.3f} ms (min {min(vs):.3f}, "
+                          f"max {max(vs):.3f}); share of its step "
+                          f"{statistics.median(vs) / statistics.median(g[j] for g in runs):.4f}",
+                          flush=True)
+                print(f"bench R={r}: {j}/plain "
+                      f"{statistics.median(ratios):.3f} (min "
+                      f"{min(ratios):.3f}, max {max(ratios):.3f}, "
+                      f"{len(runs)} sets); plain {plain:.3f} ms/step, {j} "
+                      f"{mine:.3f} ms/step; difference "
+                      f"{statistics.median(diffs):.3f} ms/step (min "
+                      f"{min(diffs):.3f}, max {max(diffs):.3f})", flush=True)
     finally:
         os.kill(redis.pid, signal.SIGKILL)
         redis.wait()

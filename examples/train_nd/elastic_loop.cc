@@ -14,25 +14,22 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "checkpoint_state.h"
 #include "parallel_mlp_stage.h"
 #include "synthetic_data.h"
 #include "train_step.h"
-#include "vemesh/checkpoint/checkpoint.h"
 #include "vemesh/comm/mpi/mpi_communicator.h"
 #include "vemesh/registry/ve_device_mesh.h"
 #include "vemesh/strategies/data_parallel.h"
 #include "vemesh/strategies/distributed_optimizer.h"
-#include "vemesh/strategies/elastic_state.h"
+#include "vemesh/strategies/elastic_loop.h"
 #include "vemesh/strategies/fully_sharded_data_parallel.h"
 #include "vemesh/strategies/optimizer.h"
 #include "vemesh/strategies/periodic_checkpoint.h"
 #include "vemesh/strategies/pipeline_runner.h"
 #include "vemesh/strategies/state_dict.h"
-#include "vemesh/strategies/state_snapshot.h"
 
 namespace train_nd {
 namespace {
@@ -41,7 +38,6 @@ using vemesh::strategies::DataParallel;
 using vemesh::strategies::DistributedOptimizer;
 using vemesh::strategies::FullyShardedDataParallel;
 using vemesh::strategies::Parameter;
-using vemesh::strategies::RegisterElasticState;
 
 struct Fault {
   int step = -1;
@@ -81,30 +77,12 @@ void Inject(const Fault& f, int launch_rank, const char* where, int step) {
   raise(f.where == "stop" ? SIGSTOP : SIGKILL);
 }
 
-void PrintMembership(bool leader, const vemesh::Recovery& r, int replica,
-                     absl::string_view why) {
-  if (!leader) return;
-  std::printf(
-      "membership: epoch %lld, DP=%d [%s] (replica %d is DP rank %d; "
-      "%s; resume at step %lld%s) agreed in %.1f ms, built in %.1f ms, "
-      "state %.1f ms, at %lld ms\n",
-      static_cast<long long>(r.epoch), r.dp_size,
-      absl::StrJoin(r.replicas, ", ").c_str(), replica, r.dp_rank,
-      std::string(why).c_str(), static_cast<long long>(r.resume_step),
-      r.state_carried ? ", state sent to the new replicas" : "",
-      absl::ToDoubleMilliseconds(r.agree_time),
-      absl::ToDoubleMilliseconds(r.build_time),
-      absl::ToDoubleMilliseconds(r.state_time),
-      static_cast<long long>(absl::ToUnixMillis(absl::Now())));
-  std::fflush(stdout);
-}
-
 // What one replica trains with, built once on the elastic mesh's groups,
 // which are the same objects in every epoch (reconfigured with each
 // membership): FSDP (HYBRID_SHARD over DP_REPLICATE x DP_SHARD), ZeRO over
 // DP_SHARD with DP_REPLICATE averaged (--zero), or DataParallel and an
 // optimizer over DP. `state` names it for the library, which carries it to
-// joiners and fingerprints it; `before` undoes a step that did not commit.
+// joiners and fingerprints it (the library loop snapshots it for an undo).
 struct Replica {
   std::unique_ptr<ParallelMlpStage> stage;
   std::optional<FullyShardedDataParallel> fsdp;
@@ -114,7 +92,6 @@ struct Replica {
   // HSDP's groups: the loss sums over both.
   std::shared_ptr<vemesh::Communicator> shard, replicate;
   vemesh::strategies::TrainingState state;
-  vemesh::strategies::StateSnapshot before;
 };
 
 absl::StatusOr<std::unique_ptr<Replica>> BuildReplica(const TrainPlan& plan) {
@@ -269,85 +246,6 @@ int Fail(int replica, int rank, absl::string_view what,
   return 1;
 }
 
-// Checkpoints of an elastic job (vemesh/strategies/periodic_checkpoint.h):
-// every replica holds the whole model over its own ranks, so the replica at
-// DP rank 0 saves alone, over its launch (MPI's world: the replica's ranks),
-// after every checkpoint_every-th committed step, in the background. A fresh
-// job (its members started together at step 0: the first start, or a
-// restart after every replica was lost) whose --checkpoint_dir holds a
-// checkpoint loads it on every replica and resumes at its step.
-class ElasticCheckpoints {
- public:
-  absl::Status Init(const TrainPlan& plan, const std::string& elastic_job) {
-    elastic_job_ = elastic_job;
-    if (plan.options.checkpoint_dir.empty()) return absl::OkStatus();
-    absl::StatusOr<std::shared_ptr<vemesh::MpiCommunicator>> w =
-        vemesh::MpiCommunicator::World();
-    if (!w.ok()) {
-      return absl::Status(
-          w.status().code(),
-          absl::StrCat("--checkpoint_dir with --elastic needs each replica "
-                       "launched by mpirun: ",
-                       w.status().message()));
-    }
-    world_ = *std::move(w);
-    auto ckpt = vemesh::strategies::PeriodicCheckpoint::Create(
-        world_, {.dir = plan.options.checkpoint_dir,
-                 .every = plan.options.checkpoint_every,
-                 .keep_last = plan.options.checkpoint_keep,
-                 .identity = {{"model", ModelFingerprint(plan)}}});
-    if (!ckpt.ok()) return ckpt.status();
-    ckpt_ = *std::move(ckpt);
-    return absl::OkStatus();
-  }
-  // The step to start at: 0, or the loaded checkpoint's.
-  absl::StatusOr<int64_t> MaybeLoad(const TrainPlan& plan,
-                                    vemesh::strategies::TrainingState& state,
-                                    bool print) {
-    if (ckpt_ == nullptr) return 0;
-    absl::StatusOr<int64_t> step = ckpt_->Restore(state);
-    if (!step.ok() || *step == 0) return step;
-    const vemesh::checkpoint::LoadResult& loaded = *ckpt_->restored();
-    if (absl::Status s =
-            CheckResumable(plan, loaded.path, loaded.step, loaded.metadata);
-        !s.ok()) {
-      return s;
-    }
-    if (print) {
-      std::printf("train_nd: resumed at step %lld from %s\n",
-                  static_cast<long long>(loaded.step), loaded.path.c_str());
-      std::fflush(stdout);
-    }
-    return loaded.step;
-  }
-  // After committed step `step` (1-based count of steps done); `done`: the
-  // last one (the save in flight is committed).
-  absl::Status MaybeSave(vemesh::strategies::TrainingState& state, int64_t step,
-                         bool done, bool print) {
-    if (ckpt_ == nullptr) return absl::OkStatus();
-    absl::StatusOr<int64_t> dp_rank =
-        VESCALE_DEVICE_MESH.get_data_parallel_rank();
-    if (!dp_rank.ok()) return dp_rank.status();
-    absl::StatusOr<std::optional<int64_t>> saved =
-        done ? ckpt_->Finish() : ckpt_->AfterStep(state, step, *dp_rank == 0);
-    // Done: its communicator freed with it (the job's count is checked).
-    if (done) ckpt_.reset();
-    if (!saved.ok()) return saved.status();
-    if (print && saved->has_value()) {
-      std::printf("checkpoint: step %lld saved\n",
-                  static_cast<long long>(**saved));
-      std::fflush(stdout);
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  // The launch's world, held for the job (as the count at start saw it).
-  std::shared_ptr<vemesh::Communicator> world_;
-  std::unique_ptr<vemesh::strategies::PeriodicCheckpoint> ckpt_;
-  std::string elastic_job_;
-};
-
 // The plan for an epoch of `replicas` replicas: DP is their number, or
 // under HSDP DP_REPLICATE is, and DP their product with DP_SHARD.
 absl::StatusOr<TrainPlan> EpochPlan(const TrainPlan& plan0, int replicas) {
@@ -377,6 +275,7 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
   el.recovery_timeout = settings.recovery_timeout;
   el.fingerprint_every = settings.fingerprint_every;
   el.data_plane_detection = !settings.lease_detection;
+  el.agree_every_step = settings.agree_every_step;
   // HSDP: the replicas are DP_REPLICATE's; DP_SHARD lives in each launch.
   if (plan0.fsdp()) el.replica_dim = "DP_REPLICATE";
   if (plan0.fsdp() && !plan0.options.checkpoint_dir.empty()) {
@@ -407,210 +306,101 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
   }
   vemesh::ElasticMesh* elastic = VESCALE_DEVICE_MESH.elastic();
   vemesh::Recovery rec = elastic->last_recovery();
-  PrintMembership(leader, rec, replica, "start");
   auto plan = EpochPlan(plan0, rec.dp_size);
   if (!plan.ok()) return Fail(replica, launch_rank, "error", plan.status());
   // Built once: the mesh's groups follow every later membership.
   auto built = BuildReplica(*plan);
   if (!built.ok()) return Fail(replica, launch_rank, "model", built.status());
   Replica& rep = **built;
-  const auto inject = [f = *fault, launch_rank](const char* where, int at) {
-    Inject(f, launch_rank, where, at);
-  };
-  // Its communicator (the replica's launch) counts in the baseline below.
-  ElasticCheckpoints checkpoints;
-  if (absl::Status s = checkpoints.Init(*plan, settings.job); !s.ok()) {
-    return Fail(replica, launch_rank, "checkpoint", s);
+  // Checkpoints (--checkpoint_dir): over the replica's own ranks (its
+  // launch's MPI world), counted in the baseline below.
+  std::unique_ptr<vemesh::strategies::PeriodicCheckpoint> ckpt;
+  std::shared_ptr<vemesh::Communicator> ckpt_world;  // held for the job
+  if (!plan0.options.checkpoint_dir.empty()) {
+    auto world = vemesh::MpiCommunicator::World();
+    if (!world.ok()) {
+      return Fail(replica, launch_rank, "checkpoint", world.status());
+    }
+    ckpt_world = *world;
+    auto made = vemesh::strategies::PeriodicCheckpoint::Create(
+        ckpt_world, {.dir = plan0.options.checkpoint_dir,
+                     .every = plan0.options.checkpoint_every,
+                     .keep_last = plan0.options.checkpoint_keep,
+                     .identity = {{"model", ModelFingerprint(plan0)}}});
+    if (!made.ok()) {
+      return Fail(replica, launch_rank, "checkpoint", made.status());
+    }
+    ckpt = *std::move(made);
   }
   const int64_t communicators_at_start = vemesh::LiveCommunicatorCount();
 
-  std::map<int64_t, double> losses;
-  int64_t step = rec.resume_step;
-  if (step == 0 && !rec.receives_state) {
-    absl::StatusOr<int64_t> loaded =
-        checkpoints.MaybeLoad(*plan, rep.state, leader);
-    if (!loaded.ok()) {
-      return Fail(replica, launch_rank, "checkpoint", loaded.status());
-    }
-    step = *loaded;
-  }
-  // The library carries the parameters and the optimizer state (live
-  // buffers, no copy) to a joiner (here, in sync_state, or in a later
-  // recover) and to a replica one step ahead of the others, and compares
-  // their fingerprints after every change.
-  if (absl::Status s = RegisterElasticState(*elastic, rep.state); !s.ok()) {
-    return Fail(replica, launch_rank, "elastic", s);
-  }
-  // Done as the first thing of the first round, so that a failure while
-  // sending is a failed step.
-  absl::Status synced = elastic->sync_state();
-  if (absl::IsDataLoss(synced)) {
-    return Fail(replica, launch_rank, "elastic", synced);
-  }
-  bool send_state = !synced.ok();
-  int recoveries = 0;
-  // The parameters against every other replica's: compared in the round
-  // after the last step, while the replicas are still in step, as that
-  // round's work, so that a replica lost then is a failed round like any
-  // (the survivors recover and compare again), not a verdict. (Each rank's
-  // state against the same coordinate of every replica.)
+  // The parameters against every other replica's, compared as the work of
+  // the round after the last step (each rank's state against the same
+  // coordinate of every replica).
   const std::string replica_dim = plan0.fsdp() ? "DP_REPLICATE" : "DP";
   bool identical_across = false;
-  const auto compare_across = [&]() -> absl::StatusOr<bool> {
+  std::map<int64_t, double> losses;
+  vemesh::strategies::ElasticLoopHooks hooks;
+  hooks.step = [&](int64_t step) {
+    return Step(*plan, rep, static_cast<int>(step), [&](const char* where) {
+      Inject(*fault, launch_rank, where, static_cast<int>(step));
+    });
+  };
+  hooks.on_commit = [&](int64_t step, double loss) {
+    losses[step - 1] = loss;
+    if (fault->where != "corrupt" || fault->step != step ||
+        fault->rank != launch_rank) {
+      return;
+    }
+    std::fprintf(stderr,
+                 "train_nd: fault: corrupt after step %lld on launch rank %d\n",
+                 static_cast<long long>(step), launch_rank);
+    // The first value of the first registered buffer (a parameter).
+    auto entries = rep.state.elastic_state();
+    if (entries.ok() && !entries->empty() && (*entries)[0].bytes &&
+        (*entries)[0].bytes().size() >= sizeof(double)) {
+      reinterpret_cast<double*>((*entries)[0].bytes().data())[0] += 1.0;
+    }
+  };
+  hooks.before_recover = [&](int64_t step) {
+    if (fault->where == "recovery" && step >= fault->step) {
+      Inject(*fault, launch_rank, "recovery", -1);
+    }
+  };
+  hooks.on_recovery = [&](const vemesh::Recovery& r) -> absl::Status {
+    losses.erase(losses.lower_bound(r.resume_step), losses.end());
+    plan = EpochPlan(plan0, r.dp_size);
+    if (!plan.ok()) return plan.status();
+    // The data slice follows the new DP size; the modules need nothing.
+    return rep.stage->Rebind(*plan);
+  };
+  hooks.finish = [&]() -> absl::Status {
     const int64_t mine = Digest(rep.state);
     int64_t digest[2] = {mine, -mine};
     absl::StatusOr<vemesh::DeviceMesh> mesh = VESCALE_DEVICE_MESH.get();
     if (!mesh.ok()) return mesh.status();
     auto group = mesh->get_group(replica_dim);
     if (!group.ok()) return group.status();
-    if (absl::Status s = (*group)->all_reduce(absl::MakeSpan(digest),
-                                              vemesh::ReduceOp::kMax);
-        !s.ok()) {
-      return s;
-    }
-    return digest[0] == -digest[1];
+    absl::Status s =
+        (*group)->all_reduce(absl::MakeSpan(digest), vemesh::ReduceOp::kMax);
+    if (s.ok()) identical_across = digest[0] == -digest[1];
+    return s;
   };
-  // The last recovery's record, printed once its first step commits.
-  std::optional<vemesh::Recovery> record;
-  // The round after the last step trains nothing: its end_step makes sure
-  // every replica committed that step too (one that failed it sends all
-  // into recovery, and the last step is trained again).
-  for (int round = 0;; ++round) {
-    if (round > 4 * plan0.options.steps + 1000) {
-      return Fail(replica, launch_rank, "training",
-                  absl::InternalError("too many rounds without progress"));
-    }
-    const absl::Time step_start = absl::Now();
-    const bool finishing = step >= plan0.options.steps && !send_state;
-    absl::StatusOr<double> loss = absl::UnknownError("not run");
-    if (send_state) loss = synced;  // the state did not arrive: recover
-    // Whether this round changed the state (only then is there an undo: the
-    // snapshot of an earlier, committed step must never be put back).
-    bool stepped = false;
-    if (finishing) {
-      absl::StatusOr<bool> same = compare_across();
-      if (same.ok()) {
-        identical_across = *same;
-        loss = 0.0;
-      } else {
-        loss = same.status();
-      }
-    } else if (!send_state) {
-      // What the step changes, to undo it if it does not commit.
-      if (absl::Status saved = rep.before.Save(rep.state); !saved.ok()) {
-        loss = saved;
-      } else {
-        stepped = true;
-        loss = Step(*plan, rep, static_cast<int>(step), [&](const char* where) {
-          inject(where, static_cast<int>(step));
-        });
-      }
-      absl::SleepFor(settings.pace - (absl::Now() - step_start));
-    }
-    if (!loss.ok() && leader) {
-      std::printf("step %lld failed at %lld ms: %s\n",
-                  static_cast<long long>(step + 1),
-                  static_cast<long long>(absl::ToUnixMillis(absl::Now())),
-                  loss.status().ToString().c_str());
-    }
-    auto verdict = elastic->end_step(loss.status());
-    if (!verdict.ok()) {
-      return Fail(replica, launch_rank, "elastic", verdict.status());
-    }
-    if (verdict->committed && record.has_value() && !send_state) {
-      if (leader) {
-        std::printf(
-            "recovery: detect %.1f ms, agree %.1f ms, rebuild %.1f ms, state "
-            "%.1f ms; first good step %lld at=%lld\n",
-            absl::ToDoubleMilliseconds(record->detect_time),
-            absl::ToDoubleMilliseconds(record->agree_time),
-            absl::ToDoubleMilliseconds(record->build_time),
-            absl::ToDoubleMilliseconds(record->state_time),
-            static_cast<long long>(step + (finishing ? 0 : 1)),
-            static_cast<long long>(absl::ToUnixMillis(absl::Now())));
-        std::fflush(stdout);
-      }
-      record.reset();
-    }
-    if (verdict->committed && finishing) {
-      if (!verdict->recover) {
-        // The last save in flight, committed (its files and `latest`).
-        if (absl::Status s =
-                checkpoints.MaybeSave(rep.state, step, /*done=*/true, leader);
-            !s.ok() && leader) {
-          std::printf("checkpoint: last save failed: %s\n",
-                      s.ToString().c_str());
-        }
-        break;
-      }
-    } else if (verdict->committed) {
-      losses[step] = *loss;
-      ++step;
-      if (fault->where == "corrupt" && fault->step == step &&
-          fault->rank == launch_rank) {
-        std::fprintf(stderr,
-                     "train_nd: fault: corrupt after step %lld on launch "
-                     "rank %d\n",
-                     static_cast<long long>(step), launch_rank);
-        // The first value of the first registered buffer (a parameter).
-        auto entries = rep.state.elastic_state();
-        if (entries.ok() && !entries->empty() && (*entries)[0].bytes &&
-            (*entries)[0].bytes().size() >= sizeof(double)) {
-          reinterpret_cast<double*>((*entries)[0].bytes().data())[0] += 1.0;
-        }
-      }
-      // A failed save leaves the previous checkpoint; training goes on.
-      if (absl::Status s =
-              checkpoints.MaybeSave(rep.state, step, /*done=*/false, leader);
-          !s.ok() && leader) {
-        std::printf("checkpoint: step %lld not saved: %s\n",
-                    static_cast<long long>(step), s.ToString().c_str());
-      }
-      if (leader) {
-        std::printf("step %lld/%d loss %.12f time %.2f ms DP=%d at %lld ms\n",
-                    static_cast<long long>(step), plan0.options.steps, *loss,
-                    absl::ToDoubleMilliseconds(absl::Now() - step_start),
-                    plan->dp,
-                    static_cast<long long>(absl::ToUnixMillis(absl::Now())));
-      }
-    } else if (stepped) {
-      if (absl::Status s = rep.before.Restore(rep.state); !s.ok()) {
-        return Fail(replica, launch_rank, "undo", s);
-      }
-    }
-    if (!verdict->recover) continue;
-    if (fault->where == "recovery" && step >= fault->step) {
-      Inject(*fault, launch_rank, "recovery", -1);
-    }
-    auto r = elastic->recover(step);
-    if (!r.ok()) return Fail(replica, launch_rank, "recover", r.status());
-    if (r->evicted) {
-      if (leader) {
-        std::printf("membership: epoch %lld, DP=%d [%s]: replica %d evicted\n",
-                    static_cast<long long>(r->epoch), r->dp_size,
-                    absl::StrJoin(r->replicas, ", ").c_str(), replica);
-        std::fflush(stdout);
-      }
-      VESCALE_DEVICE_MESH.reset();
-      return 3;
-    }
-    ++recoveries;
-    // The library loaded the members' state where this replica lacked it
-    // or was one step ahead: resume where they are.
-    record = *r;
-    step = r->resume_step;
-    losses.erase(losses.lower_bound(step), losses.end());
-    send_state = false;
-    PrintMembership(leader, *r, replica,
-                    verdict->committed ? "membership changed"
-                                       : "recovered from a failed step");
-    plan = EpochPlan(plan0, r->dp_size);
-    if (!plan.ok()) return Fail(replica, launch_rank, "error", plan.status());
-    // The data slice follows the new DP size; the modules need nothing.
-    if (absl::Status s = rep.stage->Rebind(*plan); !s.ok()) {
-      return Fail(replica, launch_rank, "rebind", s);
-    }
+  auto done =
+      vemesh::strategies::RunElasticLoop(*elastic, rep.state,
+                                         {.steps = plan0.options.steps,
+                                          .log = leader ? stdout : nullptr,
+                                          .pace = settings.pace,
+                                          .checkpoint = ckpt.get()},
+                                         hooks);
+  // Its communicator freed (the job's count is checked below).
+  ckpt.reset();
+  if (!done.ok()) return Fail(replica, launch_rank, "elastic", done.status());
+  if (done->evicted) {
+    VESCALE_DEVICE_MESH.reset();
+    return 3;
   }
+  const int recoveries = done->recoveries;
 
   // Verdicts: the curve this replica trained against the serial one, the
   // parameters against every other replica's (compared in the last round,

@@ -56,6 +56,8 @@ struct ElasticSettings {
   // Leases alone detect a lost replica (ElasticOptions.data_plane_detection
   // off): the baseline of bench/elastic_kill.py.
   bool lease_detection = false;
+  // ElasticOptions::agree_every_step (the per-step cost's baseline).
+  bool agree_every_step = false;
 };
 
 // After each recovery, the replica's rank 0 prints its record once the first

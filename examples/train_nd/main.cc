@@ -118,6 +118,10 @@ ABSL_FLAG(std::string, job, "train_nd",
 ABSL_FLAG(bool, lease_detection, false,
           "elastic: survivors learn of a lost replica from its lease alone "
           "(the way before the quorum round; a benchmark's baseline)");
+ABSL_FLAG(bool, agree_every_step, false,
+          "elastic: end_step agrees over DP every step, as before issue 47 "
+          "(bench/elastic_overhead.py's baseline; default: the step's own DP "
+          "operations are the agreement)");
 ABSL_FLAG(int, pace_ms, 0,
           "elastic: each step lasts at least this long (demos, fault tests)");
 ABSL_FLAG(std::string, checkpoint_dir, kDefaults.checkpoint_dir,
@@ -588,6 +592,7 @@ int Run() {
     e.fingerprint_every = absl::GetFlag(FLAGS_fingerprint_every);
     e.pace = absl::Milliseconds(absl::GetFlag(FLAGS_pace_ms));
     e.lease_detection = absl::GetFlag(FLAGS_lease_detection);
+    e.agree_every_step = absl::GetFlag(FLAGS_agree_every_step);
     return RunElastic(*plan, e, world_rank);
   }
 

@@ -304,6 +304,12 @@ EXAMPLES = {
         "includes": ["vemesh/strategies/expert_parallel.h"],
         "params": "const std::function<ExpertInit(int)>& init",
         "subs": [("... forward, backward ...", "")]},
+    "strategies/elastic_loop.h": {
+        "includes": ["vemesh/registry/ve_device_mesh.h"],
+        "helpers": "absl::StatusOr<double> TrainStep(int64_t step) { return 0.0; }\n",
+        "params": ("FullyShardedDataParallel& fsdp, "
+                   "std::vector<std::vector<Parameter*>> units, int launch_rank"),
+        "pragma_missing_field_initializers": True},
     "strategies/elastic_state.h": {
         "params": ("ElasticMesh& el, FullyShardedDataParallel& fsdp, "
                    "std::vector<std::vector<Parameter*>> units")},

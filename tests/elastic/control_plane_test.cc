@@ -1,12 +1,14 @@
 // The elastic control plane's admission and restore (vemesh/elastic/
 // control_plane.h): the first descriptor is the job's, a joiner that
-// differs is InvalidArgument naming each field, and a lost record is
-// written back only where it is absent.
+// differs is InvalidArgument naming each field, a lost record is
+// written back only where it is absent, and a replica's liveness addresses
+// are read once per incarnation.
 
 #include "vemesh/elastic/internal/control_plane.h"
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
@@ -150,6 +152,30 @@ TEST(ControlPlaneTest, ReadRetriesAnUnreachableStoreWithinItsBound) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
   ControlPlane once(std::make_shared<RestartingStore>(1), "j", 1);
   EXPECT_TRUE(absl::IsUnavailable(once.Read().status()));  // no bound: once
+}
+
+// The one reader of the probe keys: a complete set is read once and kept
+// (an incarnation's addresses never change), an incomplete one again.
+TEST(ControlPlaneTest, ProbeAddressesAreReadOncePerIncarnation) {
+  auto store = std::make_shared<MemoryStore>();
+  ControlPlane cp(store, "j", 2);
+  ASSERT_TRUE(store->set(cp.ProbeKey(3, 0xab, 0), "127.0.0.1:1").ok());
+  auto got = cp.ProbeAddresses(3, 0xab);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, (std::vector<std::string>{"127.0.0.1:1", ""}));
+  ASSERT_TRUE(store->set(cp.ProbeKey(3, 0xab, 1), "127.0.0.1:2").ok());
+  got = cp.ProbeAddresses(3, 0xab);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, (std::vector<std::string>{"127.0.0.1:1", "127.0.0.1:2"}));
+  // Complete: kept, the store is not read again.
+  ASSERT_TRUE(store->remove(cp.ProbeKey(3, 0xab, 1)).ok());
+  got = cp.ProbeAddresses(3, 0xab);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, (std::vector<std::string>{"127.0.0.1:1", "127.0.0.1:2"}));
+  // Another incarnation of the same replica is its own.
+  got = cp.ProbeAddresses(3, 0xac);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, (std::vector<std::string>{"", ""}));
 }
 
 }  // namespace

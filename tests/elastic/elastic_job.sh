@@ -82,7 +82,7 @@ case $scenario in
     finish 0; finish 1; finish 2
     expect_pass r0.b 3 0; expect_pass r1.b 3 1; expect_pass r2.b 3 2
     for k in 0 1 2; do
-      expect_line "r$k.b" "^train_nd: resumed at step (1[05]|2[05]) from $work/ckpt/"
+      expect_line "r$k.b" "^resumed at step (1[05]|2[05]) from $work/ckpt/"
     done ;;
   dp_kill|tp_kill|pp_dp_kill)
     where=dp; [[ $scenario == tp_kill ]] && where=tp:1

@@ -2,8 +2,9 @@
 // the public headers and docs/USER_GUIDE.md §5a. Its own two-layer MLP
 // (strategies::Linear, tanh) is wrapped ONCE by FullyShardedDataParallel
 // (HYBRID_SHARD: shard over DP_SHARD, replicate over DP_REPLICATE) with
-// AdamW, its state registered ONCE with the elastic mesh (TrainingState +
-// RegisterElasticState), then the guide's loop. Mesh DP_REPLICATE x
+// AdamW, its state named ONCE (TrainingState), then the guide's loop:
+// strategies::RunElasticLoop, which registers the state with the elastic
+// mesh and undoes a step that did not commit. Mesh DP_REPLICATE x
 // DP_SHARD = 3 x 2, DP_REPLICATE elastic: three replicas of two ranks
 // each, one thread per rank, each replica its own "launch" over a
 // MemoryStore of its own, the control plane a MemoryStore they share (or a
@@ -20,7 +21,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -41,7 +41,7 @@
 #include "vemesh/bootstrap/store_bootstrap.h"
 #include "vemesh/elastic/elastic_mesh.h"
 #include "vemesh/rendezvous/memory_store.h"
-#include "vemesh/strategies/elastic_state.h"
+#include "vemesh/strategies/elastic_loop.h"
 #include "vemesh/strategies/fully_sharded_data_parallel.h"
 #include "vemesh/strategies/linear.h"
 #include "vemesh/strategies/optimizer.h"
@@ -150,69 +150,8 @@ struct Hooks {
   std::atomic<int64_t>* progress = nullptr;
 };
 
-class Snapshot;  // glue: the registered state's copy at a step's start
-
 absl::Status Train(ElasticMesh& el, int64_t steps, const Hooks& hooks,
                    Outcome& out);
-
-// ===========================================================================
-// Glue a user needs that the library does not offer (yet).
-// ===========================================================================
-
-// The guide's RestoreStartOfStep: a copy of every registered buffer (the
-// FSDP shards, the AdamW moments, the step counts) taken before the step,
-// written back when end_step does not commit it.
-class Snapshot {
- public:
-  absl::Status Take(strategies::TrainingState& state) {
-    absl::StatusOr<std::vector<strategies::ElasticStateEntry>> entries =
-        state.elastic_state();
-    if (!entries.ok()) return entries.status();
-    entries_ = *std::move(entries);
-    saved_.clear();
-    for (strategies::ElasticStateEntry& e : entries_) {
-      if (e.bytes) {
-        absl::Span<char> b = e.bytes();
-        saved_.emplace_back(b.data(), b.size());
-      } else {
-        absl::StatusOr<std::string> b = e.state_dict();
-        if (!b.ok()) return b.status();
-        saved_.push_back(*std::move(b));
-      }
-    }
-    return absl::OkStatus();
-  }
-  absl::Status Restore() {
-    for (size_t i = 0; i < entries_.size(); ++i) {
-      if (entries_[i].bytes) {
-        absl::Span<char> b = entries_[i].bytes();
-        std::memcpy(b.data(), saved_[i].data(), b.size());
-      } else if (absl::Status s = entries_[i].load_state_dict(saved_[i]);
-                 !s.ok()) {
-        return s;
-      }
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  std::vector<strategies::ElasticStateEntry> entries_;
-  std::vector<std::string> saved_;
-};
-
-// The guide's SaveStep / LoadStep: the loop's step counter as 8 bytes.
-ReplicaState::StateDictFn SaveStep(int64_t* step) {
-  return [step]() -> absl::StatusOr<std::string> {
-    return std::string(reinterpret_cast<const char*>(step), sizeof(*step));
-  };
-}
-ReplicaState::LoadStateDictFn LoadStep(int64_t* step) {
-  return [step](absl::string_view b) {
-    if (b.size() != sizeof(*step)) return absl::InvalidArgumentError("step");
-    std::memcpy(step, b.data(), sizeof(*step));
-    return absl::OkStatus();
-  };
-}
 
 // ===========================================================================
 // User code: the rank's program from the elastic mesh on.
@@ -242,48 +181,41 @@ absl::Status Train(ElasticMesh& el, int64_t steps, const Hooks& hooks,
   FullyShardedDataParallel& fsdp = *made;
   absl::Status s = fsdp.SetOptimizer(OptimizerOptions::AdamW(kLr));
   if (s.ok()) s = state.AddFsdp(fsdp, model.units());
-  // USER_GUIDE §5a from here.
-  int64_t step = el.last_recovery().resume_step;
-  if (s.ok()) {
-    s = el.register_state_dict_fn("step", SaveStep(&step), LoadStep(&step));
-  }
-  if (s.ok()) s = strategies::RegisterElasticState(el, state);
   if (!s.ok()) return s;
   out.received_state = el.last_recovery().receives_state;
-  Snapshot start;
-  s = el.sync_state();  // a joiner receives the state here
-  while (step < steps) {
+  // USER_GUIDE §5a from here: the library's loop (registers the state,
+  // undoes a step that does not commit, recovers, prints).
+  strategies::ElasticLoopHooks loop;
+  loop.step = [&](int64_t step) -> absl::StatusOr<double> {
     if (hooks.quit && hooks.quit(step)) return absl::CancelledError("quit");
-    if (s.ok()) s = start.Take(state);
-    if (s.ok()) s = Step(model, &fsdp, step);
-    if (s.ok() && hooks.fail_after)
-      s = hooks.fail_after(step, fsdp.shard_rank());
-    absl::SleepFor(hooks.pace);
-    absl::StatusOr<StepVerdict> v = el.end_step(s);
-    if (!v.ok()) return v.status();  // store lost, states differ
-    if (v->committed) {
-      ++step;
-      out.committed = step;
-      if (hooks.progress) *hooks.progress = step;
-      if (hooks.after_commit) hooks.after_commit(step, fsdp);
-    } else {
-      ++out.undone;
-      if (absl::Status r = start.Restore(); !r.ok()) return r;
+    VEMESH_RETURN_IF_ERROR(Step(model, &fsdp, step));
+    if (hooks.fail_after) {
+      VEMESH_RETURN_IF_ERROR(hooks.fail_after(step, fsdp.shard_rank()));
     }
-    s = absl::OkStatus();
-    if (v->recover) {
-      absl::StatusOr<Recovery> r = el.recover(step);
-      if (!r.ok()) return r.status();
-      std::fprintf(stderr, "replica %d: %s\n", el.replica(),
-                   FormatRecovery(*r).c_str());
-      ++out.recoveries;
-      out.last_step_status = r->step_status;
-      if (r->evicted) {
-        out.evicted = true;
-        return absl::OkStatus();
-      }
-    }
+    return 0.0;
+  };
+  loop.on_commit = [&](int64_t step, double) {
+    out.committed = step;
+    if (hooks.progress) *hooks.progress = step;
+    if (hooks.after_commit) hooks.after_commit(step, fsdp);
+  };
+  loop.on_recovery = [&](const Recovery& r) {
+    std::fprintf(stderr, "replica %d: %s\n", el.replica(),
+                 FormatRecovery(r).c_str());
+    out.last_step_status = r.step_status;
+    return absl::OkStatus();
+  };
+  absl::StatusOr<strategies::ElasticLoopResult> done =
+      strategies::RunElasticLoop(el, state,
+                                 {.steps = steps, .pace = hooks.pace}, loop);
+  if (!done.ok()) return done.status();  // store lost, states differ, a bug
+  out.recoveries = done->recoveries;
+  out.undone = static_cast<int>(done->undone);
+  if (done->evicted) {
+    out.evicted = true;
+    return absl::OkStatus();
   }
+  const int64_t step = done->steps;
   // What the test compares (not user code): this rank's shards and moments.
   out.step = step;
   out.dp_size = el.last_recovery().dp_size;

@@ -689,6 +689,11 @@ TEST(PeriodicCheckpointTest, SavesInTheBackgroundAndAFreshJobResumes) {
     EXPECT_EQ(start.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(start.status().message(),
                 HasSubstr("its 'model' is 'm1'; this one's is 'm2'"));
+    // Refused before any buffer was written (inside the load, from the one
+    // manifest it read).
+    for (const Parameter& p : m.params) {
+      EXPECT_TRUE((p.value.array() == 9.0).all()) << p.name;
+    }
   }
   RemoveShared(*world, dir);
 }

@@ -208,6 +208,16 @@ absl::StatusOr<CheckpointManifest> ChooseCheckpoint(
         "checkpoint '", found.path, "' belongs to ",
         JobText(found.manifest.job), ", not to this job '", options.job, "'"));
   }
+  for (const auto& [key, want] : options.metadata) {
+    auto got = found.manifest.metadata.find(key);
+    if (got == found.manifest.metadata.end() || got->second != want) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint '", found.path, "' is of another job: its '", key,
+          "' is '",
+          got == found.manifest.metadata.end() ? "(none)" : got->second,
+          "'; this one's is '", want, "'"));
+    }
+  }
   return found;
 }
 

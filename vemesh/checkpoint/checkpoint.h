@@ -97,6 +97,11 @@ struct LoadOptions {
   // Non-empty: the manifest must name this job (FailedPrecondition naming
   // both jobs otherwise; a version 1 manifest names none).
   std::string job;
+  // Each key must have been saved with this value in the manifest's
+  // metadata (what the model is): InvalidArgument naming the checkpoint,
+  // the key and both values otherwise, on every rank, before any piece of
+  // `state` is written (the manifest is read once).
+  std::map<std::string, std::string> metadata = {};
 };
 
 // Collective. Fills every piece of `state` from the checkpoint <dir>/latest

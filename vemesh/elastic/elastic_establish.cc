@@ -271,6 +271,7 @@ absl::StatusOr<Recovery> ElasticMesh::Establish(const MembershipRecord& record,
   r.resume_step = least[0];
   // The lowest DP rank holding the least committed state sends it.
   state_root_ = static_cast<int>(least[1] % n);
+  MarkStep();
   return r;
 }
 

@@ -316,9 +316,13 @@ absl::StatusOr<std::unique_ptr<ElasticMesh>> ElasticMesh::Create(
         // other renewal (each TTL/2, fresh enough for end_step's window of
         // one TTL), so that the renewals' own spacing stays short.
         if (++renewals % 2 != 0) return;
+        const absl::Time began = absl::Now();
         absl::StatusOr<ControlPlane::Reading> now = cp->Read();
         if (!now.ok()) return;
         std::lock_guard<std::mutex> lock(g->mu);
+        // Older than what the training thread learned meanwhile (Remember):
+        // it would make end_step read the store until the next reading.
+        if (began < g->remembered_at) return;
         g->seen_epoch = now->record.epoch;
         g->joiners_waiting = !now->record.pending.empty();
         g->read_at = absl::Now();
@@ -379,16 +383,16 @@ absl::StatusOr<std::unique_ptr<ElasticMesh>> ElasticMesh::Create(
     // Every rank advertised before ShareRecord: the replica's other ranks'
     // ports, which OnAbortMessage probes.
     std::vector<std::string> mates;
-    for (int r = 0; r < el->inner_size_; ++r) {
-      if (r == el->inner_rank_) continue;
-      auto where = el->control_->store()->get(
-          el->control_->ProbeKey(options.replica, el->incarnation_, r));
+    auto where =
+        el->control_->ProbeAddresses(options.replica, el->incarnation_);
+    for (int r = 0; where.ok() && r < el->inner_size_; ++r) {
+      const std::string& at = (*where)[r];
       // Only a port seen answering from here: the refusal of an address
       // wrong from this host (another host's loopback) proves nothing.
-      if (where.ok() &&
-          ProbeLiveness(*where, elastic_internal::kProbeTimeout) ==
+      if (r != el->inner_rank_ && !at.empty() &&
+          ProbeLiveness(at, elastic_internal::kProbeTimeout) ==
               Liveness::kListening) {
-        mates.push_back(*where);
+        mates.push_back(at);
       }
     }
     std::lock_guard<std::mutex> lock(el->guard_->mu);

@@ -63,14 +63,30 @@
 //
 // end_step is collective over the whole job: every rank calls it once per
 // step with its step's status. It retires the DP groups at once on a failed
-// step (which releases a peer blocked on them), then agrees over DP and
-// inside the replica on four things: did any rank's step fail, did anyone
-// see a newer epoch, is the control plane lost, and the code of a failure
-// that no lost member explains (max_step_retries). No store round trip:
-// the heartbeat thread's last reading of the record. Every rank gets the same
-// verdict, except that a replica may have committed one step more than
-// another when a peer died inside end_step's own exchange; recover()
-// settles that with `resume_step`.
+// step (which releases a peer blocked on them), then agrees inside the
+// replica (one all_reduce of 4 int64 over the launch's ranks, none with one
+// rank per replica) on four things: did any rank's step fail, did its
+// leader see a newer epoch, is the control plane lost, and the code of a
+// failure that no lost member explains (max_step_retries), and over DP
+// (an all_reduce of 2 int64) on the epoch seen and the control plane. No
+// store round trip: the heartbeat thread's last reading of the record.
+// Every rank gets the same verdict, except that a replica may have
+// committed one step more than another when a peer died inside end_step's
+// own exchange; recover() settles that with `resume_step`, carrying the
+// state to the replica one step ahead.
+//
+// No per-step tax (set_verdict_rides_on_step, strategies::RunElasticLoop):
+// a step that ran an operation over the DP group (the gradient reduction)
+// sends nothing more over DP: that operation succeeded only with every
+// replica in it, and a replica that fails or moves to a newer epoch
+// retires its groups, so the others' next DP operation fails at once and
+// sends them into recovery. Only the replica's own agreement is left. A
+// replica may then commit one step more than another (its step succeeded
+// where another's failed after its DP operations, or it had not read the
+// newer epoch yet): its next step fails and is undone, and recover()
+// settles it as above. A step without a DP operation, and a cuda mesh (an
+// NCCL peer's retirement does not end its partners' operation), still
+// agree over DP.
 //
 // Rule for the training step: every operation on the replica's own groups
 // (PP, TP) comes before the step's first DP operation. A rank whose DP
@@ -83,12 +99,12 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -174,6 +190,11 @@ struct ElasticOptions {
   // returns it on every rank (naming the replica and the code), instead of
   // forming epochs forever.
   int max_step_retries = 2;
+  // end_step's agreement over DP every step (an all_reduce of 2 int64 on
+  // the DP group) even in a loop that lets the step carry it
+  // (set_verdict_rides_on_step, strategies::RunElasticLoop): the baseline
+  // of bench/elastic_overhead.py, the protocol before issue 47.
+  bool agree_every_step = false;
   // Fault injection for tests: called at named points ("establish").
   std::function<void(const char* point)> fault_hook;
 };
@@ -250,6 +271,22 @@ class ElasticMesh {
   // failed): the next recover() counts it as a newcomer again.
   void mark_stateless() { has_state_ = false; }
   int replica() const { return options_.replica; }
+  // Lets a step that ran an operation over the DP group carry end_step's
+  // agreement over DP (see end_step above): for loops that end with one
+  // more round without a step (end_step with nothing trained, until it
+  // commits without recovery), so that a replica that committed the last
+  // step learns of a newer epoch or another replica's failure there, as
+  // strategies::RunElasticLoop does (it sets this). Off (the default):
+  // end_step agrees over DP every step, and the loop above may end as soon
+  // as its last step commits. Every rank of the job must choose alike.
+  // ElasticOptions::agree_every_step overrides it.
+  void set_verdict_rides_on_step(bool rides) { verdict_rides_ = rides; }
+  bool verdict_rides_on_step() const {
+    return verdict_rides_ && !options_.agree_every_step;
+  }
+  // end_step's agreements over DP so far (benches and tests): a step that
+  // rode on its DP operations adds none.
+  int64_t dp_agreements() const { return dp_agreements_; }
   // The training state of this rank, the shape of torchft's Manager: the
   // library calls `state_dict` for the bytes of entry `name` and
   // `load_state_dict` to replace it (replica_state.h). Register the same
@@ -303,6 +340,9 @@ class ElasticMesh {
   // any), then the fingerprint comparison; agreed over the replica.
   absl::Status CarryState(absl::string_view where);
   void RetireEpoch();
+  // A step starts (end_step, recover, sync_state and Establish return):
+  // its detect time and the DP group's operation count are taken from here.
+  void MarkStep();
   // `device_group` (cuda: the epoch's NCCL DP group, else null) is the
   // mesh's DP group; `dp_group` (Gloo) then carries the mesh's agreements.
   absl::StatusOr<DeviceMesh> FullMesh(
@@ -328,7 +368,12 @@ class ElasticMesh {
   // their refusal means gone.
   std::unique_ptr<Reachable> reachable_;
   absl::Time step_began_ = absl::Now();  // the last end_step's return
-  absl::Duration detect_time_;           // of the verdict that asks recovery
+  // dp_ and its started() at MarkStep: a step that started an operation on
+  // the same group since rode on it (no DP agreement in end_step).
+  std::pair<const EpochCommunicator*, int64_t> step_mark_{nullptr, 0};
+  int64_t dp_agreements_ = 0;
+  bool verdict_rides_ = false;
+  absl::Duration detect_time_;  // of the verdict that asks recovery
   const std::shared_ptr<std::atomic<int64_t>> current_epoch_;
   std::vector<std::shared_ptr<EpochCommunicator>> epoch_comms_;
   // The groups the mesh hands out, one per dimension, made with the first
@@ -377,6 +422,8 @@ class ElasticMesh {
     int64_t seen_epoch = -1;                    // under mu
     bool joiners_waiting = false;               // under mu
     absl::Time read_at = absl::InfinitePast();  // under mu
+    // The last Remember: a reading that began before it is dropped.
+    absl::Time remembered_at = absl::InfinitePast();  // under mu
     // The epoch this rank is in (-1 between epochs), for the liveness
     // listener's OnAbortMessage; the epoch in which this rank told the
     // others (AbortEpochPeers), or was told (once per epoch is enough).
@@ -397,8 +444,6 @@ class ElasticMesh {
   // with them in milliseconds, not at the op timeout. Once per epoch, by
   // the first rank that fails.
   void AbortEpochPeers(int64_t epoch);
-  // Probe key -> the address advertised there (fixed per incarnation).
-  std::map<std::string, std::string> peer_ports_;
   void Remember(const MembershipRecord& record);
   std::shared_ptr<Guard> guard_ = std::make_shared<Guard>();
   std::unique_ptr<MembershipRecord> known_;

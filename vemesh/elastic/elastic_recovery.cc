@@ -140,6 +140,10 @@ void ElasticMesh::Remember(const MembershipRecord& record) {
   *known_ = record;
   std::lock_guard<std::mutex> lock(guard_->mu);
   guard_->record = record.epoch == 0 ? "" : EncodeMembership(record);
+  // The epoch this replica is in was read from the store just now: the
+  // first steps need no reading of their own.
+  guard_->seen_epoch = std::max(guard_->seen_epoch, record.epoch);
+  guard_->remembered_at = absl::Now();
 }
 
 absl::StatusOr<StepVerdict> ElasticMesh::end_step(
@@ -164,13 +168,16 @@ absl::StatusOr<StepVerdict> ElasticMesh::end_step(
   if (failed != 0 && error_code == 0) AbortEpochPeers(failed_epoch);
   int64_t seen = -1;
   int64_t lost = 0;
-  // The heartbeat thread's last reading of the record, if fresh: no store
-  // round trip on the step's path (see Guard).
+  // The heartbeat thread's last reading of the record: no store round trip
+  // on the step's path (see Guard), however old the reading is (a newer
+  // epoch that this replica has not seen yet was made by replicas that
+  // retired this epoch's groups: its next DP operation fails). The store is
+  // read here only on a failure path (a late lease, a record the store
+  // lost) and, at DP rank 0, to admit the replicas waiting to join.
   std::optional<int64_t> fresh_epoch;
   if (inner_rank_ == 0) {
     std::lock_guard<std::mutex> lock(guard_->mu);
-    if (absl::Now() - guard_->read_at < options_.heartbeat_ttl &&
-        guard_->seen_epoch >= epoch() &&
+    if (guard_->seen_epoch >= epoch() &&
         (!guard_->joiners_waiting || last_.dp_rank != 0)) {
       fresh_epoch = guard_->seen_epoch;
     }
@@ -234,7 +241,18 @@ absl::StatusOr<StepVerdict> ElasticMesh::end_step(
     }
   }
   int64_t agreed[4] = {failed, seen, lost, error_code};
-  if (failed == 0 && dp_ != nullptr) {
+  // The step's own operations over the DP group are its agreement over DP:
+  // each succeeded only with every replica in it, and a replica that fails
+  // or leaves retires its groups, so that the others' next DP operation
+  // fails at once (a step later at most: recover()'s resume_step settles
+  // it). Only a step that ran none over the host DP group agrees here, as
+  // does a cuda mesh (an NCCL peer's retirement does not end its partners'
+  // operation; its Gloo twin's all_reduce does at once).
+  const bool rode = verdict_rides_on_step() && epoch_device_groups_.empty() &&
+                    dp_ != nullptr && dp_.get() == step_mark_.first &&
+                    dp_->started() > step_mark_.second;
+  if (failed == 0 && dp_ != nullptr && !rode) {
+    ++dp_agreements_;
     int64_t dp_view[2] = {seen, lost};
     absl::Status s =
         dp_->all_reduce(dp_view, dp_view, 2, DataType::kInt64, ReduceOp::kMax);
@@ -293,8 +311,13 @@ absl::StatusOr<StepVerdict> ElasticMesh::end_step(
   }
   const absl::Time now = absl::Now();
   if (v.recover) detect_time_ = now - step_began_;
-  step_began_ = now;
+  MarkStep();
   return v;
+}
+
+void ElasticMesh::MarkStep() {
+  step_began_ = absl::Now();
+  step_mark_ = {dp_.get(), dp_ != nullptr ? dp_->started() : 0};
 }
 
 void ElasticMesh::AbortEpochPeers(int64_t e) {
@@ -312,16 +335,14 @@ void ElasticMesh::AbortEpochPeers(int64_t e) {
   for (int id : known_->members) {
     const uint64_t inc = known_->incarnation_of(id);
     const std::string text = absl::StrCat("abort ", absl::Hex(inc), " ", e);
+    // Read once per incarnation (ControlPlane's cache), not per failure.
+    auto where = control_->ProbeAddresses(id, inc);
+    if (!where.ok()) continue;  // the store is down: their timeouts decide
     for (int r = 0; r < inner_size_; ++r) {
       if (id == options_.replica && r == inner_rank_) continue;
-      const std::string key = control_->ProbeKey(id, inc, r);
-      auto at = peer_ports_.find(key);
-      if (at == peer_ports_.end()) {
-        auto where = control_->store()->get(key);
-        if (!where.ok()) continue;  // not advertised: its timeout decides
-        at = peer_ports_.emplace(key, *where).first;
-      }
-      (void)SendToListener(at->second, text, kProbeTimeout);
+      // Not advertised: its timeout decides.
+      if ((*where)[r].empty()) continue;
+      (void)SendToListener((*where)[r], text, kProbeTimeout);
     }
   }
 }
@@ -402,6 +423,7 @@ absl::Status ElasticMesh::sync_state() {
   const absl::Time start = absl::Now();
   absl::Status s = CarryState(absl::StrCat("at the start of epoch ", epoch()));
   last_.state_time += absl::Now() - start;
+  MarkStep();
   return s;
 }
 
@@ -415,7 +437,7 @@ absl::StatusOr<Recovery> ElasticMesh::recover(int64_t committed_steps) {
   RetireEpoch();
   auto r = Rebuild(failed, std::nullopt, committed_steps);
   detect_time_ = absl::ZeroDuration();
-  step_began_ = absl::Now();
+  MarkStep();
   return r;
 }
 

@@ -48,6 +48,7 @@ absl::StatusOr<std::shared_ptr<Communicator>> EpochCommunicator::Use(
 }
 
 Communicator::WorkOr EpochCommunicator::Start(const Operation& op) {
+  started_.fetch_add(1, std::memory_order_relaxed);
   VEMESH_ASSIGN_OR_RETURN(auto c, Use(op.Name()));
   return StartForwarded(Self(), *c, op);
 }

@@ -54,6 +54,10 @@ class EpochCommunicator final : public Communicator {
   // Irreversible: every later operation is FailedPrecondition.
   void retire();
   bool retired() const;
+  // Operations started on this communicator (any thread): the elastic mesh
+  // reads whether a step ran one over its DP group, whose success then
+  // stands for the step's agreement over DP (ElasticMesh::end_step).
+  int64_t started() const { return started_.load(std::memory_order_relaxed); }
 
   int rank() const override { return rank_; }
   int size() const override { return static_cast<int>(ranks_.size()); }
@@ -85,6 +89,7 @@ class EpochCommunicator final : public Communicator {
   const std::shared_ptr<const std::atomic<int64_t>> current_epoch_;
   mutable std::mutex mu_;
   std::shared_ptr<Communicator> inner_;  // null once retired; under mu_
+  std::atomic<int64_t> started_{0};
 };
 
 }  // namespace vemesh

@@ -50,31 +50,15 @@ absl::StatusOr<int64_t> PeriodicCheckpoint::Restore(TrainingState& state) {
   }
   if (!latest.ok()) return latest.status();
   if (found == 0) return 0;
-  // The identity first: a checkpoint of another model with the same shapes
-  // must not overwrite the live buffers before it is refused.
-  absl::StatusOr<checkpoint::CheckpointManifest> manifest =
-      checkpoint::ReadManifest(options_.dir);
-  absl::Status identity = manifest.status();
-  if (manifest.ok()) {
-    const auto& saved = manifest->manifest.metadata;
-    for (const auto& [key, want] : options_.identity) {
-      auto got = saved.find(key);
-      if (got == saved.end() || got->second != want) {
-        identity = absl::InvalidArgumentError(absl::StrCat(
-            "checkpoint '", manifest->path, "' is of another job: its '", key,
-            "' is '", got == saved.end() ? "(none)" : got->second,
-            "'; this one's is '", want, "'"));
-        break;
-      }
-    }
-  }
-  if (absl::Status s = checkpoint::AgreeStatus(*world_, identity); !s.ok()) {
-    return s;
-  }
+  // The identity is checked inside the load, from the one manifest it
+  // reads, before any buffer is written: a checkpoint of another model
+  // with the same shapes is refused untouched.
   checkpoint::StateDict dict;
   if (absl::Status s = state.get_state_dict(&dict); !s.ok()) return s;
+  checkpoint::LoadOptions load;
+  load.metadata.insert(options_.identity.begin(), options_.identity.end());
   absl::StatusOr<checkpoint::LoadResult> loaded =
-      checkpoint::Load(dict, options_.dir, *world_);
+      checkpoint::Load(dict, options_.dir, *world_, load);
   if (!loaded.ok()) return loaded.status();
   // Step counts are not written in place.
   if (absl::Status s = state.set_state_dict(); !s.ok()) return s;

@@ -115,19 +115,46 @@ std::string ControlPlane::ProbeKey(int replica, uint64_t incarnation,
   return key;
 }
 
-absl::StatusOr<ControlPlane::ReplicaLiveness> ControlPlane::Probe(
-    int replica, uint64_t incarnation, absl::Duration timeout) const {
-  ReplicaLiveness all{Liveness::kListening, ""};
+absl::StatusOr<std::vector<std::string>> ControlPlane::ProbeAddresses(
+    int replica, uint64_t incarnation) const {
+  const std::pair<int, uint64_t> id{replica, incarnation};
+  {
+    std::lock_guard<std::mutex> lock(probe_mu_);
+    auto at = probe_addresses_.find(id);
+    if (at != probe_addresses_.end()) return at->second;
+  }
+  std::vector<std::string> addresses(ranks_per_replica_);
+  bool complete = true;
   for (int r = 0; r < ranks_per_replica_; ++r) {
     auto where = store_->get(ProbeKey(replica, incarnation, r));
-    if (!where.ok() && !absl::IsNotFound(where.status())) {
-      return where.status();
+    if (absl::IsNotFound(where.status())) {
+      complete = false;
+      continue;
     }
+    if (!where.ok()) return where.status();
+    addresses[r] = *std::move(where);
+  }
+  if (complete) {
+    std::lock_guard<std::mutex> lock(probe_mu_);
+    if (probe_addresses_.size() >= kProbeCacheEntries) probe_addresses_.clear();
+    probe_addresses_.emplace(id, addresses);
+  }
+  return addresses;
+}
+
+absl::StatusOr<ControlPlane::ReplicaLiveness> ControlPlane::Probe(
+    int replica, uint64_t incarnation, absl::Duration timeout) const {
+  absl::StatusOr<std::vector<std::string>> addresses =
+      ProbeAddresses(replica, incarnation);
+  if (!addresses.ok()) return addresses.status();
+  ReplicaLiveness all{Liveness::kListening, ""};
+  for (int r = 0; r < ranks_per_replica_; ++r) {
+    const std::string& where = (*addresses)[r];
     const Liveness v =
-        where.ok() ? ProbeLiveness(*where, timeout) : Liveness::kUnknown;
-    if (v == Liveness::kGone) return ReplicaLiveness{v, *where};
+        where.empty() ? Liveness::kUnknown : ProbeLiveness(where, timeout);
+    if (v == Liveness::kGone) return ReplicaLiveness{v, where};
     if (v == Liveness::kUnknown) all.liveness = Liveness::kUnknown;
-    if (r == 0 && where.ok()) all.address = *where;
+    if (r == 0) all.address = where;
   }
   return all;
 }

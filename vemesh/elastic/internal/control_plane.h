@@ -37,10 +37,12 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -120,6 +122,15 @@ class ControlPlane {
   };
   absl::StatusOr<ReplicaLiveness> Probe(int replica, uint64_t incarnation,
                                         absl::Duration timeout) const;
+  // The liveness addresses every rank of a replica's incarnation advertised
+  // (ProbeKey), by inner rank; "" where a rank advertised none. The one
+  // reader of those keys (Probe, a replica's mates, the tells of
+  // ElasticMesh::AbortEpochPeers): an incarnation's addresses never change,
+  // so a complete set is read once and kept (at most kProbeCacheEntries
+  // incarnations); an incomplete one is read again next time.
+  absl::StatusOr<std::vector<std::string>> ProbeAddresses(
+      int replica, uint64_t incarnation) const;
+  static constexpr size_t kProbeCacheEntries = 4096;
   const std::shared_ptr<Store>& store() const { return store_; }
 
  private:
@@ -129,6 +140,10 @@ class ControlPlane {
   std::string root_;
   int ranks_per_replica_;
   absl::Duration retry_for_ = absl::ZeroDuration();
+  mutable std::mutex probe_mu_;
+  // (replica, incarnation) -> complete ProbeAddresses; under probe_mu_.
+  mutable std::map<std::pair<int, uint64_t>, std::vector<std::string>>
+      probe_addresses_;
 };
 
 // Renews one lease every ttl/4 on its own thread (and its own store
