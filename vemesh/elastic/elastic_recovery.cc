@@ -199,17 +199,9 @@ absl::StatusOr<StepVerdict> ElasticMesh::end_step(
     absl::StatusOr<ControlPlane::Reading> now =
         read.has_value() ? *std::move(read) : control_->Read();
     // A blip is not a loss: Redis restarted (empty, no persistence) refuses
-    // connections for the ~100 ms it takes to listen again, and a read
-    // fails fast then. Retried for up to a quarter of the heartbeat TTL
-    // (the other ranks wait in ReplicaMax, well within op_timeout).
-    const absl::Time retry_until = absl::Now() + options_.heartbeat_ttl / 4;
-    for (int tries = 0; !now.ok() && absl::IsUnavailable(now.status()) &&
-                        tries < 64 && absl::Now() < retry_until;
-         ++tries) {
-      absl::SleepFor(absl::Milliseconds(10));
-      now = control_->Read();
-    }
-    if (!now.ok()) now = control_->Read();  // the last try
+    // connections for the ~100 ms it takes to listen again; Read retries an
+    // unreachable store with backoff for up to the lease TTL
+    // (ControlPlane::set_retry_for, set by the mesh).
     if (now.ok() && now->record.epoch < epoch() && known_->epoch == epoch()) {
       // The store lost the record (Redis restarted empty, or an older
       // snapshot): the members write theirs back; a newcomer waits for that.
