@@ -56,6 +56,7 @@ GlooCommunicator::~GlooCommunicator() {
   }
   queue_cv_.notify_all();
   if (worker.joinable()) worker.join();
+  if (shm_ != nullptr) shm_->Leave();
   for (auto& job : dropped) {
     job->Finish(absl::AbortedError(
         absl::StrCat(job->name, ": the communicator was destroyed")));
@@ -167,6 +168,7 @@ absl::Status GlooCommunicator::Execute(Job& job) {
   // An abort that closed the connections under the operation made it fail.
   if (aborted()) return AbortedError(name);
   broken_ = status;
+  if (shm_ != nullptr) shm_->Leave();
   // Gloo's pairs are in an unknown state now. Closing them (with a reset)
   // tells every peer at once, instead of leaving them to their timeout.
   RunGloo("close", [&] { context_->closeConnections(); }).IgnoreError();
@@ -186,6 +188,7 @@ void GlooCommunicator::OnAbort() {
       buffer->abortWaitSend();
     }
   }
+  if (gloo_internal::ShmGroup* shm = shm_shared_.load()) shm->Leave();
   if (!connected_.load()) return;  // a lazy world with no pairs yet
   RunGloo("close", [&] { context_->closeConnections(); }).IgnoreError();
 }

@@ -354,6 +354,8 @@ class GlooCommunicator final : public Communicator {
   uint32_t next_tag_ = 1;  // 0 is the rendezvous barrier's
   bool shm_tried_ = false;
   std::unique_ptr<gloo_internal::ShmGroup> shm_;  // same-host groups only
+  // shm_ once set up, for OnAbort on any thread (freed after the worker).
+  std::atomic<gloo_internal::ShmGroup*> shm_shared_{nullptr};
   absl::Status broken_;
 
   // Messages sent to oneself, oldest first: kept by the issuing thread,

@@ -129,6 +129,7 @@ void GlooCommunicator::SetUpShm() {
     if (m == 0) return;
   }
   shm_ = std::move(group);
+  shm_shared_.store(shm_.get());
 }
 
 absl::Status GlooCommunicator::ShmRound(const Operation& op,

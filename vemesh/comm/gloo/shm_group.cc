@@ -59,6 +59,7 @@ struct ShmGroup::Control {
   std::atomic<uint64_t> posted;    // the last round this rank posted
   std::atomic<uint64_t> released;  // the last round it finished reading
   std::atomic<int32_t> pid;
+  std::atomic<int32_t> gone;  // Leave()
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 
@@ -89,7 +90,8 @@ absl::StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::Create(
                      name, "): ", std::strerror(err != 0 ? err : map_errno)));
   }
   auto group = std::unique_ptr<ShmGroup>(new ShmGroup(name, base, bytes, size));
-  for (int r = 0; r < size; ++r) new (group->control(r)) Control{{0}, {0}, {0}};
+  for (int r = 0; r < size; ++r)
+    new (group->control(r)) Control{{0}, {0}, {0}, {0}};
   return group;
 }
 
@@ -149,6 +151,12 @@ absl::Status ShmGroup::WaitAll(int which, uint64_t target,
       if (now < next_look) continue;
       next_look = now + kLivenessEvery;
       if (aborted()) return absl::AbortedError("aborted");
+      if (c->gone.load(std::memory_order_acquire) != 0) {
+        return absl::UnavailableError(
+            absl::StrCat("rank ", r,
+                         " left the group (its communicator was destroyed, "
+                         "aborted or broke)"));
+      }
       if (Gone(c->pid.load(std::memory_order_acquire))) {
         return absl::UnavailableError(absl::StrCat(
             "rank ", r, " (pid ", c->pid.load(), ") of the group exited"));
@@ -185,6 +193,10 @@ const void* ShmGroup::payload(int r) const { return slot(r, round_) + kLine; }
 
 void ShmGroup::Release() {
   control(rank_)->released.store(round_, std::memory_order_release);
+}
+
+void ShmGroup::Leave() {
+  control(rank_)->gone.store(1, std::memory_order_release);
 }
 
 }  // namespace gloo_internal

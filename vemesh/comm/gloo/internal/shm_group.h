@@ -16,7 +16,8 @@
 // Every wait is bounded: by the group's timeout, by the liveness of the
 // ranks it waits for (each rank's pid, probed with kill(pid, 0) every
 // millisecond or so: a rank that died is an error within about a
-// millisecond, as a reset TCP connection is) and by abort.
+// millisecond, as a reset TCP connection is), by a rank's leaving (Leave)
+// and by abort.
 
 #ifndef VEMESH_COMM_GLOO_INTERNAL_SHM_GROUP_H_
 #define VEMESH_COMM_GLOO_INTERNAL_SHM_GROUP_H_
@@ -70,6 +71,10 @@ class ShmGroup {
   const void* payload(int r) const;
   // This rank is done reading the round's slots.
   void Release();
+  // This rank leaves the group (its communicator was destroyed, aborted or
+  // broke): the others' waits end at their next look, Unavailable, as
+  // a closed TCP connection ends theirs. Any thread.
+  void Leave();
 
  private:
   ShmGroup(std::string name, void* base, size_t bytes, int size);
