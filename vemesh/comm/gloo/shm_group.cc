@@ -151,13 +151,18 @@ absl::Status ShmGroup::WaitAll(int which, uint64_t target,
       if (now < next_look) continue;
       next_look = now + kLivenessEvery;
       if (aborted()) return absl::AbortedError("aborted");
-      if (c->gone.load(std::memory_order_acquire) != 0) {
+      // A rank that did its part of this round and then left (or exited)
+      // owes nothing more: look at the counter again after its state.
+      const bool gone = c->gone.load(std::memory_order_acquire) != 0;
+      const bool dead = !gone && Gone(c->pid.load(std::memory_order_acquire));
+      if (counter.load(std::memory_order_acquire) >= target) break;
+      if (gone) {
         return absl::UnavailableError(
             absl::StrCat("rank ", r,
                          " left the group (its communicator was destroyed, "
                          "aborted or broke)"));
       }
-      if (Gone(c->pid.load(std::memory_order_acquire))) {
+      if (dead) {
         return absl::UnavailableError(absl::StrCat(
             "rank ", r, " (pid ", c->pid.load(), ") of the group exited"));
       }
