@@ -11,7 +11,6 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
-#include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -54,14 +53,25 @@ bool Gone(int32_t pid) {
 
 }  // namespace
 
-// One rank's counters, on a cache line of its own.
+// One rank's counters, on a cache line of its own. Plain integers that
+// the segment's zeroed pages hold from the start, accessed only through
+// std::atomic_ref (no constructor runs in shared memory).
 struct ShmGroup::Control {
-  std::atomic<uint64_t> posted;    // the last round this rank posted
-  std::atomic<uint64_t> released;  // the last round it finished reading
-  std::atomic<int32_t> pid;
-  std::atomic<int32_t> gone;  // Leave()
+  uint64_t posted;    // the last round this rank posted
+  uint64_t released;  // the last round it finished reading
+  int32_t pid;
+  int32_t gone;  // Leave()
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
+
+template <typename T>
+T Load(T& field) {
+  return std::atomic_ref<T>(field).load(std::memory_order_acquire);
+}
+template <typename T>
+void Store(T& field, T value) {
+  std::atomic_ref<T>(field).store(value, std::memory_order_release);
+}
 
 ShmGroup::ShmGroup(std::string name, void* base, size_t bytes, int size)
     : name_(std::move(name)), base_(base), bytes_(bytes), size_(size) {}
@@ -90,8 +100,6 @@ absl::StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::Create(
                      name, "): ", std::strerror(err != 0 ? err : map_errno)));
   }
   auto group = std::unique_ptr<ShmGroup>(new ShmGroup(name, base, bytes, size));
-  for (int r = 0; r < size; ++r)
-    new (group->control(r)) Control{{0}, {0}, {0}, {0}};
   return group;
 }
 
@@ -120,8 +128,7 @@ absl::StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::Open(
 
 void ShmGroup::SetRank(int rank) {
   rank_ = rank;
-  control(rank)->pid.store(static_cast<int32_t>(getpid()),
-                           std::memory_order_release);
+  Store(control(rank)->pid, static_cast<int32_t>(getpid()));
 }
 
 void ShmGroup::Unlink() { shm_unlink(name_.c_str()); }
@@ -142,9 +149,8 @@ absl::Status ShmGroup::WaitAll(int which, uint64_t target,
   absl::Time next_look = start + kLivenessEvery;
   for (int r = 0; r < size_; ++r) {
     Control* c = control(r);
-    std::atomic<uint64_t>& counter = which == 0 ? c->posted : c->released;
-    for (int spins = 1; counter.load(std::memory_order_acquire) < target;
-         ++spins) {
+    uint64_t& counter = which == 0 ? c->posted : c->released;
+    for (int spins = 1; Load(counter) < target; ++spins) {
       if (spins % 16 == 0) sched_yield();  // 8 ranks on 2 cores
       if (spins % kSpinsPerLook != 0) continue;
       const absl::Time now = absl::Now();
@@ -153,9 +159,9 @@ absl::Status ShmGroup::WaitAll(int which, uint64_t target,
       if (aborted()) return absl::AbortedError("aborted");
       // A rank that did its part of this round and then left (or exited)
       // owes nothing more: look at the counter again after its state.
-      const bool gone = c->gone.load(std::memory_order_acquire) != 0;
-      const bool dead = !gone && Gone(c->pid.load(std::memory_order_acquire));
-      if (counter.load(std::memory_order_acquire) >= target) break;
+      const bool gone = Load(c->gone) != 0;
+      const bool dead = !gone && Gone(Load(c->pid));
+      if (Load(counter) >= target) break;
       if (gone) {
         return absl::UnavailableError(
             absl::StrCat("rank ", r,
@@ -164,7 +170,7 @@ absl::Status ShmGroup::WaitAll(int which, uint64_t target,
       }
       if (dead) {
         return absl::UnavailableError(absl::StrCat(
-            "rank ", r, " (pid ", c->pid.load(), ") of the group exited"));
+            "rank ", r, " (pid ", Load(c->pid), ") of the group exited"));
       }
       if (now - start > timeout) {
         return absl::DeadlineExceededError(
@@ -188,7 +194,7 @@ absl::Status ShmGroup::Post(const void* summary, const void* data, size_t bytes,
   std::memcpy(mine, summary, kSummaryBytes);
   if (bytes > 0) std::memcpy(mine + kLine, data, bytes);
   round_ = round;
-  control(rank_)->posted.store(round, std::memory_order_release);
+  Store(control(rank_)->posted, round);
   return WaitAll(0, round, timeout, aborted);
 }
 
@@ -196,13 +202,9 @@ const void* ShmGroup::summary(int r) const { return slot(r, round_); }
 
 const void* ShmGroup::payload(int r) const { return slot(r, round_) + kLine; }
 
-void ShmGroup::Release() {
-  control(rank_)->released.store(round_, std::memory_order_release);
-}
+void ShmGroup::Release() { Store(control(rank_)->released, round_); }
 
-void ShmGroup::Leave() {
-  control(rank_)->gone.store(1, std::memory_order_release);
-}
+void ShmGroup::Leave() { Store(control(rank_)->gone, 1); }
 
 }  // namespace gloo_internal
 }  // namespace vemesh
