@@ -45,10 +45,12 @@ train_nd() {  # launcher
   else
     out=$(timeout 600 mpirun --oversubscribe --bind-to none -n 8 "$bin" "${args[@]}" 2>&1)
   fi
-  echo "$out" | grep -E '^step +[0-9]+/' | awk -v l="$launcher" -v load="$(cut -d' ' -f1-3 /proc/loadavg)" '
-    NR > 1 { t[n++] = $(NF-1) }
-    END { asort(t); printf "train_nd %s: median step %.2f ms (min %.2f, max %.2f, %d steps), load %s\n",
-          l, (n % 2 ? t[(n+1)/2] : (t[n/2] + t[n/2+1]) / 2), t[1], t[n], n, load }'
+  # Steps 2..N of rank 0 (the first builds buffers), sorted: the median.
+  echo "$out" | grep -E '^step +[0-9]+/' | tail -n +2 | awk '{print $(NF-1)}' | sort -g |
+    awk -v l="$launcher" -v load="$(cut -d' ' -f1-3 /proc/loadavg)" '
+      { t[NR] = $1 }
+      END { printf "train_nd %s: median step %.2f ms (min %.2f, max %.2f, %d steps), load %s\n",
+            l, (NR % 2 ? t[(NR+1)/2] : (t[NR/2] + t[NR/2+1]) / 2), t[1], t[NR], NR, load }'
   echo "$out" | grep -E '^(PASS|FAIL)' | head -1
 }
 for ((i = 1; i <= reps; i++)); do

@@ -150,7 +150,7 @@ TEST_P(GlooCommunicatorTest, ExchangeWithOneself) {
 // the same, exact result, also with fewer elements than ranks (empty chunks)
 // and group sizes that are no power of two (6 = 2 x 3, 5 prime).
 // Over TCP (Gloo's bcube and ring) and over one host's shared memory
-// (counts up to 2048 int64 ride in the agreement round).
+// (counts up to 8192 int64 ride in the agreement round).
 TEST(GlooAllReduce, TinyAndLargeAllReducesAreExactOnEveryGroupSize) {
   for (const char* shm : {"0", "1"}) {
     ScopedShm transport(shm);
@@ -183,8 +183,8 @@ TEST(GlooAllReduce, TinyAndLargeAllReducesAreExactOnEveryGroupSize) {
             ASSERT_EQ(out[i], n * (n + 1) / 2) << "n=" << n;
           }
         }
-        // A broadcast on each side of the shared-memory limit (16 KiB).
-        for (size_t count : {size_t{7}, size_t{4096}, size_t{4097}}) {
+        // A broadcast on each side of the shared-memory limit (64 KiB).
+        for (size_t count : {size_t{7}, size_t{16384}, size_t{16385}}) {
           const int root = n - 1;
           std::vector<float> data(count, me == root ? 2.5f : -1.0f);
           ASSERT_TRUE(comm->broadcast(absl::MakeSpan(data), root).ok());

@@ -39,7 +39,7 @@ class ShmGroup {
  public:
   // The largest payload a round carries: all_reduce and broadcast of at
   // most this many bytes run on shared memory alone.
-  static constexpr size_t kSlotBytes = 16384;
+  static constexpr size_t kSlotBytes = 65536;
   static constexpr size_t kSummaryBytes = 32;
 
   // Rank 0 makes the segment `name` (a POSIX shm name, "/vemesh-..."),
