@@ -7,11 +7,12 @@
 #  2. train_nd with the main job's mesh (PP=2,DP=2,TP=2) under torchrun and
 #     under mpirun: the median step time of each launch (steps 2..N).
 #
-#   bash bench/torchrun_data_plane.sh [reps] [build/release]
+#   bash bench/torchrun_data_plane.sh [reps] [build/release] [all|collectives|train_nd]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 reps=${1:-3}
 build=${2:-build/release}
+what=${3:-all}
 py=/usr/bin/python3
 export PYTHONPATH=$PWD/$build/python OMP_NUM_THREADS=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -56,10 +57,12 @@ train_nd() {  # launcher
 for ((i = 1; i <= reps; i++)); do
   echo "#### rep $i"
   for n in 8 4; do
+    [[ $what == train_nd ]] && break
     collectives torchrun "$n"
     collectives mpirun "$n"
     collectives torchrun "$n" VEMESH_GLOO_SHM=0
   done
+  [[ $what == collectives ]] && continue
   train_nd torchrun
   train_nd mpirun
   VEMESH_GLOO_SHM=0 train_nd torchrun | sed 's/^train_nd torchrun/train_nd torchrun VEMESH_GLOO_SHM=0/'
