@@ -183,6 +183,28 @@ TEST(GlooAllReduce, TinyAndLargeAllReducesAreExactOnEveryGroupSize) {
             ASSERT_EQ(out[i], n * (n + 1) / 2) << "n=" << n;
           }
         }
+        // all_gather and reduce_scatter, each side of the limit (64 KiB
+        // in all).
+        for (size_t count : {size_t{5}, size_t{8192} / n, size_t{8193}}) {
+          std::vector<int64_t> all(count * n, -1), mine(count);
+          for (size_t i = 0; i < count; ++i) mine[i] = me * 10 + i;
+          const absl::Status gathered = comm->all_gather(
+              mine.data(), all.data(), count, DataType::kInt64);
+          ASSERT_TRUE(gathered.ok()) << gathered;
+          for (int r = 0; r < n; ++r) {
+            ASSERT_EQ(all[r * count + count - 1],
+                      r * 10 + static_cast<int64_t>(count) - 1)
+                << "n=" << n << " count=" << count;
+          }
+          std::vector<int64_t> block(count, -1);
+          ASSERT_TRUE(comm->reduce_scatter(all.data(), block.data(), count,
+                                           DataType::kInt64, ReduceOp::kSum)
+                          .ok());
+          // Every rank passed the same gathered vector: n times it.
+          ASSERT_EQ(block[count - 1],
+                    n * (me * 10 + static_cast<int64_t>(count) - 1))
+              << "n=" << n << " count=" << count;
+        }
         // A broadcast on each side of the shared-memory limit (64 KiB).
         for (size_t count : {size_t{7}, size_t{16384}, size_t{16385}}) {
           const int root = n - 1;

@@ -2,7 +2,8 @@
 // (internal/shm_group.h). Every collective's agreement check is one round
 // there instead of messages through Gloo's TCP pairs; an all_reduce or
 // broadcast of at most ShmGroup::kSlotBytes rides in the same round whole
-// (the summary is the payload's header). Larger operations keep Gloo's TCP
+// (the summary is the payload's header), and so does an all_gather or
+// reduce_scatter whose input fits. Larger operations keep Gloo's TCP
 // algorithms after the round. Set up once, at the group's first
 // collective, by three small Gloo collectives; VEMESH_GLOO_SHM=0 on any
 // rank keeps the group on TCP.
@@ -137,15 +138,21 @@ absl::Status GlooCommunicator::ShmRound(const Operation& op,
   const size_t bytes = op.count * SizeOf(op.type);
   // What rides in the round: a small all_reduce's input, a small
   // broadcast's data on its root.
+  // reduce_scatter's input is a block per rank.
+  const size_t posted_bytes =
+      op.kind == OpKind::kReduceScatter ? bytes * size_ : bytes;
   const bool small =
-      bytes <= ShmGroup::kSlotBytes &&
+      posted_bytes <= ShmGroup::kSlotBytes &&
       (op.kind == OpKind::kAllReduce || op.kind == OpKind::kBroadcast ||
+       op.kind == OpKind::kAllGather || op.kind == OpKind::kReduceScatter ||
        op.kind == OpKind::kBarrier);
   const void* payload = nullptr;
   size_t payload_bytes = 0;
-  if (small && op.kind == OpKind::kAllReduce) {
+  if (small &&
+      (op.kind == OpKind::kAllReduce || op.kind == OpKind::kAllGather ||
+       op.kind == OpKind::kReduceScatter)) {
     payload = op.send != nullptr ? op.send : op.recv;
-    payload_bytes = bytes;
+    payload_bytes = posted_bytes;
   } else if (small && op.kind == OpKind::kBroadcast && rank_ == op.root) {
     payload = op.recv;
     payload_bytes = bytes;
@@ -159,8 +166,29 @@ absl::Status GlooCommunicator::ShmRound(const Operation& op,
   *verdict = CompareSummaries(
       op, [&](int r) -> const void* { return shm_->summary(r); });
   if (verdict->ok() && small && bytes > 0) {
+    // The input was copied into this rank's slot before: an output that
+    // overlaps it (the in-place forms) is safe to write.
     if (op.kind == OpKind::kBroadcast) {
       if (rank_ != op.root) std::memcpy(op.recv, shm_->payload(op.root), bytes);
+    } else if (op.kind == OpKind::kAllGather) {
+      for (int r = 0; r < size_; ++r) {
+        std::memcpy(static_cast<char*>(op.recv) + r * bytes, shm_->payload(r),
+                    bytes);
+      }
+    } else if (op.kind == OpKind::kReduceScatter) {
+      // This rank's block of every rank's input, combined in rank order.
+      const HostCombineFn combine = HostCombiner(op.type, op.op);
+      const size_t offset = static_cast<size_t>(rank_) * bytes;
+      auto block = [&](int r) {
+        return static_cast<const char*>(shm_->payload(r)) + offset;
+      };
+      std::memcpy(op.recv, block(0), bytes);
+      for (int r = 1; r < size_; ++r) {
+        combine(op.recv, op.recv, block(r), op.count);
+      }
+      if (op.op == ReduceOp::kAvg) {
+        HostDivide(op.recv, op.count, op.type, size_);
+      }
     } else {
       // Every rank combines the inputs in rank order: the same bits on
       // every rank.
