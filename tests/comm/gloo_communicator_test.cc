@@ -14,9 +14,11 @@
 #include <chrono>
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -66,6 +68,26 @@ void OnRanks(int n, const Body& body, absl::Duration timeout = kTimeout) {
   }
   for (std::thread& t : threads) t.join();
 }
+
+// Sets VEMESH_GLOO_SHM while it lives (before any rank's thread starts):
+// "0" keeps a group on TCP, "1" lets one host's group share memory.
+class ScopedShm {
+ public:
+  explicit ScopedShm(const char* value) {
+    if (const char* old = std::getenv("VEMESH_GLOO_SHM")) old_ = old;
+    setenv("VEMESH_GLOO_SHM", value, 1);
+  }
+  ~ScopedShm() {
+    if (old_.has_value()) {
+      setenv("VEMESH_GLOO_SHM", old_->c_str(), 1);
+    } else {
+      unsetenv("VEMESH_GLOO_SHM");
+    }
+  }
+
+ private:
+  std::optional<std::string> old_;
+};
 
 class GlooCommunicatorTest : public ::testing::TestWithParam<int> {
  protected:
@@ -127,33 +149,72 @@ TEST_P(GlooCommunicatorTest, ExchangeWithOneself) {
 // ring (gloo_internal::kLogDepthAllReduceBytes). Both must give every rank
 // the same, exact result, also with fewer elements than ranks (empty chunks)
 // and group sizes that are no power of two (6 = 2 x 3, 5 prime).
+// Over TCP (Gloo's bcube and ring) and over one host's shared memory
+// (counts up to 8192 int64 ride in the agreement round).
 TEST(GlooAllReduce, TinyAndLargeAllReducesAreExactOnEveryGroupSize) {
-  for (int n : {2, 3, 5, 6, 8}) {
-    OnRanks(n, [&](std::shared_ptr<GlooCommunicator> comm) {
-      const int me = comm->rank();
-      for (size_t count : {size_t{1}, size_t{2}, size_t{3}, size_t{9},
-                           size_t{512}, size_t{513}}) {
-        std::vector<int64_t> sum(count), max(count), in(count);
-        for (size_t i = 0; i < count; ++i) {
-          sum[i] = max[i] = me * 1000 + static_cast<int64_t>(i);
-          in[i] = me + 1;
+  for (const char* shm : {"0", "1"}) {
+    ScopedShm transport(shm);
+    for (int n : {2, 3, 5, 6, 8}) {
+      SCOPED_TRACE(absl::StrCat("VEMESH_GLOO_SHM=", shm, " n=", n));
+      OnRanks(n, [&](std::shared_ptr<GlooCommunicator> comm) {
+        const int me = comm->rank();
+        for (size_t count : {size_t{1}, size_t{2}, size_t{3}, size_t{9},
+                             size_t{512}, size_t{513}}) {
+          std::vector<int64_t> sum(count), max(count), in(count);
+          for (size_t i = 0; i < count; ++i) {
+            sum[i] = max[i] = me * 1000 + static_cast<int64_t>(i);
+            in[i] = me + 1;
+          }
+          std::vector<int64_t> out(count, -1);
+          ASSERT_TRUE(
+              comm->all_reduce(absl::MakeSpan(sum), ReduceOp::kSum).ok());
+          const absl::Status maxed =
+              comm->all_reduce(absl::MakeSpan(max), ReduceOp::kMax);
+          ASSERT_TRUE(maxed.ok()) << maxed;
+          // Input and output apart.
+          ASSERT_TRUE(comm->all_reduce(in.data(), out.data(), count,
+                                       DataType::kInt64, ReduceOp::kSum)
+                          .ok());
+          for (size_t i = 0; i < count; ++i) {
+            const int64_t j = static_cast<int64_t>(i);
+            ASSERT_EQ(sum[i], 1000 * n * (n - 1) / 2 + n * j)
+                << "n=" << n << " count=" << count << " i=" << i;
+            ASSERT_EQ(max[i], 1000 * (n - 1) + j) << "n=" << n;
+            ASSERT_EQ(out[i], n * (n + 1) / 2) << "n=" << n;
+          }
         }
-        std::vector<int64_t> out(count, -1);
-        ASSERT_TRUE(comm->all_reduce(absl::MakeSpan(sum), ReduceOp::kSum).ok());
-        ASSERT_TRUE(comm->all_reduce(absl::MakeSpan(max), ReduceOp::kMax).ok());
-        // Input and output apart.
-        ASSERT_TRUE(comm->all_reduce(in.data(), out.data(), count,
-                                     DataType::kInt64, ReduceOp::kSum)
-                        .ok());
-        for (size_t i = 0; i < count; ++i) {
-          const int64_t j = static_cast<int64_t>(i);
-          ASSERT_EQ(sum[i], 1000 * n * (n - 1) / 2 + n * j)
-              << "n=" << n << " count=" << count << " i=" << i;
-          ASSERT_EQ(max[i], 1000 * (n - 1) + j) << "n=" << n;
-          ASSERT_EQ(out[i], n * (n + 1) / 2) << "n=" << n;
+        // all_gather and reduce_scatter, each side of the limit (64 KiB
+        // in all).
+        for (size_t count : {size_t{5}, size_t{8192} / n, size_t{8193}}) {
+          std::vector<int64_t> all(count * n, -1), mine(count);
+          for (size_t i = 0; i < count; ++i) mine[i] = me * 10 + i;
+          const absl::Status gathered = comm->all_gather(
+              mine.data(), all.data(), count, DataType::kInt64);
+          ASSERT_TRUE(gathered.ok()) << gathered;
+          for (int r = 0; r < n; ++r) {
+            ASSERT_EQ(all[r * count + count - 1],
+                      r * 10 + static_cast<int64_t>(count) - 1)
+                << "n=" << n << " count=" << count;
+          }
+          std::vector<int64_t> block(count, -1);
+          ASSERT_TRUE(comm->reduce_scatter(all.data(), block.data(), count,
+                                           DataType::kInt64, ReduceOp::kSum)
+                          .ok());
+          // Every rank passed the same gathered vector: n times it.
+          ASSERT_EQ(block[count - 1],
+                    n * (me * 10 + static_cast<int64_t>(count) - 1))
+              << "n=" << n << " count=" << count;
         }
-      }
-    });
+        // A broadcast on each side of the shared-memory limit (64 KiB).
+        for (size_t count : {size_t{7}, size_t{16384}, size_t{16385}}) {
+          const int root = n - 1;
+          std::vector<float> data(count, me == root ? 2.5f : -1.0f);
+          ASSERT_TRUE(comm->broadcast(absl::MakeSpan(data), root).ok());
+          ASSERT_EQ(data[0], 2.5f) << "n=" << n << " count=" << count;
+          ASSERT_EQ(data[count - 1], 2.5f) << "n=" << n << " count=" << count;
+        }
+      });
+    }
   }
 }
 
@@ -185,10 +246,11 @@ TEST_P(GlooCommunicatorTest, LengthMismatchIsInvalidArgument) {
 // the receiver (SIGABRT on Gloo's I/O thread), and a broadcast into a larger
 // buffer returned OK with 600 of 1000 elements never written. Now every
 // rank gets InvalidArgument naming both, and the group stays usable.
-TEST(GlooMismatch, CountTypeOpAndRootMismatchesAreInvalidArgumentOnEveryRank) {
+// Rank 1 passes something else than every other rank.
+void MismatchesAreInvalidArgumentOnEveryRank(int n) {
   std::atomic<int> invalid{0};
-  OnRanks(2, [&](std::shared_ptr<GlooCommunicator> comm) {
-    const int me = comm->rank();
+  OnRanks(n, [&](std::shared_ptr<GlooCommunicator> comm) {
+    const int me = comm->rank() == 1 ? 1 : 0;  // rank 1, or like rank 0
     auto expect_invalid = [&](absl::Status s, absl::string_view what) {
       EXPECT_TRUE(absl::IsInvalidArgument(s)) << "rank " << me << ": " << s;
       EXPECT_THAT(std::string(s.message()), HasSubstr(what)) << "rank " << me;
@@ -220,6 +282,7 @@ TEST(GlooMismatch, CountTypeOpAndRootMismatchesAreInvalidArgumentOnEveryRank) {
                 : comm->all_reduce(absl::MakeSpan(floats), ReduceOp::kSum),
         "rank 0 has barrier");
     // all_to_all_v: rank 0 sends 3 to rank 1, which expects 2.
+    if (n != 2) return;
     std::vector<float> send(4, 1.0f), recv(me == 0 ? 3 : 4);
     const std::vector<size_t> sends =
         me == 0 ? std::vector<size_t>{1, 3} : std::vector<size_t>{2, 2};
@@ -231,9 +294,24 @@ TEST(GlooMismatch, CountTypeOpAndRootMismatchesAreInvalidArgumentOnEveryRank) {
     // Nothing broke: a matching all_reduce works.
     std::vector<float> ones(1000, 1.0f);
     ASSERT_TRUE(comm->all_reduce(absl::MakeSpan(ones), ReduceOp::kSum).ok());
-    EXPECT_EQ(ones[999], 2.0f);
+    EXPECT_EQ(ones[999], static_cast<float>(n));
   });
-  EXPECT_EQ(invalid.load(), 2 * 7);
+  EXPECT_EQ(invalid.load(), n == 2 ? 2 * 7 : n * 6);
+}
+
+TEST(GlooMismatch, CountTypeOpAndRootMismatchesAreInvalidArgumentOnEveryRank) {
+  MismatchesAreInvalidArgumentOnEveryRank(2);
+}
+
+// The same verdicts whatever carries the check: TCP (log-depth rounds of
+// the smallest and largest summary, 3 at 5 ranks) or shared memory (one
+// round), with the odd rank neither first nor last.
+TEST(GlooMismatch, SameVerdictsOverTcpAndSharedMemory) {
+  for (const char* shm : {"0", "1"}) {
+    ScopedShm transport(shm);
+    SCOPED_TRACE(absl::StrCat("VEMESH_GLOO_SHM=", shm));
+    MismatchesAreInvalidArgumentOnEveryRank(5);
+  }
 }
 
 TEST_P(GlooCommunicatorTest, CountsAboveIntMaxAreRefusedBeforeAnythingRuns) {
@@ -343,6 +421,44 @@ void PeerLeavesMidCollective(int n) {
     EXPECT_TRUE(IsTimeoutOrLost(results[r]))
         << "rank " << r << ": " << results[r];
     EXPECT_LT(took[r], absl::Seconds(10)) << "rank " << r;
+  }
+}
+
+// Once a group shares memory its waits no longer read the TCP pairs: a
+// rank that destroys or aborts its communicator marks its slot, and the
+// others' waits end at their next look (about a millisecond), not at the
+// group's 30 s timeout. (A rank whose process dies is seen by its pid:
+// tests/python/mp_shm_rank_death.py.)
+TEST(GlooShm, PeerLeavingEndsTheOthersWaitsAtOnce) {
+  ScopedShm transport("1");
+  for (bool abort : {false, true}) {
+    constexpr int n = 4;
+    std::vector<absl::Status> results(n);
+    std::vector<absl::Duration> took(n);
+    OnRanks(n, [&](std::shared_ptr<GlooCommunicator> comm) {
+      const int me = comm->rank();
+      std::vector<float> data(16, 1.0f);
+      ASSERT_TRUE(comm->all_reduce(absl::MakeSpan(data), ReduceOp::kSum).ok());
+      if (me == 0) {
+        absl::SleepFor(absl::Milliseconds(300));  // the others are waiting
+        if (abort) {
+          comm->abort("rank 0 stops");
+        } else {
+          comm.reset();
+        }
+        return;
+      }
+      const absl::Time start = absl::Now();
+      results[me] = comm->all_reduce(absl::MakeSpan(data), ReduceOp::kSum);
+      took[me] = absl::Now() - start;
+    });
+    for (int r = 1; r < n; ++r) {
+      EXPECT_TRUE(absl::IsUnavailable(results[r]))
+          << "abort=" << abort << " rank " << r << ": " << results[r];
+      EXPECT_THAT(std::string(results[r].message()),
+                  HasSubstr("rank 0 left the group"));
+      EXPECT_LT(took[r], absl::Seconds(10)) << "rank " << r;
+    }
   }
 }
 

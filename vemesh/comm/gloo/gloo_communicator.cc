@@ -18,6 +18,7 @@
 #include "vemesh/base/status_macros.h"
 #include "vemesh/comm/gloo/internal/gloo_error.h"
 #include "vemesh/comm/gloo/internal/gloo_job.h"
+#include "vemesh/comm/gloo/internal/shm_group.h"
 
 namespace vemesh {
 
@@ -55,6 +56,7 @@ GlooCommunicator::~GlooCommunicator() {
   }
   queue_cv_.notify_all();
   if (worker.joinable()) worker.join();
+  if (shm_ != nullptr) shm_->Leave();
   for (auto& job : dropped) {
     job->Finish(absl::AbortedError(
         absl::StrCat(job->name, ": the communicator was destroyed")));
@@ -139,19 +141,34 @@ absl::Status GlooCommunicator::Execute(Job& job) {
   absl::Status result;  // a recv's length mismatch, which breaks nothing
   absl::Status status = job.posted;
   if (status.ok()) {
+    absl::Status shm_failed;
     status = RunGloo(absl::StrCat("gloo ", name), [&] {
       if (op.kind == OpKind::kBatch) {
         result = RunBatch(job);
+        return;
+      }
+      if (!shm_tried_) SetUpShm();
+      bool finished = false;
+      if (shm_ != nullptr) {
+        // The check, and a small operation whole, on shared memory.
+        shm_failed = ShmRound(op, &result, &finished);
+        if (!shm_failed.ok()) return;
       } else {
         result = CheckAgreement(op);  // a mismatch breaks nothing
-        if (result.ok()) RunCollective(op);
       }
+      if (result.ok() && !finished) RunCollective(op);
     });
+    if (status.ok() && !shm_failed.ok()) {
+      status = absl::Status(shm_failed.code(),
+                            absl::StrCat("gloo ", name, " (shared memory): ",
+                                         shm_failed.message()));
+    }
   }
   if (status.ok()) return result;
   // An abort that closed the connections under the operation made it fail.
   if (aborted()) return AbortedError(name);
   broken_ = status;
+  if (shm_ != nullptr) shm_->Leave();
   // Gloo's pairs are in an unknown state now. Closing them (with a reset)
   // tells every peer at once, instead of leaving them to their timeout.
   RunGloo("close", [&] { context_->closeConnections(); }).IgnoreError();
@@ -171,6 +188,7 @@ void GlooCommunicator::OnAbort() {
       buffer->abortWaitSend();
     }
   }
+  if (gloo_internal::ShmGroup* shm = shm_shared_.load()) shm->Leave();
   if (!connected_.load()) return;  // a lazy world with no pairs yet
   RunGloo("close", [&] { context_->closeConnections(); }).IgnoreError();
 }

@@ -118,6 +118,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
@@ -133,6 +134,9 @@ class UnboundBuffer;
 }  // namespace gloo
 
 namespace vemesh {
+namespace gloo_internal {
+class ShmGroup;
+}  // namespace gloo_internal
 
 class GlooCommunicator final : public Communicator {
  public:
@@ -278,6 +282,26 @@ class GlooCommunicator final : public Communicator {
   // they differ, so that Gloo never sees a mismatch (it aborts the process
   // or leaves a larger buffer partly unwritten).
   absl::Status CheckAgreement(const Operation& op);
+  // Whether every rank passed the same 32-byte summary: ceil(log2 size)
+  // rounds of one 64-byte message each (gloo_agreement.cc).
+  bool SummariesAgree(const void* summary, uint32_t tag);
+  // all_to_all_v's pairwise check of the count lists.
+  absl::Status CheckAllToAllCounts(const Operation& op);
+  // The 32-byte summary of `op` into `out`, and the verdict on every
+  // rank's (InvalidArgument naming the first rank unlike rank 0).
+  static void SummarizeInto(const Operation& op, void* out);
+  absl::Status CompareSummaries(const Operation& op,
+                                absl::FunctionRef<const void*(int)> summary_of);
+  // Same-host groups (gloo_shm.cc): at the first collective every rank
+  // learns whether all share its host; if so (and VEMESH_GLOO_SHM is not
+  // 0 on any), rank 0 makes a shared segment the others map.
+  void SetUpShm();
+  // `op`'s agreement round on shared memory, carrying the payload of a
+  // small all_reduce or broadcast, whose result it then computes
+  // (*finished). A returned error breaks the communicator (a rank died,
+  // timeout, abort); a disagreement is `*verdict`.
+  absl::Status ShmRound(const Operation& op, absl::Status* verdict,
+                        bool* finished);
   // Point to point. Sends to peers are posted when the operation is
   // issued (PostSends, on the issuing thread), so that a receive queued
   // ahead of them on a peer's worker cannot wait for them forever; the
@@ -328,6 +352,10 @@ class GlooCommunicator final : public Communicator {
 
   // The worker's own state: only it reads or writes these.
   uint32_t next_tag_ = 1;  // 0 is the rendezvous barrier's
+  bool shm_tried_ = false;
+  std::unique_ptr<gloo_internal::ShmGroup> shm_;  // same-host groups only
+  // shm_ once set up, for OnAbort on any thread (freed after the worker).
+  std::atomic<gloo_internal::ShmGroup*> shm_shared_{nullptr};
   absl::Status broken_;
 
   // Messages sent to oneself, oldest first: kept by the issuing thread,

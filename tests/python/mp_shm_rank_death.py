@@ -1,0 +1,48 @@
+"""A rank that dies while its same-host group waits on shared memory
+(issue 46): every survivor's all_reduce fails naming the dead rank within
+seconds, not at the group's timeout, as it did when a reset TCP connection
+told them.
+
+  run_mp.sh torchrun 120 4 python3 mp_shm_rank_death.py
+
+The last rank exits (os._exit: no destructor runs, nothing leaves the group
+politely; exit code 0 so that torchrun lets the others finish) while the
+others are inside an all_reduce of 16 float32, which rides on the group's
+shared memory. Each survivor checks the error and the time it took and
+exits 0; any other outcome exits 1 and fails the launch.
+"""
+import os
+import sys
+import time
+
+import numpy as np
+
+import vemesh
+
+world = int(os.environ["WORLD_SIZE"])
+mesh = vemesh.init_device_mesh("cpu", (world,), mesh_dim_names=("world",))
+g = mesh.get_group()
+g.set_timeout(120)  # far above the bound checked below
+me = g.rank()
+data = np.ones(16, np.float32)
+for _ in range(20):  # the group is set up (on shared memory) and in step
+    g.all_reduce(data)
+    data[:] = 1
+if me == 0:  # rank 0 named the segment after its pid, and unlinked it
+    mine = [n for n in os.listdir("/dev/shm")
+            if n.startswith(f"vemesh-{os.getpid()}-")]
+    assert not mine, f"segment names left in /dev/shm: {mine}"
+if me == world - 1:
+    time.sleep(0.5)  # the others are waiting for this rank
+    os._exit(0)
+start = time.monotonic()
+try:
+    g.all_reduce(data)
+except Exception as e:  # noqa: BLE001 - any vemesh error type
+    took = time.monotonic() - start
+    text = str(e)
+    ok = f"rank {world - 1}" in text and took < 10
+    print(f"rank {me}: failed after {took:.2f} s: {text}", flush=True)
+    sys.exit(0 if ok else 1)
+print(f"rank {me}: the all_reduce with a dead rank returned", flush=True)
+sys.exit(1)

@@ -1,0 +1,212 @@
+// GlooCommunicator on one host: the group's shared-memory rounds
+// (internal/shm_group.h). Every collective's agreement check is one round
+// there instead of messages through Gloo's TCP pairs; an all_reduce or
+// broadcast of at most ShmGroup::kSlotBytes rides in the same round whole
+// (the summary is the payload's header), and so does an all_gather or
+// reduce_scatter whose input fits. Larger operations keep Gloo's TCP
+// algorithms after the round. Set up once, at the group's first
+// collective, by three small Gloo collectives; VEMESH_GLOO_SHM=0 on any
+// rank keeps the group on TCP.
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "gloo/allgather.h"
+#include "gloo/broadcast.h"
+#include "vemesh/base/fnv1a.h"
+#include "vemesh/comm/gloo/gloo_communicator.h"
+#include "vemesh/comm/gloo/internal/shm_group.h"
+#include "vemesh/comm/internal/host_reduce.h"
+
+namespace vemesh {
+namespace {
+
+using gloo_internal::ShmGroup;
+
+// What makes two ranks one host for shared memory: the kernel they run on
+// (its boot id), its hostname and the network namespace (the emulated
+// hosts of tests/multihost are namespaces: they keep TCP between them).
+uint64_t HostIdentity() {
+  std::string id;
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::getline(boot, id);
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  struct stat ns;
+  const uint64_t netns = stat("/proc/self/ns/net", &ns) == 0 ? ns.st_ino : 0;
+  uint64_t h = kFnv1aOffset;
+  for (char c : absl::StrCat(id, "/", host)) h = Fnv1aWord(uint8_t(c), h);
+  return Fnv1aWord(netns, h);
+}
+
+bool ShmWanted() {
+  const char* v = std::getenv("VEMESH_GLOO_SHM");
+  if (v == nullptr || *v == '\0') return true;
+  const std::string s(v);
+  return !(s == "0" || s == "off" || s == "false" || s == "no");
+}
+
+struct Probe {
+  uint64_t host;
+  int32_t wanted;
+  int32_t pid;
+};
+
+}  // namespace
+
+void GlooCommunicator::SetUpShm() {
+  shm_tried_ = true;
+  if (size_ == 1) return;
+  Probe mine{HostIdentity(), ShmWanted() ? 1 : 0,
+             static_cast<int32_t>(getpid())};
+  std::vector<Probe> all(static_cast<size_t>(size_));
+  {
+    gloo::AllgatherOptions opts(context_);
+    opts.setInput(&mine, 1);
+    opts.setOutput(all.data(), all.size());
+    opts.setTag(NextTag());
+    gloo::allgather(opts);
+  }
+  for (const Probe& p : all) {
+    if (p.host != all[0].host || p.wanted == 0) return;  // TCP, everyone
+  }
+  // Rank 0 makes the segment under a name no other group or job has (its
+  // pid, a random word) and tells the others; an empty name: it could not.
+  char name[64] = {};
+  std::unique_ptr<ShmGroup> group;
+  if (rank_ == 0) {
+    std::random_device random;
+    const std::string n =
+        absl::StrFormat("/vemesh-%d-%08x%08x", all[0].pid, random(), random());
+    auto made = ShmGroup::Create(n, size_);
+    if (made.ok()) {
+      group = *std::move(made);
+      std::memcpy(name, n.data(), n.size());
+    }
+  }
+  // From here rank 0 removes the name on every way out.
+  struct UnlinkOnExit {
+    ShmGroup* group;
+    ~UnlinkOnExit() {
+      if (group != nullptr) group->Unlink();
+    }
+  } unlink{group.get()};
+  {
+    gloo::BroadcastOptions opts(context_);
+    opts.setOutput(name, sizeof(name));
+    opts.setRoot(0);
+    opts.setTag(NextTag());
+    gloo::broadcast(opts);
+  }
+  name[sizeof(name) - 1] = '\0';
+  if (name[0] == '\0') return;
+  if (rank_ != 0) {
+    auto opened = ShmGroup::Open(name, rank_, size_);
+    if (opened.ok()) group = *std::move(opened);
+  }
+  if (group != nullptr) group->SetRank(rank_);
+  // Everyone mapped it (then rank 0 unlinks: the guard), or all keep TCP.
+  int32_t mapped = group != nullptr ? 1 : 0;
+  std::vector<int32_t> every(static_cast<size_t>(size_));
+  {
+    gloo::AllgatherOptions opts(context_);
+    opts.setInput(&mapped, 1);
+    opts.setOutput(every.data(), every.size());
+    opts.setTag(NextTag());
+    gloo::allgather(opts);
+  }
+  for (int32_t m : every) {
+    if (m == 0) return;
+  }
+  shm_ = std::move(group);
+  shm_shared_.store(shm_.get());
+}
+
+absl::Status GlooCommunicator::ShmRound(const Operation& op,
+                                        absl::Status* verdict, bool* finished) {
+  const size_t bytes = op.count * SizeOf(op.type);
+  // What rides in the round: a small all_reduce's input, a small
+  // broadcast's data on its root.
+  // reduce_scatter's input is a block per rank.
+  const size_t posted_bytes =
+      op.kind == OpKind::kReduceScatter ? bytes * size_ : bytes;
+  const bool small =
+      posted_bytes <= ShmGroup::kSlotBytes &&
+      (op.kind == OpKind::kAllReduce || op.kind == OpKind::kBroadcast ||
+       op.kind == OpKind::kAllGather || op.kind == OpKind::kReduceScatter ||
+       op.kind == OpKind::kBarrier);
+  const void* payload = nullptr;
+  size_t payload_bytes = 0;
+  if (small &&
+      (op.kind == OpKind::kAllReduce || op.kind == OpKind::kAllGather ||
+       op.kind == OpKind::kReduceScatter)) {
+    payload = op.send != nullptr ? op.send : op.recv;
+    payload_bytes = posted_bytes;
+  } else if (small && op.kind == OpKind::kBroadcast && rank_ == op.root) {
+    payload = op.recv;
+    payload_bytes = bytes;
+  }
+  char summary[ShmGroup::kSummaryBytes];
+  SummarizeInto(op, summary);
+  const absl::Status posted =
+      shm_->Post(summary, payload, payload_bytes, gloo_timeout_,
+                 [this] { return aborted(); });
+  if (!posted.ok()) return posted;
+  *verdict = CompareSummaries(
+      op, [&](int r) -> const void* { return shm_->summary(r); });
+  if (verdict->ok() && small && bytes > 0) {
+    // The input was copied into this rank's slot before: an output that
+    // overlaps it (the in-place forms) is safe to write.
+    if (op.kind == OpKind::kBroadcast) {
+      if (rank_ != op.root) std::memcpy(op.recv, shm_->payload(op.root), bytes);
+    } else if (op.kind == OpKind::kAllGather) {
+      for (int r = 0; r < size_; ++r) {
+        std::memcpy(static_cast<char*>(op.recv) + r * bytes, shm_->payload(r),
+                    bytes);
+      }
+    } else if (op.kind == OpKind::kReduceScatter) {
+      // This rank's block of every rank's input, combined in rank order.
+      const HostCombineFn combine = HostCombiner(op.type, op.op);
+      const size_t offset = static_cast<size_t>(rank_) * bytes;
+      auto block = [&](int r) {
+        return static_cast<const char*>(shm_->payload(r)) + offset;
+      };
+      std::memcpy(op.recv, block(0), bytes);
+      for (int r = 1; r < size_; ++r) {
+        combine(op.recv, op.recv, block(r), op.count);
+      }
+      if (op.op == ReduceOp::kAvg) {
+        HostDivide(op.recv, op.count, op.type, size_);
+      }
+    } else {
+      // Every rank combines the inputs in rank order: the same bits on
+      // every rank.
+      const HostCombineFn combine = HostCombiner(op.type, op.op);
+      std::memcpy(op.recv, shm_->payload(0), bytes);
+      for (int r = 1; r < size_; ++r) {
+        combine(op.recv, op.recv, shm_->payload(r), op.count);
+      }
+      if (op.op == ReduceOp::kAvg)
+        HostDivide(op.recv, op.count, op.type, size_);
+    }
+  }
+  shm_->Release();
+  *finished = verdict->ok() && small;
+  if (verdict->ok() && !small && op.kind == OpKind::kAllToAllV) {
+    *verdict = CheckAllToAllCounts(op);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace vemesh

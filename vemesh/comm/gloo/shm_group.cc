@@ -1,0 +1,210 @@
+#include "vemesh/comm/gloo/internal/shm_group.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace vemesh {
+namespace gloo_internal {
+namespace {
+
+constexpr size_t kLine = 64;
+// A slot: the summary on its own line, then the payload.
+constexpr size_t kSlotStride = kLine + ShmGroup::kSlotBytes;
+// How often a wait looks at the clock, abort and the ranks' liveness.
+constexpr int kSpinsPerLook = 256;
+constexpr absl::Duration kLivenessEvery = absl::Milliseconds(1);
+
+size_t SegmentBytes(int size) {
+  return static_cast<size_t>(size) * (kLine + 2 * kSlotStride);
+}
+
+// Whether `pid` is gone: no such process, or one that exited and waits to
+// be reaped (a zombie: kill still succeeds on it; its launcher may reap it
+// only seconds later).
+bool Gone(int32_t pid) {
+  if (pid <= 0) return false;  // not mapped yet: the open's own bound
+  if (kill(pid, 0) != 0) return errno == ESRCH;
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+  FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return false;  // no /proc: kill's answer stands
+  char buf[256];
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  // "pid (comm) S ...": the state follows the last ')'.
+  const char* close = std::strrchr(buf, ')');
+  return close != nullptr && close[1] == ' ' &&
+         (close[2] == 'Z' || close[2] == 'X');
+}
+
+}  // namespace
+
+// One rank's counters, on a cache line of its own. Plain integers that
+// the segment's zeroed pages hold from the start, accessed only through
+// std::atomic_ref (no constructor runs in shared memory).
+struct ShmGroup::Control {
+  uint64_t posted;    // the last round this rank posted
+  uint64_t released;  // the last round it finished reading
+  int32_t pid;
+  int32_t gone;  // Leave()
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+
+template <typename T>
+T Load(T& field) {
+  return std::atomic_ref<T>(field).load(std::memory_order_acquire);
+}
+template <typename T>
+void Store(T& field, T value) {
+  std::atomic_ref<T>(field).store(value, std::memory_order_release);
+}
+
+ShmGroup::ShmGroup(std::string name, void* base, size_t bytes, int size)
+    : name_(std::move(name)), base_(base), bytes_(bytes), size_(size) {}
+
+ShmGroup::~ShmGroup() { munmap(base_, bytes_); }
+
+absl::StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::Create(
+    const std::string& name, int size) {
+  const size_t bytes = SegmentBytes(size);
+  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("shm_open(", name, "): ", std::strerror(errno)));
+  }
+  // Reserved now: a full /dev/shm is an error here, never a SIGBUS later.
+  const int err = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  void* base =
+      err == 0 ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+               : MAP_FAILED;
+  const int map_errno = errno;
+  close(fd);
+  if (base == MAP_FAILED) {
+    shm_unlink(name.c_str());
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot reserve ", bytes, " bytes of shared memory (",
+                     name, "): ", std::strerror(err != 0 ? err : map_errno)));
+  }
+  auto group = std::unique_ptr<ShmGroup>(new ShmGroup(name, base, bytes, size));
+  return group;
+}
+
+absl::StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::Open(
+    const std::string& name, int rank, int size) {
+  const size_t bytes = SegmentBytes(size);
+  const int fd = shm_open(name.c_str(), O_RDWR, 0600);
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("shm_open(", name, "): ", std::strerror(errno)));
+  }
+  struct stat st;
+  const bool sized = fstat(fd, &st) == 0 && st.st_size == off_t(bytes);
+  void* base =
+      sized ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+            : MAP_FAILED;
+  close(fd);
+  if (base == MAP_FAILED) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot map ", name, " (", bytes, " bytes expected)"));
+  }
+  auto group = std::unique_ptr<ShmGroup>(new ShmGroup(name, base, bytes, size));
+  group->rank_ = rank;
+  return group;
+}
+
+void ShmGroup::SetRank(int rank) {
+  rank_ = rank;
+  Store(control(rank)->pid, static_cast<int32_t>(getpid()));
+}
+
+void ShmGroup::Unlink() { shm_unlink(name_.c_str()); }
+
+ShmGroup::Control* ShmGroup::control(int r) const {
+  static_assert(sizeof(Control) <= kLine);
+  return reinterpret_cast<Control*>(static_cast<char*>(base_) + r * kLine);
+}
+
+char* ShmGroup::slot(int r, uint64_t round) const {
+  char* slots = static_cast<char*>(base_) + size_ * kLine;
+  return slots + (static_cast<size_t>(r) * 2 + round % 2) * kSlotStride;
+}
+
+absl::Status ShmGroup::WaitAll(int which, uint64_t target,
+                               absl::Duration timeout, const Aborted& aborted) {
+  const absl::Time start = absl::Now();
+  absl::Time next_look = start + kLivenessEvery;
+  for (int r = 0; r < size_; ++r) {
+    Control* c = control(r);
+    uint64_t& counter = which == 0 ? c->posted : c->released;
+    for (int spins = 1; Load(counter) < target; ++spins) {
+      if (spins % 16 == 0) sched_yield();  // 8 ranks on 2 cores
+      if (spins % kSpinsPerLook != 0) continue;
+      const absl::Time now = absl::Now();
+      if (now < next_look) continue;
+      next_look = now + kLivenessEvery;
+      if (aborted()) return absl::AbortedError("aborted");
+      // A rank that did its part of this round and then left (or exited)
+      // owes nothing more: look at the counter again after its state.
+      const bool gone = Load(c->gone) != 0;
+      const bool dead = !gone && Gone(Load(c->pid));
+      if (Load(counter) >= target) break;
+      if (gone) {
+        return absl::UnavailableError(
+            absl::StrCat("rank ", r,
+                         " left the group (its communicator was destroyed, "
+                         "aborted or broke)"));
+      }
+      if (dead) {
+        return absl::UnavailableError(absl::StrCat(
+            "rank ", r, " (pid ", Load(c->pid), ") of the group exited"));
+      }
+      if (now - start > timeout) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("rank ", r, " did not reach round ", target,
+                         " within ", absl::FormatDuration(timeout)));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShmGroup::Post(const void* summary, const void* data, size_t bytes,
+                            absl::Duration timeout, const Aborted& aborted) {
+  const uint64_t round = round_ + 1;
+  // The slot of this parity was read in round - 2: by everyone?
+  if (round > 2) {
+    absl::Status free = WaitAll(1, round - 2, timeout, aborted);
+    if (!free.ok()) return free;
+  }
+  char* mine = slot(rank_, round);
+  std::memcpy(mine, summary, kSummaryBytes);
+  if (bytes > 0) std::memcpy(mine + kLine, data, bytes);
+  round_ = round;
+  Store(control(rank_)->posted, round);
+  return WaitAll(0, round, timeout, aborted);
+}
+
+const void* ShmGroup::summary(int r) const { return slot(r, round_); }
+
+const void* ShmGroup::payload(int r) const { return slot(r, round_) + kLine; }
+
+void ShmGroup::Release() { Store(control(rank_)->released, round_); }
+
+void ShmGroup::Leave() { Store(control(rank_)->gone, 1); }
+
+}  // namespace gloo_internal
+}  // namespace vemesh
