@@ -359,8 +359,8 @@ void RegisterCheckpoint(py::module_& m) {
       .def("wait", &PyAsyncSaver::Wait)
       .def_property_readonly("in_flight", &PyAsyncSaver::in_flight);
   c.def("load", &Load, py::arg("entries"), py::arg("checkpoint_id"),
-        py::arg("group"), py::arg("step") = py::none(),
-        py::arg("job") = "", py::arg("error") = py::none());
+        py::arg("group"), py::arg("step") = py::none(), py::arg("job") = "",
+        py::arg("error") = py::none());
   c.def("read_manifest", &ReadManifest, py::arg("checkpoint_id"),
         py::arg("step") = py::none());
   c.def("latest_step", [](const std::string& dir) {
