@@ -104,9 +104,11 @@ absl::StatusOr<MembershipRecord> ElasticMesh::ChooseEpoch(int64_t failed,
     if (rec.epoch > failed && *alive == rec.members) return rec;
     // A lease absent because the store restarted empty is no death: within
     // a TTL of the restart every live member's renewal writes it back (the
-    // quorum round, by the ports, still decides meanwhile).
+    // quorum round, by the ports, still decides meanwhile). Also in a newer
+    // epoch: the one a quorum round just made from the members' posts reads
+    // their leases next, before their renewals are back.
     bool leases_lost = false;
-    if (rec.epoch == failed && *alive != rec.members) {
+    if (*alive != rec.members) {
       auto trusted = control_->LeasesTrusted();
       if (!trusted.ok()) return trusted.status();
       leases_lost = !*trusted;
