@@ -191,6 +191,22 @@ py::dict ToDict(const std::map<std::string, std::string>& m) {
   return d;
 }
 
+// What a save (blocking, or started in the background) takes from Python:
+// the state with its metadata into `held`, the options; the local status
+// of building them, to be agreed over the group.
+absl::Status PrepareSave(const py::list& entries, int keep_last,
+                         const std::map<std::string, std::string>& metadata,
+                         const std::string& job, const std::string& mesh,
+                         const PythonError& error, Held& held,
+                         checkpoint::SaveOptions& options) {
+  const absl::Status local = Build(entries, /*writable=*/false, error, held);
+  for (const auto& [k, v] : metadata) held.state.SetMetadata(k, v);
+  options.keep_last = keep_last;
+  options.job = job;
+  options.mesh = mesh;
+  return local;
+}
+
 void Save(const py::list& entries, const std::string& dir,
           const std::shared_ptr<Communicator>& group, int64_t step,
           int keep_last, const std::map<std::string, std::string>& metadata,
@@ -198,19 +214,14 @@ void Save(const py::list& entries, const std::string& dir,
           const PythonError& error) {
   CheckHostGroup(*group);
   Held held;
-  const absl::Status local = Build(entries, /*writable=*/false, error, held);
-  for (const auto& [k, v] : metadata) held.state.SetMetadata(k, v);
+  checkpoint::SaveOptions options;
+  const absl::Status local = PrepareSave(entries, keep_last, metadata, job,
+                                         mesh, error, held, options);
   absl::Status s;
   {
     py::gil_scoped_release nogil;
     s = checkpoint::AgreeStatus(*group, local);
-    if (s.ok()) {
-      checkpoint::SaveOptions options;
-      options.keep_last = keep_last;
-      options.job = job;
-      options.mesh = mesh;
-      s = checkpoint::Save(held.state, step, dir, *group, options);
-    }
+    if (s.ok()) s = checkpoint::Save(held.state, step, dir, *group, options);
   }
   ThrowIfError(s);
 }
@@ -306,19 +317,14 @@ class PyAsyncSaver {
              const std::string& job, const std::string& mesh,
              const PythonError& error) {
     Held held;
-    const absl::Status local = Build(entries, /*writable=*/false, error, held);
-    for (const auto& [k, v] : metadata) held.state.SetMetadata(k, v);
+    checkpoint::SaveOptions options;
+    const absl::Status local = PrepareSave(entries, keep_last, metadata, job,
+                                           mesh, error, held, options);
     absl::Status s;
     {
       py::gil_scoped_release nogil;
       s = checkpoint::AgreeStatus(*group_, local);
-      if (s.ok()) {
-        checkpoint::SaveOptions options;
-        options.keep_last = keep_last;
-        options.job = job;
-        options.mesh = mesh;
-        s = saver_->Start(held.state, step, dir, options);
-      }
+      if (s.ok()) s = saver_->Start(held.state, step, dir, options);
     }
     ThrowIfError(s);
   }
