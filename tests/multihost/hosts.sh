@@ -261,13 +261,17 @@ mh_hostfile() {
 # the hosts' interface only (ranks on different hosts must reach each other,
 # and nothing may leave these namespaces), root allowed, and ranks that yield
 # while waiting: the hosts share this machine's few cores, which a
-# hostfile's slots or slurm.conf's CPUs hide from Open MPI. Launchers pass
-# the environment on to every rank.
+# hostfile's slots or slurm.conf's CPUs hide from Open MPI. Every peer is
+# added to the BTLs inside MPI_Init (mpi_add_procs_cutoff above the job's
+# size; Debian's Open MPI 4.1 defaults to 0, adding peers on first contact):
+# under srun --mpi=pmix the lazy path let a rank die of SIGSEGV at address 0
+# in MPI_Init (slurm.sh). Launchers pass the environment on to every rank.
 mh_mpi_env() {
   export OMPI_MCA_btl_tcp_if_include=$MH_IFACE OMPI_MCA_oob_tcp_if_include=$MH_IFACE
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_vader_single_copy_mechanism=none
   export OMPI_MCA_mpi_yield_when_idle=1
+  export OMPI_MCA_mpi_add_procs_cutoff=1024
 }
 
 # The verdict on a job's output OUT of NP ranks that exited RC: RC itself,

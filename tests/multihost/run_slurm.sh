@@ -75,7 +75,8 @@ fi
 echo "run_slurm: $hosts hosts x $tasks tasks: ${cmd[*]}"
 # The Open MPI 4.1 + Slurm PMIx start-up race (slurm.sh): a rank killed by
 # SIGSEGV at address 0 inside MPI_Init, before any vemesh code ran. About 1
-# srun job in 175; such a job is run once more, saying so loudly. Any other
+# srun job in 175 before mh_mpi_env added every peer inside MPI_Init, none
+# seen since; such a job is run once more, saying so loudly. Any other
 # failure, and a second one, is the verdict.
 died_in_mpi_init() {
   [[ $launch == srun ]] && grep -q 'Failing at address: (nil)' "$out" &&

@@ -144,7 +144,10 @@ slurm_up() {
   # defaults, 10 of 180 jobs in one cluster and 2 of 24 first jobs of a
   # fresh cluster (the ctest case); direct connections off only, 0 of 150
   # and 3 of ~120; tree only, 3 of 60 and 0 of 45; both, 0 of 60 and 1 of
-  # ~175. salloc + mpirun (Open MPI's own fences): 0 of ~80.
+  # ~175. salloc + mpirun (Open MPI's own fences): 0 of ~80. What ends it is
+  # mh_mpi_env's mpi_add_procs_cutoff (every peer added inside MPI_Init, not
+  # on first contact): the ASan srun 2 x 4 train_nd job, 3 of 40 without it,
+  # 0 of 93 with it (load 9-14).
   printf "PMIxDirectConn=false\nPMIxCollFence=tree\n" >"$SLURM_STATE/mpi.conf"
   export SLURM_CONF=$conf
 
