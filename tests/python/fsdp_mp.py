@@ -302,7 +302,15 @@ def test_summon_full_params():
     with FSDP.summon_full_params(model):
         w = model.module.blocks[1].fc.weight
         assert torch.equal(w, make_model().blocks[1].fc.weight)
-        w.mul_(2)  # written back on exit
+        with torch.no_grad():  # a Parameter, as in PyTorch
+            w.mul_(2)  # written back on exit
+        # PyTorch's names and whole parameters, as torch's FSDP yields them
+        # inside the context (its _flat_param is unregistered meanwhile).
+        names = [n for n, _ in model.named_parameters()]
+        assert names == [n for n, _ in make_model().named_parameters()], names
+        assert dict(model.named_parameters())["blocks.1.fc.weight"] is w
+    # Outside, parameters() is the shards again: what the optimizer steps.
+    assert all(n.endswith("_flat_param") for n, _ in model.named_parameters())
     want = make_model().state_dict()
     want["blocks.1.fc.weight"] *= 2
     assert_close(full_state(model), want, rtol=0, atol=0)

@@ -113,6 +113,7 @@ class _RootState:
         self.units = []
         self.root_unit = None
         self.pass_id = 0
+        self.summoned = False  # inside summon_full_params
         self.finish_queued = False
         self.forward_order = []
         self.order_index = {}
@@ -568,27 +569,40 @@ class FullyShardedDataParallel(nn.Module):
     def summon_full_params(module, recurse=True, writeback=True,
                            rank0_only=False, offload_to_cpu=False,
                            with_grads=False):
-        """Collective: inside, every wrapped parameter attribute is the
-        whole parameter (gathered); on exit this rank's part is written
-        back (``writeback``) and the units are resharded."""
+        """Collective: inside, every wrapped parameter is whole (gathered)
+        and registered again under its own name, as in PyTorch:
+        ``model.named_parameters()`` yields ``net1.weight``, not the
+        units' ``_flat_param``; on exit this rank's part is written back
+        (``writeback``) and the units are resharded."""
         roots = FullyShardedDataParallel.fsdp_modules(module)
         for m in roots:
             st = m._fsdp
             st.pass_id += 1  # a fresh gather
             for unit in st.units:
                 unit.unshard()
-                unit._set_attrs(unit.full_tensor())
+                unit.expose_params(unit.full_tensor())
+            st.summoned = True
         try:
             yield
         finally:
             with torch.no_grad():
                 for m in roots:
+                    m._fsdp.summoned = False
                     for unit in m._fsdp.units:
+                        unit.hide_params()
                         if writeback and unit.sharded:
                             unit.flat_param.detach().copy_(
                                 unit.full[unit.shard_offset:unit.shard_offset +
                                           unit.shard_numel])
                         unit.reshard()
+
+    def named_parameters(self, *args, **kwargs):
+        """As ``nn.Module``'s; inside ``summon_full_params`` the wrapper's
+        ``_fsdp_wrapped_module.`` prefix is left out (PyTorch's names)."""
+        strip = self._fsdp.summoned
+        for name, param in super().named_parameters(*args, **kwargs):
+            yield (name.replace("_fsdp_wrapped_module.", "") if strip else
+                   name), param
 
     def clip_grad_norm_(self, max_norm, norm_type=2.0):
         """Collective: clips the sharded gradients by their total norm over

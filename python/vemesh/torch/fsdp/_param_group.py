@@ -173,6 +173,30 @@ class FlatParamUnit:
             for mod, attr in info.owners:
                 mod.__dict__[attr] = view
 
+    def expose_params(self, full):
+        """``summon_full_params``: the original parameters, whole, become
+        registered ``nn.Parameter`` views of ``full`` again (so
+        ``named_parameters()`` yields them under their own names, as in
+        PyTorch) and ``_flat_param`` is unregistered meanwhile."""
+        chunks = full.split(self.split_sizes)
+        for info, chunk in zip(self.infos, chunks):
+            param = torch.nn.Parameter(chunk.view(info.shape),
+                                       self.flat_param.requires_grad)
+            for mod, attr in info.owners:
+                mod.__dict__.pop(attr, None)
+                mod._parameters[attr] = param  # tied owners share it
+        del self.module._parameters["_flat_param"]
+
+    def hide_params(self):
+        """Undoes ``expose_params``: ``_flat_param`` registered again, the
+        original parameters plain attributes (placeholders until the next
+        gather)."""
+        for info in self.infos:
+            for mod, attr in info.owners:
+                mod._parameters.pop(attr, None)
+        self.module._parameters["_flat_param"] = self.flat_param
+        self._set_attrs(None if self.sharded else self.full_tensor())
+
     # -- forward ------------------------------------------------------------
 
     def pre_forward(self):
