@@ -111,6 +111,8 @@ absl::StatusOr<ElasticLoopResult> RunElasticLoop(
     // Only a round that changed the state has an undo (an earlier,
     // committed step's snapshot must never be put back).
     bool stepped = false;
+    // The round's parts, for the step line (where a step's time goes).
+    absl::Duration snapshot_time, train_time;
     if (finishing) {
       absl::Status done = hooks.finish ? hooks.finish() : absl::OkStatus();
       if (done.ok()) {
@@ -119,11 +121,14 @@ absl::StatusOr<ElasticLoopResult> RunElasticLoop(
         loss = done;
       }
     } else if (!send_state) {
-      if (absl::Status saved = before.Save(state); !saved.ok()) {
+      absl::Status saved = before.Save(state);
+      snapshot_time = absl::Now() - start;
+      if (!saved.ok()) {
         loss = saved;
       } else {
         stepped = true;
         loss = hooks.step(step);
+        train_time = absl::Now() - start - snapshot_time;
         if (absl::IsCancelled(loss.status())) return loss.status();
       }
       absl::SleepFor(options.pace - (absl::Now() - start));
@@ -164,12 +169,15 @@ absl::StatusOr<ElasticLoopResult> RunElasticLoop(
           Line(log, absl::StrCat("checkpoint: step ", **saved, " saved"));
         }
       }
-      Line(log, absl::StrFormat("step %d/%d loss %.12f time %.2f ms DP=%d at "
-                                "%d ms; verdict %.3f ms",
-                                step, options.steps, *loss,
-                                absl::ToDoubleMilliseconds(absl::Now() - start),
-                                DataParallelSize(mesh), Ms(absl::Now()),
-                                absl::ToDoubleMilliseconds(verdict_time)));
+      Line(log, absl::StrFormat(
+                    "step %d/%d loss %.12f time %.2f ms DP=%d at %d ms; "
+                    "verdict %.3f ms; snapshot %.3f ms; train %.3f ms",
+                    step, options.steps, *loss,
+                    absl::ToDoubleMilliseconds(absl::Now() - start),
+                    DataParallelSize(mesh), Ms(absl::Now()),
+                    absl::ToDoubleMilliseconds(verdict_time),
+                    absl::ToDoubleMilliseconds(snapshot_time),
+                    absl::ToDoubleMilliseconds(train_time)));
     } else if (stepped) {
       ++result.undone;
       if (absl::Status s = before.Restore(state); !s.ok()) return s;
