@@ -648,7 +648,8 @@ TEST(StateSnapshotTest, KeptAcrossStepsFollowsTheLatestSaveAndStateChanges) {
   EXPECT_EQ(c.value, c0);
   // Another TrainingState over the same buffers, named alike.
   TrainingState twin;
-  ASSERT_TRUE(twin.AddParameter(&a, WholePlacement("layer0.weight", 2, 3)).ok());
+  ASSERT_TRUE(
+      twin.AddParameter(&a, WholePlacement("layer0.weight", 2, 3)).ok());
   ASSERT_TRUE(twin.AddOptimizer(*opt).ok());
   ASSERT_TRUE(twin.AddParameter(&c, WholePlacement("head.weight", 1, 3)).ok());
   c.value.setConstant(-2.0);

@@ -90,6 +90,13 @@ struct ElasticLoopOptions {
   // Rounds (steps tried, failed ones included) before the loop gives up:
   // 0 is 4 * steps + 1000.
   int64_t max_rounds = 0;
+  // The end-of-job check: in the round after the last step each rank's
+  // registered state (a 64-bit fingerprint of state.elastic_state()'s
+  // bytes) is compared with the same coordinate of every other replica (one
+  // all_reduce over the elastic dimension), and after the loop the answers
+  // are combined over the replica's own dimensions (ElasticLoopResult::
+  // identical: the same on every rank of the job).
+  bool compare_replicas = false;
 };
 
 struct ElasticLoopHooks {
@@ -111,6 +118,8 @@ struct ElasticLoopResult {
   int recoveries = 0;
   int64_t undone = 0;    // steps that did not commit, their updates undone
   bool evicted = false;  // not a member any more: launch it again to rejoin
+  // options.compare_replicas: every replica ended with the same state.
+  bool identical = false;
 };
 
 absl::StatusOr<ElasticLoopResult> RunElasticLoop(
