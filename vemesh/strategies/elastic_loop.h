@@ -40,9 +40,11 @@
 //   membership: epoch E, DP=N [R0, R1] (replica K is DP rank D; WHY; resume
 //     at step S[, state sent to the new replicas]) agreed in A ms, built in
 //     B ms, state T ms, at UNIX_MS ms
-//   step S/N loss L time T ms DP=D at UNIX_MS ms; verdict V ms
+//   step S/N loss L time T ms DP=D at UNIX_MS ms; verdict V ms; snapshot
+//     P ms; train H ms
 //     (each committed step; T from the step's start to its verdict, V the
-//     end_step call alone, D the data-parallel size)
+//     end_step call alone, P the copy of the state for an undo, H the step
+//     hook alone, D the data-parallel size: where a step's time goes)
 //   step S failed at UNIX_MS ms: STATUS
 //   recovery: detect D ms, agree A ms, rebuild R ms, state S ms; first good
 //     step K at=UNIX_MS                               (once it committed)
