@@ -194,12 +194,6 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
   el.agree_every_step = settings.agree_every_step;
   // HSDP: the replicas are DP_REPLICATE's; DP_SHARD lives in each launch.
   if (plan0.fsdp()) el.replica_dim = "DP_REPLICATE";
-  if (plan0.fsdp() && !plan0.options.checkpoint_dir.empty()) {
-    return Fail(replica, launch_rank, "error",
-                absl::InvalidArgumentError(
-                    "--checkpoint_dir with --elastic and DP_REPLICATE/"
-                    "DP_SHARD: an elastic HSDP job keeps no checkpoints yet"));
-  }
   // What a joiner must share with the job (the mesh is added by vemesh):
   // a replica with another model, batch or optimizer is refused.
   const TrainOptions& o = plan0.options;
