@@ -12,6 +12,13 @@ machine's noise hits both alike, at each replica count R:
 
   agree    the elastic job with --agree_every_step: end_step's all_reduce
            over DP every step (the protocol before issue 47's fold)
+  plain_tcp  the plain job with VEMESH_GLOO_SHM=0: its DP group on Gloo's
+           TCP pairs only, as the elastic epoch's DP group is (one host)
+  elastic_hb8  the elastic job with an 8 s lease (heartbeat every 2 s)
+
+The first job named is the ratios' base. Each elastic run's step lines also
+give the loop's parts ("verdict V ms; snapshot P ms; train H ms"): printed as
+"verdict" and "parts" lines (medians over steps, then over runs).
 
 Both train the same model, batch and steps without overlap (the elastic loop
 runs DP after the replica's own work). A run's figure is the median of its
@@ -20,7 +27,7 @@ ratio is elastic / plain. Every process it starts (Redis, each mpirun) is
 ended by its PID, never by name.
 
   elastic_overhead.py TRAIN_ND [--replicas 3,8] [--repeats 3] [--steps 200]
-      [--tp N] [--jobs plain,elastic,agree]
+      [--tp N] [--jobs plain,plain_tcp,elastic,elastic_hb8,agree]
   elastic_overhead.py TRAIN_ND --smoke      # one short pair at R=2 (ctest)
 
 Prints one "pair" line per run pair, one "bench" line per R (median of the
