@@ -143,8 +143,10 @@ def run_elastic(a, r, work, port, tag, agree_every_step=False, kind=None):
         cmd = ["mpirun", "-n", str(a.tp), "--bind-to", "none", a.train_nd,
                "--elastic", f"redis://127.0.0.1:{port}", "--job",
                f"overhead_{kind}_{tag}", "--replica", str(k),
-               f"--agree_every_step={str(agree_every_step).lower()}"
-               ] + extra + model_args(a, r)
+               f"--agree_every_step={str(agree_every_step).lower()}",
+               # Every replica in the first epoch (an 8 s lease would
+               # otherwise let the job form before the last one arrives).
+               f"--min_replicas={r}"] + extra + model_args(a, r)
         with open(out, "w") as f:
             procs.append(subprocess.Popen(cmd, stdout=f,
                                           stderr=subprocess.STDOUT,
