@@ -12,6 +12,13 @@ machine's noise hits both alike, at each replica count R:
 
   agree    the elastic job with --agree_every_step: end_step's all_reduce
            over DP every step (the protocol before issue 47's fold)
+  plain_tcp  the plain job with VEMESH_GLOO_SHM=0: its DP group on Gloo's
+           TCP pairs only, as the elastic epoch's DP group is (one host)
+  elastic_hb8  the elastic job with an 8 s lease (heartbeat every 2 s)
+
+The first job named is the ratios' base. Each elastic run's step lines also
+give the loop's parts ("verdict V ms; snapshot P ms; train H ms"): printed as
+"verdict" and "parts" lines (medians over steps, then over runs).
 
 Both train the same model, batch and steps without overlap (the elastic loop
 runs DP after the replica's own work). A run's figure is the median of its
@@ -20,7 +27,7 @@ ratio is elastic / plain. Every process it starts (Redis, each mpirun) is
 ended by its PID, never by name.
 
   elastic_overhead.py TRAIN_ND [--replicas 3,8] [--repeats 3] [--steps 200]
-      [--tp N] [--jobs plain,elastic,agree]
+      [--tp N] [--jobs plain,plain_tcp,elastic,elastic_hb8,agree]
   elastic_overhead.py TRAIN_ND --smoke      # one short pair at R=2 (ctest)
 
 Prints one "pair" line per run pair, one "bench" line per R (median of the
@@ -43,7 +50,8 @@ import time
 
 PLAIN_STEP = re.compile(r"^step +(\d+)/\d+ +loss \S+ +time +([\d.]+) ms")
 ELASTIC_STEP = re.compile(r"^step (\d+)/\d+ loss \S+ time ([\d.]+) ms DP=(\d+)"
-                          r"(?: at \d+ ms; verdict ([\d.]+) ms)?")
+                          r"(?: at \d+ ms; verdict ([\d.]+) ms)?"
+                          r"(?:; snapshot ([\d.]+) ms; train ([\d.]+) ms)?")
 MPI_ENV = {
     "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
     "OMPI_MCA_rmaps_base_oversubscribe": "1",
@@ -57,6 +65,9 @@ MPI_ENV = {
 
 # (job, R) -> per run, the median of end_step's own time ("verdict V ms").
 VERDICTS = collections.defaultdict(list)
+# (job, R) -> per run, the medians of the loop's snapshot (the copy for an
+# undo) and of the step hook alone ("snapshot S ms; train T ms").
+PARTS = collections.defaultdict(list)
 
 
 def free_port():
@@ -95,13 +106,19 @@ def end_all(procs):
         p.wait()
 
 
-def run_plain(a, r, work, tag):
-    out = os.path.join(work, f"plain_{tag}.out")
+def run_plain(a, r, work, tag, tcp=False):
+    kind = "plain_tcp" if tcp else "plain"
+    out = os.path.join(work, f"{kind}_{tag}.out")
     cmd = ["mpirun", "-n", str(r * a.tp), "--bind-to", "none", a.train_nd,
            "--replicate_backend=gloo"] + model_args(a, r)
+    # plain_tcp: the DP group on Gloo's TCP pairs only, as the elastic
+    # mesh's DP groups are (elastic_establish.cc: no shared memory).
+    env = {**os.environ, **MPI_ENV}
+    if tcp:
+        env["VEMESH_GLOO_SHM"] = "0"
+        cmd[1:1] = ["-x", "VEMESH_GLOO_SHM"]
     with open(out, "w") as f:
-        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
-                             env={**os.environ, **MPI_ENV})
+        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
     try:
         rc = p.wait(timeout=a.bound)
     except subprocess.TimeoutExpired:
@@ -115,16 +132,21 @@ def run_plain(a, r, work, tag):
     return steady_median(times, a.steps), None
 
 
-def run_elastic(a, r, work, port, tag, agree_every_step=False):
+def run_elastic(a, r, work, port, tag, agree_every_step=False, kind=None):
     procs, outs = [], []
-    kind = "agree" if agree_every_step else "elastic"
+    kind = kind or ("agree" if agree_every_step else "elastic")
+    # elastic_hb8: the heartbeat thread's Redis round trips 32x rarer
+    # (lease 8 s, renewed every 2 s instead of every 250 ms).
+    extra = ["--heartbeat_ms=8000"] if kind == "elastic_hb8" else []
     for k in range(r):
         out = os.path.join(work, f"{kind}_{tag}_r{k}.out")
         cmd = ["mpirun", "-n", str(a.tp), "--bind-to", "none", a.train_nd,
                "--elastic", f"redis://127.0.0.1:{port}", "--job",
                f"overhead_{kind}_{tag}", "--replica", str(k),
-               f"--agree_every_step={str(agree_every_step).lower()}"
-               ] + model_args(a, r)
+               f"--agree_every_step={str(agree_every_step).lower()}",
+               # Every replica in the first epoch (an 8 s lease would
+               # otherwise let the job form before the last one arrives).
+               f"--min_replicas={r}"] + extra + model_args(a, r)
         with open(out, "w") as f:
             procs.append(subprocess.Popen(cmd, stdout=f,
                                           stderr=subprocess.STDOUT,
@@ -141,13 +163,20 @@ def run_elastic(a, r, work, port, tag, agree_every_step=False):
     text = open(outs[0], errors="replace").read()
     if any(rc != 0 for rc in rcs) or "PASS:" not in text:
         return None, f"{kind} R={r} ({tag}) exited {rcs}; see {outs[0]}"
-    times, verdicts = [], []
+    times, verdicts, snaps, trains = [], [], [], []
     for m in map(ELASTIC_STEP.match, text.splitlines()):
         if m and int(m.group(3)) == r:  # at full strength only
-            times.append((int(m.group(1)), float(m.group(2))))
+            s = int(m.group(1))
+            times.append((s, float(m.group(2))))
             if m.group(4) is not None:
-                verdicts.append((int(m.group(1)), float(m.group(4))))
+                verdicts.append((s, float(m.group(4))))
+            if m.group(5) is not None:
+                snaps.append((s, float(m.group(5))))
+                trains.append((s, float(m.group(6))))
     VERDICTS[(kind, r)].append(steady_median(verdicts, a.steps))
+    if snaps:
+        PARTS[(kind, r)].append((steady_median(snaps, a.steps),
+                                 steady_median(trains, a.steps)))
     return steady_median(times, a.steps), None
 
 
@@ -166,7 +195,10 @@ def main():
     ap.add_argument("--tp", type=int, default=1,
                     help="ranks per replica (TP inside each replica)")
     ap.add_argument("--jobs", default="plain,elastic",
-                    help="of plain, elastic, agree (elastic with "
+                    help="of plain, plain_tcp (plain with VEMESH_GLOO_SHM=0: "
+                    "DP on Gloo's TCP pairs, as the elastic mesh's), elastic, "
+                    "elastic_hb8 (elastic, heartbeat every 2 s), "
+                    "agree (elastic with "
                     "--agree_every_step: the agreement over DP every step, "
                     "as before issue 47's fold)")
     ap.add_argument("--smoke", action="store_true")
@@ -196,6 +228,7 @@ def main():
             except OSError:
                 time.sleep(0.1)
         jobs = a.jobs.split(",")
+        base = jobs[0]  # the ratios' denominator
         for r in [int(x) for x in a.replicas.split(",")]:
             runs = []  # one {job: ms} per repeat
             for i in range(a.repeats):
@@ -205,29 +238,32 @@ def main():
                 for job in order:
                     before = loadavg()
                     tag = f"R{r}_{i}"
-                    ms, err = (run_plain(a, r, work, tag) if job == "plain"
-                               else run_elastic(a, r, work, port, tag,
-                                                job == "agree"))
+                    if job in ("plain", "plain_tcp"):
+                        ms, err = run_plain(a, r, work, tag,
+                                            job == "plain_tcp")
+                    else:
+                        ms, err = run_elastic(a, r, work, port, tag,
+                                              job == "agree", job)
                     if err:
                         failures.append(err)
                         continue
                     got[job] = ms
                     print(f"run R={r} #{i} {job}: median {ms:.3f} ms/step; "
                           f"load {before} -> {loadavg()}", flush=True)
-                if "plain" in got and len(got) == len(jobs):
+                if base in got and len(got) == len(jobs):
                     runs.append(got)
                     print(f"set R={r} #{i}: " + ", ".join(
                         f"{j} {got[j]:.3f} ms" for j in jobs) + "; " +
-                        ", ".join(f"{j}/plain {got[j] / got['plain']:.3f}"
-                                  for j in jobs if j != "plain"), flush=True)
+                        ", ".join(f"{j}/{base} {got[j] / got[base]:.3f}"
+                                  for j in jobs if j != base), flush=True)
             if not runs:
                 continue
             for j in jobs:
-                if j == "plain":
+                if j == base:
                     continue
-                ratios = [g[j] / g["plain"] for g in runs]
-                diffs = [g[j] - g["plain"] for g in runs]
-                plain = statistics.median(g["plain"] for g in runs)
+                ratios = [g[j] / g[base] for g in runs]
+                diffs = [g[j] - g[base] for g in runs]
+                plain = statistics.median(g[base] for g in runs)
                 mine = statistics.median(g[j] for g in runs)
                 vs = [v for v in VERDICTS[(j, r)] if v == v]
                 if vs:
@@ -236,10 +272,18 @@ def main():
                           f"max {max(vs):.3f}); share of its step "
                           f"{statistics.median(vs) / statistics.median(g[j] for g in runs):.4f}",
                           flush=True)
-                print(f"bench R={r}: {j}/plain "
+                parts = PARTS.get((j, r), [])
+                if parts:
+                    print(f"parts R={r} {j}: snapshot median of runs "
+                          f"{statistics.median(p[0] for p in parts):.3f} ms "
+                          f"(max {max(p[0] for p in parts):.3f}); step hook "
+                          f"{statistics.median(p[1] for p in parts):.3f} ms "
+                          f"(min {min(p[1] for p in parts):.3f}, max "
+                          f"{max(p[1] for p in parts):.3f})", flush=True)
+                print(f"bench R={r}: {j}/{base} "
                       f"{statistics.median(ratios):.3f} (min "
                       f"{min(ratios):.3f}, max {max(ratios):.3f}, "
-                      f"{len(runs)} sets); plain {plain:.3f} ms/step, {j} "
+                      f"{len(runs)} sets); {base} {plain:.3f} ms/step, {j} "
                       f"{mine:.3f} ms/step; difference "
                       f"{statistics.median(diffs):.3f} ms/step (min "
                       f"{min(diffs):.3f}, max {max(diffs):.3f})", flush=True)

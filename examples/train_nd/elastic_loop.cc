@@ -22,11 +22,8 @@
 #include "train_step.h"
 #include "vemesh/comm/mpi/mpi_communicator.h"
 #include "vemesh/registry/ve_device_mesh.h"
-#include "vemesh/strategies/data_parallel.h"
-#include "vemesh/strategies/distributed_optimizer.h"
+#include "vemesh/strategies/data_parallel_trainer.h"
 #include "vemesh/strategies/elastic_loop.h"
-#include "vemesh/strategies/fully_sharded_data_parallel.h"
-#include "vemesh/strategies/optimizer.h"
 #include "vemesh/strategies/periodic_checkpoint.h"
 #include "vemesh/strategies/pipeline_runner.h"
 #include "vemesh/strategies/state_dict.h"
@@ -34,9 +31,6 @@
 namespace train_nd {
 namespace {
 
-using vemesh::strategies::DataParallel;
-using vemesh::strategies::DistributedOptimizer;
-using vemesh::strategies::FullyShardedDataParallel;
 using vemesh::strategies::Parameter;
 
 struct Fault {
@@ -77,86 +71,47 @@ void Inject(const Fault& f, int launch_rank, const char* where, int step) {
   raise(f.where == "stop" ? SIGSTOP : SIGKILL);
 }
 
-// What one replica trains with, built once on the elastic mesh's groups,
-// which are the same objects in every epoch (reconfigured with each
-// membership): FSDP (HYBRID_SHARD over DP_REPLICATE x DP_SHARD), ZeRO over
-// DP_SHARD with DP_REPLICATE averaged (--zero), or DataParallel and an
-// optimizer over DP. `state` names it for the library, which carries it to
-// joiners and fingerprints it (the library loop snapshots it for an undo).
+// What one replica trains with, built once on the elastic mesh's groups
+// (the same objects in every epoch): the stage and the library's
+// DataParallelTrainer (HSDP, ZeRO over DP_SHARD, or DDP over DP). `state`
+// names both for the library, which carries it to joiners and fingerprints
+// it (the library loop snapshots it for an undo).
 struct Replica {
   std::unique_ptr<ParallelMlpStage> stage;
-  std::optional<FullyShardedDataParallel> fsdp;
-  std::unique_ptr<DistributedOptimizer> zero;
-  std::optional<vemesh::strategies::Optimizer> opt;
-  std::optional<DataParallel> dp;
-  // HSDP's groups: the loss sums over both.
-  std::shared_ptr<vemesh::Communicator> shard, replicate;
+  std::unique_ptr<vemesh::strategies::DataParallelTrainer> trainer;
   vemesh::strategies::TrainingState state;
 };
 
 absl::StatusOr<std::unique_ptr<Replica>> BuildReplica(const TrainPlan& plan) {
+  using vemesh::strategies::DataParallelMode;
   auto r = std::make_unique<Replica>();
   auto stage = ParallelMlpStage::Create(plan);
   if (!stage.ok()) return stage.status();
   r->stage = *std::move(stage);
-  std::vector<Parameter*> params = r->stage->parameters();
   absl::StatusOr<vemesh::DeviceMesh> mesh = VESCALE_DEVICE_MESH.get();
   if (!mesh.ok()) return mesh.status();
-  if (plan.fsdp()) {
-    auto shard = mesh->get_group("DP_SHARD");
-    auto replicate = mesh->get_group("DP_REPLICATE");
-    if (!shard.ok()) return shard.status();
-    if (!replicate.ok()) return replicate.status();
-    r->shard = *shard;
-    r->replicate = *replicate;
+  std::vector<vemesh::strategies::FsdpUnit> units;
+  int l = r->stage->first_layer();
+  for (std::vector<Parameter*>& ps : r->stage->layer_parameters()) {
+    units.push_back({absl::StrCat("layer", l++), std::move(ps)});
   }
-  absl::Status s = absl::OkStatus();
-  if (plan.fsdp() && plan.options.zero) {
-    auto z = DistributedOptimizer::Create(
-        {.optimizer = plan.optimizer,
-         .stage = plan.options.zero_stage == 1
-                      ? vemesh::strategies::ZeroStage::kOne
-                      : vemesh::strategies::ZeroStage::kTwo,
-         .shard_group = r->shard,
-         .replicate_group = r->replicate},
-        params);
-    if (!z.ok()) return z.status();
-    r->zero = *std::move(z);
-  } else if (plan.fsdp()) {
-    // One unit per layer of this stage, over this stage's DP dimensions.
-    auto dp_mesh =
-        mesh->slice(std::vector<std::string>{"DP_REPLICATE", "DP_SHARD"});
-    if (!dp_mesh.ok()) return dp_mesh.status();
-    std::vector<vemesh::strategies::FsdpUnit> units;
-    int l = r->stage->first_layer();
-    for (std::vector<Parameter*>& ps : r->stage->layer_parameters()) {
-      units.push_back({absl::StrCat("layer", l++), std::move(ps)});
-    }
-    auto f = FullyShardedDataParallel::Create(
-        *dp_mesh, std::move(units),
-        {.sharding_strategy =
-             vemesh::strategies::ShardingStrategy::kHybridShard,
-         .shard_dims = {"DP_SHARD"},
-         .replicate_dims = {"DP_REPLICATE"}});
-    if (!f.ok()) return f.status();
-    r->fsdp.emplace(*std::move(f));
-    s = r->fsdp->SetOptimizer(plan.optimizer);
-  } else {
-    auto o = vemesh::strategies::Optimizer::Create(plan.optimizer, params);
-    if (!o.ok()) return o.status();
-    r->opt.emplace(*std::move(o));
-    // No overlap: every DP operation comes after the replica's own.
-    r->dp.emplace(vemesh::strategies::DataParallelOptions{
-        .bucket_elements = static_cast<size_t>(plan.options.bucket_elements),
-        .overlap = false});
-  }
+  // The model named before HSDP frees the parameters, then how it trains.
+  absl::Status s =
+      NameTrainingState(plan, {.stage = r->stage.get()}, &r->state);
   if (!s.ok()) return s;
-  s = NameTrainingState(plan,
-                        {.stage = r->stage.get(),
-                         .local_optimizer = r->opt ? &*r->opt : nullptr,
-                         .zero = r->zero.get(),
-                         .fsdp = r->fsdp ? &*r->fsdp : nullptr},
-                        &r->state);
+  auto trainer = vemesh::strategies::DataParallelTrainer::Create(
+      *mesh, std::move(units),
+      {.mode = !plan.fsdp()        ? DataParallelMode::kDdp
+               : plan.options.zero ? DataParallelMode::kZero
+                                   : DataParallelMode::kHsdp,
+       .optimizer = plan.optimizer,
+       .zero_stage = plan.options.zero_stage == 1
+                         ? vemesh::strategies::ZeroStage::kOne
+                         : vemesh::strategies::ZeroStage::kTwo,
+       .bucket_elements = static_cast<size_t>(plan.options.bucket_elements)});
+  if (!trainer.ok()) return trainer.status();
+  r->trainer = *std::move(trainer);
+  s = r->trainer->AddTo(r->state);
   if (!s.ok()) return s;
   return r;
 }
@@ -169,74 +124,35 @@ absl::StatusOr<std::unique_ptr<Replica>> BuildReplica(const TrainPlan& plan) {
 absl::StatusOr<double> Step(const TrainPlan& plan, Replica& r, int step,
                             const std::function<void(const char*)>& inject) {
   ParallelMlpStage& stage = *r.stage;
-  if (r.fsdp) r.fsdp->ZeroGrad();
-  if (r.zero) r.zero->ZeroGrad();
-  if (r.opt) r.opt->ZeroGrad();
+  vemesh::strategies::DataParallelTrainer& trainer = *r.trainer;
   (void)stage.TakeSquaredError();  // a failed step may have left it
   stage.SetBatch(
       MakeBatch(plan.options.seed, step, plan.shape, plan.options.batch));
   inject("tp");
-  // FSDP: every unit gathered for the whole step (the pipeline
-  // interleaves micro-batches), as the static loop does.
-  for (size_t u = r.fsdp ? r.fsdp->num_units() : 0; u-- > 0;) {
-    if (absl::Status s = r.fsdp->PreBackward(u); !s.ok()) return s;
-  }
+  if (absl::Status s = trainer.BeginStep(); !s.ok()) return s;
   auto ran = vemesh::strategies::RunPipeline(
       stage, {plan.schedule, plan.options.micro_batches});
   if (!ran.ok()) return ran.status();
-  for (size_t u = r.fsdp ? r.fsdp->num_units() : 0; u-- > 0;) {
-    if (absl::Status s = r.fsdp->PostBackward(u); !s.ok()) return s;
-  }
+  if (absl::Status s = trainer.AfterBackward(); !s.ok()) return s;
   auto sse = PipelineSquaredError(stage.TakeSquaredError());
   if (!sse.ok()) return sse.status();
-  if (r.shard != nullptr && r.shard->size() > 1) {
-    if (absl::Status s = r.shard->all_reduce(absl::MakeSpan(&*sse, 1),
-                                             vemesh::ReduceOp::kSum);
-        !s.ok()) {
-      return s;
-    }
+  const auto& shard = trainer.shard_group();
+  const auto& replicate = trainer.replicate_group();
+  if (shard != nullptr && shard->size() > 1) {
+    absl::Status s =
+        shard->all_reduce(absl::MakeSpan(&*sse, 1), vemesh::ReduceOp::kSum);
+    if (!s.ok()) return s;
   }
   inject("dp");
   inject("stop");
-  absl::Status s = absl::OkStatus();
-  if (r.fsdp) {
-    s = r.fsdp->FinishBackward();
-    if (s.ok()) s = r.fsdp->OptimizerStep();
-  } else if (r.zero) {
-    s = r.zero->Step().status();
-  } else {
-    s = r.dp->AverageGradients(stage.parameters()).status();
-    if (s.ok()) s = r.opt->Step();
-  }
-  if (!s.ok()) return s;
-  if (r.replicate == nullptr) return DataParallelLoss(plan, *sse);
-  if (r.replicate->size() > 1) {
-    s = r.replicate->all_reduce(absl::MakeSpan(&*sse, 1),
-                                vemesh::ReduceOp::kSum);
+  if (absl::Status s = trainer.Step(); !s.ok()) return s;
+  if (replicate == nullptr) return DataParallelLoss(plan, *sse);
+  if (replicate->size() > 1) {
+    absl::Status s =
+        replicate->all_reduce(absl::MakeSpan(&*sse, 1), vemesh::ReduceOp::kSum);
     if (!s.ok()) return s;
   }
   return *sse / static_cast<double>(plan.options.batch * plan.shape.output_dim);
-}
-
-// FNV-1a of every entry of `state` (parameters or shards, optimizer state,
-// step counts): equal on two replicas iff their states are (up to
-// collisions).
-int64_t Digest(vemesh::strategies::TrainingState& state) {
-  uint64_t h = 1469598103934665603ull;
-  auto entries = state.elastic_state();
-  if (!entries.ok()) return 0;
-  for (const auto& e : *entries) {
-    std::string copy;
-    absl::Span<const char> b;
-    if (e.bytes) {
-      b = e.bytes();
-    } else if (auto got = e.state_dict(); got.ok()) {
-      copy = *std::move(got);
-      b = copy;
-    }
-    for (char c : b) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-  }
-  return static_cast<int64_t>(h >> 1);
 }
 
 int Fail(int replica, int rank, absl::string_view what,
@@ -278,12 +194,6 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
   el.agree_every_step = settings.agree_every_step;
   // HSDP: the replicas are DP_REPLICATE's; DP_SHARD lives in each launch.
   if (plan0.fsdp()) el.replica_dim = "DP_REPLICATE";
-  if (plan0.fsdp() && !plan0.options.checkpoint_dir.empty()) {
-    return Fail(replica, launch_rank, "error",
-                absl::InvalidArgumentError(
-                    "--checkpoint_dir with --elastic and DP_REPLICATE/"
-                    "DP_SHARD: an elastic HSDP job keeps no checkpoints yet"));
-  }
   // What a joiner must share with the job (the mesh is added by vemesh):
   // a replica with another model, batch or optimizer is refused.
   const TrainOptions& o = plan0.options;
@@ -334,11 +244,7 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
   }
   const int64_t communicators_at_start = vemesh::LiveCommunicatorCount();
 
-  // The parameters against every other replica's, compared as the work of
-  // the round after the last step (each rank's state against the same
-  // coordinate of every replica).
   const std::string replica_dim = plan0.fsdp() ? "DP_REPLICATE" : "DP";
-  bool identical_across = false;
   std::map<int64_t, double> losses;
   vemesh::strategies::ElasticLoopHooks hooks;
   hooks.step = [&](int64_t step) {
@@ -374,24 +280,13 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
     // The data slice follows the new DP size; the modules need nothing.
     return rep.stage->Rebind(*plan);
   };
-  hooks.finish = [&]() -> absl::Status {
-    const int64_t mine = Digest(rep.state);
-    int64_t digest[2] = {mine, -mine};
-    absl::StatusOr<vemesh::DeviceMesh> mesh = VESCALE_DEVICE_MESH.get();
-    if (!mesh.ok()) return mesh.status();
-    auto group = mesh->get_group(replica_dim);
-    if (!group.ok()) return group.status();
-    absl::Status s =
-        (*group)->all_reduce(absl::MakeSpan(digest), vemesh::ReduceOp::kMax);
-    if (s.ok()) identical_across = digest[0] == -digest[1];
-    return s;
-  };
   auto done =
       vemesh::strategies::RunElasticLoop(*elastic, rep.state,
                                          {.steps = plan0.options.steps,
                                           .log = leader ? stdout : nullptr,
                                           .pace = settings.pace,
-                                          .checkpoint = ckpt.get()},
+                                          .checkpoint = ckpt.get(),
+                                          .compare_replicas = true},
                                          hooks);
   // Its communicator freed (the job's count is checked below).
   ckpt.reset();
@@ -403,25 +298,9 @@ int RunElastic(const TrainPlan& plan0, const ElasticSettings& settings,
   const int recoveries = done->recoveries;
 
   // Verdicts: the curve this replica trained against the serial one, the
-  // parameters against every other replica's (compared in the last round,
-  // combined here over the replica's own dimensions), the communicators
-  // against the count after start.
-  bool identical = identical_across;
-  absl::StatusOr<vemesh::DeviceMesh> end_mesh = VESCALE_DEVICE_MESH.get();
-  if (end_mesh.ok()) {
-    int64_t same = identical ? 1 : 0;
-    for (const std::string& d : end_mesh->mesh_dim_names()) {
-      auto g = end_mesh->get_group(d);
-      if (d == replica_dim || !g.ok() || (*g)->size() == 1) continue;
-      if (!(*g)->all_reduce(absl::MakeSpan(&same, 1), vemesh::ReduceOp::kMin)
-               .ok()) {
-        same = 0;
-      }
-    }
-    identical = same == 1;
-  } else {
-    identical = false;
-  }
+  // state against every other replica's (the loop's end-of-job check), the
+  // communicators against the count after start.
+  const bool identical = done->identical;
   absl::StatusOr<std::vector<double>> serial_or = SerialLosses(plan0);
   if (!serial_or.ok()) {
     return Fail(replica, launch_rank, "serial", serial_or.status());

@@ -310,6 +310,11 @@ EXAMPLES = {
         "params": ("FullyShardedDataParallel& fsdp, "
                    "std::vector<std::vector<Parameter*>> units, int launch_rank"),
         "pragma_missing_field_initializers": True},
+    "strategies/data_parallel_trainer.h": {
+        "includes": ["vemesh/mesh/device_mesh.h"],
+        "params": ("absl::StatusOr<DeviceMesh> mesh, Parameter& w0, Parameter& w1, "
+                   "std::vector<ParameterPlacement> placements"),
+        "pragma_missing_field_initializers": True},
     "strategies/elastic_state.h": {
         "params": ("ElasticMesh& el, FullyShardedDataParallel& fsdp, "
                    "std::vector<std::vector<Parameter*>> units")},

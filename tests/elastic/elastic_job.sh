@@ -12,7 +12,8 @@
 # (issue 29): redis_restarted redis_restarted_newcomer mismatch rerun
 # below_min replica_stopped; HSDP (issue 28): hsdp_kill hsdp_rejoin
 # hsdp_corrupt hsdp_tp_rejoin hsdp_pp_rejoin; with the library's optimizers
-# (issue 47): hsdp_adam_rejoin hsdp_zero_rejoin hsdp_adam_tp_pp_rejoin; (issue 44) redis_restarted_recovery. Every process this script starts
+# (issue 47): hsdp_adam_rejoin hsdp_zero_rejoin hsdp_adam_tp_pp_rejoin
+# hsdp_checkpoint_restart; (issue 44) redis_restarted_recovery. Every process this script starts
 # is ended by its PID (mpirun and its ranks, redis-server), never by name,
 # also when an assertion fails.
 set -u
@@ -65,12 +66,17 @@ expect_dead() {  # expect_dead OUT K
 }
 
 case $scenario in
-  checkpoint_restart)
+  checkpoint_restart|hsdp_checkpoint_restart)
     # Issue 27: every replica SIGKILLed after a checkpoint (the state lives
     # nowhere but --checkpoint_dir); the job launched again, as a new job
     # record, resumes at the checkpoint's step and ends PASS against the
-    # serial curve of all steps.
+    # serial curve of all steps. hsdp_ (issue 47): elastic HSDP with AdamW,
+    # each replica's FSDP shards and moments saved by its own ranks.
     ck=(--checkpoint_dir "$work/ckpt" --checkpoint_every 5); pace=150
+    if [[ $scenario == hsdp_checkpoint_restart ]]; then
+      dp_name=DP_REPLICATE; mesh=PP=1,DP_REPLICATE=3,DP_SHARD=2,TP=1
+      extra=(--optimizer adam)
+    fi
     launch 0 r0 "${ck[@]}"; launch 1 r1 "${ck[@]}"; launch 2 r2 "${ck[@]}"
     wait_for r0 "^checkpoint: step 10 saved" 90
     for k in 0 1 2; do

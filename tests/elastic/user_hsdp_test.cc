@@ -133,7 +133,8 @@ struct Outcome {
   bool received_state = false;  // joined and was sent the state
   int recoveries = 0;
   absl::Status last_step_status;  // the last recovery record's
-  int undone = 0;  // steps not committed whose updates were restored
+  int undone = 0;          // steps not committed whose updates were restored
+  bool identical = false;  // the loop's end-of-job comparison of replicas
   int shard_rank = 0;
   std::vector<std::vector<double>> shard, exp_avg, exp_avg_sq;  // per unit
   std::vector<int64_t> step_counts;
@@ -206,11 +207,13 @@ absl::Status Train(ElasticMesh& el, int64_t steps, const Hooks& hooks,
     return absl::OkStatus();
   };
   absl::StatusOr<strategies::ElasticLoopResult> done =
-      strategies::RunElasticLoop(el, state,
-                                 {.steps = steps, .pace = hooks.pace}, loop);
+      strategies::RunElasticLoop(
+          el, state,
+          {.steps = steps, .pace = hooks.pace, .compare_replicas = true}, loop);
   if (!done.ok()) return done.status();  // store lost, states differ, a bug
   out.recoveries = done->recoveries;
   out.undone = static_cast<int>(done->undone);
+  out.identical = done->identical;
   if (done->evicted) {
     out.evicted = true;
     return absl::OkStatus();
@@ -356,6 +359,8 @@ class UserHsdp : public ::testing::Test {
         EXPECT_FALSE(o.evicted);
         EXPECT_EQ(o.step, kSteps);
         EXPECT_EQ(o.dp_size, 3);
+        // The loop's own end-of-job check agrees with the comparison below.
+        EXPECT_TRUE(o.identical);
         ASSERT_EQ(o.shard.size(), 2u);
         ASSERT_EQ(o.exp_avg.size(), 2u);
         ASSERT_EQ(o.exp_avg_sq.size(), 2u);

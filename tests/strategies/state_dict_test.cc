@@ -609,6 +609,54 @@ TEST(StateSnapshotTest, RestoreUndoesAStepParametersMomentsAndCounts) {
   EXPECT_TRUE(absl::IsInvalidArgument(before.Restore(state)));
 }
 
+// The elastic loop saves before every step with one StateSnapshot (its list
+// of entries and its buffers kept across steps): each Restore gives the
+// state of the latest Save, a state that grew since (an Add*) is listed
+// again, and a Restore into another TrainingState naming the same buffers
+// works.
+TEST(StateSnapshotTest, KeptAcrossStepsFollowsTheLatestSaveAndStateChanges) {
+  Parameter a("a", Deterministic(2, 3, 1.0));
+  TrainingState state;
+  ASSERT_TRUE(
+      state.AddParameter(&a, WholePlacement("layer0.weight", 2, 3)).ok());
+  auto opt = Optimizer::Create(OptimizerOptions::AdamW(0.1), {&a});
+  ASSERT_TRUE(opt.ok());
+  ASSERT_TRUE(state.AddOptimizer(*opt).ok());
+  const auto step = [&](double g) {
+    a.grad.setConstant(g);
+    return opt->Step();
+  };
+  StateSnapshot before;
+  for (int k = 0; k < 5; ++k) {
+    ASSERT_TRUE(before.Save(state).ok());
+    const Matrix saved = a.value;
+    ASSERT_TRUE(step(1.0 + k).ok());
+    ASSERT_TRUE(before.Restore(state).ok()) << "step " << k;
+    EXPECT_EQ(a.value, saved) << "step " << k;
+    EXPECT_EQ(opt->step_count(), k) << "step " << k;
+    ASSERT_TRUE(step(1.0 + k).ok());  // the step redone, then kept
+  }
+  // The state grows: the next Save lists it again.
+  Parameter c("c", Deterministic(1, 3, 3.0));
+  const uint64_t generation = state.generation();
+  ASSERT_TRUE(state.AddParameter(&c, WholePlacement("head.weight", 1, 3)).ok());
+  EXPECT_NE(state.generation(), generation);
+  ASSERT_TRUE(before.Save(state).ok());
+  const Matrix c0 = c.value;
+  c.value.setConstant(-1.0);
+  ASSERT_TRUE(before.Restore(state).ok());
+  EXPECT_EQ(c.value, c0);
+  // Another TrainingState over the same buffers, named alike.
+  TrainingState twin;
+  ASSERT_TRUE(
+      twin.AddParameter(&a, WholePlacement("layer0.weight", 2, 3)).ok());
+  ASSERT_TRUE(twin.AddOptimizer(*opt).ok());
+  ASSERT_TRUE(twin.AddParameter(&c, WholePlacement("head.weight", 1, 3)).ok());
+  c.value.setConstant(-2.0);
+  ASSERT_TRUE(before.Restore(twin).ok());
+  EXPECT_EQ(c.value, c0);
+}
+
 // Periodic checkpoints (periodic_checkpoint.h): AdamW trained 6 steps with a
 // save every 2, in the background; each AfterStep commits the save before
 // it; the job restarted fresh resumes from the latest with the parameters,

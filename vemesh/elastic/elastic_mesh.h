@@ -271,6 +271,9 @@ class ElasticMesh {
   // failed): the next recover() counts it as a newcomer again.
   void mark_stateless() { has_state_ = false; }
   int replica() const { return options_.replica; }
+  // The elastic dimension's name (ElasticOptions::replica_dim): its groups
+  // join the replicas; every other dimension's stay inside this replica.
+  const std::string& replica_dim() const { return options_.replica_dim; }
   // Lets a step that ran an operation over the DP group carry end_step's
   // agreement over DP (see end_step above): for loops that end with one
   // more round without a step (end_step with nothing trained, until it

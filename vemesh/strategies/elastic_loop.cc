@@ -8,6 +8,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "vemesh/base/status_macros.h"
+#include "vemesh/elastic/replica_state.h"
 #include "vemesh/strategies/elastic_state.h"
 #include "vemesh/strategies/state_snapshot.h"
 
@@ -48,6 +50,55 @@ int64_t DataParallelSize(const ElasticMesh& mesh) {
     if (size.ok()) n *= *size;
   }
   return n;
+}
+
+// A 64-bit fingerprint of every entry of `state` (parameters or shards,
+// optimizer state, step counts), as a non-negative int64.
+absl::StatusOr<int64_t> StateFingerprint(TrainingState& state) {
+  VEMESH_ASSIGN_OR_RETURN(std::vector<ElasticStateEntry> entries,
+                          state.elastic_state());
+  uint64_t h = 0;
+  for (const ElasticStateEntry& e : entries) {
+    if (e.bytes) {
+      absl::Span<char> b = e.bytes();
+      h = Fingerprint64(absl::string_view(b.data(), b.size()), h);
+    } else {
+      VEMESH_ASSIGN_OR_RETURN(std::string b, e.state_dict());
+      h = Fingerprint64(b, h);
+    }
+  }
+  return static_cast<int64_t>(h >> 1);
+}
+
+// Whether this rank's state equals the same coordinate's on every replica:
+// one all_reduce of {d, -d} (max) over the elastic dimension.
+absl::StatusOr<bool> SameAsOtherReplicas(ElasticMesh& mesh,
+                                         TrainingState& state) {
+  VEMESH_ASSIGN_OR_RETURN(int64_t mine, StateFingerprint(state));
+  VEMESH_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> group,
+                          mesh.mesh().get_group(mesh.replica_dim()));
+  int64_t d[2] = {mine, -mine};
+  if (group->size() > 1) {
+    VEMESH_RETURN_IF_ERROR(
+        group->all_reduce(absl::MakeSpan(d), ReduceOp::kMax));
+  }
+  return d[0] == -d[1];
+}
+
+// `same` combined (min) over every dimension but the elastic one: after
+// the loop, when no replica can fail a step any more.
+bool SameOnEveryRank(ElasticMesh& mesh, bool same) {
+  int64_t v = same ? 1 : 0;
+  for (const std::string& d : mesh.mesh().mesh_dim_names()) {
+    if (d == mesh.replica_dim()) continue;
+    absl::StatusOr<std::shared_ptr<Communicator>> g = mesh.mesh().get_group(d);
+    if (!g.ok()) return false;
+    if ((*g)->size() == 1) continue;
+    if (!(*g)->all_reduce(absl::MakeSpan(&v, 1), ReduceOp::kMin).ok()) {
+      return false;
+    }
+  }
+  return v == 1;
 }
 
 }  // namespace
@@ -111,19 +162,29 @@ absl::StatusOr<ElasticLoopResult> RunElasticLoop(
     // Only a round that changed the state has an undo (an earlier,
     // committed step's snapshot must never be put back).
     bool stepped = false;
+    // The round's parts, for the step line (where a step's time goes).
+    absl::Duration snapshot_time, train_time;
     if (finishing) {
       absl::Status done = hooks.finish ? hooks.finish() : absl::OkStatus();
+      if (done.ok() && options.compare_replicas) {
+        absl::StatusOr<bool> same = SameAsOtherReplicas(mesh, state);
+        done = same.status();
+        if (same.ok()) result.identical = *same;
+      }
       if (done.ok()) {
         loss = 0.0;
       } else {
         loss = done;
       }
     } else if (!send_state) {
-      if (absl::Status saved = before.Save(state); !saved.ok()) {
+      absl::Status saved = before.Save(state);
+      snapshot_time = absl::Now() - start;
+      if (!saved.ok()) {
         loss = saved;
       } else {
         stepped = true;
         loss = hooks.step(step);
+        train_time = absl::Now() - start - snapshot_time;
         if (absl::IsCancelled(loss.status())) return loss.status();
       }
       absl::SleepFor(options.pace - (absl::Now() - start));
@@ -164,12 +225,15 @@ absl::StatusOr<ElasticLoopResult> RunElasticLoop(
           Line(log, absl::StrCat("checkpoint: step ", **saved, " saved"));
         }
       }
-      Line(log, absl::StrFormat("step %d/%d loss %.12f time %.2f ms DP=%d at "
-                                "%d ms; verdict %.3f ms",
-                                step, options.steps, *loss,
-                                absl::ToDoubleMilliseconds(absl::Now() - start),
-                                DataParallelSize(mesh), Ms(absl::Now()),
-                                absl::ToDoubleMilliseconds(verdict_time)));
+      Line(log,
+           absl::StrFormat("step %d/%d loss %.12f time %.2f ms DP=%d at %d ms; "
+                           "verdict %.3f ms; snapshot %.3f ms; train %.3f ms",
+                           step, options.steps, *loss,
+                           absl::ToDoubleMilliseconds(absl::Now() - start),
+                           DataParallelSize(mesh), Ms(absl::Now()),
+                           absl::ToDoubleMilliseconds(verdict_time),
+                           absl::ToDoubleMilliseconds(snapshot_time),
+                           absl::ToDoubleMilliseconds(train_time)));
     } else if (stepped) {
       ++result.undone;
       if (absl::Status s = before.Restore(state); !s.ok()) return s;
@@ -210,6 +274,11 @@ absl::StatusOr<ElasticLoopResult> RunElasticLoop(
     } else if (last->has_value()) {
       Line(log, absl::StrCat("checkpoint: step ", **last, " saved"));
     }
+  }
+  // Every replica committed the round above: the replica's own groups are
+  // safe to use again.
+  if (options.compare_replicas) {
+    result.identical = SameOnEveryRank(mesh, result.identical);
   }
   result.steps = step;
   return result;

@@ -40,9 +40,11 @@
 //   membership: epoch E, DP=N [R0, R1] (replica K is DP rank D; WHY; resume
 //     at step S[, state sent to the new replicas]) agreed in A ms, built in
 //     B ms, state T ms, at UNIX_MS ms
-//   step S/N loss L time T ms DP=D at UNIX_MS ms; verdict V ms
+//   step S/N loss L time T ms DP=D at UNIX_MS ms; verdict V ms; snapshot
+//     P ms; train H ms
 //     (each committed step; T from the step's start to its verdict, V the
-//     end_step call alone, D the data-parallel size)
+//     end_step call alone, P the copy of the state for an undo, H the step
+//     hook alone, D the data-parallel size: where a step's time goes)
 //   step S failed at UNIX_MS ms: STATUS
 //   recovery: detect D ms, agree A ms, rebuild R ms, state S ms; first good
 //     step K at=UNIX_MS                               (once it committed)
@@ -90,6 +92,13 @@ struct ElasticLoopOptions {
   // Rounds (steps tried, failed ones included) before the loop gives up:
   // 0 is 4 * steps + 1000.
   int64_t max_rounds = 0;
+  // The end-of-job check: in the round after the last step each rank's
+  // registered state (a 64-bit fingerprint of state.elastic_state()'s
+  // bytes) is compared with the same coordinate of every other replica (one
+  // all_reduce over the elastic dimension), and after the loop the answers
+  // are combined over the replica's own dimensions (ElasticLoopResult::
+  // identical: the same on every rank of the job).
+  bool compare_replicas = false;
 };
 
 struct ElasticLoopHooks {
@@ -111,6 +120,8 @@ struct ElasticLoopResult {
   int recoveries = 0;
   int64_t undone = 0;    // steps that did not commit, their updates undone
   bool evicted = false;  // not a member any more: launch it again to rejoin
+  // options.compare_replicas: every replica ended with the same state.
+  bool identical = false;
 };
 
 absl::StatusOr<ElasticLoopResult> RunElasticLoop(

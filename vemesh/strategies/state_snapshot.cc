@@ -8,25 +8,33 @@
 
 namespace vemesh::strategies {
 
+absl::Status StateSnapshot::Entries(TrainingState& state) {
+  if (of_ == &state && generation_ == state.generation()) {
+    return absl::OkStatus();
+  }
+  of_ = nullptr;
+  VEMESH_ASSIGN_OR_RETURN(entries_, state.elastic_state());
+  of_ = &state;
+  generation_ = state.generation();
+  return absl::OkStatus();
+}
+
 absl::Status StateSnapshot::Save(TrainingState& state) {
-  VEMESH_ASSIGN_OR_RETURN(std::vector<ElasticStateEntry> entries,
-                          state.elastic_state());
-  std::vector<std::string> names;
-  std::vector<std::string> bytes;
-  names.reserve(entries.size());
-  bytes.reserve(entries.size());
-  for (const ElasticStateEntry& e : entries) {
-    names.push_back(e.name);
+  VEMESH_RETURN_IF_ERROR(Entries(state));
+  names_.resize(entries_.size());
+  bytes_.resize(entries_.size());
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const ElasticStateEntry& e = entries_[i];
+    if (names_[i] != e.name) names_[i] = e.name;
     if (e.bytes) {
+      // assign() keeps the buffer when it is large enough: no allocation
+      // once the copy has the state's sizes.
       absl::Span<char> live = e.bytes();
-      bytes.emplace_back(live.data(), live.size());
+      bytes_[i].assign(live.data(), live.size());
     } else {
-      VEMESH_ASSIGN_OR_RETURN(std::string b, e.state_dict());
-      bytes.push_back(std::move(b));
+      VEMESH_ASSIGN_OR_RETURN(bytes_[i], e.state_dict());
     }
   }
-  names_ = std::move(names);
-  bytes_ = std::move(bytes);
   saved_ = true;
   return absl::OkStatus();
 }
@@ -36,28 +44,36 @@ absl::Status StateSnapshot::Restore(TrainingState& state) const {
     return absl::FailedPreconditionError(
         "StateSnapshot: Restore before any Save");
   }
-  VEMESH_ASSIGN_OR_RETURN(std::vector<ElasticStateEntry> entries,
-                          state.elastic_state());
+  // The kept list when the state did not change since; listed again if it
+  // did (then the sizes below decide).
+  std::vector<ElasticStateEntry> fresh;
+  const std::vector<ElasticStateEntry>* entries = &entries_;
+  if (of_ != &state || generation_ != state.generation()) {
+    VEMESH_ASSIGN_OR_RETURN(fresh, state.elastic_state());
+    entries = &fresh;
+  }
   // Every size checked before anything is written.
-  bool same = entries.size() == names_.size();
-  for (size_t i = 0; same && i < entries.size(); ++i) {
-    same = entries[i].name == names_[i] &&
-           (!entries[i].bytes || entries[i].bytes().size() == bytes_[i].size());
+  bool same = entries->size() == names_.size();
+  for (size_t i = 0; same && i < entries->size(); ++i) {
+    const ElasticStateEntry& e = (*entries)[i];
+    same = e.name == names_[i] &&
+           (!e.bytes || e.bytes().size() == bytes_[i].size());
   }
   if (!same) {
     return absl::InvalidArgumentError(
         absl::StrCat("StateSnapshot: the state changed shape since Save (",
-                     names_.size(), " entries saved, ", entries.size(),
+                     names_.size(), " entries saved, ", entries->size(),
                      " now, or a buffer of another size): nothing restored"));
   }
-  for (size_t i = 0; i < entries.size(); ++i) {
-    if (entries[i].bytes) {
-      absl::Span<char> live = entries[i].bytes();
+  for (size_t i = 0; i < entries->size(); ++i) {
+    const ElasticStateEntry& e = (*entries)[i];
+    if (e.bytes) {
+      absl::Span<char> live = e.bytes();
       if (!live.empty()) {
         std::memcpy(live.data(), bytes_[i].data(), live.size());
       }
     } else {
-      VEMESH_RETURN_IF_ERROR(entries[i].load_state_dict(bytes_[i]));
+      VEMESH_RETURN_IF_ERROR(e.load_state_dict(bytes_[i]));
     }
   }
   return absl::OkStatus();
