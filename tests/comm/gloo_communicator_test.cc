@@ -465,7 +465,7 @@ TEST(GlooShm, PeerLeavingEndsTheOthersWaitsAtOnce) {
 }
 
 // Ranks that wait in a shared-memory round for a late rank sleep (after
-// a spin of about 50 us) instead of spinning for as long as it is late:
+// a spin of about 2 ms) instead of spinning for as long as it is late:
 // the late rank gets the CPU it needs. Before, 7 ranks spun for the whole
 // 600 ms (launch.readme.elastic: mpirun pins a DP group's members to one
 // core, and a joiner whose mates spun missed its epoch's rounds for 3 s).

@@ -28,11 +28,13 @@ namespace {
 constexpr size_t kLine = 64;
 // A slot: the summary on its own line, then the payload.
 constexpr size_t kSlotStride = kLine + ShmGroup::kSlotBytes;
-// A wait spins this long before it sleeps: a round whose ranks arrive
-// together costs no system call, and one that waits for a late rank burns
-// no CPU that the late rank may need (mpirun pins a replica's rank k to
-// core k: the members of a DP group can share one core).
-constexpr absl::Duration kSpinFor = absl::Microseconds(50);
+// A wait spins (yielding) this long before it sleeps: a round whose ranks
+// arrive within it costs no system call and no wake-up (a sleeper is woken
+// late when ranks outnumber cores: train_nd's steps under torchrun took
+// 2-3x longer with a 50 us spin), and one that waits for a late rank burns
+// no more CPU that the late rank may need (mpirun pins a replica's rank k
+// to core k: the members of a DP group can share one core).
+constexpr absl::Duration kSpinFor = absl::Milliseconds(2);
 constexpr int kSpinsPerClock = 64;
 // A sleep's bound: how often a sleeping wait looks at the clock and the
 // awaited rank's liveness (a pid probe costs a /proc read: not every

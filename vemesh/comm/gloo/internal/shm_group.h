@@ -13,7 +13,7 @@
 // the round. Slots alternate between two buffers by round parity; a rank
 // writes round k's only once every rank has released round k-2.
 //
-// A wait spins for about 50 microseconds, then sleeps on a futex in the
+// A wait spins for about 2 milliseconds, then sleeps on a futex in the
 // segment that the rank it waits for wakes when it moves its counter: a
 // rank that waits for a late one burns no CPU the late one may need (ranks
 // outnumber cores, or mpirun pinned a DP group's members to one core: the
