@@ -160,11 +160,6 @@ absl::StatusOr<Recovery> ElasticMesh::Establish(const MembershipRecord& record,
                      "control plane; set VEMESH_GLOO_HOST or "
                      "ElasticOptions.gloo_host to another)"));
   }
-  // The epoch's DP group stays on TCP: its shared-memory rounds (one host)
-  // did not survive a joiner's admission (launch.readme.elastic: a mate's
-  // wait for a round timed out after epoch 8 formed); TCP is what the
-  // elastic protocol was proven on.
-  if (group.ok()) (*group)->DisableSharedMemory();
   // Agree on the step to resume: the least that a member with state has
   // committed (one may be a step ahead), and whether anyone lacks state.
   absl::Status status = group.status();

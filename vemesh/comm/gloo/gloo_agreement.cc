@@ -2,7 +2,9 @@
 // and compared before the data, so that Gloo never sees a mismatch. It is
 // the backend's own exchange (Gloo's messages), below Communicator, so it
 // cannot call comm/agreement.h's AgreeAcrossRanks; its message is that
-// file's DisagreementMessage, the one format of a disagreement.
+// file's DisagreementMessage, the one format of a disagreement. The
+// summary, its text and the verdict are comm/internal/op_summary.h's
+// (the MPI backend's check uses the same).
 
 #include <cstdint>
 #include <cstring>
@@ -13,102 +15,20 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "gloo/allgather.h"
 #include "gloo/transport/unbound_buffer.h"
-#include "vemesh/base/fnv1a.h"
 #include "vemesh/comm/agreement.h"
 #include "vemesh/comm/gloo/gloo_communicator.h"
 #include "vemesh/comm/gloo/internal/gloo_job.h"
 #include "vemesh/comm/gloo/internal/shm_group.h"
+#include "vemesh/comm/internal/op_summary.h"
 
 namespace vemesh {
 
 namespace {
 
-// What one rank passes to a collective, in a fixed size, so that the
-// exchange itself can never mismatch.
-struct Summary {
-  uint32_t kind = 0;
-  uint32_t type = 0;
-  uint32_t op = 0;
-  int32_t root = 0;
-  uint64_t count = 0;
-  uint64_t counts_hash = 0;  // the V forms' count list
-};
-static_assert(sizeof(Summary) == 32);
+using Summary = OpSummary;  // comm/internal/op_summary.h
 static_assert(sizeof(Summary) == gloo_internal::ShmGroup::kSummaryBytes);
-
-uint64_t HashCounts(const std::vector<size_t>& counts) {
-  uint64_t h = kFnv1aOffset;  // FNV-1a over the 64-bit counts
-  for (size_t c : counts) h = Fnv1aWord(c, h);
-  return h;
-}
-
-Summary Summarize(const Operation& op) {
-  Summary s;
-  s.kind = static_cast<uint32_t>(op.kind);
-  if (op.kind == OpKind::kBarrier) return s;
-  s.type = static_cast<uint32_t>(op.type);
-  switch (op.kind) {
-    case OpKind::kAllReduce:
-    case OpKind::kReduceScatter:
-      s.op = static_cast<uint32_t>(op.op);
-      s.count = op.count;
-      break;
-    case OpKind::kReduce:
-      s.op = static_cast<uint32_t>(op.op);
-      s.root = op.root;
-      s.count = op.count;
-      break;
-    case OpKind::kBroadcast:
-    case OpKind::kGather:
-    case OpKind::kScatter:
-      s.root = op.root;
-      s.count = op.count;
-      break;
-    case OpKind::kReduceScatterV:
-      s.op = static_cast<uint32_t>(op.op);
-      [[fallthrough]];
-    case OpKind::kAllGatherV:
-      s.count = std::accumulate(op.recv_counts.begin(), op.recv_counts.end(),
-                                size_t{0});
-      s.counts_hash = HashCounts(op.recv_counts);
-      break;
-    case OpKind::kAllToAllV:
-      break;  // pairwise: checked on the count lists themselves
-    default:
-      s.count = op.count;
-      break;
-  }
-  return s;
-}
-
-bool operator==(const Summary& a, const Summary& b) {
-  return std::memcmp(&a, &b, sizeof(Summary)) == 0;
-}
-
-std::string SummaryText(const Summary& s) {
-  const auto kind = static_cast<OpKind>(s.kind);
-  std::string out(OpKindName(kind));
-  if (kind == OpKind::kBarrier) return out;
-  absl::StrAppend(&out, " of ", s.count, " ",
-                  DataTypeName(static_cast<DataType>(s.type)));
-  std::vector<std::string> details;
-  if (s.counts_hash != 0) details.push_back("its own count list");
-  if (kind == OpKind::kAllReduce || kind == OpKind::kReduce ||
-      kind == OpKind::kReduceScatter || kind == OpKind::kReduceScatterV) {
-    details.push_back(
-        absl::StrCat("op ", ReduceOpName(static_cast<ReduceOp>(s.op))));
-  }
-  if (kind == OpKind::kBroadcast || kind == OpKind::kReduce ||
-      kind == OpKind::kGather || kind == OpKind::kScatter) {
-    details.push_back(absl::StrCat("root ", s.root));
-  }
-  if (!details.empty())
-    absl::StrAppend(&out, " (", absl::StrJoin(details, ", "), ")");
-  return out;
-}
 
 // The smallest and the largest summary (bytewise) among the ranks heard
 // from so far: the group agrees exactly when they are equal.
@@ -176,7 +96,7 @@ bool GlooCommunicator::SummariesAgree(const void* summary, uint32_t tag) {
 
 absl::Status GlooCommunicator::CheckAgreement(const Operation& op) {
   if (size_ == 1) return absl::OkStatus();
-  const Summary mine = Summarize(op);
+  const Summary mine = SummarizeOp(op);
   if (SummariesAgree(&mine, NextTag())) {
     if (op.kind != OpKind::kAllToAllV) return absl::OkStatus();
     return CheckAllToAllCounts(op);
@@ -197,30 +117,20 @@ absl::Status GlooCommunicator::CheckAgreement(const Operation& op) {
 }
 
 void GlooCommunicator::SummarizeInto(const Operation& op, void* out) {
-  const Summary s = Summarize(op);
+  const Summary s = SummarizeOp(op);
   std::memcpy(out, &s, sizeof(Summary));
 }
 
 absl::Status GlooCommunicator::CompareSummaries(
     const Operation& op, absl::FunctionRef<const void*(int)> summary_of) {
-  Summary first;
-  std::memcpy(&first, summary_of(0), sizeof(Summary));
-  for (int r = 1; r < size_; ++r) {
-    Summary other;
-    std::memcpy(&other, summary_of(r), sizeof(Summary));
-    if (other == first) continue;
-    // Every rank holds the same list, so every rank reports alike.
-    std::string hint = "the same operation, count, type, op and root";
-    if (other.counts_hash != 0 && first.counts_hash != 0 &&
-        other.kind == first.kind) {
-      hint = "the same count list";
-    }
-    return absl::InvalidArgumentError(DisagreementMessage(
-        absl::StrCat(op.Name(), " (every rank of the group must pass ", hint,
-                     ")"),
-        r, SummaryText(other), 0, SummaryText(first)));
+  // Copied out: a slot's bytes need not be aligned for the struct.
+  std::vector<Summary> all(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r) {
+    std::memcpy(&all[r], summary_of(r), sizeof(Summary));
   }
-  return absl::OkStatus();
+  // Every rank holds the same list, so every rank reports alike.
+  return OpSummaryVerdict(op, size_,
+                          [&](int r) -> const Summary& { return all[r]; });
 }
 
 // all_to_all_v: what rank a sends to b must be what b expects from a.

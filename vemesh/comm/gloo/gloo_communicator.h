@@ -202,11 +202,6 @@ class GlooCommunicator final : public Communicator {
   // timeout, when it is blocked inside an operation).
   ~GlooCommunicator() override;
 
-  // Keeps this group on TCP even when its ranks share a host (as
-  // VEMESH_GLOO_SHM=0 does for every group): call before its first
-  // operation, on every rank. The elastic mesh's per-epoch DP groups do.
-  void DisableSharedMemory() { shm_tried_ = true; }
-
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   absl::Span<const int> ranks() const override { return ranks_; }

@@ -2,13 +2,18 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <bit>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <utility>
@@ -23,9 +28,18 @@ namespace {
 constexpr size_t kLine = 64;
 // A slot: the summary on its own line, then the payload.
 constexpr size_t kSlotStride = kLine + ShmGroup::kSlotBytes;
-// How often a wait looks at the clock, abort and the ranks' liveness.
-constexpr int kSpinsPerLook = 256;
-constexpr absl::Duration kLivenessEvery = absl::Milliseconds(1);
+// A wait spins (yielding) this long before it sleeps: a round whose ranks
+// arrive within it costs no system call and no wake-up (a sleeper is woken
+// late when ranks outnumber cores: train_nd's steps under torchrun took
+// 2-3x longer with a 50 us spin), and one that waits for a late rank burns
+// no more CPU that the late rank may need (mpirun pins a replica's rank k
+// to core k: the members of a DP group can share one core).
+constexpr absl::Duration kSpinFor = absl::Milliseconds(2);
+constexpr int kSpinsPerClock = 64;
+// A sleep's bound: how often a sleeping wait looks at the clock and the
+// awaited rank's liveness (a pid probe costs a /proc read: not every
+// microsecond). Leave and abort wake the sleepers at once.
+constexpr absl::Duration kLivenessEvery = absl::Milliseconds(5);
 
 size_t SegmentBytes(int size) {
   return static_cast<size_t>(size) * (kLine + 2 * kSlotStride);
@@ -51,6 +65,22 @@ bool Gone(int32_t pid) {
          (close[2] == 'Z' || close[2] == 'X');
 }
 
+// The futex word of a counter: its low half (the kernel compares 32 bits;
+// a counter that moved changes them).
+static_assert(std::endian::native == std::endian::little);
+uint32_t* FutexWord(uint64_t& counter) {
+  return reinterpret_cast<uint32_t*>(&counter);
+}
+
+// Not FUTEX_PRIVATE: the word is in memory shared between processes.
+void FutexWait(uint32_t* word, uint32_t expected, absl::Duration bound) {
+  const timespec ts = absl::ToTimespec(bound);
+  syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+void FutexWakeAll(uint32_t* word) {
+  syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
 }  // namespace
 
 // One rank's counters, on a cache line of its own. Plain integers that
@@ -60,7 +90,8 @@ struct ShmGroup::Control {
   uint64_t posted;    // the last round this rank posted
   uint64_t released;  // the last round it finished reading
   int32_t pid;
-  int32_t gone;  // Leave()
+  int32_t gone;       // Leave()
+  uint32_t sleepers;  // waits asleep on this rank's counters
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 
@@ -146,16 +177,19 @@ char* ShmGroup::slot(int r, uint64_t round) const {
 absl::Status ShmGroup::WaitAll(int which, uint64_t target,
                                absl::Duration timeout, const Aborted& aborted) {
   const absl::Time start = absl::Now();
-  absl::Time next_look = start + kLivenessEvery;
+  const absl::Time spin_until = start + kSpinFor;
   for (int r = 0; r < size_; ++r) {
     Control* c = control(r);
     uint64_t& counter = which == 0 ? c->posted : c->released;
+    bool spun = false;  // past kSpinFor: sleeps between looks
     for (int spins = 1; Load(counter) < target; ++spins) {
-      if (spins % 16 == 0) sched_yield();  // 8 ranks on 2 cores
-      if (spins % kSpinsPerLook != 0) continue;
+      if (!spun) {
+        if (spins % 16 == 0) sched_yield();  // 8 ranks on 2 cores
+        if (spins % kSpinsPerClock != 0) continue;
+      }
       const absl::Time now = absl::Now();
-      if (now < next_look) continue;
-      next_look = now + kLivenessEvery;
+      if (now < spin_until) continue;
+      spun = true;
       if (aborted()) return absl::AbortedError("aborted");
       // A rank that did its part of this round and then left (or exited)
       // owes nothing more: look at the counter again after its state.
@@ -177,9 +211,32 @@ absl::Status ShmGroup::WaitAll(int which, uint64_t target,
             absl::StrCat("rank ", r, " did not reach round ", target,
                          " within ", absl::FormatDuration(timeout)));
       }
+      // Asleep until rank r moves the counter (Advance wakes the sleepers),
+      // a rank leaves (Leave wakes all) or kLivenessEvery passes. The sleeper
+      // is counted before the counter is read again (both sequentially
+      // consistent), so that a poster either sees it or the futex sees the new
+      // value.
+      std::atomic_ref<uint32_t> sleepers(c->sleepers);
+      sleepers.fetch_add(1, std::memory_order_seq_cst);
+      const uint64_t again =
+          std::atomic_ref<uint64_t>(counter).load(std::memory_order_seq_cst);
+      if (again < target) {
+        FutexWait(FutexWord(counter), static_cast<uint32_t>(again),
+                  std::min(kLivenessEvery, timeout - (now - start)));
+      }
+      sleepers.fetch_sub(1, std::memory_order_seq_cst);
     }
   }
   return absl::OkStatus();
+}
+
+void ShmGroup::Advance(uint64_t& counter, uint64_t value) {
+  std::atomic_ref<uint64_t>(counter).store(value, std::memory_order_seq_cst);
+  Control* me = control(rank_);
+  if (std::atomic_ref<uint32_t>(me->sleepers).load(std::memory_order_seq_cst) !=
+      0) {
+    FutexWakeAll(FutexWord(counter));
+  }
 }
 
 absl::Status ShmGroup::Post(const void* summary, const void* data, size_t bytes,
@@ -194,7 +251,7 @@ absl::Status ShmGroup::Post(const void* summary, const void* data, size_t bytes,
   std::memcpy(mine, summary, kSummaryBytes);
   if (bytes > 0) std::memcpy(mine + kLine, data, bytes);
   round_ = round;
-  Store(control(rank_)->posted, round);
+  Advance(control(rank_)->posted, round);
   return WaitAll(0, round, timeout, aborted);
 }
 
@@ -202,9 +259,17 @@ const void* ShmGroup::summary(int r) const { return slot(r, round_); }
 
 const void* ShmGroup::payload(int r) const { return slot(r, round_) + kLine; }
 
-void ShmGroup::Release() { Store(control(rank_)->released, round_); }
+void ShmGroup::Release() { Advance(control(rank_)->released, round_); }
 
-void ShmGroup::Leave() { Store(control(rank_)->gone, 1); }
+// Wakes every sleeping wait of the group: the others' on this rank's
+// counters (they see `gone` at once) and this rank's own (an abort).
+void ShmGroup::Leave() {
+  Store(control(rank_)->gone, 1);
+  for (int r = 0; r < size_; ++r) {
+    FutexWakeAll(FutexWord(control(r)->posted));
+    FutexWakeAll(FutexWord(control(r)->released));
+  }
+}
 
 }  // namespace gloo_internal
 }  // namespace vemesh

@@ -13,11 +13,18 @@
 // the round. Slots alternate between two buffers by round parity; a rank
 // writes round k's only once every rank has released round k-2.
 //
+// A wait spins for about 2 milliseconds, then sleeps on a futex in the
+// segment that the rank it waits for wakes when it moves its counter: a
+// rank that waits for a late one burns no CPU the late one may need (ranks
+// outnumber cores, or mpirun pinned a DP group's members to one core: the
+// elastic demo's joiner missed its epoch's rounds while they spun).
+//
 // Every wait is bounded: by the group's timeout, by the liveness of the
-// ranks it waits for (each rank's pid, probed with kill(pid, 0) every
-// millisecond or so: a rank that died is an error within about a
-// millisecond, as a reset TCP connection is), by a rank's leaving (Leave)
-// and by abort.
+// ranks it waits for (each rank's pid, probed with kill(pid, 0) and its
+// /proc state every 5 ms once the spin is over: a rank that died is an
+// error within a few milliseconds, as a reset TCP connection is), by a
+// rank's leaving and by abort (Leave, which OnAbort calls too, wakes every
+// sleeping wait of the group).
 
 #ifndef VEMESH_COMM_GLOO_INTERNAL_SHM_GROUP_H_
 #define VEMESH_COMM_GLOO_INTERNAL_SHM_GROUP_H_
@@ -81,10 +88,12 @@ class ShmGroup {
   struct Control;
   Control* control(int r) const;
   char* slot(int r, uint64_t round) const;
-  // Spins (then yields) until every rank's counter `which` reaches
+  // Spins, then sleeps, until every rank's counter `which` reaches
   // `target`; bounded as Post says.
   absl::Status WaitAll(int which, uint64_t target, absl::Duration timeout,
                        const Aborted& aborted);
+  // Stores this rank's counter and wakes the waits asleep on it.
+  void Advance(uint64_t& counter, uint64_t value);
 
   std::string name_;
   void* base_;

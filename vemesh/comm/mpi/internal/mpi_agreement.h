@@ -1,12 +1,12 @@
 // vemesh/comm/mpi/internal/mpi_agreement.h
 //
 // The MPI backend's check that every rank passes the same collective
-// (the Gloo backend's check, restated for MPI): each rank's operation is
-// summarised in 32 bytes, the summaries are all-gathered before the data
-// moves, and a difference is InvalidArgument on every rank, naming the
-// first rank that differs from rank 0 and what each passed. MPI then never
-// sees a mismatch: Open MPI reports one from inside its non-blocking
-// collectives on MPI_COMM_WORLD, whose handler ends the job.
+// (the Gloo backend's check, on the same summary: comm/internal/
+// op_summary.h): each rank's operation is summarised in 32 bytes, the summaries
+// are all-gathered before the data moves, and a difference is InvalidArgument
+// on every rank, naming the first rank that differs from rank 0 and what each
+// passed. MPI then never sees a mismatch: Open MPI reports one from inside its
+// non-blocking collectives on MPI_COMM_WORLD, whose handler ends the job.
 //
 //   MpiOpSummary mine = SummarizeOp(op);
 //   std::vector<MpiOpSummary> all(size);       // MPI_Iallgather of `mine`
@@ -24,26 +24,16 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "vemesh/comm/internal/op_summary.h"
 #include "vemesh/comm/operation.h"
 
 namespace vemesh {
 
-// What one rank passes to a collective, in a fixed size (so that the
-// exchange itself can never mismatch).
-struct MpiOpSummary {
-  uint32_t kind = 0;
-  uint32_t type = 0;
-  uint32_t op = 0;
-  int32_t root = 0;
-  uint64_t count = 0;
-  uint64_t counts_hash = 0;  // the V forms' count list
-};
-static_assert(sizeof(MpiOpSummary) == 32);
+// The summary is comm/internal/op_summary.h's, shared with Gloo.
+using MpiOpSummary = OpSummary;
 
 // Whether `op` is checked: every collective (not point to point).
 bool IsCheckedCollective(const Operation& op);
-
-MpiOpSummary SummarizeOp(const Operation& op);
 
 // OK when every summary equals all[0]; otherwise InvalidArgument naming
 // the first rank that differs (the same text on every rank).
