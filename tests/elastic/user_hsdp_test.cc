@@ -494,6 +494,36 @@ TEST_F(UserHsdp, PerturbedReplicaIsNamedOnEveryRank) {
   EXPECT_LT(absl::Now() - begin, absl::Seconds(60));
 }
 
+// compare_replicas can fail: a replica whose state differs after the last
+// step (no periodic fingerprint to catch it sooner) ends the loop with
+// identical == false on every rank of every replica, each at the last step.
+TEST_F(UserHsdp, ReplicaDifferingAtTheEndIsNotIdenticalOnEveryRank) {
+  std::vector<std::vector<Outcome>> outcomes(3, std::vector<Outcome>(kShard));
+  Hooks plain;
+  Hooks perturbed;
+  perturbed.after_commit = [](int64_t step, FullyShardedDataParallel& f) {
+    if (step == kSteps && f.shard_rank() == 1) {
+      f.mutable_local_shard(1)[0] += 1e-3;
+    }
+  };
+  std::vector<std::thread> all;
+  for (int k = 0; k < 3; ++k) {
+    for (std::thread& t : Launch(k, k == 2 ? perturbed : plain, outcomes[k])) {
+      all.push_back(std::move(t));
+    }
+  }
+  for (std::thread& t : all) t.join();
+  for (int k = 0; k < 3; ++k) {
+    for (int r = 0; r < kShard; ++r) {
+      const Outcome& o = outcomes[k][r];
+      SCOPED_TRACE(absl::StrCat("replica ", k, " rank ", r));
+      ASSERT_TRUE(o.status.ok()) << o.status;
+      EXPECT_EQ(o.step, kSteps);
+      EXPECT_FALSE(o.identical);
+    }
+  }
+}
+
 TEST_F(UserHsdp, RedisRestartedMidRunEveryReplicaFinishes) {
   absl::StatusOr<std::unique_ptr<testing::RedisServer>> redis =
       testing::RedisServer::Start();

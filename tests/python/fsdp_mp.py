@@ -300,6 +300,7 @@ def test_clip_grad_norm_equals_one_process():
 def test_summon_full_params():
     model = wrap((4, 2), ShardingStrategy.FULL_SHARD)
     with FSDP.summon_full_params(model):
+        inside = model.state_dict()
         w = model.module.blocks[1].fc.weight
         assert torch.equal(w, make_model().blocks[1].fc.weight)
         with torch.no_grad():  # a Parameter, as in PyTorch
@@ -309,11 +310,30 @@ def test_summon_full_params():
         names = [n for n, _ in model.named_parameters()]
         assert names == [n for n, _ in make_model().named_parameters()], names
         assert dict(model.named_parameters())["blocks.1.fc.weight"] is w
+        with FSDP.summon_full_params(model):  # nested: nothing more to do
+            assert dict(model.named_parameters())["blocks.1.fc.weight"] is w
     # Outside, parameters() is the shards again: what the optimizer steps.
     assert all(n.endswith("_flat_param") for n, _ in model.named_parameters())
     want = make_model().state_dict()
     want["blocks.1.fc.weight"] *= 2
     assert_close(full_state(model), want, rtol=0, atol=0)
+    # A state dict taken inside is a copy that outlives the context.
+    assert_close(inside, make_model().state_dict(), rtol=0, atol=0)
+
+
+def test_summon_full_params_undone_when_the_body_raises():
+    model = wrap((2, 4), ShardingStrategy.HYBRID_SHARD)
+    try:
+        with FSDP.summon_full_params(model):
+            raise KeyError("the user's own error")
+    except KeyError:
+        pass
+    assert all(n.endswith("_flat_param") for n, _ in model.named_parameters())
+    with FSDP.summon_full_params(model):  # usable again
+        names = [n for n, _ in model.named_parameters()]
+    assert names == [n for n, _ in make_model().named_parameters()]
+    train(model)
+    assert_close(full_state(model), serial()[-1])
 
 
 # -- state dicts --------------------------------------------------------------

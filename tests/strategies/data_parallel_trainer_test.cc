@@ -5,6 +5,7 @@
 // an elastic mesh carry; bad input is a clear error on every rank.
 
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -128,6 +129,23 @@ void TrainsAsSerial(const Case& c) {
   // The state a checkpoint saves: every parameter and its optimizer state.
   checkpoint::StateDict dict;
   ASSERT_TRUE(state.get_state_dict(&dict).ok());
+  std::set<std::string> saved;
+  for (const checkpoint::Piece& p : dict.pieces()) saved.insert(p.name);
+  const std::vector<std::string> kinds =
+      c.optimizer.kind == OptimizerKind::kAdamW
+          ? std::vector<std::string>{"exp_avg", "exp_avg_sq"}
+          : std::vector<std::string>{"momentum_buffer"};
+  // AddTo named the optimizer's state: every rank holds a piece of each
+  // kind (its shard of it, when sharded), under a parameter's name; sharded,
+  // the first replica's ranks (the copy a checkpoint writes).
+  const bool writes = c.mode == DataParallelMode::kDdp ||
+                      (t.replicate_group() && t.replicate_group()->rank() == 0);
+  for (const std::string& kind : writes ? kinds : std::vector<std::string>{}) {
+    int pieces = 0;
+    for (const std::string& name : kNames)
+      pieces += saved.count(name + "." + kind);
+    EXPECT_GT(pieces, 0) << kind;
+  }
   auto entries = state.elastic_state();
   ASSERT_TRUE(entries.ok()) << entries.status();
   EXPECT_FALSE(entries->empty());

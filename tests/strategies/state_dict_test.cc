@@ -609,11 +609,11 @@ TEST(StateSnapshotTest, RestoreUndoesAStepParametersMomentsAndCounts) {
   EXPECT_TRUE(absl::IsInvalidArgument(before.Restore(state)));
 }
 
-// The elastic loop saves before every step with one StateSnapshot (its list
-// of entries and its buffers kept across steps): each Restore gives the
-// state of the latest Save, a state that grew since (an Add*) is listed
-// again, and a Restore into another TrainingState naming the same buffers
-// works.
+// The elastic loop saves before every step with one StateSnapshot (its
+// buffers kept across steps): each Restore gives the state of the latest
+// Save (values, AdamW moments, step counts), a state that grew since (an
+// Add*) is listed again, a Restore into another TrainingState naming the
+// same buffers works, and a failed Save leaves nothing to Restore.
 TEST(StateSnapshotTest, KeptAcrossStepsFollowsTheLatestSaveAndStateChanges) {
   Parameter a("a", Deterministic(2, 3, 1.0));
   TrainingState state;
@@ -626,21 +626,28 @@ TEST(StateSnapshotTest, KeptAcrossStepsFollowsTheLatestSaveAndStateChanges) {
     a.grad.setConstant(g);
     return opt->Step();
   };
+  const auto moments = [&] {
+    std::vector<std::vector<double>> out;
+    for (auto& [name, values] : opt->flat(0).mutable_state()) {
+      out.emplace_back(values.begin(), values.end());
+    }
+    return out;
+  };
   StateSnapshot before;
   for (int k = 0; k < 5; ++k) {
     ASSERT_TRUE(before.Save(state).ok());
     const Matrix saved = a.value;
+    const auto saved_moments = moments();
     ASSERT_TRUE(step(1.0 + k).ok());
     ASSERT_TRUE(before.Restore(state).ok()) << "step " << k;
     EXPECT_EQ(a.value, saved) << "step " << k;
+    EXPECT_EQ(moments(), saved_moments) << "step " << k;  // AdamW's m and v
     EXPECT_EQ(opt->step_count(), k) << "step " << k;
     ASSERT_TRUE(step(1.0 + k).ok());  // the step redone, then kept
   }
   // The state grows: the next Save lists it again.
   Parameter c("c", Deterministic(1, 3, 3.0));
-  const uint64_t generation = state.generation();
   ASSERT_TRUE(state.AddParameter(&c, WholePlacement("head.weight", 1, 3)).ok());
-  EXPECT_NE(state.generation(), generation);
   ASSERT_TRUE(before.Save(state).ok());
   const Matrix c0 = c.value;
   c.value.setConstant(-1.0);
@@ -655,6 +662,10 @@ TEST(StateSnapshotTest, KeptAcrossStepsFollowsTheLatestSaveAndStateChanges) {
   c.value.setConstant(-2.0);
   ASSERT_TRUE(before.Restore(twin).ok());
   EXPECT_EQ(c.value, c0);
+  // A Save that fails leaves nothing to Restore, never a mix of two steps.
+  a.value = Matrix::Zero(3, 3);
+  EXPECT_FALSE(before.Save(state).ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(before.Restore(state)));
 }
 
 // Periodic checkpoints (periodic_checkpoint.h): AdamW trained 6 steps with a

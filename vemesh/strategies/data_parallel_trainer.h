@@ -29,12 +29,18 @@
 // reduce-scatter over DP_SHARD) and Step the rest (the gradients' reduction
 // over the elastic dimension, then the optimizer), so that a step keeps the
 // elastic rule: every operation on the replica's own groups before the first
-// over DP. Under HSDP every unit stays gathered from BeginStep to
-// AfterBackward (a pipeline interleaves micro-batches).
+// over DP. kZero is the exception: DistributedOptimizer::Step reduce-
+// scatters over DP_SHARD before and all-gathers over it after the
+// DP_REPLICATE all_reduce; a DP_REPLICATE failure there is still reported
+// the same on every rank of the replica (DistributedOptimizer's
+// replicate_failed path), so the step's verdict stays consistent. Under
+// HSDP every unit stays gathered from BeginStep to AfterBackward (a
+// pipeline interleaves micro-batches).
 //
 // Modes and groups: kDdp averages over the registry's data-parallel
-// dimensions (CurrentDataParallelGroup, in buckets of bucket_elements, no
-// overlap); kZero and kHsdp need the mesh's `shard_dim` and `replicate_dim`.
+// dimensions (CurrentDataParallelGroup: the registry's default mesh, not
+// `mesh`; in buckets of bucket_elements, no overlap); kZero and kHsdp need
+// `mesh`'s `shard_dim` and `replicate_dim`.
 // Errors: InvalidArgument naming the mode and the missing dimension or the
 // empty unit list; the strategies' own errors as they come.
 // Not thread-safe; the parameters must outlive the trainer.

@@ -31,7 +31,6 @@ ElasticStateEntry LiveBytes(std::string name, ReplicaState::BytesFn bytes) {
 
 absl::Status TrainingState::AddParameter(Parameter* param,
                                          ParameterPlacement placement) {
-  ++generation_;
   if (param == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         "state dict: parameter '", placement.name, "' is a null pointer"));
@@ -120,7 +119,6 @@ absl::Status TrainingState::MarkStepped(size_t index, const char* who) {
 }
 
 absl::Status TrainingState::AddOptimizer(Optimizer& optimizer) {
-  ++generation_;
   std::vector<size_t> indexes;
   for (const Parameter* p : optimizer.params()) {
     VEMESH_ASSIGN_OR_RETURN(size_t i, Find(p, "an optimizer"));
@@ -135,7 +133,6 @@ absl::Status TrainingState::AddOptimizer(Optimizer& optimizer) {
 
 absl::Status TrainingState::AddDistributedOptimizer(
     DistributedOptimizer& zero, std::vector<Parameter*> params) {
-  ++generation_;
   Zero z{&zero, {}};
   int64_t total = 0;
   for (const Parameter* p : params) {
@@ -159,7 +156,6 @@ absl::Status TrainingState::AddDistributedOptimizer(
 absl::Status TrainingState::AddFsdp(
     FullyShardedDataParallel& fsdp,
     std::vector<std::vector<Parameter*>> units) {
-  ++generation_;
   if (units.size() != fsdp.num_units()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "state dict: an FSDP module of ", fsdp.num_units(), " units, given ",

@@ -168,9 +168,6 @@ class TrainingState {
   absl::StatusOr<std::vector<ElasticStateEntry>> elastic_state();
 
   size_t num_parameters() const { return params_.size(); }
-  // Changes with every Add* call (attempted or not): what elastic_state()
-  // lists is the same while it does not (StateSnapshot keeps the list).
-  uint64_t generation() const { return generation_; }
 
  private:
   struct Param {
@@ -219,7 +216,6 @@ class TrainingState {
   // The <name>.step values of the last get_state_dict, one vector per
   // Runs() entry with one value per tensor (where the pieces point).
   std::vector<std::vector<int64_t>> steps_;
-  uint64_t generation_ = 0;
 };
 
 }  // namespace vemesh::strategies

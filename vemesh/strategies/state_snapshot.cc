@@ -8,23 +8,18 @@
 
 namespace vemesh::strategies {
 
-absl::Status StateSnapshot::Entries(TrainingState& state) {
-  if (of_ == &state && generation_ == state.generation()) {
-    return absl::OkStatus();
-  }
-  of_ = nullptr;
-  VEMESH_ASSIGN_OR_RETURN(entries_, state.elastic_state());
-  of_ = &state;
-  generation_ = state.generation();
-  return absl::OkStatus();
-}
-
 absl::Status StateSnapshot::Save(TrainingState& state) {
-  VEMESH_RETURN_IF_ERROR(Entries(state));
-  names_.resize(entries_.size());
-  bytes_.resize(entries_.size());
-  for (size_t i = 0; i < entries_.size(); ++i) {
-    const ElasticStateEntry& e = entries_[i];
+  // Listed on every Save (a few closures; the optimizers behind them can be
+  // replaced between steps, so a kept list could point at freed ones).
+  // Not restorable until this copy is whole: a failure midway must not
+  // leave a mix of two steps to Restore.
+  saved_ = false;
+  VEMESH_ASSIGN_OR_RETURN(std::vector<ElasticStateEntry> entries,
+                          state.elastic_state());
+  names_.resize(entries.size());
+  bytes_.resize(entries.size());
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const ElasticStateEntry& e = entries[i];
     if (names_[i] != e.name) names_[i] = e.name;
     if (e.bytes) {
       // assign() keeps the buffer when it is large enough: no allocation
@@ -44,14 +39,9 @@ absl::Status StateSnapshot::Restore(TrainingState& state) const {
     return absl::FailedPreconditionError(
         "StateSnapshot: Restore before any Save");
   }
-  // The kept list when the state did not change since; listed again if it
-  // did (then the sizes below decide).
-  std::vector<ElasticStateEntry> fresh;
-  const std::vector<ElasticStateEntry>* entries = &entries_;
-  if (of_ != &state || generation_ != state.generation()) {
-    VEMESH_ASSIGN_OR_RETURN(fresh, state.elastic_state());
-    entries = &fresh;
-  }
+  VEMESH_ASSIGN_OR_RETURN(const std::vector<ElasticStateEntry> fresh,
+                          state.elastic_state());
+  const std::vector<ElasticStateEntry>* entries = &fresh;
   // Every size checked before anything is written.
   bool same = entries->size() == names_.size();
   for (size_t i = 0; same && i < entries->size(); ++i) {

@@ -15,11 +15,11 @@
 // Save copies the bytes of TrainingState::elastic_state()'s entries (the
 // live buffers, and the step counts through their callbacks); Restore writes
 // them back in place. A Save on every step costs one memcpy of the state and
-// nothing else: the entry list is kept while the state's generation() stays
-// the same, and the copy's buffers are reused (no allocation once they have
-// the state's sizes). InvalidArgument when the state no longer has the
-// sizes it had at Save (a module rebuilt in between), with nothing written;
-// FailedPrecondition before any Save. Not thread-safe.
+// the listing of its entries: the copy's buffers are reused (no allocation
+// once they have the state's sizes). InvalidArgument when the state no
+// longer has the sizes it had at Save (a module rebuilt in between), with
+// nothing written; FailedPrecondition before any Save and after a Save that
+// failed (never a mix of two steps). Not thread-safe.
 
 #ifndef VEMESH_STRATEGIES_STATE_SNAPSHOT_H_
 #define VEMESH_STRATEGIES_STATE_SNAPSHOT_H_
@@ -43,14 +43,7 @@ class StateSnapshot {
   size_t bytes() const;
 
  private:
-  // The entries of `state`, listed again only when it changed.
-  absl::Status Entries(TrainingState& state);
-
   bool saved_ = false;
-  // Whose entries_ these are (the state's address and generation).
-  const TrainingState* of_ = nullptr;
-  uint64_t generation_ = 0;
-  std::vector<ElasticStateEntry> entries_;
   std::vector<std::string> names_;  // of the entries saved
   std::vector<std::string> bytes_;  // one per entry, in elastic_state order
 };

@@ -38,7 +38,8 @@ constexpr absl::Duration kSpinFor = absl::Milliseconds(2);
 constexpr int kSpinsPerClock = 64;
 // A sleep's bound: how often a sleeping wait looks at the clock and the
 // awaited rank's liveness (a pid probe costs a /proc read: not every
-// microsecond). Leave and abort wake the sleepers at once.
+// microsecond). Leave and abort wake the sleepers; one that checked just
+// before the wake (they move no counter) sleeps out this bound.
 constexpr absl::Duration kLivenessEvery = absl::Milliseconds(5);
 
 size_t SegmentBytes(int size) {

@@ -574,26 +574,33 @@ class FullyShardedDataParallel(nn.Module):
         ``model.named_parameters()`` yields ``net1.weight``, not the
         units' ``_flat_param``; on exit this rank's part is written back
         (``writeback``) and the units are resharded."""
-        roots = FullyShardedDataParallel.fsdp_modules(module)
-        for m in roots:
-            st = m._fsdp
-            st.pass_id += 1  # a fresh gather
-            for unit in st.units:
-                unit.unshard()
-                unit.expose_params(unit.full_tensor())
-            st.summoned = True
+        # Nested inside another summon_full_params of the same model: its
+        # parameters are whole already (nothing to do, as in PyTorch).
+        roots = [m for m in FullyShardedDataParallel.fsdp_modules(module)
+                 if not m._fsdp.summoned]
+        exposed = []  # undone on exit, also when a gather fails midway
         try:
+            for m in roots:
+                st = m._fsdp
+                st.pass_id += 1  # a fresh gather
+                st.summoned = True
+                for unit in st.units:
+                    unit.unshard()
+                    unit.expose_params(unit.full_tensor())
+                    exposed.append(unit)
             yield
         finally:
             with torch.no_grad():
                 for m in roots:
                     m._fsdp.summoned = False
+                for unit in exposed:
+                    unit.hide_params()
+                    if writeback and unit.sharded:
+                        unit.flat_param.detach().copy_(
+                            unit.full[unit.shard_offset:unit.shard_offset +
+                                      unit.shard_numel])
+                for m in roots:
                     for unit in m._fsdp.units:
-                        unit.hide_params()
-                        if writeback and unit.sharded:
-                            unit.flat_param.detach().copy_(
-                                unit.full[unit.shard_offset:unit.shard_offset +
-                                          unit.shard_numel])
                         unit.reshard()
 
     def named_parameters(self, *args, **kwargs):

@@ -69,10 +69,14 @@ def _is_flat_param_key(key):
 
 
 def _live_entries(st):
-    """Buffers and anything else the wrapped module itself still saves."""
+    """Buffers and anything else the wrapped module itself still saves (not
+    the units' parameters, which summon_full_params registers meanwhile as
+    views of memory freed on its exit)."""
     live = st.module.state_dict()
+    params = {k for k, where in st.keys if where is not None}
     return collections.OrderedDict(
-        (k, v) for k, v in live.items() if not _is_flat_param_key(k))
+        (k, v) for k, v in live.items()
+        if not _is_flat_param_key(k) and k not in params)
 
 
 def _param_range(unit, info):

@@ -24,7 +24,8 @@
 // /proc state every 5 ms once the spin is over: a rank that died is an
 // error within a few milliseconds, as a reset TCP connection is), by a
 // rank's leaving and by abort (Leave, which OnAbort calls too, wakes every
-// sleeping wait of the group).
+// sleeping wait of the group; a wait that had just looked sleeps out its
+// 5 ms).
 
 #ifndef VEMESH_COMM_GLOO_INTERNAL_SHM_GROUP_H_
 #define VEMESH_COMM_GLOO_INTERNAL_SHM_GROUP_H_
