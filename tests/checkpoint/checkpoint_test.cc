@@ -602,6 +602,8 @@ TEST(Checkpoint, OneDirectoryOneJob) {
   const std::string open = SharedTempDir(*world);
   ASSERT_TRUE(save(open, 1, "").ok());
   EXPECT_FALSE(fs::exists(open + "/owner"));
+  // Every rank has looked before the next save's rank 0 claims it.
+  ASSERT_TRUE(world->barrier().ok());
   ASSERT_TRUE(save(open, 2, "job-c").ok());
   EXPECT_EQ(ReadText(open + "/owner"), "job-c\n");
   EXPECT_FALSE(save(open, 3, "").ok());
