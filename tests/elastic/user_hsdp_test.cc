@@ -346,6 +346,21 @@ class UserHsdp : public ::testing::Test {
     return threads;
   }
 
+  // Three replicas started at once: replica `odd` with `odd_hooks`, the
+  // others with `hooks`; every rank's thread, to join.
+  std::vector<std::thread> LaunchThree(
+      const Hooks& hooks, int odd, const Hooks& odd_hooks,
+      std::vector<std::vector<Outcome>>& outcomes, int fingerprint_every = 0) {
+    std::vector<std::thread> all;
+    for (int k = 0; k < 3; ++k) {
+      for (std::thread& t : Launch(k, k == odd ? odd_hooks : hooks, outcomes[k],
+                                   fingerprint_every)) {
+        all.push_back(std::move(t));
+      }
+    }
+    return all;
+  }
+
   // Every listed launch ended at the last step, DP=3, with the serial
   // run's parameters and moments, bit-identical across replicas.
   void ExpectTrainedAsSerial(const std::vector<std::vector<Outcome>>& outcomes,
@@ -394,12 +409,7 @@ TEST_F(UserHsdp, KilledReplicaRelaunchedReceivesParametersAndAdamW) {
     killed = true;
     return true;
   };
-  std::vector<std::thread> all;
-  for (int k = 0; k < 3; ++k) {
-    for (std::thread& t : Launch(k, k == 2 ? dies : plain, outcomes[k])) {
-      all.push_back(std::move(t));
-    }
-  }
+  std::vector<std::thread> all = LaunchThree(plain, 2, dies, outcomes);
   while (!killed) absl::SleepFor(absl::Milliseconds(5));
   all[4].join();  // the dead launch's threads are gone before its relaunch
   all[5].join();
@@ -440,12 +450,7 @@ TEST_F(UserHsdp, StepFailingAfterItsUpdateIsUndoneAndRedone) {
                ? absl::InternalError("loss is not finite")
                : absl::OkStatus();
   };
-  std::vector<std::thread> all;
-  for (int k = 0; k < 3; ++k) {
-    for (std::thread& t : Launch(k, k == 1 ? once : plain, outcomes[k])) {
-      all.push_back(std::move(t));
-    }
-  }
+  std::vector<std::thread> all = LaunchThree(plain, 1, once, outcomes);
   for (std::thread& t : all) t.join();
   for (int k = 0; k < 3; ++k) {
     for (int r = 0; r < kShard; ++r) {
@@ -470,13 +475,7 @@ TEST_F(UserHsdp, PerturbedReplicaIsNamedOnEveryRank) {
   perturbed.after_commit = [](int64_t step, FullyShardedDataParallel& f) {
     if (step == 5 && f.shard_rank() == 0) f.mutable_local_shard(0)[0] += 1e-3;
   };
-  std::vector<std::thread> all;
-  for (int k = 0; k < 3; ++k) {
-    for (std::thread& t :
-         Launch(k, k == 1 ? perturbed : plain, outcomes[k], 1)) {
-      all.push_back(std::move(t));
-    }
-  }
+  std::vector<std::thread> all = LaunchThree(plain, 1, perturbed, outcomes, 1);
   for (std::thread& t : all) t.join();
   for (int k = 0; k < 3; ++k) {
     for (int r = 0; r < kShard; ++r) {
@@ -506,12 +505,7 @@ TEST_F(UserHsdp, ReplicaDifferingAtTheEndIsNotIdenticalOnEveryRank) {
       f.mutable_local_shard(1)[0] += 1e-3;
     }
   };
-  std::vector<std::thread> all;
-  for (int k = 0; k < 3; ++k) {
-    for (std::thread& t : Launch(k, k == 2 ? perturbed : plain, outcomes[k])) {
-      all.push_back(std::move(t));
-    }
-  }
+  std::vector<std::thread> all = LaunchThree(plain, 2, perturbed, outcomes);
   for (std::thread& t : all) t.join();
   for (int k = 0; k < 3; ++k) {
     for (int r = 0; r < kShard; ++r) {
@@ -535,12 +529,7 @@ TEST_F(UserHsdp, RedisRestartedMidRunEveryReplicaFinishes) {
   Hooks paced;
   paced.pace = absl::Milliseconds(25);
   paced.progress = &progress;
-  std::vector<std::thread> all;
-  for (int k = 0; k < 3; ++k) {
-    for (std::thread& t : Launch(k, paced, outcomes[k])) {
-      all.push_back(std::move(t));
-    }
-  }
+  std::vector<std::thread> all = LaunchThree(paced, -1, paced, outcomes);
   while (progress < 15) absl::SleepFor(absl::Milliseconds(5));
   // Killed by its PID and started again, empty, on the same port (from this
   // thread: the server dies with the thread that started it).
