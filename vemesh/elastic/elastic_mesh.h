@@ -302,6 +302,11 @@ class ElasticMesh {
   // in place (no copy; ReplicaState::RegisterBytes).
   absl::Status register_state_bytes(const std::string& name,
                                     ReplicaState::BytesFn bytes);
+  // The 64-bit fingerprint of the state registered on this rank
+  // (ReplicaState::Fingerprint): what the replicas compare.
+  absl::StatusOr<uint64_t> state_fingerprint() const {
+    return state_.Fingerprint();
+  }
   // Collective over the epoch's members, once after registering (before the
   // first step): a replica that joined receives the state here from a
   // member holding the same shard coordinate, the members that owe it send

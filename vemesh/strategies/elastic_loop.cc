@@ -9,7 +9,6 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "vemesh/base/status_macros.h"
-#include "vemesh/elastic/replica_state.h"
 #include "vemesh/strategies/elastic_state.h"
 #include "vemesh/strategies/state_snapshot.h"
 
@@ -52,29 +51,11 @@ int64_t DataParallelSize(const ElasticMesh& mesh) {
   return n;
 }
 
-// A 64-bit fingerprint of every entry of `state` (parameters or shards,
-// optimizer state, step counts), as a non-negative int64.
-absl::StatusOr<int64_t> StateFingerprint(TrainingState& state) {
-  VEMESH_ASSIGN_OR_RETURN(std::vector<ElasticStateEntry> entries,
-                          state.elastic_state());
-  uint64_t h = 0;
-  for (const ElasticStateEntry& e : entries) {
-    if (e.bytes) {
-      absl::Span<char> b = e.bytes();
-      h = Fingerprint64(absl::string_view(b.data(), b.size()), h);
-    } else {
-      VEMESH_ASSIGN_OR_RETURN(std::string b, e.state_dict());
-      h = Fingerprint64(b, h);
-    }
-  }
-  return static_cast<int64_t>(h >> 1);
-}
-
-// Whether this rank's state equals the same coordinate's on every replica:
-// one all_reduce of {d, -d} (max) over the elastic dimension.
-absl::StatusOr<bool> SameAsOtherReplicas(ElasticMesh& mesh,
-                                         TrainingState& state) {
-  VEMESH_ASSIGN_OR_RETURN(int64_t mine, StateFingerprint(state));
+// Whether this rank's registered state equals the same coordinate's on
+// every replica: one all_reduce of {d, -d} (max) over the elastic dimension.
+absl::StatusOr<bool> SameAsOtherReplicas(ElasticMesh& mesh) {
+  VEMESH_ASSIGN_OR_RETURN(uint64_t fingerprint, mesh.state_fingerprint());
+  const int64_t mine = static_cast<int64_t>(fingerprint >> 1);
   VEMESH_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> group,
                           mesh.mesh().get_group(mesh.replica_dim()));
   int64_t d[2] = {mine, -mine};
@@ -167,7 +148,7 @@ absl::StatusOr<ElasticLoopResult> RunElasticLoop(
     if (finishing) {
       absl::Status done = hooks.finish ? hooks.finish() : absl::OkStatus();
       if (done.ok() && options.compare_replicas) {
-        absl::StatusOr<bool> same = SameAsOtherReplicas(mesh, state);
+        absl::StatusOr<bool> same = SameAsOtherReplicas(mesh);
         done = same.status();
         if (same.ok()) result.identical = *same;
       }

@@ -39,24 +39,23 @@ absl::Status StateSnapshot::Restore(TrainingState& state) const {
     return absl::FailedPreconditionError(
         "StateSnapshot: Restore before any Save");
   }
-  VEMESH_ASSIGN_OR_RETURN(const std::vector<ElasticStateEntry> fresh,
+  VEMESH_ASSIGN_OR_RETURN(const std::vector<ElasticStateEntry> entries,
                           state.elastic_state());
-  const std::vector<ElasticStateEntry>* entries = &fresh;
   // Every size checked before anything is written.
-  bool same = entries->size() == names_.size();
-  for (size_t i = 0; same && i < entries->size(); ++i) {
-    const ElasticStateEntry& e = (*entries)[i];
+  bool same = entries.size() == names_.size();
+  for (size_t i = 0; same && i < entries.size(); ++i) {
+    const ElasticStateEntry& e = entries[i];
     same = e.name == names_[i] &&
            (!e.bytes || e.bytes().size() == bytes_[i].size());
   }
   if (!same) {
     return absl::InvalidArgumentError(
         absl::StrCat("StateSnapshot: the state changed shape since Save (",
-                     names_.size(), " entries saved, ", entries->size(),
+                     names_.size(), " entries saved, ", entries.size(),
                      " now, or a buffer of another size): nothing restored"));
   }
-  for (size_t i = 0; i < entries->size(); ++i) {
-    const ElasticStateEntry& e = (*entries)[i];
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const ElasticStateEntry& e = entries[i];
     if (e.bytes) {
       absl::Span<char> live = e.bytes();
       if (!live.empty()) {
