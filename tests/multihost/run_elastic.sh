@@ -31,13 +31,17 @@ for _ in $(seq 100); do
 done
 extra=()
 ((loopback)) && extra=(env VEMESH_GLOO_HOST=127.0.0.1)
+# Refused groups end at the recovery deadline: 8 s gives each replica
+# several epochs' tries (2 s each) to name the addresses, in less wait.
+recovery_ms=15000
+((loopback)) && recovery_ms=8000
 pids=()
 start=$SECONDS
 for k in 0 1; do
   mh_exec node$k "${extra[@]}" mpirun -n 2 --bind-to none -x VEMESH_GLOO_HOST \
     "$bin" --mesh PP=1,DP=2,TP=2 --batch 24 --micro_batches 2 --steps 20 \
     --elastic "redis://$redis:$port" --job two_hosts --replica $k \
-    --op_timeout_ms 2000 --recovery_timeout_ms 15000 \
+    --op_timeout_ms 2000 --recovery_timeout_ms "$recovery_ms" \
     >"$MH_STATE/r$k.out" 2>&1 &
   pids+=($!)
 done
