@@ -133,8 +133,9 @@ struct Outcome {
   bool received_state = false;  // joined and was sent the state
   int recoveries = 0;
   absl::Status last_step_status;  // the last recovery record's
-  int undone = 0;          // steps not committed whose updates were restored
-  bool identical = false;  // the loop's end-of-job comparison of replicas
+  int undone = 0;           // steps not committed whose updates were restored
+  bool identical = false;   // the loop's end-of-job comparison of replicas
+  absl::Status comparison;  // ... and whether it could be made
   int shard_rank = 0;
   std::vector<std::vector<double>> shard, exp_avg, exp_avg_sq;  // per unit
   std::vector<int64_t> step_counts;
@@ -147,6 +148,7 @@ struct Hooks {
   std::function<bool(int64_t)> quit;
   std::function<absl::Status(int64_t, int)> fail_after;
   std::function<void(int64_t, FullyShardedDataParallel&)> after_commit;
+  std::function<void(int64_t, ElasticMesh&)> mesh_after_commit;
   absl::Duration pace = absl::Milliseconds(15);
   std::atomic<int64_t>* progress = nullptr;
 };
@@ -199,6 +201,7 @@ absl::Status Train(ElasticMesh& el, int64_t steps, const Hooks& hooks,
     out.committed = step;
     if (hooks.progress) *hooks.progress = step;
     if (hooks.after_commit) hooks.after_commit(step, fsdp);
+    if (hooks.mesh_after_commit) hooks.mesh_after_commit(step, el);
   };
   loop.on_recovery = [&](const Recovery& r) {
     std::fprintf(stderr, "replica %d: %s\n", el.replica(),
@@ -214,6 +217,7 @@ absl::Status Train(ElasticMesh& el, int64_t steps, const Hooks& hooks,
   out.recoveries = done->recoveries;
   out.undone = static_cast<int>(done->undone);
   out.identical = done->identical;
+  out.comparison = done->comparison;
   if (done->evicted) {
     out.evicted = true;
     return absl::OkStatus();
@@ -514,6 +518,41 @@ TEST_F(UserHsdp, ReplicaDifferingAtTheEndIsNotIdenticalOnEveryRank) {
       ASSERT_TRUE(o.status.ok()) << o.status;
       EXPECT_EQ(o.step, kSteps);
       EXPECT_FALSE(o.identical);
+    }
+  }
+}
+
+// The end-of-job comparison's last all_reduce (over the replica's own
+// DP_SHARD group) fails on one replica: that replica reports the failure as
+// a status, not as "the states differ"; the other replicas, whose
+// comparison went through, report identical states.
+TEST_F(UserHsdp, FailedEndOfJobComparisonIsAStatusNotADifference) {
+  std::vector<std::vector<Outcome>> outcomes(3, std::vector<Outcome>(kShard));
+  Hooks plain;
+  Hooks broken;
+  broken.mesh_after_commit = [](int64_t step, ElasticMesh& el) {
+    // After the last step: only the comparison uses DP_SHARD from here.
+    if (step != kSteps) return;
+    absl::StatusOr<std::shared_ptr<Communicator>> g =
+        el.mesh().get_group("DP_SHARD");
+    if (g.ok()) (*g)->abort("test: DP_SHARD lost after the last step");
+  };
+  std::vector<std::thread> all = LaunchThree(plain, 1, broken, outcomes);
+  for (std::thread& t : all) t.join();
+  for (int k = 0; k < 3; ++k) {
+    for (int r = 0; r < kShard; ++r) {
+      const Outcome& o = outcomes[k][r];
+      SCOPED_TRACE(absl::StrCat("replica ", k, " rank ", r));
+      ASSERT_TRUE(o.status.ok()) << o.status;
+      EXPECT_EQ(o.step, kSteps);
+      if (k == 1) {
+        EXPECT_FALSE(o.identical);
+        EXPECT_FALSE(o.comparison.ok());
+        EXPECT_THAT(o.comparison.message(), HasSubstr("DP_SHARD lost"));
+      } else {
+        EXPECT_TRUE(o.identical);
+        EXPECT_TRUE(o.comparison.ok()) << o.comparison;
+      }
     }
   }
 }

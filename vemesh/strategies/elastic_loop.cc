@@ -67,16 +67,20 @@ absl::StatusOr<bool> SameAsOtherReplicas(ElasticMesh& mesh) {
 }
 
 // `same` combined (min) over every dimension but the elastic one: after
-// the loop, when no replica can fail a step any more.
-bool SameOnEveryRank(ElasticMesh& mesh, bool same) {
+// the loop, when no replica can fail a step any more. A failed all_reduce
+// is its status, not "different" (ElasticLoopResult::comparison).
+absl::StatusOr<bool> SameOnEveryRank(ElasticMesh& mesh, bool same) {
   int64_t v = same ? 1 : 0;
   for (const std::string& d : mesh.mesh().mesh_dim_names()) {
     if (d == mesh.replica_dim()) continue;
-    absl::StatusOr<std::shared_ptr<Communicator>> g = mesh.mesh().get_group(d);
-    if (!g.ok()) return false;
-    if ((*g)->size() == 1) continue;
-    if (!(*g)->all_reduce(absl::MakeSpan(&v, 1), ReduceOp::kMin).ok()) {
-      return false;
+    VEMESH_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> g,
+                            mesh.mesh().get_group(d));
+    if (g->size() == 1) continue;
+    absl::Status s = g->all_reduce(absl::MakeSpan(&v, 1), ReduceOp::kMin);
+    if (!s.ok()) {
+      return absl::Status(
+          s.code(), absl::StrCat("end-of-job comparison of the replicas over ",
+                                 d, ": ", s.message()));
     }
   }
   return v == 1;
@@ -259,7 +263,9 @@ absl::StatusOr<ElasticLoopResult> RunElasticLoop(
   // Every replica committed the round above: the replica's own groups are
   // safe to use again.
   if (options.compare_replicas) {
-    result.identical = SameOnEveryRank(mesh, result.identical);
+    absl::StatusOr<bool> same = SameOnEveryRank(mesh, result.identical);
+    result.comparison = same.status();
+    result.identical = same.ok() && *same;
   }
   result.steps = step;
   return result;

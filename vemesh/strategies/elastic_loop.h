@@ -97,7 +97,8 @@ struct ElasticLoopOptions {
   // bytes) is compared with the same coordinate of every other replica (one
   // all_reduce over the elastic dimension), and after the loop the answers
   // are combined over the replica's own dimensions (ElasticLoopResult::
-  // identical: the same on every rank of the job).
+  // identical: the same on every rank of the job; a comparison that could
+  // not be made is ElasticLoopResult::comparison, identical then false).
   bool compare_replicas = false;
 };
 
@@ -122,6 +123,10 @@ struct ElasticLoopResult {
   bool evicted = false;  // not a member any more: launch it again to rejoin
   // options.compare_replicas: every replica ended with the same state.
   bool identical = false;
+  // options.compare_replicas: OK, or why the comparison itself failed (a
+  // communication error): `identical` is then false without meaning that
+  // the states differ.
+  absl::Status comparison;
 };
 
 absl::StatusOr<ElasticLoopResult> RunElasticLoop(
