@@ -144,7 +144,8 @@ struct ElasticLoopResult {
   std::string replica_dim;
   int replicas = 0;
   // LiveCommunicatorCount() when the loop began and when it returned (its
-  // own checkpoint released): equal unless communicators leaked.
+  // own checkpoint released): equal unless communicators leaked (a count of
+  // the whole process: meaningful where a process is one rank).
   int64_t communicators_at_start = 0;
   int64_t communicators_at_end = 0;
   // options.compare_replicas: every replica ended with the same state.

@@ -5,14 +5,16 @@
 // (loss_curve.h), the loop's end-of-job comparison of the replicas, and
 // whether the loop left communicators behind (elastic_loop.h).
 //
-//   absl::StatusOr<ElasticLoopResult> done = RunElasticLoop(...);
-//   if (!done.ok() || done->evicted) return ...;
+//   absl::StatusOr<ElasticLoopResult> done =
+//       RunElasticLoop(el, state, {.steps = 100}, hooks);
+//   if (!done.ok()) return done.status();
+//   if (done->evicted) return absl::OkStatus();
 //   absl::StatusOr<LossCurveComparison> curve =
 //       CompareLossCurve(done->losses, serial_losses);
 //   if (!curve.ok()) return curve.status();
 //   ElasticVerdict v = JudgeElasticRun(*done, *curve, 1e-9);
 //   if (launch_rank == 0) std::printf("%s\n", v.line.c_str());
-//   return v.pass ? 0 : 1;
+//   if (!v.pass) return absl::InternalError(v.line);
 //
 // pass: the curve is within `tolerance` (some steps trained), the replicas
 // are identical, and the communicator count is the one at the loop's start.

@@ -5,10 +5,12 @@
 // job's correctness test makes, with the steps the run actually trained
 // (a relaunched elastic replica trains only the steps after it joined).
 //
-//   std::map<int64_t, double> losses = done->losses;  // step -> loss
+//   // losses: step -> loss of the steps trained (ElasticLoopResult::losses)
 //   absl::StatusOr<LossCurveComparison> c = CompareLossCurve(losses, serial);
-//   if (!c.ok()) return c.status();     // a step the reference lacks
-//   const bool pass = c->Within(1e-9);  // some steps, all close
+//   if (!c.ok()) return c.status();  // a step the reference lacks
+//   if (!c->Within(1e-9)) {          // none trained, or one too far off
+//     return absl::InternalError(absl::StrCat("step ", c->worst_step));
+//   }
 //
 // Steps are 0-based indexes into `reference`. The relative difference of a
 // step is |loss - reference| / max(|reference|, 1e-300); a NaN loss is the
