@@ -8,8 +8,8 @@
 
 namespace train_nd {
 
-using vemesh::strategies::ParameterPlacement;
 using vemesh::strategies::Parameter;
+using vemesh::strategies::ParameterPlacement;
 
 absl::Status NameTrainingState(const TrainPlan& plan,
                                const TrainingParts& parts,
@@ -56,70 +56,26 @@ absl::Status NameTrainingState(const TrainPlan& plan,
   return s;
 }
 
-absl::Status DescribeState(const TrainPlan& plan, const TrainingParts& parts,
-                           StateParts which,
-                           vemesh::checkpoint::StateDict* dict) {
-  const bool optimizers = parts.local_optimizer != nullptr ||
-                          parts.zero != nullptr || parts.fsdp != nullptr ||
-                          parts.expert_optimizer != nullptr;
-  if (which != StateParts::kParameters && optimizers) {
-    return absl::InvalidArgumentError(
-        "checkpoint: optimizer state is described by a TrainingState that "
-        "outlives Save and Load (NameTrainingState)");
-  }
-  if (which == StateParts::kParameters && parts.fsdp != nullptr) {
-    return absl::InvalidArgumentError(
-        "checkpoint: load the parameters before FSDP shards them");
-  }
-  vemesh::strategies::TrainingState state;
-  if (absl::Status s = NameTrainingState(plan, parts, &state); !s.ok()) {
-    return s;
-  }
-  return state.get_state_dict(dict, vemesh::strategies::StateDictParts::kModel);
-}
-
-std::string ModelFingerprint(const TrainPlan& plan) {
+std::map<std::string, std::string> CheckpointIdentity(const TrainPlan& plan) {
   const TrainOptions& o = plan.options;
-  return absl::StrFormat(
-      "mlp input_dim=%d hidden=%d output_dim=%d layers=%d experts=%d seed=%d "
-      "batch=%d optimizer=%s lr=%.17g",
-      o.input_dim, o.hidden, o.output_dim, o.layers, o.experts, o.seed, o.batch,
-      vemesh::strategies::OptimizerKindName(plan.optimizer.kind), o.lr);
+  return {
+      {"model",
+       absl::StrFormat(
+           "mlp input_dim=%d hidden=%d output_dim=%d layers=%d experts=%d "
+           "seed=%d batch=%d optimizer=%s lr=%.17g",
+           o.input_dim, o.hidden, o.output_dim, o.layers, o.experts, o.seed,
+           o.batch, vemesh::strategies::OptimizerKindName(plan.optimizer.kind),
+           o.lr)}};
 }
 
-void SetStateMetadata(const TrainPlan& plan, int64_t step,
-                      vemesh::checkpoint::StateDict* dict) {
-  dict->SetMetadata("step", absl::StrCat(step));
-  // The next batch to train on: MakeBatch(seed, step).
-  dict->SetMetadata("data_position", absl::StrCat(step));
-  dict->SetMetadata("model", ModelFingerprint(plan));
-}
-
-absl::Status CheckResumable(
-    const TrainPlan& plan, const std::string& path, int64_t step,
-    const absl::flat_hash_map<std::string, std::string>& metadata) {
-  const std::string want = ModelFingerprint(plan);
-  auto model = metadata.find("model");
-  if (model == metadata.end() || model->second != want) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "checkpoint '", path, "' is of another model or training: it holds '",
-        model == metadata.end() ? "(no model metadata)" : model->second,
-        "'; this run is '", want, "'"));
-  }
-  auto position = metadata.find("data_position");
-  if (position == metadata.end() || position->second != absl::StrCat(step)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "checkpoint '", path, "' at step ", step, " has data_position '",
-        position == metadata.end() ? "(none)" : position->second,
-        "'; expected ", step));
-  }
-  if (step >= plan.options.steps) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--steps=", plan.options.steps, " but checkpoint '", path,
-                     "' is at step ", step,
-                     ": nothing left to train; expected --steps > ", step));
-  }
-  return absl::OkStatus();
+std::string JobDescriptor(const TrainPlan& plan) {
+  const TrainOptions& o = plan.options;
+  return absl::StrCat("model=", o.layers, "x", o.hidden, ",in=", o.input_dim,
+                      ",out=", o.output_dim, ";batch=", o.batch,
+                      ";micro_batches=", o.micro_batches,
+                      ";optimizer=", o.optimizer, ";lr=", o.lr,
+                      ";seed=", o.seed, ";schedule=", o.schedule,
+                      ";steps=", o.steps);
 }
 
 }  // namespace train_nd

@@ -47,6 +47,7 @@
 #include "vemesh/strategies/optimizer.h"
 #include "vemesh/strategies/pipeline_runner.h"
 #include "vemesh/strategies/role_group.h"
+#include "vemesh/strategies/training_metadata.h"
 
 namespace {
 const train_nd::TrainOptions kDefaults;
@@ -233,12 +234,16 @@ absl::StatusOr<TrainResult> Train(const TrainPlan& plan, bool print,
   TrainResult result;
   std::optional<vemesh::checkpoint::LoadResult> resumed;
   if (!plan.options.resume.empty()) {
+    // The parameters alone, named before FSDP / ZeRO shard them.
     vemesh::checkpoint::StateDict dict;
-    if (absl::Status s = DescribeState(plan, {.stage = stage->get()},
-                                       StateParts::kParameters, &dict);
-        !s.ok()) {
-      return s;
+    vemesh::strategies::TrainingState parameters;
+    absl::Status named =
+        NameTrainingState(plan, {.stage = stage->get()}, &parameters);
+    if (named.ok()) {
+      named = parameters.get_state_dict(
+          &dict, vemesh::strategies::StateDictParts::kModel);
     }
+    if (!named.ok()) return named;
     // A named job resumes only its own checkpoint.
     vemesh::checkpoint::LoadOptions load_options;
     load_options.job = plan.options.checkpoint_job;
@@ -250,8 +255,8 @@ absl::StatusOr<TrainResult> Train(const TrainPlan& plan, bool print,
                           absl::StrCat("--resume=", plan.options.resume, ": ",
                                        loaded.status().message()));
     }
-    if (absl::Status s =
-            CheckResumable(plan, loaded->path, loaded->step, loaded->metadata);
+    if (absl::Status s = vemesh::strategies::CheckResumable(
+            *loaded, CheckpointIdentity(plan), plan.options.steps);
         !s.ok()) {
       return s;
     }
@@ -497,7 +502,8 @@ absl::StatusOr<TrainResult> Train(const TrainPlan& plan, bool print,
       const absl::Time save_start = absl::Now();
       vemesh::checkpoint::StateDict dict;
       if (absl::Status s = state.get_state_dict(&dict); !s.ok()) return s;
-      SetStateMetadata(plan, done, &dict);
+      vemesh::strategies::SetTrainingMetadata(CheckpointIdentity(plan), done,
+                                              &dict);
       absl::Status s =
           saver != nullptr
               ? saver->Start(dict, done, plan.options.checkpoint_dir,
@@ -580,19 +586,22 @@ int Run() {
   if (!plan.ok()) return Fail(world_rank, "error", plan.status(), 2);
   if (!plan->options.elastic.empty()) {
     ElasticSettings e;
-    e.store = plan->options.elastic;
-    e.replica = absl::GetFlag(FLAGS_replica);
-    e.min_replicas = absl::GetFlag(FLAGS_min_replicas);
-    e.heartbeat_ttl = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms));
-    e.op_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_op_timeout_ms));
-    e.recovery_timeout =
+    vemesh::ElasticOptions& o = e.options;
+    o.store = plan->options.elastic;
+    o.replica = absl::GetFlag(FLAGS_replica);
+    o.min_replicas = absl::GetFlag(FLAGS_min_replicas);
+    o.heartbeat_ttl = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms));
+    o.op_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_op_timeout_ms));
+    // The bound of one recovery, retries included.
+    o.recovery_timeout =
         absl::Milliseconds(absl::GetFlag(FLAGS_recovery_timeout_ms));
-    e.job = absl::GetFlag(FLAGS_job);
+    o.job = absl::GetFlag(FLAGS_job);
+    o.fingerprint_every = absl::GetFlag(FLAGS_fingerprint_every);
+    // Leases alone detect a lost replica: bench/elastic_kill.py's baseline.
+    o.data_plane_detection = !absl::GetFlag(FLAGS_lease_detection);
+    o.agree_every_step = absl::GetFlag(FLAGS_agree_every_step);
     e.fault = absl::GetFlag(FLAGS_fault);
-    e.fingerprint_every = absl::GetFlag(FLAGS_fingerprint_every);
     e.pace = absl::Milliseconds(absl::GetFlag(FLAGS_pace_ms));
-    e.lease_detection = absl::GetFlag(FLAGS_lease_detection);
-    e.agree_every_step = absl::GetFlag(FLAGS_agree_every_step);
     return RunElastic(*plan, e, world_rank);
   }
 

@@ -239,8 +239,8 @@ absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
         (o.expert_parallel > 0 && stage % o.expert_parallel != 0)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--expert_parallel=", o.expert_parallel, " with ",
-          plan.fsdp() ? "DP_REPLICATE x DP_SHARD x TP = " : "DP x TP = ",
-          stage, ": expected 0 or a divisor of ", stage));
+          plan.fsdp() ? "DP_REPLICATE x DP_SHARD x TP = " : "DP x TP = ", stage,
+          ": expected 0 or a divisor of ", stage));
     }
     if (o.expert_parallel > 0 && o.expert_parallel < stage &&
         (!o.checkpoint_dir.empty() || !o.resume.empty())) {
@@ -248,12 +248,14 @@ absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
           "--expert_parallel=", o.expert_parallel,
           " with checkpoints: each expert then has ", stage / o.expert_parallel,
           " replicas (EDP), and a checkpoint names one owner per expert; "
-          "expected --expert_parallel=0 (or ", stage, ") with checkpoints"));
+          "expected --expert_parallel=0 (or ",
+          stage, ") with checkpoints"));
     }
     if (o.expert_parallel > 0 && o.experts % o.expert_parallel != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--experts=", o.experts, " is not divisible by --expert_parallel=",
-          o.expert_parallel, ": the experts are spread evenly over the "
+          "--experts=", o.experts,
+          " is not divisible by --expert_parallel=", o.expert_parallel,
+          ": the experts are spread evenly over the "
           "expert-parallel group"));
     }
     if (o.expert_parallel == 0 && o.experts % stage != 0) {
@@ -328,6 +330,26 @@ absl::StatusOr<TrainPlan> Replan(const TrainPlan& plan, int dp) {
   next.rows_per_replica = o.batch / dp;
   next.rows_per_micro_batch = next.rows_per_replica / o.micro_batches;
   return next;
+}
+
+absl::StatusOr<TrainPlan> ReplanReplicas(const TrainPlan& plan, int replicas) {
+  if (!plan.fsdp()) return Replan(plan, replicas);
+  TrainPlan p = plan;
+  p.dp_replicate = replicas;
+  return Replan(p, replicas * std::max(plan.dp_shard, 1));
+}
+
+vemesh::strategies::DataParallelTrainerOptions TrainerOptions(
+    const TrainPlan& plan) {
+  using vemesh::strategies::DataParallelMode;
+  return {.mode = !plan.fsdp()        ? DataParallelMode::kDdp
+                  : plan.options.zero ? DataParallelMode::kZero
+                                      : DataParallelMode::kHsdp,
+          .optimizer = plan.optimizer,
+          .zero_stage = plan.options.zero_stage == 1
+                            ? vemesh::strategies::ZeroStage::kOne
+                            : vemesh::strategies::ZeroStage::kTwo,
+          .bucket_elements = static_cast<size_t>(plan.options.bucket_elements)};
 }
 
 }  // namespace train_nd

@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "mlp_shape.h"
 #include "vemesh/layout/mesh_spec.h"
+#include "vemesh/strategies/data_parallel_trainer.h"
 #include "vemesh/strategies/optimizer.h"
 #include "vemesh/strategies/pipeline_schedule.h"
 
@@ -142,6 +143,14 @@ absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& options,
 // The plan for `dp` replicas (an elastic membership change): the global
 // batch stays, re-sharded; InvalidArgument when it does not divide.
 absl::StatusOr<TrainPlan> Replan(const TrainPlan& plan, int dp);
+// The plan for an elastic epoch of `replicas` replicas: DP is their number,
+// or under HSDP DP_REPLICATE is, and DP their product with DP_SHARD.
+absl::StatusOr<TrainPlan> ReplanReplicas(const TrainPlan& plan, int replicas);
+
+// How the replicated layers train (the elastic mode's DataParallelTrainer):
+// DDP over DP, ZeRO over DP_SHARD (--zero), or HSDP (--fsdp).
+vemesh::strategies::DataParallelTrainerOptions TrainerOptions(
+    const TrainPlan& plan);
 
 }  // namespace train_nd
 

@@ -3,6 +3,7 @@
 #include "serial_mlp.h"
 #include "synthetic_data.h"
 #include "vemesh/registry/ve_device_mesh.h"
+#include "vemesh/strategies/pipeline_runner.h"
 #include "vemesh/strategies/role_group.h"
 
 namespace train_nd {
@@ -56,6 +57,40 @@ absl::StatusOr<std::vector<double>> SerialLosses(const TrainPlan& plan) {
     losses.push_back(*loss);
   }
   return losses;
+}
+
+absl::StatusOr<double> ElasticStep(
+    const TrainPlan& plan, ParallelMlpStage& stage,
+    vemesh::strategies::DataParallelTrainer& trainer, int64_t step,
+    const std::function<void(const char*)>& fault) {
+  (void)stage.TakeSquaredError();  // a failed step may have left it
+  stage.SetBatch(MakeBatch(plan.options.seed, static_cast<int>(step),
+                           plan.shape, plan.options.batch));
+  fault("tp");
+  if (absl::Status s = trainer.BeginStep(); !s.ok()) return s;
+  auto ran = vemesh::strategies::RunPipeline(
+      stage, {plan.schedule, plan.options.micro_batches});
+  if (!ran.ok()) return ran.status();
+  if (absl::Status s = trainer.AfterBackward(); !s.ok()) return s;
+  auto sse = PipelineSquaredError(stage.TakeSquaredError());
+  if (!sse.ok()) return sse.status();
+  const auto& shard = trainer.shard_group();
+  const auto& replicate = trainer.replicate_group();
+  if (shard != nullptr && shard->size() > 1) {
+    absl::Status s =
+        shard->all_reduce(absl::MakeSpan(&*sse, 1), vemesh::ReduceOp::kSum);
+    if (!s.ok()) return s;
+  }
+  fault("dp");
+  fault("stop");
+  if (absl::Status s = trainer.Step(); !s.ok()) return s;
+  if (replicate == nullptr) return DataParallelLoss(plan, *sse);
+  if (replicate->size() > 1) {
+    absl::Status s =
+        replicate->all_reduce(absl::MakeSpan(&*sse, 1), vemesh::ReduceOp::kSum);
+    if (!s.ok()) return s;
+  }
+  return *sse / static_cast<double>(plan.options.batch * plan.shape.output_dim);
 }
 
 }  // namespace train_nd

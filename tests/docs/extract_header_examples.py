@@ -310,6 +310,19 @@ EXAMPLES = {
         "params": ("FullyShardedDataParallel& fsdp, "
                    "std::vector<std::vector<Parameter*>> units, int launch_rank"),
         "pragma_missing_field_initializers": True},
+    "strategies/elastic_verdict.h": {
+        "includes": ["cstdio", "vector"],
+        "params": ("ElasticMesh& el, TrainingState& state, "
+                   "ElasticLoopHooks hooks, std::vector<double> serial_losses, "
+                   "int launch_rank"),
+        "pragma_missing_field_initializers": True},
+    "strategies/loss_curve.h": {
+        "includes": ["vector", "absl/strings/str_cat.h"],
+        "params": "std::map<int64_t, double> losses, std::vector<double> serial"},
+    "strategies/training_metadata.h": {
+        "includes": ["vemesh/strategies/state_dict.h"],
+        "params": ("TrainingState& state, int64_t step, int64_t steps, "
+                   "absl::StatusOr<checkpoint::LoadResult> loaded")},
     "strategies/data_parallel_trainer.h": {
         "includes": ["vemesh/mesh/device_mesh.h"],
         "params": ("absl::StatusOr<DeviceMesh> mesh, Parameter& w0, Parameter& w1, "

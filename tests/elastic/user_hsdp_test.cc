@@ -17,11 +17,15 @@
 // parameters and optimizer state) and a Redis restart; a replica whose
 // shard is perturbed is named by the fingerprint check on every rank.
 
+#include <unistd.h>
+
 #include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -39,6 +43,7 @@
 #include "redis_server.h"  // tests/common: a redis-server of the test's own
 #include "vemesh/base/status_macros.h"
 #include "vemesh/bootstrap/store_bootstrap.h"
+#include "vemesh/comm/gloo/gloo_communicator.h"
 #include "vemesh/elastic/elastic_mesh.h"
 #include "vemesh/rendezvous/memory_store.h"
 #include "vemesh/strategies/elastic_loop.h"
@@ -46,6 +51,7 @@
 #include "vemesh/strategies/linear.h"
 #include "vemesh/strategies/optimizer.h"
 #include "vemesh/strategies/parameter_placement.h"
+#include "vemesh/strategies/periodic_checkpoint.h"
 #include "vemesh/strategies/state_dict.h"
 
 namespace vemesh {
@@ -133,8 +139,12 @@ struct Outcome {
   bool received_state = false;  // joined and was sent the state
   int recoveries = 0;
   absl::Status last_step_status;  // the last recovery record's
-  int undone = 0;          // steps not committed whose updates were restored
-  bool identical = false;  // the loop's end-of-job comparison of replicas
+  int undone = 0;           // steps not committed whose updates were restored
+  bool identical = false;   // the loop's end-of-job comparison of replicas
+  absl::Status comparison;  // ... and whether it could be made
+  int64_t start_step = -1;  // where the loop began (a checkpoint's step)
+  std::map<int64_t, double> losses;  // the loop's, of the steps trained
+  int64_t communicators_at_start = -1, communicators_at_end = -2;
   int shard_rank = 0;
   std::vector<std::vector<double>> shard, exp_avg, exp_avg_sq;  // per unit
   std::vector<int64_t> step_counts;
@@ -147,19 +157,24 @@ struct Hooks {
   std::function<bool(int64_t)> quit;
   std::function<absl::Status(int64_t, int)> fail_after;
   std::function<void(int64_t, FullyShardedDataParallel&)> after_commit;
+  std::function<void(int64_t, ElasticMesh&)> mesh_after_commit;
+  // Periodic checkpoints into this directory ("": none) over the launch's
+  // own ranks (`launch_world`), every 20 steps; the job's length (0: kSteps).
+  std::string checkpoint_dir;
+  int64_t steps = 0;
   absl::Duration pace = absl::Milliseconds(15);
   std::atomic<int64_t>* progress = nullptr;
 };
 
-absl::Status Train(ElasticMesh& el, int64_t steps, const Hooks& hooks,
-                   Outcome& out);
+absl::Status Train(ElasticMesh& el, std::shared_ptr<Communicator> launch_world,
+                   int64_t steps, const Hooks& hooks, Outcome& out);
 
 // ===========================================================================
 // User code: the rank's program from the elastic mesh on.
 // ===========================================================================
 
-absl::Status Train(ElasticMesh& el, int64_t steps, const Hooks& hooks,
-                   Outcome& out) {
+absl::Status Train(ElasticMesh& el, std::shared_ptr<Communicator> launch_world,
+                   int64_t steps, const Hooks& hooks, Outcome& out) {
   Mlp model;
   strategies::TrainingState state;
   for (auto* layer : {&model.fc0, &model.fc1}) {
@@ -199,6 +214,7 @@ absl::Status Train(ElasticMesh& el, int64_t steps, const Hooks& hooks,
     out.committed = step;
     if (hooks.progress) *hooks.progress = step;
     if (hooks.after_commit) hooks.after_commit(step, fsdp);
+    if (hooks.mesh_after_commit) hooks.mesh_after_commit(step, el);
   };
   loop.on_recovery = [&](const Recovery& r) {
     std::fprintf(stderr, "replica %d: %s\n", el.replica(),
@@ -206,14 +222,28 @@ absl::Status Train(ElasticMesh& el, int64_t steps, const Hooks& hooks,
     out.last_step_status = r.step_status;
     return absl::OkStatus();
   };
+  strategies::ElasticLoopOptions options{
+      .steps = steps, .pace = hooks.pace, .compare_replicas = true};
+  if (!hooks.checkpoint_dir.empty()) {
+    // Saved by the replica at DP rank 0 over its own ranks; a fresh job
+    // resumes from the latest.
+    options.periodic_checkpoint = strategies::PeriodicCheckpointOptions{
+        .dir = hooks.checkpoint_dir,
+        .every = 20,
+        .identity = {{"model", "user_hsdp mlp"}}};
+    options.checkpoint_world = std::move(launch_world);
+  }
   absl::StatusOr<strategies::ElasticLoopResult> done =
-      strategies::RunElasticLoop(
-          el, state,
-          {.steps = steps, .pace = hooks.pace, .compare_replicas = true}, loop);
+      strategies::RunElasticLoop(el, state, options, loop);
   if (!done.ok()) return done.status();  // store lost, states differ, a bug
   out.recoveries = done->recoveries;
   out.undone = static_cast<int>(done->undone);
   out.identical = done->identical;
+  out.comparison = done->comparison;
+  out.start_step = done->start_step;
+  out.losses = done->losses;
+  out.communicators_at_start = done->communicators_at_start;
+  out.communicators_at_end = done->communicators_at_end;
   if (done->evicted) {
     out.evicted = true;
     return absl::OkStatus();
@@ -307,41 +337,49 @@ class UserHsdp : public ::testing::Test {
     auto launch_store = std::make_shared<MemoryStore>();
     std::vector<std::thread> threads;
     for (int r = 0; r < kShard; ++r) {
-      threads.emplace_back(
-          [this, k, r, hooks, launch_store, &outcomes, fingerprint_every] {
-            Outcome& out = outcomes[r];
-            MeshOptions inner;
-            inner.backend = "gloo";
-            inner.timeout = absl::Seconds(20);
-            inner.bootstrap = std::make_shared<StoreBootstrap>(
-                launch_store, r, kShard, absl::StrCat("launch", k));
-            ElasticOptions o;
-            if (redis_.empty()) {
-              o.control_store = control_;
-              o.heartbeat_ttl = absl::Milliseconds(300);
-            } else {
-              o.store = redis_;
-            }
-            o.replica = k;
-            o.replica_dim = "DP_REPLICATE";
-            o.job = "user_hsdp";
-            o.op_timeout = absl::Seconds(5);
-            o.recovery_timeout = absl::Seconds(30);
-            o.form_timeout = absl::Seconds(10);
-            o.fingerprint_every = fingerprint_every;
-            auto layout =
-                MeshLayout::Create({3, kShard}, {"DP_REPLICATE", "DP_SHARD"});
-            if (!layout.ok()) {
-              out.status = layout.status();
-              return;
-            }
-            auto el = ElasticMesh::Create(DeviceType::kCpu, *layout, inner, o);
-            if (!el.ok()) {
-              out.status = el.status();
-              return;
-            }
-            out.status = Train(**el, kSteps, hooks, out);
-          });
+      threads.emplace_back([this, k, r, hooks, launch_store, &outcomes,
+                            fingerprint_every] {
+        Outcome& out = outcomes[r];
+        MeshOptions inner;
+        inner.backend = "gloo";
+        inner.timeout = absl::Seconds(20);
+        inner.bootstrap = std::make_shared<StoreBootstrap>(
+            launch_store, r, kShard, absl::StrCat("launch", k));
+        ElasticOptions o;
+        if (redis_.empty()) {
+          o.control_store = control_;
+          o.heartbeat_ttl = absl::Milliseconds(300);
+        } else {
+          o.store = redis_;
+        }
+        o.replica = k;
+        o.replica_dim = "DP_REPLICATE";
+        o.job = "user_hsdp";
+        o.op_timeout = absl::Seconds(5);
+        o.recovery_timeout = absl::Seconds(30);
+        o.form_timeout = absl::Seconds(10);
+        o.fingerprint_every = fingerprint_every;
+        auto layout =
+            MeshLayout::Create({3, kShard}, {"DP_REPLICATE", "DP_SHARD"});
+        if (!layout.ok()) {
+          out.status = layout.status();
+          return;
+        }
+        auto el = ElasticMesh::Create(DeviceType::kCpu, *layout, inner, o);
+        if (!el.ok()) {
+          out.status = el.status();
+          return;
+        }
+        // The launch's own ranks (train_nd: its MPI world).
+        auto launch_world = GlooCommunicator::Create(
+            launch_store, "launch", r, kShard, {0, 1}, absl::Seconds(20));
+        if (!launch_world.ok()) {
+          out.status = launch_world.status();
+          return;
+        }
+        out.status = Train(**el, *std::move(launch_world),
+                           hooks.steps > 0 ? hooks.steps : kSteps, hooks, out);
+      });
     }
     return threads;
   }
@@ -516,6 +554,93 @@ TEST_F(UserHsdp, ReplicaDifferingAtTheEndIsNotIdenticalOnEveryRank) {
       EXPECT_FALSE(o.identical);
     }
   }
+}
+
+// The end-of-job comparison's last all_reduce (over the replica's own
+// DP_SHARD group) fails on one replica: that replica reports the failure as
+// a status, not as "the states differ"; the other replicas, whose
+// comparison went through, report identical states.
+TEST_F(UserHsdp, FailedEndOfJobComparisonIsAStatusNotADifference) {
+  std::vector<std::vector<Outcome>> outcomes(3, std::vector<Outcome>(kShard));
+  Hooks plain;
+  Hooks broken;
+  broken.mesh_after_commit = [](int64_t step, ElasticMesh& el) {
+    // After the last step: only the comparison uses DP_SHARD from here.
+    if (step != kSteps) return;
+    absl::StatusOr<std::shared_ptr<Communicator>> g =
+        el.mesh().get_group("DP_SHARD");
+    if (g.ok()) (*g)->abort("test: DP_SHARD lost after the last step");
+  };
+  std::vector<std::thread> all = LaunchThree(plain, 1, broken, outcomes);
+  for (std::thread& t : all) t.join();
+  for (int k = 0; k < 3; ++k) {
+    for (int r = 0; r < kShard; ++r) {
+      const Outcome& o = outcomes[k][r];
+      SCOPED_TRACE(absl::StrCat("replica ", k, " rank ", r));
+      ASSERT_TRUE(o.status.ok()) << o.status;
+      EXPECT_EQ(o.step, kSteps);
+      if (k == 1) {
+        EXPECT_FALSE(o.identical);
+        EXPECT_FALSE(o.comparison.ok());
+        EXPECT_THAT(o.comparison.message(), HasSubstr("DP_SHARD lost"));
+      } else {
+        EXPECT_TRUE(o.identical);
+        EXPECT_TRUE(o.comparison.ok()) << o.comparison;
+      }
+    }
+  }
+}
+
+// The loop's own periodic checkpoint (ElasticLoopOptions::
+// periodic_checkpoint): a job of 40 steps saves at 20 and 40; a fresh job
+// (every replica started anew) resumes at 40 and ends with the serial run's
+// 60-step parameters and AdamW moments. Each loop returns the losses of the
+// steps it trained.
+TEST_F(UserHsdp, LoopCheckpointsAndAFreshJobResumesFromIt) {
+  char path[] = "/tmp/vemesh_user_hsdp_ckpt_XXXXXX";
+  ASSERT_NE(::mkdtemp(path), nullptr);
+  Hooks first;
+  first.checkpoint_dir = path;
+  first.steps = 40;
+  std::vector<std::vector<Outcome>> outcomes(3, std::vector<Outcome>(kShard));
+  std::vector<std::thread> all = LaunchThree(first, -1, first, outcomes);
+  for (std::thread& t : all) t.join();
+  for (int k = 0; k < 3; ++k) {
+    for (int r = 0; r < kShard; ++r) {
+      const Outcome& o = outcomes[k][r];
+      SCOPED_TRACE(absl::StrCat("first job: replica ", k, " rank ", r));
+      ASSERT_TRUE(o.status.ok()) << o.status;
+      EXPECT_EQ(o.step, 40);
+      EXPECT_EQ(o.start_step, 0);
+      ASSERT_EQ(o.losses.size(), 40u);
+      EXPECT_EQ(o.losses.begin()->first, 0);
+      // (LiveCommunicatorCount is the process's: the six ranks here are
+      // threads of one process, so the counts are only reported.)
+      EXPECT_GT(o.communicators_at_start, 0);
+    }
+  }
+  control_ = std::make_shared<MemoryStore>();  // a new job, the same dir
+  Hooks second;
+  second.checkpoint_dir = path;
+  std::vector<std::vector<Outcome>> resumed(3, std::vector<Outcome>(kShard));
+  all = LaunchThree(second, -1, second, resumed);
+  for (std::thread& t : all) t.join();
+  for (int k = 0; k < 3; ++k) {
+    for (int r = 0; r < kShard; ++r) {
+      const Outcome& o = resumed[k][r];
+      SCOPED_TRACE(absl::StrCat("second job: replica ", k, " rank ", r));
+      ASSERT_TRUE(o.status.ok()) << o.status;
+      EXPECT_EQ(o.start_step, 40);
+      ASSERT_EQ(o.losses.size(), 20u);
+      EXPECT_EQ(o.losses.begin()->first, 40);
+      // (LiveCommunicatorCount is the process's: the six ranks here are
+      // threads of one process, so the counts are only reported.)
+      EXPECT_GT(o.communicators_at_start, 0);
+    }
+  }
+  ExpectTrainedAsSerial(resumed, {0, 1, 2});
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
 }
 
 TEST_F(UserHsdp, RedisRestartedMidRunEveryReplicaFinishes) {

@@ -198,5 +198,32 @@ TEST(DataParallelTrainerBadInputTest, MissingDimensionAndNoUnitsNamed) {
   EXPECT_NE(none.status().message().find("no units"), std::string::npos);
 }
 
+// A parameter listed in two units would be averaged and stepped twice:
+// refused in every mode, naming the parameter and both units.
+TEST(DataParallelTrainerBadInputTest, ParameterInTwoUnitsNamed) {
+  const int n = WorldSize();
+  const int shard = n % 2 == 0 ? 2 : 1;
+  for (DataParallelMode mode : {DataParallelMode::kDdp, DataParallelMode::kZero,
+                                DataParallelMode::kHsdp}) {
+    if (mode == DataParallelMode::kDdp) {
+      ASSERT_TRUE(InitMesh({n}, {"DP"}));
+    } else {
+      ASSERT_TRUE(InitMesh({n / shard, shard}, {"DP_REPLICATE", "DP_SHARD"}));
+    }
+    absl::StatusOr<DeviceMesh> mesh = VESCALE_DEVICE_MESH.get();
+    ASSERT_TRUE(mesh.ok());
+    Parameter w("fc.weight", Deterministic(2, 2, 0));
+    Parameter b("fc.bias", Deterministic(1, 2, 1));
+    auto twice = DataParallelTrainer::Create(
+        *mesh, {{"encoder", {&w, &b}}, {"decoder", {&w}}}, {.mode = mode});
+    ASSERT_TRUE(absl::IsInvalidArgument(twice.status())) << twice.status();
+    const std::string message(twice.status().message());
+    for (const char* name : {"'fc.weight'", "'encoder'", "'decoder'"}) {
+      EXPECT_NE(message.find(name), std::string::npos)
+          << name << " not in: " << message;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace vemesh::strategies

@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "vemesh/base/status_macros.h"
 
@@ -30,6 +31,20 @@ DataParallelTrainer::Create(const DeviceMesh& mesh, std::vector<FsdpUnit> units,
     return absl::InvalidArgumentError(
         absl::StrCat("DataParallelTrainer (", mode,
                      "): no units, expected at least one layer's parameters"));
+  }
+  // A parameter in two units would be reduced and stepped twice.
+  absl::flat_hash_map<const Parameter*, const FsdpUnit*> unit_of;
+  for (const FsdpUnit& u : units) {
+    for (const Parameter* p : u.params) {
+      auto [it, fresh] = unit_of.emplace(p, &u);
+      if (!fresh) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("DataParallelTrainer (", mode, "): parameter '",
+                         p == nullptr ? "(null)" : p->name, "' is in unit '",
+                         it->second->name, "' and in unit '", u.name,
+                         "'; expected each parameter in one unit"));
+      }
+    }
   }
   std::unique_ptr<DataParallelTrainer> t(new DataParallelTrainer(options));
   for (const FsdpUnit& u : units) {

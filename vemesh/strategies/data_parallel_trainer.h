@@ -41,8 +41,9 @@
 // dimensions (CurrentDataParallelGroup: the registry's default mesh, not
 // `mesh`; in buckets of bucket_elements, no overlap); kZero and kHsdp need
 // `mesh`'s `shard_dim` and `replicate_dim`.
-// Errors: InvalidArgument naming the mode and the missing dimension or the
-// empty unit list; the strategies' own errors as they come.
+// Errors: InvalidArgument naming the mode and the missing dimension, the
+// empty unit list, or a parameter listed in two units (naming it and both
+// units); the strategies' own errors as they come.
 // Not thread-safe; the parameters must outlive the trainer.
 
 #ifndef VEMESH_STRATEGIES_DATA_PARALLEL_TRAINER_H_

@@ -67,16 +67,20 @@ absl::StatusOr<bool> SameAsOtherReplicas(ElasticMesh& mesh) {
 }
 
 // `same` combined (min) over every dimension but the elastic one: after
-// the loop, when no replica can fail a step any more.
-bool SameOnEveryRank(ElasticMesh& mesh, bool same) {
+// the loop, when no replica can fail a step any more. A failed all_reduce
+// is its status, not "different" (ElasticLoopResult::comparison).
+absl::StatusOr<bool> SameOnEveryRank(ElasticMesh& mesh, bool same) {
   int64_t v = same ? 1 : 0;
   for (const std::string& d : mesh.mesh().mesh_dim_names()) {
     if (d == mesh.replica_dim()) continue;
-    absl::StatusOr<std::shared_ptr<Communicator>> g = mesh.mesh().get_group(d);
-    if (!g.ok()) return false;
-    if ((*g)->size() == 1) continue;
-    if (!(*g)->all_reduce(absl::MakeSpan(&v, 1), ReduceOp::kMin).ok()) {
-      return false;
+    VEMESH_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> g,
+                            mesh.mesh().get_group(d));
+    if (g->size() == 1) continue;
+    absl::Status s = g->all_reduce(absl::MakeSpan(&v, 1), ReduceOp::kMin);
+    if (!s.ok()) {
+      return absl::Status(
+          s.code(), absl::StrCat("end-of-job comparison of the replicas over ",
+                                 d, ": ", s.message()));
     }
   }
   return v == 1;
@@ -95,6 +99,20 @@ absl::StatusOr<ElasticLoopResult> RunElasticLoop(
     return absl::InvalidArgumentError(
         "RunElasticLoop: hooks.step is empty, expected the training step");
   }
+  // The loop's own checkpoint, released before it returns.
+  std::unique_ptr<PeriodicCheckpoint> own_checkpoint;
+  PeriodicCheckpoint* checkpoint = options.checkpoint;
+  if (checkpoint == nullptr && options.periodic_checkpoint.has_value()) {
+    if (options.checkpoint_world == nullptr) {
+      return absl::InvalidArgumentError(
+          "RunElasticLoop: periodic_checkpoint is set but checkpoint_world is "
+          "null; expected the communicator of the replica's own ranks");
+    }
+    VEMESH_ASSIGN_OR_RETURN(own_checkpoint, PeriodicCheckpoint::Create(
+                                                options.checkpoint_world,
+                                                *options.periodic_checkpoint));
+    checkpoint = own_checkpoint.get();
+  }
   std::FILE* log = options.log;
   const int replica = mesh.replica();
   // The round after the last step (below) lets each step carry the
@@ -102,17 +120,20 @@ absl::StatusOr<ElasticLoopResult> RunElasticLoop(
   mesh.set_verdict_rides_on_step(true);
   Line(log, MembershipLine(mesh.last_recovery(), replica, "start"));
   ElasticLoopResult result;
+  result.communicators_at_start = LiveCommunicatorCount();
+  result.replica = replica;
+  result.replica_dim = mesh.replica_dim();
   int64_t step = mesh.last_recovery().resume_step;
   // A fresh job (every member at step 0, nothing received): the latest
   // checkpoint, if any, before the state is registered and compared.
-  if (options.checkpoint != nullptr && step == 0 &&
+  if (checkpoint != nullptr && step == 0 &&
       !mesh.last_recovery().receives_state) {
-    absl::StatusOr<int64_t> restored = options.checkpoint->Restore(state);
+    absl::StatusOr<int64_t> restored = checkpoint->Restore(state);
     if (!restored.ok()) return restored.status();
     step = *restored;
     if (step > 0) {
       Line(log, absl::StrCat("resumed at step ", step, " from ",
-                             options.checkpoint->restored()->path));
+                             checkpoint->restored()->path));
     }
   }
   result.start_step = step;
@@ -193,11 +214,11 @@ absl::StatusOr<ElasticLoopResult> RunElasticLoop(
       if (!verdict->recover) break;
     } else if (verdict->committed) {
       ++step;
+      result.losses[step - 1] = *loss;
       if (hooks.on_commit) hooks.on_commit(step, *loss);
-      if (options.checkpoint != nullptr) {
-        absl::StatusOr<std::optional<int64_t>> saved =
-            options.checkpoint->AfterStep(state, step,
-                                          mesh.last_recovery().dp_rank == 0);
+      if (checkpoint != nullptr) {
+        absl::StatusOr<std::optional<int64_t>> saved = checkpoint->AfterStep(
+            state, step, mesh.last_recovery().dp_rank == 0);
         if (!saved.ok()) {
           // The previous checkpoint stays the latest; training goes on.
           Line(log, absl::StrCat("checkpoint: step ", step,
@@ -237,6 +258,7 @@ absl::StatusOr<ElasticLoopResult> RunElasticLoop(
     // or was one step ahead: resume where they are.
     record = *r;
     step = r->resume_step;
+    result.losses.erase(result.losses.lower_bound(step), result.losses.end());
     send_state = false;
     Line(log,
          MembershipLine(*r, replica,
@@ -246,9 +268,9 @@ absl::StatusOr<ElasticLoopResult> RunElasticLoop(
       if (absl::Status s = hooks.on_recovery(*r); !s.ok()) return s;
     }
   }
-  if (options.checkpoint != nullptr) {
+  if (checkpoint != nullptr) {
     // The last save in flight, committed (its files and `latest`).
-    absl::StatusOr<std::optional<int64_t>> last = options.checkpoint->Finish();
+    absl::StatusOr<std::optional<int64_t>> last = checkpoint->Finish();
     if (!last.ok()) {
       Line(log, absl::StrCat("checkpoint: last save failed: ",
                              last.status().ToString()));
@@ -259,9 +281,14 @@ absl::StatusOr<ElasticLoopResult> RunElasticLoop(
   // Every replica committed the round above: the replica's own groups are
   // safe to use again.
   if (options.compare_replicas) {
-    result.identical = SameOnEveryRank(mesh, result.identical);
+    absl::StatusOr<bool> same = SameOnEveryRank(mesh, result.identical);
+    result.comparison = same.status();
+    result.identical = same.ok() && *same;
   }
   result.steps = step;
+  result.replicas = mesh.last_recovery().dp_size;
+  own_checkpoint.reset();
+  result.communicators_at_end = LiveCommunicatorCount();
   return result;
 }
 

@@ -53,13 +53,16 @@
 //   checkpoint: step S saved
 // (WHY is "start", "membership changed" or "recovered from a failed step".)
 //
-// Checkpoints (options.checkpoint, over the replica's own ranks): the
+// Checkpoints (options.checkpoint, or options.periodic_checkpoint over
+// options.checkpoint_world: the replica's own ranks): the
 // replica at DP rank 0 saves after the committed steps PeriodicCheckpoint
 // asks for; a launch that starts a fresh job (resume step 0, no state
 // received from the members) restores the latest one first. A failed save
 // is printed and training goes on (the previous checkpoint stays latest).
 //
 // Bounds: after max_rounds rounds without finishing, Internal. Errors:
+// periodic_checkpoint's options (PeriodicCheckpoint::Create's, or a null
+// checkpoint_world: InvalidArgument), and
 // end_step's and recover()'s (control plane lost, DataLoss, a failure that
 // is not a lost member repeated past max_step_retries), the snapshot's,
 // the hooks' (on_recovery's, as is).
@@ -70,9 +73,14 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "vemesh/comm/communicator.h"
 #include "vemesh/elastic/elastic_mesh.h"
 #include "vemesh/strategies/periodic_checkpoint.h"
 #include "vemesh/strategies/state_dict.h"
@@ -89,6 +97,11 @@ struct ElasticLoopOptions {
   absl::Duration pace = absl::ZeroDuration();
   // Background checkpoints over the replica's ranks (see above); null: none.
   PeriodicCheckpoint* checkpoint = nullptr;
+  // Or the loop's own: made from these options over `checkpoint_world` (the
+  // replica's own ranks, e.g. its launch's world) when `checkpoint` is null,
+  // and released before the loop returns (its communicator too).
+  std::optional<PeriodicCheckpointOptions> periodic_checkpoint = {};
+  std::shared_ptr<Communicator> checkpoint_world = nullptr;
   // Rounds (steps tried, failed ones included) before the loop gives up:
   // 0 is 4 * steps + 1000.
   int64_t max_rounds = 0;
@@ -97,7 +110,8 @@ struct ElasticLoopOptions {
   // bytes) is compared with the same coordinate of every other replica (one
   // all_reduce over the elastic dimension), and after the loop the answers
   // are combined over the replica's own dimensions (ElasticLoopResult::
-  // identical: the same on every rank of the job).
+  // identical: the same on every rank of the job; a comparison that could
+  // not be made is ElasticLoopResult::comparison, identical then false).
   bool compare_replicas = false;
 };
 
@@ -120,8 +134,26 @@ struct ElasticLoopResult {
   int recoveries = 0;
   int64_t undone = 0;    // steps that did not commit, their updates undone
   bool evicted = false;  // not a member any more: launch it again to rejoin
+  // The loss of each committed step this launch trained and kept, by its
+  // 0-based index (a recovery that resumes at an earlier step drops those
+  // after it): what strategies::CompareLossCurve checks.
+  std::map<int64_t, double> losses;
+  // Who ran it: the mesh's replica id, elastic dimension, and its size in
+  // the last epoch (the replicas at the end).
+  int replica = -1;
+  std::string replica_dim;
+  int replicas = 0;
+  // LiveCommunicatorCount() when the loop began and when it returned (its
+  // own checkpoint released): equal unless communicators leaked (a count of
+  // the whole process: meaningful where a process is one rank).
+  int64_t communicators_at_start = 0;
+  int64_t communicators_at_end = 0;
   // options.compare_replicas: every replica ended with the same state.
   bool identical = false;
+  // options.compare_replicas: OK, or why the comparison itself failed (a
+  // communication error): `identical` is then false without meaning that
+  // the states differ.
+  absl::Status comparison;
 };
 
 absl::StatusOr<ElasticLoopResult> RunElasticLoop(

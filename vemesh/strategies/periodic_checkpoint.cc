@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "vemesh/strategies/training_metadata.h"
 
 namespace vemesh::strategies {
 
@@ -99,11 +100,7 @@ absl::StatusOr<std::optional<int64_t>> PeriodicCheckpoint::AfterStep(
   }
   checkpoint::StateDict dict;
   if (absl::Status s = state.get_state_dict(&dict); !s.ok()) return s;
-  for (const auto& [key, value] : options_.identity) {
-    dict.SetMetadata(key, value);
-  }
-  dict.SetMetadata("step", absl::StrCat(step));
-  dict.SetMetadata("data_position", absl::StrCat(step));
+  SetTrainingMetadata(options_.identity, step, &dict);
   checkpoint::SaveOptions save;
   save.keep_last = options_.keep_last;
   save.job = options_.job;

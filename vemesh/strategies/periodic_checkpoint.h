@@ -43,7 +43,7 @@
 // in restored(). A `writer` flag that differs across the ranks of `world`
 // is InvalidArgument on every rank.
 // Every save writes Options::identity, "step" and "data_position" (the
-// step: the next batch to train on is the step's own).
+// step: the next batch to train on is the step's own; training_metadata.h).
 
 #ifndef VEMESH_STRATEGIES_PERIODIC_CHECKPOINT_H_
 #define VEMESH_STRATEGIES_PERIODIC_CHECKPOINT_H_
