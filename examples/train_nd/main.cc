@@ -114,6 +114,9 @@ ABSL_FLAG(int, op_timeout_ms, 3000, "elastic: bound of a DP operation");
 ABSL_FLAG(int, recovery_timeout_ms, 60000,
           "elastic: bound of one recovery (and of forming the first epoch, "
           "after its form timeout), retries included");
+ABSL_FLAG(int, form_timeout_ms, 10000,
+          "elastic: how long the first epoch waits for every starting "
+          "replica before it forms with the ones that came");
 ABSL_FLAG(std::string, job, "train_nd",
           "elastic: the job's name in the control plane");
 ABSL_FLAG(bool, lease_detection, false,
@@ -595,6 +598,7 @@ int Run() {
     // The bound of one recovery, retries included.
     o.recovery_timeout =
         absl::Milliseconds(absl::GetFlag(FLAGS_recovery_timeout_ms));
+    o.form_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_form_timeout_ms));
     o.job = absl::GetFlag(FLAGS_job);
     o.fingerprint_every = absl::GetFlag(FLAGS_fingerprint_every);
     // Leases alone detect a lost replica: bench/elastic_kill.py's baseline.
