@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (preset 'fuzz') and runs each one for
-# VEMESH_FUZZ_SECONDS (default 20) from its seed corpus in fuzz/corpus/.
+# VEMESH_FUZZ_SECONDS (default 15) from its seed corpus in fuzz/corpus/.
 # New inputs go to a scratch directory, never into the repository; a crash
 # leaves its input under build/fuzz/artifacts/ and fails the script.
 # Prints one line per target: executions, coverage, corpus size.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-seconds=${VEMESH_FUZZ_SECONDS:-20}
+seconds=${VEMESH_FUZZ_SECONDS:-15}
 targets="mesh_spec_fuzzer mesh_layout_fuzzer store_request_fuzzer store_auth_fuzzer membership_fuzzer
          job_descriptor_fuzzer plan_input_fuzzer checkpoint_manifest_fuzzer safetensors_header_fuzzer"
 

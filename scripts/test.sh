@@ -103,7 +103,7 @@ if [[ " $presets " == *" release "* ]]; then
   timings+=("main job: $((SECONDS - start))s")
 fi
 
-# libFuzzer targets, each for VEMESH_FUZZ_SECONDS (default 20); VEMESH_FUZZ=0
+# libFuzzer targets, each for VEMESH_FUZZ_SECONDS (default 15); VEMESH_FUZZ=0
 # skips them.
 if [ "${VEMESH_FUZZ:-1}" != 0 ]; then
   start=$SECONDS
