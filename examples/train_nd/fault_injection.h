@@ -14,6 +14,7 @@
 #define EXAMPLES_TRAIN_ND_FAULT_INJECTION_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/status/statusor.h"

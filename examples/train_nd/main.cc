@@ -261,7 +261,10 @@ absl::StatusOr<TrainResult> Train(const TrainPlan& plan, bool print,
     if (absl::Status s = vemesh::strategies::CheckResumable(
             *loaded, CheckpointIdentity(plan), plan.options.steps);
         !s.ok()) {
-      return s;
+      return absl::Status(
+          s.code(), absl::StrCat("--resume=", plan.options.resume,
+                                 " with --steps=", plan.options.steps, ": ",
+                                 s.message()));
     }
     result.first_step = loaded->step;
     resumed = *std::move(loaded);

@@ -280,8 +280,8 @@ absl::StatusOr<Matrix> ParallelMlpStage::Backward(int mb,
         // every replica's rows: 1/DP makes it the global mean.
         // EDP replicas of an expert saw their own EP group's rows: summed.
         std::vector<Parameter*> expert = moe_->parameters();
-        absl::Status s = vemesh::strategies::SumExpertGradients(
-            expert, expert_edp_.get());
+        absl::Status s =
+            vemesh::strategies::SumExpertGradients(expert, expert_edp_.get());
         if (!s.ok()) return s;
         for (Parameter* p : expert) p->grad /= plan_.dp;
       }

@@ -322,7 +322,7 @@ EXAMPLES = {
     "strategies/training_metadata.h": {
         "includes": ["vemesh/strategies/state_dict.h"],
         "params": ("TrainingState& state, int64_t step, int64_t steps, "
-                   "absl::StatusOr<checkpoint::LoadResult> loaded")},
+                   "const std::string& dir, Communicator& world")},
     "strategies/data_parallel_trainer.h": {
         "includes": ["vemesh/mesh/device_mesh.h"],
         "params": ("absl::StatusOr<DeviceMesh> mesh, Parameter& w0, Parameter& w1, "

@@ -228,15 +228,17 @@ case $scenario in
     done
     expect_dead r1 1 ;;
   redis_restarted_newcomer)
-    # The same, with steps longer than form_timeout (4 s here, 10 s by
-    # default) and a replica launched right after the restart: it must join
-    # the running job (DP 4), never found a fresh one from the initial
-    # weights.
-    steps=4; pace=5500
+    # The same, with a replica launched right after the restart whose
+    # form_timeout (2.5 s here, 10 s by default; above the 2 s it waits for
+    # a missing record) ends well before the job's next step boundary (7 s
+    # steps): it must join the running job (DP 4), never found a fresh one
+    # from the initial weights, so the record must come back from the
+    # replicas' heartbeats, not from their next step.
+    steps=4; pace=7000
     launch 0 r0; launch 1 r1; launch 2 r2
     for k in 0 1 2; do wait_for r$k "^step 1/" 60; done
     sleep 1; restart_redis
-    launch 3 r3 --form_timeout_ms 4000
+    launch 3 r3 --form_timeout_ms 2500
     finish 0; finish 1; finish 2; finish 3
     for k in 0 1 2 3; do expect_pass r$k 4 $k; done
     expect_line r3 "^membership: epoch [2-9], DP=4 \[0, 1, 2, 3\] \(replica 3 is DP rank 3"

@@ -43,6 +43,7 @@
 #include "redis_server.h"  // tests/common: a redis-server of the test's own
 #include "vemesh/base/status_macros.h"
 #include "vemesh/bootstrap/store_bootstrap.h"
+#include "vemesh/checkpoint/checkpoint.h"
 #include "vemesh/comm/gloo/gloo_communicator.h"
 #include "vemesh/elastic/elastic_mesh.h"
 #include "vemesh/rendezvous/memory_store.h"
@@ -673,6 +674,85 @@ TEST_F(UserHsdp, RedisRestartedMidRunEveryReplicaFinishes) {
   }
   ExpectTrainedAsSerial(outcomes, {0, 1, 2});
   EXPECT_LT(absl::Now() - begin, absl::Seconds(60));
+}
+
+// The loop's checkpoint options, alone on one rank (one replica, one
+// thread: the process's communicator count is this rank's): conflicting
+// options are named; a checkpoint of the caller's that makes its saver
+// during the loop is not a leak; without compare_replicas the comparison
+// says it was not asked.
+TEST(ElasticLoopOptions, CheckpointOptionsNamedAndCallersSaverNotALeak) {
+  auto launch = std::make_shared<MemoryStore>();
+  MeshOptions inner;
+  inner.backend = "gloo";
+  inner.timeout = absl::Seconds(20);
+  inner.bootstrap = std::make_shared<StoreBootstrap>(launch, 0, 1, "launch");
+  ElasticOptions o;
+  o.control_store = std::make_shared<MemoryStore>();
+  o.heartbeat_ttl = absl::Milliseconds(300);
+  o.replica = 0;
+  o.job = "loop_options";
+  auto layout = MeshLayout::Create({1}, {"DP"});
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  auto el = ElasticMesh::Create(DeviceType::kCpu, *layout, inner, o);
+  ASSERT_TRUE(el.ok()) << el.status();
+  auto world =
+      GlooCommunicator::Create(launch, "world", 0, 1, {0}, absl::Seconds(20));
+  ASSERT_TRUE(world.ok()) << world.status();
+  const std::string dir =
+      absl::StrCat(::testing::TempDir(), "/loop_options_", getpid());
+  std::filesystem::remove_all(dir);
+  const strategies::PeriodicCheckpointOptions every_step{.dir = dir,
+                                                         .every = 1};
+  auto mine = strategies::PeriodicCheckpoint::Create(*world, every_step);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+
+  Parameter w("w", Init(2, 2, 1.0));
+  strategies::TrainingState state;
+  ASSERT_TRUE(
+      state.AddParameter(&w, strategies::WholePlacement("w", 2, 2)).ok());
+  strategies::ElasticLoopHooks hooks;
+  hooks.step = [&](int64_t step) -> absl::StatusOr<double> {
+    w.value(0, 0) += 1.0;
+    return static_cast<double>(step);
+  };
+
+  strategies::ElasticLoopOptions both{.steps = 3};
+  both.checkpoint = mine->get();
+  both.periodic_checkpoint = every_step;
+  both.checkpoint_world = *world;
+  auto r = strategies::RunElasticLoop(**el, state, both, hooks);
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("both checkpoint and periodic_checkpoint"));
+  strategies::ElasticLoopOptions world_only{.steps = 3};
+  world_only.checkpoint_world = *world;
+  r = strategies::RunElasticLoop(**el, state, world_only, hooks);
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("checkpoint_world is set without periodic_checkpoint"));
+  strategies::ElasticLoopOptions no_world{.steps = 3};
+  no_world.periodic_checkpoint = every_step;
+  r = strategies::RunElasticLoop(**el, state, no_world, hooks);
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("checkpoint_world is null"));
+
+  // The caller's checkpoint saves every step: its saver (and its
+  // communicator) is made inside the loop and stays the caller's.
+  strategies::ElasticLoopOptions yours{.steps = 3};
+  yours.checkpoint = mine->get();
+  r = strategies::RunElasticLoop(**el, state, yours, hooks);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->steps, 3);
+  EXPECT_EQ((*mine)->communicators(), 1);
+  EXPECT_EQ(r->communicators_at_end, r->communicators_at_start);
+  EXPECT_TRUE(absl::IsFailedPrecondition(r->comparison)) << r->comparison;
+  EXPECT_THAT(r->comparison.message(), HasSubstr("compare_replicas"));
+  auto latest = checkpoint::LatestStep(dir);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(latest->value_or(0), 3);
+  mine->reset();
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "strategies_test_util.h"
 #include "vemesh/registry/ve_device_mesh.h"
@@ -222,6 +223,14 @@ TEST(DataParallelTrainerBadInputTest, ParameterInTwoUnitsNamed) {
       EXPECT_NE(message.find(name), std::string::npos)
           << name << " not in: " << message;
     }
+    // Twice in one unit: said so, not "in 'encoder' and in 'encoder'".
+    auto repeated = DataParallelTrainer::Create(
+        *mesh, {{"encoder", {&w, &b, &w}}}, {.mode = mode});
+    ASSERT_TRUE(absl::IsInvalidArgument(repeated.status()))
+        << repeated.status();
+    EXPECT_THAT(std::string(repeated.status().message()),
+                ::testing::HasSubstr(
+                    "parameter 'fc.weight' is listed twice in unit 'encoder'"));
   }
 }
 

@@ -38,11 +38,16 @@ DataParallelTrainer::Create(const DeviceMesh& mesh, std::vector<FsdpUnit> units,
     for (const Parameter* p : u.params) {
       auto [it, fresh] = unit_of.emplace(p, &u);
       if (!fresh) {
+        const std::string name = p == nullptr ? "(null)" : p->name;
         return absl::InvalidArgumentError(
-            absl::StrCat("DataParallelTrainer (", mode, "): parameter '",
-                         p == nullptr ? "(null)" : p->name, "' is in unit '",
-                         it->second->name, "' and in unit '", u.name,
-                         "'; expected each parameter in one unit"));
+            it->second == &u
+                ? absl::StrCat("DataParallelTrainer (", mode, "): parameter '",
+                               name, "' is listed twice in unit '", u.name,
+                               "'; expected each parameter once")
+                : absl::StrCat("DataParallelTrainer (", mode, "): parameter '",
+                               name, "' is in unit '", it->second->name,
+                               "' and in unit '", u.name,
+                               "'; expected each parameter in one unit"));
       }
     }
   }

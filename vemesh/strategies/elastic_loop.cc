@@ -102,6 +102,17 @@ absl::StatusOr<ElasticLoopResult> RunElasticLoop(
   // The loop's own checkpoint, released before it returns.
   std::unique_ptr<PeriodicCheckpoint> own_checkpoint;
   PeriodicCheckpoint* checkpoint = options.checkpoint;
+  if (checkpoint != nullptr && options.periodic_checkpoint.has_value()) {
+    return absl::InvalidArgumentError(
+        "RunElasticLoop: both checkpoint and periodic_checkpoint are set; "
+        "expected one (yours, or the options of the loop's own)");
+  }
+  if (options.checkpoint_world != nullptr &&
+      !options.periodic_checkpoint.has_value()) {
+    return absl::InvalidArgumentError(
+        "RunElasticLoop: checkpoint_world is set without periodic_checkpoint; "
+        "expected the options of the checkpoint it is for");
+  }
   if (checkpoint == nullptr && options.periodic_checkpoint.has_value()) {
     if (options.checkpoint_world == nullptr) {
       return absl::InvalidArgumentError(
@@ -121,6 +132,10 @@ absl::StatusOr<ElasticLoopResult> RunElasticLoop(
   Line(log, MembershipLine(mesh.last_recovery(), replica, "start"));
   ElasticLoopResult result;
   result.communicators_at_start = LiveCommunicatorCount();
+  // A caller's checkpoint may make its saver's communicator during the
+  // loop and keep it: not a leak.
+  const int64_t held_at_start =
+      options.checkpoint != nullptr ? options.checkpoint->communicators() : 0;
   result.replica = replica;
   result.replica_dim = mesh.replica_dim();
   int64_t step = mesh.last_recovery().resume_step;
@@ -251,6 +266,15 @@ absl::StatusOr<ElasticLoopResult> RunElasticLoop(
                                 absl::StrJoin(r->replicas, ", "), replica));
       result.steps = step;
       result.evicted = true;
+      // The save in flight is complete but for its commit: every rank of
+      // this replica was evicted with it, so each commits it here.
+      if (checkpoint != nullptr) {
+        if (absl::StatusOr<std::optional<int64_t>> last = checkpoint->Finish();
+            !last.ok()) {
+          Line(log, absl::StrCat("checkpoint: last save failed: ",
+                                 last.status().ToString()));
+        }
+      }
       return result;
     }
     ++result.recoveries;
@@ -284,11 +308,18 @@ absl::StatusOr<ElasticLoopResult> RunElasticLoop(
     absl::StatusOr<bool> same = SameOnEveryRank(mesh, result.identical);
     result.comparison = same.status();
     result.identical = same.ok() && *same;
+  } else {
+    result.comparison = absl::FailedPreconditionError(
+        "not asked: ElasticLoopOptions::compare_replicas is false");
   }
   result.steps = step;
   result.replicas = mesh.last_recovery().dp_size;
   own_checkpoint.reset();
-  result.communicators_at_end = LiveCommunicatorCount();
+  result.communicators_at_end =
+      LiveCommunicatorCount() -
+      (options.checkpoint != nullptr
+           ? options.checkpoint->communicators() - held_at_start
+           : 0);
   return result;
 }
 

@@ -99,7 +99,9 @@ struct ElasticLoopOptions {
   PeriodicCheckpoint* checkpoint = nullptr;
   // Or the loop's own: made from these options over `checkpoint_world` (the
   // replica's own ranks, e.g. its launch's world) when `checkpoint` is null,
-  // and released before the loop returns (its communicator too).
+  // and released before the loop returns (the saver's communicator with it;
+  // `checkpoint_world` stays yours). Both set, or a world without options:
+  // InvalidArgument. A replica evicted commits its save in flight first.
   std::optional<PeriodicCheckpointOptions> periodic_checkpoint = {};
   std::shared_ptr<Communicator> checkpoint_world = nullptr;
   // Rounds (steps tried, failed ones included) before the loop gives up:
@@ -136,7 +138,8 @@ struct ElasticLoopResult {
   bool evicted = false;  // not a member any more: launch it again to rejoin
   // The loss of each committed step this launch trained and kept, by its
   // 0-based index (a recovery that resumes at an earlier step drops those
-  // after it): what strategies::CompareLossCurve checks.
+  // after it): what strategies::CompareLossCurve checks. One map entry per
+  // step (about 64 bytes: 64 MB at a million steps).
   std::map<int64_t, double> losses;
   // Who ran it: the mesh's replica id, elastic dimension, and its size in
   // the last epoch (the replicas at the end).
@@ -144,15 +147,18 @@ struct ElasticLoopResult {
   std::string replica_dim;
   int replicas = 0;
   // LiveCommunicatorCount() when the loop began and when it returned (its
-  // own checkpoint released): equal unless communicators leaked (a count of
-  // the whole process: meaningful where a process is one rank).
+  // own checkpoint released; the saver a checkpoint of yours made during
+  // the loop not counted): equal unless communicators leaked (a count of
+  // the whole process: meaningful where a process is one rank). An evicted
+  // replica returns early: these two, `replicas` and the comparison are
+  // left unset.
   int64_t communicators_at_start = 0;
   int64_t communicators_at_end = 0;
   // options.compare_replicas: every replica ended with the same state.
   bool identical = false;
   // options.compare_replicas: OK, or why the comparison itself failed (a
   // communication error): `identical` is then false without meaning that
-  // the states differ.
+  // the states differ. FailedPrecondition when compare_replicas is false.
   absl::Status comparison;
 };
 

@@ -6,7 +6,8 @@
 // whether the loop left communicators behind (elastic_loop.h).
 //
 //   absl::StatusOr<ElasticLoopResult> done =
-//       RunElasticLoop(el, state, {.steps = 100}, hooks);
+//       RunElasticLoop(el, state, {.steps = 100, .compare_replicas = true},
+//                      hooks);
 //   if (!done.ok()) return done.status();
 //   if (done->evicted) return absl::OkStatus();
 //   absl::StatusOr<LossCurveComparison> curve =

@@ -103,6 +103,9 @@ class PeriodicCheckpoint {
     return restored_;
   }
   const PeriodicCheckpointOptions& options() const { return options_; }
+  // Communicators this checkpoint holds besides `world` (its saver's, made
+  // at the first save): 0 or 1.
+  int64_t communicators() const { return saver_ != nullptr ? 1 : 0; }
 
  private:
   PeriodicCheckpoint(std::shared_ptr<Communicator> world,

@@ -20,10 +20,10 @@ absl::Status CheckResumable(const checkpoint::LoadResult& loaded,
     if (it == metadata.end() || it->second != want) {
       return absl::InvalidArgumentError(absl::StrCat(
           "checkpoint '", loaded.path,
-          "' is of another model or training: it holds '",
-          it == metadata.end() ? absl::StrCat("(no ", key, " metadata)")
-                               : it->second,
-          "'; this run is '", want, "'"));
+          "' is of another model or training: its '", key, "' is ",
+          it == metadata.end() ? std::string("missing")
+                               : absl::StrCat("'", it->second, "'"),
+          "; this run's is '", want, "'"));
     }
   }
   auto position = metadata.find("data_position");

@@ -10,9 +10,14 @@
 //   absl::Status s = state.get_state_dict(&dict);
 //   SetTrainingMetadata(identity, step, &dict);
 //   // ... checkpoint::Save(dict, step, dir, world) ...
-//   // On resume, once checkpoint::Load returned `loaded`:
+//   // On resume: the identity checked before any weight is written, then
+//   // the data position and the steps left.
+//   checkpoint::LoadOptions load;
+//   load.metadata = identity;
+//   auto loaded = checkpoint::Load(dict, dir, world, load);
+//   if (!loaded.ok()) return loaded.status();  // another model, a bad file
 //   s = CheckResumable(*loaded, identity, steps);
-//   if (!s.ok()) return s;   // another model, or nothing left to train
+//   if (!s.ok()) return s;   // nothing left to train
 //
 // Metadata: each key of `identity` (what fixes the training: the model,
 // its seed, batch and optimizer; not the mesh), "step" (committed steps)
@@ -20,7 +25,8 @@
 // that is a function of the batch's index).
 //
 // CheckResumable: InvalidArgument naming the checkpoint's path and what
-// differs: an identity key missing or with another value (both values),
+// differs: an identity key missing or with another value (the key and
+// both values; LoadOptions::metadata makes Load refuse it first),
 // a data_position that is not the step, or a step at or past `steps`
 // (nothing left to train).
 
