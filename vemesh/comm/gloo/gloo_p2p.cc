@@ -146,7 +146,9 @@ absl::Status GlooCommunicator::ReceiveFrom(absl::string_view op, int peer,
                                            DataType type,
                                            absl::Status* failed) {
   const uint64_t k = received_[peer]++;
-  if (shm_ == nullptr) return Receive(op, peer, data, count, type);
+  if (shm_ == nullptr || !ShmGroup::HasP2P(size_)) {
+    return Receive(op, peer, data, count, type);
+  }
   const auto aborted_now = [this] { return aborted(); };
   if (tcp_before_[peer] < 0) {
     absl::StatusOr<uint64_t> before =

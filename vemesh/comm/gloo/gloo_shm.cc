@@ -134,6 +134,7 @@ void GlooCommunicator::SetUpShm() {
   shm_shared_.store(shm_.get());
   // This rank's sends go through the segment from here; the receivers
   // learn how many went by TCP before.
+  if (!ShmGroup::HasP2P(size_)) return;
   std::lock_guard<std::mutex> lock(p2p_mu_);
   shm_->OpenP2P(sent_.data());
   p2p_shm_ = shm_.get();

@@ -58,7 +58,7 @@ size_t RoundsBytes(int size) {
 }
 
 size_t SegmentBytes(int size) {
-  const size_t n = static_cast<size_t>(size);
+  const size_t n = ShmGroup::HasP2P(size) ? static_cast<size_t>(size) : 0;
   return RoundsBytes(size) + n * n * PairStride(size);
 }
 

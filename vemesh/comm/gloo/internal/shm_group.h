@@ -52,6 +52,10 @@ class ShmGroup {
   static constexpr size_t kSummaryBytes = 32;
 
   static constexpr uint64_t kP2PSlots = 128;
+  // Pairs grow as size^2: a larger group keeps its messages on TCP (32
+  // ranks: 1,024 pairs, 10 MiB).
+  static constexpr int kMaxP2PRanks = 32;
+  static bool HasP2P(int size) { return size <= kMaxP2PRanks; }
   // Each ordered pair's ring: 256 KiB shared among a rank's peers, from
   // 4 KiB to 64 KiB each.
   static size_t RingBytes(int size);
