@@ -499,6 +499,126 @@ TEST(GlooShm, RanksWaitingForALateRankSleep) {
       << "the waiting ranks used " << cpu_while_late << " of CPU";
 }
 
+// -- Point to point through shared memory (issue 46, item 3) ---------------
+
+// The values rank `from` sends as its message `i` of `count` elements.
+std::vector<int32_t> Message(int from, int i, size_t count) {
+  std::vector<int32_t> m(count);
+  for (size_t k = 0; k < count; ++k) m[k] = from * 1000003 + i * 1009 + int(k);
+  return m;
+}
+
+// Each rank sends to the next and receives from the previous, in batches
+// (a Gloo worker waits for its TCP sends): a message before the segment is
+// set up (TCP), then messages of every size (empty, wrapping around the
+// ring, larger than the ring: TCP), then more than a pair's descriptors
+// ahead of the receiver (the pair closes to TCP), then more. The same
+// values arrive over TCP and over shared memory.
+TEST(GlooShmP2P, MessagesArriveAlikeOverTcpAndSharedMemory) {
+  for (const char* transport : {"0", "1"}) {
+    ScopedShm shm(transport);
+    constexpr int n = 4;
+    OnRanks(n, [&](std::shared_ptr<GlooCommunicator> comm) {
+      const int me = comm->rank();
+      const int next = (me + 1) % n, prev = (me + n - 1) % n;
+      int sent_so_far = 0;
+      // One batch: a message of each of `counts` to the next rank, and as
+      // many from the previous one, checked.
+      auto exchange = [&](const std::vector<size_t>& counts) {
+        std::vector<std::vector<int32_t>> out, in;
+        std::vector<P2POp> ops;
+        for (size_t j = 0; j < counts.size(); ++j) {
+          out.push_back(Message(me, sent_so_far + int(j), counts[j]));
+          in.emplace_back(counts[j], -1);
+        }
+        for (auto& m : out) ops.push_back(P2POp::Send(m, next));
+        for (auto& m : in) ops.push_back(P2POp::Recv(m, prev));
+        absl::Status s = comm->batch_send_recv(ops);
+        ASSERT_TRUE(s.ok()) << "transport " << transport << ": " << s;
+        for (size_t j = 0; j < counts.size(); ++j) {
+          EXPECT_EQ(in[j], Message(prev, sent_so_far + int(j), counts[j]))
+              << "transport " << transport << " message " << sent_so_far + j;
+        }
+        sent_so_far += int(counts.size());
+      };
+      exchange({5});  // before the group's first collective: TCP
+      ASSERT_TRUE(comm->barrier().ok());
+      for (int round = 0; round < 6; ++round) {  // wraps around the ring
+        exchange({0, 1, 4000, 7, 16000, 40000, 3, 2});
+      }
+      std::vector<size_t> ahead(300);  // far ahead of the receiver
+      for (size_t k = 0; k < ahead.size(); ++k) ahead[k] = k % 3;
+      exchange(ahead);
+      exchange({100, 20000});  // the pair closed to TCP
+      EXPECT_TRUE(comm->barrier().ok());
+    });
+  }
+}
+
+// A receive of the wrong length over shared memory: InvalidArgument naming
+// both counts on the receiver, the stream in step for the next message,
+// the sender's send fine (as over TCP), the group usable.
+TEST(GlooShmP2P, LengthMismatchIsInvalidArgumentAndTheStreamStaysInStep) {
+  ScopedShm shm("1");
+  OnRanks(2, [&](std::shared_ptr<GlooCommunicator> comm) {
+    const int me = comm->rank();
+    ASSERT_TRUE(comm->barrier().ok());  // the segment is set up
+    std::vector<int32_t> three = {1, 2, 3}, four = {4, 5, 6, 7};
+    std::vector<int32_t> big(30000, 8);  // by TCP: larger than the ring
+    if (me == 0) {
+      EXPECT_TRUE(comm->send(absl::MakeConstSpan(three), 1).ok());
+      EXPECT_TRUE(comm->send(absl::MakeConstSpan(big), 1).ok());
+      EXPECT_TRUE(comm->send(absl::MakeConstSpan(four), 1).ok());
+    } else {
+      std::vector<int32_t> got(4);
+      absl::Status s = comm->recv(absl::MakeSpan(got), 0);
+      EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+      EXPECT_EQ(s.message(), "recv expected 4 elements from rank 0 but got 3");
+      std::vector<int32_t> small(2);
+      s = comm->recv(absl::MakeSpan(small), 0);
+      EXPECT_EQ(s.message(),
+                "recv expected 2 elements from rank 0 but got 30000");
+      s = comm->recv(absl::MakeSpan(got), 0);
+      EXPECT_TRUE(s.ok()) << s;
+      EXPECT_EQ(got, four);
+    }
+    EXPECT_TRUE(comm->barrier().ok());
+  });
+}
+
+// A rank that leaves (destroys or aborts its communicator) while its peer
+// waits in a receive over shared memory: the receive fails naming it well
+// before the group's 30 s timeout. (A process that dies: its pid,
+// tests/python/mp_shm_rank_death.py p2p.)
+TEST(GlooShmP2P, PeerLeavingEndsAReceiveAtOnce) {
+  ScopedShm shm("1");
+  for (bool abort : {false, true}) {
+    absl::Status result;
+    absl::Duration took;
+    OnRanks(2, [&](std::shared_ptr<GlooCommunicator> comm) {
+      ASSERT_TRUE(comm->barrier().ok());
+      if (comm->rank() == 0) {
+        absl::SleepFor(absl::Milliseconds(300));  // rank 1 is waiting
+        if (abort) {
+          comm->abort("rank 0 stops");
+        } else {
+          comm.reset();
+        }
+        return;
+      }
+      std::vector<float> data(16);
+      const absl::Time start = absl::Now();
+      result = comm->recv(absl::MakeSpan(data), 0);
+      took = absl::Now() - start;
+    });
+    EXPECT_TRUE(absl::IsUnavailable(result)) << "abort=" << abort << ": "
+                                             << result;
+    EXPECT_THAT(std::string(result.message()),
+                HasSubstr("rank 0 left the group"));
+    EXPECT_LT(took, absl::Seconds(10));
+  }
+}
+
 TEST(GlooFailure, PeerLeavesMidCollectiveOfTwo) { PeerLeavesMidCollective(2); }
 TEST(GlooFailure, PeerLeavesMidCollectiveOfFour) { PeerLeavesMidCollective(4); }
 

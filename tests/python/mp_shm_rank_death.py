@@ -3,12 +3,14 @@
 seconds, not at the group's timeout, as it did when a reset TCP connection
 told them.
 
-  run_mp.sh torchrun 120 4 python3 mp_shm_rank_death.py
+  run_mp.sh torchrun 120 4 python3 mp_shm_rank_death.py [p2p]
 
 The last rank exits (os._exit: no destructor runs, nothing leaves the group
 politely; exit code 0 so that torchrun lets the others finish) while the
 others are inside an all_reduce of 16 float32, which rides on the group's
-shared memory. Each survivor checks the error and the time it took and
+shared memory. With `p2p`, the survivors wait in a receive from the last
+rank instead, which rides on the group's shared-memory pairs. Each
+survivor checks the error and the time it took and
 exits 0; any other outcome exits 1 and fails the launch.
 """
 import os
@@ -19,6 +21,7 @@ import numpy as np
 
 import vemesh
 
+p2p = sys.argv[1:] == ["p2p"]
 world = int(os.environ["WORLD_SIZE"])
 mesh = vemesh.init_device_mesh("cpu", (world,), mesh_dim_names=("world",))
 g = mesh.get_group()
@@ -37,12 +40,16 @@ if me == world - 1:
     os._exit(0)
 start = time.monotonic()
 try:
-    g.all_reduce(data)
+    if p2p:
+        g.recv(data, world - 1)
+    else:
+        g.all_reduce(data)
 except Exception as e:  # noqa: BLE001 - any vemesh error type
     took = time.monotonic() - start
     text = str(e)
     ok = f"rank {world - 1}" in text and took < 10
     print(f"rank {me}: failed after {took:.2f} s: {text}", flush=True)
     sys.exit(0 if ok else 1)
-print(f"rank {me}: the all_reduce with a dead rank returned", flush=True)
+print(f"rank {me}: the {'recv' if p2p else 'all_reduce'} with a dead rank "
+      "returned", flush=True)
 sys.exit(1)

@@ -35,7 +35,10 @@ GlooCommunicator::GlooCommunicator(
       gloo_timeout_(timeout),
       hostname_(std::move(hostname)),
       device_(std::move(device)),
-      context_(std::move(context)) {
+      context_(std::move(context)),
+      sent_(static_cast<size_t>(size)),
+      received_(static_cast<size_t>(size)),
+      tcp_before_(static_cast<size_t>(size), -1) {
   connected_ = context_ != nullptr;
 }
 
@@ -144,7 +147,7 @@ absl::Status GlooCommunicator::Execute(Job& job) {
     absl::Status shm_failed;
     status = RunGloo(absl::StrCat("gloo ", name), [&] {
       if (op.kind == OpKind::kBatch) {
-        result = RunBatch(job);
+        result = RunBatch(job, &shm_failed);
         return;
       }
       if (!shm_tried_) SetUpShm();

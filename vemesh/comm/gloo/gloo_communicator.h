@@ -307,9 +307,16 @@ class GlooCommunicator final : public Communicator {
   // ahead of them on a peer's worker cannot wait for them forever; the
   // worker takes messages to oneself, receives in order and waits for the
   // sends. A receive of the wrong length is InvalidArgument and leaves the
-  // stream in step.
+  // stream in step. Once a same-host group's segment is set up, its
+  // messages go through it (a payload too large for the pair's ring free
+  // space still goes by TCP); a failure of its waits (a peer died or left,
+  // timeout, abort) is `*failed` and breaks the communicator.
   void PostSends(Job& job);
-  absl::Status RunBatch(Job& job);
+  absl::Status RunBatch(Job& job, absl::Status* failed);
+  // Receives the next message from `peer` (not oneself), through the
+  // segment or TCP as its sender sent it.
+  absl::Status ReceiveFrom(absl::string_view op, int peer, void* data,
+                           size_t count, DataType type, absl::Status* failed);
   // The tag of the next collective. Every rank runs collectives in the
   // same order, so the counters agree, and a late message of one
   // collective can never match another.
@@ -369,6 +376,17 @@ class GlooCommunicator final : public Communicator {
   std::deque<std::shared_ptr<Job>> queue_;  // under queue_mu_
   bool stopping_ = false;                   // under queue_mu_
   std::thread worker_;                      // started under queue_mu_
+
+  // Point to point through the segment: the issuing threads' sends are
+  // counted per peer, so that a receiver knows which of them went by TCP
+  // before the segment was opened to them.
+  std::mutex p2p_mu_;
+  std::vector<uint64_t> sent_;                  // under p2p_mu_
+  gloo_internal::ShmGroup* p2p_shm_ = nullptr;  // under p2p_mu_
+  // The worker's: receives run per peer, and how many messages each peer
+  // sent by TCP before it opened its sends here (-1: not known yet).
+  std::vector<uint64_t> received_;
+  std::vector<int64_t> tcp_before_;
 
   // Point-to-point buffers the worker waits on, for OnAbort.
   std::mutex interruptible_mu_;

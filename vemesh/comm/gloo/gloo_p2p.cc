@@ -1,5 +1,7 @@
 // GlooCommunicator's point to point: sends posted on the issuing thread,
-// receives (length first) and messages to oneself on the worker.
+// receives (length first) and messages to oneself on the worker. On a
+// same-host group, once its segment is set up, through the segment's
+// pairs (internal/shm_group.h): no TCP pair, no I/O thread.
 
 #include <climits>
 #include <cstdint>
@@ -15,6 +17,7 @@
 #include "vemesh/comm/gloo/gloo_communicator.h"
 #include "vemesh/comm/gloo/internal/gloo_error.h"
 #include "vemesh/comm/gloo/internal/gloo_job.h"
+#include "vemesh/comm/gloo/internal/shm_group.h"
 
 namespace vemesh {
 namespace {
@@ -26,6 +29,7 @@ constexpr uint64_t kMaxMessageBytes = uint64_t{INT_MAX} * 8;
 using gloo_internal::Bytes;
 using gloo_internal::kHeaderSlot;
 using gloo_internal::kPayloadSlot;
+using gloo_internal::ShmGroup;
 
 }  // namespace
 
@@ -111,26 +115,88 @@ void GlooCommunicator::PostSends(Job& job) {
       to_self_.emplace_back(begin, begin + p.count * SizeOf(p.type));
     }
   }
-  job.posted = RunGloo(absl::StrCat("gloo ", job.name), [&] {
-    for (const P2POp& p : job.op.p2p) {
-      if (p.kind == P2POp::Kind::kSend && p.peer != rank_) {
-        job.outgoing.push_back(std::make_unique<Outgoing>(
-            *this, p.peer, p.data, p.count * SizeOf(p.type)));
+  // One issuing thread at a time: each peer's messages are counted and
+  // posted in one order.
+  std::lock_guard<std::mutex> lock(p2p_mu_);
+  for (const P2POp& p : job.op.p2p) {
+    if (p.kind != P2POp::Kind::kSend || p.peer == rank_) continue;
+    const size_t bytes = p.count * SizeOf(p.type);
+    sent_[p.peer] += 1;
+    if (p2p_shm_ != nullptr) {
+      absl::StatusOr<bool> in_ring = p2p_shm_->P2PSend(p.peer, p.data, bytes);
+      if (!in_ring.ok()) {
+        job.posted = absl::Status(
+            in_ring.status().code(),
+            absl::StrCat("gloo ", job.name,
+                         " (shared memory): ", in_ring.status().message()));
+        return;
       }
+      if (*in_ring) continue;  // else its payload goes by TCP
     }
-  });
+    job.posted = RunGloo(absl::StrCat("gloo ", job.name), [&] {
+      job.outgoing.push_back(
+          std::make_unique<Outgoing>(*this, p.peer, p.data, bytes));
+    });
+    if (!job.posted.ok()) return;
+  }
 }
 
-absl::Status GlooCommunicator::RunBatch(Job& job) {
+absl::Status GlooCommunicator::ReceiveFrom(absl::string_view op, int peer,
+                                           void* data, size_t count,
+                                           DataType type,
+                                           absl::Status* failed) {
+  const uint64_t k = received_[peer]++;
+  if (shm_ == nullptr || !ShmGroup::HasP2P(size_)) {
+    return Receive(op, peer, data, count, type);
+  }
+  const auto aborted_now = [this] { return aborted(); };
+  if (tcp_before_[peer] < 0) {
+    absl::StatusOr<uint64_t> before =
+        shm_->P2PTcpBefore(peer, gloo_timeout_, aborted_now);
+    if (!before.ok()) {
+      *failed = before.status();
+      return absl::OkStatus();
+    }
+    tcp_before_[peer] = static_cast<int64_t>(*before);
+  }
+  if (k < static_cast<uint64_t>(tcp_before_[peer])) {
+    return Receive(op, peer, data, count, type);
+  }
+  absl::StatusOr<ShmGroup::P2PMessage> message =
+      shm_->P2PNext(peer, gloo_timeout_, aborted_now);
+  if (!message.ok()) {
+    *failed = message.status();
+    return absl::OkStatus();
+  }
+  if (!message->in_ring) {  // its payload follows by TCP
+    shm_->P2PTake(peer, *message, nullptr);
+    // The pair closed: the rest of the stream is TCP's.
+    if (message->closes) tcp_before_[peer] = INT64_MAX;
+    return Receive(op, peer, data, count, type);
+  }
+  const size_t bytes = count * SizeOf(type);
+  // A message of the wrong length is dropped: the stream stays in step.
+  shm_->P2PTake(peer, *message, message->bytes == bytes ? data : nullptr);
+  if (message->bytes != bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, " expected ", count, " elements from rank ", peer,
+                     " but got ", message->bytes / SizeOf(type)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GlooCommunicator::RunBatch(Job& job, absl::Status* failed) {
   const Operation& op = job.op;
   // Receives in order: two from one peer match its sends in order. A
   // mismatched length is reported after the others completed.
   absl::Status first_error;
   for (const P2POp& p : op.p2p) {
     if (p.kind != P2POp::Kind::kRecv) continue;
-    absl::Status s = p.peer == rank_
-                         ? TakeFromSelf(op.Name(), p.data, p.count, p.type)
-                         : Receive(op.Name(), p.peer, p.data, p.count, p.type);
+    absl::Status s =
+        p.peer == rank_
+            ? TakeFromSelf(op.Name(), p.data, p.count, p.type)
+            : ReceiveFrom(op.Name(), p.peer, p.data, p.count, p.type, failed);
+    if (!failed->ok()) return first_error;
     if (first_error.ok()) first_error = s;
   }
   for (auto& message : job.outgoing) message->Wait();

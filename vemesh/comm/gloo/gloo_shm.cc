@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <random>
 #include <string>
 #include <vector>
@@ -131,6 +132,12 @@ void GlooCommunicator::SetUpShm() {
   }
   shm_ = std::move(group);
   shm_shared_.store(shm_.get());
+  // This rank's sends go through the segment from here; the receivers
+  // learn how many went by TCP before.
+  if (!ShmGroup::HasP2P(size_)) return;
+  std::lock_guard<std::mutex> lock(p2p_mu_);
+  shm_->OpenP2P(sent_.data());
+  p2p_shm_ = shm_.get();
 }
 
 absl::Status GlooCommunicator::ShmRound(const Operation& op,

@@ -35,6 +35,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -49,6 +50,15 @@ class ShmGroup {
   // most this many bytes run on shared memory alone.
   static constexpr size_t kSlotBytes = 65536;
   static constexpr size_t kSummaryBytes = 32;
+
+  static constexpr uint64_t kP2PSlots = 128;
+  // Pairs grow as size^2: a larger group keeps its messages on TCP (32
+  // ranks: 1,024 pairs, 10 MiB).
+  static constexpr int kMaxP2PRanks = 32;
+  static bool HasP2P(int size) { return size <= kMaxP2PRanks; }
+  // Each ordered pair's ring: 256 KiB shared among a rank's peers, from
+  // 4 KiB to 64 KiB each.
+  static size_t RingBytes(int size);
 
   // Rank 0 makes the segment `name` (a POSIX shm name, "/vemesh-..."),
   // sized for `size` ranks, its memory reserved (no SIGBUS later on a full
@@ -84,17 +94,54 @@ class ShmGroup {
   // a closed TCP connection ends theirs. Any thread.
   void Leave();
 
+  // Point to point. This rank's sends go through the segment from now on:
+  // it publishes, for each rank r, how many messages it sent r before
+  // (`sent[r]`, through TCP). The caller orders this with its sends.
+  void OpenP2P(const uint64_t* sent);
+  // How many messages `peer` sent this rank through TCP before it opened
+  // its sends here: waits for it to publish (it does right after the
+  // set-up's last collective).
+  absl::StatusOr<uint64_t> P2PTcpBefore(int peer, absl::Duration timeout,
+                                        const Aborted& aborted);
+  // Posts a message of `bytes` to `peer`: true when its payload went into
+  // the ring, false when it goes by TCP (its descriptor, if any, says so).
+  // Never waits; Unavailable once this rank left. Never concurrent.
+  absl::StatusOr<bool> P2PSend(int peer, const void* data, size_t bytes);
+  // The next message from `peer`, once posted: its length and whether its
+  // payload is in the ring. P2PTake then copies an inline payload into
+  // `data` (nullptr: drops it) and frees the message's descriptor.
+  struct P2PMessage {
+    uint64_t bytes;
+    bool in_ring;
+    bool closes;  // every later message from `peer` goes by TCP
+  };
+  absl::StatusOr<P2PMessage> P2PNext(int peer, absl::Duration timeout,
+                                     const Aborted& aborted);
+  void P2PTake(int peer, const P2PMessage& message, void* data);
+
  private:
   ShmGroup(std::string name, void* base, size_t bytes, int size);
   struct Control;
+  struct Pair;
   Control* control(int r) const;
+  // The pair from rank `from` to rank `to`, its descriptors and its ring.
+  Pair* pair(int from, int to) const;
+  uint64_t* descriptors(int from, int to) const;
+  char* ring(int from, int to) const;
   char* slot(int r, uint64_t round) const;
   // Spins, then sleeps, until every rank's counter `which` reaches
   // `target`; bounded as Post says.
   absl::Status WaitAll(int which, uint64_t target, absl::Duration timeout,
                        const Aborted& aborted);
+  // Spins, then sleeps, until `counter` (moved by rank `r`, which wakes the
+  // `sleepers`) reaches `target`; `what` names the wait in a timeout.
+  absl::Status WaitFor(uint64_t& counter, uint64_t target, int r,
+                       uint32_t& sleepers, absl::Duration timeout,
+                       const Aborted& aborted,
+                       const std::function<std::string()>& what);
   // Stores this rank's counter and wakes the waits asleep on it.
   void Advance(uint64_t& counter, uint64_t value);
+  void Advance(uint64_t& counter, uint64_t value, uint32_t& sleepers);
 
   std::string name_;
   void* base_;
@@ -102,6 +149,12 @@ class ShmGroup {
   int rank_ = 0;
   int size_;
   uint64_t round_ = 0;  // rounds this rank posted
+  size_t ring_bytes_;
+  // This rank's ends of its pairs, per peer: bytes written into its
+  // outgoing ring (the sender's), bytes read from its incoming one.
+  std::vector<uint64_t> written_;
+  std::vector<uint64_t> read_;
+  std::vector<char> closed_;  // the sender's: pairs now on TCP for good
 };
 
 }  // namespace gloo_internal
