@@ -594,6 +594,7 @@ TEST(GlooShmP2P, PeerLeavingEndsAReceiveAtOnce) {
   ScopedShm shm("1");
   for (bool abort : {false, true}) {
     absl::Status result;
+    absl::Status sent;
     absl::Duration took;
     OnRanks(2, [&](std::shared_ptr<GlooCommunicator> comm) {
       ASSERT_TRUE(comm->barrier().ok());
@@ -610,12 +611,19 @@ TEST(GlooShmP2P, PeerLeavingEndsAReceiveAtOnce) {
       const absl::Time start = absl::Now();
       result = comm->recv(absl::MakeSpan(data), 0);
       took = absl::Now() - start;
+      // A send to the rank that left fails too (as on its closed TCP
+      // connection), though its ring has room.
+      sent = comm->send(absl::MakeConstSpan(data), 0);
     });
-    EXPECT_TRUE(absl::IsUnavailable(result)) << "abort=" << abort << ": "
-                                             << result;
+    EXPECT_TRUE(absl::IsUnavailable(result))
+        << "abort=" << abort << ": " << result;
     EXPECT_THAT(std::string(result.message()),
                 HasSubstr("rank 0 left the group"));
     EXPECT_LT(took, absl::Seconds(10));
+    EXPECT_TRUE(absl::IsUnavailable(sent)) << "abort=" << abort << ": " << sent;
+    EXPECT_THAT(std::string(sent.message()),
+                ::testing::AllOf(HasSubstr("(shared memory)"),
+                                 HasSubstr("rank 0 left the group")));
   }
 }
 

@@ -346,6 +346,7 @@ void ShmGroup::Leave() {
   for (int r = 0; r < size_; ++r) {
     FutexWakeAll(FutexWord(control(r)->posted));
     FutexWakeAll(FutexWord(control(r)->released));
+    if (!HasP2P(size_)) continue;  // no pairs in the segment
     for (Pair* p : {pair(rank_, r), pair(r, rank_)}) {
       FutexWakeAll(FutexWord(p->posted));
       FutexWakeAll(FutexWord(p->opened));
@@ -383,16 +384,35 @@ absl::StatusOr<bool> ShmGroup::P2PSend(int peer, const void* data,
   if (Load(control(rank_)->gone) != 0) {
     return absl::UnavailableError("this rank left the group");
   }
+  // A peer that left takes nothing more (over TCP the send would fail on
+  // its closed connection).
+  if (Load(control(peer)->gone) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("rank ", peer,
+                     " left the group (its communicator was destroyed, "
+                     "aborted or broke)"));
+  }
   if (closed_[peer]) return false;
   Pair* p = pair(rank_, peer);
   const uint64_t n = Load(p->posted);  // only this rank moves it
+  uint64_t& written = written_[peer];
+  // The receiver's counters, written by another process: bounded before
+  // they size a copy.
+  const uint64_t taken = Load(p->taken);
+  const uint64_t taken_bytes = Load(p->taken_bytes);
+  if (taken > n || taken_bytes > written ||
+      written - taken_bytes > ring_bytes_) {
+    return absl::DataLossError(
+        absl::StrCat("rank ", peer, " took ", taken, " messages (", taken_bytes,
+                     " bytes) of the ", n, " (", written,
+                     " bytes) this rank sent it: the segment is corrupt"));
+  }
   // The last free descriptor closes the pair: a send never waits for its
   // receiver (both ranks of a pair may send many before receiving).
-  if (n - Load(p->taken) + 1 >= kP2PSlots) closed_[peer] = 1;
-  uint64_t& written = written_[peer];
+  if (n - taken + 1 >= kP2PSlots) closed_[peer] = 1;
   const uint64_t span = RingSpan(bytes);
-  const bool in_ring =
-      !closed_[peer] && span <= ring_bytes_ - (written - Load(p->taken_bytes));
+  const bool in_ring = !closed_[peer] && bytes <= ring_bytes_ &&
+                       span <= ring_bytes_ - (written - taken_bytes);
   if (in_ring && bytes > 0) {
     const size_t at = written % ring_bytes_;
     const size_t first = std::min<size_t>(bytes, ring_bytes_ - at);
@@ -421,7 +441,7 @@ absl::StatusOr<ShmGroup::P2PMessage> ShmGroup::P2PNext(int peer,
   const uint64_t* d = descriptors(peer, rank_) + 2 * (n % kP2PSlots);
   const uint64_t how = Load(d[1]);
   const P2PMessage message{Load(d[0]), how == 1, how == 2};
-  if (message.in_ring && RingSpan(message.bytes) > ring_bytes_) {
+  if (message.in_ring && message.bytes > ring_bytes_) {
     return absl::DataLossError(absl::StrCat(
         "rank ", peer, " posted a message of ", message.bytes,
         " bytes in a ring of ", ring_bytes_, ": the segment is corrupt"));
