@@ -297,8 +297,9 @@ class GlooCommunicator final : public Communicator {
   // 0 on any), rank 0 makes a shared segment the others map.
   void SetUpShm();
   // `op`'s agreement round on shared memory, carrying the payload of a
-  // small all_reduce or broadcast, whose result it then computes
-  // (*finished). A returned error breaks the communicator (a rank died,
+  // small collective, whose result it then computes (*finished), or the
+  // first of a large all_reduce's, broadcast's or all_gather's chunked
+  // rounds. A returned error breaks the communicator (a rank died,
   // timeout, abort); a disagreement is `*verdict`.
   absl::Status ShmRound(const Operation& op, absl::Status* verdict,
                         bool* finished);
