@@ -298,9 +298,9 @@ class GlooCommunicator final : public Communicator {
   void SetUpShm();
   // `op`'s agreement round on shared memory, carrying the payload of a
   // small collective, whose result it then computes (*finished), or the
-  // first of a large all_reduce's, broadcast's or all_gather's chunked
-  // rounds. A returned error breaks the communicator (a rank died,
-  // timeout, abort); a disagreement is `*verdict`.
+  // first of a large all_reduce's, broadcast's, all_gather's or
+  // reduce_scatter's chunked rounds. A returned error breaks the communicator
+  // (a rank died, timeout, abort); a disagreement is `*verdict`.
   absl::Status ShmRound(const Operation& op, absl::Status* verdict,
                         bool* finished);
   // Point to point. Sends to peers are posted when the operation is

@@ -3,10 +3,10 @@
 // there instead of messages through Gloo's TCP pairs; an all_reduce or
 // broadcast of at most ShmGroup::kSlotBytes rides in the same round whole
 // (the summary is the payload's header), and so does an all_gather or
-// reduce_scatter whose input fits. A larger all_reduce, broadcast or
-// all_gather runs through the segment in slot-sized rounds, the first one
-// also the check (ChunkedRounds); the other large operations keep Gloo's
-// TCP algorithms after the round. Set up once, at the group's first
+// reduce_scatter whose input fits. A larger all_reduce, broadcast,
+// all_gather or reduce_scatter runs through the segment in slot-sized rounds,
+// the first one also the check (ChunkedRounds); the other large operations keep
+// Gloo's TCP algorithms after the round. Set up once, at the group's first
 // collective, by three small Gloo collectives; VEMESH_GLOO_SHM=0 on any
 // rank keeps the group on TCP.
 
@@ -62,10 +62,10 @@ bool ShmWanted() {
   return !(s == "0" || s == "off" || s == "false" || s == "no");
 }
 
-// An all_reduce, broadcast or all_gather larger than a slot, through the
-// segment in slot-sized rounds; the first round is also the agreement
-// check (`check` reads its summaries: a mismatch ends the operation on
-// every rank after that round, nothing written).
+// An all_reduce, broadcast, all_gather or reduce_scatter larger than a
+// slot, through the segment in slot-sized rounds; the first round is also
+// the agreement check (`check` reads its summaries: a mismatch ends the
+// operation on every rank after that round, nothing written).
 //
 // all_reduce: round k carries every rank's chunk k of the input and, at
 // `tail_at`, its reduced part of chunk k-1. After round k each rank r
@@ -74,7 +74,9 @@ bool ShmWanted() {
 // slots by then: in place is safe), and copies the others' reduced parts
 // of chunk k-1 out of their slots: each element is reduced once, by one
 // rank, so every rank holds the same bits; per rank O(N) work, one round
-// per chunk, plus one for the last chunk's parts.
+// per chunk, plus one for the last chunk's parts. reduce_scatter: round k
+// carries chunk k of each of a rank's n blocks; each rank combines its
+// block's across the slots in rank order.
 absl::Status ChunkedRounds(ShmGroup& shm, const Operation& op, int rank,
                            int size, const char* summary,
                            absl::Duration timeout,
@@ -94,6 +96,8 @@ absl::Status ChunkedRounds(ShmGroup& shm, const Operation& op, int rank,
   if (op.kind == OpKind::kAllReduce) {
     chunk = chunk * n / (n + 1);
     while (chunk + (chunk + n - 1) / n > ShmGroup::kSlotBytes / width) --chunk;
+  } else if (op.kind == OpKind::kReduceScatter) {
+    chunk /= n;  // a piece of each of the n blocks
   }
   const size_t tail_at = chunk * width;
   const size_t chunks = (op.count + chunk - 1) / chunk;
@@ -107,15 +111,26 @@ absl::Status ChunkedRounds(ShmGroup& shm, const Operation& op, int rank,
   auto part_length = [&](size_t k, size_t r) {
     return (r + 1) * length(k) / n - r * length(k) / n;
   };
-  const HostCombineFn combine =
-      op.kind == OpKind::kAllReduce ? HostCombiner(op.type, op.op) : nullptr;
+  const HostCombineFn combine = HostCombiner(op.type, op.op);
+  // reduce_scatter: chunk k of each block, side by side (a staged copy).
+  std::vector<char> staged(op.kind == OpKind::kReduceScatter ? n * chunk * width
+                                                             : 0);
   const size_t me = static_cast<size_t>(rank);
   for (size_t k = 0; k < rounds; ++k) {
     const void* data = nullptr;
     size_t bytes = 0;
     const void* tail = nullptr;
     size_t tail_bytes = 0;
-    if (k < chunks && (op.kind != OpKind::kBroadcast || rank == op.root)) {
+    if (k < chunks && op.kind == OpKind::kReduceScatter) {
+      bytes = length(k) * width;
+      for (size_t b = 0; b < n; ++b) {
+        std::memcpy(staged.data() + b * bytes,
+                    in + (b * op.count + first(k)) * width, bytes);
+      }
+      data = staged.data();
+      bytes *= n;
+    } else if (k < chunks &&
+               (op.kind != OpKind::kBroadcast || rank == op.root)) {
       data = in + first(k) * width;
       bytes = length(k) * width;
     }
@@ -123,8 +138,9 @@ absl::Status ChunkedRounds(ShmGroup& shm, const Operation& op, int rank,
       tail = out + part_at(k - 1, me) * width;
       tail_bytes = part_length(k - 1, me) * width;
     }
-    absl::Status posted = shm.Post(summary, data, bytes, tail_at, tail,
-                                   tail_bytes, timeout, aborted);
+    absl::Status posted =
+        shm.Post(summary, data, bytes, tail_bytes > 0 ? tail_at : bytes, tail,
+                 tail_bytes, timeout, aborted);
     if (!posted.ok()) return posted;
     if (k == 0) {
       *verdict = check();
@@ -145,6 +161,16 @@ absl::Status ChunkedRounds(ShmGroup& shm, const Operation& op, int rank,
         std::memcpy(out + r * block + first(k) * width, slot(r),
                     length(k) * width);
       }
+    } else if (op.kind == OpKind::kReduceScatter) {
+      // This rank's piece of every rank's chunk, combined in rank order
+      // (as the one-round and the TCP paths do: the same bits).
+      const size_t offset = me * length(k) * width;
+      char* dst = out + first(k) * width;
+      std::memcpy(dst, slot(0) + offset, length(k) * width);
+      for (size_t r = 1; r < n; ++r) {
+        combine(dst, dst, slot(r) + offset, length(k));
+      }
+      if (op.op == ReduceOp::kAvg) HostDivide(dst, length(k), op.type, size);
     } else {
       if (k < chunks && part_length(k, me) > 0) {
         const size_t at = part_at(k, me);
@@ -279,9 +305,12 @@ absl::Status GlooCommunicator::ShmRound(const Operation& op,
   char summary[ShmGroup::kSummaryBytes];
   SummarizeInto(op, summary);
   // Larger than a slot: in chunks, the first round the check.
-  const bool chunked = !small && (op.kind == OpKind::kAllReduce ||
-                                  op.kind == OpKind::kBroadcast ||
-                                  op.kind == OpKind::kAllGather);
+  const bool chunked =
+      !small &&
+      (op.kind == OpKind::kAllReduce || op.kind == OpKind::kBroadcast ||
+       op.kind == OpKind::kAllGather ||
+       (op.kind == OpKind::kReduceScatter &&
+        size_ * SizeOf(op.type) <= ShmGroup::kSlotBytes));
   if (chunked) {
     const absl::Status ran = ChunkedRounds(
         *shm_, op, rank_, size_, summary, gloo_timeout_,

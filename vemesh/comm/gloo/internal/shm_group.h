@@ -47,9 +47,9 @@ namespace gloo_internal {
 class ShmGroup {
  public:
   // The largest payload a round carries: a collective of at most this
-  // many bytes takes one round; a larger all_reduce, broadcast or
-  // all_gather takes one per chunk of about this size (the segment's size
-  // does not grow with the payload).
+  // many bytes takes one round; a larger all_reduce, broadcast,
+  // all_gather or reduce_scatter takes one per chunk of about this size (the
+  // segment's size does not grow with the payload).
   static constexpr size_t kSlotBytes = 65536;
   static constexpr size_t kSummaryBytes = 32;
 
