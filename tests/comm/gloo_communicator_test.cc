@@ -15,12 +15,15 @@
 #include <atomic>
 #include <chrono>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <numeric>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -33,6 +36,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "vemesh/comm/gloo/internal/gloo_store.h"
+#include "vemesh/comm/internal/host_reduce.h"
 #include "vemesh/rendezvous/memory_store.h"
 
 namespace vemesh {
@@ -678,6 +682,278 @@ TEST(GlooFailure, PeerThatLeavesIsUnavailable) {
     EXPECT_TRUE(absl::IsUnavailable(later)) << later;
     EXPECT_THAT(std::string(later.message()), HasSubstr("broken"));
   });
+}
+
+// -- Large operations through the segment, in chunks ------------------------
+
+// An input that every rank can rebuild for any rank: finite floats of
+// either sign between 0.5 and 2 (no overflow in a product of 8), any bits
+// for integers (sums and products wrap alike on every path).
+std::vector<char> LargeInput(DataType type, size_t count, int rank,
+                             uint32_t seed) {
+  std::mt19937 random(seed * 131 + static_cast<uint32_t>(rank));
+  std::vector<char> out(count * SizeOf(type));
+  for (size_t i = 0; i < count; ++i) {
+    const uint32_t bits = random();
+    const float f = (bits & 1 ? -1.0f : 1.0f) *
+                    (0.5f + 1.5f * static_cast<float>(bits >> 8) / (1 << 24));
+    char* at = out.data() + i * SizeOf(type);
+    switch (type) {
+      case DataType::kFloat32:
+        std::memcpy(at, &f, 4);
+        break;
+      case DataType::kFloat64: {
+        const double d = f + static_cast<double>(bits % 1000) * 1e-10;
+        std::memcpy(at, &d, 8);
+        break;
+      }
+      case DataType::kBFloat16: {  // sign, exponent of 0.5..2, mantissa
+        const uint16_t h = static_cast<uint16_t>((bits & 1) << 15 |
+                                                 (126 + (bits >> 1) % 2) << 7 |
+                                                 (bits >> 4) % 128);
+        std::memcpy(at, &h, 2);
+        break;
+      }
+      case DataType::kFloat16: {
+        const uint16_t h = static_cast<uint16_t>((bits & 1) << 15 |
+                                                 (14 + (bits >> 1) % 2) << 10 |
+                                                 (bits >> 4) % 1024);
+        std::memcpy(at, &h, 2);
+        break;
+      }
+      default: {
+        const uint64_t wide = uint64_t{bits} << 32 | random();
+        std::memcpy(at, &wide, SizeOf(type));
+      }
+    }
+  }
+  return out;
+}
+
+double ElementAsDouble(DataType type, const char* data, size_t i) {
+  const char* at = data + i * SizeOf(type);
+  switch (type) {
+    case DataType::kFloat32: {
+      float f;
+      std::memcpy(&f, at, 4);
+      return f;
+    }
+    case DataType::kFloat64: {
+      double d;
+      std::memcpy(&d, at, 8);
+      return d;
+    }
+    case DataType::kBFloat16: {
+      uint16_t h;
+      std::memcpy(&h, at, 2);
+      const uint32_t bits = uint32_t{h} << 16;
+      float f;
+      std::memcpy(&f, &bits, 4);
+      return f;
+    }
+    case DataType::kFloat16: {
+      uint16_t h;
+      std::memcpy(&h, at, 2);
+      const int e = (h >> 10) & 31;
+      const double m = e == 0 ? (h & 1023) / 1024.0 : 1 + (h & 1023) / 1024.0;
+      return (h >> 15 ? -1 : 1) * std::ldexp(m, e == 0 ? -14 : e - 15);
+    }
+    default:
+      return 0;  // integers are compared bit for bit
+  }
+}
+
+struct LargeCase {
+  DataType type;
+  ReduceOp op;
+  size_t count;
+  uint32_t seed;
+  std::vector<char> expected;  // the one-process result
+};
+
+// Every dtype and op the TCP path supports (avg: floating point), at 64 KiB + 1
+// element and at an odd count of several chunks; float32 sum also at 3 MiB +
+// 5 elements.
+std::vector<LargeCase> LargeCases(int n) {
+  std::vector<LargeCase> cases;
+  uint32_t seed = 0;
+  for (DataType type :
+       {DataType::kFloat32, DataType::kFloat64, DataType::kInt32,
+        DataType::kInt64, DataType::kBFloat16, DataType::kFloat16,
+        DataType::kInt8, DataType::kUInt8}) {
+    const size_t width = SizeOf(type);
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin,
+                        ReduceOp::kMax, ReduceOp::kAvg}) {
+      if (op == ReduceOp::kAvg && !IsFloatingPoint(type)) continue;
+      for (size_t count : {65536 / width + 1, 150001 / width | 1}) {
+        cases.push_back({type, op, count, ++seed, {}});
+      }
+    }
+    if (type == DataType::kFloat32) {
+      cases.push_back(
+          {type, ReduceOp::kSum, (size_t{3} << 20) / width + 5, ++seed, {}});
+    }
+  }
+  // The one-process computation: rank 0's input combined with rank 1's,
+  // then rank 2's, ... (the order the segment's owner of each element
+  // uses), an avg's sum then divided.
+  for (LargeCase& c : cases) {
+    c.expected = LargeInput(c.type, c.count, 0, c.seed);
+    const HostCombineFn combine = HostCombiner(c.type, c.op);
+    for (int r = 1; r < n; ++r) {
+      const std::vector<char> in = LargeInput(c.type, c.count, r, c.seed);
+      combine(c.expected.data(), c.expected.data(), in.data(), c.count);
+    }
+    if (c.op == ReduceOp::kAvg)
+      HostDivide(c.expected.data(), c.count, c.type, n);
+  }
+  return cases;
+}
+
+// An all_reduce larger than a slot runs through the segment in chunks,
+// each element reduced by one rank in rank order: every rank gets the
+// same bits, those of the one-process computation in rank order. Over TCP
+// (Gloo's ring) integers, min and max are the same exactly, sums and
+// products within floating-point reassociation.
+TEST(GlooShmChunked, LargeAllReducesAreBitIdenticalOnEveryRankAndMatchTcp) {
+  for (int n : {3, 8}) {
+    const std::vector<LargeCase> cases = LargeCases(n);
+    for (const char* shm : {"1", "0"}) {
+      ScopedShm transport(shm);
+      OnRanks(n, [&](std::shared_ptr<GlooCommunicator> comm) {
+        const int me = comm->rank();
+        for (size_t i = 0; i < cases.size(); ++i) {
+          const LargeCase& c = cases[i];
+          SCOPED_TRACE(absl::StrCat("VEMESH_GLOO_SHM=", shm, " n=", n, " ",
+                                    DataTypeName(c.type), " ",
+                                    ReduceOpName(c.op), " count=", c.count));
+          std::vector<char> data = LargeInput(c.type, c.count, me, c.seed);
+          std::vector<char> out(data.size());
+          // In place for the sums, input and output apart for the rest.
+          const bool in_place = c.op == ReduceOp::kSum;
+          const absl::Status s =
+              in_place ? comm->all_reduce(data.data(), data.data(), c.count,
+                                          c.type, c.op)
+                       : comm->all_reduce(data.data(), out.data(), c.count,
+                                          c.type, c.op);
+          ASSERT_TRUE(s.ok()) << s;
+          const std::vector<char>& got = in_place ? data : out;
+          const bool exact = shm[0] == '1' || !IsFloatingPoint(c.type) ||
+                             c.op == ReduceOp::kMin || c.op == ReduceOp::kMax;
+          if (exact) {
+            ASSERT_TRUE(got == c.expected) << "rank " << me;
+            continue;
+          }
+          const double tol = c.type == DataType::kFloat64   ? 1e-12
+                             : c.type == DataType::kFloat32 ? 1e-5
+                             : c.type == DataType::kFloat16 ? 4e-3
+                                                            : 4e-2;
+          for (size_t j = 0; j < c.count; ++j) {
+            const double a = ElementAsDouble(c.type, got.data(), j);
+            const double b = ElementAsDouble(c.type, c.expected.data(), j);
+            ASSERT_LE(std::abs(a - b), tol * (2 * n + std::abs(b)))
+                << "rank " << me << " element " << j;
+          }
+        }
+      });
+    }
+  }
+}
+
+// broadcast, all_gather and reduce_scatter larger than a slot, in chunks,
+// at odd counts; a reduce_scatter's block is combined in rank order on
+// both transports: the bits of the one-process computation.
+TEST(GlooShmChunked, LargeBroadcastsAllGathersAndReduceScatters) {
+  for (const char* shm : {"1", "0"}) {
+    ScopedShm transport(shm);
+    for (int n : {2, 5}) {
+      SCOPED_TRACE(absl::StrCat("VEMESH_GLOO_SHM=", shm, " n=", n));
+      OnRanks(n, [&](std::shared_ptr<GlooCommunicator> comm) {
+        const int me = comm->rank();
+        for (size_t count : {size_t{65537}, (size_t{3} << 20) + 1}) {
+          const int root = n - 1;
+          std::vector<char> data =
+              me == root ? LargeInput(DataType::kInt8, count, root, 7)
+                         : std::vector<char>(count, 0);
+          ASSERT_TRUE(
+              comm->broadcast(data.data(), count, DataType::kInt8, root).ok());
+          ASSERT_TRUE(data == LargeInput(DataType::kInt8, count, root, 7))
+              << "count=" << count << " rank " << me;
+        }
+        const size_t count = 9001;  // float64: 72 KiB a rank
+        const size_t block = count * 8;
+        std::vector<char> all(block * n);
+        const std::vector<char> mine =
+            LargeInput(DataType::kFloat64, count, me, 9);
+        ASSERT_TRUE(
+            comm->all_gather(mine.data(), all.data(), count, DataType::kFloat64)
+                .ok());
+        for (int r = 0; r < n; ++r) {
+          const std::vector<char> theirs =
+              LargeInput(DataType::kFloat64, count, r, 9);
+          ASSERT_EQ(std::memcmp(all.data() + r * block, theirs.data(), block),
+                    0)
+              << "block " << r;
+        }
+        for (DataType type : {DataType::kFloat32, DataType::kFloat16}) {
+          const ReduceOp op =
+              type == DataType::kFloat16 ? ReduceOp::kAvg : ReduceOp::kSum;
+          const size_t width = SizeOf(type);
+          const size_t count = 20001;  // a rank's block
+          const std::vector<char> in =
+              LargeInput(type, count * n, me, 11 + width);
+          std::vector<char> got(count * width);
+          ASSERT_TRUE(
+              comm->reduce_scatter(in.data(), got.data(), count, type, op)
+                  .ok());
+          std::vector<char> expected(count * width);
+          const HostCombineFn combine = HostCombiner(type, op);
+          for (int r = 0; r < n; ++r) {
+            const std::vector<char> theirs =
+                LargeInput(type, count * n, r, 11 + width);
+            const char* mine = theirs.data() + me * count * width;
+            if (r == 0) {
+              std::memcpy(expected.data(), mine, count * width);
+            } else {
+              combine(expected.data(), expected.data(), mine, count);
+            }
+          }
+          if (op == ReduceOp::kAvg) HostDivide(expected.data(), count, type, n);
+          ASSERT_TRUE(got == expected) << DataTypeName(type) << " rank " << me;
+        }
+      });
+    }
+  }
+}
+
+// A rank that leaves while the others are inside a large all_reduce ends
+// their waits at once, as in a one-round operation (a rank whose process
+// dies mid-operation: tests/python/mp_shm_rank_death.py large).
+TEST(GlooShmChunked, PeerLeavingEndsALargeAllReduceAtOnce) {
+  ScopedShm transport("1");
+  constexpr int n = 3;
+  std::vector<absl::Status> results(n);
+  std::vector<absl::Duration> took(n);
+  OnRanks(n, [&](std::shared_ptr<GlooCommunicator> comm) {
+    const int me = comm->rank();
+    std::vector<float> data(1 << 20, 1.0f);
+    ASSERT_TRUE(comm->all_reduce(absl::MakeSpan(data), ReduceOp::kSum).ok());
+    if (me == 0) {
+      absl::SleepFor(absl::Milliseconds(300));
+      comm->abort("rank 0 stops");
+      return;
+    }
+    const absl::Time start = absl::Now();
+    results[me] = comm->all_reduce(absl::MakeSpan(data), ReduceOp::kSum);
+    took[me] = absl::Now() - start;
+  });
+  for (int r = 1; r < n; ++r) {
+    EXPECT_TRUE(absl::IsUnavailable(results[r]))
+        << "rank " << r << ": " << results[r];
+    EXPECT_THAT(std::string(results[r].message()),
+                HasSubstr("rank 0 left the group"));
+    EXPECT_LT(took[r], absl::Seconds(10)) << "rank " << r;
+  }
 }
 
 // -- The store adapter ------------------------------------------------------

@@ -3,18 +3,22 @@
 seconds, not at the group's timeout, as it did when a reset TCP connection
 told them.
 
-  run_mp.sh torchrun 120 4 python3 mp_shm_rank_death.py [p2p]
+  run_mp.sh torchrun 120 4 python3 mp_shm_rank_death.py [p2p|large]
 
 The last rank exits (os._exit: no destructor runs, nothing leaves the group
 politely; exit code 0 so that torchrun lets the others finish) while the
 others are inside an all_reduce of 16 float32, which rides on the group's
 shared memory. With `p2p`, the survivors wait in a receive from the last
-rank instead, which rides on the group's shared-memory pairs. Each
+rank instead, which rides on the group's shared-memory pairs. With
+`large`, every rank runs an all_reduce of 32 MiB (the segment's chunked
+rounds, hundreds of them) and the last rank exits a few milliseconds into
+its own: mid-operation. Each
 survivor checks the error and the time it took and
 exits 0; any other outcome exits 1 and fails the launch.
 """
 import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -22,6 +26,7 @@ import numpy as np
 import vemesh
 
 p2p = sys.argv[1:] == ["p2p"]
+large = sys.argv[1:] == ["large"]
 world = int(os.environ["WORLD_SIZE"])
 mesh = vemesh.init_device_mesh("cpu", (world,), mesh_dim_names=("world",))
 g = mesh.get_group()
@@ -35,8 +40,14 @@ if me == 0:  # rank 0 named the segment after its pid, and unlinked it
     mine = [n for n in os.listdir("/dev/shm")
             if n.startswith(f"vemesh-{os.getpid()}-")]
     assert not mine, f"segment names left in /dev/shm: {mine}"
+if large:
+    data = np.ones(8 << 20, np.float32)
 if me == world - 1:
-    time.sleep(0.5)  # the others are waiting for this rank
+    if large:  # dies inside its own all_reduce (the binding frees the GIL)
+        threading.Thread(target=g.all_reduce, args=(data,), daemon=True).start()
+        time.sleep(0.003)
+    else:
+        time.sleep(0.5)  # the others are waiting for this rank
     os._exit(0)
 start = time.monotonic()
 try:
@@ -48,7 +59,7 @@ except Exception as e:  # noqa: BLE001 - any vemesh error type
     took = time.monotonic() - start
     text = str(e)
     ok = f"rank {world - 1}" in text and took < 10
-    if p2p:  # seen by the segment's liveness check, not TCP's reset
+    if p2p or large:  # seen by the segment's liveness check, not TCP's reset
         ok = ok and "(shared memory)" in text and "of the group exited" in text
     print(f"rank {me}: failed after {took:.2f} s: {text}", flush=True)
     sys.exit(0 if ok else 1)

@@ -297,9 +297,10 @@ class GlooCommunicator final : public Communicator {
   // 0 on any), rank 0 makes a shared segment the others map.
   void SetUpShm();
   // `op`'s agreement round on shared memory, carrying the payload of a
-  // small all_reduce or broadcast, whose result it then computes
-  // (*finished). A returned error breaks the communicator (a rank died,
-  // timeout, abort); a disagreement is `*verdict`.
+  // small collective, whose result it then computes (*finished), or the
+  // first of a large all_reduce's, broadcast's, all_gather's or
+  // reduce_scatter's chunked rounds. A returned error breaks the communicator
+  // (a rank died, timeout, abort); a disagreement is `*verdict`.
   absl::Status ShmRound(const Operation& op, absl::Status* verdict,
                         bool* finished);
   // Point to point. Sends to peers are posted when the operation is

@@ -3,8 +3,10 @@
 // there instead of messages through Gloo's TCP pairs; an all_reduce or
 // broadcast of at most ShmGroup::kSlotBytes rides in the same round whole
 // (the summary is the payload's header), and so does an all_gather or
-// reduce_scatter whose input fits. Larger operations keep Gloo's TCP
-// algorithms after the round. Set up once, at the group's first
+// reduce_scatter whose input fits. A larger all_reduce, broadcast,
+// all_gather or reduce_scatter runs through the segment in slot-sized rounds,
+// the first one also the check (ChunkedRounds); the other large operations keep
+// Gloo's TCP algorithms after the round. Set up once, at the group's first
 // collective, by three small Gloo collectives; VEMESH_GLOO_SHM=0 on any
 // rank keeps the group on TCP.
 
@@ -12,10 +14,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <random>
 #include <string>
@@ -56,6 +60,140 @@ bool ShmWanted() {
   if (v == nullptr || *v == '\0') return true;
   const std::string s(v);
   return !(s == "0" || s == "off" || s == "false" || s == "no");
+}
+
+// An all_reduce, broadcast, all_gather or reduce_scatter larger than a
+// slot, through the segment in slot-sized rounds; the first round is also
+// the agreement check (`check` reads its summaries: a mismatch ends the
+// operation on every rank after that round, nothing written).
+//
+// all_reduce: round k carries every rank's chunk k of the input and, at
+// `tail_at`, its reduced part of chunk k-1. After round k each rank r
+// combines its part of chunk k (elements [r*len/n, (r+1)*len/n)) across
+// the n slots in rank order, into its output (chunk k's input is in the
+// slots by then: in place is safe), and copies the others' reduced parts
+// of chunk k-1 out of their slots: each element is reduced once, by one
+// rank, so every rank holds the same bits; per rank O(N) work, one round
+// per chunk, plus one for the last chunk's parts. reduce_scatter: round k
+// carries chunk k of each of a rank's n blocks; each rank combines its
+// block's across the slots in rank order.
+absl::Status ChunkedRounds(ShmGroup& shm, const Operation& op, int rank,
+                           int size, const char* summary,
+                           absl::Duration timeout,
+                           const ShmGroup::Aborted& aborted,
+                           const std::function<absl::Status()>& check,
+                           absl::Status* verdict) {
+  const size_t width = SizeOf(op.type);
+  const size_t n = static_cast<size_t>(size);
+  char* out = static_cast<char*>(op.recv);
+  const char* in = static_cast<const char*>(
+      op.kind == OpKind::kBroadcast || op.send == nullptr ? op.recv : op.send);
+  // An all_reduce in place is safe (below); an all_gather's input and
+  // output never overlap (Communicator refuses it).
+  const size_t block = op.count * width;
+  // Elements per chunk; all_reduce leaves room for the parts.
+  size_t chunk = ShmGroup::kSlotBytes / width;
+  if (op.kind == OpKind::kAllReduce) {
+    chunk = chunk * n / (n + 1);
+    while (chunk + (chunk + n - 1) / n > ShmGroup::kSlotBytes / width) --chunk;
+  } else if (op.kind == OpKind::kReduceScatter) {
+    chunk /= n;  // a piece of each of the n blocks
+  }
+  const size_t tail_at = chunk * width;
+  const size_t chunks = (op.count + chunk - 1) / chunk;
+  const size_t rounds = op.kind == OpKind::kAllReduce ? chunks + 1 : chunks;
+  auto first = [&](size_t k) { return k * chunk; };
+  auto length = [&](size_t k) { return std::min(chunk, op.count - k * chunk); };
+  // Rank r's part of chunk k: its first element (absolute) and count.
+  auto part_at = [&](size_t k, size_t r) {
+    return first(k) + r * length(k) / n;
+  };
+  auto part_length = [&](size_t k, size_t r) {
+    return (r + 1) * length(k) / n - r * length(k) / n;
+  };
+  const HostCombineFn combine = HostCombiner(op.type, op.op);
+  // reduce_scatter: chunk k of each block, side by side (a staged copy).
+  std::vector<char> staged(op.kind == OpKind::kReduceScatter ? n * chunk * width
+                                                             : 0);
+  const size_t me = static_cast<size_t>(rank);
+  for (size_t k = 0; k < rounds; ++k) {
+    const void* data = nullptr;
+    size_t bytes = 0;
+    const void* tail = nullptr;
+    size_t tail_bytes = 0;
+    if (k < chunks && op.kind == OpKind::kReduceScatter) {
+      bytes = length(k) * width;
+      for (size_t b = 0; b < n; ++b) {
+        std::memcpy(staged.data() + b * bytes,
+                    in + (b * op.count + first(k)) * width, bytes);
+      }
+      data = staged.data();
+      bytes *= n;
+    } else if (k < chunks &&
+               (op.kind != OpKind::kBroadcast || rank == op.root)) {
+      data = in + first(k) * width;
+      bytes = length(k) * width;
+    }
+    if (op.kind == OpKind::kAllReduce && k > 0) {
+      tail = out + part_at(k - 1, me) * width;
+      tail_bytes = part_length(k - 1, me) * width;
+    }
+    absl::Status posted =
+        shm.Post(summary, data, bytes, tail_bytes > 0 ? tail_at : bytes, tail,
+                 tail_bytes, timeout, aborted);
+    if (!posted.ok()) return posted;
+    if (k == 0) {
+      *verdict = check();
+      if (!verdict->ok()) {
+        shm.Release();
+        return absl::OkStatus();
+      }
+    }
+    auto slot = [&](size_t r) {
+      return static_cast<const char*>(shm.payload(static_cast<int>(r)));
+    };
+    if (op.kind == OpKind::kBroadcast) {
+      if (rank != op.root) {
+        std::memcpy(out + first(k) * width, slot(op.root), length(k) * width);
+      }
+    } else if (op.kind == OpKind::kAllGather) {
+      for (size_t r = 0; r < n; ++r) {
+        std::memcpy(out + r * block + first(k) * width, slot(r),
+                    length(k) * width);
+      }
+    } else if (op.kind == OpKind::kReduceScatter) {
+      // This rank's piece of every rank's chunk, combined in rank order
+      // (as the one-round and the TCP paths do: the same bits).
+      const size_t offset = me * length(k) * width;
+      char* dst = out + first(k) * width;
+      std::memcpy(dst, slot(0) + offset, length(k) * width);
+      for (size_t r = 1; r < n; ++r) {
+        combine(dst, dst, slot(r) + offset, length(k));
+      }
+      if (op.op == ReduceOp::kAvg) HostDivide(dst, length(k), op.type, size);
+    } else {
+      if (k < chunks && part_length(k, me) > 0) {
+        const size_t at = part_at(k, me);
+        const size_t count = part_length(k, me);
+        const size_t offset = (at - first(k)) * width;
+        char* dst = out + at * width;
+        std::memcpy(dst, slot(0) + offset, count * width);
+        for (size_t r = 1; r < n; ++r) {
+          combine(dst, dst, slot(r) + offset, count);
+        }
+        if (op.op == ReduceOp::kAvg) HostDivide(dst, count, op.type, size);
+      }
+      if (k > 0) {
+        for (size_t r = 0; r < n; ++r) {
+          if (r == me) continue;
+          std::memcpy(out + part_at(k - 1, r) * width, slot(r) + tail_at,
+                      part_length(k - 1, r) * width);
+        }
+      }
+    }
+    shm.Release();
+  }
+  return absl::OkStatus();
 }
 
 struct Probe {
@@ -166,6 +304,25 @@ absl::Status GlooCommunicator::ShmRound(const Operation& op,
   }
   char summary[ShmGroup::kSummaryBytes];
   SummarizeInto(op, summary);
+  // Larger than a slot: in chunks, the first round the check.
+  const bool chunked =
+      !small &&
+      (op.kind == OpKind::kAllReduce || op.kind == OpKind::kBroadcast ||
+       op.kind == OpKind::kAllGather ||
+       (op.kind == OpKind::kReduceScatter &&
+        size_ * SizeOf(op.type) <= ShmGroup::kSlotBytes));
+  if (chunked) {
+    const absl::Status ran = ChunkedRounds(
+        *shm_, op, rank_, size_, summary, gloo_timeout_,
+        [this] { return aborted(); },
+        [&] {
+          return CompareSummaries(
+              op, [&](int r) -> const void* { return shm_->summary(r); });
+        },
+        verdict);
+    *finished = ran.ok() && verdict->ok();
+    return ran;
+  }
   const absl::Status posted =
       shm_->Post(summary, payload, payload_bytes, gloo_timeout_,
                  [this] { return aborted(); });

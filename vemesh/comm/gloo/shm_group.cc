@@ -319,6 +319,12 @@ void ShmGroup::Advance(uint64_t& counter, uint64_t value, uint32_t& sleepers) {
 
 absl::Status ShmGroup::Post(const void* summary, const void* data, size_t bytes,
                             absl::Duration timeout, const Aborted& aborted) {
+  return Post(summary, data, bytes, bytes, nullptr, 0, timeout, aborted);
+}
+
+absl::Status ShmGroup::Post(const void* summary, const void* data, size_t bytes,
+                            size_t tail_at, const void* tail, size_t tail_bytes,
+                            absl::Duration timeout, const Aborted& aborted) {
   const uint64_t round = round_ + 1;
   // The slot of this parity was read in round - 2: by everyone?
   if (round > 2) {
@@ -328,6 +334,7 @@ absl::Status ShmGroup::Post(const void* summary, const void* data, size_t bytes,
   char* mine = slot(rank_, round);
   std::memcpy(mine, summary, kSummaryBytes);
   if (bytes > 0) std::memcpy(mine + kLine, data, bytes);
+  if (tail_bytes > 0) std::memcpy(mine + kLine + tail_at, tail, tail_bytes);
   round_ = round;
   Advance(control(rank_)->posted, round);
   return WaitAll(0, round, timeout, aborted);

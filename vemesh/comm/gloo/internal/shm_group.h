@@ -46,8 +46,10 @@ namespace gloo_internal {
 
 class ShmGroup {
  public:
-  // The largest payload a round carries: all_reduce and broadcast of at
-  // most this many bytes run on shared memory alone.
+  // The largest payload a round carries: a collective of at most this
+  // many bytes takes one round; a larger all_reduce, broadcast,
+  // all_gather or reduce_scatter takes one per chunk of about this size (the
+  // segment's size does not grow with the payload).
   static constexpr size_t kSlotBytes = 65536;
   static constexpr size_t kSummaryBytes = 32;
 
@@ -83,6 +85,12 @@ class ShmGroup {
   // payload) and waits until every rank posted it. Unavailable naming the
   // rank when one died, DeadlineExceeded after `timeout`, Aborted.
   absl::Status Post(const void* summary, const void* data, size_t bytes,
+                    absl::Duration timeout, const Aborted& aborted);
+  // The same with a second piece of payload, `tail_bytes` of `tail` at
+  // byte `tail_at` of the slot (bytes <= tail_at, tail_at + tail_bytes <=
+  // kSlotBytes): a chunked operation's next input and last result.
+  absl::Status Post(const void* summary, const void* data, size_t bytes,
+                    size_t tail_at, const void* tail, size_t tail_bytes,
                     absl::Duration timeout, const Aborted& aborted);
   // Rank r's summary and payload of the round just posted.
   const void* summary(int r) const;
