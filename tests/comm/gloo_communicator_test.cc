@@ -936,17 +936,25 @@ TEST(GlooShmChunked, PeerLeavingEndsALargeAllReduceAtOnce) {
   std::vector<absl::Duration> took(n);
   OnRanks(n, [&](std::shared_ptr<GlooCommunicator> comm) {
     const int me = comm->rank();
-    std::vector<float> data(1 << 20, 1.0f);
-    ASSERT_TRUE(comm->all_reduce(absl::MakeSpan(data), ReduceOp::kSum).ok());
-    if (me == 0) {
-      absl::SleepFor(absl::Milliseconds(300));
-      comm->abort("rank 0 stops");
-      return;
-    }
+    // 128 MiB: over two thousand rounds, far more than the 10 ms below.
+    std::vector<float> data(32 << 20, 1.0f);
+    ASSERT_TRUE(comm->barrier().ok());
     const absl::Time start = absl::Now();
-    results[me] = comm->all_reduce(absl::MakeSpan(data), ReduceOp::kSum);
+    if (me == 0) {
+      // Aborted from the calling thread while the worker is inside the
+      // rounds (no TCP to close under it).
+      auto w = comm->iall_reduce(absl::MakeSpan(data), ReduceOp::kSum);
+      ASSERT_TRUE(w.ok()) << w.status();
+      absl::SleepFor(absl::Milliseconds(10));
+      comm->abort("rank 0 stops");
+      results[me] = (*w)->wait(absl::Now() + absl::Seconds(30));
+    } else {
+      results[me] = comm->all_reduce(absl::MakeSpan(data), ReduceOp::kSum);
+    }
     took[me] = absl::Now() - start;
   });
+  EXPECT_TRUE(absl::IsAborted(results[0])) << results[0];
+  EXPECT_LT(took[0], absl::Seconds(10));
   for (int r = 1; r < n; ++r) {
     EXPECT_TRUE(absl::IsUnavailable(results[r]))
         << "rank " << r << ": " << results[r];

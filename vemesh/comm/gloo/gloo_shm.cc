@@ -117,6 +117,11 @@ absl::Status ChunkedRounds(ShmGroup& shm, const Operation& op, int rank,
                                                              : 0);
   const size_t me = static_cast<size_t>(rank);
   for (size_t k = 0; k < rounds; ++k) {
+    // An abort ends the operation at its next round: nothing here crosses
+    // the TCP pairs that abort closes, and a wait whose rank is on time
+    // never reaches its own look at `aborted`. (Leave, which the abort
+    // ran, has told the peers: their waits on this rank end Unavailable.)
+    if (k > 0 && aborted && aborted()) return absl::AbortedError("aborted");
     const void* data = nullptr;
     size_t bytes = 0;
     const void* tail = nullptr;

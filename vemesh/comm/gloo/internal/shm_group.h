@@ -6,8 +6,9 @@
 // mapped it (so that no name outlives the job, however it ends: the memory
 // goes with the last mapping). Private: not installed.
 //
-// A round: every rank posts its operation's 32-byte summary and, for a
-// small operation, its payload into its own slot, then waits until every
+// A round: every rank posts its operation's 32-byte summary and its
+// payload (a small operation's whole, or a large one's chunk: gloo_shm.cc
+// runs those in many rounds) into its own slot, then waits until every
 // rank has posted the same round; every rank then reads all the slots (the
 // summaries: the agreement check, the payloads: the result), and releases
 // the round. Slots alternate between two buffers by round parity; a rank
