@@ -149,7 +149,14 @@ class GlooCommunicator::GlooWork final : public Work {
  protected:
   std::optional<absl::Status> Poll() override {
     if (!job_->done.load(std::memory_order_acquire)) return std::nullopt;
-    return job_->status;
+    // A copy of its own, not a second reference to the worker's: the Job
+    // may be destroyed on the worker thread, and Debian's Abseil (not built
+    // with TSan) counts a Status's references where TSan cannot see them,
+    // so a shared message freed there read as a race with the caller's
+    // reading it. (vemesh sets no Status payloads.)
+    const absl::Status& s = job_->status;
+    if (s.ok()) return absl::OkStatus();
+    return absl::Status(s.code(), std::string(s.message()));
   }
   // After a failure or an abort Gloo's I/O thread may still write into the
   // operation's buffers until the worker has left it (it closes the pairs
