@@ -152,6 +152,17 @@ absl::StatusOr<ElasticLoopResult> RunElasticLoop(
     }
   }
   result.start_step = step;
+  // The last save in flight, committed (its files and `latest`).
+  auto commit_last_save = [&] {
+    if (checkpoint == nullptr) return;
+    absl::StatusOr<std::optional<int64_t>> last = checkpoint->Finish();
+    if (!last.ok()) {
+      Line(log, absl::StrCat("checkpoint: last save failed: ",
+                             last.status().ToString()));
+    } else if (last->has_value()) {
+      Line(log, absl::StrCat("checkpoint: step ", **last, " saved"));
+    }
+  };
   // Live buffers, no copy: sent to joiners and to a replica a step ahead.
   if (absl::Status s = RegisterElasticState(mesh, state); !s.ok()) return s;
   // The first thing of the first round: a failed transfer is a failed step.
@@ -268,13 +279,7 @@ absl::StatusOr<ElasticLoopResult> RunElasticLoop(
       result.evicted = true;
       // The save in flight is complete but for its commit: every rank of
       // this replica was evicted with it, so each commits it here.
-      if (checkpoint != nullptr) {
-        if (absl::StatusOr<std::optional<int64_t>> last = checkpoint->Finish();
-            !last.ok()) {
-          Line(log, absl::StrCat("checkpoint: last save failed: ",
-                                 last.status().ToString()));
-        }
-      }
+      commit_last_save();
       return result;
     }
     ++result.recoveries;
@@ -292,16 +297,7 @@ absl::StatusOr<ElasticLoopResult> RunElasticLoop(
       if (absl::Status s = hooks.on_recovery(*r); !s.ok()) return s;
     }
   }
-  if (checkpoint != nullptr) {
-    // The last save in flight, committed (its files and `latest`).
-    absl::StatusOr<std::optional<int64_t>> last = checkpoint->Finish();
-    if (!last.ok()) {
-      Line(log, absl::StrCat("checkpoint: last save failed: ",
-                             last.status().ToString()));
-    } else if (last->has_value()) {
-      Line(log, absl::StrCat("checkpoint: step ", **last, " saved"));
-    }
-  }
+  commit_last_save();
   // Every replica committed the round above: the replica's own groups are
   // safe to use again.
   if (options.compare_replicas) {
