@@ -240,8 +240,7 @@ absl::StatusOr<TrainResult> Train(const TrainPlan& plan, bool print,
     // The parameters alone, named before FSDP / ZeRO shard them.
     vemesh::checkpoint::StateDict dict;
     vemesh::strategies::TrainingState parameters;
-    absl::Status named =
-        NameTrainingState(plan, {.stage = stage->get()}, &parameters);
+    absl::Status named = (*stage)->NameParameters(&parameters);
     if (named.ok()) {
       named = parameters.get_state_dict(
           &dict, vemesh::strategies::StateDictParts::kModel);
@@ -274,6 +273,11 @@ absl::StatusOr<TrainResult> Train(const TrainPlan& plan, bool print,
       std::fflush(stdout);
     }
   }
+  // What this rank trains, named once: the checkpoints' pieces point into
+  // it (and into the modules it names). The model first, before FSDP frees
+  // the parameters; the optimizers once they exist.
+  vemesh::strategies::TrainingState state;
+  if (absl::Status s = (*stage)->NameParameters(&state); !s.ok()) return s;
   // Sizes for the memory line, before FSDP frees the parameters.
   size_t elements = 0;
   for (const Parameter* p : params) elements += p->value.size();
@@ -305,11 +309,6 @@ absl::StatusOr<TrainResult> Train(const TrainPlan& plan, bool print,
     o.mixed_precision = plan.options.grad_bf16
                             ? vemesh::strategies::MixedPrecision::kBFloat16
                             : vemesh::strategies::MixedPrecision::kNone;
-    std::vector<vemesh::strategies::FsdpUnit> units;
-    int l = (*stage)->first_layer();
-    for (std::vector<Parameter*>& ps : (*stage)->layer_parameters()) {
-      units.push_back({absl::StrCat("layer", l++), std::move(ps)});
-    }
     // This stage's mesh (every dimension but PP): the stages hold
     // different units, and each agrees and shards its own.
     absl::StatusOr<vemesh::DeviceMesh> mesh = VESCALE_DEVICE_MESH.get();
@@ -323,7 +322,7 @@ absl::StatusOr<TrainResult> Train(const TrainPlan& plan, bool print,
       if (!mesh.ok()) return mesh.status();
     }
     absl::StatusOr<FullyShardedDataParallel> f =
-        FullyShardedDataParallel::Create(*mesh, std::move(units), o);
+        FullyShardedDataParallel::Create(*mesh, (*stage)->fsdp_units(), o);
     if (!f.ok()) return f.status();
     fsdp.emplace(*std::move(f));
     if (absl::Status s = fsdp->SetOptimizer(plan.optimizer); !s.ok()) return s;
@@ -343,20 +342,12 @@ absl::StatusOr<TrainResult> Train(const TrainPlan& plan, bool print,
     if (!o.ok()) return o.status();
     local_opt.emplace(*std::move(o));
   }
-  // What this rank trains, named once: the checkpoints' pieces point into
-  // it (and into the modules it names).
-  vemesh::strategies::TrainingState state;
-  if (absl::Status s = NameTrainingState(
-          plan,
-          {.stage = stage->get(),
-           .local_optimizer = local_opt ? &*local_opt : nullptr,
-           .zero = zero.get(),
-           .fsdp = fsdp ? &*fsdp : nullptr,
-           .expert_optimizer = &*expert_opt},
-          &state);
-      !s.ok()) {
-    return s;
-  }
+  absl::Status named = absl::OkStatus();
+  if (fsdp) named = state.AddFsdp(*fsdp, (*stage)->layer_parameters());
+  if (named.ok() && zero) named = state.AddDistributedOptimizer(*zero, params);
+  if (named.ok() && local_opt) named = state.AddOptimizer(*local_opt);
+  if (named.ok()) named = state.AddOptimizer(*expert_opt);
+  if (!named.ok()) return named;
   if (resumed) {
     // Every optimizer stepped once per training step: that is their step
     // count (AdamW's bias correction, SGD momentum's first step).

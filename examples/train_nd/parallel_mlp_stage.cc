@@ -1,6 +1,7 @@
 #include "parallel_mlp_stage.h"
 
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -150,6 +151,35 @@ std::vector<std::vector<Parameter*>> ParallelMlpStage::layer_parameters() {
 std::vector<Parameter*> ParallelMlpStage::expert_parameters() {
   if (!moe_.has_value()) return {};
   return moe_->parameters();
+}
+
+std::vector<vemesh::strategies::FsdpUnit> ParallelMlpStage::fsdp_units() {
+  std::vector<vemesh::strategies::FsdpUnit> units;
+  int l = range_.begin;
+  for (std::vector<Parameter*>& ps : layer_parameters()) {
+    units.push_back({absl::StrCat("layer", l++), std::move(ps)});
+  }
+  return units;
+}
+
+absl::Status ParallelMlpStage::NameParameters(
+    vemesh::strategies::TrainingState* state) {
+  int l = range_.begin;
+  for (Layer& layer : layers_) {
+    const std::string name = absl::StrCat("layer", l++);
+    absl::Status s = std::visit(
+        [&](auto& tp) {
+          if constexpr (std::is_same_v<std::decay_t<decltype(tp)>,
+                                       ColumnParallelLinear>) {
+            return state->AddColumnParallel(name, tp);
+          } else {
+            return state->AddRowParallel(name, tp);
+          }
+        },
+        layer);
+    if (!s.ok()) return s;
+  }
+  return state->AddWholeParameters(expert_parameters());
 }
 
 std::pair<int64_t, int64_t> ParallelMlpStage::TpShare(int64_t rows) const {

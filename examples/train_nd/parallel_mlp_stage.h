@@ -45,9 +45,11 @@
 #include "train_options.h"
 #include "vemesh/strategies/column_parallel_linear.h"
 #include "vemesh/strategies/expert_parallel.h"
+#include "vemesh/strategies/fully_sharded_data_parallel.h"
 #include "vemesh/strategies/parameter.h"
 #include "vemesh/strategies/pipeline_stage_model.h"
 #include "vemesh/strategies/row_parallel_linear.h"
+#include "vemesh/strategies/state_dict.h"
 
 namespace train_nd {
 
@@ -72,6 +74,13 @@ class ParallelMlpStage : public vemesh::strategies::PipelineStageModel {
   std::vector<std::vector<vemesh::strategies::Parameter*>> layer_parameters();
   // This rank's experts' parameters (empty without the MoE block).
   std::vector<vemesh::strategies::Parameter*> expert_parameters();
+  // FSDP's units: one per layer of this stage, named layer<l>.
+  std::vector<vemesh::strategies::FsdpUnit> fsdp_units();
+  // Names this rank's parameters in `state` before FSDP frees them:
+  // layer<l>.weight ([in, out]) and .bias ([1, out]), even layers
+  // column-parallel and odd ones row-parallel over TP, and the experts
+  // whole by their global names (moe.expert<e>.weight / .bias).
+  absl::Status NameParameters(vemesh::strategies::TrainingState* state);
   // Called with each of parameters() once per step, when its gradient is
   // final; an error stops the backward pass.
   void set_gradient_ready(

@@ -392,6 +392,7 @@ EXAMPLES = {
         "params": ("ColumnParallelLinear& fc0, RowParallelLinear& fc1, "
                    "Parameter& head, Optimizer& opt, DistributedOptimizer* zero, "
                    "std::vector<Parameter*> params, "
+                   "std::vector<Parameter*> experts, "
                    "FullyShardedDataParallel& fsdp, int64_t step, "
                    "const std::string& dir, std::shared_ptr<Communicator> world")},
     "vemesh.h": {"subs": [('#include "vemesh/vemesh.h"\n', "")]},

@@ -159,23 +159,24 @@ struct Hooks {
   std::function<absl::Status(int64_t, int)> fail_after;
   std::function<void(int64_t, FullyShardedDataParallel&)> after_commit;
   std::function<void(int64_t, ElasticMesh&)> mesh_after_commit;
-  // Periodic checkpoints into this directory ("": none) over the launch's
-  // own ranks (`launch_world`), every 20 steps; the job's length (0: kSteps).
+  // Periodic checkpoints into this directory ("": none), every 20 steps,
+  // over the replica's own ranks (a group the loop makes); the job's length
+  // (0: kSteps).
   std::string checkpoint_dir;
   int64_t steps = 0;
   absl::Duration pace = absl::Milliseconds(15);
   std::atomic<int64_t>* progress = nullptr;
 };
 
-absl::Status Train(ElasticMesh& el, std::shared_ptr<Communicator> launch_world,
-                   int64_t steps, const Hooks& hooks, Outcome& out);
+absl::Status Train(ElasticMesh& el, int64_t steps, const Hooks& hooks,
+                   Outcome& out);
 
 // ===========================================================================
 // User code: the rank's program from the elastic mesh on.
 // ===========================================================================
 
-absl::Status Train(ElasticMesh& el, std::shared_ptr<Communicator> launch_world,
-                   int64_t steps, const Hooks& hooks, Outcome& out) {
+absl::Status Train(ElasticMesh& el, int64_t steps, const Hooks& hooks,
+                   Outcome& out) {
   Mlp model;
   strategies::TrainingState state;
   for (auto* layer : {&model.fc0, &model.fc1}) {
@@ -232,7 +233,6 @@ absl::Status Train(ElasticMesh& el, std::shared_ptr<Communicator> launch_world,
         .dir = hooks.checkpoint_dir,
         .every = 20,
         .identity = {{"model", "user_hsdp mlp"}}};
-    options.checkpoint_world = std::move(launch_world);
   }
   absl::StatusOr<strategies::ElasticLoopResult> done =
       strategies::RunElasticLoop(el, state, options, loop);
@@ -389,15 +389,8 @@ class UserHsdp : public ::testing::Test {
           out.status = el.status();
           return;
         }
-        // The launch's own ranks (train_nd: its MPI world).
-        auto launch_world = GlooCommunicator::Create(
-            launch_store, "launch", r, kShard, {0, 1}, absl::Seconds(20));
-        if (!launch_world.ok()) {
-          out.status = launch_world.status();
-          return;
-        }
-        out.status = Train(**el, *std::move(launch_world),
-                           hooks.steps > 0 ? hooks.steps : kSteps, hooks, out);
+        out.status =
+            Train(**el, hooks.steps > 0 ? hooks.steps : kSteps, hooks, out);
       });
     }
     return threads;
@@ -736,11 +729,20 @@ TEST(ElasticLoopOptions, CheckpointOptionsNamedAndCallersSaverNotALeak) {
   EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
   EXPECT_THAT(r.status().message(),
               HasSubstr("checkpoint_world is set without periodic_checkpoint"));
+  // Options without a world: the loop saves over a group of the replica's
+  // own ranks that it makes, and releases it with its checkpoint.
+  const std::string own_dir = dir + "_own";
+  std::filesystem::remove_all(own_dir);
   strategies::ElasticLoopOptions no_world{.steps = 3};
-  no_world.periodic_checkpoint = every_step;
+  no_world.periodic_checkpoint = strategies::PeriodicCheckpointOptions{
+      .dir = own_dir, .every = 1};
   r = strategies::RunElasticLoop(**el, state, no_world, hooks);
-  EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
-  EXPECT_THAT(r.status().message(), HasSubstr("checkpoint_world is null"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->communicators_at_end, r->communicators_at_start);
+  auto own_latest = checkpoint::LatestStep(own_dir);
+  ASSERT_TRUE(own_latest.ok()) << own_latest.status();
+  EXPECT_EQ(own_latest->value_or(0), 3);
+  std::filesystem::remove_all(own_dir);
 
   // The caller's checkpoint saves every step: its saver (and its
   // communicator) is made inside the loop and stays the caller's.

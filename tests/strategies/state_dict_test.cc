@@ -453,6 +453,31 @@ TEST(ParameterPlacementTest, HeaderExampleBoxes) {
   EXPECT_THAT(odd.status().message(), HasSubstr("126 output features"));
 }
 
+TEST(StateDictTest, WholeParametersAreNamedByTheirNamesAndShapes) {
+  Parameter w("moe.expert3.weight", Matrix::Zero(4, 2));
+  Parameter b("moe.expert3.bias", Matrix::Zero(1, 2));
+  TrainingState state;
+  ASSERT_TRUE(state.AddWholeParameters({&w, &b}).ok());
+  checkpoint::StateDict dict;
+  ASSERT_TRUE(state.get_state_dict(&dict, StateDictParts::kModel).ok());
+  ASSERT_EQ(dict.pieces().size(), 2u);
+  EXPECT_EQ(dict.pieces()[0].name, "moe.expert3.weight");
+  EXPECT_EQ(dict.pieces()[0].global_shape, (std::vector<int64_t>{4, 2}));
+  EXPECT_EQ(dict.pieces()[0].box, (Box{{0, 0}, {4, 2}}));
+  EXPECT_EQ(dict.pieces()[1].name, "moe.expert3.bias");
+  EXPECT_EQ(dict.pieces()[1].global_shape, (std::vector<int64_t>{1, 2}));
+
+  // A null one, and one FSDP freed (its shape is gone): named.
+  TrainingState other;
+  absl::Status s = other.AddWholeParameters({nullptr});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("null parameter"));
+  Parameter freed("layer0.weight", Matrix());
+  s = other.AddWholeParameters({&freed});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("layer0.weight is freed"));
+}
+
 TEST(StateDictBadInputTest, TwoPiecesWithOneName) {
   Parameter a("a", Matrix::Zero(2, 3)), b("b", Matrix::Zero(2, 3));
   TrainingState state;

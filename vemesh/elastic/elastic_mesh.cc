@@ -462,6 +462,12 @@ void ElasticMesh::OnAbortMessage(Guard& guard, uint64_t incarnation,
   }
 }
 
+absl::StatusOr<std::shared_ptr<Communicator>> ElasticMesh::new_replica_group() {
+  // A split of the agreement's communicator: the same ranks in the same
+  // order, its own traffic.
+  return replica_comm_->split(0, replica_comm_->rank());
+}
+
 absl::Status ElasticMesh::ReplicaMax(absl::Span<int64_t> values) {
   if (inner_size_ == 1) return absl::OkStatus();
   return replica_comm_->all_reduce(values.data(), values.data(), values.size(),

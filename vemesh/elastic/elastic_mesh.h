@@ -316,6 +316,12 @@ class ElasticMesh {
   // failed transfer leaves this rank without state and retires the epoch
   // (Aborted or Unavailable): pass it to end_step as the step's status.
   absl::Status sync_state();
+  // A new communicator over this replica's own ranks (its launch, every
+  // dimension but the elastic one), for the replica's work alone, such as
+  // its checkpoints (strategies::RunElasticLoop makes its checkpoint's world
+  // here). Collective over the replica's ranks; never the agreement's own
+  // communicator, and untouched by membership changes.
+  absl::StatusOr<std::shared_ptr<Communicator>> new_replica_group();
   // Called by the registry after each epoch's mesh is made (publishes it).
   void set_publisher(std::function<absl::Status(const DeviceMesh&)> publish) {
     publish_ = std::move(publish);

@@ -99,7 +99,10 @@ absl::StatusOr<ElasticLoopResult> RunElasticLoop(
     return absl::InvalidArgumentError(
         "RunElasticLoop: hooks.step is empty, expected the training step");
   }
-  // The loop's own checkpoint, released before it returns.
+  // Counted before the loop's own checkpoint (and its group) exist: it
+  // releases them before it returns.
+  ElasticLoopResult result;
+  result.communicators_at_start = LiveCommunicatorCount();
   std::unique_ptr<PeriodicCheckpoint> own_checkpoint;
   PeriodicCheckpoint* checkpoint = options.checkpoint;
   if (checkpoint != nullptr && options.periodic_checkpoint.has_value()) {
@@ -114,14 +117,13 @@ absl::StatusOr<ElasticLoopResult> RunElasticLoop(
         "expected the options of the checkpoint it is for");
   }
   if (checkpoint == nullptr && options.periodic_checkpoint.has_value()) {
-    if (options.checkpoint_world == nullptr) {
-      return absl::InvalidArgumentError(
-          "RunElasticLoop: periodic_checkpoint is set but checkpoint_world is "
-          "null; expected the communicator of the replica's own ranks");
+    std::shared_ptr<Communicator> world = options.checkpoint_world;
+    if (world == nullptr) {  // the replica's own ranks, a group of its own
+      VEMESH_ASSIGN_OR_RETURN(world, mesh.new_replica_group());
     }
-    VEMESH_ASSIGN_OR_RETURN(own_checkpoint, PeriodicCheckpoint::Create(
-                                                options.checkpoint_world,
-                                                *options.periodic_checkpoint));
+    VEMESH_ASSIGN_OR_RETURN(
+        own_checkpoint, PeriodicCheckpoint::Create(
+                            std::move(world), *options.periodic_checkpoint));
     checkpoint = own_checkpoint.get();
   }
   std::FILE* log = options.log;
@@ -130,8 +132,6 @@ absl::StatusOr<ElasticLoopResult> RunElasticLoop(
   // verdict's agreement over DP (no per-step tax).
   mesh.set_verdict_rides_on_step(true);
   Line(log, MembershipLine(mesh.last_recovery(), replica, "start"));
-  ElasticLoopResult result;
-  result.communicators_at_start = LiveCommunicatorCount();
   // A caller's checkpoint may make its saver's communicator during the
   // loop and keep it: not a leak.
   const int64_t held_at_start =

@@ -53,18 +53,18 @@
 //   checkpoint: step S saved
 // (WHY is "start", "membership changed" or "recovered from a failed step".)
 //
-// Checkpoints (options.checkpoint, or options.periodic_checkpoint over
-// options.checkpoint_world: the replica's own ranks): the
-// replica at DP rank 0 saves after the committed steps PeriodicCheckpoint
-// asks for; a launch that starts a fresh job (resume step 0, no state
-// received from the members) restores the latest one first. A failed save
-// is printed and training goes on (the previous checkpoint stays latest).
+// Checkpoints (options.checkpoint, or options.periodic_checkpoint over the
+// replica's own ranks): the replica at DP rank 0 saves after the committed
+// steps PeriodicCheckpoint asks for; a launch that starts a fresh job
+// (resume step 0, no state received from the members) restores the latest
+// one first. A failed save is printed and training goes on (the previous
+// checkpoint stays latest).
 //
 // Bounds: after max_rounds rounds without finishing, Internal. Errors:
-// periodic_checkpoint's options (PeriodicCheckpoint::Create's, or a null
-// checkpoint_world: InvalidArgument), and
-// end_step's and recover()'s (control plane lost, DataLoss, a failure that
-// is not a lost member repeated past max_step_retries), the snapshot's,
+// periodic_checkpoint's options (PeriodicCheckpoint::Create's:
+// InvalidArgument), end_step's and recover()'s (control plane lost,
+// DataLoss, a failure that is not a lost member repeated past
+// max_step_retries), the snapshot's,
 // the hooks' (on_recovery's, as is).
 
 #ifndef VEMESH_STRATEGIES_ELASTIC_LOOP_H_
@@ -98,10 +98,12 @@ struct ElasticLoopOptions {
   // Background checkpoints over the replica's ranks (see above); null: none.
   PeriodicCheckpoint* checkpoint = nullptr;
   // Or the loop's own: made from these options over `checkpoint_world` (the
-  // replica's own ranks, e.g. its launch's world) when `checkpoint` is null,
-  // and released before the loop returns (the saver's communicator with it;
-  // `checkpoint_world` stays yours). Both set, or a world without options:
-  // InvalidArgument. A replica evicted commits its save in flight first.
+  // replica's own ranks, e.g. its launch's world; null: a group of the
+  // replica's ranks the loop makes, ElasticMesh::new_replica_group) when
+  // `checkpoint` is null, and released before the loop returns (the saver's
+  // communicator and the loop's group with it; `checkpoint_world` stays
+  // yours). Both set, or a world without options: InvalidArgument. A
+  // replica evicted commits its save in flight first.
   std::optional<PeriodicCheckpointOptions> periodic_checkpoint = {};
   std::shared_ptr<Communicator> checkpoint_world = nullptr;
   // Rounds (steps tried, failed ones included) before the loop gives up:

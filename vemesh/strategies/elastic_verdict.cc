@@ -30,4 +30,13 @@ ElasticVerdict JudgeElasticRun(const ElasticLoopResult& done,
   return v;
 }
 
+absl::StatusOr<ElasticVerdict> JudgeElasticRun(
+    const ElasticLoopResult& done, absl::Span<const double> reference,
+    double tolerance) {
+  absl::StatusOr<LossCurveComparison> curve =
+      CompareLossCurve(done.losses, reference);
+  if (!curve.ok()) return curve.status();
+  return JudgeElasticRun(done, *curve, tolerance);
+}
+
 }  // namespace vemesh::strategies

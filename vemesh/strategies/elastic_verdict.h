@@ -10,12 +10,11 @@
 //                      hooks);
 //   if (!done.ok()) return done.status();
 //   if (done->evicted) return absl::OkStatus();
-//   absl::StatusOr<LossCurveComparison> curve =
-//       CompareLossCurve(done->losses, serial_losses);
-//   if (!curve.ok()) return curve.status();
-//   ElasticVerdict v = JudgeElasticRun(*done, *curve, 1e-9);
-//   if (launch_rank == 0) std::printf("%s\n", v.line.c_str());
-//   if (!v.pass) return absl::InternalError(v.line);
+//   absl::StatusOr<ElasticVerdict> v =
+//       JudgeElasticRun(*done, serial_losses, 1e-9);  // or a comparison
+//   if (!v.ok()) return v.status();  // a step the reference lacks
+//   if (launch_rank == 0) std::printf("%s\n", v->line.c_str());
+//   if (!v->pass) return absl::InternalError(v->line);
 //
 // pass: the curve is within `tolerance` (some steps trained), the replicas
 // are identical, and the communicator count is the one at the loop's start.
@@ -32,6 +31,8 @@
 
 #include <string>
 
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "vemesh/strategies/elastic_loop.h"
 #include "vemesh/strategies/loss_curve.h"
 
@@ -45,6 +46,11 @@ struct ElasticVerdict {
 ElasticVerdict JudgeElasticRun(const ElasticLoopResult& done,
                                const LossCurveComparison& curve,
                                double tolerance);
+// The same against the reference curve itself (CompareLossCurve of
+// done.losses first: its InvalidArgument for a step the reference lacks).
+absl::StatusOr<ElasticVerdict> JudgeElasticRun(
+    const ElasticLoopResult& done, absl::Span<const double> reference,
+    double tolerance);
 
 }  // namespace vemesh::strategies
 

@@ -78,6 +78,25 @@ absl::Status TrainingState::AddParameters(
   return absl::OkStatus();
 }
 
+absl::Status TrainingState::AddWholeParameters(
+    absl::Span<Parameter* const> params) {
+  for (Parameter* p : params) {
+    if (p == nullptr) {
+      return absl::InvalidArgumentError(
+          "state dict: AddWholeParameters got a null parameter");
+    }
+    if (p->value.rows() == 0 && p->value.cols() == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "state dict: ", p->name,
+          " is freed (0 x 0, FSDP's?): AddWholeParameters needs its value's "
+          "shape; name it before FSDP is made"));
+    }
+    VEMESH_RETURN_IF_ERROR(AddParameter(
+        p, WholePlacement(p->name, p->value.rows(), p->value.cols())));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status TrainingState::AddColumnParallel(const std::string& prefix,
                                               ColumnParallelLinear& layer) {
   VEMESH_ASSIGN_OR_RETURN(std::vector<ParameterPlacement> placements,

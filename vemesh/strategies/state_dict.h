@@ -12,6 +12,7 @@
 //   absl::Status s = state.AddColumnParallel("layer0", fc0);
 //   s = state.AddRowParallel("layer1", fc1);
 //   s = state.AddParameter(&head, WholePlacement("head.weight", 32, 10));
+//   s = state.AddWholeParameters(experts);  // whole, by their own names
 //   // 2. How each is trained (whichever the program uses):
 //   s = state.AddOptimizer(opt);                 // DataParallel, experts
 //   s = state.AddDistributedOptimizer(*zero, params);  // ZeRO-1/2
@@ -121,6 +122,10 @@ class TrainingState {
   // params[i] at placements[i]; the counts must match.
   absl::Status AddParameters(absl::Span<Parameter* const> params,
                              std::vector<ParameterPlacement> placements);
+  // Each of `params` whole, under its own name (Parameter::name) and its
+  // value's shape: replicated tensors, or tensors one rank owns whole (an
+  // expert by its global name). A null or freed (0 x 0) one: InvalidArgument.
+  absl::Status AddWholeParameters(absl::Span<Parameter* const> params);
   // A TP layer's weight and bias as `prefix`.weight / `prefix`.bias
   // (ColumnParallelPlacements / RowParallelPlacements of the layer).
   absl::Status AddColumnParallel(const std::string& prefix,
