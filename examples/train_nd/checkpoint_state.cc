@@ -14,6 +14,7 @@ std::map<std::string, std::string> CheckpointIdentity(const TrainPlan& plan) {
           {"seed", absl::StrCat(o.seed)},
           {"batch", absl::StrCat(o.batch)},
           {"optimizer", plan.options.optimizer},
+          {"momentum", absl::StrFormat("%.17g", plan.options.momentum)},
           {"lr", absl::StrFormat("%.17g", o.lr)}};
 }
 

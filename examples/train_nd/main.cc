@@ -70,6 +70,9 @@ ABSL_FLAG(double, lr, kDefaults.lr,
 ABSL_FLAG(std::string, optimizer, kDefaults.optimizer,
           "sgd, or adam (AdamW with PyTorch's defaults), here and in the "
           "serial reference");
+ABSL_FLAG(double, momentum, kDefaults.momentum,
+          "SGD's momentum (0: none; --optimizer=sgd only), here and in the "
+          "serial reference");
 ABSL_FLAG(bool, zero, kDefaults.zero,
           "the distributed optimizer (ZeRO) over DP instead of DataParallel: "
           "optimizer state (and, at stage 2, gradients) sharded over DP");
@@ -184,6 +187,7 @@ TrainOptions OptionsFromFlags() {
   o.overlap = absl::GetFlag(FLAGS_overlap);
   o.grad_bf16 = absl::GetFlag(FLAGS_grad_bf16);
   o.optimizer = absl::GetFlag(FLAGS_optimizer);
+  o.momentum = absl::GetFlag(FLAGS_momentum);
   o.zero = absl::GetFlag(FLAGS_zero);
   o.zero_stage = absl::GetFlag(FLAGS_zero_stage);
   o.elastic = absl::GetFlag(FLAGS_elastic);

@@ -120,9 +120,15 @@ absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
   }
   if (o.lr == 0) plan.options.lr = DefaultLearningRate(*kind);
   const double lr = plan.options.lr;
+  if (o.momentum != 0 && *kind != vemesh::strategies::OptimizerKind::kSgd) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--momentum=", o.momentum, " with --optimizer=",
+                     o.optimizer, ": expected --optimizer=sgd (AdamW's betas "
+                     "are its own)"));
+  }
   plan.optimizer = *kind == vemesh::strategies::OptimizerKind::kAdamW
                        ? vemesh::strategies::OptimizerOptions::AdamW(lr)
-                       : vemesh::strategies::OptimizerOptions::Sgd(lr);
+                       : vemesh::strategies::OptimizerOptions::Sgd(lr, o.momentum);
   if (absl::Status s =
           vemesh::strategies::ValidateOptimizerOptions(plan.optimizer);
       !s.ok()) {

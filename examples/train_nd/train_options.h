@@ -77,6 +77,9 @@ struct TrainOptions {
   // "sgd" (momentum 0, no weight decay) or "adam" (AdamW with PyTorch's
   // defaults: betas (0.9, 0.999), eps 1e-8, weight decay 1e-2), at `lr`.
   std::string optimizer = "sgd";
+  // SGD's momentum (PyTorch's: b = momentum * b + g; 0: none). Its buffers
+  // are optimizer state: checkpointed and sent to elastic joiners.
+  double momentum = 0;
   // The distributed optimizer (ZeRO, vemesh/strategies/
   // distributed_optimizer.h) over DP instead of DataParallel, at
   // `zero_stage` 1 or 2.

@@ -13,6 +13,7 @@
 # below_min replica_stopped; HSDP (issue 28): hsdp_kill hsdp_rejoin
 # hsdp_corrupt hsdp_tp_rejoin hsdp_pp_rejoin; with the library's optimizers
 # (issue 47): hsdp_adam_rejoin hsdp_zero_rejoin hsdp_adam_tp_pp_rejoin
+# momentum_rejoin
 # hsdp_checkpoint_restart; (issue 44) redis_restarted_recovery. Every process this script starts
 # is ended by its PID (mpirun and its ranks, redis-server), never by name,
 # also when an assertion fails.
@@ -136,7 +137,10 @@ case $scenario in
     for c in $(ranks_of "${launcher[1]}"); do kill -KILL "$c"; done
     finish 0; finish 1; finish 2
     expect_pass r0 2 0; expect_pass r2 2 2; expect_dead r1 1 ;;
-  rejoin)
+  rejoin|momentum_rejoin)
+    # momentum_rejoin (issue 47): SGD with momentum, whose buffers the
+    # joiner must receive to end equal to the others and to the serial run.
+    [[ $scenario == momentum_rejoin ]] && extra=(--momentum 0.9)
     steps=150; pace=25
     launch 0 r0; launch 1 r1 --fault 10:dp; launch 2 r2
     wait_for r0 "^membership: epoch 2, DP=2" 60

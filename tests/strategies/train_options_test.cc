@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace train_nd {
@@ -237,6 +238,23 @@ TEST(TrainOptionsTest, OptimizerFlagsMakeThePlansOptimizer) {
   plan = PlanTraining(o, 8);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->optimizer.kind, vemesh::strategies::OptimizerKind::kSgd);
+  EXPECT_EQ(plan->optimizer.momentum, 0.0);
+  o.momentum = 0.9;
+  plan = PlanTraining(o, 8);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->optimizer.momentum, 0.9);
+  // Momentum is SGD's; a bad value is named.
+  o.optimizer = "adam";
+  plan = PlanTraining(o, 8);
+  EXPECT_TRUE(absl::IsInvalidArgument(plan.status())) << plan.status();
+  EXPECT_THAT(plan.status().message(),
+              testing::HasSubstr("--momentum=0.9 with --optimizer=adam"));
+  o.optimizer = "sgd";
+  o.momentum = -1;
+  plan = PlanTraining(o, 8);
+  EXPECT_TRUE(absl::IsInvalidArgument(plan.status())) << plan.status();
+  EXPECT_THAT(plan.status().message(), testing::HasSubstr("momentum"));
+  EXPECT_THAT(plan.status().message(), testing::HasSubstr("-1"));
 }
 
 // Without --lr each optimizer trains at its own default rate (Adam at

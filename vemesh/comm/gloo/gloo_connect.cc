@@ -92,6 +92,15 @@ absl::StatusOr<std::shared_ptr<gloo::Context>> GlooCommunicator::ConnectContext(
     const std::shared_ptr<gloo::transport::Device>& device, bool lazy) {
   auto group = std::make_shared<PrefixStore>(store, prefix);
   GlooStore rendezvous(group, timeout);
+  // What connectFullMesh asks for, peer by peer: "rank_<r>" (the lower
+  // ranks' hostnames, for its local rank) and "<r>" (every peer's pair
+  // addresses). Fetched a family at a time (gloo_store.h).
+  std::vector<std::string> hostnames, addresses;
+  for (int r = 0; r < size; ++r) {
+    if (r < rank) hostnames.push_back(absl::StrCat("rank_", r));
+    if (r != rank) addresses.push_back(absl::StrCat(r));
+  }
+  rendezvous.set_prefetch({std::move(hostnames), std::move(addresses)});
   std::shared_ptr<gloo::rendezvous::Context> context;
   ScopedSigpipeBlock no_sigpipe;  // connecting and the barrier write here
   absl::Status status = RunGloo(
