@@ -56,9 +56,9 @@ std::optional<std::vector<char>> GlooStore::Prefetched(const std::string& key,
   }
   fetched = fetched_.find(key);
   if (fetched == fetched_.end()) {
-    Fail(absl::InternalError(absl::StrCat(
-        "store: wait_get of ", keys.size(), " keys answered ",
-        values->size(), " values")));
+    Fail(absl::InternalError(absl::StrCat("store: wait_get of ", keys.size(),
+                                          " keys answered ", values->size(),
+                                          " values")));
   }
   return fetched->second;
 }
@@ -90,8 +90,8 @@ void GlooStore::wait(const std::vector<std::string>& keys,
   // Keys of a prefetched family are there once it is fetched.
   bool all_fetched = true;
   for (const std::string& key : keys) {
-    all_fetched = Prefetched(key, absl::Now() + bound).has_value() &&
-                  all_fetched;
+    all_fetched =
+        Prefetched(key, absl::Now() + bound).has_value() && all_fetched;
   }
   if (all_fetched) return;
   absl::Status status = store_->wait(keys, absl::Now() + bound);
