@@ -13,7 +13,8 @@ std::map<std::string, std::string> CheckpointIdentity(const TrainPlan& plan) {
                                  ", experts ", o.experts)},
           {"seed", absl::StrCat(o.seed)},
           {"batch", absl::StrCat(o.batch)},
-          {"optimizer", plan.options.optimizer},
+          {"optimizer", std::string(vemesh::strategies::OptimizerKindName(
+                            plan.optimizer.kind))},
           {"momentum", absl::StrFormat("%.17g", plan.options.momentum)},
           {"lr", absl::StrFormat("%.17g", o.lr)}};
 }

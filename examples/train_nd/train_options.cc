@@ -126,9 +126,14 @@ absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
                      o.optimizer, ": expected --optimizer=sgd (AdamW's betas "
                      "are its own)"));
   }
-  plan.optimizer = *kind == vemesh::strategies::OptimizerKind::kAdamW
-                       ? vemesh::strategies::OptimizerOptions::AdamW(lr)
-                       : vemesh::strategies::OptimizerOptions::Sgd(lr, o.momentum);
+  if (!std::isfinite(o.momentum) || o.momentum < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--momentum=", o.momentum, ": expected a finite value >= 0"));
+  }
+  plan.optimizer =
+      *kind == vemesh::strategies::OptimizerKind::kAdamW
+          ? vemesh::strategies::OptimizerOptions::AdamW(lr)
+          : vemesh::strategies::OptimizerOptions::Sgd(lr, o.momentum);
   if (absl::Status s =
           vemesh::strategies::ValidateOptimizerOptions(plan.optimizer);
       !s.ok()) {

@@ -253,8 +253,8 @@ TEST(TrainOptionsTest, OptimizerFlagsMakeThePlansOptimizer) {
   o.momentum = -1;
   plan = PlanTraining(o, 8);
   EXPECT_TRUE(absl::IsInvalidArgument(plan.status())) << plan.status();
-  EXPECT_THAT(plan.status().message(), testing::HasSubstr("momentum"));
-  EXPECT_THAT(plan.status().message(), testing::HasSubstr("-1"));
+  EXPECT_THAT(plan.status().message(),
+              testing::HasSubstr("--momentum=-1: expected a finite value"));
 }
 
 // Without --lr each optimizer trains at its own default rate (Adam at

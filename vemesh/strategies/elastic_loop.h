@@ -60,9 +60,15 @@
 // one first. A failed save is printed and training goes on (the previous
 // checkpoint stays latest).
 //
+// Collective over the replica's ranks at its start when it makes its own
+// checkpoint's group (periodic_checkpoint without checkpoint_world): every
+// rank of a replica passes the same checkpoint options.
+//
 // Bounds: after max_rounds rounds without finishing, Internal. Errors:
 // periodic_checkpoint's options (PeriodicCheckpoint::Create's:
-// InvalidArgument), end_step's and recover()'s (control plane lost,
+// InvalidArgument), the group's split (a rank of the replica gone:
+// Unavailable or DeadlineExceeded, within the replica group's timeout),
+// end_step's and recover()'s (control plane lost,
 // DataLoss, a failure that is not a lost member repeated past
 // max_step_retries), the snapshot's,
 // the hooks' (on_recovery's, as is).

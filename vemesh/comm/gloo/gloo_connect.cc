@@ -94,13 +94,20 @@ absl::StatusOr<std::shared_ptr<gloo::Context>> GlooCommunicator::ConnectContext(
   GlooStore rendezvous(group, timeout);
   // What connectFullMesh asks for, peer by peer: "rank_<r>" (the lower
   // ranks' hostnames, for its local rank) and "<r>" (every peer's pair
-  // addresses). Fetched a family at a time (gloo_store.h).
+  // addresses: size - 1 of at most kPairAddressBytes each). Fetched in runs
+  // whose reply stays within kPrefetchReplyBytes (gloo_store.h): all of
+  // them at once up to 16 ranks, one at a time (two round trips, was
+  // three) from 256.
+  constexpr size_t kPairAddressBytes = 256;
+  constexpr size_t kPrefetchReplyBytes = 64 << 10;
   std::vector<std::string> hostnames, addresses;
   for (int r = 0; r < size; ++r) {
     if (r < rank) hostnames.push_back(absl::StrCat("rank_", r));
     if (r != rank) addresses.push_back(absl::StrCat(r));
   }
-  rendezvous.set_prefetch({std::move(hostnames), std::move(addresses)});
+  rendezvous.set_prefetch(
+      {std::move(hostnames), std::move(addresses)},
+      kPrefetchReplyBytes / (static_cast<size_t>(size) * kPairAddressBytes));
   std::shared_ptr<gloo::rendezvous::Context> context;
   ScopedSigpipeBlock no_sigpipe;  // connecting and the barrier write here
   absl::Status status = RunGloo(

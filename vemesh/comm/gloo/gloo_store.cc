@@ -1,6 +1,6 @@
 #include "vemesh/comm/gloo/internal/gloo_store.h"
 
-#include <optional>
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -32,41 +32,49 @@ void GlooStore::set(const std::string& key, const std::vector<char>& data) {
   if (!status.ok()) Fail(std::move(status));
 }
 
-void GlooStore::set_prefetch(std::vector<std::vector<std::string>> families) {
+void GlooStore::set_prefetch(std::vector<std::vector<std::string>> families,
+                             size_t keys_per_fetch) {
   families_ = std::move(families);
+  keys_per_fetch_ = std::max<size_t>(1, keys_per_fetch);
   family_of_.clear();
+  fetched_.clear();
   for (size_t f = 0; f < families_.size(); ++f) {
-    for (const std::string& key : families_[f]) family_of_[key] = f;
+    for (size_t i = 0; i < families_[f].size(); ++i) {
+      family_of_[families_[f][i]] = {f, i};
+    }
   }
 }
 
-std::optional<std::vector<char>> GlooStore::Prefetched(const std::string& key,
-                                                       absl::Time deadline) {
-  auto fetched = fetched_.find(key);
-  if (fetched != fetched_.end()) return fetched->second;
-  auto family = family_of_.find(key);
-  if (family == family_of_.end()) return std::nullopt;
-  const std::vector<std::string>& keys = families_[family->second];
+bool GlooStore::Fetch(const std::string& key, absl::Time deadline) {
+  if (fetched_.contains(key)) return true;
+  auto at = family_of_.find(key);
+  if (at == family_of_.end()) return false;
+  // The run of its family from `key` on (Gloo asks in family order).
+  const std::vector<std::string>& family = families_[at->second.first];
+  const size_t begin = at->second.second;
+  const size_t end = std::min(family.size(), begin + keys_per_fetch_);
+  const std::vector<std::string> keys(family.begin() + begin,
+                                      family.begin() + end);
   absl::StatusOr<std::vector<std::string>> values =
       store_->wait_get(keys, deadline);
   if (!values.ok()) Fail(values.status());
-  for (size_t i = 0; i < keys.size() && i < values->size(); ++i) {
-    const std::string& v = (*values)[i];
-    fetched_[keys[i]] = std::vector<char>(v.begin(), v.end());
-  }
-  fetched = fetched_.find(key);
-  if (fetched == fetched_.end()) {
+  if (values->size() != keys.size()) {
     Fail(absl::InternalError(absl::StrCat("store: wait_get of ", keys.size(),
                                           " keys answered ", values->size(),
                                           " values")));
   }
-  return fetched->second;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const std::string& v = (*values)[i];
+    fetched_[keys[i]] = std::vector<char>(v.begin(), v.end());
+  }
+  return true;
 }
 
 std::vector<char> GlooStore::get(const std::string& key) {
-  if (std::optional<std::vector<char>> v =
-          Prefetched(key, absl::Now() + timeout_)) {
-    return *std::move(v);
+  if (Fetch(key, absl::Now() + timeout_)) {
+    // Gloo reads each key once: the copy here is dropped.
+    auto node = fetched_.extract(key);
+    return std::move(node.mapped());
   }
   const std::string keys[] = {key};
   absl::StatusOr<std::vector<std::string>> values =
@@ -87,11 +95,10 @@ void GlooStore::wait(const std::vector<std::string>& keys,
   const absl::Duration bound = timeout > std::chrono::milliseconds::zero()
                                    ? absl::FromChrono(timeout)
                                    : timeout_;
-  // Keys of a prefetched family are there once it is fetched.
+  // Keys of a prefetched family are there once they are fetched.
   bool all_fetched = true;
   for (const std::string& key : keys) {
-    all_fetched =
-        Prefetched(key, absl::Now() + bound).has_value() && all_fetched;
+    all_fetched = Fetch(key, absl::Now() + bound) && all_fetched;
   }
   if (all_fetched) return;
   absl::Status status = store_->wait(keys, absl::Now() + bound);

@@ -23,14 +23,15 @@
 // Fetched together (set_prefetch): Gloo's connectFullMesh asks for its
 // peers' keys one at a time, a wait and a get each (about three store round
 // trips per peer, twice over: the hostnames of the lower ranks, then every
-// peer's addresses). Given the key families it will ask for, the first
-// request for a key of a family waits for and reads the whole family in one
-// wait_get, and the rest are answered from memory: two round trips per
-// family instead of three per key, which is most of a group's creation time
-// when many ranks share one store. Keys outside the families take the
-// one-at-a-time path.
-//
-// Threads: Gloo calls it from the thread that called connectFullMesh.
+// peer's addresses). Given the key families it will ask for, a request for
+// a key not fetched yet waits for and reads the next `keys_per_fetch` keys
+// of its family from it on in one wait_get, and the others are answered
+// from memory (a get hands its value over and forgets it, so at most one
+// run of values is held): two round trips per run instead of three per key,
+// which is most of a group's creation time when many ranks share one store.
+// The caller sizes the runs so that one reply stays small (a store bounds
+// its replies; an address is (size - 1) pair addresses). Keys outside the
+// families take the one-at-a-time path. One rendezvous per adapter.
 
 #ifndef VEMESH_COMM_GLOO_INTERNAL_GLOO_STORE_H_
 #define VEMESH_COMM_GLOO_INTERNAL_GLOO_STORE_H_
@@ -38,8 +39,8 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -60,9 +61,10 @@ class GlooStore final : public gloo::rendezvous::Store {
   void wait(const std::vector<std::string>& keys,
             const std::chrono::milliseconds& timeout) override;
 
-  // Key families fetched whole on first use (see above); call before the
-  // rendezvous.
-  void set_prefetch(std::vector<std::vector<std::string>> families);
+  // Key families fetched in runs of keys_per_fetch (at least 1) on first
+  // use (see above); call before the rendezvous.
+  void set_prefetch(std::vector<std::vector<std::string>> families,
+                    size_t keys_per_fetch);
 
   // The first failure this adapter threw for; OK when none.
   absl::Status error() const;
@@ -71,15 +73,16 @@ class GlooStore final : public gloo::rendezvous::Store {
   // Keeps `status` (the first one wins) and throws gloo::IoException.
   [[noreturn]] void Fail(absl::Status status);
 
-  // The value of `key` from its family, fetched whole now if it is not
-  // yet; nullopt for a key of no family.
-  std::optional<std::vector<char>> Prefetched(const std::string& key,
-                                              absl::Time deadline);
+  // Makes sure `key`'s value is in fetched_ (its run fetched now if not):
+  // false for a key of no family.
+  bool Fetch(const std::string& key, absl::Time deadline);
 
   std::shared_ptr<vemesh::Store> store_;
   absl::Duration timeout_;
   std::vector<std::vector<std::string>> families_;
-  absl::flat_hash_map<std::string, size_t> family_of_;
+  size_t keys_per_fetch_ = 1;
+  // Each key's family and place in it.
+  absl::flat_hash_map<std::string, std::pair<size_t, size_t>> family_of_;
   absl::flat_hash_map<std::string, std::vector<char>> fetched_;
   mutable std::mutex mu_;
   absl::Status error_;
