@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "forwarding_store.h"
 #include "open_sockets.h"
 #include "gloo/common/error.h"
 #include "vemesh/comm/gloo/gloo_communicator.h"
@@ -38,40 +39,25 @@ std::vector<int> GlobalRanks(int n) {
 int Sockets() { return static_cast<int>(vemesh::OpenSocketInodes().size()); }
 
 // A MemoryStore that counts the reads: get, wait and wait_get.
-class ReadCountingStore final : public Store {
+class ReadCountingStore final : public testing::ForwardingStore {
  public:
   int64_t reads() const { return reads_.load(); }
-  absl::Status set(absl::string_view key, absl::string_view value) override {
-    return inner_.set(key, value);
-  }
   absl::StatusOr<std::string> get(absl::string_view key) override {
     ++reads_;
-    return inner_.get(key);
+    return ForwardingStore::get(key);
   }
   absl::Status wait(absl::Span<const std::string> keys,
                     absl::Time deadline) override {
     ++reads_;
-    return inner_.wait(keys, deadline);
+    return ForwardingStore::wait(keys, deadline);
   }
   absl::StatusOr<std::vector<std::string>> wait_get(
       absl::Span<const std::string> keys, absl::Time deadline) override {
     ++reads_;
-    return inner_.wait_get(keys, deadline);
-  }
-  absl::StatusOr<int64_t> add(absl::string_view key, int64_t delta) override {
-    return inner_.add(key, delta);
-  }
-  absl::StatusOr<std::string> compare_set(absl::string_view key,
-                                          absl::string_view expected,
-                                          absl::string_view desired) override {
-    return inner_.compare_set(key, expected, desired);
-  }
-  absl::StatusOr<bool> remove(absl::string_view key) override {
-    return inner_.remove(key);
+    return inner().wait_get(keys, deadline);
   }
 
  private:
-  MemoryStore inner_;
   std::atomic<int64_t> reads_{0};
 };
 

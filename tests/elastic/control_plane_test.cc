@@ -13,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "forwarding_store.h"
 #include "vemesh/rendezvous/memory_store.h"
 
 namespace vemesh {
@@ -101,38 +102,19 @@ TEST(ControlPlaneTest, LeasesAreNotTrustedRightAfterTheStoreLostThem) {
 
 // A store that is unreachable for its first `down` reads (a Redis
 // restarting), then a MemoryStore.
-class RestartingStore : public Store {
+class RestartingStore : public testing::ForwardingStore {
  public:
   explicit RestartingStore(int down) : down_(down) {}
-  absl::Status set(absl::string_view key, absl::string_view value) override {
-    return inner_.set(key, value);
-  }
   absl::StatusOr<std::string> get(absl::string_view key) override {
     if (down_ > 0) {
       --down_;
       return absl::UnavailableError("Redis at 127.0.0.1:1 is unreachable");
     }
-    return inner_.get(key);
-  }
-  absl::Status wait(absl::Span<const std::string> keys,
-                    absl::Time deadline) override {
-    return inner_.wait(keys, deadline);
-  }
-  absl::StatusOr<int64_t> add(absl::string_view key, int64_t delta) override {
-    return inner_.add(key, delta);
-  }
-  absl::StatusOr<std::string> compare_set(absl::string_view key,
-                                          absl::string_view expected,
-                                          absl::string_view desired) override {
-    return inner_.compare_set(key, expected, desired);
-  }
-  absl::StatusOr<bool> remove(absl::string_view key) override {
-    return inner_.remove(key);
+    return ForwardingStore::get(key);
   }
 
  private:
   int down_;
-  MemoryStore inner_;
 };
 
 // Issue 44: Read rides out an unreachable store within its bound (the
