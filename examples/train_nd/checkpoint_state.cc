@@ -8,15 +8,15 @@ namespace train_nd {
 
 std::map<std::string, std::string> CheckpointIdentity(const TrainPlan& plan) {
   const TrainOptions& o = plan.options;
-  return {{"model", absl::StrCat(o.layers, "x", o.hidden, " mlp, in ",
-                                 o.input_dim, ", out ", o.output_dim,
-                                 ", experts ", o.experts)},
-          {"seed", absl::StrCat(o.seed)},
-          {"batch", absl::StrCat(o.batch)},
-          {"optimizer", std::string(vemesh::strategies::OptimizerKindName(
-                            plan.optimizer.kind))},
-          {"momentum", absl::StrFormat("%.17g", plan.options.momentum)},
-          {"lr", absl::StrFormat("%.17g", o.lr)}};
+  return {
+      {"model", absl::StrCat(o.layers, "x", o.hidden, " mlp, in ", o.input_dim,
+                             ", out ", o.output_dim, ", experts ", o.experts)},
+      {"seed", absl::StrCat(o.seed)},
+      {"batch", absl::StrCat(o.batch)},
+      {"optimizer",
+       std::string(vemesh::strategies::OptimizerKindName(plan.optimizer.kind))},
+      {"momentum", absl::StrFormat("%.17g", o.momentum)},
+      {"lr", absl::StrFormat("%.17g", o.lr)}};
 }
 
 std::string JobDescriptor(const TrainPlan& plan) {

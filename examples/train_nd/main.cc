@@ -239,17 +239,20 @@ absl::StatusOr<TrainResult> Train(const TrainPlan& plan, bool print,
   // --resume: the parameters now (FSDP and ZeRO shard the values they find
   // when they are made), the optimizer state once the optimizers exist.
   TrainResult result;
+  // What this rank trains, named once: the checkpoints' pieces point into
+  // it (and into the modules it names). The model first, before FSDP frees
+  // the parameters; the optimizers once they exist.
+  vemesh::strategies::TrainingState state;
+  if (absl::Status s = (*stage)->NameParameters(&state); !s.ok()) return s;
   std::optional<vemesh::checkpoint::LoadResult> resumed;
   if (!plan.options.resume.empty()) {
-    // The parameters alone, named before FSDP / ZeRO shard them.
+    // The parameters alone (the optimizers do not exist yet).
     vemesh::checkpoint::StateDict dict;
-    vemesh::strategies::TrainingState parameters;
-    absl::Status named = (*stage)->NameParameters(&parameters);
-    if (named.ok()) {
-      named = parameters.get_state_dict(
-          &dict, vemesh::strategies::StateDictParts::kModel);
+    if (absl::Status s = state.get_state_dict(
+            &dict, vemesh::strategies::StateDictParts::kModel);
+        !s.ok()) {
+      return s;
     }
-    if (!named.ok()) return named;
     // A named job resumes only its own checkpoint.
     vemesh::checkpoint::LoadOptions load_options;
     load_options.job = plan.options.checkpoint_job;
@@ -277,11 +280,6 @@ absl::StatusOr<TrainResult> Train(const TrainPlan& plan, bool print,
       std::fflush(stdout);
     }
   }
-  // What this rank trains, named once: the checkpoints' pieces point into
-  // it (and into the modules it names). The model first, before FSDP frees
-  // the parameters; the optimizers once they exist.
-  vemesh::strategies::TrainingState state;
-  if (absl::Status s = (*stage)->NameParameters(&state); !s.ok()) return s;
   // Sizes for the memory line, before FSDP frees the parameters.
   size_t elements = 0;
   for (const Parameter* p : params) elements += p->value.size();

@@ -92,16 +92,18 @@ void GlooStore::wait(const std::vector<std::string>& keys,
                      const std::chrono::milliseconds& timeout) {
   // Gloo's "no timeout" is zero; a rendezvous must still end, so it gets
   // the adapter's bound.
-  const absl::Duration bound = timeout > std::chrono::milliseconds::zero()
-                                   ? absl::FromChrono(timeout)
-                                   : timeout_;
-  // Keys of a prefetched family are there once they are fetched.
+  const absl::Time deadline =
+      absl::Now() + (timeout > std::chrono::milliseconds::zero()
+                         ? absl::FromChrono(timeout)
+                         : timeout_);
+  // Keys of a prefetched family are there once they are fetched; one
+  // deadline bounds the whole wait.
   bool all_fetched = true;
   for (const std::string& key : keys) {
-    all_fetched = Fetch(key, absl::Now() + bound) && all_fetched;
+    all_fetched = Fetch(key, deadline) && all_fetched;
   }
   if (all_fetched) return;
-  absl::Status status = store_->wait(keys, absl::Now() + bound);
+  absl::Status status = store_->wait(keys, deadline);
   if (!status.ok()) Fail(std::move(status));
 }
 
