@@ -4,14 +4,14 @@
 # nothing: lists the files that differ and exits 1 if there are any, 0 if
 # none. To format one file: clang-format -i FILE.
 #
-#   bash scripts/check_format.sh            # vemesh/, tools/ and python/
+#   bash scripts/check_format.sh            # every C++ folder
 #   bash scripts/check_format.sh vemesh/layout   # only some folders
 set -u
 cd "$(dirname "$0")/.."
 command -v clang-format >/dev/null ||
   { echo "check_format: clang-format not found" >&2; exit 2; }
 dirs=("$@")
-[ ${#dirs[@]} -eq 0 ] && dirs=(vemesh tools python)
+[ ${#dirs[@]} -eq 0 ] && dirs=(vemesh tools python examples tests bench)
 differ=0
 total=0
 while IFS= read -r -d '' f; do

@@ -9,7 +9,7 @@ timings=()
 start=$SECONDS
 bash scripts/setup.sh --test
 
-# The tree is formatted as .clang-format says (vemesh/ and tools/); a
+# The tree is formatted as .clang-format says (every C++ folder); a
 # difference fails at once, naming the files.
 bash scripts/check_format.sh
 timings+=("set-up and format check: $((SECONDS - start))s")

@@ -20,11 +20,11 @@ std::map<std::string, std::string> CheckpointIdentity(const TrainPlan& plan) {
 }
 
 std::string JobDescriptor(const TrainPlan& plan) {
-  std::map<std::string, std::string> job = CheckpointIdentity(plan);
-  job["micro_batches"] = absl::StrCat(plan.options.micro_batches);
-  job["schedule"] = plan.options.schedule;
-  job["steps"] = absl::StrCat(plan.options.steps);
-  return absl::StrJoin(job, ";", absl::PairFormatter("="));
+  const TrainOptions& o = plan.options;
+  return absl::StrCat(
+      absl::StrJoin(CheckpointIdentity(plan), ";", absl::PairFormatter("=")),
+      ";micro_batches=", o.micro_batches, ";schedule=", o.schedule,
+      ";steps=", o.steps);
 }
 
 }  // namespace train_nd

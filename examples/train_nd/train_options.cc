@@ -121,10 +121,10 @@ absl::StatusOr<TrainPlan> PlanTraining(const TrainOptions& o,
   if (o.lr == 0) plan.options.lr = DefaultLearningRate(*kind);
   const double lr = plan.options.lr;
   if (o.momentum != 0 && *kind != vemesh::strategies::OptimizerKind::kSgd) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--momentum=", o.momentum, " with --optimizer=",
-                     o.optimizer, ": expected --optimizer=sgd (AdamW's betas "
-                     "are its own)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--momentum=", o.momentum, " with --optimizer=", o.optimizer,
+        ": expected --optimizer=sgd (AdamW's betas "
+        "are its own)"));
   }
   if (!std::isfinite(o.momentum) || o.momentum < 0) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -14,11 +14,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "forwarding_store.h"
+#include "gloo/common/error.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "forwarding_store.h"
 #include "open_sockets.h"
-#include "gloo/common/error.h"
 #include "vemesh/comm/gloo/gloo_communicator.h"
 #include "vemesh/comm/gloo/internal/gloo_store.h"
 #include "vemesh/rendezvous/memory_store.h"
@@ -73,8 +73,8 @@ TEST(GlooConnectTest, EachRankReadsTheStoreTwiceToConnect) {
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
-      auto c = GlooCommunicator::Create(store, "g", r, n, GlobalRanks(n),
-                                        kTimeout);
+      auto c =
+          GlooCommunicator::Create(store, "g", r, n, GlobalRanks(n), kTimeout);
       ASSERT_TRUE(c.ok()) << c.status();
       comms[r] = *std::move(c);
     });

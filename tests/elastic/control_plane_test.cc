@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "forwarding_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "forwarding_store.h"
 #include "vemesh/rendezvous/memory_store.h"
 
 namespace vemesh {

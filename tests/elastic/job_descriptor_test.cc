@@ -1,6 +1,7 @@
-// The elastic job descriptor's comparison (vemesh/elastic/internal/job_descriptor.h):
-// the differences are named, in any order of items, and the job's text,
-// which anyone who can write the store controls, is bounded.
+// The elastic job descriptor's comparison
+// (vemesh/elastic/internal/job_descriptor.h): the differences are named, in any
+// order of items, and the job's text, which anyone who can write the store
+// controls, is bounded.
 
 #include "vemesh/elastic/internal/job_descriptor.h"
 

@@ -1,6 +1,7 @@
-// The membership record of an elastic job (vemesh/elastic/internal/membership.h):
-// its text form round-trips, its queries answer by DP order, and every
-// malformed record from the network is InvalidArgument naming what is wrong.
+// The membership record of an elastic job
+// (vemesh/elastic/internal/membership.h): its text form round-trips, its
+// queries answer by DP order, and every malformed record from the network is
+// InvalidArgument naming what is wrong.
 
 #include "vemesh/elastic/internal/membership.h"
 

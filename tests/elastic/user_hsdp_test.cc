@@ -356,42 +356,42 @@ class UserHsdp : public ::testing::Test {
     auto launch_store = std::make_shared<MemoryStore>();
     std::vector<std::thread> threads;
     for (int r = 0; r < kShard; ++r) {
-      threads.emplace_back([this, k, r, hooks, launch_store, &outcomes,
-                            fingerprint_every] {
-        Outcome& out = outcomes[r];
-        MeshOptions inner;
-        inner.backend = "gloo";
-        inner.timeout = absl::Seconds(20);
-        inner.bootstrap = std::make_shared<StoreBootstrap>(
-            launch_store, r, kShard, absl::StrCat("launch", k));
-        ElasticOptions o;
-        if (redis_.empty()) {
-          o.control_store = control_;
-          o.heartbeat_ttl = absl::Milliseconds(300);
-        } else {
-          o.store = redis_;
-        }
-        o.replica = k;
-        o.replica_dim = "DP_REPLICATE";
-        o.job = "user_hsdp";
-        o.op_timeout = absl::Seconds(5);
-        o.recovery_timeout = absl::Seconds(30);
-        o.form_timeout = absl::Seconds(10);
-        o.fingerprint_every = fingerprint_every;
-        auto layout =
-            MeshLayout::Create({3, kShard}, {"DP_REPLICATE", "DP_SHARD"});
-        if (!layout.ok()) {
-          out.status = layout.status();
-          return;
-        }
-        auto el = ElasticMesh::Create(DeviceType::kCpu, *layout, inner, o);
-        if (!el.ok()) {
-          out.status = el.status();
-          return;
-        }
-        out.status =
-            Train(**el, hooks.steps > 0 ? hooks.steps : kSteps, hooks, out);
-      });
+      threads.emplace_back(
+          [this, k, r, hooks, launch_store, &outcomes, fingerprint_every] {
+            Outcome& out = outcomes[r];
+            MeshOptions inner;
+            inner.backend = "gloo";
+            inner.timeout = absl::Seconds(20);
+            inner.bootstrap = std::make_shared<StoreBootstrap>(
+                launch_store, r, kShard, absl::StrCat("launch", k));
+            ElasticOptions o;
+            if (redis_.empty()) {
+              o.control_store = control_;
+              o.heartbeat_ttl = absl::Milliseconds(300);
+            } else {
+              o.store = redis_;
+            }
+            o.replica = k;
+            o.replica_dim = "DP_REPLICATE";
+            o.job = "user_hsdp";
+            o.op_timeout = absl::Seconds(5);
+            o.recovery_timeout = absl::Seconds(30);
+            o.form_timeout = absl::Seconds(10);
+            o.fingerprint_every = fingerprint_every;
+            auto layout =
+                MeshLayout::Create({3, kShard}, {"DP_REPLICATE", "DP_SHARD"});
+            if (!layout.ok()) {
+              out.status = layout.status();
+              return;
+            }
+            auto el = ElasticMesh::Create(DeviceType::kCpu, *layout, inner, o);
+            if (!el.ok()) {
+              out.status = el.status();
+              return;
+            }
+            out.status =
+                Train(**el, hooks.steps > 0 ? hooks.steps : kSteps, hooks, out);
+          });
     }
     return threads;
   }
@@ -734,8 +734,8 @@ TEST(ElasticLoopOptions, CheckpointOptionsNamedAndCallersSaverNotALeak) {
   const std::string own_dir = dir + "_own";
   std::filesystem::remove_all(own_dir);
   strategies::ElasticLoopOptions no_world{.steps = 3};
-  no_world.periodic_checkpoint = strategies::PeriodicCheckpointOptions{
-      .dir = own_dir, .every = 1};
+  no_world.periodic_checkpoint =
+      strategies::PeriodicCheckpointOptions{.dir = own_dir, .every = 1};
   r = strategies::RunElasticLoop(**el, state, no_world, hooks);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->communicators_at_end, r->communicators_at_start);

@@ -20,10 +20,10 @@
 namespace vemesh {
 namespace {
 
+using ::testing::HasSubstr;
 using testing_grid::Grid;
 using testing_grid::WorldRank;
 using testing_grid::WorldSize;
-using ::testing::HasSubstr;
 
 class Concatenate : public ::testing::Test {
  protected:

@@ -168,9 +168,9 @@ TEST(PlanGroups, BigWorldsStaySummarised) {
 // Issue 45: --also-mesh lists every mesh of the job and which groups they
 // share (the same rank sets: one communicator in the registry's cache).
 TEST(PlanMeshes, EveryMeshAndTheGroupsTheyShare) {
-  auto plan = PlanOf({"--mesh", "PP=2,DP=2,CP=1,TP=2", "--flatten",
-                      "DP_CP_TP=DP,CP,TP", "--also-mesh",
-                      "experts:PP=2,EDP=1,EP=4,ETP=1"});
+  auto plan =
+      PlanOf({"--mesh", "PP=2,DP=2,CP=1,TP=2", "--flatten", "DP_CP_TP=DP,CP,TP",
+              "--also-mesh", "experts:PP=2,EDP=1,EP=4,ETP=1"});
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_TRUE(plan->sharing.has_value());
   const MeshSharing& s = *plan->sharing;
@@ -179,12 +179,13 @@ TEST(PlanMeshes, EveryMeshAndTheGroupsTheyShare) {
   EXPECT_EQ(s.meshes[1].spec, "PP=2,EDP=1,EP=4,ETP=1");
   std::vector<std::string> shared;
   for (const SharedDim& d : s.meshes[1].dims) shared.push_back(d.shared_with);
-  EXPECT_EQ(shared, (std::vector<std::string>{"default.PP", "default.CP",
-                                              "default.DP_CP_TP",
-                                              "default.CP"}));
+  EXPECT_EQ(shared,
+            (std::vector<std::string>{"default.PP", "default.CP",
+                                      "default.DP_CP_TP", "default.CP"}));
   EXPECT_EQ(s.total_dims, 9);
   EXPECT_EQ(s.distinct_groups, 5);
-  EXPECT_THAT(RenderTable(*plan), HasSubstr("EP  size 4  shares default.DP_CP_TP"));
+  EXPECT_THAT(RenderTable(*plan),
+              HasSubstr("EP  size 4  shares default.DP_CP_TP"));
   const auto json = nlohmann::json::parse(RenderJson(*plan));
   EXPECT_EQ(json["meshes"][1]["dims"][2]["shared_with"], "default.DP_CP_TP");
   EXPECT_EQ(json["distinct_groups"], 5);
@@ -200,16 +201,16 @@ TEST(PlanMeshes, BadAlsoMeshIsAnErrorNamingIt) {
                   .status()
                   .message(),
               HasSubstr("--also-mesh expects NAME:SPEC"));
-  EXPECT_THAT(PlanOf({"--mesh", "PP=2,DP=2,TP=2", "--also-mesh",
-                      "experts:PP=2,EP=2"})
-                  .status()
-                  .message(),
-              HasSubstr("has 4 ranks: expected 8"));
-  EXPECT_THAT(PlanOf({"--mesh", "PP=2,DP=2,TP=2", "--also-mesh",
-                      "experts:PP=x"})
-                  .status()
-                  .message(),
-              HasSubstr("--also-mesh 'experts:PP=x' is malformed"));
+  EXPECT_THAT(
+      PlanOf({"--mesh", "PP=2,DP=2,TP=2", "--also-mesh", "experts:PP=2,EP=2"})
+          .status()
+          .message(),
+      HasSubstr("has 4 ranks: expected 8"));
+  EXPECT_THAT(
+      PlanOf({"--mesh", "PP=2,DP=2,TP=2", "--also-mesh", "experts:PP=x"})
+          .status()
+          .message(),
+      HasSubstr("--also-mesh 'experts:PP=x' is malformed"));
 }
 
 }  // namespace
