@@ -16,6 +16,10 @@ machine's noise hits both alike, at each replica count R:
            TCP pairs only, as the elastic epoch's DP group is (one host)
   elastic_hb8  the elastic job with an 8 s lease (heartbeat every 2 s)
 
+--tp N gives each replica N ranks (TP=N); with --hsdp they are DP_SHARD=N
+instead (FSDP HYBRID_SHARD, AdamW: the issue's HSDP job), and both jobs sum
+the loss over DP_SHARD, then DP_REPLICATE.
+
 The first job named is the ratios' base. Each elastic run's step lines also
 give the loop's parts ("verdict V ms; snapshot P ms; train H ms"): printed as
 "verdict" and "parts" lines (medians over steps, then over runs).
@@ -27,7 +31,7 @@ ratio is elastic / plain. Every process it starts (Redis, each mpirun) is
 ended by its PID, never by name.
 
   elastic_overhead.py TRAIN_ND [--replicas 3,8] [--repeats 3] [--steps 200]
-      [--tp N] [--jobs plain,plain_tcp,elastic,elastic_hb8,agree]
+      [--tp N] [--hsdp] [--jobs plain,plain_tcp,elastic,elastic_hb8,agree]
   elastic_overhead.py TRAIN_ND --smoke      # one short pair at R=2 (ctest)
 
 Prints one "pair" line per run pair, one "bench" line per R (median of the
@@ -84,7 +88,11 @@ def loadavg():
 
 
 def model_args(a, r):
-    return ["--mesh", f"PP=1,DP={r},TP={a.tp}", "--layers", str(a.layers),
+    # --hsdp: the issue's HSDP job, FSDP over each replica's ranks and AdamW.
+    mesh = (f"PP=1,DP_REPLICATE={r},DP_SHARD={a.tp},TP=1" if a.hsdp
+            else f"PP=1,DP={r},TP={a.tp}")
+    hsdp = ["--optimizer", "adam"] if a.hsdp else []
+    return ["--mesh", mesh] + hsdp + ["--layers", str(a.layers),
             "--hidden", str(a.hidden), "--batch", str(a.batch),
             "--micro_batches", "1", "--steps", str(a.steps),
             "--overlap=false"]
@@ -194,6 +202,9 @@ def main():
                     help="seconds one run may take before it counts as hung")
     ap.add_argument("--tp", type=int, default=1,
                     help="ranks per replica (TP inside each replica)")
+    ap.add_argument("--hsdp", action="store_true",
+                    help="the --tp ranks per replica are DP_SHARD instead "
+                    "(FSDP HYBRID_SHARD over DP_REPLICATE x DP_SHARD, AdamW)")
     ap.add_argument("--jobs", default="plain,elastic",
                     help="of plain, plain_tcp (plain with VEMESH_GLOO_SHM=0: "
                     "DP on Gloo's TCP pairs, as the elastic mesh's), elastic, "

@@ -37,6 +37,7 @@
 #include "synthetic_data.h"
 #include "train_options.h"
 #include "train_step.h"
+#include "vemesh/base/status_macros.h"
 #include "vemesh/bootstrap/launch_session.h"
 #include "vemesh/checkpoint/async_saver.h"
 #include "vemesh/checkpoint/checkpoint.h"
@@ -296,6 +297,8 @@ absl::StatusOr<TrainResult> Train(const TrainPlan& plan, bool print,
   std::optional<Optimizer> local_opt;
   std::unique_ptr<DistributedOptimizer> zero;
   std::optional<FullyShardedDataParallel> fsdp;
+  // HSDP's loss is summed over these (GlobalLoss), as the elastic step does.
+  std::shared_ptr<vemesh::Communicator> loss_shard, loss_replicate;
   if (plan.fsdp()) {
     // One unit per layer of this stage, sharded over DP_SHARD (of this TP
     // slice: each TP rank shards its own part), replicated over
@@ -327,6 +330,12 @@ absl::StatusOr<TrainResult> Train(const TrainPlan& plan, bool print,
         FullyShardedDataParallel::Create(*mesh, (*stage)->fsdp_units(), o);
     if (!f.ok()) return f.status();
     fsdp.emplace(*std::move(f));
+    if (plan.dp_shard > 0) {
+      VEMESH_ASSIGN_OR_RETURN(loss_shard, mesh->get_group("DP_SHARD"));
+    }
+    if (plan.dp_replicate > 0) {
+      VEMESH_ASSIGN_OR_RETURN(loss_replicate, mesh->get_group("DP_REPLICATE"));
+    }
     if (absl::Status s = fsdp->SetOptimizer(plan.optimizer); !s.ok()) return s;
   } else if (plan.options.zero) {
     absl::StatusOr<std::unique_ptr<DistributedOptimizer>> z =
@@ -485,8 +494,10 @@ absl::StatusOr<TrainResult> Train(const TrainPlan& plan, bool print,
       if (absl::Status s = local_opt->Step(); !s.ok()) return s;
     }
     if (absl::Status s = expert_opt->Step(); !s.ok()) return s;
+    const double squared_error = (*stage)->TakeSquaredError();
     absl::StatusOr<double> loss =
-        GlobalLoss(plan, (*stage)->TakeSquaredError());
+        fsdp ? GlobalLoss(plan, squared_error, loss_shard, loss_replicate)
+             : GlobalLoss(plan, squared_error);
     if (!loss.ok()) return loss.status();
     losses.push_back(*loss);
     if (print) {

@@ -2,6 +2,7 @@
 
 #include "serial_mlp.h"
 #include "synthetic_data.h"
+#include "vemesh/base/status_macros.h"
 #include "vemesh/registry/ve_device_mesh.h"
 #include "vemesh/strategies/pipeline_runner.h"
 #include "vemesh/strategies/role_group.h"
@@ -27,24 +28,46 @@ absl::StatusOr<double> PipelineSquaredError(double squared_error) {
   return sse;
 }
 
-absl::StatusOr<double> DataParallelLoss(const TrainPlan& plan,
-                                        double replica_squared_error) {
-  absl::StatusOr<RoleGroup> dp =
-      RoleGroupFrom(VESCALE_DEVICE_MESH.get_data_parallel_dim_groups(), "DP");
-  if (!dp.ok()) return dp.status();
-  if (dp->size > 1) {
-    absl::Status s = dp->comm->all_reduce(
-        absl::MakeSpan(&replica_squared_error, 1), vemesh::ReduceOp::kSum);
-    if (!s.ok()) return s;
+absl::StatusOr<double> SumOver(
+    const std::shared_ptr<vemesh::Communicator>& group, double value) {
+  if (group != nullptr && group->size() > 1) {
+    VEMESH_RETURN_IF_ERROR(
+        group->all_reduce(absl::MakeSpan(&value, 1), vemesh::ReduceOp::kSum));
   }
-  return replica_squared_error /
+  return value;
+}
+
+namespace {
+
+double Normalised(const TrainPlan& plan, double squared_error) {
+  return squared_error /
          static_cast<double>(plan.options.batch * plan.shape.output_dim);
 }
 
+}  // namespace
+
+absl::StatusOr<double> DataParallelLoss(const TrainPlan& plan,
+                                        double replica_squared_error) {
+  VEMESH_ASSIGN_OR_RETURN(
+      RoleGroup dp,
+      RoleGroupFrom(VESCALE_DEVICE_MESH.get_data_parallel_dim_groups(), "DP"));
+  VEMESH_ASSIGN_OR_RETURN(double sse, SumOver(dp.comm, replica_squared_error));
+  return Normalised(plan, sse);
+}
+
 absl::StatusOr<double> GlobalLoss(const TrainPlan& plan, double squared_error) {
-  absl::StatusOr<double> sse = PipelineSquaredError(squared_error);
-  if (!sse.ok()) return sse.status();
-  return DataParallelLoss(plan, *sse);
+  VEMESH_ASSIGN_OR_RETURN(double sse, PipelineSquaredError(squared_error));
+  return DataParallelLoss(plan, sse);
+}
+
+absl::StatusOr<double> GlobalLoss(
+    const TrainPlan& plan, double squared_error,
+    const std::shared_ptr<vemesh::Communicator>& shard,
+    const std::shared_ptr<vemesh::Communicator>& replicate) {
+  VEMESH_ASSIGN_OR_RETURN(double sse, PipelineSquaredError(squared_error));
+  VEMESH_ASSIGN_OR_RETURN(sse, SumOver(shard, sse));
+  VEMESH_ASSIGN_OR_RETURN(sse, SumOver(replicate, sse));
+  return Normalised(plan, sse);
 }
 
 absl::StatusOr<std::vector<double>> SerialLosses(const TrainPlan& plan) {
@@ -72,25 +95,15 @@ absl::StatusOr<double> ElasticStep(
       stage, {plan.schedule, plan.options.micro_batches});
   if (!ran.ok()) return ran.status();
   if (absl::Status s = trainer.AfterBackward(); !s.ok()) return s;
-  auto sse = PipelineSquaredError(stage.TakeSquaredError());
-  if (!sse.ok()) return sse.status();
-  const auto& shard = trainer.shard_group();
-  const auto& replicate = trainer.replicate_group();
-  if (shard != nullptr && shard->size() > 1) {
-    absl::Status s =
-        shard->all_reduce(absl::MakeSpan(&*sse, 1), vemesh::ReduceOp::kSum);
-    if (!s.ok()) return s;
-  }
+  VEMESH_ASSIGN_OR_RETURN(double sse,
+                          PipelineSquaredError(stage.TakeSquaredError()));
+  VEMESH_ASSIGN_OR_RETURN(sse, SumOver(trainer.shard_group(), sse));
   fault("dp");
   fault("stop");
-  if (absl::Status s = trainer.Step(); !s.ok()) return s;
-  if (replicate == nullptr) return DataParallelLoss(plan, *sse);
-  if (replicate->size() > 1) {
-    absl::Status s =
-        replicate->all_reduce(absl::MakeSpan(&*sse, 1), vemesh::ReduceOp::kSum);
-    if (!s.ok()) return s;
-  }
-  return *sse / static_cast<double>(plan.options.batch * plan.shape.output_dim);
+  VEMESH_RETURN_IF_ERROR(trainer.Step());
+  if (trainer.replicate_group() == nullptr) return DataParallelLoss(plan, sse);
+  VEMESH_ASSIGN_OR_RETURN(sse, SumOver(trainer.replicate_group(), sse));
+  return Normalised(plan, sse);
 }
 
 }  // namespace train_nd

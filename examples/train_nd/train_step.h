@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -27,6 +28,17 @@ absl::StatusOr<double> DataParallelLoss(const TrainPlan& plan,
                                         double replica_squared_error);
 // Both, in that order.
 absl::StatusOr<double> GlobalLoss(const TrainPlan& plan, double squared_error);
+// HSDP: summed over `shard`, then over `replicate` (either may be null), as
+// the elastic step sums it, not over the flattened DP group: a plain job on
+// the elastic job's transports (--replicate_backend) then runs the same
+// reductions on the same backends as the elastic job.
+absl::StatusOr<double> GlobalLoss(
+    const TrainPlan& plan, double squared_error,
+    const std::shared_ptr<vemesh::Communicator>& shard,
+    const std::shared_ptr<vemesh::Communicator>& replicate);
+// `value` summed over `group`; as it is when the group is null or of one.
+absl::StatusOr<double> SumOver(
+    const std::shared_ptr<vemesh::Communicator>& group, double value);
 
 // One elastic step (train_nd --elastic) on the current epoch's mesh: the
 // loss, or the first error. Every operation on the replica's own groups
