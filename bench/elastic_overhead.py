@@ -173,7 +173,9 @@ def run_elastic(a, r, work, port, tag, agree_every_step=False, kind=None):
         return None, f"{kind} R={r} ({tag}) exited {rcs}; see {outs[0]}"
     times, verdicts, snaps, trains = [], [], [], []
     for m in map(ELASTIC_STEP.match, text.splitlines()):
-        if m and int(m.group(3)) == r:  # at full strength only
+        # At full strength only (DP counts every data-parallel rank: R x
+        # DP_SHARD with --hsdp).
+        if m and int(m.group(3)) == r * (a.tp if a.hsdp else 1):
             s = int(m.group(1))
             times.append((s, float(m.group(2))))
             if m.group(4) is not None:
@@ -197,7 +199,8 @@ def main():
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--batch", type=int, default=240,
-                    help="divisible by every replica count")
+                    help="divisible by every replica count (times --tp with "
+                    "--hsdp)")
     ap.add_argument("--bound", type=float, default=300,
                     help="seconds one run may take before it counts as hung")
     ap.add_argument("--tp", type=int, default=1,
@@ -216,6 +219,14 @@ def main():
     a = ap.parse_args()
     if a.smoke:
         a.replicas, a.repeats, a.steps, a.hidden = "2", 1, 10, 16
+    per_replica = a.tp if a.hsdp else 1  # the batch is split over DP
+    bad = [r for r in map(int, a.replicas.split(","))
+           if a.batch % (r * per_replica)]
+    if bad:
+        print(f"FAIL: --batch={a.batch} is not divisible by the data-parallel "
+              f"size at --replicas {bad[0]}: expected a multiple of "
+              f"{bad[0] * per_replica}")
+        return 1
     # SIGTERM (a ctest timeout) ends the processes too, by their PIDs.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     for tool in ("redis-server", "mpirun"):

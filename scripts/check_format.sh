@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Checks that every C++ file under vemesh/, tools/ and python/ is formatted as the
-# repository's .clang-format says (Google style, 80 columns). Changes
-# nothing: lists the files that differ and exits 1 if there are any, 0 if
-# none. To format one file: clang-format -i FILE.
+# Checks that every C++ file under vemesh/, tools/, python/, examples/, tests/
+# and bench/ is formatted as the repository's .clang-format says (Google
+# style, 80 columns). Changes nothing: lists the files that differ and exits
+# 1 if there are any, 0 if none. To format one file: clang-format -i FILE.
 #
 #   bash scripts/check_format.sh            # every C++ folder
 #   bash scripts/check_format.sh vemesh/layout   # only some folders
