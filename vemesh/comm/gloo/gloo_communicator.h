@@ -16,9 +16,9 @@
 //
 // Create is collective over the `size` ranks: each calls it once with the
 // same store, prefix, size, global_ranks and timeout, and its own rank. They
-// connect a full mesh of TCP pairs (a gloo::rendezvous::Context on a tcp
-// device bound to `hostname`), exchanging addresses under `prefix/` in the
-// store. A prefix must be fresh: reusing one would read the addresses of an
+// connect a full mesh of TCP pairs on a tcp device bound to `hostname`,
+// each posting its pairs' addresses as one value (`prefix/pairs/<rank>`)
+// and reading the others' in one wait (internal/gloo_pairs.h). A prefix must be fresh: reusing one would read the addresses of an
 // earlier group. split() derives fresh ones (`prefix/split/<n>/<color>`).
 // Create returns once every rank is connected (it ends with a barrier), so
 // a rank may drop the group at once without breaking a peer's connect.

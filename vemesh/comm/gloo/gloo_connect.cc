@@ -1,7 +1,6 @@
 // GlooCommunicator's creation: the checks, the tcp device, the rendezvous
 // of a group (at once, or lazily on first use).
 
-#include <chrono>
 #include <memory>
 #include <string>
 #include <utility>
@@ -9,15 +8,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "gloo/barrier.h"
-#include "gloo/rendezvous/context.h"
 #include "gloo/transport/tcp/attr.h"
 #include "gloo/transport/tcp/device.h"
 #include "vemesh/base/sigpipe.h"
 #include "vemesh/base/status_macros.h"
 #include "vemesh/comm/gloo/gloo_communicator.h"
 #include "vemesh/comm/gloo/internal/gloo_error.h"
-#include "vemesh/comm/gloo/internal/gloo_store.h"
+#include "vemesh/comm/gloo/internal/gloo_pairs.h"
 #include "vemesh/rendezvous/prefix_store.h"
 
 namespace vemesh {
@@ -91,64 +88,32 @@ absl::StatusOr<std::shared_ptr<gloo::Context>> GlooCommunicator::ConnectContext(
     int size, absl::Duration timeout, const std::vector<int>& ranks,
     const std::shared_ptr<gloo::transport::Device>& device, bool lazy) {
   auto group = std::make_shared<PrefixStore>(store, prefix);
-  GlooStore rendezvous(group, timeout);
-  // What connectFullMesh asks for, peer by peer: "rank_<r>" (the lower
-  // ranks' hostnames, for its local rank) and "<r>" (every peer's pair
-  // addresses: size - 1 of at most kPairAddressBytes each). Fetched in runs
-  // whose reply stays within kPrefetchReplyBytes (gloo_store.h): all of
-  // them at once up to 16 ranks, one at a time (two round trips, was
-  // three) from 256.
-  constexpr size_t kPairAddressBytes = 256;
-  constexpr size_t kPrefetchReplyBytes = 64 << 10;
-  std::vector<std::string> hostnames, addresses;
-  for (int r = 0; r < size; ++r) {
-    if (r < rank) hostnames.push_back(absl::StrCat("rank_", r));
-    if (r != rank) addresses.push_back(absl::StrCat(r));
-  }
-  rendezvous.set_prefetch(
-      {std::move(hostnames), std::move(addresses)},
-      kPrefetchReplyBytes / (static_cast<size_t>(size) * kPairAddressBytes));
-  std::shared_ptr<gloo::rendezvous::Context> context;
-  ScopedSigpipeBlock no_sigpipe;  // connecting and the barrier write here
-  absl::Status status = RunGloo(
+  // Every pair in one store round and one connect phase (gloo_pairs.h):
+  // each rank posts its addresses under "pairs/<rank>" and reads the
+  // others' in one wait.
+  std::vector<gloo_internal::PairGroup> mesh(1);
+  mesh[0].name = "mesh";
+  mesh[0].index = rank;
+  for (int r = 0; r < size; ++r) mesh[0].members.push_back(r);
+  auto contexts = gloo_internal::ConnectPairGroups(
+      *group, "pairs/", rank, device, timeout, mesh,
       absl::StrCat("gloo rendezvous of rank ", rank, " of ", size, " under '",
-                   prefix, "'"),
-      [&] {
-        context = std::make_shared<gloo::rendezvous::Context>(rank, size);
-        context->setTimeout(absl::ToChronoMilliseconds(timeout));
-        std::shared_ptr<gloo::transport::Device> shared_device = device;
-        context->connectFullMesh(rendezvous, shared_device);
-        // connectFullMesh can return before the peers have finished: a TCP
-        // connect completes in the kernel before the listener accepts it.
-        // A rank that returned and at once dropped the group would close a
-        // socket its peer is still accepting. The barrier holds every rank
-        // until all are connected. It uses tag 0; collectives start at 1.
-        gloo::BarrierOptions barrier(context);
-        barrier.setTag(0);
-        gloo::barrier(barrier);
-      });
-  if (status.ok()) return std::shared_ptr<gloo::Context>(std::move(context));
-  // The store's own code (DeadlineExceeded: a rank never came) says more
-  // than the IoException that carried it through Gloo.
-  absl::Status store_error = rendezvous.error();
-  if (store_error.ok()) return status;
-  if (!absl::IsDeadlineExceeded(store_error)) {
-    return absl::Status(store_error.code(), status.message());
-  }
-  // Name the peers that never published their address (Gloo's key
-  // "rank_<r>"): gone, or never made this call.
+                   prefix, "'"));
+  if (contexts.ok()) return std::move((*contexts)[0]);
+  const absl::Status status = contexts.status();
+  if (!absl::IsDeadlineExceeded(status)) return status;
+  // Name the peers that never posted their addresses: gone, or never made
+  // this call.
   std::vector<std::string> missing;
   for (int r = 0; r < size; ++r) {
     if (r == rank) continue;
-    if (!group->get(absl::StrCat("rank_", r)).ok()) {
+    if (!group->get(absl::StrCat("pairs/", r)).ok()) {
       missing.push_back(
           absl::StrCat(r, " (global rank ",
                        r < static_cast<int>(ranks.size()) ? ranks[r] : r, ")"));
     }
   }
-  if (missing.empty()) {
-    return absl::Status(store_error.code(), status.message());
-  }
+  if (missing.empty()) return status;
   // Creation keeps its DeadlineExceeded (a rank never came); a lazy connect
   // on first use says the peer is unavailable, as a lost connection does.
   return absl::Status(
