@@ -15,10 +15,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "forwarding_store.h"
+#include "gloo/transport/tcp/attr.h"
+#include "gloo/transport/tcp/device.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "open_sockets.h"
 #include "vemesh/comm/gloo/gloo_communicator.h"
+#include "vemesh/comm/gloo/internal/gloo_pairs.h"
 #include "vemesh/rendezvous/memory_store.h"
 
 namespace vemesh {
@@ -91,6 +94,44 @@ TEST(GlooConnectTest, EachRankReadsTheStoreOnceToConnect) {
     });
   }
   for (auto& t : threads) t.join();
+}
+
+// A large group's values are read in runs that keep each reply near the
+// budget (the TCP store refuses a reply over 64 MiB, which one read of
+// every peer's addresses passes at 684 ranks): with a budget below one
+// value, one value per read, and the groups still connect; two groups at
+// once, each rank's value carrying both.
+TEST(GlooConnectTest, PeersValuesAreReadInRunsWithinTheReplyBudget) {
+  constexpr int n = 5;
+  for (size_t budget : {size_t{1}, size_t{64} << 10}) {
+    SCOPED_TRACE(absl::StrCat("reply budget ", budget));
+    auto store = std::make_shared<ReadCountingStore>();
+    std::vector<absl::Status> results(n);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        gloo::transport::tcp::attr attr;
+        attr.hostname = "127.0.0.1";
+        std::shared_ptr<gloo::transport::Device> device =
+            gloo::transport::tcp::CreateDevice(attr);
+        std::vector<gloo_internal::PairGroup> groups = {
+            {"all", {0, 1, 2, 3, 4}, r}};
+        if (r % 2 == 0) groups.push_back({"even", {0, 2, 4}, r / 2});
+        auto contexts = gloo_internal::ConnectPairGroups(
+            *store, absl::StrCat("b", budget, "/"), r, device, kTimeout, groups,
+            "test", budget);
+        results[r] = contexts.status();
+        if (contexts.ok()) {
+          EXPECT_EQ(contexts->size(), groups.size());
+          EXPECT_EQ((*contexts)[0]->size, n);
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < n; ++r) EXPECT_TRUE(results[r].ok()) << results[r];
+    // One read per peer under the small budget, one per rank under 64 KiB.
+    EXPECT_EQ(store->reads(), budget == 1 ? n * (n - 1) : n);
+  }
 }
 
 TEST(GlooLazyTest, WorldConnectsOnFirstOperation) {

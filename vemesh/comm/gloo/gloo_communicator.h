@@ -18,10 +18,11 @@
 // same store, prefix, size, global_ranks and timeout, and its own rank. They
 // connect a full mesh of TCP pairs on a tcp device bound to `hostname`,
 // each posting its pairs' addresses as one value (`prefix/pairs/<rank>`)
-// and reading the others' in one wait (internal/gloo_pairs.h). A prefix must be fresh: reusing one would read the addresses of an
-// earlier group. split() derives fresh ones (`prefix/split/<n>/<color>`).
-// Create returns once every rank is connected (it ends with a barrier), so
-// a rank may drop the group at once without breaking a peer's connect.
+// and reading the others' in reads of about 64 KiB (internal/gloo_pairs.h). A
+// prefix must be fresh: reusing one would read the addresses of an earlier
+// group. split() derives fresh ones (`prefix/split/<n>/<color>`). Create
+// returns once every rank is connected (it ends with a barrier), so a rank may
+// drop the group at once without breaking a peer's connect.
 //
 // Deadlines: `timeout` bounds the rendezvous and every later wait inside an
 // operation (Gloo's context timeout). A rank that never arrives or stops

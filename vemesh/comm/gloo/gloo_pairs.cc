@@ -224,7 +224,7 @@ absl::StatusOr<std::vector<std::shared_ptr<gloo::Context>>> ConnectPairGroups(
     Store& store, absl::string_view key_prefix, int my_id,
     const std::shared_ptr<gloo::transport::Device>& device,
     absl::Duration timeout, const std::vector<PairGroup>& groups,
-    absl::string_view what) {
+    absl::string_view what, size_t reply_bytes) {
   const absl::Time deadline = absl::Now() + timeout;
   std::vector<int> peers;  // the union of the groups' other members
   for (const PairGroup& g : groups) {
@@ -261,17 +261,53 @@ absl::StatusOr<std::vector<std::shared_ptr<gloo::Context>>> ConnectPairGroups(
   }));
   VEMESH_RETURN_IF_ERROR(store.set(absl::StrCat(key_prefix, my_id), value));
 
-  // (2) The peers' values, in one wait.
-  std::vector<std::string> keys;
-  keys.reserve(peers.size());
-  for (int p : peers) keys.push_back(absl::StrCat(key_prefix, p));
-  VEMESH_ASSIGN_OR_RETURN(std::vector<std::string> values,
-                          store.wait_get(keys, deadline));
-  auto value_of = [&](int member) -> absl::string_view {
-    const size_t at = static_cast<size_t>(
-        std::lower_bound(peers.begin(), peers.end(), member) - peers.begin());
-    return values[at];
+  // (2) The peers' values, read in runs whose reply stays near
+  // reply_bytes (a peer's value is about as long as this rank's: n - 1
+  // addresses for a group of n), each kept only until this rank's
+  // addresses are taken from it: one read up to 64 ranks, and at 1,024 a
+  // value per read (the TCP store refuses a reply over 64 MiB, and budgets
+  // what it buffers), never O(n^2) bytes held.
+  struct PairConnect {
+    size_t group;
+    int peer;  // index in the group
+    std::vector<char> address;
+    bool out;
   };
+  std::vector<PairConnect> connects;
+  const size_t per_read =
+      std::max<size_t>(1, reply_bytes / std::max<size_t>(1, value.size()));
+  for (size_t first = 0; first < peers.size(); first += per_read) {
+    const size_t last = std::min(peers.size(), first + per_read);
+    std::vector<std::string> keys;
+    keys.reserve(last - first);
+    for (size_t k = first; k < last; ++k) {
+      keys.push_back(absl::StrCat(key_prefix, peers[k]));
+    }
+    VEMESH_ASSIGN_OR_RETURN(std::vector<std::string> values,
+                            store.wait_get(keys, deadline));
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const std::vector<int>& members = groups[g].members;
+      for (size_t i = 0; i < members.size(); ++i) {
+        if (static_cast<int>(i) == groups[g].index) continue;
+        const auto at = std::lower_bound(peers.begin() + first,
+                                         peers.begin() + last, members[i]);
+        if (at == peers.begin() + last || *at != members[i]) continue;
+        auto address =
+            FindAddress(values[static_cast<size_t>(at - peers.begin()) - first],
+                        groups[g].name, static_cast<uint32_t>(my_id));
+        if (!address.has_value()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              what, ": member ", members[i], " posted no address for group '",
+              groups[g].name, "' toward ", my_id,
+              " (the members' group lists differ)"));
+        }
+        const bool out = ConnectsOut(
+            transports[g]->getPair(static_cast<int>(i))->address().bytes(),
+            *address);
+        connects.push_back({g, static_cast<int>(i), *std::move(address), out});
+      }
+    }
+  }
 
   // (3) Connect every pair, then one barrier per group: a TCP connect
   // completes before the peer accepts it, and a rank that dropped a group
@@ -282,31 +318,7 @@ absl::StatusOr<std::vector<std::shared_ptr<gloo::Context>>> ConnectPairGroups(
   // incoming ones, so no wait depends on another rank's wait and one thread
   // does it all. Only the outgoing connects need Gloo's loop to turn: the
   // spinner is armed for those alone.
-  struct PairConnect {
-    size_t group;
-    int peer;
-    std::vector<char> address;
-    bool out;
-  };
   LoopSpinner spinner(device.get());
-  std::vector<PairConnect> connects;
-  for (size_t g = 0; g < groups.size(); ++g) {
-    const int size = static_cast<int>(groups[g].members.size());
-    for (int i = 0; i < size; ++i) {
-      if (i == groups[g].index) continue;
-      auto address = FindAddress(value_of(groups[g].members[i]), groups[g].name,
-                                 static_cast<uint32_t>(my_id));
-      if (!address.has_value()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            what, ": member ", groups[g].members[i],
-            " posted no address for group '", groups[g].name, "' toward ",
-            my_id, " (the members' group lists differ)"));
-      }
-      const bool out =
-          ConnectsOut(transports[g]->getPair(i)->address().bytes(), *address);
-      connects.push_back({g, i, *std::move(address), out});
-    }
-  }
   std::stable_partition(connects.begin(), connects.end(),
                         [](const PairConnect& c) { return c.out; });
   auto connect = [&](const PairConnect& c) {

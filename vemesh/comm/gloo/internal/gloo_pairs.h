@@ -14,7 +14,9 @@
 //
 // Each rank makes the pairs of all its groups on `device`, posts their
 // addresses as one value under `key_prefix + my_id`, reads its groups'
-// other members' values (`key_prefix + id`) in one wait_get, then connects
+// other members' values (`key_prefix + id`) with wait_get, as many per read
+// as fit in about 64 KiB (all of them up to 64 ranks; each value dropped
+// once this rank's addresses are taken from it), then connects
 // every pair (first the ones it connects out, which never wait for the
 // peer, with the device loop kept turning; then the ones it accepts) and
 // ends with one barrier per group, in `groups` order (the same on every
@@ -30,6 +32,7 @@
 #ifndef VEMESH_COMM_GLOO_INTERNAL_GLOO_PAIRS_H_
 #define VEMESH_COMM_GLOO_INTERNAL_GLOO_PAIRS_H_
 
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,11 +54,12 @@ struct PairGroup {
 };
 
 // One gloo::Context per group, in `groups` order, each with `timeout`.
+// `reply_bytes`: about how much one read of the peers' values may bring.
 absl::StatusOr<std::vector<std::shared_ptr<gloo::Context>>> ConnectPairGroups(
     Store& store, absl::string_view key_prefix, int my_id,
     const std::shared_ptr<gloo::transport::Device>& device,
     absl::Duration timeout, const std::vector<PairGroup>& groups,
-    absl::string_view what);
+    absl::string_view what, size_t reply_bytes = 64 << 10);
 
 }  // namespace gloo_internal
 }  // namespace vemesh
