@@ -119,13 +119,20 @@ class FakeNccl {
     return n;
   }
 
-  std::vector<Call> CallsOf(std::thread::id thread) {
+  // The calls made on `thread`, from the `from`-th call recorded on: a
+  // thread that starts after another was joined may get its id, so a test
+  // that starts threads in turn notes CallCount() as each begins.
+  std::vector<Call> CallsOf(std::thread::id thread, size_t from = 0) {
     std::lock_guard<std::mutex> lock(mu_);
     std::vector<Call> out;
-    for (const Call& c : calls_) {
-      if (c.thread == thread) out.push_back(c);
+    for (size_t i = from; i < calls_.size(); ++i) {
+      if (calls_[i].thread == thread) out.push_back(calls_[i]);
     }
     return out;
+  }
+  size_t CallCount() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return calls_.size();
   }
   int Count(std::thread::id thread, absl::string_view fn) {
     int n = 0;

@@ -82,6 +82,7 @@ float Value(int replica, int shard, int i, int64_t step) {
 // What one rank did.
 struct Outcome {
   std::thread::id thread;
+  size_t first_call = 0;  // the fake's call count as the thread began
   absl::Status status;
   int64_t step = -1;
   int bad_sums = 0;
@@ -190,6 +191,7 @@ class NcclElastic : public ::testing::Test {
                             progress, &outcomes] {
         Outcome& out = outcomes[r];
         out.thread = std::this_thread::get_id();
+        out.first_call = fake_.CallCount();
         MeshOptions inner;  // cuda: NCCL groups over a Gloo world
         inner.timeout = absl::Seconds(20);
         inner.bootstrap = std::make_shared<StoreBootstrap>(
@@ -222,9 +224,9 @@ class NcclElastic : public ::testing::Test {
 
   // The NCCL communicators of the elastic DP groups made on `thread`: every
   // ncclCommInitRankConfig but the first (the launch's own world).
-  std::vector<int> DpComms(std::thread::id thread) {
+  std::vector<int> DpComms(const Outcome& o) {
     std::vector<int> ids;
-    for (const Call& c : fake_.CallsOf(thread)) {
+    for (const Call& c : fake_.CallsOf(o.thread, o.first_call)) {
       if (c.fn == "ncclCommInitRankConfig") ids.push_back(c.comm);
     }
     if (!ids.empty()) ids.erase(ids.begin());
@@ -233,10 +235,10 @@ class NcclElastic : public ::testing::Test {
 
   // Every DP communicator of `thread` was released once, with ncclCommAbort
   // inside an NCCL group, never with ncclCommDestroy.
-  void ExpectAbortedInGroups(std::thread::id thread, size_t at_least) {
-    const std::vector<int> ids = DpComms(thread);
+  void ExpectAbortedInGroups(const Outcome& o, size_t at_least) {
+    const std::vector<int> ids = DpComms(o);
     EXPECT_GE(ids.size(), at_least);
-    const std::vector<Call> calls = fake_.CallsOf(thread);
+    const std::vector<Call> calls = fake_.CallsOf(o.thread, o.first_call);
     for (int id : ids) {
       SCOPED_TRACE(absl::StrCat("DP communicator ", id));
       EXPECT_EQ(fake_.Comm(id).aborted, 1);
@@ -275,8 +277,8 @@ TEST_F(NcclElastic, AllReduceOverTheDpGroupSumsRight) {
       EXPECT_THAT(o.sizes, ElementsAre(3));
       EXPECT_TRUE(o.first_failure.ok()) << o.first_failure;
       // One epoch, one DP communicator, aborted when the mesh went.
-      EXPECT_EQ(DpComms(o.thread).size(), 1u);
-      ExpectAbortedInGroups(o.thread, 1);
+      EXPECT_EQ(DpComms(o).size(), 1u);
+      ExpectAbortedInGroups(o, 1);
     }
   }
   EXPECT_EQ(fake_.ReleasedTwice(), 0);
@@ -328,7 +330,7 @@ TEST_F(NcclElastic, ReplicaLeavesThenRejoins) {
       // Epochs 1 (3 replicas), 2 (two), 3 (three again): each one's NCCL
       // communicator aborted in a group when it ended (the last when the
       // mesh went), none destroyed.
-      ExpectAbortedInGroups(o.thread, 3);
+      ExpectAbortedInGroups(o, 3);
     }
   }
   for (int r = 0; r < kShard; ++r) {
@@ -338,7 +340,7 @@ TEST_F(NcclElastic, ReplicaLeavesThenRejoins) {
     EXPECT_EQ(o.step, kSteps);
     EXPECT_EQ(o.bad_sums, 0);
     EXPECT_THAT(o.sizes, ElementsAre(3));
-    ExpectAbortedInGroups(o.thread, 1);
+    ExpectAbortedInGroups(o, 1);
     EXPECT_TRUE(absl::IsCancelled(outcomes[2][r].status))
         << outcomes[2][r].status;
   }
