@@ -28,6 +28,11 @@ import vemesh
 p2p = sys.argv[1:] == ["p2p"]
 large = sys.argv[1:] == ["large"]
 world = int(os.environ["WORLD_SIZE"])
+# Names this process's segments would have. One may be there already: a
+# process killed while its group set up shared memory leaves its segment,
+# and pids are reused (pid_max is 32768 here), so only new ones count.
+prefix = f"vemesh-{os.getpid()}-"
+stale = {n for n in os.listdir("/dev/shm") if n.startswith(prefix)}
 mesh = vemesh.init_device_mesh("cpu", (world,), mesh_dim_names=("world",))
 g = mesh.get_group()
 g.set_timeout(120)  # far above the bound checked below
@@ -38,7 +43,7 @@ for _ in range(20):  # the group is set up (on shared memory) and in step
     data[:] = 1
 if me == 0:  # rank 0 named the segment after its pid, and unlinked it
     mine = [n for n in os.listdir("/dev/shm")
-            if n.startswith(f"vemesh-{os.getpid()}-")]
+            if n.startswith(prefix) and n not in stale]
     assert not mine, f"segment names left in /dev/shm: {mine}"
 if large:
     data = np.ones(8 << 20, np.float32)
