@@ -88,9 +88,9 @@ absl::StatusOr<std::shared_ptr<gloo::Context>> GlooCommunicator::ConnectContext(
     int size, absl::Duration timeout, const std::vector<int>& ranks,
     const std::shared_ptr<gloo::transport::Device>& device, bool lazy) {
   auto group = std::make_shared<PrefixStore>(store, prefix);
-  // Every pair in one store round and one connect phase (gloo_pairs.h):
-  // each rank posts its addresses under "pairs/<rank>" and reads the
-  // others' in one wait.
+  // Every pair in one connect phase (gloo_pairs.h): each rank posts its
+  // addresses under "pairs/<rank>" and reads the others' in runs of about
+  // 64 KiB (one read up to 64 ranks).
   std::vector<gloo_internal::PairGroup> mesh(1);
   mesh[0].name = "mesh";
   mesh[0].index = rank;
